@@ -1,0 +1,32 @@
+# ladder: the commands a newcomer needs. `make help` lists them.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: help setup run test lint typecheck check bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+setup: $(BIN)/python  ## create .venv and install ladder with its dev tools (CPU torch when no torch is there)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+
+run: setup  ## train the default experiment on this machine
+	$(BIN)/python train.py
+
+test: setup  ## lint, type-check, then every test tier this machine can run
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest
+
+bench: setup  ## benchmarks (each prints its figure on the last line)
+	$(BIN)/python bench/overhead.py
+
+clean:  ## remove run outputs (not .venv)
+	rm -rf outputs multirun

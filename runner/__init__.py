@@ -1,0 +1,1 @@
+"""ladder's library: typed config, batch contract, model, data, DeepSpeed engine, loop, estimators."""

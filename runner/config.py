@@ -1,0 +1,290 @@
+"""Typed configuration: the schemas every YAML under conf/ names, and the frozen root config.
+
+Hydra composes the YAML files under ``conf/`` onto these dataclasses, so a typo or a
+value of the wrong type fails during composition with its key path. ``train.py`` then
+converts the composed config once, with :func:`to_train_config`, into a frozen
+:class:`TrainConfig`; nothing below ``train.py`` sees a ``DictConfig``.
+
+The classes are ``frozen=True``. Hydra must still merge overrides onto them while it
+composes, so the nodes stored in the ConfigStore are unlocked copies
+(:func:`_unlocked_node`); ``OmegaConf.to_object`` then builds the frozen instances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class Precision(str, Enum):
+    """Training precision: fp32 everywhere, or 16-bit compute with fp32 master weights."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class OptimizerName(str, Enum):
+    """Optimizers the runner builds."""
+
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class Schedule(str, Enum):
+    """Learning-rate shape after warmup."""
+
+    cosine = "cosine"
+    constant = "constant"
+
+
+class LrScaling(str, Enum):
+    """How the learning rate follows a global batch that differs from the reference batch."""
+
+    none = "none"
+    linear = "linear"
+    sqrt = "sqrt"
+
+
+class Recompute(str, Enum):
+    """Activation checkpointing: none, whole blocks, or only the attention core."""
+
+    none = "none"
+    full = "full"
+    selective = "selective"
+
+
+class DataName(str, Enum):
+    """Where tokens come from."""
+
+    text = "text"
+    synthetic = "synthetic"
+
+
+class Offload(str, Enum):
+    """Where ZeRO keeps an offloaded tensor."""
+
+    none = "none"
+    cpu = "cpu"
+
+
+class WandbMode(str, Enum):
+    """wandb's modes: offline needs no account and no network."""
+
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the Llama-style decoder in runner/model.py."""
+
+    name: str = "tiny"
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int | None = None  # None: as many key/value heads as query heads
+    d_model: int = 256
+    ffn_hidden: int = 688  # SwiGLU hidden width
+    vocab_size: int = 256
+    max_seq_len: int = 1024
+    tie_embeddings: bool = True
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+    activation_checkpointing: Recompute = Recompute.none
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Optimizer, warmup and schedule. ``lr`` is the rate at ``reference_batch``."""
+
+    name: OptimizerName = OptimizerName.adamw
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    momentum: float = 0.9  # sgd only
+    warmup_steps: int = 10
+    schedule: Schedule = Schedule.cosine
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+    grad_clip: float = 1.0  # 0 disables clipping
+    lr_scaling: LrScaling = LrScaling.none
+    reference_batch: int | None = None  # None: the run's own global batch
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Compute precision of the run."""
+
+    name: Precision = Precision.fp32
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """ZeRO stage, model-parallel degrees and DeepSpeed's communication knobs."""
+
+    name: str = "ddp"
+    zero_stage: int = 0
+    tp: int = 1
+    pp: int = 1
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = 500_000_000  # elements, DeepSpeed's default
+    allgather_bucket_size: int = 500_000_000  # elements, DeepSpeed's default
+    offload_optimizer: Offload = Offload.none
+    offload_param: Offload = Offload.none
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Token source and sequence length."""
+
+    name: DataName = DataName.text
+    seq_len: int = 128
+    path: str | None = None  # a user's token file, memory-mapped; None = built-in text
+    dtype: str = "uint16"  # dtype of that file: uint8, uint16 or uint32
+    max_bytes: int = 16_000_000  # cap on the built-in text corpus
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The hardware the run is sized for. ``None`` means: detect on this host."""
+
+    name: str = "local"
+    gpus_per_node: int | None = None
+    device_memory_gb: float | None = None  # GB = 1e9 bytes
+    peak_tflops_bf16: float | None = None  # dense, per device
+    peak_tflops_fp32: float | None = None  # dense, per device
+    peak_tflops: float | None = None  # overrides the peak for the run's precision
+    intra_node_gbps: float | None = None  # GB/s per device, one direction
+    inter_node_gbps: float | None = None  # GB/s per device, one direction
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class LoggerConfig:
+    """Metric sinks: JSONL files always, wandb unless disabled."""
+
+    name: str = "wandb"
+    mode: WandbMode = WandbMode.offline
+    project: str = "ladder"
+    entity: str | None = None
+    base_url: str | None = None  # a self-hosted wandb server
+    log_every: int = 1
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """The batch contract: ``global_size`` is the experiment; ``micro_size`` is an int or ``auto``."""
+
+    global_size: int = 16
+    micro_size: str = "auto"
+    allow_varying: bool = False
+
+
+@dataclass(frozen=True)
+class TrainLoopConfig:
+    """Length of the run."""
+
+    steps: int = 60
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Planning: ``plan=true`` stops before launch; these tune what it considers."""
+
+    recommend: bool = False
+    headroom: float = 0.9  # a layout fits when it uses at most this fraction of device memory
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The root config: one experiment, one layout."""
+
+    model: ModelConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    parallel: ParallelConfig = MISSING
+    data: DataConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    logger: LoggerConfig = MISSING
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    gpus: int = 1
+    seed: int = 0
+    plan: bool = False
+
+
+# Group name -> schema. Each YAML in conf/<group>/ starts with `defaults: [<group>_schema]`.
+GROUP_SCHEMAS: dict[str, type] = {
+    "model": ModelConfig,
+    "optimizer": OptimizerConfig,
+    "precision": PrecisionConfig,
+    "parallel": ParallelConfig,
+    "data": DataConfig,
+    "cluster": ClusterConfig,
+    "logger": LoggerConfig,
+}
+
+
+def _unlock(node: Any) -> None:
+    """Clear the read-only flag that frozen dataclasses put on every node."""
+    node._set_flag("readonly", False)
+    if isinstance(node, DictConfig):
+        for key in node:
+            _unlock(node._get_node(key))
+
+
+def _unlocked_node(schema: type) -> DictConfig:
+    """A structured node of ``schema`` that Hydra may merge overrides into."""
+    node = OmegaConf.structured(schema)
+    _unlock(node)
+    return node
+
+
+def register_configs() -> None:
+    """Register the root schema and one schema per config group in Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=_unlocked_node(TrainConfig))
+    for group, schema in GROUP_SCHEMAS.items():
+        store.store(group=group, name=f"{group}_schema", node=_unlocked_node(schema))
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """Convert a composed Hydra config into the frozen typed root config."""
+    config = OmegaConf.to_object(cfg)
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
+    return config
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a config dataclass (enums as their values)."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, Enum):
+            return value.value
+        if isinstance(value, dict):
+            return {k: convert(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [convert(v) for v in value]
+        return value
+
+    return convert(dataclasses.asdict(config))
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Rebuild a TrainConfig from :func:`to_dict`'s output (validated by the schema)."""
+    node = OmegaConf.merge(_unlocked_node(TrainConfig), OmegaConf.create(data))
+    assert isinstance(node, DictConfig)
+    return to_train_config(node)

@@ -1,0 +1,214 @@
+"""Training batches that do not depend on the parallel layout.
+
+The contract. The global batch of optimizer step `t` is `global_size`
+sequences of `seq_len + 1` tokens, numbered p = 0 .. global_size-1, and it is
+fixed by (seed, t) alone:
+
+- real tokens: sequence p starts at offset `offsets[p]`, where all
+  `global_size` offsets of step t are drawn at once from
+  `np.random.default_rng([seed, t])`; a caller asking for sequences
+  `start .. start+size-1` takes `offsets[start:start+size]`;
+- synthetic tokens: sequence p is drawn from `np.random.default_rng([seed, t, p])`.
+
+Inputs are the first `seq_len` tokens of each sequence and targets the last
+`seq_len` (the inputs shifted by one token).
+
+Whoever computes a step -- one rank with 16 sequences per micro-batch, or two
+data-parallel ranks each accumulating 2 micro-batches of 4 -- the same
+sequences form that step's global batch (`rank_slice` says which slice each
+rank's micro-batch is). That is what keeps a layout change the same
+experiment, and why resuming at step t needs nothing but t: there is no
+iterator state to save. Sampling is with replacement, which is the usual
+choice for LM pre-training when the corpus is far larger than what a run sees.
+
+Token sources:
+
+- built-in text: the `.py` files of this Python's own standard library,
+  concatenated as bytes (byte-level tokens, ids 0..255, so model.vocab_size
+  must be >= 256). Real text, offline, on every machine; the same Python
+  version gives the same corpus.
+- a user's token file (`data.path`): a raw binary array of token ids of
+  `data.dtype` (e.g. `np.array(ids, np.uint16).tofile(path)`), memory-mapped.
+- synthetic: uniform random ids in [0, vocab_size); for throughput runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from runner.config import DataConfig, DataName
+
+# Tests and vendored packages are skipped: the former hold odd byte strings
+# and generated data, the latter are not the standard library.
+_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
+_TOKEN_DTYPES = ("uint8", "uint16", "uint32")
+# Token files up to this many tokens are scanned whole for the largest id at
+# start-up (about a second per GB read); larger ones are checked on evenly
+# spaced chunks of this total size, and every batch is checked as it is read.
+_SCAN_TOKENS = 1 << 28
+_SCAN_CHUNK = 1 << 22
+
+
+@functools.lru_cache(maxsize=4)
+def builtin_text(max_bytes: int) -> np.ndarray:
+    """The standard library's .py sources as one read-only uint8 array, <= max_bytes."""
+    if max_bytes < 1:
+        raise ValueError(f"data.max_bytes={max_bytes} must be >= 1")
+    root = sysconfig.get_paths()["stdlib"]
+    chunks: list[bytes] = []
+    total = 0
+    # Sorted walk: the corpus (and so every batch) is the same on every call.
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            try:
+                data = Path(dirpath, name).read_bytes()
+            except OSError:  # unreadable file in an odd install: skip it
+                continue
+            chunks.append(data[: max_bytes - total])
+            total += len(chunks[-1])
+            if total >= max_bytes:
+                break
+        if total >= max_bytes:
+            break
+    if total == 0:
+        raise ValueError(
+            f"no .py files found under the standard library at {root!r}; "
+            "set data.path to a token file or use data=synthetic"
+        )
+    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+
+
+def _max_token(tokens: np.ndarray) -> int:
+    """Largest token id: the whole array if small, else evenly spaced chunks."""
+    n = len(tokens)
+    if n <= _SCAN_TOKENS:
+        starts = range(0, n, _SCAN_CHUNK)
+    else:
+        n_chunks = _SCAN_TOKENS // _SCAN_CHUNK
+        starts = range(0, n - _SCAN_CHUNK + 1, (n - _SCAN_CHUNK) // (n_chunks - 1))
+    return max(int(tokens[s : s + _SCAN_CHUNK].max()) for s in starts)
+
+
+def open_token_file(path: str, dtype: str, vocab_size: int) -> np.ndarray:
+    """Memory-map a raw token file read-only, checking it fits model.vocab_size."""
+    if dtype not in _TOKEN_DTYPES:
+        raise ValueError(
+            f"data.dtype={dtype!r} is not one of {', '.join(_TOKEN_DTYPES)}; "
+            "set it to the dtype the token file was written with"
+        )
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(
+            f"data.path={path!r} does not exist or is not a file; point it at a "
+            f"raw {dtype} token file (e.g. np.array(ids, np.{dtype}).tofile(path)) "
+            "or leave data.path unset for the built-in text"
+        )
+    itemsize = np.dtype(dtype).itemsize
+    n_bytes = file.stat().st_size
+    if n_bytes == 0 or n_bytes % itemsize != 0:
+        raise ValueError(
+            f"data.path={path!r} holds {n_bytes} bytes, which is not a positive "
+            f"multiple of {itemsize} (data.dtype={dtype!r}); check data.dtype"
+        )
+    tokens = np.memmap(file, dtype=dtype, mode="r")
+    max_id = _max_token(tokens)
+    if max_id >= vocab_size:
+        raise ValueError(
+            f"data.path={path!r} holds token id {max_id} >= model.vocab_size="
+            f"{vocab_size}; set model.vocab_size > {max_id} (the tokenizer's "
+            f"vocabulary size) or check data.dtype={dtype!r}"
+        )
+    return tokens
+
+
+def rank_slice(dp_rank: int, micro_index: int, micro_size: int, accum_steps: int) -> int:
+    """Index of the first sequence of a dp rank's `micro_index`-th micro-batch."""
+    # Rank-major: dp rank r owns sequences [r*micro*accum, (r+1)*micro*accum)
+    # of the global batch and walks through them one micro-batch at a time.
+    if not 0 <= micro_index < accum_steps:
+        raise ValueError(f"micro_index={micro_index} not in [0, accum_steps={accum_steps})")
+    if dp_rank < 0 or micro_size < 1:
+        raise ValueError(f"need dp_rank >= 0 and micro_size >= 1, got {dp_rank}, {micro_size}")
+    return dp_rank * micro_size * accum_steps + micro_index * micro_size
+
+
+class BatchSource:
+    """Any slice of any step's global batch, computed from (seed, step) alone."""
+
+    def __init__(self, data_cfg: DataConfig, vocab_size: int, seed: int, global_size: int) -> None:
+        if data_cfg.seq_len < 1 or global_size < 1 or seed < 0:
+            raise ValueError(
+                f"need data.seq_len >= 1, global_size >= 1 and seed >= 0; got "
+                f"{data_cfg.seq_len}, {global_size}, {seed}"
+            )
+        self.seq_len = data_cfg.seq_len
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.global_size = global_size
+        self.tokens: np.ndarray | None = None  # None: synthetic
+        if data_cfg.name == DataName.synthetic:
+            return
+        if data_cfg.path is not None:
+            self.tokens = open_token_file(data_cfg.path, data_cfg.dtype, vocab_size)
+        else:
+            self.tokens = builtin_text(data_cfg.max_bytes)
+            max_id = int(self.tokens.max())
+            if max_id >= vocab_size:
+                raise ValueError(
+                    f"the built-in text is byte-level (this corpus has ids up to "
+                    f"{max_id}) but model.vocab_size={vocab_size}; set "
+                    "model.vocab_size=256 or use data=synthetic"
+                )
+        if len(self.tokens) < self.seq_len + 1:
+            raise ValueError(
+                f"the corpus holds {len(self.tokens)} tokens, fewer than "
+                f"data.seq_len + 1 = {self.seq_len + 1}; lower data.seq_len "
+                "or give more data"
+            )
+
+    def offsets(self, step: int) -> np.ndarray:
+        """Start offsets of all global_size sequences of step `step` (real tokens)."""
+        if self.tokens is None:
+            raise ValueError("synthetic data has no offsets")
+        rng = np.random.default_rng([self.seed, step])
+        # The last start that still leaves seq_len + 1 tokens is len - seq_len - 1.
+        high = len(self.tokens) - self.seq_len
+        return rng.integers(0, high, size=self.global_size)
+
+    def micro_batch(self, step: int, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets, int64 (size, seq_len), of sequences start..start+size-1."""
+        if step < 0 or start < 0 or size < 1 or start + size > self.global_size:
+            raise ValueError(
+                f"step={step}, sequences [{start}, {start + size}) are not within "
+                f"step >= 0 and the global batch [0, {self.global_size})"
+            )
+        L = self.seq_len + 1
+        if self.tokens is None:
+            rows = [
+                np.random.default_rng([self.seed, step, p]).integers(0, self.vocab_size, size=L)
+                for p in range(start, start + size)
+            ]
+        else:
+            offs = self.offsets(step)[start : start + size]
+            rows = [self.tokens[o : o + L] for o in offs]
+        seqs = torch.from_numpy(np.stack(rows).astype(np.int64))  # (size, seq_len+1)
+        if self.tokens is not None and int(seqs.max()) >= self.vocab_size:
+            # Only reachable for large token files not scanned whole at start-up.
+            raise ValueError(
+                f"step {step} read token id {int(seqs.max())} >= model.vocab_size="
+                f"{self.vocab_size}; set model.vocab_size to the tokenizer's size"
+            )
+        return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
+
+    def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole global batch of step `step` (for tests and single-rank runs)."""
+        return self.micro_batch(step, 0, self.global_size)

@@ -1,0 +1,105 @@
+"""The one function that writes DeepSpeed's config dict.
+
+Batch sizes, the ZeRO stage, precision flags and the optimizer are written here and
+nowhere else; the run directory keeps the result as ``deepspeed_config.json``. There
+are no ``"auto"`` placeholders: every value is derived from the typed config and the
+resolved :class:`~runner.layout.Layout`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.config import (
+    Offload,
+    OptimizerConfig,
+    OptimizerName,
+    ParallelConfig,
+    Precision,
+    PrecisionConfig,
+)
+from runner.layout import Layout
+
+# DeepSpeed prints its own per-step lines every `steps_per_print` steps; the runner logs
+# its metrics itself, so DeepSpeed's are pushed out of the way.
+_QUIET_STEPS = 1_000_000_000
+
+
+def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str, Any]:
+    """DeepSpeed's ``optimizer`` section: AdamW (torch's, or DeepSpeedCPUAdam when offloaded) or SGD."""
+    if optimizer.name == OptimizerName.adamw:
+        params: dict[str, Any] = {
+            "lr": optimizer.lr,
+            "betas": [optimizer.beta1, optimizer.beta2],
+            "eps": optimizer.eps,
+            "weight_decay": optimizer.weight_decay,
+        }
+        if not offload:
+            # torch.optim.AdamW rather than DeepSpeed's FusedAdam: no JIT-built op, on CPU or GPU.
+            params["torch_adam"] = True
+            params["adam_w_mode"] = True
+        return {"type": "AdamW", "params": params}
+    # DeepSpeed builds any other name from torch.optim (engine._configure_basic_optimizer).
+    return {
+        "type": "SGD",
+        "params": {
+            "lr": optimizer.lr,
+            "momentum": optimizer.momentum,
+            "weight_decay": optimizer.weight_decay,
+        },
+    }
+
+
+def _zero_section(parallel: ParallelConfig) -> dict[str, Any]:
+    """DeepSpeed's ``zero_optimization`` section."""
+    zero: dict[str, Any] = {
+        "stage": parallel.zero_stage,
+        "overlap_comm": parallel.overlap_comm,
+        "contiguous_gradients": parallel.contiguous_gradients,
+        "reduce_bucket_size": parallel.reduce_bucket_size,
+        "allgather_bucket_size": parallel.allgather_bucket_size,
+    }
+    if parallel.offload_optimizer == Offload.cpu:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if parallel.offload_param == Offload.cpu:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    return zero
+
+
+def _precision_section(precision: PrecisionConfig) -> dict[str, Any]:
+    """The ``bf16`` / ``fp16`` flags; fp32 sets neither."""
+    if precision.name == Precision.bf16:
+        return {"bf16": {"enabled": True}}
+    if precision.name == Precision.fp16:
+        # Dynamic loss scaling (loss_scale 0), starting at 2**16 as Megatron-LM does.
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}
+    return {}
+
+
+def build_deepspeed_config(
+    *,
+    layout: Layout,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    optimizer: OptimizerConfig,
+    lr: float,
+) -> dict[str, Any]:
+    """DeepSpeed's config dict for one layout; ``lr`` is the effective (scaled) learning rate."""
+    offloaded = parallel.offload_optimizer != Offload.none
+    config: dict[str, Any] = {
+        # global = micro x accum x dp: DeepSpeed checks the same identity at initialize.
+        "train_batch_size": layout.global_size,
+        "train_micro_batch_size_per_gpu": layout.micro_size,
+        "gradient_accumulation_steps": layout.accum_steps,
+        "gradient_clipping": optimizer.grad_clip,
+        "optimizer": _optimizer_section(optimizer, offload=offloaded),
+        "zero_optimization": _zero_section(parallel),
+        "steps_per_print": _QUIET_STEPS,
+        "wall_clock_breakdown": False,
+        **_precision_section(precision),
+    }
+    config["optimizer"]["params"]["lr"] = lr
+    if offloaded:
+        # ZeRO-Offload steps the optimizer on the host with DeepSpeedCPUAdam.
+        config["zero_force_ds_cpu_optimizer"] = True
+    return config

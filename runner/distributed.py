@@ -1,0 +1,50 @@
+"""Process-group life cycle: pick the accelerator, join the group, leave it cleanly."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+
+from launchers.environment import DistributedEnv
+
+
+def select_accelerator() -> str:
+    """``cuda`` when a CUDA device is visible, else ``cpu`` (DeepSpeed's CPU accelerator, gloo)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    # Must be set before deepspeed is imported: its accelerator is chosen at import.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return "cpu"
+
+
+def init_distributed(env: DistributedEnv, *, accelerator: str) -> torch.device:
+    """Join the process group (nccl on CUDA, gloo on CPU) and return this rank's device."""
+    os.environ.update(env.exports())
+    import deepspeed
+
+    backend = "nccl" if accelerator == "cuda" else "gloo"
+    deepspeed.init_distributed(
+        dist_backend=backend,
+        auto_mpi_discovery=False,
+        timeout=timedelta(minutes=10),
+    )
+    if accelerator == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    # Ranks sharing a host share its cores; oversubscribed threads would slow every rank.
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // env.local_world_size))
+    return torch.device("cpu")
+
+
+def teardown() -> None:
+    """Barrier, then destroy the group: without it gloo ranks abort at exit."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()

@@ -1,0 +1,139 @@
+"""The batch contract: the global batch is the experiment, the layout only splits it.
+
+    global_size = micro_size * accum_steps * dp,    dp = gpus / (tp * pp)
+
+``global_size`` (sequences per optimizer step) is held fixed whatever the layout;
+``accum_steps`` is always derived; ``micro_size`` is given or chosen (``auto``: the
+largest divisor of ``global_size / dp`` that fits the device). A layout that cannot
+hold the global batch is refused with the arithmetic and the nearest values that work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+
+class LayoutError(ValueError):
+    """A layout that cannot hold the global batch; the message carries the arithmetic."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one optimizer step's global batch is split over ranks and micro-batches."""
+
+    gpus: int
+    dp: int
+    tp: int
+    pp: int
+    micro_size: int
+    accum_steps: int
+    global_size: int
+
+    def record(self) -> dict[str, int]:
+        """The layout record other parts read (summary.json, reports)."""
+        return asdict(self)
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of n, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _fmt(values: list[int]) -> str:
+    return "{" + ", ".join(str(v) for v in values) + "}"
+
+
+def workable_gpus(*, global_size: int, tp: int, pp: int, near: int, count: int = 6) -> list[int]:
+    """The ``count`` gpu counts nearest ``near`` whose dp divides ``global_size``."""
+    model_parallel = tp * pp
+    candidates = [model_parallel * dp for dp in divisors(global_size)]
+    return sorted(sorted(candidates, key=lambda g: (abs(g - near), g))[:count])
+
+
+def data_parallel_size(*, gpus: int, tp: int, pp: int) -> int:
+    """dp = gpus / (tp * pp); refuses gpus that the model-parallel degrees do not divide."""
+    if gpus < 1:
+        raise LayoutError(f"gpus={gpus}: the number of ranks must be at least 1; set gpus=1 or more")
+    if tp < 1 or pp < 1:
+        raise LayoutError(
+            f"parallel.tp={tp}, parallel.pp={pp}: degrees must be at least 1; use 1 to switch one off"
+        )
+    if gpus % (tp * pp) != 0:
+        multiples = [tp * pp * k for k in range(1, 5)]
+        raise LayoutError(
+            f"gpus={gpus} is not a multiple of tp x pp = {tp} x {pp} = {tp * pp}: "
+            f"dp = gpus / (tp x pp) must be whole; try gpus in {_fmt(multiples)}"
+        )
+    return gpus // (tp * pp)
+
+
+def resolve_layout(
+    *,
+    gpus: int,
+    tp: int,
+    pp: int,
+    global_size: int,
+    micro_size: int | None,
+    fits: Callable[[int], bool] | None = None,
+) -> Layout:
+    """Derive dp and accum_steps from the contract; ``micro_size=None`` chooses it.
+
+    With ``micro_size=None`` the largest divisor of ``global_size / dp`` for which
+    ``fits(micro)`` holds is taken (every divisor when ``fits`` is None).
+    """
+    if global_size < 1:
+        raise LayoutError(f"batch.global_size={global_size}: sequences per optimizer step must be at least 1")
+    dp = data_parallel_size(gpus=gpus, tp=tp, pp=pp)
+    if global_size % dp != 0:
+        raise LayoutError(
+            f"batch.global_size={global_size} cannot be split over dp={dp} ranks "
+            f"(gpus {gpus} / (tp {tp} x pp {pp})): {global_size} / {dp} is not whole; "
+            f"try gpus in {_fmt(workable_gpus(global_size=global_size, tp=tp, pp=pp, near=gpus))}"
+        )
+    per_rank = global_size // dp
+    if micro_size is None:
+        candidates = [m for m in reversed(divisors(per_rank)) if fits is None or fits(m)]
+        if not candidates:
+            raise LayoutError(
+                f"batch.micro_size=auto: not even micro_size 1 fits the device memory at "
+                f"dp={dp}; run with plan=true to see each memory term, then shard more "
+                f"(a higher ZeRO stage), turn on model.activation_checkpointing, or add gpus"
+            )
+        micro_size = candidates[0]
+    if micro_size < 1:
+        raise LayoutError(f"batch.micro_size={micro_size}: must be at least 1, or auto")
+    if per_rank % micro_size != 0:
+        if global_size % micro_size == 0:
+            other_gpus = workable_gpus(global_size=global_size // micro_size, tp=tp, pp=pp, near=gpus)
+            gpus_hint = f", or gpus in {_fmt(other_gpus)}"
+        else:
+            gpus_hint = f" (micro {micro_size} does not divide global {global_size} at any gpus)"
+        raise LayoutError(
+            f"batch.micro_size={micro_size} cannot hold batch.global_size={global_size}: "
+            f"global {global_size} != micro {micro_size} x accum {per_rank / micro_size:.3g} "
+            f"x dp {dp}, and accum must be whole; try batch.micro_size in "
+            f"{_fmt(divisors(per_rank))} or auto{gpus_hint}"
+        )
+    return Layout(
+        gpus=gpus,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        micro_size=micro_size,
+        accum_steps=per_rank // micro_size,
+        global_size=global_size,
+    )
+
+
+def parse_micro_size(value: str) -> int | None:
+    """``auto`` -> None, a positive integer string -> int; anything else is refused."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise LayoutError(
+            f"batch.micro_size={value!r}: expected a positive integer or 'auto'; e.g. batch.micro_size=4"
+        ) from None

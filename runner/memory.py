@@ -1,0 +1,694 @@
+"""Per-device memory estimates: model states (params, grads, optimizer) and activations, in bytes.
+
+Pure arithmetic, bytes in and bytes out. Convert for display with ``GB`` (1e9 bytes, the
+unit the ZeRO paper and the metric names ``memory/*_gb`` use) or ``GiB`` (2**30 bytes).
+
+Two parts:
+
+- Model states after ZeRO (Rajbhandari et al. 2019, arXiv 1910.02054, Fig. 1 and Sec. 5),
+  derived from the tensors each precision/optimizer really keeps.
+- Activations after Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1), kept in the
+  paper's form (:func:`korthikanti_activations_per_layer`) and adapted tensor by tensor to
+  this project's block in ``runner/model.py`` (:func:`activations_per_layer`). The adapted
+  list was checked against what autograd actually saves for that block on CPU
+  (``tests/unit/test_memory.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+GB = 1e9  # decimal gigabyte: ZeRO's "120 GB", DESIGN.md's memory/*_gb metrics
+GiB = 2**30  # binary gibibyte: what CUDA tools and device datasheets often mean by "GB"
+
+Precision = Literal["fp32", "bf16", "fp16"]
+OptimizerName = Literal["adamw", "sgd"]
+OffloadMode = Literal["none", "optimizer", "optimizer+params"]
+RecomputeMode = Literal["none", "selective", "full"]
+
+_PRECISIONS = ("fp32", "bf16", "fp16")
+_OPTIMIZERS = ("adamw", "sgd")
+_OFFLOADS = ("none", "optimizer", "optimizer+params")
+_RECOMPUTES = ("none", "selective", "full")
+
+FP32_BYTES = 4  # IEEE single
+HALF_BYTES = 2  # bf16 / fp16
+INT64_BYTES = 8  # token ids and targets
+
+
+def _choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    """The string value of a str or str-Enum (runner.config's enums), checked against `allowed`."""
+    text = str(getattr(value, "value", value))
+    if text not in allowed:
+        raise ValueError(f"{what}={text!r} is not one of {', '.join(allowed)}")
+    return text
+
+
+def _shard(numel: int, bytes_per_elem: int, dp: int) -> int:
+    """Bytes of one rank's partition of `numel` elements over `dp` ranks (ceil: the last may pad)."""
+    return -(-numel // dp) * bytes_per_elem
+
+
+# --------------------------------------------------------------------------------------
+# Model states
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Per-device bytes of parameters, gradients and optimizer states; host bytes when offloaded."""
+
+    params: int
+    grads: int
+    optimizer: int
+    host_params: int = 0  # per rank, in host (CPU) memory
+    host_grads: int = 0
+    host_optimizer: int = 0
+
+    @property
+    def total(self) -> int:
+        """Device bytes of all three terms."""
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def host_total(self) -> int:
+        """Host bytes of all three terms, per rank (a node holds this times its ranks)."""
+        return self.host_params + self.host_grads + self.host_optimizer
+
+
+def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) -> tuple[int, int, int]:
+    """(weight, gradient, optimizer-state) bytes per parameter before any sharding.
+
+    What the tensors are (ZeRO, arXiv 1910.02054, Sec. 3.1 for mixed-precision Adam):
+
+    - bf16 / fp16 mixed precision: a 16-bit working weight (2) and its 16-bit gradient (2);
+      the optimizer keeps an fp32 master weight (4) plus its fp32 state: Adam's first and
+      second moments m, v (4 + 4), so 4 + 8 = 12; SGD with momentum one fp32 momentum buffer
+      (4), so 4 + 4 = 8. Adam totals 2 + 2 + 12 = 16 B/param ("K = 12" in the paper).
+    - fp32: the weight (4) and gradient (4) are already fp32, so there is no master copy:
+      Adam keeps m, v (8), SGD with momentum one buffer (4). Adam totals 4 + 4 + 8 = 16.
+    """
+    prec = _choice(precision, _PRECISIONS, "precision")
+    opt = _choice(optimizer, _OPTIMIZERS, "optimizer")
+    state = 2 * FP32_BYTES if opt == "adamw" else FP32_BYTES  # (m, v) or momentum, fp32
+    if prec == "fp32":
+        return FP32_BYTES, FP32_BYTES, state
+    return HALF_BYTES, HALF_BYTES, FP32_BYTES + state  # + fp32 master weights
+
+
+def model_states(
+    num_params: int,
+    *,
+    zero_stage: int,
+    dp: int,
+    precision: Precision | str = "bf16",
+    optimizer: OptimizerName | str = "adamw",
+    offload: OffloadMode | str = "none",
+) -> ModelStates:
+    """Per-device bytes of parameters, gradients and optimizer states under ZeRO `zero_stage` over `dp` ranks.
+
+    Per-parameter bytes come from :func:`bytes_per_param` (what the tensors are). ZeRO
+    (arXiv 1910.02054, Fig. 1 and Sec. 5) then partitions them over the N_d = `dp`
+    data-parallel ranks: stage 1 the optimizer states, stage 2 also the gradients, stage 3
+    also the parameters. For mixed-precision Adam (16 B/param) this gives the paper's
+    stage 0: 16P, stage 1: (4 + 12/N_d)P, stage 2: (2 + 14/N_d)P, stage 3: 16P/N_d.
+    A partition is ceil(P / N_d) elements (the last rank's is padded).
+
+    Offload (`offload`, DeepSpeed's ``offload_optimizer`` / ``offload_param`` to CPU) moves
+    terms to the host; they count 0 on the device and appear in the ``host_*`` fields:
+
+    - ``"optimizer"`` (ZeRO stages 1-3; ZeRO-Offload, Ren et al. 2021, arXiv 2101.06840,
+      Sec. 4.1: gradients, optimizer states and the update live on the CPU, the 16-bit
+      parameters on the GPU): optimizer states on the host, and the gradient partition on
+      the host in fp32 (DeepSpeed 0.19.8 allocates the fp32 gradient partition of its CPU
+      optimizer on the offload device: ``stage_1_and_2.py`` ``initialize_optimizer_states``,
+      ``stage3.py`` ``fp32_partitioned_groups_flat[i].grad``).
+    - ``"optimizer+params"`` (ZeRO stage 3 only): also the 16-bit parameter partition.
+
+    Not modelled here (see :func:`deepspeed_residuals`): DeepSpeed's gradient buckets and
+    other buffers, and under param offload the working set of parameters gathered to the
+    device layer by layer.
+    """
+    if num_params < 0:
+        raise ValueError(f"num_params={num_params} must be >= 0")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage} is not one of 0, 1, 2, 3")
+    if dp < 1:
+        raise ValueError(f"dp={dp} must be >= 1")
+    off = _choice(offload, _OFFLOADS, "offload")
+    if off == "optimizer" and zero_stage == 0:
+        raise ValueError(
+            "offload='optimizer' needs ZeRO stage 1, 2 or 3 (DeepSpeed offloads only under ZeRO)"
+        )
+    if off == "optimizer+params" and zero_stage != 3:
+        raise ValueError(f"offload='optimizer+params' needs ZeRO stage 3, got zero_stage={zero_stage}")
+
+    w, g, o = bytes_per_param(precision, optimizer)
+    # ZeRO, arXiv 1910.02054, Sec. 5.1-5.3: P_os (stage >= 1), P_g (>= 2), P_p (3).
+    params = _shard(num_params, w, dp) if zero_stage >= 3 else num_params * w
+    grads = _shard(num_params, g, dp) if zero_stage >= 2 else num_params * g
+    opt_bytes = _shard(num_params, o, dp) if zero_stage >= 1 else num_params * o
+    if off == "none":
+        return ModelStates(params=params, grads=grads, optimizer=opt_bytes)
+
+    # Host side, per rank: each rank offloads its own partition (ZeRO-Offload, Sec. 4.1).
+    host_grads = _shard(num_params, FP32_BYTES, dp)  # fp32 gradient partition (see docstring)
+    host_params = _shard(num_params, w, dp) if off == "optimizer+params" else 0
+    return ModelStates(
+        params=0 if off == "optimizer+params" else params,
+        grads=0,
+        optimizer=0,
+        host_params=host_params,
+        host_grads=host_grads,
+        host_optimizer=_shard(num_params, o, dp),
+    )
+
+
+def deepspeed_residuals(
+    num_params: int,
+    *,
+    zero_stage: int,
+    dp: int,
+    precision: Precision | str = "bf16",
+    optimizer: OptimizerName | str = "adamw",
+    offload: OffloadMode | str = "none",
+) -> dict[str, int]:
+    """Named extra device bytes DeepSpeed holds beyond the textbook model states: none yet.
+
+    The textbook (ZeRO, arXiv 1910.02054) has no residual terms, so this returns an empty
+    dict. It is the hook where the measured ledger (DeepSpeed's real holdings, counted per
+    tensor on a run) will add named terms once measured; no figure is invented here.
+
+    Where to look, from DeepSpeed 0.19.8's source (candidates, not measured):
+
+    - bf16 at stage 0: ``engine._do_optimizer_sanity_check`` picks the ``DDP_BFLOAT16``
+      wrapper (an ``FP16_Optimizer`` with fp32 master weights) when the gradient
+      accumulation dtype is bf16, and ``BF16_Optimizer`` (with pipeline parallelism, or at
+      stage 1 with fp32 gradient accumulation), which keeps a full, unsharded fp32 gradient
+      buffer (``bf16_optimizer.py``, ``fp32_groups_gradients_flat``).
+    - Stages 1-2: ``stage_1_and_2.py`` ``setup_buckets`` allocates ``reduce_bucket_size``
+      elements of gradient-reduction buffer (two with ``overlap_comm``), and creates the fp32
+      partition with ``.clone().float()`` even when the model is already fp32 (an extra copy
+      the textbook fp32 case does not have).
+    - Stage 3: prefetch / ``allgather_bucket_size`` buffers and persistent small parameters.
+    """
+    # Validate like model_states so a bad layout fails here too.
+    model_states(
+        num_params, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
+    )
+    return {}
+
+
+# --------------------------------------------------------------------------------------
+# Activations: Korthikanti et al. 2022, as published
+# --------------------------------------------------------------------------------------
+
+
+def _check_recompute(recompute: Any) -> str:
+    return _choice(recompute, _RECOMPUTES, "recompute")
+
+
+def korthikanti_activation_items(
+    *,
+    seq_len: int,
+    micro_size: int,
+    d_model: int,
+    n_heads: int,
+    tp: int = 1,
+    recompute: RecomputeMode | str = "none",
+    flash: bool = False,
+) -> dict[str, float]:
+    """The paper's per-layer activation bytes of a GPT block, tensor by tensor (16-bit, with dropout).
+
+    Korthikanti et al. 2022 (arXiv 2205.05198), Sec. 4.1, s = seq_len, b = micro_size,
+    h = d_model, a = n_heads, t = tp (activations 2 bytes, dropout masks 1 byte):
+
+    - attention: QKV input 2sbh; Q, K for QK^T 4sbh; softmax output 2as^2b; its dropout
+      mask as^2b; dropout output (attention-over-values input) 2as^2b; V 2sbh; projection
+      input 2sbh; residual dropout mask sbh: total 11sbh + 5as^2b.
+    - MLP (4h wide, GeLU): input 2sbh; GeLU input 8sbh; second linear input 8sbh; dropout
+      mask sbh: total 19sbh.
+    - two LayerNorms' inputs: 4sbh.
+
+    Sum (eq. 1): sbh(34 + 5as/h). With tensor parallel t (eq. 2) the LayerNorm inputs, the
+    QKV and MLP inputs and the two residual dropout masks (10sbh) are replicated, the rest is
+    split: sbh(10 + 24/t + 5as/(ht)). Selective recompute drops the 5as^2b/t score terms;
+    full recompute keeps only the block input, 2sbh (Sec. 5). ``flash=True`` (memory-efficient
+    attention) also drops the score terms but keeps a logsumexp of a*s*b/t fp32 values.
+    """
+    mode = _check_recompute(recompute)
+    s, b, h, a, t = seq_len, micro_size, d_model, n_heads, tp
+    sbh = s * b * h
+    if mode == "full":
+        return {"block.input": 2 * sbh}
+    items: dict[str, float] = {
+        "layernorm1.input": 2 * sbh,
+        "qkv.input": 2 * sbh,
+        "attention.qk": 4 * sbh / t,
+        "attention.v": 2 * sbh / t,
+        "attention.proj_input": 2 * sbh / t,
+        "attention.dropout_mask": 1 * sbh,
+        "layernorm2.input": 2 * sbh,
+        "mlp.input": 2 * sbh,
+        "mlp.gelu_input": 8 * sbh / t,
+        "mlp.fc2_input": 8 * sbh / t,
+        "mlp.dropout_mask": 1 * sbh,
+    }
+    if mode == "none" and not flash:
+        scores = a * s * s * b / t
+        items["attention.softmax_output"] = 2 * scores
+        items["attention.softmax_dropout_mask"] = 1 * scores
+        items["attention.softmax_dropout_output"] = 2 * scores
+    elif mode == "none":
+        items["attention.logsumexp_fp32"] = FP32_BYTES * a * s * b / t
+    return items
+
+
+def korthikanti_activations_per_layer(
+    *,
+    seq_len: int,
+    micro_size: int,
+    d_model: int,
+    n_heads: int,
+    tp: int = 1,
+    recompute: RecomputeMode | str = "none",
+    flash: bool = False,
+) -> float:
+    """Korthikanti et al. 2022 eq. 1-2 per-layer activation bytes (16-bit GPT block); see the items."""
+    return sum(
+        korthikanti_activation_items(
+            seq_len=seq_len,
+            micro_size=micro_size,
+            d_model=d_model,
+            n_heads=n_heads,
+            tp=tp,
+            recompute=recompute,
+            flash=flash,
+        ).values()
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Activations: this project's block (runner/model.py), tensor by tensor
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Local (per tensor-parallel rank) sizes of one block."""
+
+    sb: int  # tokens per micro-batch: s * b
+    s: int
+    b: int
+    h: int  # d_model (replicated width)
+    head_dim: int
+    heads: int  # query heads on this rank
+    kv_width: int  # n_kv_heads * head_dim on this rank
+    q_width: int  # heads * head_dim on this rank
+    ffn: int  # ffn_hidden on this rank
+
+
+def _shape(
+    *,
+    seq_len: int,
+    micro_size: int,
+    d_model: int,
+    n_heads: int,
+    tp: int,
+    n_kv_heads: int | None,
+    ffn_hidden: int | None,
+) -> _Shape:
+    n_kv = n_heads if n_kv_heads is None else n_kv_heads
+    ffn = 4 * d_model if ffn_hidden is None else ffn_hidden
+    if min(seq_len, micro_size, d_model, n_heads, n_kv, ffn, tp) < 1:
+        raise ValueError("seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden and tp must be >= 1")
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    if n_heads % n_kv:
+        raise ValueError(f"n_kv_heads={n_kv} must divide n_heads={n_heads}")
+    # Megatron-style tensor parallelism splits heads and the MLP's hidden width.
+    for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv), ("ffn_hidden", ffn)):
+        if value % tp:
+            raise ValueError(f"tp={tp} must divide {name}={value}")
+    head_dim = d_model // n_heads
+    return _Shape(
+        sb=seq_len * micro_size,
+        s=seq_len,
+        b=micro_size,
+        h=d_model,
+        head_dim=head_dim,
+        heads=n_heads // tp,
+        kv_width=n_kv // tp * head_dim,
+        q_width=n_heads // tp * head_dim,
+        ffn=ffn // tp,
+    )
+
+
+def _rmsnorm_items(prefix: str, x: _Shape, p: int) -> dict[str, int]:
+    """What runner/model.py's RMSNorm saves: x.float(), rsqrt, and the normed value before the gain.
+
+    ``x32 = x.float(); normed = x32 * rsqrt(mean(x32^2) + eps); normed.type_as(x) * weight``:
+    the product x32 * rstd saves both factors (the fp32 input, 4 B/elem: a copy for 16-bit
+    x, x itself in fp32; and rstd, 4 B per token); the gain multiply saves the normed value
+    in the compute dtype. The output is counted as the next linear's input.
+    """
+    return {
+        f"{prefix}.input_fp32": FP32_BYTES * x.sb * x.h,
+        f"{prefix}.rstd_fp32": FP32_BYTES * x.sb,
+        f"{prefix}.normed": p * x.sb * x.h,
+    }
+
+
+def _attention_core_items(x: _Shape, p: int, flash: bool) -> dict[str, int]:
+    """What RoPE + SDPA (``Attention._core``) save; the part that selective recompute redoes."""
+    items: dict[str, int] = {}
+    # RoPE's multiplies save only cos/sin (x * cos needs cos, not x): views of the fp32
+    # buffers, which DeepSpeed 0.19.8 keeps in fp32 under bf16/fp16 (engine.py
+    # _configure_distributed_model: "Cast params only; preserve fp32 buffers"). A model cast
+    # wholesale (module.to(torch.bfloat16)) would make apply_rope's cos.float()/sin.float()
+    # save 4 fp32 copies of (s, hs/2) per layer, 8*s*hs bytes, not counted here.
+    # So the rotated q, k are saved once, by SDPA. runner/model.py repeats k, v to n_head
+    # with repeat_interleave before SDPA, so SDPA saves them at full width even with GQA.
+    if flash:
+        # Flash / memory-efficient kernels (CPU: _scaled_dot_product_flash_attention_for_cpu,
+        # measured for fp32 and bf16): save q, k, v, out and an fp32 logsumexp (b, a, s).
+        items["sdpa.q"] = p * x.sb * x.q_width
+        items["sdpa.k"] = p * x.sb * x.q_width
+        items["sdpa.v"] = p * x.sb * x.q_width
+        items["sdpa.out"] = p * x.sb * x.q_width
+        items["sdpa.logsumexp_fp32"] = FP32_BYTES * x.heads * x.sb
+    else:
+        # torch's math path (measured on CPU, torch 2.13): saves scaled copies of q and k, v,
+        # and the softmax probabilities (b, a, s, s): all in fp32, as it upcasts 16-bit
+        # inputs. Its output is not saved. Korthikanti's 5as/h term is the 16-bit version of
+        # the probabilities plus dropout (absent here).
+        items["sdpa_math.q_scaled_fp32"] = FP32_BYTES * x.sb * x.q_width
+        items["sdpa_math.k_scaled_fp32"] = FP32_BYTES * x.sb * x.q_width
+        items["sdpa_math.v_fp32"] = FP32_BYTES * x.sb * x.q_width
+        items["sdpa_math.probs_fp32"] = FP32_BYTES * x.heads * x.s * x.s * x.b
+    return items
+
+
+def activation_items_per_layer(
+    *,
+    seq_len: int,
+    micro_size: int,
+    d_model: int,
+    n_heads: int,
+    tp: int = 1,
+    recompute: RecomputeMode | str = "none",
+    flash: bool = False,
+    n_kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    bytes_per_elem: int = 2,
+    attn_out_aliased: bool = False,
+) -> dict[str, int]:
+    """Bytes autograd keeps per block of runner/model.py for backward, tensor by tensor.
+
+    Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1) adapted to this block: no dropout
+    (its masks, as^2b + 2sbh, are gone), RMSNorm computed in fp32, RoPE, SwiGLU of width
+    f = `ffn_hidden` (default 4h, the paper's MLP width), GQA with k, v repeated to n_head.
+    s = seq_len, b = micro_size, h = d_model, a = n_heads, hs = h/a, p = `bytes_per_elem`
+    (compute dtype: 2 for bf16/fp16, 4 for fp32), t = `tp`; a' = a/t, h' = h/t, f' = f/t.
+
+    recompute="none" (every tensor saved by each op, in forward order):
+
+    ==========================  ==================  ======================================
+    attention_norm.input_fp32   4 sbh               x.float() (x itself in fp32)
+    attention_norm.rstd_fp32    4 sb                rsqrt(mean(x^2) + eps)
+    attention_norm.normed       p sbh               normed.type_as(x), saved by `* weight`
+    attention.input             p sbh               input of wq, wk, wv (norm output)
+    sdpa.q / .k / .v            3 p sbh'            rotated q, k; v; k, v repeated to a'
+    sdpa.out                    p sbh'              SDPA output
+    sdpa.logsumexp_fp32         4 a'sb              flash kernels only
+    wo.input                    p sbh'              y.transpose(1, 2).reshape copy of out
+    ffn_norm.*                  4sbh + 4sb + p sbh  as attention_norm
+    feed_forward.input          p sbh               input of w1, w3
+    w1.output                   p sbf'              silu's input
+    silu.output                 p sbf'              saved by the product (w3 x needs grad)
+    w3.output                   p sbf'              the product's other factor
+    w2.input                    p sbf'              silu(w1 x) * w3 x
+    ==========================  ==================  ======================================
+
+    RoPE itself keeps nothing new (its tables are fp32 buffers, kept fp32 by DeepSpeed).
+
+    In bf16 with flash: sbh(26 + 8f/h) + sb(8 + 4a), vs the paper's sbh * 34 (its
+    LayerNorm keeps 2 B/elem where this RMSNorm keeps 4 + 2, and SwiGLU keeps four f-wide
+    tensors where GeLU keeps two 4h-wide ones). ``flash=False`` replaces the sdpa.* items by
+    torch's math path (q, k scaled, v, probabilities: 4(3 sbh' + a's^2b)).
+
+    recompute="selective" (``Attention._core`` = RoPE + SDPA under torch.utils.checkpoint):
+    the core's items go; its inputs are kept instead: q (p sbh'), k and v before the GQA
+    repeat (2 p sb kv', kv' = n_kv_heads*hs/t). recompute="full" (each block under
+    torch.utils.checkpoint): only the block input, p sbh (Korthikanti Sec. 5's 2sbh in 16-bit).
+
+    Tensor parallel: as Korthikanti eq. 2, norm inputs/outputs and the inputs of the
+    column-parallel linears stay replicated; the per-head and f-wide tensors split by t.
+
+    ``attn_out_aliased``: on CPU the SDPA output is laid out (B, nh, T, hs), so the reshape
+    feeding wo copies it (measured: two tensors). Kernels that return a (B, T, nh, hs)
+    layout, as CUDA flash attention is understood to, make that reshape a view: set True to
+    count sdpa.out and wo.input once (not verified on a GPU here).
+
+    Not counted: parameters and buffers (model states) and tensors freed inside forward.
+    """
+    mode = _check_recompute(recompute)
+    if bytes_per_elem not in (HALF_BYTES, FP32_BYTES):
+        raise ValueError(f"bytes_per_elem={bytes_per_elem} must be 2 (bf16/fp16) or 4 (fp32)")
+    p = bytes_per_elem
+    x = _shape(
+        seq_len=seq_len,
+        micro_size=micro_size,
+        d_model=d_model,
+        n_heads=n_heads,
+        tp=tp,
+        n_kv_heads=n_kv_heads,
+        ffn_hidden=ffn_hidden,
+    )
+    if mode == "full":
+        # torch.utils.checkpoint keeps the block's input (and the cos/sin buffer views).
+        return {"block.input": p * x.sb * x.h}
+
+    items = _rmsnorm_items("attention_norm", x, p)
+    items["attention.input"] = p * x.sb * x.h
+    if mode == "none":
+        items.update(_attention_core_items(x, p, flash))
+    else:  # selective: checkpoint(self._core, q, k, v, cos, sin) keeps the core's inputs
+        items["attention_core.q"] = p * x.sb * x.q_width
+        items["attention_core.k"] = p * x.sb * x.kv_width
+        items["attention_core.v"] = p * x.sb * x.kv_width
+    if not (mode == "none" and flash and attn_out_aliased):
+        items["wo.input"] = p * x.sb * x.q_width
+    items.update(_rmsnorm_items("ffn_norm", x, p))
+    items["feed_forward.input"] = p * x.sb * x.h
+    for name in ("w1.output", "silu.output", "w3.output", "w2.input"):
+        items[name] = p * x.sb * x.ffn
+    return items
+
+
+def activations_per_layer(
+    *,
+    seq_len: int,
+    micro_size: int,
+    d_model: int,
+    n_heads: int,
+    tp: int = 1,
+    recompute: RecomputeMode | str = "none",
+    flash: bool = False,
+    n_kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    bytes_per_elem: int = 2,
+    attn_out_aliased: bool = False,
+) -> int:
+    """Activation bytes one block of runner/model.py keeps for backward (see activation_items_per_layer)."""
+    return sum(
+        activation_items_per_layer(
+            seq_len=seq_len,
+            micro_size=micro_size,
+            d_model=d_model,
+            n_heads=n_heads,
+            tp=tp,
+            recompute=recompute,
+            flash=flash,
+            n_kv_heads=n_kv_heads,
+            ffn_hidden=ffn_hidden,
+            bytes_per_elem=bytes_per_elem,
+            attn_out_aliased=attn_out_aliased,
+        ).values()
+    )
+
+
+# Items of activation_items_total that are not kept for backward but are live at a peak.
+TRANSIENT_ITEMS = frozenset({"transient.logits", "transient.logits_fp32", "transient.recompute_layer"})
+
+
+def activation_items_outside_blocks(
+    *, seq_len: int, micro_size: int, d_model: int, vocab_size: int, bytes_per_elem: int = 2
+) -> dict[str, int]:
+    """Bytes outside the blocks: embedding, final norm, output head and the fp32 loss (runner/model.py).
+
+    Kept for backward (b = micro_size, s = seq_len, h = d_model, V = vocab_size, p as above):
+
+    - ``embedding.token_ids``: the lookup saves its int64 indices (8 sb). Its output is
+      block 0's input, already counted by that block (its norm input, or the checkpoint).
+    - ``final_norm.*``: RMSNorm as in the blocks (4 sbh + 4 sb + p sbh).
+    - ``output.input``: the final norm's output, saved by the output linear (p sbh).
+    - ``loss.log_probs_fp32``: lm_loss computes cross_entropy on ``logits.float()``;
+      log_softmax saves its fp32 output (4 sbV). ``loss.targets``: int64 (8 sb).
+
+    Live while the loss is formed, then freed (``transient.*``, not saved): the logits in the
+    compute dtype (p sbV; nothing saves them) and, in 16-bit, their fp32 copy (4 sbV). The
+    V-wide terms dominate for large vocabularies: Llama-3's V = 128256 at h = 2048 makes
+    4 sbV alone 250 sbh.
+    """
+    if bytes_per_elem not in (HALF_BYTES, FP32_BYTES):
+        raise ValueError(f"bytes_per_elem={bytes_per_elem} must be 2 (bf16/fp16) or 4 (fp32)")
+    if min(seq_len, micro_size, d_model, vocab_size) < 1:
+        raise ValueError("seq_len, micro_size, d_model and vocab_size must be >= 1")
+    p = bytes_per_elem
+    sb = seq_len * micro_size
+    return {
+        "embedding.token_ids": INT64_BYTES * sb,
+        "final_norm.input_fp32": FP32_BYTES * sb * d_model,
+        "final_norm.rstd_fp32": FP32_BYTES * sb,
+        "final_norm.normed": p * sb * d_model,
+        "output.input": p * sb * d_model,
+        "loss.log_probs_fp32": FP32_BYTES * sb * vocab_size,
+        "loss.targets": INT64_BYTES * sb,
+        "transient.logits": p * sb * vocab_size,
+        # .float() of fp32 logits returns the same tensor: no copy.
+        "transient.logits_fp32": FP32_BYTES * sb * vocab_size if p < FP32_BYTES else 0,
+    }
+
+
+def activation_items_total(
+    *,
+    n_layers: int,
+    seq_len: int,
+    micro_size: int,
+    d_model: int,
+    n_heads: int,
+    vocab_size: int,
+    tp: int = 1,
+    recompute: RecomputeMode | str = "none",
+    flash: bool = False,
+    n_kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    bytes_per_elem: int = 2,
+    attn_out_aliased: bool = False,
+) -> dict[str, int]:
+    """Activation bytes of the whole model per device, itemised: blocks, outside items, transients.
+
+    ``blocks`` is n_layers x :func:`activations_per_layer`. Outside items as in
+    :func:`activation_items_outside_blocks` (kept whole on every
+    tensor-parallel rank: the output head is not assumed vocabulary-parallel).
+    ``transient.recompute_layer``: with recompute, backward rebuilds one block's (or one
+    attention core's) saved tensors at a time, live next to everything still kept.
+    """
+    common: dict[str, Any] = dict(
+        seq_len=seq_len,
+        micro_size=micro_size,
+        d_model=d_model,
+        n_heads=n_heads,
+        tp=tp,
+        flash=flash,
+        n_kv_heads=n_kv_heads,
+        ffn_hidden=ffn_hidden,
+        bytes_per_elem=bytes_per_elem,
+        attn_out_aliased=attn_out_aliased,
+    )
+    mode = _check_recompute(recompute)
+    if n_layers < 1:
+        raise ValueError(f"n_layers={n_layers} must be >= 1")
+    items = {"blocks": n_layers * activations_per_layer(recompute=mode, **common)}
+    items.update(
+        activation_items_outside_blocks(
+            seq_len=seq_len,
+            micro_size=micro_size,
+            d_model=d_model,
+            vocab_size=vocab_size,
+            bytes_per_elem=bytes_per_elem,
+        )
+    )
+    if mode == "none":
+        items["transient.recompute_layer"] = 0
+    else:
+        # Full: one block is re-run whole; selective: one attention core (none minus selective).
+        rebuilt = activations_per_layer(recompute="none", **common)
+        if mode == "selective":
+            rebuilt -= activations_per_layer(recompute="selective", **common)
+            rebuilt = max(rebuilt, 0)
+        items["transient.recompute_layer"] = rebuilt
+    return items
+
+
+def activations_total(
+    *,
+    n_layers: int,
+    seq_len: int,
+    micro_size: int,
+    d_model: int,
+    n_heads: int,
+    vocab_size: int,
+    tp: int = 1,
+    recompute: RecomputeMode | str = "none",
+    flash: bool = False,
+    n_kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    bytes_per_elem: int = 2,
+    attn_out_aliased: bool = False,
+) -> int:
+    """Peak activation bytes per device: everything kept for backward plus the larger transient.
+
+    = sum of the kept items of :func:`activation_items_total` + max(logits transients at the
+    end of forward, the recompute working set in backward): the two peaks do not coincide.
+    """
+    items = activation_items_total(
+        n_layers=n_layers,
+        seq_len=seq_len,
+        micro_size=micro_size,
+        d_model=d_model,
+        n_heads=n_heads,
+        vocab_size=vocab_size,
+        tp=tp,
+        recompute=recompute,
+        flash=flash,
+        n_kv_heads=n_kv_heads,
+        ffn_hidden=ffn_hidden,
+        bytes_per_elem=bytes_per_elem,
+        attn_out_aliased=attn_out_aliased,
+    )
+    kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
+    at_loss = items["transient.logits"] + items["transient.logits_fp32"]
+    return kept + max(at_loss, items["transient.recompute_layer"])
+
+
+def to_gb(num_bytes: float) -> float:
+    """Bytes to decimal GB (1e9 bytes), the unit of the memory/*_gb metrics."""
+    return num_bytes / GB
+
+
+def to_gib(num_bytes: float) -> float:
+    """Bytes to GiB (2**30 bytes)."""
+    return num_bytes / GiB
+
+
+__all__ = [
+    "GB",
+    "TRANSIENT_ITEMS",
+    "GiB",
+    "ModelStates",
+    "activation_items_outside_blocks",
+    "activation_items_per_layer",
+    "activation_items_total",
+    "activations_per_layer",
+    "activations_total",
+    "bytes_per_param",
+    "deepspeed_residuals",
+    "korthikanti_activation_items",
+    "korthikanti_activations_per_layer",
+    "model_states",
+    "to_gb",
+    "to_gib",
+]

@@ -1,0 +1,288 @@
+"""A Llama-style decoder-only transformer, readable top to bottom.
+
+Architecture (Touvron et al. 2023, "LLaMA", arXiv 2302.13971, and Llama 2,
+arXiv 2307.09288): token embedding, then `n_layer` pre-norm blocks of
+
+    x = x + attention(attention_norm(x))       # causal self-attention with RoPE
+    x = x + feed_forward(ffn_norm(x))          # SwiGLU MLP
+
+then a final RMSNorm and a bias-free projection to the vocabulary. No biases,
+no dropout, no learned positions.
+
+Module names (`tok_embeddings`, `layers.{i}.attention.wq`, `feed_forward.w2`,
+`output`, ...) follow Meta's reference implementation on purpose: tensor-parallel
+partitioning and memory accounting match parameters by these names.
+
+Notation (nanoGPT): B batch, T sequence length, C = d_model, nh heads,
+nkv key/value heads, hs head size = d_model // n_head.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from runner.config import ModelConfig, Recompute
+
+
+def _n_kv_head(cfg: ModelConfig) -> int:
+    """Key/value head count: `n_kv_head`, or `n_head` when unset (no GQA)."""
+    return cfg.n_head if cfg.n_kv_head is None else cfg.n_kv_head
+
+
+def _validate(cfg: ModelConfig) -> None:
+    """Reject shapes the attention layout cannot represent, naming the fix."""
+    if cfg.d_model % cfg.n_head != 0:
+        raise ValueError(
+            f"model.d_model={cfg.d_model} is not divisible by model.n_head="
+            f"{cfg.n_head}; choose n_head dividing d_model"
+        )
+    head_dim = cfg.d_model // cfg.n_head
+    if head_dim % 2 != 0:
+        raise ValueError(
+            f"head size d_model/n_head = {cfg.d_model}/{cfg.n_head} = {head_dim} "
+            "is odd; RoPE rotates pairs of channels, so it must be even"
+        )
+    n_kv = _n_kv_head(cfg)
+    if n_kv < 1 or cfg.n_head % n_kv != 0:
+        raise ValueError(
+            f"model.n_kv_head={n_kv} must divide model.n_head={cfg.n_head} "
+            "(each key/value head serves n_head/n_kv_head query heads)"
+        )
+
+
+def num_params(cfg: ModelConfig) -> int:
+    """Exact parameter count of `build_model(cfg)`, by arithmetic (no allocation)."""
+    _validate(cfg)
+    C, V, F_ = cfg.d_model, cfg.vocab_size, cfg.ffn_hidden
+    kv_dim = _n_kv_head(cfg) * (C // cfg.n_head)
+    attention = C * C + 2 * C * kv_dim + C * C  # wq, wk, wv, wo
+    feed_forward = 3 * C * F_  # w1, w2, w3
+    norms = 2 * C  # attention_norm, ffn_norm
+    per_layer = attention + feed_forward + norms
+    embedding = V * C
+    output = 0 if cfg.tie_embeddings else V * C  # a tied output adds no parameters
+    return embedding + cfg.n_layer * per_layer + C + output  # + C: final norm
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019, arXiv 1910.07467)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise over the last dim; the statistics are computed in fp32."""
+        # In bf16 the mean of squares loses too many bits; do it in fp32 and
+        # cast back before the (low-precision) gain, as Meta's reference does.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_cache(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables for RoPE, each (max_seq_len, head_dim // 2), in fp32."""
+    # RoFormer (Su et al. 2021, arXiv 2104.09864) eq. 15: channel pair i rotates
+    # at frequency theta^(-2i/d); position m rotates it by angle m * freq_i.
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)  # (T, hs/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs of x (B, nh, T, hs) by position; cos/sin are (T, hs/2)."""
+    # Pairs are (i, i + hs/2) ("rotate half", as in HF/GPT-NeoX) rather than the
+    # paper's adjacent (2i, 2i+1): a fixed permutation of wq/wk's output
+    # channels, so the model family is the same. Done in fp32 for the angles.
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
+    cos, sin = cos.float(), sin.float()  # broadcast over (B, nh)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with RoPE and grouped-query key/values."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = cfg.d_model // cfg.n_head
+        n_kv = _n_kv_head(cfg)
+        self.wq = nn.Linear(cfg.d_model, cfg.n_head * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=False)
+        self.selective_recompute = cfg.activation_checkpointing == Recompute.selective
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); cos/sin are the RoPE tables cut to T."""
+        B, T, _ = x.shape
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        # Head counts come from the projection widths, not the config: under
+        # tensor parallelism wq/wk/wv hold only this rank's heads.
+        nh = q.shape[-1] // self.head_dim
+        nkv = k.shape[-1] // self.head_dim
+        q = q.view(B, T, nh, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nkv, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, nkv, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.selective_recompute and self.training:
+            # Selective activation recomputation (Korthikanti et al. 2022,
+            # arXiv 2205.05198): keep the projections, which are cheap to store
+            # and costly to recompute, and rerun only the attention core, whose
+            # intermediates grow with T^2 (without a fused kernel) or hold
+            # rotated copies of q and k.
+            y = checkpoint(self._core, q, k, v, cos, sin, use_reentrant=False)
+        else:
+            y = self._core(q, k, v, cos, sin)
+        y = y.transpose(1, 2).reshape(B, T, nh * self.head_dim)  # (B, T, nh*hs)
+        return self.wo(y)
+
+    @staticmethod
+    def _core(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """RoPE, key/value head repeat and causal attention: (B, nh, T, hs)."""
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # GQA (Ainslie et al. 2023, arXiv 2305.13245): each key/value head is
+        # shared by nh/nkv consecutive query heads.
+        n_rep = q.shape[1] // k.shape[1]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=1)  # (B, nh, T, hs)
+            v = v.repeat_interleave(n_rep, dim=1)  # (B, nh, T, hs)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP (Shazeer 2020, arXiv 2002.05202): w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)  # gate
+        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)  # down
+        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """One pre-norm block: attention then feed-forward, each with a residual."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The decoder: embeddings, `n_layer` blocks, final norm, vocabulary head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        _validate(cfg)
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            # Weight tying (Press & Wolf 2017, arXiv 1608.05859): one Parameter.
+            self.output.weight = self.tok_embeddings.weight
+        # Non-persistent: derived from the config, so not in checkpoints, but
+        # registered so that .to(device) moves them with the parameters. A
+        # .bfloat16() cast of the model casts them too; apply_rope still does
+        # the rotation itself in fp32.
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise parameters and RoPE tables in place, in module order."""
+        # Also the way to materialise a model built on the meta device:
+        # model.to_empty(device=...); model.init_weights().
+        if self.cfg.tie_embeddings:
+            # to_empty() replaces meta Parameters one by one, which unties them.
+            self.output.weight = self.tok_embeddings.weight
+        device = self.tok_embeddings.weight.device
+        cos, sin = rope_cache(
+            self.cfg.d_model // self.cfg.n_head,
+            self.cfg.max_seq_len,
+            self.cfg.rope_theta,
+        )
+        self.rope_cos = cos.to(device)
+        self.rope_sin = sin.to(device)
+        std = self.cfg.init_std
+        # GPT-2 (Radford et al. 2019, sec. 2.3): scale the weights of residual
+        # layers by 1/sqrt(N), N = number of residual layers = 2 per block, so
+        # the residual stream's variance does not grow with depth.
+        residual_std = std / math.sqrt(2 * self.cfg.n_layer)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
+        for layer in self.layers:
+            assert isinstance(layer, TransformerBlock)
+            for linear in (layer.attention.wq, layer.attention.wk, layer.attention.wv):
+                nn.init.normal_(linear.weight, mean=0.0, std=std)
+            nn.init.normal_(layer.attention.wo.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(layer.feed_forward.w1.weight, mean=0.0, std=std)
+            nn.init.normal_(layer.feed_forward.w3.weight, mean=0.0, std=std)
+            nn.init.normal_(layer.feed_forward.w2.weight, mean=0.0, std=residual_std)
+            nn.init.ones_(layer.attention_norm.weight)
+            nn.init.ones_(layer.ffn_norm.weight)
+        nn.init.ones_(self.norm.weight)
+        if not self.cfg.tie_embeddings:
+            nn.init.normal_(self.output.weight, mean=0.0, std=std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) int64 -> logits (B, T, vocab_size)."""
+        _, T = tokens.shape
+        if tokens.shape[1] > self.rope_cos.shape[0]:
+            raise ValueError(
+                f"sequence length {T} > model.max_seq_len={self.cfg.max_seq_len}; "
+                "raise model.max_seq_len or lower data.seq_len"
+            )
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, hs/2)
+        x = self.tok_embeddings(tokens)  # (B, T, C)
+        full_recompute = self.training and self.cfg.activation_checkpointing == Recompute.full
+        for layer in self.layers:
+            # Full recompute keeps only each block's input; backward reruns the block.
+            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if full_recompute else layer(x, cos, sin)
+        x = self.norm(x)
+        return self.output(x)  # (B, T, vocab_size)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype."""
+    # A bf16 log-softmax over a large vocabulary loses visible precision.
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
+def build_model(cfg: ModelConfig, *, device: torch.device | str | None = None) -> Transformer:
+    """Build and initialise a Transformer for `cfg` on `device` (default: torch's)."""
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    # Construct on "meta" (shapes only), then allocate once on the target and
+    # initialise: no full CPU copy of a large model, no throwaway default init,
+    # and the same weights for a seed whichever device they land on.
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    if target.type != "meta":
+        model.to_empty(device=target)
+        model.init_weights()
+    return model

@@ -1,0 +1,49 @@
+"""Measured peak memory of this rank: CUDA's allocator peak, or the process's high-water RSS on CPU.
+
+On DeepSpeed's CPU accelerator ``memory_allocated`` is the process RSS sampled at call
+time, not a peak (a tensor allocated and freed between calls is missed). The kernel
+keeps the real high-water mark (VmHWM, also ``ru_maxrss``); writing ``5`` to
+``/proc/self/clear_refs`` resets it, so the CPU figure is "since training began".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+
+class PeakMemory:
+    """Reset at the start of training, read at each logged step (bytes)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.label = (
+            "CUDA max_memory_allocated"
+            if device.type == "cuda"
+            else "process high-water RSS since training began"
+        )
+
+    def reset(self) -> None:
+        """Start counting the peak from now."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        # Not Linux: the peak then counts from process start.
+        with contextlib.suppress(OSError):
+            Path("/proc/self/clear_refs").write_text("5")
+
+    def read(self) -> int:
+        """Peak bytes since the last reset."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
+        except OSError:
+            pass
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -1,0 +1,141 @@
+"""The launching process: validate, resolve the layout, prepare the run directory, start ranks.
+
+Everything that can refuse a run does so here, before any rank starts and before the
+runner writes a file. Then either the local launcher starts the ranks, or (under
+torchrun, the deepspeed launcher or srun) this process is itself one rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from launchers.environment import DistributedEnv, from_environment
+from runner.config import TrainConfig
+from runner.deepspeed_config import build_deepspeed_config
+from runner.identity import RunIdentity
+from runner.layout import Layout, parse_micro_size, resolve_layout
+from runner.model import num_params
+from runner.run_files import read_failures, write_deepspeed_config
+from runner.schedule import scaled_lr
+from runner.summary import read_summary, update_summary
+from runner.validate import ConfigError, validate
+
+log = logging.getLogger("ladder")
+
+
+class RunFailed(RuntimeError):
+    """A rank failed; the message names it and its error."""
+
+
+def choose_layout(config: TrainConfig) -> Layout:
+    """The batch contract applied to this config (``micro_size=auto`` picks the largest that fits)."""
+    return resolve_layout(
+        gpus=config.gpus,
+        tp=config.parallel.tp,
+        pp=config.parallel.pp,
+        global_size=config.batch.global_size,
+        micro_size=parse_micro_size(config.batch.micro_size),
+    )
+
+
+def deepspeed_config_for(config: TrainConfig, layout: Layout) -> dict[str, Any]:
+    """DeepSpeed's config for this run, with the learning rate scaled to its global batch."""
+    return build_deepspeed_config(
+        layout=layout,
+        parallel=config.parallel,
+        precision=config.precision,
+        optimizer=config.optimizer,
+        lr=scaled_lr(config.optimizer, global_size=layout.global_size),
+    )
+
+
+def _start_summary(
+    config: TrainConfig, layout: Layout, run_dir: Path, identity: RunIdentity, launcher: str
+) -> None:
+    update_summary(
+        run_dir,
+        status="running",
+        error=None,
+        name=identity.name,
+        group=identity.group,
+        model=config.model.name,
+        parallel=config.parallel.name,
+        zero_stage=config.parallel.zero_stage,
+        precision=config.precision.name.value,
+        launcher=launcher,
+        layout=layout.record(),
+        num_params=num_params(config.model),
+        lr=scaled_lr(config.optimizer, global_size=layout.global_size),
+    )
+
+
+def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
+    from launchers.local import launch_local
+
+    result = launch_local(gpus=config.gpus, run_dir=run_dir, identity=identity)
+    if result.failed_rank is None:
+        return read_summary(run_dir)
+    failures = read_failures(run_dir)
+    first = (
+        failures[0] if failures else {"rank": result.failed_rank, "error": f"exit code {result.returncode}"}
+    )
+    update_summary(run_dir, status="failed", failed_rank=first["rank"], error=first["error"])
+    raise RunFailed(f"rank {first['rank']} failed: {first['error']} (run directory {run_dir})")
+
+
+def _run_external(
+    config: TrainConfig,
+    layout: Layout,
+    ds_config: dict[str, Any],
+    run_dir: Path,
+    identity: RunIdentity,
+    env: DistributedEnv,
+) -> dict[str, Any]:
+    from runner.rank import run_rank
+    from runner.run_files import write_failure
+
+    try:
+        return run_rank(
+            config, layout=layout, ds_config=ds_config, run_dir=run_dir, env=env, identity=identity
+        )
+    except BaseException as error:
+        write_failure(run_dir, rank=env.rank, error=error)
+        if env.rank == 0:
+            update_summary(
+                run_dir, status="failed", failed_rank=env.rank, error=f"{type(error).__name__}: {error}"
+            )
+        raise
+
+
+def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
+    """Validate, then train (or plan) one Hydra job; returns the run's summary."""
+    env = from_environment(os.environ)
+    launcher = "local" if env is None else env.source
+    validate(config, launcher=None if config.plan else launcher)
+    layout = choose_layout(config)
+    if env is not None and env.world_size != config.gpus:
+        raise ConfigError(
+            f"  - gpus={config.gpus} but the {env.source} launcher started {env.world_size} ranks; "
+            f"set gpus={env.world_size} (or start {config.gpus} ranks)"
+        )
+    ds_config = deepspeed_config_for(config, layout)
+    if env is None or env.rank == 0:
+        write_deepspeed_config(run_dir, ds_config)
+        _start_summary(config, layout, run_dir, identity, launcher)
+        log.info(
+            "layout: gpus %d = dp %d x tp %d x pp %d; global %d = micro %d x accum %d x dp %d",
+            layout.gpus,
+            layout.dp,
+            layout.tp,
+            layout.pp,
+            layout.global_size,
+            layout.micro_size,
+            layout.accum_steps,
+            layout.dp,
+        )
+    if env is None:
+        return _run_local(config, layout, run_dir, identity)
+    return _run_external(config, layout, ds_config, run_dir, identity, env)

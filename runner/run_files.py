@@ -1,0 +1,74 @@
+"""The files of a run directory that ranks read back: the composed config and DeepSpeed's config.
+
+.hydra/config.yaml       the composed config (Hydra writes it)
+deepspeed_config.json    build_deepspeed_config's output (the launcher writes it)
+failure_rank<N>.json     a failed rank's error (the rank writes it)
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config import TrainConfig, _unlocked_node, to_train_config
+from runner.layout import Layout, resolve_layout
+from runner.summary import write_json_atomic
+
+DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
+
+
+def write_deepspeed_config(run_dir: Path, ds_config: dict[str, Any]) -> None:
+    """Keep the exact DeepSpeed config of the run beside its results."""
+    write_json_atomic(run_dir / DEEPSPEED_CONFIG_FILE, ds_config)
+
+
+def load_config(run_dir: Path) -> TrainConfig:
+    """The typed config of a run from the composed config Hydra saved."""
+    composed = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    node = OmegaConf.merge(_unlocked_node(TrainConfig), composed)
+    assert isinstance(node, DictConfig)
+    return to_train_config(node)
+
+
+def layout_of(config: TrainConfig, ds_config: dict[str, Any], *, gpus: int) -> Layout:
+    """The layout that a DeepSpeed config encodes, re-derived through the batch contract."""
+    return resolve_layout(
+        gpus=gpus,
+        tp=config.parallel.tp,
+        pp=config.parallel.pp,
+        global_size=config.batch.global_size,
+        micro_size=int(ds_config["train_micro_batch_size_per_gpu"]),
+    )
+
+
+def load_run(run_dir: Path) -> tuple[TrainConfig, Layout, dict[str, Any]]:
+    """Config, layout and DeepSpeed config of a prepared run directory."""
+    config = load_config(run_dir)
+    with (run_dir / DEEPSPEED_CONFIG_FILE).open() as handle:
+        ds_config: dict[str, Any] = json.load(handle)
+    return config, layout_of(config, ds_config, gpus=config.gpus), ds_config
+
+
+def write_failure(run_dir: Path, *, rank: int, error: BaseException, trace: str | None = None) -> None:
+    """Record why a rank failed, for the launcher's summary."""
+    write_json_atomic(
+        run_dir / f"failure_rank{rank}.json",
+        {
+            "rank": rank,
+            "error": f"{type(error).__name__}: {error}",
+            "traceback": trace or "".join(traceback.format_exception(error)),
+        },
+    )
+
+
+def read_failures(run_dir: Path) -> list[dict[str, Any]]:
+    """Every failure record of the run, lowest rank first."""
+    records = []
+    for path in sorted(run_dir.glob("failure_rank*.json")):
+        with path.open() as handle:
+            records.append(json.load(handle))
+    return sorted(records, key=lambda r: int(r["rank"]))

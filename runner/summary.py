@@ -1,0 +1,43 @@
+"""``summary.json``: the run's status, layout, parameter count and final metrics, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SUMMARY_FILE = "summary.json"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file beside ``path``, then rename: readers never see half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, default=str)
+            handle.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """The run's summary, or an empty dict when none was written."""
+    path = run_dir / SUMMARY_FILE
+    if not path.exists():
+        return {}
+    with path.open() as handle:
+        data: dict[str, Any] = json.load(handle)
+    return data
+
+
+def update_summary(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Merge ``fields`` into summary.json (created if absent) and return the result."""
+    summary = read_summary(run_dir)
+    summary.update(fields)
+    write_json_atomic(run_dir / SUMMARY_FILE, summary)
+    return summary

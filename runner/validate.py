@@ -1,0 +1,112 @@
+"""Checks that need more than a schema: each problem names the key, the value and the fix.
+
+Everything here runs in the launching process, before any rank starts and before the
+run directory gets any file of the runner's.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from runner.config import Precision, TrainConfig
+
+
+class ConfigError(ValueError):
+    """A configuration the runner refuses; the message lists every problem found."""
+
+
+def host_ranks_available() -> tuple[int, str]:
+    """How many ranks the local launcher can place on this host, and what they are."""
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return count, f"{count} CUDA device(s)"
+    cores = os.cpu_count() or 1
+    return cores, f"no CUDA device and {cores} CPU core(s) (one rank per core)"
+
+
+def _problems(config: TrainConfig) -> list[str]:
+    problems: list[str] = []
+    model, data, opt = config.model, config.data, config.optimizer
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    need(
+        config.train.steps >= 1, f"train.steps={config.train.steps}: must be at least 1, e.g. train.steps=100"
+    )
+    need(config.gpus >= 1, f"gpus={config.gpus}: the number of ranks must be at least 1, e.g. gpus=1")
+    need(data.seq_len >= 2, f"data.seq_len={data.seq_len}: must be at least 2 tokens, e.g. data.seq_len=128")
+    need(
+        data.seq_len <= model.max_seq_len,
+        f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len} of model "
+        f"{model.name}; lower data.seq_len or raise model.max_seq_len",
+    )
+    need(
+        data.dtype in ("uint8", "uint16", "uint32"), f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32"
+    )
+    need(opt.lr > 0, f"optimizer.lr={opt.lr}: must be positive, e.g. optimizer.lr=3e-4")
+    need(opt.warmup_steps >= 0, f"optimizer.warmup_steps={opt.warmup_steps}: must be 0 or more")
+    need(0 <= opt.min_lr_ratio <= 1, f"optimizer.min_lr_ratio={opt.min_lr_ratio}: must lie in [0, 1]")
+    need(opt.grad_clip >= 0, f"optimizer.grad_clip={opt.grad_clip}: must be 0 (off) or positive")
+    need(
+        opt.reference_batch is None or opt.reference_batch >= 1,
+        f"optimizer.reference_batch={opt.reference_batch}: must be a positive batch size or null",
+    )
+    need(model.n_layer >= 1, f"model.n_layer={model.n_layer}: must be at least 1")
+    need(
+        model.n_head >= 1 and model.d_model % model.n_head == 0,
+        f"model.d_model={model.d_model} is not divisible by model.n_head={model.n_head}; "
+        f"pick n_head among the divisors of d_model",
+    )
+    kv = model.n_kv_head or model.n_head
+    need(
+        kv >= 1 and model.n_head % kv == 0,
+        f"model.n_kv_head={model.n_kv_head} must divide model.n_head={model.n_head} "
+        f"(grouped-query attention)",
+    )
+    need(model.vocab_size >= 2, f"model.vocab_size={model.vocab_size}: must be at least 2")
+    need(
+        config.parallel.zero_stage in (0, 1, 2, 3),
+        f"parallel.zero_stage={config.parallel.zero_stage}: ZeRO stages are 0, 1, 2 and 3",
+    )
+    need(config.logger.log_every >= 1, f"logger.log_every={config.logger.log_every}: must be at least 1")
+    need(0 < config.planner.headroom <= 1, f"planner.headroom={config.planner.headroom}: must lie in (0, 1]")
+    return problems
+
+
+def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
+    """Problems only a real launch has (planning skips them)."""
+    problems: list[str] = []
+    cuda = torch.cuda.is_available()
+    if config.precision.name == Precision.fp16 and not cuda:
+        problems.append(
+            "precision=fp16: this host has no CUDA device and DeepSpeed's CPU accelerator does not "
+            "support fp16; use precision=bf16 (same memory, fp32's range) or precision=fp32"
+        )
+    for key, degree in (("tp", config.parallel.tp), ("pp", config.parallel.pp)):
+        if degree > 1:
+            problems.append(
+                f"parallel.{key}={degree}: this version runs tp=1 and pp=1 only; such layouts "
+                f"can be planned (add plan=true) but not run yet"
+            )
+    if launcher == "local":
+        available, what = host_ranks_available()
+        if config.gpus > available:
+            problems.append(
+                f"gpus={config.gpus}: the local launcher starts ranks on this host, which has {what}. "
+                f"Submit to a cluster instead: python train.py -m hydra/launcher=slurm gpus={config.gpus} "
+                f"...; or size it without launching: python train.py gpus={config.gpus} plan=true"
+            )
+    return problems
+
+
+def validate(config: TrainConfig, *, launcher: str | None) -> None:
+    """Raise ConfigError listing every problem; ``launcher=None`` checks for planning only."""
+    problems = _problems(config)
+    if launcher is not None:
+        problems += _launch_problems(config, launcher=launcher)
+    if problems:
+        raise ConfigError("\n".join(f"  - {p}" for p in problems))

@@ -1,0 +1,65 @@
+"""Shared fixtures: run ``python train.py`` the way a user does, in a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class TrainResult:
+    """What a ``python train.py`` run left: its exit code, output and run directory."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The run's summary.json."""
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The run's metrics.jsonl, one dict per logged step."""
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+
+def run_train(
+    *overrides: str, run_dir: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> TrainResult:
+    """``python train.py overrides... hydra.run.dir=run_dir`` in a clean child process."""
+    child_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        child_env.pop(key, None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env,
+    )
+    return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+@pytest.fixture
+def train(tmp_path: Path):
+    """Run train.py with overrides; each call gets its own run directory under tmp_path."""
+    counter = iter(range(1000))
+
+    def _run(*overrides: str, **kwargs: Any) -> TrainResult:
+        return run_train(*overrides, run_dir=tmp_path / f"run{next(counter)}", **kwargs)
+
+    return _run

@@ -1,0 +1,80 @@
+"""Two ranks on CPU with gloo and real DeepSpeed: the run a user starts with gpus=2."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.multirank
+
+METRICS = {
+    "loss",
+    "lr",
+    "grad_norm",
+    "throughput/tokens_per_s",
+    "throughput/tokens_per_s_per_device",
+    "throughput/tflops_per_device",
+    "throughput/mfu",
+    "throughput/mfu_causal",
+    "memory/peak_gb",
+    "time/step_s",
+}
+
+
+@pytest.mark.parametrize(("parallel", "logger"), [("ddp", "wandb"), ("zero3", "none")])
+def test_two_ranks_train_and_leave_their_files(train, parallel, logger):
+    result = train(
+        "gpus=2",
+        f"parallel={parallel}",
+        f"logger={logger}",
+        "batch.global_size=16",
+        "batch.micro_size=4",
+        "train.steps=5",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = result.run_dir
+    for name in (".hydra/config.yaml", "deepspeed_config.json", "metrics.jsonl", "summary.json"):
+        assert (run_dir / name).exists(), name
+    summary = result.summary
+    assert summary["status"] == "completed"
+    assert summary["layout"] == {
+        "gpus": 2,
+        "dp": 2,
+        "tp": 1,
+        "pp": 1,
+        "micro_size": 4,
+        "accum_steps": 2,
+        "global_size": 16,
+    }
+    assert summary["num_params"] == 3_229_952
+    metrics = result.metrics
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3, 4]
+    assert set(metrics[0]) >= METRICS
+    assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.5
+    assert 0 < metrics[-1]["throughput/mfu"] < 1
+    if logger == "wandb":
+        assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run missing"
+
+
+def test_one_rank_accumulates_what_two_ranks_split(train):
+    """Same global batch on one rank: accum 4 instead of 2, and the same losses (fp32)."""
+    one = train(
+        "gpus=1",
+        "parallel=zero3",
+        "batch.global_size=16",
+        "batch.micro_size=4",
+        "train.steps=3",
+        "logger=none",
+    )
+    two = train(
+        "gpus=2",
+        "parallel=zero3",
+        "batch.global_size=16",
+        "batch.micro_size=4",
+        "train.steps=3",
+        "logger=none",
+    )
+    assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
+    assert one.summary["layout"]["accum_steps"] == 4
+    assert two.summary["layout"]["accum_steps"] == 2
+    for a, b in zip(one.metrics, two.metrics, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)

@@ -1,0 +1,174 @@
+"""Batches: the same global batch under any layout, reproducible from (seed, step)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from runner.config import DataConfig, DataName
+from runner.data import BatchSource, builtin_text, rank_slice
+
+pytestmark = pytest.mark.unit
+
+TEXT = DataConfig(name=DataName.text, seq_len=32)
+SYNTHETIC = DataConfig(name=DataName.synthetic, seq_len=32)
+GLOBAL = 16
+
+
+def _layout_batch(source: BatchSource, step: int, dp: int, accum: int, micro: int) -> torch.Tensor:
+    """Every rank's micro-batches of one step, concatenated in rank_slice order."""
+    assert dp * accum * micro == source.global_size
+    parts = []
+    for rank in range(dp):
+        for i in range(accum):
+            inputs, _ = source.micro_batch(step, rank_slice(rank, i, micro, accum), micro)
+            assert inputs.shape == (micro, source.seq_len)
+            parts.append(inputs)
+    return torch.cat(parts)
+
+
+def test_rank_slice_is_rank_major() -> None:
+    """dp rank r owns a contiguous block of micro * accum sequences."""
+    assert [rank_slice(r, i, 4, 2) for r in range(2) for i in range(2)] == [0, 4, 8, 12]
+    assert rank_slice(3, 1, 2, 4) == 26
+    with pytest.raises(ValueError, match=r"accum_steps=2"):
+        rank_slice(0, 2, 4, 2)
+
+
+@pytest.mark.parametrize("data_cfg", [TEXT, SYNTHETIC], ids=["text", "synthetic"])
+def test_global_batch_is_independent_of_layout(data_cfg: DataConfig) -> None:
+    """dp=2 x accum=2 x micro=4, dp=1 x accum=4 x micro=4 and dp=1 x micro=16 agree."""
+    source = BatchSource(data_cfg, vocab_size=256, seed=0, global_size=GLOBAL)
+    for step in (0, 7):
+        reference = _layout_batch(source, step, dp=1, accum=1, micro=16)
+        assert torch.equal(_layout_batch(source, step, dp=1, accum=4, micro=4), reference)
+        assert torch.equal(_layout_batch(source, step, dp=2, accum=2, micro=4), reference)
+        # Computed by another process (a fresh source) at another layout.
+        other = BatchSource(data_cfg, vocab_size=256, seed=0, global_size=GLOBAL)
+        assert torch.equal(_layout_batch(other, step, dp=4, accum=1, micro=4), reference)
+
+
+@pytest.mark.parametrize("data_cfg", [TEXT, SYNTHETIC], ids=["text", "synthetic"])
+def test_steps_differ_and_seed_reproduces(data_cfg: DataConfig) -> None:
+    """Step t's batch depends on (seed, t) only: reproducible, distinct across steps and seeds."""
+    a = BatchSource(data_cfg, vocab_size=256, seed=1, global_size=GLOBAL)
+    b = BatchSource(data_cfg, vocab_size=256, seed=1, global_size=GLOBAL)
+    c = BatchSource(data_cfg, vocab_size=256, seed=2, global_size=GLOBAL)
+    b.global_batch(5)  # history does not matter: resume at step t needs only t
+    step3 = a.global_batch(3)[0]
+    assert torch.equal(step3, b.global_batch(3)[0])
+    assert not torch.equal(step3, a.global_batch(4)[0])
+    assert not torch.equal(step3, c.global_batch(3)[0])
+    assert len({tuple(row.tolist()) for row in step3}) == GLOBAL  # distinct sequences
+
+
+@pytest.mark.parametrize("data_cfg", [TEXT, SYNTHETIC], ids=["text", "synthetic"])
+def test_targets_are_inputs_shifted(data_cfg: DataConfig) -> None:
+    """int64 (size, seq_len) inputs and targets; targets[t] is the token after inputs[t]."""
+    source = BatchSource(data_cfg, vocab_size=256, seed=0, global_size=GLOBAL)
+    inputs, targets = source.micro_batch(2, 3, 5)
+    assert inputs.dtype == targets.dtype == torch.int64
+    assert inputs.shape == targets.shape == (5, data_cfg.seq_len)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_synthetic_tokens_in_range() -> None:
+    """Synthetic ids cover [0, vocab) and nothing outside it."""
+    source = BatchSource(SYNTHETIC, vocab_size=50, seed=0, global_size=GLOBAL)
+    inputs, targets = source.global_batch(0)
+    both = torch.cat([inputs, targets])
+    assert int(both.min()) == 0 and int(both.max()) == 49
+
+
+def test_builtin_text_is_python_source_fast_and_cached() -> None:
+    """The built-in corpus is stdlib source, capped at max_bytes and built once."""
+    builtin_text.cache_clear()
+    start = time.perf_counter()
+    corpus = builtin_text(2_000_000)
+    assert time.perf_counter() - start < 2.0
+    assert corpus.dtype == np.uint8 and len(corpus) == 2_000_000
+    assert builtin_text(2_000_000) is corpus
+    text = corpus[:200_000].tobytes().decode("utf-8", errors="replace")
+    assert "def " in text and "import " in text
+
+
+def test_builtin_text_needs_a_byte_vocab() -> None:
+    """Byte tokens under a smaller vocabulary are rejected, naming model.vocab_size."""
+    with pytest.raises(ValueError, match=r"model.vocab_size=100; set model.vocab_size=256"):
+        BatchSource(TEXT, vocab_size=100, seed=0, global_size=GLOBAL)
+
+
+def test_token_file_is_memory_mapped_windows(tmp_path: Path) -> None:
+    """A raw uint16 file: each sequence is a contiguous window of the file."""
+    path = tmp_path / "tokens.bin"
+    ids = np.arange(1000, dtype=np.uint16) + 1000  # ids 1000 .. 1999
+    ids.tofile(path)
+    data_cfg = dataclasses.replace(TEXT, path=str(path), dtype="uint16")
+    source = BatchSource(data_cfg, vocab_size=2000, seed=0, global_size=GLOBAL)
+    assert isinstance(source.tokens, np.memmap)
+    inputs, targets = source.global_batch(0)
+    offsets = torch.from_numpy(source.offsets(0)).unsqueeze(1)  # (GLOBAL, 1)
+    assert torch.equal(inputs, 1000 + offsets + torch.arange(32))
+    assert torch.equal(targets, inputs + 1)
+    assert int(offsets.max()) <= 1000 - 33  # the last window still has seq_len + 1 tokens
+    assert torch.equal(_layout_batch(source, 0, dp=2, accum=2, micro=4), inputs)
+
+
+def test_token_file_errors_name_the_key_value_and_fix(tmp_path: Path) -> None:
+    """Missing file, ids beyond the vocabulary, wrong dtype: clear ValueErrors."""
+    missing = tmp_path / "nope.bin"
+    with pytest.raises(ValueError, match=r"data.path='.*nope.bin' does not exist"):
+        BatchSource(dataclasses.replace(TEXT, path=str(missing)), 256, 0, GLOBAL)
+
+    path = tmp_path / "tokens.bin"
+    np.array([1, 2, 3, 700] * 100, dtype=np.uint16).tofile(path)
+    too_big = dataclasses.replace(TEXT, path=str(path))
+    with pytest.raises(ValueError, match=r"token id 700 >= model.vocab_size=256; set"):
+        BatchSource(too_big, 256, 0, GLOBAL)
+
+    with pytest.raises(ValueError, match=r"data.dtype='int64' is not one of"):
+        BatchSource(dataclasses.replace(too_big, dtype="int64"), 1000, 0, GLOBAL)
+
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"\x01\x02\x03")
+    with pytest.raises(ValueError, match=r"not a positive multiple of 2"):
+        BatchSource(dataclasses.replace(TEXT, path=str(odd)), 256, 0, GLOBAL)
+
+    short = tmp_path / "short.bin"
+    np.arange(10, dtype=np.uint16).tofile(short)
+    with pytest.raises(ValueError, match=r"lower data\.seq_len"):
+        BatchSource(dataclasses.replace(TEXT, path=str(short)), 256, 0, GLOBAL)
+
+
+def test_micro_batch_outside_the_global_batch_is_rejected() -> None:
+    """Asking past global_size is a layout bug, not a silent wrap-around."""
+    source = BatchSource(SYNTHETIC, 256, 0, GLOBAL)
+    with pytest.raises(ValueError, match=r"\[12, 20\)"):
+        source.micro_batch(0, 12, 8)
+
+
+def test_large_token_file_is_sampled_then_checked_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the scan limit, start-up checks sampled chunks and each batch checks itself."""
+    import runner.data
+
+    monkeypatch.setattr(runner.data, "_SCAN_TOKENS", 16)
+    monkeypatch.setattr(runner.data, "_SCAN_CHUNK", 4)  # samples [0:4], [20:24], [40:44], [60:64]
+    ids = np.zeros(64, dtype=np.uint16)
+    ids[62] = 999  # in a sampled chunk: caught at start-up
+    path = tmp_path / "tokens.bin"
+    ids.tofile(path)
+    data_cfg = dataclasses.replace(TEXT, seq_len=63, path=str(path))
+    with pytest.raises(ValueError, match=r"token id 999 >= model\.vocab_size=256"):
+        BatchSource(data_cfg, 256, 0, GLOBAL)
+    ids[62], ids[10] = 0, 999  # between sampled chunks: caught when a batch reads it
+    ids.tofile(path)
+    source = BatchSource(data_cfg, 256, 0, GLOBAL)
+    with pytest.raises(ValueError, match=r"step 0 read token id 999 >= model\.vocab_size=256"):
+        source.micro_batch(0, 0, 1)

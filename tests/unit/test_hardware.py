@@ -1,0 +1,73 @@
+"""Peak FLOP/s: datasheet figures by CUDA device name (dense only), and the CPU calibration."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from runner.hardware import UnknownDeviceError, calibrate_cpu_peak, peak_flops_for_cuda_device
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "tflops"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312),
+        ("NVIDIA A100-SXM4-40GB", "fp16", 312),
+        ("NVIDIA A100-PCIE-40GB", "bf16", 312),
+        ("NVIDIA A100 80GB PCIe", "fp32", 19.5),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989),  # dense: never the 1979 sparsity figure
+        ("NVIDIA H100 80GB HBM3", "fp32", 67),
+        ("NVIDIA H100 PCIe", "bf16", 756),
+        ("NVIDIA H200", "bf16", 989),
+        ("NVIDIA H200", "fp32", 67),
+    ],
+)
+def test_datasheet_dense_peaks(name: str, precision: str, tflops: float) -> None:
+    """torch.cuda.get_device_name() strings map to the dense datasheet figure."""
+    assert peak_flops_for_cuda_device(name, precision) == tflops * 1e12
+
+
+def test_fp32_uses_tf32_figure_only_when_enabled() -> None:
+    """fp32 on A100 is 19.5 TFLOP/s; with TF32 matmuls enabled 156."""
+    assert peak_flops_for_cuda_device("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12
+    assert peak_flops_for_cuda_device("NVIDIA A100-SXM4-80GB", "fp32", tf32=True) == 156e12
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["NVIDIA GeForce RTX 4090", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GH200 480GB", "Tesla V100"],
+)
+def test_unknown_device_names_the_device_and_the_override(name: str) -> None:
+    """No silent fallback: the error names the device and cluster.peak_tflops."""
+    with pytest.raises(UnknownDeviceError) as info:
+        peak_flops_for_cuda_device(name, "bf16")
+    assert name in str(info.value)
+    assert "cluster.peak_tflops" in str(info.value)
+
+
+def test_unknown_precision_is_rejected() -> None:
+    """Only bf16, fp16, fp32 (and tf32) have figures."""
+    with pytest.raises(ValueError, match="fp8"):
+        peak_flops_for_cuda_device("NVIDIA H100 80GB HBM3", "fp8")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, "bf16"])
+def test_cpu_calibration_is_a_fast_measurement(dtype: object) -> None:
+    """calibrate_cpu_peak returns a positive, finite FLOP/s within its budget (< 1.5 s)."""
+    start = time.perf_counter()
+    flops = calibrate_cpu_peak(dtype, seconds=0.5)
+    elapsed = time.perf_counter() - start
+    assert math.isfinite(flops)
+    assert flops > 1e6  # any CPU that runs torch does over a MFLOP/s
+    assert elapsed < 1.5
+
+
+def test_cpu_calibration_rejects_unknown_dtype() -> None:
+    """A dtype name it cannot map is an error."""
+    with pytest.raises(ValueError, match="int8"):
+        calibrate_cpu_peak("int8")

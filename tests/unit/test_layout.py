@@ -1,0 +1,71 @@
+"""The batch contract: global = micro x accum x dp, dp = gpus / (tp x pp)."""
+
+import pytest
+
+from runner.layout import LayoutError, parse_micro_size, resolve_layout, workable_gpus
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("gpus", "tp", "pp", "global_size", "micro", "dp", "accum"),
+    [
+        (1, 1, 1, 16, 4, 1, 4),
+        (2, 1, 1, 16, 4, 2, 2),
+        (2, 1, 1, 16, 8, 2, 1),
+        (8, 1, 1, 256, 4, 8, 8),
+        (64, 1, 1, 1024, 2, 64, 8),
+        (16, 2, 2, 64, 4, 4, 4),
+        (8, 8, 1, 32, 1, 1, 32),
+    ],
+)
+def test_accum_is_derived(gpus, tp, pp, global_size, micro, dp, accum):
+    layout = resolve_layout(gpus=gpus, tp=tp, pp=pp, global_size=global_size, micro_size=micro)
+    assert (layout.dp, layout.accum_steps) == (dp, accum)
+    assert layout.micro_size * layout.accum_steps * layout.dp == layout.global_size
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        (dict(gpus=2, global_size=16, micro_size=3), ["batch.micro_size=3", "16", "x dp 2", "{1, 2, 4, 8}"]),
+        (dict(gpus=3, global_size=16, micro_size=4), ["dp=3", "gpus in {1, 2, 4, 8, 16}"]),
+        (dict(gpus=0, global_size=16, micro_size=4), ["gpus=0", "at least 1"]),
+        (dict(gpus=4, global_size=16, micro_size=8), ["micro 8 x accum 0.5 x dp 4", "gpus in {1, 2}"]),
+        (dict(gpus=1, global_size=0, micro_size=1), ["batch.global_size=0"]),
+        (dict(gpus=1, global_size=8, micro_size=0), ["batch.micro_size=0"]),
+    ],
+)
+def test_impossible_layouts_explain_the_arithmetic(kwargs, expected):
+    with pytest.raises(LayoutError) as info:
+        resolve_layout(tp=1, pp=1, **kwargs)
+    for fragment in expected:
+        assert fragment in str(info.value)
+
+
+def test_gpus_must_be_a_multiple_of_model_parallel_degrees():
+    with pytest.raises(LayoutError, match=r"tp x pp = 2 x 2 = 4.*\{4, 8, 12, 16\}"):
+        resolve_layout(gpus=6, tp=2, pp=2, global_size=16, micro_size=1)
+
+
+def test_auto_takes_the_largest_micro_that_fits():
+    layout = resolve_layout(gpus=2, tp=1, pp=1, global_size=32, micro_size=None, fits=lambda m: m <= 5)
+    assert (layout.micro_size, layout.accum_steps) == (4, 4)
+    assert resolve_layout(gpus=2, tp=1, pp=1, global_size=32, micro_size=None).micro_size == 16
+
+
+def test_auto_with_nothing_that_fits_says_what_to_do():
+    with pytest.raises(LayoutError, match="plan=true"):
+        resolve_layout(gpus=1, tp=1, pp=1, global_size=8, micro_size=None, fits=lambda m: False)
+
+
+def test_parse_micro_size():
+    assert parse_micro_size("auto") is None
+    assert parse_micro_size("4") == 4
+    with pytest.raises(LayoutError, match="positive integer or 'auto'"):
+        parse_micro_size("four")
+
+
+def test_workable_gpus_are_near_the_request():
+    values = workable_gpus(global_size=256, tp=1, pp=1, near=48)
+    assert 32 in values and 64 in values and all(256 % g == 0 for g in values)

@@ -1,0 +1,67 @@
+"""Train one experiment: ``python train.py [group=option ...] [key=value ...]``.
+
+Hydra composes conf/ into a config validated by the schemas in runner/config.py; this
+file converts it once into the frozen TrainConfig and hands it to the runner. With
+``-m`` the same command runs a sweep (locally, or on SLURM with hydra/launcher=slurm).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from launchers.environment import shared_run_dir
+from runner.config import register_configs, to_train_config
+from runner.identity import RunIdentity
+from runner.layout import LayoutError
+from runner.run import RunFailed, run
+from runner.validate import ConfigError
+
+register_configs()
+
+
+def _identity(run_dir: Path) -> RunIdentity:
+    hydra_cfg = HydraConfig.get()
+    name = ",".join(hydra_cfg.overrides.task) or "default"
+    group = None
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        group = Path(hydra_cfg.sweep.dir).name
+    return RunIdentity.for_run_dir(run_dir, name=name, group=group)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """Compose -> typed config -> runner; returns the final loss (the sweep's objective)."""
+    config = to_train_config(cfg)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        summary = run(config, run_dir=run_dir, identity=_identity(run_dir))
+    except (ConfigError, LayoutError) as error:
+        print(f"ladder: refused before launch:\n{error}", file=sys.stderr)
+        sys.exit(2)
+    except RunFailed as error:
+        print(f"ladder: run failed: {error}", file=sys.stderr)
+        sys.exit(1)
+    loss = summary.get("final", {}).get("loss")
+    return float(loss) if loss is not None else None
+
+
+def _agree_on_run_dir(argv: list[str]) -> None:
+    """Ranks started by torchrun or srun must share one run directory: name it alike in each."""
+    if any(arg.startswith("hydra.run.dir=") for arg in argv) or "-m" in argv or "--multirun" in argv:
+        return
+    shared = shared_run_dir(os.environ, today=datetime.date.today().isoformat())
+    if shared is not None:
+        argv.append(f"hydra.run.dir={shared}")
+
+
+if __name__ == "__main__":
+    _agree_on_run_dir(sys.argv)
+    main()
