@@ -137,6 +137,7 @@ class ParallelConfig:
     contiguous_gradients: bool = True
     reduce_bucket_size: int = 500_000_000  # elements, DeepSpeed's default
     allgather_bucket_size: int = 500_000_000  # elements, DeepSpeed's default
+    param_persistence_threshold: int = 100_000  # ZeRO-3 keeps smaller params whole (elements)
     offload_optimizer: Offload = Offload.none
     offload_param: Offload = Offload.none
 

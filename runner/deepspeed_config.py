@@ -59,6 +59,8 @@ def _zero_section(parallel: ParallelConfig) -> dict[str, Any]:
         "reduce_bucket_size": parallel.reduce_bucket_size,
         "allgather_bucket_size": parallel.allgather_bucket_size,
     }
+    if parallel.zero_stage == 3:
+        zero["stage3_param_persistence_threshold"] = parallel.param_persistence_threshold
     if parallel.offload_optimizer == Offload.cpu:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if parallel.offload_param == Offload.cpu:

@@ -17,9 +17,18 @@ from launchers.environment import DistributedEnv
 from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
 from runner.distributed import init_distributed, select_accelerator, teardown
-from runner.flops import flops_per_token
+from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
 from runner.identity import RunIdentity
 from runner.layout import Layout
+from runner.ledger import (
+    TERMS,
+    Estimate,
+    Ledger,
+    deepspeed_estimate,
+    measure_model_states,
+    relative_errors,
+    saved_activations,
+)
 from runner.model import build_model, lm_loss, num_params
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
@@ -52,9 +61,16 @@ def _quiet_deepspeed() -> None:
 
 
 def _flops_budget(config: TrainConfig) -> FlopsBudget:
+    """FLOPs per token under both conventions (N: the parameters that do matmul work)."""
     model = config.model
-    common = dict(
-        num_params=num_params(model),
+    matmul_params = non_embedding_params(
+        num_params(model),
+        vocab_size=model.vocab_size,
+        d_model=model.d_model,
+        tie_embeddings=model.tie_embeddings,
+    )
+    common: dict[str, Any] = dict(
+        num_params=matmul_params,
         n_layers=model.n_layer,
         d_model=model.d_model,
         seq_len=config.data.seq_len,
@@ -62,6 +78,9 @@ def _flops_budget(config: TrainConfig) -> FlopsBudget:
     return FlopsBudget(
         per_token=flops_per_token(**common, causal=False),
         per_token_causal=flops_per_token(**common, causal=True),
+        recompute_per_token=recompute_flops_per_token(
+            **common, recompute=model.activation_checkpointing.value
+        ),
     )
 
 
@@ -69,6 +88,43 @@ def _local_grad_norm(model: torch.nn.Module) -> float:
     """L2 norm of the gradients this rank holds (the full gradient when nothing is sharded)."""
     norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def _memory_metrics(estimate: Estimate, measured: Ledger | None) -> dict[str, float]:
+    """``memory/est/<term>_gb`` always, ``memory/measured/<term>_gb`` once measured (GB = 1e9 B)."""
+    metrics = {f"memory/est/{term}_gb": estimate.terms[term] / 1e9 for term in TERMS}
+    if measured is not None:
+        metrics.update({f"memory/measured/{term}_gb": measured.terms[term] / 1e9 for term in TERMS})
+        metrics["memory/measured/residual_gb"] = sum(measured.residual.values()) / 1e9
+    return metrics
+
+
+def _memory_summary(
+    estimate: Estimate, measured: Ledger | None, *, peak_bytes: float, measured_at: str
+) -> dict[str, Any]:
+    """The ledger as summary.json keeps it (GB = 1e9 bytes)."""
+
+    def gb(values: dict[str, int]) -> dict[str, float]:
+        return {f"{name}_gb": value / 1e9 for name, value in values.items()}
+
+    summary: dict[str, Any] = {
+        "unit": "GB (1e9 bytes)",
+        "estimated": {
+            **gb(estimate.terms),
+            "total_gb": (sum(estimate.terms.values()) + sum(estimate.residual.values())) / 1e9,
+            "residual": gb(estimate.residual),
+        },
+        "textbook": gb(estimate.textbook),
+        "measured_at": measured_at,
+    }
+    if measured is not None:
+        summary["measured"] = {
+            **gb(measured.terms),
+            "peak_gb": peak_bytes / 1e9,
+            "residual": gb(measured.residual),
+        }
+        summary["rel_error"] = relative_errors(estimate.terms, measured.terms)
+    return summary
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:
@@ -140,6 +196,22 @@ def _train(
         )
         log.info("peak FLOP/s per device: %.3g (%s)", peak_flops, peak.source)
 
+    estimate = deepspeed_estimate(
+        model=config.model,
+        num_params=n_params,
+        parallel=config.parallel,
+        precision=config.precision.name,
+        optimizer=config.optimizer.name,
+        dp=layout.dp,
+        micro_size=layout.micro_size,
+        seq_len=config.data.seq_len,
+    )
+    # Model states are measured at the accumulation boundary of the second step, when the
+    # optimizer state exists; activations over the first micro-batch of the first step.
+    ledger_step = min(1, config.train.steps - 1)
+    ledger: Ledger | None = None
+    saved_bytes = 0
+
     peak_memory = PeakMemory(device)
     peak_memory.reset()
     last: dict[str, float] = {}
@@ -158,10 +230,19 @@ def _train(
                 start = rank_slice(dp_rank, micro, layout.micro_size, layout.accum_steps)
                 inputs, targets = batches.micro_batch(step, start, layout.micro_size)
                 inputs, targets = inputs.to(device), targets.to(device)
-                loss = lm_loss(engine(inputs), targets)
+                if step == 0 and micro == 0:
+                    with saved_activations(engine.module) as saved:
+                        loss = lm_loss(engine(inputs), targets)
+                    saved_bytes = saved["activations"]
+                else:
+                    loss = lm_loss(engine(inputs), targets)
                 engine.backward(loss)
-                if own_grad_norm and micro == layout.accum_steps - 1:
+                boundary = micro == layout.accum_steps - 1
+                if own_grad_norm and boundary:
                     grad_norm = _local_grad_norm(engine.module)
+                if step == ledger_step and boundary:
+                    ledger = measure_model_states(engine, precision=config.precision.name)
+                    ledger.terms["activations"] = saved_bytes
                 engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
                 loss_sum += loss.detach().float()
             loss_value = _mean_over_ranks(loss_sum / layout.accum_steps)
@@ -185,6 +266,7 @@ def _train(
                     peak_flops=peak_flops,
                 ),
                 "memory/peak_gb": _max_over_ranks(peak_memory.read(), device) / 1e9,
+                **_memory_metrics(estimate, ledger),
             }
             last = metrics
             if step % config.logger.log_every == 0 or step == config.train.steps - 1:
@@ -205,6 +287,12 @@ def _train(
                 peak_flops_per_device=peak_flops,
                 peak_flops_source=peak.source,
                 peak_memory_measure=peak_memory.label,
+                memory=_memory_summary(
+                    estimate,
+                    ledger,
+                    peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
+                    measured_at=f"rank 0, step {ledger_step} accumulation boundary (before optimizer step)",
+                ),
                 accelerator=accelerator,
             )
         for sink in sinks:

@@ -1,0 +1,313 @@
+"""The memory ledger: what a rank really holds, by term, beside what the estimator predicts.
+
+Measured (per rank, bytes, each storage counted once):
+
+- ``params``: the model's parameter storages this rank holds (at ZeRO-3 the partition,
+  ``param.ds_tensor``; full copies of gathered or persistent parameters are a residual);
+- ``grads``: parameter ``.grad`` storages and the gradient partitions the ZeRO optimizer
+  keeps (``averaged_gradients``, ``grad_partitions_flat_buffer``);
+- ``optimizer``: the inner optimizer's state (Adam's m and v, SGD's momentum) and, in
+  16-bit training, the fp32 master weights it steps;
+- ``activations``: tensors autograd saved for backward over one micro-batch
+  (``torch.autograd.graph.saved_tensors_hooks``), parameters and buffers excluded;
+- residuals: every other tensor reachable from DeepSpeed's optimizer wrapper, named by
+  the attribute that holds it (communication buckets, an fp32 master copy in fp32
+  training, ...), plus ZeRO-3's full copies of persistent parameters.
+
+Model states are measured at the accumulation boundary, after backward and DeepSpeed's
+gradient reduction, before the optimizer step, on the second step (the optimizer state
+exists from the first). What is transient inside backward (ZeRO-1's full gradients
+before the reduce-scatter, say) is not held then: the peak sees it.
+
+Estimated: :func:`deepspeed_estimate` is the textbook (runner.memory.model_states,
+ZeRO paper) corrected by what DeepSpeed 0.19 was measured to hold, each correction a
+named line, so a reader sees both the paper's figure and the real one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runner.config import ModelConfig, Offload, OptimizerName, ParallelConfig, Precision, Recompute
+from runner.memory import TRANSIENT_ITEMS, activation_items_total, model_states
+
+TERMS = ("params", "grads", "optimizer", "activations")
+
+# Attributes of DeepSpeed's ZeRO optimizers (stage_1_and_2.py, stage3.py) holding gradients.
+_GRADIENT_ATTRS = frozenset(
+    {
+        "averaged_gradients",
+        "grad_partitions_flat_buffer",
+        "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
+    }
+)
+# Attributes holding the fp32 weights the inner optimizer steps (its master weights).
+_MASTER_ATTRS = frozenset({"single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups"})
+_WALK_DEPTH = 6
+
+
+@dataclass
+class Ledger:
+    """Bytes per term and named residuals of one rank."""
+
+    terms: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TERMS, 0))
+    residual: dict[str, int] = field(default_factory=dict)
+
+    def add_residual(self, name: str, nbytes: int) -> None:
+        """Accumulate a named residual line."""
+        if nbytes:
+            self.residual[name] = self.residual.get(name, 0) + nbytes
+
+
+def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
+    if tensor.numel() == 0 or tensor.device.type == "meta":
+        return None
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+class _Counter:
+    """Counts each storage once, into the first category that claims it."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.seen: set[int] = set()
+
+    def claim(self, tensor: Any, term: str | None, residual: str | None = None) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        found = _storage(tensor)
+        if found is None or found[0] in self.seen:
+            return
+        ptr, nbytes = found
+        self.seen.add(ptr)
+        if term is not None:
+            self.ledger.terms[term] += nbytes
+        else:
+            self.ledger.add_residual(residual or "unnamed", nbytes)
+
+
+def _tensors_in(obj: Any, depth: int = 0, visited: set[int] | None = None) -> Iterator[torch.Tensor]:
+    """Tensors reachable through lists, tuples, dicts and DeepSpeed/torch.optim objects."""
+    visited = set() if visited is None else visited
+    if depth > _WALK_DEPTH or id(obj) in visited:
+        return
+    visited.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        if obj.grad is not None:
+            yield obj.grad
+    elif isinstance(obj, torch.nn.Module):
+        return
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors_in(item, depth + 1, visited)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors_in(item, depth + 1, visited)
+    elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
+        for item in vars(obj).values():
+            yield from _tensors_in(item, depth + 1, visited)
+
+
+def measure_model_states(engine: Any, *, precision: Precision) -> Ledger:
+    """Params, grads, optimizer states and residuals held by this rank now."""
+    ledger = Ledger()
+    count = _Counter(ledger)
+    params = list(engine.module.parameters())
+    for param in params:
+        partition = getattr(param, "ds_tensor", None)
+        if partition is not None:  # ZeRO-3: the partition is this rank's share
+            count.claim(partition, "params")
+    for param in params:
+        if getattr(param, "ds_tensor", None) is not None:
+            count.claim(param.data, None, "zero3_full_params (persistent or gathered)")
+        else:
+            count.claim(param.data, "params")
+        count.claim(param.grad, "grads")
+    for buffer in engine.module.buffers():
+        count.claim(buffer, None, "model_buffers")
+
+    wrapper = engine.optimizer
+    inner = getattr(wrapper, "optimizer", wrapper)
+    for state in inner.state.values():
+        for value in state.values():
+            count.claim(value, "optimizer")
+
+    def claim_master(master: Any) -> None:
+        # In 16-bit training the fp32 master weights are part of the optimizer states
+        # (ZeRO paper Sec. 3.1: K = 12 counts them); in fp32 training they are an extra copy.
+        if precision == Precision.fp32:
+            count.claim(master, None, "fp32_master_copy")
+        else:
+            count.claim(master, "optimizer")
+
+    for group in inner.param_groups:
+        for master in group["params"]:
+            count.claim(master.grad, "grads")
+            claim_master(master)
+    if wrapper is not inner:
+        for name, value in vars(wrapper).items():
+            if name in ("optimizer", "module"):
+                continue
+            for tensor in _tensors_in(value):
+                if name in _MASTER_ATTRS:
+                    claim_master(tensor)
+                elif name in _GRADIENT_ATTRS:
+                    count.claim(tensor, "grads")
+                else:
+                    count.claim(tensor, None, name.split("__")[-1])
+    return ledger
+
+
+@contextlib.contextmanager
+def saved_activations(model: torch.nn.Module) -> Iterator[dict[str, int]]:
+    """Count bytes autograd saves for backward inside the block: ``{"activations": bytes}``."""
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters() if p.numel()}
+    excluded |= {b.untyped_storage().data_ptr() for b in model.buffers() if b.numel()}
+    seen: set[int] = set()
+    result = {"activations": 0}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if isinstance(tensor, torch.nn.Parameter):
+            return tensor
+        found = _storage(tensor)
+        if found is not None and found[0] not in excluded and found[0] not in seen:
+            seen.add(found[0])
+            result["activations"] += found[1]
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield result
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Estimated bytes per term, with DeepSpeed's measured departures from the textbook."""
+
+    terms: dict[str, int]
+    residual: dict[str, int]
+    textbook: dict[str, int]
+
+
+def _param_numels(model: ModelConfig) -> list[int]:
+    """Numel of every parameter tensor of runner/model.py's Transformer, in module order."""
+    h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
+    kv_width = (model.n_kv_head or model.n_head) * (h // model.n_head)
+    per_layer = [h, h * h, h * kv_width, h * kv_width, h * h, h, h * f, f * h, h * f]
+    numels = [v * h, *per_layer * model.n_layer, h]
+    if not model.tie_embeddings:
+        numels.append(v * h)
+    return numels
+
+
+def _pad(numel: int, dp: int) -> int:
+    return -(-numel // dp) * dp
+
+
+def _stage12_gradient_buffer(numels: list[int], dp: int) -> int:
+    """Elements of rank 0's gradient buffer at ZeRO 1-2: every parameter its partition touches, whole.
+
+    DeepSpeed's stage_1_and_2.py flattens the parameters in module order, cuts the flat
+    buffer into dp equal partitions, and keeps gradients for each parameter that
+    intersects the rank's partition in full; the one that straddles the boundary adds up
+    to one tensor beyond P/dp.
+    """
+    partition = _pad(sum(numels), dp) // dp
+    start, held = 0, 0
+    for numel in numels:
+        if start < partition:
+            held += numel
+        start += numel
+    return max(held, partition)
+
+
+def deepspeed_estimate(
+    *,
+    model: ModelConfig,
+    num_params: int,
+    parallel: ParallelConfig,
+    precision: Precision,
+    optimizer: OptimizerName,
+    dp: int,
+    micro_size: int,
+    seq_len: int,
+) -> Estimate:
+    """Per-rank bytes DeepSpeed 0.19 holds at the optimizer-step boundary, by term, plus activations.
+
+    Departures from the ZeRO paper's accounting, each measured on this runner's model:
+    - stages 1-2 keep only the gradient partition after the boundary reduce-scatter
+      (``averaged_gradients``), so ``grads`` is 2P/dp at stage 1 too; ZeRO-1's full
+      gradients exist only inside backward;
+    - fp32 training at stages 1-3 steps an fp32 partition that is a second copy of the
+      fp32 weights: ``fp32_master_copy`` = 4P/dp;
+    - stage 3 keeps parameters under ``stage3_param_persistence_threshold`` elements whole
+      on every rank (``zero3_full_params``) and allocates its gradient bucket of
+      ``reduce_bucket_size`` elements up front (``ipg_buckets``);
+    - partitions are padded to a multiple of dp.
+    """
+    stage = parallel.zero_stage
+    offload = "none"
+    if parallel.offload_optimizer == Offload.cpu:
+        offload = "optimizer+params" if parallel.offload_param == Offload.cpu else "optimizer"
+    textbook = model_states(
+        num_params,
+        zero_stage=stage,
+        dp=dp,
+        precision=precision.value,
+        optimizer=optimizer.value,
+        offload=offload,
+    )
+    p_bytes = 4 if precision == Precision.fp32 else 2
+    numels = _param_numels(model)
+    head_dim = model.d_model // model.n_head
+    # RoPE's cos and sin tables (runner/model.py), kept in fp32 under bf16 by DeepSpeed.
+    residual: dict[str, int] = {"model_buffers": 2 * 4 * model.max_seq_len * (head_dim // 2)}
+    params, grads, optim = textbook.params, textbook.grads, textbook.optimizer
+    if stage in (1, 2):
+        grads = 0 if offload != "none" else p_bytes * _stage12_gradient_buffer(numels, dp)
+    if stage == 3:
+        threshold = parallel.param_persistence_threshold
+        persistent = sum(n for n in numels if n < threshold)
+        residual["zero3_full_params (persistent or gathered)"] = p_bytes * persistent
+        residual["ipg_buckets"] = p_bytes * parallel.reduce_bucket_size
+    if precision == Precision.fp32 and stage >= 1 and offload == "none":
+        residual["fp32_master_copy"] = 4 * _pad(num_params, dp) // dp
+    activations = activation_items_total(
+        n_layers=model.n_layer,
+        seq_len=seq_len,
+        micro_size=micro_size,
+        d_model=model.d_model,
+        n_heads=model.n_head,
+        vocab_size=model.vocab_size,
+        recompute=model.activation_checkpointing.value
+        if isinstance(model.activation_checkpointing, Recompute)
+        else str(model.activation_checkpointing),
+        flash=True,  # torch's SDPA takes a flash kernel on CPU and on CUDA
+        n_kv_heads=model.n_kv_head,
+        ffn_hidden=model.ffn_hidden,
+        bytes_per_elem=p_bytes,
+    )
+    kept = sum(v for k, v in activations.items() if k not in TRANSIENT_ITEMS)
+    return Estimate(
+        terms={"params": params, "grads": grads, "optimizer": optim, "activations": kept},
+        residual=residual,
+        textbook={
+            "params": textbook.params,
+            "grads": textbook.grads,
+            "optimizer": textbook.optimizer,
+        },
+    )
+
+
+def relative_errors(estimated: dict[str, int], measured: dict[str, int]) -> dict[str, float | None]:
+    """(measured - estimated) / estimated per term; None where the estimate is zero."""
+    return {
+        term: (measured[term] - estimated[term]) / estimated[term] if estimated[term] else None
+        for term in TERMS
+    }
