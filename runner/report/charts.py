@@ -1,0 +1,206 @@
+"""The report's charts: memory per term per cell, MFU and tokens/s per device against gpus for each
+parallel mode, the loss curves of all cells overlaid, and their spread against the tolerance."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from runner.report.collect import Cell
+from runner.report.compare import LossAgreement
+from runner.report.rows import TERMS, Row, fmt_gb
+from runner.report.svg import Bar, HLine, Segment, Series, line_chart, stacked_bar_chart
+
+# Okabe & Ito's colour-blind-safe palette (yellow dropped: unreadable on white), then greys.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C564B", "#7F7F7F")
+DASHES = ("", "7 4", "2 3", "9 3 2 3")
+TERM_COLORS = {
+    "params": "#0072B2",
+    "grads": "#56B4E9",
+    "optimizer": "#009E73",
+    "activations": "#E69F00",
+    "residual": "#B8B8B8",
+}
+
+
+@dataclass(frozen=True)
+class LegendItem:
+    """A swatch in a chart's legend."""
+
+    name: str
+    color: str
+    dash: str = ""
+    kind: str = "line"  # line | box
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One figure of the page: its SVG, legend, and a caption that says how to read it."""
+
+    key: str
+    title: str
+    svg: str
+    legend: list[LegendItem] = field(default_factory=list)
+    caption: str = ""
+    empty: bool = False
+
+
+def _measured_segments(row: Row) -> list[Segment]:
+    segments = [
+        Segment(t, row.measured_gb[t], TERM_COLORS[t], f"{t} {fmt_gb(row.measured_gb[t])} GB measured")
+        for t in TERMS
+        if t in row.measured_gb
+    ]
+    residual = row.residual()
+    if residual is None:
+        return segments
+    if row.residual_gb:
+        what = ", ".join(f"{k} {fmt_gb(v)}" for k, v in row.residual_gb.items())
+    else:
+        # allocator caches, communication buffers, the runtime: what the four terms do not cover
+        what = "peak - measured terms" if segments else "peak, not split by term"
+    tip = f"residual {fmt_gb(residual)} GB ({what}); peak {fmt_gb(row.peak_gb)} GB"
+    return [*segments, Segment("residual", residual, TERM_COLORS["residual"], tip)]
+
+
+def memory_chart(rows: Sequence[Row]) -> Chart:
+    """Per cell, estimated and measured stacked bars of the four terms (+ residual), against device memory."""
+    bars: list[Bar] = []
+    for row in rows:
+        est = [
+            Segment(t, row.est_gb[t], TERM_COLORS[t], f"{t} {fmt_gb(row.est_gb[t])} GB estimated")
+            for t in TERMS
+            if t in row.est_gb
+        ]
+        measured = _measured_segments(row)
+        if est:
+            bars.append(Bar("est", row.cell_id, est, row.device_memory_gb))
+        if measured:
+            bars.append(Bar("meas", row.cell_id, measured, row.device_memory_gb))
+    legend = [LegendItem(t, c, kind="box") for t, c in TERM_COLORS.items()]
+    legend.append(LegendItem("device memory", "#c0392b", dash="6 4"))
+    devices = {r.device_memory_gb for r in rows if r.device_memory_gb is not None}
+    device_note = (
+        f"Dashed red: device memory ({', '.join(fmt_gb(d) for d in sorted(devices))} GB); "
+        "an arrow at the top when it is far above the bars."
+        if devices
+        else "No cell recorded its device memory."
+    )
+    return Chart(
+        key="memory",
+        title="Memory per device by term (GB = 1e9 bytes)",
+        svg=stacked_bar_chart(bars, title="Memory per device by term", y_label="GB per device", unit="GB"),
+        legend=legend,
+        caption=(
+            "For each cell, left bar (est): the estimate of the four terms; right bar (meas): the measured "
+            f"terms plus the residual up to the measured peak. {device_note}"
+        ),
+        empty=not bars,
+    )
+
+
+def _mode(row: Row, with_precision: bool) -> str:
+    mode = row.parallel or "?"
+    return f"{mode} {row.precision}" if with_precision else mode
+
+
+def scaling_chart(rows: Sequence[Row], *, metric: str) -> Chart:
+    """MFU (%) or tokens/s per device against gpus, one line per parallel mode."""
+    if metric == "mfu":
+        title, y_label = "MFU against gpus", "MFU (%)"
+
+        def value(r: Row) -> float | None:
+            return None if r.mfu is None else 100 * r.mfu
+    else:
+        title, y_label = "Tokens/s per device against gpus", "tokens/s per device"
+
+        def value(r: Row) -> float | None:
+            return r.tokens_per_s_per_device
+
+    # Completed cells only: a failed cell's speed covers a few steps, or the steps before it broke.
+    usable = [r for r in rows if r.status == "completed" and r.gpus is not None and value(r) is not None]
+    gpus = sorted({r.gpus for r in usable if r.gpus is not None})
+    position = {g: float(i) for i, g in enumerate(gpus)}  # gpus as categories: 1, 2, 8, 64 evenly spaced
+    with_precision = len({r.precision for r in usable}) > 1
+    modes: dict[str, list[tuple[float, float]]] = {}
+    for row in usable:
+        v = value(row)
+        assert row.gpus is not None and v is not None
+        modes.setdefault(_mode(row, with_precision), []).append((position[row.gpus], v))
+    series = [
+        Series(mode, points, PALETTE[i % len(PALETTE)], DASHES[(i // len(PALETTE)) % len(DASHES)])
+        for i, (mode, points) in enumerate(sorted(modes.items()))
+    ]
+    svg = line_chart(
+        series,
+        title=title,
+        x_label="gpus (ranks)",
+        y_label=y_label,
+        x_ticks=[(p, str(g)) for g, p in position.items()],
+    )
+    return Chart(
+        key=metric,
+        title=title,
+        svg=svg,
+        legend=[LegendItem(s.name, s.color, s.dash) for s in series],
+        caption="Completed cells; medians over the logged steps after the first; one point per cell.",
+        empty=not series,
+    )
+
+
+def loss_chart(cells: Sequence[Cell], order: Sequence[str], labels: dict[str, str]) -> Chart:
+    """Loss against step for every cell that logged one, overlaid; line widths differ so equal curves show."""
+    by_id = {c.cell_id: c for c in cells}
+    curves = [(cid, by_id[cid].loss_curve()) for cid in order if cid in by_id and by_id[cid].loss_curve()]
+    n = len(curves)
+    series = [
+        Series(
+            cid,
+            sorted((float(s), v) for s, v in curve.items()),
+            PALETTE[i % len(PALETTE)],
+            DASHES[i % len(DASHES)],
+            # widest first, so curves that coincide show as nested lines rather than one
+            width=1.5 + 4.0 * (n - 1 - i) / max(n - 1, 1),
+        )
+        for i, (cid, curve) in enumerate(curves)
+    ]
+    return Chart(
+        key="loss",
+        title="Loss curves of all cells",
+        svg=line_chart(series, title="Loss against step", x_label="step", y_label="loss", y_from_zero=False),
+        legend=[LegendItem(f"{s.name} {labels.get(s.name, '')}".strip(), s.color, s.dash) for s in series],
+        caption="Each cell's loss per logged step; coinciding curves show as nested lines of unequal widths.",
+        empty=not series,
+    )
+
+
+def spread_chart(agreements: Sequence[LossAgreement]) -> Chart:
+    """The spread (max - min loss across cells) at each common step, per group, against its tolerance."""
+    compared = [a for a in agreements if a.steps]
+    series = []
+    hlines = []
+    for i, agreement in enumerate(compared):
+        name = f"model {agreement.model}, global {agreement.global_size}"
+        series.append(
+            Series(
+                name,
+                [(float(s), d) for s, d in zip(agreement.steps, agreement.spread, strict=True)],
+                PALETTE[i % len(PALETTE)],
+            )
+        )
+        hlines.append(HLine(agreement.tolerance, f"tolerance {agreement.tolerance:.0e}"))
+    svg = line_chart(
+        series,
+        title="Spread of loss across cells",
+        x_label="step",
+        y_label="max - min loss across cells",
+        hlines=hlines,
+    )
+    return Chart(
+        key="spread",
+        title="Do the loss curves coincide?",
+        svg=svg,
+        legend=[LegendItem(s.name, s.color) for s in series] + [LegendItem("tolerance", "#c0392b", "6 4")],
+        caption="At each step logged by at least two cells of a group (same model, same global batch).",
+        empty=not series,
+    )

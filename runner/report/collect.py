@@ -1,0 +1,278 @@
+"""Find the run directories under the paths a user names, and read what each one left.
+
+A run directory is Hydra's output directory of one cell. Any of its files may be missing
+(a cell refused before launch, crashed, still running, or never started): a cell is read
+with what is known and never dropped.
+
+    .hydra/config.yaml      the composed config          .hydra/overrides.yaml  the cell's overrides
+    summary.json            status, layout, final metrics, memory (runner/summary.py writes it)
+    metrics.jsonl           one JSON object per logged step
+    failure_rank<N>.json    a failed rank's error (runner/run_files.py writes it)
+
+A multirun directory holds cells as numbered subdirectories plus ``multirun.yaml``; cells that
+``multirun.yaml`` expects but whose directory is absent are listed as ``missing``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = Path(".hydra") / "config.yaml"
+OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
+MULTIRUN_FILE = "multirun.yaml"
+RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, str(CONFIG_FILE), "deepspeed_config.json")
+
+# How deep below a named path to look for run directories: multirun/<date>/<time>/<cell>.
+MAX_DEPTH = 4
+
+
+class ReportInputError(Exception):
+    """A path given to the report does not exist or holds no run directory."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Everything one run directory holds, as plain data; any part may be empty."""
+
+    run_dir: Path
+    cell_id: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    missing: bool = False
+
+    @property
+    def status(self) -> str:
+        """completed, failed, running (as summary.json says), unfinished (no summary) or missing."""
+        if self.missing:
+            return "missing"
+        status = self.summary.get("status")
+        if isinstance(status, str) and status:
+            return status
+        return "failed" if self.failures else "unfinished"
+
+    @property
+    def error(self) -> str | None:
+        """Why the cell did not complete, in one line; None for a completed cell."""
+        if self.status == "completed":
+            return None
+        error = self.summary.get("error")
+        if error:
+            rank = self.summary.get("failed_rank")
+            return f"rank {rank}: {error}" if rank is not None else str(error)
+        if self.failures:
+            first = self.failures[0]
+            return f"rank {first.get('rank')}: {first.get('error')}"
+        if self.missing:
+            return "no run directory: the cell never started (multirun.yaml expects it)"
+        steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), int | float)]
+        if self.status == "running":
+            last = f"; last logged step {max(steps)}" if steps else ""
+            return f"summary.json says running: still running, or killed{last}"
+        if steps:
+            return f"no summary.json: stopped after logging step {max(steps)} (crashed, killed or running)"
+        return "no summary.json and no metrics: refused before launch, crashed before step 0, or not started"
+
+    def config_value(self, dotted: str) -> Any:
+        """A value of the composed config by dotted key (``batch.global_size``), or None."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    def loss_curve(self) -> dict[int, float]:
+        """Loss by step, from metrics.jsonl (later records win when a step repeats)."""
+        curve: dict[int, float] = {}
+        for record in self.metrics:
+            step, loss = record.get("step"), record.get("loss")
+            if isinstance(step, int | float) and isinstance(loss, int | float):
+                curve[int(step)] = float(loss)
+        return curve
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a run directory: it holds one of the files a run leaves."""
+    return any((path / marker).exists() for marker in RUN_MARKERS)
+
+
+def natural_key(path: Path) -> tuple[int, int, str]:
+    """Sort key: numbered cells in numeric order (0, 1, ..., 10), then other names alphabetically."""
+    return (0, int(path.name), "") if path.name.isdigit() else (1, 0, path.name)
+
+
+def find_run_dirs(root: Path, *, depth: int = MAX_DEPTH) -> list[Path]:
+    """Run directories at or below ``root`` (not below a run directory), cells in numeric order."""
+    if is_run_dir(root):
+        return [root]
+    if depth == 0 or not root.is_dir():
+        return []
+    found: list[Path] = []
+    children = [c for c in root.iterdir() if c.is_dir() and not c.name.startswith(".")]
+    for child in sorted(children, key=natural_key):
+        found.extend(find_run_dirs(child, depth=depth - 1))
+    return found
+
+
+def _read_json(path: Path, problems: list[str]) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        problems.append(f"{path.name} unreadable: {error}")
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_yaml(path: Path, problems: list[str]) -> Any:
+    if not path.exists():
+        return None
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        problems.append(f"{path} unreadable: {error}")
+        return None
+
+
+def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    bad = 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            bad += 1  # a killed run can leave half a line
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    if bad:
+        problems.append(f"{METRICS_FILE}: skipped {bad} unreadable line(s)")
+    return records
+
+
+def read_cell(run_dir: Path, *, cell_id: str) -> Cell:
+    """Read one run directory; files that are absent or unreadable leave their part empty."""
+    problems: list[str] = []
+    config = _read_yaml(run_dir / CONFIG_FILE, problems)
+    overrides = _read_yaml(run_dir / OVERRIDES_FILE, problems)
+    failures = [_read_json(p, problems) for p in sorted(run_dir.glob("failure_rank*.json"))]
+    failures.sort(key=lambda f: int(f["rank"]) if isinstance(f.get("rank"), int) else 1 << 30)
+    return Cell(
+        run_dir=run_dir,
+        cell_id=cell_id,
+        summary=_read_json(run_dir / SUMMARY_FILE, problems),
+        metrics=_read_metrics(run_dir / METRICS_FILE, problems),
+        config=config if isinstance(config, dict) else {},
+        overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],
+        failures=failures,
+        problems=problems,
+    )
+
+
+def expected_sweep(multirun: dict[str, Any]) -> list[list[str]] | None:
+    """Each job's overrides, in job-number order, as Hydra's BasicSweeper enumerates them.
+
+    Mirrors hydra/_internal/core_plugins/basic_sweeper.py (``split_arguments``): the product of
+    the sweep lists, keyed in the order the overrides were given, ``hydra.sweeper.params`` first.
+    None when the sweep cannot be enumerated that way (another sweeper, a custom subdir).
+    """
+    hydra_node = multirun.get("hydra") or {}
+    sweeper = hydra_node.get("sweeper") or {}
+    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    if str((hydra_node.get("sweep") or {}).get("subdir", "")) != "${hydra.job.num}":
+        return None
+    params = sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()]
+    arguments += list((hydra_node.get("overrides") or {}).get("task") or [])
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(arguments)
+        choices: dict[str, list[str]] = {}
+        for override in parsed:
+            key = override.get_key_element()
+            if override.is_sweep_override():
+                if not override.is_discrete_sweep():
+                    return None
+                choices[key] = [f"{key}={v}" for v in override.sweep_string_iterator()]
+            else:
+                choices[key] = [f"{key}={override.get_value_element_as_str()}"]
+    except Exception:  # an override this Hydra cannot parse: do not guess the sweep
+        return None
+    return [list(job) for job in itertools.product(*choices.values())]
+
+
+def _missing_cells(sweep_dir: Path, found: set[Path], problems: list[str]) -> list[tuple[Path, list[str]]]:
+    multirun = _read_yaml(sweep_dir / MULTIRUN_FILE, problems)
+    jobs = expected_sweep(multirun) if isinstance(multirun, dict) else None
+    if jobs is None:
+        return []
+    return [(sweep_dir / str(n), job) for n, job in enumerate(jobs) if (sweep_dir / str(n)) not in found]
+
+
+def _common_parent(dirs: Sequence[Path]) -> Path:
+    if len(dirs) == 1:
+        return dirs[0].parent
+    return Path(os.path.commonpath([str(d) for d in dirs]))
+
+
+def collect(paths: Iterable[Path]) -> list[Cell]:
+    """Every cell under the given paths, once each, including cells a sweep expects but lacks."""
+    run_dirs: list[Path] = []
+    missing: list[tuple[Path, list[str]]] = []
+    problems: list[str] = []
+    for raw in paths:
+        path = Path(raw).resolve()
+        if not path.exists():
+            raise ReportInputError(f"no such file or directory: {raw}")
+        found = find_run_dirs(path)
+        sweep_dirs = sorted({d.parent for d in found if (d.parent / MULTIRUN_FILE).exists()})
+        if (path / MULTIRUN_FILE).exists() and path not in sweep_dirs:
+            sweep_dirs.append(path)  # a sweep whose every cell is missing
+        for sweep_dir in sweep_dirs:
+            known = {d for d, _ in missing}
+            missing.extend(m for m in _missing_cells(sweep_dir, set(found), problems) if m[0] not in known)
+        if not found and not missing:
+            raise ReportInputError(
+                f"{raw} holds no run directory (none of {', '.join(RUN_MARKERS)} at or below it)"
+            )
+        run_dirs.extend(d for d in found if d not in run_dirs)
+    everything = run_dirs + [d for d, _ in missing]
+    base = _common_parent(everything)
+
+    def cell_id(run_dir: Path) -> str:
+        return str(run_dir.relative_to(base)) if run_dir != base else run_dir.name
+
+    cells = [read_cell(d, cell_id=cell_id(d)) for d in run_dirs]
+    cells += [Cell(run_dir=d, cell_id=cell_id(d), overrides=o, missing=True) for d, o in missing]
+    return sorted(cells, key=lambda c: [natural_key(Path(p)) for p in Path(c.cell_id).parts])
+
+
+def distinguishing_overrides(cells: Sequence[Cell]) -> dict[str, str]:
+    """Each cell's overrides less those every cell shares: a short label such as ``gpus=2 parallel=zero3``."""
+    shared = set.intersection(*(set(c.overrides) for c in cells)) if cells else set()
+    labels = {}
+    for cell in cells:
+        own = [o for o in cell.overrides if o not in shared or len(cells) == 1]
+        labels[cell.cell_id] = " ".join(own)
+    return labels

@@ -1,0 +1,347 @@
+"""One row per cell: layout, memory per term, speed, loss and status; sorted, best cells marked.
+
+Units: memory in GB = 1e9 bytes (as summary.json and metrics.jsonl record it); MFU as a
+fraction of peak (shown as %); throughput in tokens/s per device.
+
+Speed is the median over the logged steps after the first (step 0 includes warm-up, and a
+shared host makes single steps noisy), falling back to summary.json's final values.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.report.collect import Cell, distinguishing_overrides, natural_key
+
+# The four memory terms of a training step (DESIGN.md: parameters, gradients, optimizer states,
+# activations), in the order the memory chart stacks them.
+TERMS = ("params", "grads", "optimizer", "activations")
+TOKENS_PER_DEVICE = "throughput/tokens_per_s_per_device"
+MFU = "throughput/mfu"
+PEAK = "memory/peak_gb"
+
+# Sort order: finished cells first, then the ones that may still finish, then the broken ones.
+STATUS_RANK = {"completed": 0, "running": 1, "unfinished": 2, "failed": 3, "missing": 4}
+
+# Marks in a row's "best" column, and what each one means.
+BEST_MFU, BEST_PEAK, BEST_LOSS = "MFU", "peak", "loss"
+BEST_MEANING = {BEST_MFU: "highest MFU", BEST_PEAK: "lowest peak memory", BEST_LOSS: "lowest final loss"}
+MARKED_COLUMN = {
+    BEST_MFU: "MFU %",
+    BEST_PEAK: "peak GB",
+    BEST_LOSS: "final loss",
+}  # display column of each mark
+
+
+@dataclass
+class Row:
+    """What the report shows of one cell; None where the cell did not record it."""
+
+    cell_id: str
+    label: str
+    status: str
+    error: str | None
+    path: str
+    model: str | None = None
+    parallel: str | None = None
+    zero_stage: int | None = None
+    precision: str | None = None
+    gpus: int | None = None
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    micro_size: int | None = None
+    accum_steps: int | None = None
+    global_size: int | None = None
+    est_gb: dict[str, float] = field(default_factory=dict)  # TERMS and "total"
+    measured_gb: dict[str, float] = field(default_factory=dict)  # TERMS
+    residual_gb: dict[str, float] = field(default_factory=dict)  # measured, by name
+    peak_gb: float | None = None
+    device_memory_gb: float | None = None
+    tokens_per_s_per_device: float | None = None
+    mfu: float | None = None
+    final_loss: float | None = None
+    steps: int | None = None
+    best: list[str] = field(default_factory=list)
+
+    def residual(self) -> float | None:
+        """Measured memory beyond the four terms: the named residuals, else peak - measured terms."""
+        if self.residual_gb:
+            return sum(self.residual_gb.values())
+        if self.peak_gb is not None:
+            return max(self.peak_gb - sum(self.measured_gb.values()), 0.0)
+        return None
+
+    def flat(self) -> dict[str, Any]:
+        """The row as one flat dict with units in the key names (for CSV and JSON)."""
+        out: dict[str, Any] = {
+            "cell": self.cell_id,
+            "overrides": self.label,
+            "status": self.status,
+            "model": self.model,
+            "parallel": self.parallel,
+            "zero_stage": self.zero_stage,
+            "precision": self.precision,
+            "gpus": self.gpus,
+            "dp": self.dp,
+            "tp": self.tp,
+            "pp": self.pp,
+            "micro_size": self.micro_size,
+            "accum_steps": self.accum_steps,
+            "global_size": self.global_size,
+        }
+        for term in TERMS:
+            out[f"est_{term}_gb"] = self.est_gb.get(term)
+            out[f"measured_{term}_gb"] = self.measured_gb.get(term)
+        out["est_total_gb"] = self.est_gb.get("total")
+        out["measured_residual_gb"] = self.residual()
+        out.update(
+            {
+                "peak_gb": self.peak_gb,
+                "device_memory_gb": self.device_memory_gb,
+                "tokens_per_s_per_device": self.tokens_per_s_per_device,
+                "mfu": self.mfu,
+                "final_loss": self.final_loss,
+                "steps": self.steps,
+                "best": ", ".join(self.best),
+                "error": self.error,
+                "path": self.path,
+            }
+        )
+        return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _integer(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+def _first(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _median_after_first(cell: Cell, key: str) -> float | None:
+    values = [v for v in (_number(m.get(key)) for m in cell.metrics) if v is not None]
+    if len(values) >= 2:
+        return statistics.median(values[1:])
+    return values[0] if values else None
+
+
+def _last_logged(cell: Cell, key: str) -> float | None:
+    return next((v for m in reversed(cell.metrics) if (v := _number(m.get(key))) is not None), None)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    gpus: int | None
+    dp: int | None
+    tp: int | None
+    pp: int | None
+    micro_size: int | None
+    accum_steps: int | None
+    global_size: int | None
+
+
+def _layout(cell: Cell) -> _Layout:
+    """summary.json's layout record, or what the composed config says of it (DESIGN.md batch contract)."""
+    recorded = cell.summary.get("layout")
+    if isinstance(recorded, dict):
+        keys = ("gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size")
+        return _Layout(*(_integer(recorded.get(k)) for k in keys))
+    gpus = _integer(cell.config_value("gpus"))
+    tp = _integer(cell.config_value("parallel.tp"))
+    pp = _integer(cell.config_value("parallel.pp"))
+    global_size = _integer(cell.config_value("batch.global_size"))
+    micro = _integer(cell.config_value("batch.micro_size"))  # None when "auto"
+    # dp = gpus / (tp * pp); global = micro * accum * dp
+    dp = gpus // (tp * pp) if gpus and tp and pp and gpus % (tp * pp) == 0 else None
+    whole = global_size and micro and dp and global_size % (micro * dp) == 0
+    accum = global_size // (micro * dp) if whole and global_size and micro and dp else None
+    return _Layout(gpus, dp, tp, pp, micro, accum, global_size)
+
+
+def _memory(cell: Cell, row: Row) -> None:
+    """Memory terms from summary.json's memory record, else from the last logged step's metrics."""
+    memory = _dict(cell.summary.get("memory"))
+    estimated, measured = _dict(memory.get("estimated")), _dict(memory.get("measured"))
+    for term in TERMS:
+        est = _first(_number(estimated.get(f"{term}_gb")), _last_logged(cell, f"memory/est/{term}_gb"))
+        if est is not None:
+            row.est_gb[term] = est
+        got = _first(_number(measured.get(f"{term}_gb")), _last_logged(cell, f"memory/measured/{term}_gb"))
+        if got is not None:
+            row.measured_gb[term] = got
+    complete = len(row.est_gb) == len(TERMS)
+    total = _first(_number(estimated.get("total_gb")), sum(row.est_gb.values()) if complete else None)
+    if total is not None:
+        row.est_gb["total"] = total
+    residual = _dict(measured.get("residual"))
+    row.residual_gb = {str(k): gb for k, v in residual.items() if (gb := _number(v)) is not None}
+    peaks = [v for v in (_number(m.get(PEAK)) for m in cell.metrics) if v is not None]
+    row.peak_gb = _first(
+        _number(measured.get("peak_gb")),
+        _number(_dict(cell.summary.get("final")).get(PEAK)),
+        max(peaks) if peaks else None,
+    )
+    row.device_memory_gb = _first(
+        _number(memory.get("device_memory_gb")), _number(cell.config_value("cluster.device_memory_gb"))
+    )
+
+
+def row_of(cell: Cell, *, label: str = "") -> Row:
+    """The report's row for one cell, from summary.json, then metrics.jsonl, then the config."""
+    summary = cell.summary
+    final = _dict(summary.get("final"))
+
+    def known(summary_key: str, config_key: str) -> Any:
+        value = summary.get(summary_key)
+        return value if value is not None else cell.config_value(config_key)
+
+    def text(summary_key: str, config_key: str) -> str | None:
+        value = known(summary_key, config_key)
+        return str(value) if value is not None else None
+
+    row = Row(
+        cell_id=cell.cell_id,
+        label=label,
+        status=cell.status,
+        error=cell.error,
+        path=str(cell.run_dir),
+        model=text("model", "model.name"),
+        parallel=text("parallel", "parallel.name"),
+        zero_stage=_integer(known("zero_stage", "parallel.zero_stage")),
+        precision=text("precision", "precision.name"),
+        **asdict(_layout(cell)),
+    )
+    _memory(cell, row)
+    row.tokens_per_s_per_device = _first(
+        _median_after_first(cell, TOKENS_PER_DEVICE), _number(final.get(TOKENS_PER_DEVICE))
+    )
+    row.mfu = _first(_median_after_first(cell, MFU), _number(final.get(MFU)))
+    row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
+    steps = _integer(summary.get("steps_completed"))
+    row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())
+    return row
+
+
+def _sort_key(row: Row) -> tuple[int, float, list[tuple[int, int, str]]]:
+    mfu = row.mfu if row.mfu is not None else float("-inf")
+    return (STATUS_RANK.get(row.status, 2), -mfu, [natural_key(Path(p)) for p in Path(row.cell_id).parts])
+
+
+def mark_best(rows: Sequence[Row]) -> None:
+    """Mark, among completed cells, the highest MFU, the lowest peak memory and the lowest final loss.
+
+    Values are compared as displayed: cells that show the same number tie, and when every cell
+    ties (loss curves that coincide, say) nothing is marked.
+    """
+    done = [r for r in rows if r.status == "completed"]
+    criteria: list[tuple[str, Callable[[Row], float | None], bool]] = [
+        (BEST_MFU, lambda r: r.mfu, True),
+        (BEST_PEAK, lambda r: r.peak_gb, False),
+        (BEST_LOSS, lambda r: r.final_loss, False),
+    ]
+    for mark, value, higher in criteria:
+        show = next(c.show for c in DISPLAY_COLUMNS if c.header == MARKED_COLUMN[mark])
+        known = sorted(((v, r) for r in done if (v := value(r)) is not None), key=lambda pair: pair[0])
+        if len(known) < 2 or show(known[0][1]) == show(known[-1][1]):
+            continue  # "best" of one cell, or of cells that all show the same value, says nothing
+        best = show((known[-1] if higher else known[0])[1])
+        for _, row in known:
+            if show(row) == best:
+                row.best.append(mark)
+
+
+def build_rows(cells: Sequence[Cell]) -> list[Row]:
+    """Rows of every cell (failed and unfinished too), sorted: completed first, then MFU descending."""
+    labels = distinguishing_overrides(cells)
+    rows = [row_of(c, label=labels.get(c.cell_id, "")) for c in cells]
+    rows.sort(key=_sort_key)
+    mark_best(rows)
+    return rows
+
+
+# -- display: the same strings in the terminal, Markdown and the HTML table ------------------
+
+
+def fmt_gb(value: float | None) -> str:
+    """GB with about three significant figures; an en dash when unknown."""
+    if value is None:
+        return "–"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _fmt(value: float | int | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _dims(row: Row) -> str:
+    return "·".join(_fmt(v, "d") for v in (row.dp, row.tp, row.pp))
+
+
+def _term(term: str) -> Callable[[Row], str]:
+    def show(row: Row) -> str:
+        return f"{fmt_gb(row.est_gb.get(term))} / {fmt_gb(row.measured_gb.get(term))}"
+
+    return show
+
+
+@dataclass(frozen=True)
+class Column:
+    """A displayed column: header (with unit), how to show a row, whether it is numeric, and for a
+    page with two header rows, the group it belongs to and its header under that group."""
+
+    header: str
+    show: Callable[[Row], str]
+    numeric: bool = True
+    group: str = ""
+    short: str = ""
+
+
+MEMORY_GROUP = "memory per device, GB: estimated / measured"
+
+
+DISPLAY_COLUMNS: tuple[Column, ...] = (
+    Column("cell", lambda r: r.cell_id, numeric=False),
+    Column("overrides", lambda r: r.label, numeric=False),
+    Column("parallel", lambda r: r.parallel or "–", numeric=False),
+    Column("gpus", lambda r: _fmt(r.gpus, "d")),
+    Column("dp·tp·pp", _dims),
+    Column("micro", lambda r: _fmt(r.micro_size, "d")),
+    Column("accum", lambda r: _fmt(r.accum_steps, "d")),
+    Column("global", lambda r: _fmt(r.global_size, "d")),
+    *(Column(f"{term} GB est / meas", _term(term), group=MEMORY_GROUP, short=term) for term in TERMS),
+    Column("peak GB", lambda r: fmt_gb(r.peak_gb), group=MEMORY_GROUP, short="peak"),
+    Column("device GB", lambda r: fmt_gb(r.device_memory_gb), group=MEMORY_GROUP, short="device"),
+    Column("tokens/s/device", lambda r: _fmt(r.tokens_per_s_per_device, ",.0f")),
+    Column("MFU %", lambda r: _fmt(None if r.mfu is None else 100 * r.mfu, ".1f")),
+    Column("final loss", lambda r: _fmt(r.final_loss, ".4f")),
+    Column("status", lambda r: r.status, numeric=False),
+    Column("best", lambda r: ", ".join(r.best), numeric=False),
+)
+
+UNITS_NOTE = (
+    "GB = 1e9 bytes; memory per term is estimated / measured (– where not recorded); "
+    "tokens/s/device and MFU are medians over the logged steps after the first; "
+    "best marks the completed cells with the highest MFU, the lowest peak memory, the lowest final loss."
+)

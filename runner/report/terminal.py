@@ -1,0 +1,110 @@
+"""The report's rows as rich tables in the terminal, best values highlighted, errors listed below.
+
+Layout and speed in one table (two when the terminal is narrow), then memory per term with
+two lines per cell, estimated and measured: each table fits an 80-column terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from runner.report.compare import LossAgreement
+from runner.report.rows import (
+    BEST_PEAK,
+    DISPLAY_COLUMNS,
+    MARKED_COLUMN,
+    TERMS,
+    UNITS_NOTE,
+    Column,
+    Row,
+    fmt_gb,
+)
+
+_STATUS_STYLE = {"completed": "green", "running": "yellow", "unfinished": "yellow"}
+_BY_HEADER = {c.header: c for c in DISPLAY_COLUMNS}
+LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro", "accum", "global")
+SPEED_COLUMNS = ("tokens/s/device", "MFU %", "final loss", "status", "best")
+# Shorter headers where the table's title already gives the unit.
+_SHORT = {"tokens/s/device": "tok/s/dev", "final loss": "loss"}
+
+
+def _cell(column: Column, row: Row) -> Text:
+    value = column.show(row)
+    if column.header == "best":
+        return Text("★ " + value if value else "", style="bold green")
+    if column.header == "status":
+        return Text(value, style=_STATUS_STYLE.get(value, "bold red"))
+    marked = {MARKED_COLUMN[m] for m in row.best}
+    return Text(value, style="bold green" if column.header in marked else "")
+
+
+def rows_table(rows: Sequence[Row], *, headers: Sequence[str], title: str) -> Table:
+    """A rich Table of the given display columns, one line per cell; best values in bold green."""
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, header_style="bold", title_justify="left", collapse_padding=True
+    )
+    for header in headers:
+        column = _BY_HEADER[header]
+        flexible = header == "overrides"  # the one column that may wrap; numbers never split
+        table.add_column(
+            _SHORT.get(header, header),
+            justify="right" if column.numeric else "left",
+            no_wrap=not flexible,
+            overflow="fold" if flexible else "ellipsis",
+            ratio=1 if flexible else None,
+            min_width=12 if flexible else None,
+        )
+    for row in rows:
+        table.add_row(*(_cell(_BY_HEADER[h], row) for h in headers))
+    return table
+
+
+def memory_table(rows: Sequence[Row], *, title: str) -> Table:
+    """Memory per term, two lines per cell: the estimate (with its total) and the measurement
+    (with the residual up to the measured peak, which is its total)."""
+    devices = {r.device_memory_gb for r in rows if r.device_memory_gb is not None}
+    one_device = len(devices) <= 1  # then the title says it, and a column would repeat it
+    if devices and one_device:
+        title += f"; device memory {fmt_gb(next(iter(devices)))} GB"
+    table = Table(title=title, box=box.SIMPLE_HEAD, header_style="bold", title_justify="left", pad_edge=False)
+    table.add_column("cell", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for header in (*TERMS, "residual", "total", *(() if one_device else ("device",))):
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        device = () if one_device else (fmt_gb(row.device_memory_gb),)
+        estimated = (fmt_gb(row.est_gb.get(t)) for t in TERMS)
+        table.add_row(row.cell_id, "est", *estimated, "", fmt_gb(row.est_gb.get("total")), *device)
+        measured = (fmt_gb(row.measured_gb.get(t)) for t in TERMS)
+        peak = Text(fmt_gb(row.peak_gb), style="bold green" if BEST_PEAK in row.best else "")
+        blank = () if one_device else ("",)
+        table.add_row("", "meas", *measured, fmt_gb(row.residual()), peak, *blank, end_section=True)
+    return table
+
+
+def print_report(
+    rows: Sequence[Row], agreements: Sequence[LossAgreement], *, console: Console, title: str
+) -> None:
+    """Print the tables, units, loss-curve verdicts and the error of each cell that did not complete."""
+    wide = rows_table(rows, headers=LAYOUT_COLUMNS + SPEED_COLUMNS, title=f"{title}: layout and speed")
+    if Measurement.get(console, console.options.update_width(1 << 16), wide).maximum <= console.width:
+        console.print(wide)
+    else:  # a narrow terminal: two tables rather than truncated numbers
+        console.print(rows_table(rows, headers=LAYOUT_COLUMNS, title=f"{title}: layout"))
+        console.print(rows_table(rows, headers=("cell", *SPEED_COLUMNS), title="speed and loss"))
+    console.print(memory_table(rows, title="memory per device, GB = 1e9 bytes"))
+    console.print(Text(UNITS_NOTE, style="dim"))
+    for agreement in agreements:
+        style = {True: "green", False: "bold red", None: "yellow"}[agreement.coincide]
+        console.print(Text("loss curves: " + agreement.verdict(), style=style))
+    errors = [r for r in rows if r.error]
+    if errors:
+        console.print(Text("cells that did not complete:", style="bold red"))
+        for row in errors:
+            console.print(Text(f"  {row.cell_id} ({row.status}): {row.error}"))

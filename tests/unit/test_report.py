@@ -1,0 +1,371 @@
+"""``ladder report``: every cell listed (failed, unfinished and missing ones with their error), sorted,
+best cells marked, text formats that parse, loss curves compared, and a page that needs no network."""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runner.cli import main
+from runner.report.collect import collect, expected_sweep
+from runner.report.compare import config_diff, loss_agreement
+from runner.report.rows import build_rows
+from runner.report.svg import nice_ticks
+
+pytestmark = pytest.mark.unit
+
+LOSSES = [5.1, 4.5, 4.1, 4.0, 3.9, 3.6, 3.4, 3.25]
+
+
+def write_cell(
+    run_dir: Path,
+    *,
+    parallel: str = "ddp",
+    gpus: int = 1,
+    status: str | None = "completed",
+    mfu: float = 0.4,
+    peak_gb: float = 0.7,
+    losses: list[float] | None = None,
+    global_size: int = 16,
+    precision: str = "fp32",
+    error: str | None = None,
+    memory: dict[str, Any] | None = None,
+    extra_metrics: dict[str, float] | None = None,
+    write_summary: bool = True,
+) -> Path:
+    """A run directory like train.py leaves: .hydra/, metrics.jsonl and (unless told not to) summary.json."""
+    losses = LOSSES if losses is None else losses
+    hydra = run_dir / ".hydra"
+    hydra.mkdir(parents=True)
+    config = {
+        "model": {"name": "tiny", "n_layer": 4},
+        "precision": {"name": precision},
+        "parallel": {
+            "name": parallel,
+            "zero_stage": int(parallel[-1]) if parallel[-1].isdigit() else 0,
+            "tp": 1,
+            "pp": 1,
+        },
+        "batch": {"global_size": global_size, "micro_size": "auto"},
+        "gpus": gpus,
+        "seed": 0,
+    }
+    (hydra / "config.yaml").write_text(yaml.safe_dump(config))
+    (hydra / "overrides.yaml").write_text(
+        yaml.safe_dump([f"parallel={parallel}", f"gpus={gpus}", "logger=none"])
+    )
+    records = [
+        {
+            "step": step,
+            "loss": loss,
+            "throughput/mfu": mfu,
+            "throughput/tokens_per_s_per_device": 1000 * mfu,
+            "memory/peak_gb": peak_gb,
+            **(extra_metrics or {}),
+        }
+        for step, loss in enumerate(losses)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if write_summary:
+        summary: dict[str, Any] = {
+            "status": status,
+            "error": error,
+            "name": f"parallel={parallel},gpus={gpus}",
+            "model": "tiny",
+            "parallel": parallel,
+            "precision": precision,
+            "layout": {
+                "gpus": gpus,
+                "dp": gpus,
+                "tp": 1,
+                "pp": 1,
+                "micro_size": global_size // gpus,
+                "accum_steps": 1,
+                "global_size": global_size,
+            },
+            "steps_completed": len(losses),
+            "final": {
+                "loss": losses[-1] if losses else None,
+                "throughput/mfu": mfu,
+                "memory/peak_gb": peak_gb,
+            },
+            "peak_flops_source": "measured: matmul calibration",
+        }
+        if error:
+            summary["failed_rank"] = 1
+        if memory is not None:
+            summary["memory"] = memory
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def write_sweep(root: Path) -> Path:
+    """A 2 x 2 sweep (parallel=ddp,zero2 gpus=1,2): two completed cells, one failed, one never started."""
+    sweep = root / "sweep"
+    sweep.mkdir()
+    multirun = {
+        "hydra": {
+            "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+            "sweeper": {
+                "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                "params": None,
+            },
+            "overrides": {"task": ["parallel=ddp,zero2", "gpus=1,2", "logger=none"]},
+        }
+    }
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(multirun))
+    write_cell(sweep / "0", parallel="ddp", gpus=1, mfu=0.30, peak_gb=0.80)
+    write_cell(sweep / "1", parallel="ddp", gpus=2, mfu=0.45, peak_gb=0.60)
+    write_cell(
+        sweep / "2",
+        parallel="zero2",
+        gpus=1,
+        status="failed",
+        error="RuntimeError: CUDA out of memory",
+        losses=LOSSES[:3],
+        mfu=0.9,
+    )
+    return sweep
+
+
+def report_json(*paths: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    assert main(["report", *map(str, paths), "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_sweep_lists_every_cell_with_the_error_of_each_that_did_not_complete(tmp_path, capsys):
+    rows = report_json(write_sweep(tmp_path), capsys=capsys)
+    by_cell = {r["cell"]: r for r in rows}
+    assert sorted(by_cell) == ["0", "1", "2", "3"]
+    assert by_cell["2"]["status"] == "failed"
+    assert by_cell["2"]["error"] == "rank 1: RuntimeError: CUDA out of memory"
+    assert by_cell["3"]["status"] == "missing"  # multirun.yaml expects job 3; its directory is absent
+    assert by_cell["3"]["overrides"] == "parallel=zero2 gpus=2"
+    assert "never started" in by_cell["3"]["error"]
+    assert by_cell["1"]["error"] is None
+
+
+def test_cells_sort_completed_first_then_by_mfu_and_the_best_are_marked(tmp_path, capsys):
+    rows = report_json(write_sweep(tmp_path), capsys=capsys)
+    # the failed cell has the highest MFU but sorts after every completed cell, and is never "best"
+    assert [r["cell"] for r in rows] == ["1", "0", "2", "3"]
+    assert rows[0]["best"] == "MFU, peak"
+    assert rows[1]["best"] == ""
+    assert rows[2]["best"] == ""
+
+
+def test_a_cell_without_summary_is_unfinished_and_keeps_what_it_logged(tmp_path, capsys):
+    write_cell(tmp_path / "run", losses=LOSSES[:4], write_summary=False)
+    (row,) = report_json(tmp_path / "run", capsys=capsys)
+    assert row["status"] == "unfinished"
+    assert "stopped after logging step 3" in row["error"]
+    assert row["final_loss"] == LOSSES[3]
+    assert row["gpus"] == 1 and row["global_size"] == 16 and row["dp"] == 1  # from the composed config
+    assert row["micro_size"] is None  # "auto" and never resolved
+
+
+def test_a_cell_refused_before_launch_is_listed(tmp_path, capsys):
+    (tmp_path / "refused" / ".hydra").mkdir(parents=True)
+    (tmp_path / "refused" / ".hydra" / "config.yaml").write_text("gpus: 3\n")
+    (row,) = report_json(tmp_path / "refused", capsys=capsys)
+    assert row["status"] == "unfinished"
+    assert "refused before launch" in row["error"]
+
+
+def test_a_half_written_metrics_line_is_skipped(tmp_path, capsys):
+    run = write_cell(tmp_path / "run", losses=LOSSES[:3], write_summary=False)
+    with (run / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 3, "lo')
+    (row,) = report_json(run, capsys=capsys)
+    assert row["steps"] == 3
+    assert row["final_loss"] == LOSSES[2]
+
+
+def test_failure_records_give_the_error_when_the_summary_has_none(tmp_path, capsys):
+    run = write_cell(tmp_path / "run", write_summary=False)
+    (run / "failure_rank1.json").write_text(json.dumps({"rank": 1, "error": "ValueError: bad shard"}))
+    (row,) = report_json(run, capsys=capsys)
+    assert row["status"] == "failed"
+    assert row["error"] == "rank 1: ValueError: bad shard"
+
+
+def test_several_paths_and_nested_multirun_directories(tmp_path, capsys):
+    write_cell(tmp_path / "multirun" / "2026-11-29" / "12-00-00" / "0")
+    write_cell(tmp_path / "multirun" / "2026-11-29" / "12-00-00" / "1", gpus=2)
+    write_cell(tmp_path / "outputs" / "single", gpus=2, parallel="zero3")
+    rows = report_json(tmp_path / "multirun", tmp_path / "outputs" / "single", capsys=capsys)
+    assert sorted(r["cell"] for r in rows) == [
+        "multirun/2026-11-29/12-00-00/0",
+        "multirun/2026-11-29/12-00-00/1",
+        "outputs/single",
+    ]
+
+
+def test_numbered_cells_sort_numerically(tmp_path):
+    for n in (0, 2, 10):
+        write_cell(tmp_path / "sweep" / str(n))
+    assert [c.cell_id for c in collect([tmp_path / "sweep"])] == ["0", "2", "10"]
+
+
+def test_memory_terms_come_from_summary_or_else_from_metrics(tmp_path, capsys):
+    terms = ("params", "grads", "optimizer", "activations")
+    memory = {
+        "device_memory_gb": 80.0,
+        "estimated": {f"{t}_gb": 1.0 + i for i, t in enumerate(terms)} | {"total_gb": 10.0},
+        "measured": {f"{t}_gb": 1.5 + i for i, t in enumerate(terms)}
+        | {"peak_gb": 12.0, "residual": {"nccl": 0.5}},
+    }
+    write_cell(tmp_path / "a", memory=memory, peak_gb=12.0)
+    logged = {f"memory/est/{t}_gb": 0.25 for t in terms} | {f"memory/measured/{t}_gb": 0.5 for t in terms}
+    write_cell(tmp_path / "b", extra_metrics=logged, peak_gb=2.5)
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert rows["a"]["est_optimizer_gb"] == 3.0 and rows["a"]["measured_activations_gb"] == 4.5
+    assert rows["a"]["est_total_gb"] == 10.0 and rows["a"]["device_memory_gb"] == 80.0
+    assert rows["a"]["measured_residual_gb"] == 0.5
+    assert rows["b"]["est_params_gb"] == 0.25 and rows["b"]["measured_grads_gb"] == 0.5
+    assert rows["b"]["est_total_gb"] == 1.0
+    assert rows["b"]["measured_residual_gb"] == pytest.approx(2.5 - 4 * 0.5)  # peak - measured terms
+
+
+def test_markdown_and_csv_list_every_cell(tmp_path, capsys):
+    sweep = write_sweep(tmp_path)
+    assert main(["report", str(sweep), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["cell"] for r in rows] == ["1", "0", "2", "3"]
+    assert rows[0]["mfu"] == "0.45" and rows[0]["peak_gb"] == "0.6"
+    assert main(["report", str(sweep), "--format", "md"]) == 0
+    markdown = capsys.readouterr().out
+    table = [line for line in markdown.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 4  # header, rule, one line per cell
+    assert "| 45.0 |" in table[2]  # MFU in %
+    assert "`2` (failed): rank 1: RuntimeError: CUDA out of memory" in markdown
+
+
+def test_the_terminal_table_marks_the_best_and_lists_errors(tmp_path, capsys):
+    assert main(["report", str(write_sweep(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "★ MFU, peak" in out
+    assert "GB = 1e9 bytes" in out
+    assert "2 (failed): rank 1: RuntimeError: CUDA out of memory" in out
+    assert "3 (missing)" in out
+    assert "loss curves: model tiny, global batch 16: the loss curves of 3 cells coincide" in out
+
+
+def test_a_missing_path_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0
+    assert f"no such file or directory: {tmp_path / 'nowhere'}" in err
+
+
+def test_a_directory_without_runs_is_refused(tmp_path, capsys):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "holds no run directory" in capsys.readouterr().err
+
+
+def test_html_into_a_missing_directory_is_refused(tmp_path, capsys):
+    run = write_cell(tmp_path / "run")
+    assert main(["report", str(run), "--html", str(tmp_path / "no" / "page.html")]) == 2
+    assert "no such directory for --html" in capsys.readouterr().err
+
+
+def test_expected_sweep_enumerates_jobs_in_hydras_order():
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    task = ["parallel=ddp,zero2,zero3", "gpus=1,2", "train.steps=8"]
+    multirun = {
+        "hydra": {
+            "sweep": {"subdir": "${hydra.job.num}"},
+            "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"},
+            "overrides": {"task": task},
+        }
+    }
+    parsed = OverridesParser.create().parse_overrides(task)
+    (hydras,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    assert expected_sweep(multirun) == hydras
+    assert len(hydras) == 6
+
+
+def test_loss_curves_coincide_within_tolerance_or_are_reported_apart(tmp_path):
+    write_cell(tmp_path / "a")
+    write_cell(tmp_path / "b", gpus=2, losses=[x + 1e-5 for x in LOSSES])
+    off = [*LOSSES[:5], LOSSES[5] + 0.2, *LOSSES[6:]]
+    write_cell(tmp_path / "c", parallel="zero3", gpus=2, losses=off)
+    write_cell(tmp_path / "d", global_size=32, losses=[x + 1 for x in LOSSES])  # another experiment
+    cells = collect([tmp_path])
+    same = loss_agreement([c for c in cells if c.cell_id in ("a", "b")])
+    assert len(same) == 1 and same[0].coincide is True
+    assert same[0].max_spread == pytest.approx(1e-5)
+    assert same[0].tolerance == 1e-3
+    groups = {a.global_size: a for a in loss_agreement(cells)}
+    assert groups[16].coincide is False
+    assert groups[16].worst_step == 5 and groups[16].max_spread == pytest.approx(0.2)
+    assert "DIFFER" in groups[16].verdict()
+    assert groups[32].coincide is None  # one cell: nothing to compare
+    assert loss_agreement(cells, tolerance=0.5)[0].coincide is True
+
+
+def test_bf16_cells_get_the_looser_default_tolerance(tmp_path):
+    write_cell(tmp_path / "a", precision="bf16")
+    write_cell(tmp_path / "b", precision="bf16", losses=[x + 0.01 for x in LOSSES])
+    (agreement,) = loss_agreement(collect([tmp_path]))
+    assert agreement.tolerance == 5e-2 and agreement.coincide is True
+
+
+def test_config_diff_names_the_keys_that_differ(tmp_path):
+    write_cell(tmp_path / "a", parallel="ddp", gpus=1)
+    write_cell(tmp_path / "b", parallel="zero2", gpus=2)
+    diff = config_diff(collect([tmp_path]))
+    assert set(diff.differing) == {"parallel.name", "parallel.zero_stage", "gpus"}
+    assert diff.differing["gpus"] == {"a": 1, "b": 2}
+    assert diff.same == 8
+
+
+def test_the_page_is_self_contained_and_has_every_chart(tmp_path, capsys):
+    sweep = write_sweep(tmp_path)
+    page_path = tmp_path / "report.html"
+    assert main(["report", str(sweep), "--html", str(page_path), "--format", "csv"]) == 0
+    page = page_path.read_text()
+    # no fetch of any kind: no external script, stylesheet, image or font
+    assert not re.search(r"""(src|href)\s*=\s*["'](?!data:)""", page)
+    assert "@import" not in page and "url(" not in page
+    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) == {"http://www.w3.org/2000/svg"}  # a namespace
+    assert "default-src 'none'" in page
+    charts = re.findall(r'<figure class="chart" data-chart="(\w+)" data-empty="(\w+)"', page)
+    assert charts == [
+        ("memory", "false"),
+        ("mfu", "false"),
+        ("tokens", "false"),
+        ("loss", "false"),
+        ("spread", "false"),
+    ]
+    assert page.count('class="mark"') > 20
+    assert "the loss curves of 3 cells coincide" in page
+    assert "RuntimeError: CUDA out of memory" in page
+    assert "<th>parallel.name</th><td>ddp</td><td>ddp</td><td>zero2</td></tr>" in page  # cells 1, 0, 2
+
+
+def test_rows_of_cells_keep_every_cell(tmp_path):
+    sweep = write_sweep(tmp_path)
+    rows = build_rows(collect([sweep]))
+    assert {r.status for r in rows} == {"completed", "failed", "missing"}
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0, 0.85), (0, 80), (3.1, 5.2), (0, 1e-6), (0, 0)])
+def test_axis_ticks_cover_the_data_in_round_steps(lo, hi):
+    ticks = nice_ticks(lo, hi)
+    assert ticks[0] <= lo and ticks[-1] >= hi
+    steps = {round(b - a, 12) for a, b in itertools.pairwise(ticks)}
+    assert len(steps) == 1
+    mantissa = f"{steps.pop():e}".split("e")[0]
+    assert float(mantissa) in (1.0, 2.0, 2.5, 5.0)
