@@ -17,7 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launchers.environment import shared_run_dir
+from launchers.environment import from_environment, shared_run_dir
+from launchers.worker import exit_now
 from runner.config import register_configs, to_train_config
 from runner.identity import RunIdentity
 from runner.layout import LayoutError
@@ -65,3 +66,7 @@ def _agree_on_run_dir(argv: list[str]) -> None:
 if __name__ == "__main__":
     _agree_on_run_dir(sys.argv)
     main()
+    if from_environment(os.environ) is not None:
+        # One rank of torchrun or srun: skip teardown destructors that may abort (see
+        # launchers.worker.exit_now); everything is written by now.
+        exit_now(0)

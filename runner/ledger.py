@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from runner.config import ModelConfig, Offload, OptimizerName, ParallelConfig, Precision, Recompute
-from runner.memory import TRANSIENT_ITEMS, activation_items_total, model_states
+from runner.memory import TRANSIENT_ITEMS, activation_items_total, deepspeed_residuals, model_states
 
 TERMS = ("params", "grads", "optimizer", "activations")
 
@@ -271,13 +271,19 @@ def deepspeed_estimate(
     params, grads, optim = textbook.params, textbook.grads, textbook.optimizer
     if stage in (1, 2):
         grads = 0 if offload != "none" else p_bytes * _stage12_gradient_buffer(numels, dp)
-    if stage == 3:
-        threshold = parallel.param_persistence_threshold
-        persistent = sum(n for n in numels if n < threshold)
-        residual["zero3_full_params (persistent or gathered)"] = p_bytes * persistent
-        residual["ipg_buckets"] = p_bytes * parallel.reduce_bucket_size
-    if precision == Precision.fp32 and stage >= 1 and offload == "none":
-        residual["fp32_master_copy"] = 4 * _pad(num_params, dp) // dp
+    persistent = sum(n for n in numels if n < parallel.param_persistence_threshold)
+    residual.update(
+        deepspeed_residuals(
+            num_params,
+            zero_stage=stage,
+            dp=dp,
+            precision=precision.value,
+            optimizer=optimizer.value,
+            offload=offload,
+            reduce_bucket_size=parallel.reduce_bucket_size,
+            persistent_params=persistent if stage == 3 else 0,
+        )
+    )
     activations = activation_items_total(
         n_layers=model.n_layer,
         seq_len=seq_len,
