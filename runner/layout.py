@@ -10,6 +10,7 @@ hold the global batch is refused with the arithmetic and the nearest values that
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -37,7 +38,8 @@ class Layout:
 
 def divisors(n: int) -> list[int]:
     """All positive divisors of n, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0] if n > 0 else []
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _fmt(values: list[int]) -> str:
@@ -93,14 +95,15 @@ def resolve_layout(
         )
     per_rank = global_size // dp
     if micro_size is None:
-        candidates = [m for m in reversed(divisors(per_rank)) if fits is None or fits(m)]
-        if not candidates:
+        # Largest first, stopping at the first that fits: fits() may cost a memory plan.
+        chosen = next((m for m in reversed(divisors(per_rank)) if fits is None or fits(m)), None)
+        if chosen is None:
             raise LayoutError(
                 f"batch.micro_size=auto: not even micro_size 1 fits the device memory at "
                 f"dp={dp}; run with plan=true to see each memory term, then shard more "
                 f"(a higher ZeRO stage), turn on model.activation_checkpointing, or add gpus"
             )
-        micro_size = candidates[0]
+        micro_size = chosen
     if micro_size < 1:
         raise LayoutError(f"batch.micro_size={micro_size}: must be at least 1, or auto")
     if per_rank % micro_size != 0:

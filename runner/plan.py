@@ -1,0 +1,489 @@
+"""Plan before you spend: memory, communication and step time of a layout, without launching a rank.
+
+``plan=true`` stops a Hydra job here: :func:`plan_job` plans the configured layout,
+prints one table (runner/plan_table.py), with ``planner.recommend=true`` walks the ladder
+(runner/plan_ladder.py), and writes ``plan.json`` in the run directory. Nothing is
+allocated: the parameter count is analytic (runner.model.num_params) and every term is
+arithmetic (runner/plan_memory.py, runner/plan_time.py) on the device figures of
+runner/plan_hardware.py.
+
+The same arithmetic chooses ``batch.micro_size=auto`` for a real run: :class:`MicroFit`
+is the ``fits`` callable of runner.layout.resolve_layout. A layout fits when its planned
+bytes per device are at most ``planner.headroom`` x the device memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.config import ModelConfig, Offload, Precision, TrainConfig
+from runner.layout import Layout, LayoutError, data_parallel_size, resolve_layout
+from runner.model import num_params as count_params
+from runner.plan_hardware import Device, resolve_device
+from runner.plan_memory import MemoryTerms, memory_terms
+from runner.plan_time import StepTime, Traffic, step_time, traffic
+from runner.summary import write_json_atomic
+from runner.validate import ConfigError
+
+log = logging.getLogger("ladder")
+
+PLAN_FILE = "plan.json"
+GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What stays fixed whatever the layout: the experiment, the gpus and the device."""
+
+    model: ModelConfig
+    num_params: int
+    precision: Precision
+    optimizer: str
+    seq_len: int
+    global_size: int
+    gpus: int
+    headroom: float
+    device: Device
+    cluster: str
+
+    @property
+    def usable_bytes(self) -> float:
+        """Device bytes a layout may use: headroom x device memory."""
+        return self.headroom * float(self.device.memory_bytes.value or 0.0)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The layout choices: what the ladder varies and a run's ``parallel``/``batch`` config sets."""
+
+    parallel: str  # the conf/parallel option: ddp, zero1, zero2, zero3
+    zero_stage: int
+    tp: int = 1
+    pp: int = 1
+    recompute: str = "none"  # runner.memory.RecomputeMode
+    offload: str = "none"  # runner.memory.OffloadMode
+    micro_size: int | None = None  # None: auto
+    overlap_comm: bool = False
+
+    def describe(self) -> str:
+        """Short words for the layout: 'zero3 + full recompute + offload optimizer, tp 2'."""
+        words = [self.parallel]
+        if self.recompute != "none":
+            words.append(f"{self.recompute} recompute")
+        if self.offload != "none":
+            words.append(f"offload {self.offload}")
+        text = " + ".join(words)
+        if self.tp > 1:
+            text += f", tp {self.tp}"
+        if self.pp > 1:
+            text += f", pp {self.pp}"
+        return text
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One planned layout: its terms, whether it fits, its traffic and its predicted step."""
+
+    workload: Workload
+    knobs: Knobs
+    layout: Layout
+    memory: MemoryTerms
+    fits: bool
+    micro_choice: str
+    traffic: list[Traffic]
+    time: StepTime
+    plan_only: list[str]  # why the runner cannot run it yet (empty: it can)
+    contract_error: str | None = None  # the configured global batch could not be split
+
+    @property
+    def runnable(self) -> bool:
+        """Fits, holds the configured global batch, and the runner can run it."""
+        return self.fits and not self.plan_only and self.contract_error is None
+
+    def record(self) -> dict[str, Any]:
+        """The JSON-ready record written to plan.json (bytes, seconds, FLOP/s)."""
+        w, k, m = self.workload, self.knobs, self.memory
+        dev = w.device
+        return {
+            "layout": self.layout.record(),
+            "batch_contract_error": self.contract_error,
+            "requested_global_size": w.global_size,
+            "plan_only": self.plan_only,
+            "model": {"name": w.model.name, "num_params": w.num_params},
+            "precision": w.precision.value,
+            "optimizer": w.optimizer,
+            "seq_len": w.seq_len,
+            "knobs": {
+                "parallel": k.parallel,
+                "zero_stage": k.zero_stage,
+                "recompute": k.recompute,
+                "offload": k.offload,
+                "overlap_comm": k.overlap_comm,
+                "micro_size": "auto" if k.micro_size is None else k.micro_size,
+            },
+            "device": {
+                "cluster": w.cluster,
+                "memory_bytes": dev.memory_bytes.value,
+                "memory_source": dev.memory_bytes.source,
+                "headroom": w.headroom,
+                "usable_bytes": w.usable_bytes,
+                "gpus_per_node": dev.gpus_per_node.value,
+                "gpus_per_node_source": dev.gpus_per_node.source,
+                "peak_flops": dev.peak_flops.value,
+                "peak_source": dev.peak_flops.source,
+                "intra_node_bytes_per_s": dev.intra_node_bytes_per_s.value,
+                "inter_node_bytes_per_s": dev.inter_node_bytes_per_s.value,
+                "bandwidth_source": dev.inter_node_bytes_per_s.source,
+            },
+            "memory_bytes": {
+                "params": m.params,
+                "grads": m.grads,
+                "optimizer": m.optimizer,
+                "activations": m.activations,
+                "residuals": dict(m.residuals),
+                "total": m.total,
+            },
+            "host_memory_bytes_per_rank": dict(m.host),
+            "fits": self.fits,
+            "margin_bytes": w.usable_bytes - m.total,
+            "micro_size_choice": self.micro_choice,
+            "comm_bytes_per_step": {
+                t.group: {"bytes": t.bytes, "link": t.link, "seconds": t.seconds, "detail": t.detail}
+                for t in self.traffic
+            },
+            "time": {
+                "compute_s": self.time.compute_s,
+                "bubble_s": self.time.bubble_s,
+                "comm_exposed_s": self.time.comm_s,
+                "step_s": self.time.step_s,
+                "step_s_is_lower_bound": not self.time.complete,
+                "mfu": self.time.mfu,
+                "tokens_per_s": self.time.tokens_per_s,
+                "not_modelled": ["offload transfers and CPU optimizer step"] if k.offload != "none" else [],
+            },
+        }
+
+
+# --------------------------------------------------------------------------------------
+# From the typed config
+# --------------------------------------------------------------------------------------
+
+
+def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> str:
+    """The config's two offload enums as runner.memory.model_states' offload string."""
+    if offload_param == Offload.cpu and offload_optimizer != Offload.cpu:
+        raise ConfigError(
+            "  - parallel.offload_param=cpu with parallel.offload_optimizer=none: the planner models "
+            "optimizer offload, or optimizer + parameter offload; set parallel.offload_optimizer=cpu too "
+            "(or, to run it unplanned, give batch.micro_size=<n> instead of auto)"
+        )
+    if offload_param == Offload.cpu:
+        return "optimizer+params"
+    return "optimizer" if offload_optimizer == Offload.cpu else "none"
+
+
+def knobs_from_config(config: TrainConfig) -> Knobs:
+    """The layout knobs a run's config sets."""
+    from runner.layout import parse_micro_size
+
+    par = config.parallel
+    return Knobs(
+        parallel=par.name,
+        zero_stage=par.zero_stage,
+        tp=par.tp,
+        pp=par.pp,
+        recompute=config.model.activation_checkpointing.value,
+        offload=offload_mode(par.offload_optimizer, par.offload_param),
+        micro_size=parse_micro_size(config.batch.micro_size),
+        overlap_comm=par.overlap_comm,
+    )
+
+
+def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Workload:
+    """The fixed part of a plan, with the device resolved (``with_peak=False``: memory only)."""
+    return Workload(
+        model=config.model,
+        num_params=count_params(config.model),
+        precision=config.precision.name,
+        optimizer=config.optimizer.name.value,
+        seq_len=config.data.seq_len,
+        global_size=config.batch.global_size,
+        gpus=config.gpus,
+        headroom=config.planner.headroom,
+        device=resolve_device(config.cluster, config.precision.name, gpus=config.gpus, with_peak=with_peak),
+        cluster=config.cluster.name,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Memory of one micro-batch size, and the auto choice
+# --------------------------------------------------------------------------------------
+
+
+def check_knobs(workload: Workload, knobs: Knobs) -> None:
+    """Refuse knobs the estimators cannot plan, naming the key (ConfigError)."""
+    model = workload.model
+    n_kv = model.n_kv_head or model.n_head
+    for name, value in (("model.n_head", model.n_head), ("model.n_kv_head", n_kv)):
+        if value % knobs.tp:
+            raise ConfigError(
+                f"  - parallel.tp={knobs.tp} must divide {name}={value} (tensor parallel splits heads)"
+            )
+    if model.ffn_hidden % knobs.tp:
+        raise ConfigError(f"  - parallel.tp={knobs.tp} must divide model.ffn_hidden={model.ffn_hidden}")
+    if knobs.offload == "optimizer" and knobs.zero_stage == 0:
+        raise ConfigError("  - parallel.offload_optimizer=cpu needs ZeRO: use parallel=zero1, zero2 or zero3")
+    if knobs.offload == "optimizer+params" and knobs.zero_stage != 3:
+        raise ConfigError("  - parallel.offload_param=cpu needs ZeRO stage 3: use parallel=zero3")
+
+
+def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, accum_steps: int) -> MemoryTerms:
+    """Every memory term per device for these knobs at this micro-batch size."""
+    return memory_terms(
+        workload.model,
+        num_params=workload.num_params,
+        precision=workload.precision.value,
+        optimizer=workload.optimizer,
+        zero_stage=knobs.zero_stage,
+        offload=knobs.offload,
+        recompute=knobs.recompute,
+        seq_len=workload.seq_len,
+        micro_size=micro_size,
+        dp=dp,
+        tp=knobs.tp,
+        pp=knobs.pp,
+        accum_steps=accum_steps,
+        host_is_device=workload.device.is_host,
+    )
+
+
+def gb(num_bytes: float) -> str:
+    """Bytes as decimal GB with the unit: '61.2 GB'."""
+    return f"{num_bytes / GB:.1f} GB"
+
+
+class MicroFit:
+    """``fits(micro)`` for runner.layout.resolve_layout: planned bytes <= usable, remembering each try."""
+
+    def __init__(self, workload: Workload, knobs: Knobs, *, dp: int, per_rank: int) -> None:
+        self.workload, self.knobs, self.dp, self.per_rank = workload, knobs, dp, per_rank
+        self.totals: dict[int, int] = {}
+
+    def memory(self, micro: int) -> MemoryTerms:
+        """Memory terms at this micro-batch size (accum = per-rank sequences / micro)."""
+        return memory_at(
+            self.workload, self.knobs, micro_size=micro, dp=self.dp, accum_steps=self.per_rank // micro
+        )
+
+    def __call__(self, micro: int) -> bool:
+        """True when this micro-batch's planned bytes fit the usable device memory."""
+        if micro not in self.totals:
+            self.totals[micro] = self.memory(micro).total
+        return self.totals[micro] <= self.workload.usable_bytes
+
+    @property
+    def none_fit(self) -> bool:
+        """True when micro-batch sizes were tried and none of them fitted."""
+        return bool(self.totals) and all(t > self.workload.usable_bytes for t in self.totals.values())
+
+    def _usable(self) -> str:
+        dev = self.workload.device.memory_bytes.value or 0.0
+        return f"{gb(self.workload.usable_bytes)} usable ({gb(dev)} x headroom {self.workload.headroom:g})"
+
+    def reason(self, chosen: int) -> str:
+        """Why `chosen` was taken: its bytes, and what the next larger divisor would need."""
+        total = self.totals.get(chosen, self.memory(chosen).total)
+        larger = sorted(m for m in self.totals if m > chosen)
+        head = f"micro {chosen}: {gb(total)} of {self._usable()}"
+        if larger:
+            return f"{head}; micro {larger[0]} would need {gb(self.totals[larger[0]])}"
+        return f"{head}; the largest divisor of global/dp = {self.per_rank}"
+
+    def configured(self, micro: int) -> str:
+        """The verdict on a micro-batch size the config fixed."""
+        fits = self(micro)
+        verb = "fits" if fits else "does NOT fit"
+        return f"batch.micro_size={micro} as configured: {gb(self.totals[micro])} {verb} in {self._usable()}"
+
+    def refusal(self) -> str:
+        """Why nothing fits: micro 1's bytes and its largest term."""
+        terms = self.memory(1)
+        name, size = terms.largest()
+        return (
+            f"batch.micro_size=auto: not even micro 1 fits: {gb(terms.total)} > {self._usable()} "
+            f"at dp={self.dp} ({name} {gb(size)}); run with plan=true (or planner.recommend=true) "
+            f"to see each term and the cheapest layout that fits"
+        )
+
+
+def micro_fit_for_config(config: TrainConfig) -> MicroFit:
+    """The ``fits`` callable for a run's auto micro-batch (device memory only; no peak measured)."""
+    workload = workload_from_config(config, with_peak=False)
+    knobs = knobs_from_config(config)
+    check_knobs(workload, knobs)
+    dp = data_parallel_size(gpus=config.gpus, tp=knobs.tp, pp=knobs.pp)
+    return MicroFit(workload, knobs, dp=dp, per_rank=max(1, config.batch.global_size // dp))
+
+
+# --------------------------------------------------------------------------------------
+# One layout
+# --------------------------------------------------------------------------------------
+
+
+def plan_only_reasons(knobs: Knobs) -> list[str]:
+    """Why the runner cannot run these knobs yet (empty when it can)."""
+    reasons = []
+    if knobs.tp > 1:
+        reasons.append(f"parallel.tp={knobs.tp}: the runner runs tp=1 only")
+    if knobs.pp > 1:
+        reasons.append(f"parallel.pp={knobs.pp}: the runner runs pp=1 only")
+        if knobs.zero_stage >= 2:
+            # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8).
+            reasons.append("DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")
+    return reasons
+
+
+def _split(workload: Workload, knobs: Knobs, dp: int) -> tuple[int, str | None]:
+    """The global batch to plan with: the configured one, or the smallest multiple of dp above it."""
+    try:
+        resolve_layout(
+            gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp, global_size=workload.global_size, micro_size=1
+        )
+    except LayoutError as error:
+        return -(-workload.global_size // dp) * dp, str(error)
+    return workload.global_size, None
+
+
+def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
+    """Plan one layout: resolve the batch contract (auto micro by memory), then memory, traffic, time.
+
+    A global batch that dp does not divide is not refused here: the plan is made at the
+    smallest multiple of dp above it and says so (``contract_error``), so that a sweep
+    answers every cell.
+    """
+    check_knobs(workload, knobs)
+    dp = data_parallel_size(gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp)
+    global_size, contract_error = _split(workload, knobs, dp)
+    per_rank = global_size // dp
+    fit = MicroFit(workload, knobs, dp=dp, per_rank=per_rank)
+    micro = knobs.micro_size
+    if micro is not None and per_rank % micro:
+        contract_error = contract_error or f"batch.micro_size={micro} does not divide global/dp = {per_rank}"
+        micro = None
+    common: dict[str, Any] = dict(gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp, global_size=global_size)
+    if micro is None and not fit(1):  # memory grows with micro: if 1 does not fit, none does
+        layout = resolve_layout(**common, micro_size=1)
+        choice = fit.refusal()
+    elif micro is None:
+        layout = resolve_layout(**common, micro_size=None, fits=fit)
+        choice = fit.reason(layout.micro_size)
+    else:
+        layout = resolve_layout(**common, micro_size=micro)
+        choice = fit.configured(micro)
+    memory = fit.memory(layout.micro_size)
+    groups = traffic(
+        workload.model,
+        num_params=workload.num_params,
+        precision=workload.precision.value,
+        zero_stage=knobs.zero_stage,
+        recompute=knobs.recompute,
+        seq_len=workload.seq_len,
+        micro_size=layout.micro_size,
+        gpus=layout.gpus,
+        dp=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        accum_steps=layout.accum_steps,
+        device=workload.device,
+    )
+    time = step_time(
+        workload.model,
+        num_params=workload.num_params,
+        recompute=knobs.recompute,
+        seq_len=workload.seq_len,
+        global_size=layout.global_size,
+        gpus=layout.gpus,
+        pp=layout.pp,
+        accum_steps=layout.accum_steps,
+        overlap_comm=knobs.overlap_comm,
+        groups=groups,
+        peak_flops=workload.device.peak_flops.value,
+    )
+    return Plan(
+        workload=workload,
+        knobs=knobs,
+        layout=layout,
+        memory=memory,
+        fits=memory.total <= workload.usable_bytes,
+        micro_choice=choice,
+        traffic=groups,
+        time=time,
+        plan_only=plan_only_reasons(knobs),
+        contract_error=contract_error,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The Hydra job
+# --------------------------------------------------------------------------------------
+
+
+def write_plan(run_dir: Path, record: dict[str, Any]) -> Path:
+    """Write plan.json into the run directory (atomically) and return its path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / PLAN_FILE
+    write_json_atomic(path, record)
+    return path
+
+
+def plan_config(config: TrainConfig) -> Plan:
+    """The plan of a run's configured layout (what ``plan=true`` prints)."""
+    return plan_layout(workload_from_config(config), knobs_from_config(config))
+
+
+def plan_job(config: TrainConfig, *, run_dir: Path) -> dict[str, Any]:
+    """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record."""
+    from runner.plan_ladder import recommend, recommendation_record
+    from runner.plan_table import format_ladder, format_plan
+
+    plan = plan_config(config)
+    record = plan.record()
+    text = format_plan(plan)
+    if config.planner.recommend:
+        ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm)
+        record["recommendation"] = recommendation_record(ladder)
+        text += "\n" + format_ladder(ladder)
+    print(text, flush=True)
+    path = write_plan(run_dir, record)
+    log.info("plan written to %s (nothing launched)", path)
+    return record
+
+
+def read_plan(run_dir: Path) -> dict[str, Any]:
+    """A run directory's plan.json."""
+    data: dict[str, Any] = json.loads((run_dir / PLAN_FILE).read_text())
+    return data
+
+
+__all__ = [
+    "PLAN_FILE",
+    "Knobs",
+    "MicroFit",
+    "Plan",
+    "Workload",
+    "check_knobs",
+    "knobs_from_config",
+    "memory_at",
+    "micro_fit_for_config",
+    "offload_mode",
+    "plan_config",
+    "plan_job",
+    "plan_layout",
+    "read_plan",
+    "workload_from_config",
+    "write_plan",
+]

@@ -1,0 +1,182 @@
+"""Per-device memory of one layout: the four terms, DeepSpeed's named residuals, and the host side.
+
+Pure arithmetic over runner.memory (bytes in, bytes out; nothing is allocated). What a
+layout changes:
+
+- tensor parallel t and pipeline parallel p split the parameters: each device holds
+  ceil(P / (t * p)) of them (Megatron-style: t splits every weight matrix, p splits the
+  layers; the embedding and output head are assumed spread like the rest). ZeRO then
+  shards that over dp (runner.memory.model_states).
+- t splits the per-head and MLP-hidden activations (Korthikanti et al. 2022, arXiv
+  2205.05198, eq. 2; runner.memory.activations_total takes ``tp``).
+- p gives each stage ceil(L / p) layers. Under the 1F1B schedule the first stage holds
+  the activations of min(p, accum) micro-batches in flight (Narayanan et al. 2021,
+  arXiv 2104.04473, Sec. 2.2.1: "at most p outstanding forward passes"); the last stage
+  holds one, plus the loss and logits. The plan takes the larger of the two stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.config import ModelConfig
+from runner.memory import (
+    TRANSIENT_ITEMS,
+    ModelStates,
+    activation_items_total,
+    activations_total,
+    deepspeed_residuals,
+    model_states,
+)
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """Bytes per device of each term of one layout at one micro-batch size."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    residuals: dict[str, int] = field(default_factory=dict)  # runner.memory.deepspeed_residuals
+    host: dict[str, int] = field(default_factory=dict)  # offloaded bytes per rank, host memory
+    host_counts_on_device: bool = False  # CPU ranks: the host is the device
+    activation_note: str = ""
+
+    @property
+    def model_states(self) -> int:
+        """Parameters + gradients + optimizer states on the device."""
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        """All device bytes: model states, activations, residuals (and offloaded bytes on CPU ranks)."""
+        extra = sum(self.host.values()) if self.host_counts_on_device else 0
+        return self.model_states + self.activations + sum(self.residuals.values()) + extra
+
+    def largest(self) -> tuple[str, int]:
+        """The largest named term: what to shrink first."""
+        terms = {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            **self.residuals,
+        }
+        name = max(terms, key=lambda k: terms[k])
+        return name, terms[name]
+
+
+def params_per_device(num_params: int, *, tp: int, pp: int) -> int:
+    """Parameters one device holds before ZeRO: ceil(P / (tp * pp))."""
+    return -(-num_params // (tp * pp))
+
+
+def layers_per_stage(n_layer: int, pp: int) -> int:
+    """Transformer layers on the fullest pipeline stage: ceil(L / pp)."""
+    return -(-n_layer // pp)
+
+
+def activation_bytes(
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_size: int,
+    tp: int,
+    pp: int,
+    accum_steps: int,
+    recompute: str,
+    bytes_per_elem: int,
+) -> tuple[int, str]:
+    """Peak activation bytes on the fullest device, and a note saying which stage and why.
+
+    flash=True: runner/model.py calls scaled_dot_product_attention(is_causal=True), which
+    takes a fused kernel on CUDA and on CPU (tests/unit/test_memory.py checks the CPU one).
+    """
+    common: dict[str, Any] = dict(
+        n_layers=layers_per_stage(model.n_layer, pp),
+        seq_len=seq_len,
+        micro_size=micro_size,
+        d_model=model.d_model,
+        n_heads=model.n_head,
+        vocab_size=model.vocab_size,
+        tp=tp,
+        recompute=recompute,
+        flash=True,
+        n_kv_heads=model.n_kv_head,
+        ffn_hidden=model.ffn_hidden,
+        bytes_per_elem=bytes_per_elem,
+    )
+    if pp == 1:
+        return activations_total(**common), ""
+    # Narayanan et al. 2021 (arXiv 2104.04473), Sec. 2.2.1: 1F1B keeps at most p
+    # micro-batches in flight on the first stage (and never more than the m = accum).
+    in_flight = min(pp, accum_steps)
+    items = activation_items_total(**common)
+    recompute_set = items["transient.recompute_layer"]
+    first = in_flight * (items["blocks"] + items["embedding.token_ids"]) + recompute_set
+    kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
+    last = kept + max(items["transient.logits"] + items["transient.logits_fp32"], recompute_set)
+    if first >= last:
+        return first, f"first stage, {in_flight} micro-batches in flight (1F1B)"
+    return last, "last stage (loss and logits)"
+
+
+def memory_terms(
+    model: ModelConfig,
+    *,
+    num_params: int,
+    precision: str,
+    optimizer: str,
+    zero_stage: int,
+    offload: str,
+    recompute: str,
+    seq_len: int,
+    micro_size: int,
+    dp: int,
+    tp: int,
+    pp: int,
+    accum_steps: int,
+    host_is_device: bool = False,
+) -> MemoryTerms:
+    """Every memory term of one device for this layout (see the module docstring)."""
+    local = params_per_device(num_params, tp=tp, pp=pp)
+    states: ModelStates = model_states(
+        local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
+    )
+    residuals = deepspeed_residuals(
+        local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
+    )
+    activations, note = activation_bytes(
+        model,
+        seq_len=seq_len,
+        micro_size=micro_size,
+        tp=tp,
+        pp=pp,
+        accum_steps=accum_steps,
+        recompute=recompute,
+        bytes_per_elem=4 if precision == "fp32" else 2,
+    )
+    host = {
+        name: value
+        for name, value in (
+            ("params", states.host_params),
+            ("grads", states.host_grads),
+            ("optimizer", states.host_optimizer),
+        )
+        if value
+    }
+    return MemoryTerms(
+        params=states.params,
+        grads=states.grads,
+        optimizer=states.optimizer,
+        activations=activations,
+        residuals=residuals,
+        host=host,
+        host_counts_on_device=host_is_device,
+        activation_note=note,
+    )
+
+
+__all__ = ["MemoryTerms", "activation_bytes", "layers_per_stage", "memory_terms", "params_per_device"]

@@ -1,0 +1,198 @@
+"""The plan as text: one table per layout, and the ladder's rungs. Units are always spelled out.
+
+Memory is shown in decimal GB (1e9 bytes, the ZeRO paper's and the memory/*_gb metrics'
+unit) and in GiB (2**30 bytes, what CUDA tools print); bandwidths in GB/s (1e9 bytes/s);
+compute in TFLOP/s (1e12 FLOP/s).
+"""
+
+from __future__ import annotations
+
+import re
+
+from runner.memory import GiB, bytes_per_param, model_states
+from runner.plan import GB, Plan, gb
+from runner.plan_hardware import Figure
+from runner.plan_ladder import Ladder
+from runner.plan_memory import params_per_device
+
+_W = 38  # width of the label column
+
+
+def _row(label: str, num_bytes: float, note: str = "") -> str:
+    return f"  {label:<{_W}}{num_bytes / GB:>10.2f} {num_bytes / GiB:>10.2f}  {note}".rstrip()
+
+
+def _states_formula(plan: Plan) -> str:
+    """ZeRO's per-device formula for this stage in bytes per parameter (arXiv 1910.02054, Fig. 1)."""
+    w, k, lay = plan.workload, plan.knobs, plan.layout
+    if k.offload != "none":
+        return f"ZeRO-{k.zero_stage} with {k.offload} offloaded to the host"
+    wb, gb_, ob = bytes_per_param(w.precision.value, w.optimizer)
+    n = lay.dp
+    formula = {
+        0: f"{wb + gb_ + ob} B",
+        1: f"({wb + gb_} + {ob}/{n}) B",
+        2: f"({wb} + {gb_ + ob}/{n}) B",
+        3: f"{wb + gb_ + ob}/{n} B",
+    }[k.zero_stage]
+    local = params_per_device(w.num_params, tp=lay.tp, pp=lay.pp)
+    split = f" (P / (tp {lay.tp} x pp {lay.pp}))" if lay.tp * lay.pp > 1 else ""
+    return f"ZeRO-{k.zero_stage}: {formula} x {local:,} params{split}"
+
+
+def nominal_params(model_name: str) -> float | None:
+    """The size a model's name announces ('llama_70b' -> 70e9, 'gpt2_124m' -> 124e6), or None."""
+    match = re.search(r"(\d+(?:\.\d+)?)([bm])$", model_name.lower())
+    if match is None:
+        return None
+    return float(match.group(1)) * (1e9 if match.group(2) == "b" else 1e6)
+
+
+def _nominal_states(plan: Plan) -> str:
+    """Model states at the name's round size, beside the exact count (papers quote the round one)."""
+    w, k, lay = plan.workload, plan.knobs, plan.layout
+    nominal = nominal_params(w.model.name)
+    if nominal is None or k.offload != "none" or abs(nominal - w.num_params) < 0.005 * nominal:
+        return ""
+    states = model_states(
+        params_per_device(round(nominal), tp=lay.tp, pp=lay.pp),
+        zero_stage=k.zero_stage,
+        dp=lay.dp,
+        precision=w.precision.value,
+        optimizer=w.optimizer,
+    )
+    return (
+        f"(the exact count {w.num_params / 1e9:.2f}e9 gives this; the nominal {nominal / 1e9:g}e9 of "
+        f"the name {w.model.name!r} would give {states.total / GB:.2f} GB)"
+    )
+
+
+def _figure(fig: Figure, scale: float, unit: str) -> str:
+    if fig.value is None:
+        return f"unknown  [{fig.source}]"
+    return f"{fig.value / scale:g} {unit}  [{fig.source}]"
+
+
+def format_plan(plan: Plan) -> str:
+    """One layout's table: layout, device, memory terms against the usable memory, traffic, time."""
+    w, k, lay, m, t = plan.workload, plan.knobs, plan.layout, plan.memory, plan.time
+    dev = w.device
+    memory_bytes = float(dev.memory_bytes.value or 0.0)
+    lines = [
+        f"plan: {w.model.name} ({w.num_params:,} params, counted analytically), {k.describe()}, "
+        f"{w.precision.value} {w.optimizer}, seq {w.seq_len}, gpus {w.gpus} on cluster {w.cluster}"
+        + ("  [PLAN ONLY]" if plan.plan_only else ""),
+        "  nothing launched, nothing allocated",
+        f"layout     gpus {lay.gpus} = dp {lay.dp} x tp {lay.tp} x pp {lay.pp};  global {lay.global_size} = "
+        f"micro {lay.micro_size} x accum {lay.accum_steps} x dp {lay.dp}",
+    ]
+    if plan.contract_error is not None:
+        lines.append(f"  ! batch contract NOT met for the configured global {w.global_size}:")
+        lines.append(f"    {plan.contract_error}")
+        lines.append(f"    planned instead at global {lay.global_size}: this layout cannot run as configured")
+    lines.append(f"  {plan.micro_choice}")
+    lines += [
+        f"device     memory {memory_bytes / GB:.1f} GB = {memory_bytes / GiB:.1f} GiB"
+        f"  [{dev.memory_bytes.source}]",
+        f"           peak ({w.precision.value}, dense) {_figure(dev.peak_flops, 1e12, 'TFLOP/s')}",
+        f"           {dev.per_node} gpus per node  [{dev.gpus_per_node.source}]",
+        f"           links: intra-node {_figure(dev.intra_node_bytes_per_s, GB, 'GB/s')}; "
+        f"inter-node {_figure(dev.inter_node_bytes_per_s, GB, 'GB/s')}",
+        f"memory per device{'':<{_W - 17}}{'GB':>10} {'GiB':>10}",
+        _row("params", m.params),
+        _row("grads", m.grads),
+        _row("optimizer", m.optimizer),
+        _row(
+            "activations",
+            m.activations,
+            f"micro {lay.micro_size}, recompute {k.recompute}, tp {lay.tp}"
+            + (f"; {m.activation_note}" if m.activation_note else ""),
+        ),
+    ]
+    if m.residuals:
+        lines += [
+            _row(f"residual: {name}", size, "runner.memory.deepspeed_residuals")
+            for name, size in m.residuals.items()
+        ]
+    else:
+        lines.append(
+            f"  {'residuals':<{_W}}{'none':>10} {'':>10}  runner.memory.deepspeed_residuals: none measured"
+        )
+    if m.host:
+        where = "counted on the device: the CPU is the device" if m.host_counts_on_device else "host RAM"
+        lines += [_row(f"offloaded {name} (per rank)", size, where) for name, size in m.host.items()]
+    lines.append(_row("total", m.total))
+    lines.append(_row(f"usable (headroom {w.headroom:g})", w.usable_bytes))
+    margin = w.usable_bytes - m.total
+    if plan.fits:
+        lines.append(
+            f"  => FITS, {gb(margin)} to spare ({100 * m.total / memory_bytes:.0f}% of device memory)"
+        )
+    else:
+        lines.append(
+            f"  => DOES NOT FIT by {gb(-margin)}: needs {gb(m.total)}, {gb(w.usable_bytes)} usable; "
+            f"largest term {m.largest()[0]} (planner.recommend=true finds a layout that fits)"
+        )
+    lines.append(f"  model states {m.model_states / GB:.2f} GB per device = {_states_formula(plan)}")
+    nominal = _nominal_states(plan)
+    if nominal:
+        lines.append(f"    {nominal}")
+    lines.append("communication per step per device (ring; bytes sent = bytes received)")
+    for g in plan.traffic:
+        bw = "unknown bandwidth: no time predicted" if g.seconds is None else f"{g.seconds:.3g} s"
+        speed = "" if g.bandwidth is None else f" at {g.bandwidth / GB:g} GB/s"
+        lines.append(f"  {g.group:<4}{g.bytes / GB:>10.2f} GB  {g.link}{speed}: {bw}  ({g.detail})")
+    lines.append("time per step (predicted: compute at peak, links at full bandwidth; a bound on MFU)")
+    if t.compute_s is None:
+        lines.append("  not predicted: the peak FLOP/s is unknown (set cluster.peak_tflops)")
+    else:
+        overlap = (
+            "overlapped with compute" if k.overlap_comm else "not overlapped (parallel.overlap_comm=false)"
+        )
+        comm = "unknown" if t.comm_s is None else f"{t.comm_s:.3g} s"
+        lines.append(
+            f"  compute {t.compute_s:.3g} s + pipeline bubble {t.bubble_s or 0:.3g} s"
+            f" ((pp-1)/accum = {lay.pp - 1}/{lay.accum_steps}) + comm {comm}, dp {overlap}"
+        )
+        assert t.step_s is not None and t.mfu is not None and t.tokens_per_s is not None
+        if t.complete:
+            lines.append(
+                f"  step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%, {t.tokens_per_s:,.0f} tokens/s"
+                + ("" if plan.fits else "  (hypothetical: it does not fit)")
+            )
+        else:
+            lines.append(
+                f"  step >= {t.step_s:.3g} s, MFU <= {100 * t.mfu:.1f}% (communication time unknown)"
+            )
+    if k.offload != "none":
+        lines.append(
+            "  not in this time: offload's host<->device copies and the CPU optimizer step "
+            "(no PCIe or host figures in the cluster config)"
+        )
+    for reason in plan.plan_only:
+        lines.append(f"  plan only: {reason}")
+    return "\n".join(lines)
+
+
+def format_ladder(ladder: Ladder) -> str:
+    """The rungs tried, cheapest first, each with its verdict; then the winner's command."""
+    w = ladder.workload
+    lines = [
+        f"recommend: {w.model.name} on {w.gpus} x {w.cluster}, global {w.global_size}, "
+        f"{w.precision.value} {w.optimizer}, seq {w.seq_len}; {gb(w.usable_bytes)} usable per device",
+    ]
+    for i, rung in enumerate(ladder.rungs, 1):
+        mark = "FITS" if rung.fits else "no"
+        lines.append(f"  {i:>2}. {rung.name:<36} {mark:<5} {rung.reason}")
+    if ladder.winner is None:
+        lines.append("  nothing fits: add gpus, shorten data.seq_len, or lower batch.global_size")
+        return "\n".join(lines)
+    lines.append(
+        f"first that fits: {ladder.winner.name}" + ("  [PLAN ONLY]" if ladder.winner.plan.plan_only else "")
+    )
+    lines.append(f"  {ladder.command}")
+    lines.append("  (plus this run's other overrides)")
+    return "\n".join(lines)
+
+
+__all__ = ["format_ladder", "format_plan"]

@@ -1,0 +1,233 @@
+"""The planner: memory per device against published figures, the auto micro-batch, the ladder, plan.json."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from runner.comm import reduce_scatter_bytes, zero_step_bytes
+from runner.config import ClusterConfig, Offload, Precision, TrainConfig, register_configs, to_train_config
+from runner.layout import LayoutError, divisors
+from runner.plan import (
+    GB,
+    memory_at,
+    offload_mode,
+    plan_config,
+    plan_job,
+    read_plan,
+    workload_from_config,
+)
+from runner.plan_hardware import resolve_device
+from runner.plan_ladder import recommend
+from runner.plan_table import format_plan, nominal_params
+from runner.run import choose_layout, choose_layout_explained
+from runner.validate import ConfigError
+
+pytestmark = pytest.mark.unit
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+LLAMA_70B_PARAMS = 68_976_648_192  # config.json of meta-llama/Llama-2-70b-hf
+LAYOUT_KEYS = {"gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size"}
+
+
+def _config(*overrides: str) -> TrainConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return to_train_config(compose(config_name="config", overrides=list(overrides)))
+
+
+@pytest.fixture(autouse=True)
+def _no_cpu_calibration(monkeypatch):
+    """Plans on cluster=local would measure the CPU for half a second; a fixed figure is enough here."""
+    monkeypatch.setattr("runner.plan_hardware.measured_cpu_peak", lambda precision: 1e11)
+
+
+def _70b(*overrides: str) -> TrainConfig:
+    return _config("model=llama_70b", "cluster=h100_sxm", "precision=bf16", *overrides)
+
+
+def test_llama_70b_zero3_on_64_gpus_holds_17_2_gb_of_model_states():
+    """ZeRO (arXiv 1910.02054): 16 B/param / 64 ranks; 17.5 GB at a round 70e9, 17.2 GB at the exact count."""
+    plan = plan_config(_70b("parallel=zero3", "gpus=64", "batch.global_size=64"))
+    assert plan.workload.num_params == LLAMA_70B_PARAMS
+    states = plan.memory.model_states
+    assert states == pytest.approx(16 * LLAMA_70B_PARAMS / 64, abs=16)  # ceil-padded partitions
+    assert round(states / GB, 1) == 17.2
+    table = format_plan(plan)
+    assert "model states 17.24 GB per device = ZeRO-3: 16/64 B x 68,976,648,192 params" in table
+    assert "nominal 70e9" in table and "17.50 GB" in table
+    assert "inter-node" in table  # 64 gpus > 8 per node
+
+
+def test_ddp_on_8_gpus_does_not_fit_80_gb_and_says_by_how_much():
+    plan = plan_config(_70b("parallel=ddp", "gpus=8"))
+    usable = 0.9 * 80e9
+    assert not plan.fits
+    assert plan.memory.model_states == 16 * LLAMA_70B_PARAMS  # DDP: every rank holds all 16P
+    over = plan.memory.total - usable
+    table = format_plan(plan)
+    assert f"DOES NOT FIT by {over / GB:.1f} GB" in table
+    assert "72.0 GB usable" in table
+    assert "intra-node" in table  # 8 gpus <= 8 per node
+
+
+def _tiny_totals(config: TrainConfig) -> dict[int, int]:
+    workload = workload_from_config(config, with_peak=False)
+    from runner.plan import knobs_from_config
+
+    knobs = knobs_from_config(config)
+    per_rank = config.batch.global_size // config.gpus
+    return {
+        m: memory_at(workload, knobs, micro_size=m, dp=config.gpus, accum_steps=per_rank // m).total
+        for m in divisors(per_rank)
+    }
+
+
+def test_auto_micro_takes_the_largest_divisor_that_fits_a_small_device():
+    base = ("batch.global_size=32", "gpus=2", "cluster.gpus_per_node=8")
+    totals = _tiny_totals(_config(*base, "cluster.device_memory_gb=1000"))
+    assert sorted(totals) == [1, 2, 4, 8, 16]
+    # A device whose usable memory (x 0.9) lies between micro 4's and micro 8's needs.
+    device_gb = (totals[4] + totals[8]) / 2 / 0.9 / GB
+    config = _config(*base, f"cluster.device_memory_gb={device_gb}")
+    layout, why = choose_layout_explained(config)
+    assert (layout.micro_size, layout.accum_steps, layout.dp) == (4, 4, 2)
+    assert why is not None
+    assert why.startswith(f"micro 4: {totals[4] / GB:.1f} GB of ")
+    assert f"micro 8 would need {totals[8] / GB:.1f} GB" in why
+    # The planner (plan=true) makes the same choice as the runner.
+    assert plan_config(config).layout.micro_size == 4
+
+
+def test_auto_micro_refuses_when_nothing_fits_with_the_numbers():
+    config = _config("batch.global_size=16", "cluster.device_memory_gb=0.001")
+    with pytest.raises(LayoutError) as info:
+        choose_layout(config)
+    text = str(info.value)
+    assert "batch.micro_size=auto: not even micro 1 fits" in text
+    assert "0.0 GB usable (0.0 GB x headroom 0.9)" in text
+    assert "plan=true" in text
+
+
+def test_a_fixed_micro_size_is_kept_and_no_memory_is_planned():
+    layout, why = choose_layout_explained(_config("batch.micro_size=2", "cluster.device_memory_gb=0.001"))
+    assert (layout.micro_size, why) == (2, None)
+
+
+def test_recommend_walks_cheap_to_costly_and_says_why_each_rung_failed():
+    workload = workload_from_config(_70b("gpus=64", "batch.global_size=512", "data.seq_len=4096"))
+    ladder = recommend(workload)
+    assert ladder.winner is not None
+    names = [r.name for r in ladder.rungs]
+    assert names[0].startswith("ddp, micro 8") and names[1] == "ddp, smaller micro + accumulation"
+    assert ladder.winner is ladder.rungs[-1]
+    for rung in ladder.rungs[:-1]:
+        assert not rung.fits
+        assert "GB > 72.0 GB usable (" in rung.reason, rung.reason
+    # DDP's and ZeRO-1's cheapest failures are dominated by model states, not activations.
+    assert "(optimizer " in ladder.rungs[1].reason
+    win = ladder.winner.plan
+    assert win.fits and win.contract_error is None
+    assert win.memory.total <= workload.usable_bytes
+    assert ladder.winner.name == "zero3"
+    assert "parallel=zero3" in ladder.overrides
+    assert f"batch.micro_size={win.layout.micro_size}" in ladder.overrides
+    assert ladder.command.startswith("python train.py model=llama_70b cluster=h100_sxm gpus=64")
+
+
+def test_tensor_and_pipeline_parallel_are_planned_and_marked_plan_only():
+    config = _70b(
+        "gpus=64",
+        "parallel.tp=8",
+        "parallel.pp=4",
+        "parallel=zero1",
+        "batch.global_size=64",
+        "batch.micro_size=1",
+    )
+    plan = plan_config(config)
+    assert (plan.layout.dp, plan.layout.accum_steps) == (2, 32)
+    assert plan.memory.params == 2 * math.ceil(LLAMA_70B_PARAMS / 32)  # bf16 weights, P / (tp x pp)
+    assert plan.plan_only and "PLAN ONLY" in format_plan(plan)
+    # Narayanan et al. 2021: bubble = (p - 1) / m of the ideal time.
+    assert plan.time.compute_s is not None and plan.time.bubble_s is not None
+    assert plan.time.bubble_s == pytest.approx(plan.time.compute_s * 3 / 32)
+    assert {t.group for t in plan.traffic} == {"dp", "tp", "pp"}
+    # 1F1B: the first stage holds min(pp, accum) micro-batches in flight.
+    four = plan.memory.activations
+    one = plan_config(_70b("gpus=64", "parallel.tp=8", "parallel.pp=4", "batch.global_size=2")).memory
+    assert four > 3.5 * one.activations
+
+
+def test_zero2_and_zero3_reduce_every_micro_batch():
+    def dp_bytes(parallel: str, micro: int) -> float:
+        plan = plan_config(
+            _70b(f"parallel={parallel}", "gpus=8", "batch.global_size=64", f"batch.micro_size={micro}")
+        )
+        return next(t.bytes for t in plan.traffic if t.group == "dp")
+
+    p = LLAMA_70B_PARAMS
+    once = zero_step_bytes(p, zero_stage=2, dp=8)
+    assert dp_bytes("zero2", 8) == pytest.approx(once)
+    assert dp_bytes("zero2", 1) == pytest.approx(once + 7 * reduce_scatter_bytes(2 * p, 8))
+    assert dp_bytes("zero3", 1) == pytest.approx(8 * zero_step_bytes(p, zero_stage=3, dp=8))
+    assert dp_bytes("zero1", 1) == pytest.approx(zero_step_bytes(p, zero_stage=1, dp=8))
+
+
+def test_offload_enums_map_to_the_estimators_strings():
+    assert offload_mode(Offload.none, Offload.none) == "none"
+    assert offload_mode(Offload.cpu, Offload.none) == "optimizer"
+    assert offload_mode(Offload.cpu, Offload.cpu) == "optimizer+params"
+    with pytest.raises(ConfigError, match=r"parallel\.offload_optimizer=cpu"):
+        offload_mode(Offload.none, Offload.cpu)
+    plan = plan_config(_70b("parallel=zero3", "gpus=8", "parallel.offload_optimizer=cpu"))
+    assert plan.memory.optimizer == 0 and plan.memory.grads == 0
+    assert plan.memory.host["optimizer"] > 0
+
+
+def test_a_global_batch_dp_cannot_split_is_planned_at_the_next_multiple_and_flagged():
+    plan = plan_config(_70b("parallel=zero3", "gpus=64"))  # the default global batch, 16
+    assert plan.contract_error is not None and "16 / 64 is not whole" in plan.contract_error
+    assert plan.layout.global_size == 64 and not plan.runnable
+    assert "batch contract NOT met" in format_plan(plan)
+
+
+def test_local_cpu_device_is_detected_and_unknown_links_predict_no_comm_time():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU detection")
+    device = resolve_device(ClusterConfig(), Precision.bf16, gpus=1)
+    assert device.memory_bytes.source.startswith("detected: host")
+    assert device.peak_flops.source.startswith("measured")
+    assert device.intra_node_bytes_per_s.value is None
+    plan = plan_config(_config("gpus=4", "parallel=zero2", "cluster.gpus_per_node=2"))
+    assert plan.time.comm_s is None and not plan.time.complete
+    assert "unknown bandwidth: no time predicted" in format_plan(plan)
+    assert "communication time unknown" in format_plan(plan)
+
+
+def test_plan_json_carries_the_layout_record(tmp_path, capsys):
+    record = plan_job(_70b("parallel=zero3", "gpus=64", "batch.global_size=128"), run_dir=tmp_path)
+    written = read_plan(tmp_path)
+    assert written == record
+    assert set(written["layout"]) == LAYOUT_KEYS
+    assert written["layout"]["gpus"] == 64 and written["layout"]["global_size"] == 128
+    assert set(written["memory_bytes"]) >= {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "residuals",
+        "total",
+    }
+    assert written["fits"] is True
+    assert "memory per device" in capsys.readouterr().out
+
+
+def test_nominal_size_from_the_model_name():
+    assert nominal_params("llama_70b") == 70e9
+    assert nominal_params("gpt2_124m") == 124e6
+    assert nominal_params("tiny") is None
