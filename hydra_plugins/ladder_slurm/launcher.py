@@ -1,0 +1,46 @@
+"""``LadderSlurmLauncher``: hydra-submitit-launcher's SlurmLauncher, with resources per cell.
+
+The upstream launcher submits every cell of a sweep with one set of resources; here
+``launch`` places each cell from its own ``gpus`` and submits one array per group of
+like cells (launchers/slurm.py), and ``__call__`` runs one rank of a cell inside a
+SLURM task (launchers/slurm_task.py). The inherited ``checkpoint()`` is submitit's
+requeue hook for preemption and time limits (see launchers/slurm.py). Imports are
+lazy: Hydra imports this module on every start while it scans for plugins.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+
+
+class LadderSlurmLauncher(SlurmLauncher):
+    """hydra/launcher=slurm: each cell its own nodes and tasks, one SLURM task per rank."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Refuse before submitting, or submit every cell and return its result."""
+        from launchers.slurm import launch_sweep
+        from launchers.slurm_resources import SlurmRefused
+
+        try:
+            return launch_sweep(self, job_overrides, initial_job_idx)
+        except SlurmRefused as error:
+            print(f"ladder: refused before launch on SLURM; {error}", file=sys.stderr)
+            sys.exit(2)
+
+    def __call__(
+        self,
+        sweep_overrides: list[str],
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict[type, Singleton],
+    ) -> JobReturn:
+        """Inside a SLURM task: run the cell's task function as this task's rank."""
+        from launchers.slurm_task import run_task
+
+        return run_task(self, sweep_overrides, job_dir_key, job_num, singleton_state)

@@ -1,0 +1,210 @@
+"""SLURM sweeps: ``python train.py -m hydra/launcher=slurm parallel=zero1,zero3 gpus=8,16``.
+
+The launching process (a login node) does everything that can refuse, before it submits
+anything:
+
+1. compose each cell's config and run the runner's own checks (schema, batch contract);
+2. read the partition from ``sinfo`` and place each cell: nodes = ceil(gpus / per_node),
+   tasks per node = gpus / nodes (launchers/slurm_resources.py); refuse a cell that does
+   not split evenly, or that no set of the partition's nodes can ever hold;
+3. refuse a value that could break out of its line in the batch script.
+
+Then it submits one job array per group of cells that need the same resources (one
+sbatch each; hydra-submitit-launcher would give every cell the first one's), waits,
+cancels a job that SLURM says can never start, and hands Hydra one JobReturn per cell.
+Each task of a job is one rank (launchers/slurm_task.py). A failed submission cancels
+whatever the sweep had already queued.
+
+Preemption and time limits (later, with checkpointing): submitit has SLURM signal the
+job ``signal_delay_s`` before its limit (sbatch --signal) and then calls the launcher's
+inherited ``checkpoint()``, which requeues the same cell (submitit
+docs/checkpointing.md); ``max_num_timeout`` caps the requeues after a timeout. A
+resuming task must re-enter its run directory (runner/hydra_callbacks.py RESUME_ENV)
+and load the last checkpoint: override ``checkpoint()`` to set that up.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, filter_overrides
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from launchers.slurm_partition import read_partition
+from launchers.slurm_resources import (
+    Partition,
+    Placement,
+    SlurmRefused,
+    capacity_problems,
+    gpu_problems,
+    place,
+    ranks_per_node,
+)
+from launchers.slurm_submission import Cell, sbatch_parameters, unsafe_values
+from launchers.slurm_watch import cancel, collect, wait
+
+log = logging.getLogger("ladder.slurm")
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _task_config(cell_cfg: DictConfig) -> DictConfig:
+    """The cell's config without its ``hydra`` node, as Hydra hands it to the task function."""
+    task_cfg = copy.deepcopy(cell_cfg)
+    with read_write(task_cfg), open_dict(task_cfg):
+        del task_cfg["hydra"]
+    return task_cfg
+
+
+def _runner_problems(task_cfg: DictConfig) -> list[str]:
+    """What the runner would refuse whatever host it runs on: config values, the batch contract.
+
+    Checks that read the host (CUDA devices, device memory for ``micro_size=auto`` under
+    cluster=local) are left to the ranks: this process runs on the login node.
+    """
+    from runner.config import to_train_config
+    from runner.layout import LayoutError, parse_micro_size, resolve_layout
+    from runner.validate import ConfigError, validate
+
+    try:
+        config = to_train_config(task_cfg)
+        validate(config, launcher=None)
+        resolve_layout(
+            gpus=config.gpus,
+            tp=config.parallel.tp,
+            pp=config.parallel.pp,
+            global_size=config.batch.global_size,
+            micro_size=parse_micro_size(config.batch.micro_size),
+        )
+    except (ConfigError, LayoutError) as error:
+        return [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
+    return []
+
+
+def plan_cell(
+    num: int, overrides: list[str], cell_cfg: DictConfig, partitions: dict[str | None, Partition]
+) -> tuple[Cell | None, list[str]]:
+    """Place one composed cell on its partition; the problems found instead, if any."""
+    container = OmegaConf.to_container(cell_cfg.hydra.launcher, resolve=True)
+    assert isinstance(container, dict)
+    launcher = {str(key): value for key, value in container.items()}
+    gpus = int(cell_cfg.gpus)
+    cluster = cell_cfg.cluster
+    problems = _runner_problems(_task_config(cell_cfg))
+    name = launcher.get("partition")
+    if name not in partitions:
+        partitions[name] = read_partition(name)
+    partition = partitions[name]
+    problems += gpu_problems(
+        cluster=cluster.name, cluster_gpus_per_node=cluster.gpus_per_node, partition=partition
+    )
+    per_node, on_gpus = ranks_per_node(
+        cluster_gpus_per_node=cluster.gpus_per_node,
+        partition=partition,
+        cpus_per_task=launcher.get("cpus_per_task"),
+    )
+    try:
+        placement = place(
+            gpus=gpus, per_node=per_node, on_gpus=on_gpus, what="GPUs" if on_gpus else "CPU ranks"
+        )
+    except SlurmRefused as error:
+        return None, [*problems, str(error)]
+    if not problems:
+        problems += capacity_problems(
+            placement,
+            partition,
+            gpus=gpus,
+            per_node=per_node,
+            cpus_per_task=launcher.get("cpus_per_task"),
+            mem_gb=launcher.get("mem_gb"),
+            timeout_min=int(launcher["timeout_min"]),
+        )
+    params = sbatch_parameters(launcher, placement, PROJECT_ROOT)
+    folder = str(launcher["submitit_folder"])
+    problems += unsafe_values(params, folder)
+    with open_dict(cell_cfg.hydra.job):
+        cell_cfg.hydra.job.num = num  # as the task sets it; the sweep subdir is named after it
+    run_dir = Path(str(cell_cfg.hydra.sweep.dir)) / str(cell_cfg.hydra.sweep.subdir)
+    cell = Cell(num, overrides, run_dir, placement, folder, int(launcher["max_num_timeout"]), params)
+    return (None if problems else cell), problems
+
+
+def plan_sweep(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Cell]:
+    """Every cell placed, or SlurmRefused listing each problem with the cells it concerns."""
+    partitions: dict[str | None, Partition] = {}
+    cells: list[Cell] = []
+    found: dict[str, list[str]] = {}
+    for offset, overrides in enumerate(job_overrides):
+        num = initial_job_idx + offset
+        cell_cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        cell, problems = plan_cell(num, list(overrides), cell_cfg, partitions)
+        if cell is not None:
+            cells.append(cell)
+        label = f"#{num} ({' '.join(filter_overrides(overrides)) or 'defaults'})"
+        for problem in problems:
+            found.setdefault(problem, []).append(label)
+    if found:
+        lines = [f"  - {problem}\n      cells: {', '.join(labels)}" for problem, labels in found.items()]
+        raise SlurmRefused("nothing was submitted:\n" + "\n".join(lines))
+    return cells
+
+
+def _group_key(cell: Cell) -> str:
+    return json.dumps([cell.folder, cell.max_num_timeout, cell.params], sort_keys=True, default=str)
+
+
+def _describe(placement: Placement) -> str:
+    gpus = f"{placement.gpus_per_node} GPUs" if placement.gpus_per_node is not None else "no GPUs"
+    return f"{placement.nodes} node(s) x {placement.tasks_per_node} tasks, {gpus} per node"
+
+
+def submit(launcher: Any, cells: list[Cell]) -> dict[int, Any]:
+    """One job array per group of like cells; on a refusal, cancel what was queued and refuse."""
+    import submitit
+
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(_group_key(cell), []).append(cell)
+    jobs: dict[int, Any] = {}
+    for members in groups.values():
+        first = members[0]
+        executor = submitit.SlurmExecutor(folder=first.folder, max_num_timeout=first.max_num_timeout)
+        executor.update_parameters(**first.params)
+        args = [
+            (list(c.overrides), "hydra.sweep.dir", c.num, f"job_id_for_{c.num}", Singleton.get_state())
+            for c in members
+        ]
+        try:
+            submitted = executor.map_array(launcher, *zip(*args, strict=True))
+        except Exception as error:
+            cancel(job.job_id for job in jobs.values())
+            undone = f"; cancelled the {len(jobs)} job(s) it had already queued" if jobs else ""
+            raise SlurmRefused(
+                f"SLURM refused the sweep{undone}:\n  - {str(error).strip()}\n"
+                f"      cells: {', '.join(c.label for c in members)}"
+            ) from None
+        for cell, job in zip(members, submitted, strict=True):
+            jobs[cell.num] = job
+        ids = ", ".join(job.job_id for job in submitted)
+        log.info(
+            "SLURM job(s) %s: %s (%s)", ids, ", ".join(c.label for c in members), _describe(first.placement)
+        )
+    return jobs
+
+
+def launch_sweep(
+    launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> list[JobReturn]:
+    """Plan, submit and wait for one batch of sweep cells; refuses with SlurmRefused before submitting."""
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    cells = plan_sweep(launcher, job_overrides, initial_job_idx)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    log.info("SLURM sweep of %d cell(s) into %s", len(cells), sweep_dir)
+    jobs = submit(launcher, cells)
+    never = wait(jobs)
+    return collect(cells, jobs, never)

@@ -1,0 +1,72 @@
+"""The SLURM side of a sweep: what each task of a cell's job runs (one rank of that cell).
+
+submitit starts ``nodes x tasks_per_node`` copies of ``python -m submitit.core._submit``
+with srun; each unpickles the launcher and calls it, which lands here. Each copy
+composes the cell's config and runs the Hydra task function (train.py's ``main``); the
+runner reads SLURM_PROCID / SLURM_NTASKS (launchers/environment.py) and makes the task
+that rank. This mirrors hydra-submitit-launcher's ``BaseSubmititLauncher.__call__``
+with three changes: only rank 0 writes ``.hydra/``; a task that fails raises (a
+``sys.exit`` becomes an exception), so submitit records the failure at once and the
+task exits non-zero, which ends its job step (srun --kill-on-bad-exit); a task that
+succeeded exits without interpreter teardown.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from omegaconf import open_dict
+
+from launchers.worker import exit_now
+
+
+class TaskExited(RuntimeError):
+    """The task function called sys.exit with a failure code; its reason is in the task's stderr."""
+
+
+def run_task(
+    launcher: Any,
+    sweep_overrides: list[str],
+    job_dir_key: str,
+    job_num: int,
+    singleton_state: dict[type, Singleton],
+) -> JobReturn:
+    """Compose this cell's config and run the task function as this SLURM task's rank."""
+    import submitit
+
+    Singleton.set_state(singleton_state)
+    setup_globals()
+    sweep_config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, sweep_overrides)
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    with open_dict(sweep_config.hydra):
+        sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
+        sweep_config.hydra.job.num = job_num
+        if rank != 0:
+            sweep_config.hydra.output_subdir = None  # every rank would write the same .hydra/ files
+    try:
+        ret = run_job(
+            hydra_context=launcher.hydra_context,
+            task_function=launcher.task_function,
+            config=sweep_config,
+            job_dir_key=job_dir_key,
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            raise
+        raise TaskExited(
+            f"rank {rank}: train.py exited with code {exit_.code}; its reason is in this task's stderr"
+        ) from None
+    if ret.status == JobStatus.FAILED:
+        # Raise what the task raised (Hydra returns it): the task then exits non-zero, and srun
+        # --kill-on-bad-exit stops the other ranks instead of leaving them in a collective.
+        _ = ret.return_value
+    # submitit writes the result after this returns; then leave before interpreter teardown,
+    # whose gloo / DeepSpeed destructors abort now and then (launchers/worker.py exit_now)
+    # and would make srun kill the ranks still writing theirs.
+    atexit.register(exit_now, 0)
+    return ret

@@ -1,0 +1,122 @@
+"""Sweeps on a real one-node SLURM cluster: what a user sees from ``-m hydra/launcher=slurm``."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+HOSTILE_NAME = "ladder; touch PWNED_NAME $(touch PWNED_SUB)"
+
+
+def test_each_cell_is_one_job_whose_tasks_are_its_ranks(sweep, slurm_cluster, tmp_path):
+    # A sweep directory and a job name that a shell would split or run, were they unquoted.
+    sweep_dir = tmp_path / "sweep $(touch PWNED_DIR) dir"
+    before = set(slurm_cluster.job_ids())
+    result = sweep(
+        "parallel=zero1,zero3",
+        "gpus=2",
+        "train.steps=3",
+        "logger=none",
+        f"hydra.launcher.name='{HOSTILE_NAME}'",
+        sweep_dir=sweep_dir,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    summaries = [json.loads((sweep_dir / cell / "summary.json").read_text()) for cell in ("0", "1")]
+    assert [s["parallel"] for s in summaries] == ["zero1", "zero3"]
+    job_ids, array_elements = set(), set()
+    for summary in summaries:
+        assert summary["status"] == "completed"
+        assert summary["steps_completed"] == 3
+        assert summary["launcher"] == "slurm"
+        assert summary["layout"]["gpus"] == 2
+        slurm = summary["slurm"]
+        assert (slurm["nodes"], slurm["tasks"], slurm["tasks_per_node"]) == (1, 2, 1 * 2)
+        assert slurm["job_name"] == HOSTILE_NAME
+        job_ids.add(slurm["job_id"])
+        array_elements.add(f"{slurm['array_job_id']}_{slurm['array_task_id']}")
+    assert len(job_ids) == 2, "each cell runs as its own SLURM job"
+    assert array_elements == set(slurm_cluster.job_ids()) - before
+
+    # Both SLURM tasks of each job ran the cell and returned: two ranks, not one rank twice.
+    for cell in ("0", "1"):
+        results = sorted(
+            p.name.split("_")[-2]
+            for p in (sweep_dir / ".submitit").glob("*/*_result.pkl")
+            if p.parent.name.endswith(f"_{cell}")
+        )
+        assert results == ["0", "1"]
+    assert not list(tmp_path.rglob("PWNED*")), "a value from an override reached a shell unquoted"
+    # And SLURM saw both jobs end well: no rank aborted on its way out.
+    assert {element: _final_state(slurm_cluster, element) for element in array_elements} == dict.fromkeys(
+        array_elements, "COMPLETED"
+    )
+
+
+def _final_state(cluster, job_id: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = cluster.client("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T").stdout.strip()
+        if state not in ("RUNNING", "COMPLETING", "PENDING") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
+
+
+def test_sweep_larger_than_the_cluster_is_refused_before_submission(sweep, slurm_cluster):
+    before = set(slurm_cluster.job_ids())
+    started = time.monotonic()
+    result = sweep("gpus=2,4", "train.steps=3", "logger=none")
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert time.monotonic() - started < 60
+    assert "nothing was submitted" in result.stderr
+    assert "gpus=4 needs 2 nodes" in result.stderr
+    assert "partition 'debug' has 1 node x" in result.stderr
+    assert "try gpus in {1, 2}" in result.stderr
+    assert set(slurm_cluster.job_ids()) == before, "no job may be queued, not even the cell that fits"
+
+
+def test_gpus_that_do_not_split_over_nodes_are_refused_with_nearest_values(sweep, slurm_cluster):
+    before = set(slurm_cluster.job_ids())
+    result = sweep("cluster=a100_80g", "gpus=9", "batch.global_size=72", "train.steps=3", "logger=none")
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert "9 ranks do not split evenly over 2 nodes" in result.stderr
+    assert "try gpus=8 or gpus=10" in result.stderr
+    assert set(slurm_cluster.job_ids()) == before
+
+
+def test_request_slurm_rejects_fails_fast_and_leaves_nothing_queued(sweep, slurm_cluster):
+    before = set(slurm_cluster.job_ids())
+    started = time.monotonic()
+    result = sweep("gpus=2", "train.steps=3", "logger=none", "hydra.launcher.constraint=no_such_feature")
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert time.monotonic() - started < 60
+    assert "SLURM refused the sweep" in result.stderr
+    assert "Invalid feature specification" in result.stderr
+    assert not set(slurm_cluster.active_job_ids()) - before
+
+
+def test_a_cell_that_fails_on_its_ranks_fails_the_sweep_with_its_reason(sweep, tmp_path):
+    # Rank 1 raises at step 1 (the environment reaches the job: sbatch exports it by default).
+    result = sweep("gpus=2", "train.steps=3", "logger=none", extra_env={"LADDER_INJECT_FAULT": "1:1"})
+    assert result.returncode == 1, result.stderr[-4000:]
+    summary = json.loads((result.sweep_dir / "0" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["failed_rank"] == 1
+    assert "fault injected" in summary["error"]
+    assert summary["slurm"]["tasks"] == 2
+
+
+def test_cells_with_different_gpus_get_their_own_tasks(sweep):
+    result = sweep("gpus=1,2", "train.steps=2", "logger=none")
+    assert result.returncode == 0, result.stderr[-4000:]
+    by_gpus = {}
+    for cell in ("0", "1"):
+        summary = json.loads((result.sweep_dir / cell / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        by_gpus[summary["layout"]["gpus"]] = summary["slurm"]
+    assert (by_gpus[1]["tasks"], by_gpus[2]["tasks"]) == (1, 2)
+    assert by_gpus[1]["job_id"] != by_gpus[2]["job_id"]
