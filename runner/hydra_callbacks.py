@@ -1,4 +1,5 @@
-"""Hydra callbacks: refuse to reuse a directory that already holds a run, before Hydra writes to it.
+"""Hydra callbacks: refuse to reuse a directory that already holds a run, before Hydra writes to it,
+and refuse a sweep whose cells would train with different global batches.
 
 Hydra saves ``.hydra/config.yaml`` into the run directory before the task starts, so
 the check has to run earlier, in ``on_run_start`` / ``on_multirun_start``.
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runner.summary import SUMMARY_FILE
 
@@ -30,8 +31,10 @@ def _held_runs(directory: Path) -> list[Path]:
 class ProtectRunDirs(Callback):
     """Refuse an output directory that already holds a finished or running run."""
 
-    def _check(self, key: str, directory: str) -> None:
-        if os.environ.get(RESUME_ENV):
+    def _check(self, key: str, directory: str, config: DictConfig) -> None:
+        # A resumed run (train.resume=auto, or a requeued job) re-enters its own directory.
+        resume = OmegaConf.select(config, "train.resume")
+        if os.environ.get(RESUME_ENV) or getattr(resume, "value", resume) == "auto":
             return
         held = _held_runs(Path(directory))
         if held:
@@ -45,8 +48,34 @@ class ProtectRunDirs(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Single run: check ``hydra.run.dir``."""
-        self._check("hydra.run.dir", config.hydra.run.dir)
+        self._check("hydra.run.dir", config.hydra.run.dir, config)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Sweep: check ``hydra.sweep.dir`` and its cells."""
-        self._check("hydra.sweep.dir", config.hydra.sweep.dir)
+        self._check("hydra.sweep.dir", config.hydra.sweep.dir, config)
+
+
+class GuardSweepBatch(Callback):
+    """Refuse a sweep whose cells train with different ``batch.global_size`` (runner/sweep_guard.py)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Enumerate the BasicSweeper's cells; exit 2 before the sweep directory exists if they differ."""
+        from hydra.core.global_hydra import GlobalHydra
+
+        from runner.sweep_guard import refusal
+
+        sweeper = config.hydra.sweeper
+        if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+            return  # other sweepers draw their cells at run time; see runner/sweep_guard.py
+        # As BasicSweeper.sweep does: hydra.sweeper.params first, then the command line.
+        params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+        hydra = GlobalHydra.instance()
+        message = refusal(
+            [*params, *config.hydra.overrides.task],
+            default=config.batch.global_size,
+            allow_varying=config.batch.allow_varying,
+            config_loader=hydra.config_loader() if hydra.is_initialized() else None,
+        )
+        if message is not None:
+            print(message, file=sys.stderr)
+            sys.exit(2)

@@ -32,7 +32,7 @@ def lr_multiplier(
         return (step + 1) / warmup_steps
     if schedule == Schedule.constant:
         return 1.0
-    decay_steps = max(1, total_steps - warmup_steps)
+    decay_steps = max(1, total_steps - warmup_steps - 1)  # the last step lands on min_lr_ratio
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     # Cosine decay from 1 to min_lr_ratio (Loshchilov & Hutter 2017, SGDR, eq. 5, one cycle).
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,128 @@
+"""Gradient noise scale: the batch size past which a bigger batch stops buying fewer steps.
+
+The simple noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch
+Training", eq. 2.8) is
+
+    B_simple = tr(Σ) / |G|²
+
+with G the true gradient and Σ the per-example gradient covariance. It is measured
+from two gradients the step computes anyway (appendix A.1): a mini-batch gradient
+G_B over B examples has E|G_B|² = |G|² + tr(Σ)/B (eq. A.1), so squared norms at two
+batch sizes B_small < B_big give unbiased estimates of both terms (eq. A.2):
+
+    |G|² ≈ (B_big |G_big|² − B_small |G_small|²) / (B_big − B_small)
+    S    ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)        (S estimates tr(Σ))
+
+Each is noisy per step (either can come out negative), and a ratio of unbiased
+estimates is biased, so the paper averages numerator and denominator separately over
+steps and reports the ratio of the averages; :class:`NoiseScale` does that with EMAs.
+
+In the runner the small batch is one rank's first micro-batch (B_small = micro_size
+sequences; the gradient of that micro-batch's mean loss, averaged in square over the
+dp ranks) and the big batch is the optimizer step's gradient (B_big = global_size).
+Units are those of the batch sizes passed in: sequences here; multiply by seq_len for
+tokens. Undefined when global_size == micro_size (one micro-batch per step on one
+rank: both gradients are the same batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+
+def squared_l2_norm(grads: Iterable[torch.Tensor]) -> float:
+    """Sum of squared entries over all tensors, accumulated in fp32 whatever their dtype."""
+    # Per-tensor norms in fp32 (an fp16/bf16 square would overflow or round away), then one sum.
+    norms = [torch.linalg.vector_norm(grad.detach(), dtype=torch.float32) for grad in grads]
+    if not norms:
+        return 0.0
+    return float(torch.stack(norms).square().sum())
+
+
+def why_unmeasured(*, raw_local_grads: bool, accum_steps: int) -> str | None:
+    """Why the runner cannot read one micro-batch's gradient for free here, or None when it can."""
+    if not raw_local_grads:
+        return (
+            "needs ZeRO stage 0 in fp32: otherwise DeepSpeed reduces, partitions or rescales the "
+            "gradients during backward, before one micro-batch's gradient can be read"
+        )
+    if accum_steps < 2:
+        return (
+            "needs accum_steps > 1 (a smaller batch.micro_size): with one micro-batch per step its "
+            "gradient is all-reduced inside the backward that makes it, and with one rank as well "
+            "global_size == micro_size leaves B_simple undefined"
+        )
+    return None
+
+
+def gradient_estimates(
+    *, small_sq_norm: float, small_batch: int, big_sq_norm: float, big_batch: int
+) -> tuple[float, float]:
+    """One step's unbiased (|G|², tr(Σ)) estimates from two batch sizes (McCandlish et al. eq. A.2)."""
+    if small_batch < 1 or big_batch <= small_batch:
+        raise ValueError(
+            f"the noise scale needs 1 <= small_batch < big_batch, got small_batch={small_batch}, "
+            f"big_batch={big_batch} (undefined when global_size == micro_size)"
+        )
+    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace_sigma = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
+    return grad_sq, trace_sigma
+
+
+class NoiseScale:
+    """B_simple = EMA(tr(Σ) estimate) / EMA(|G|² estimate), in the units of the batch sizes given.
+
+    Both EMAs start at zero and take the same weights, so Adam-style bias correction
+    would divide both by the same factor and leave the ratio unchanged; none is applied.
+    """
+
+    def __init__(self, ema: float = 0.95) -> None:
+        if not 0.0 <= ema < 1.0:
+            raise ValueError(f"ema={ema}: the smoothing factor must be in [0, 1)")
+        self.ema = ema
+        self.updates = 0
+        self.small_batch: int | None = None  # batch sizes of the latest update
+        self.big_batch: int | None = None
+        self._grad_sq = 0.0  # EMA of the |G|² estimates
+        self._trace_sigma = 0.0  # EMA of the tr(Σ) estimates
+
+    def update(
+        self, *, small_sq_norm: float, small_batch: int, big_sq_norm: float, big_batch: int
+    ) -> float | None:
+        """Fold one step's squared norms in; return the smoothed B_simple (None while undefined)."""
+        grad_sq, trace_sigma = gradient_estimates(
+            small_sq_norm=small_sq_norm,
+            small_batch=small_batch,
+            big_sq_norm=big_sq_norm,
+            big_batch=big_batch,
+        )
+        self._grad_sq = self.ema * self._grad_sq + (1.0 - self.ema) * grad_sq
+        self._trace_sigma = self.ema * self._trace_sigma + (1.0 - self.ema) * trace_sigma
+        self.updates += 1
+        self.small_batch, self.big_batch = small_batch, big_batch
+        return self.value
+
+    @property
+    def value(self) -> float | None:
+        """The smoothed B_simple; None before any update or while the |G|² average is not positive."""
+        if self.updates == 0 or self._grad_sq <= 0.0:
+            return None
+        return self._trace_sigma / self._grad_sq
+
+    def summary(self, *, seq_len: int, unmeasured: str | None = None) -> dict[str, Any]:
+        """What summary.json keeps: the latest B_simple in sequences and tokens, and how it was measured."""
+        value = self.value
+        return {
+            "simple": value,
+            "simple_tokens": value * seq_len if value is not None else None,
+            "unit": "sequences (simple_tokens = simple x seq_len)",
+            "small_batch": self.small_batch,
+            "big_batch": self.big_batch,
+            "ema": self.ema,
+            "updates": self.updates,
+            "unmeasured": unmeasured,
+            "source": "McCandlish et al. 2018, eq. 2.8 and A.2; EMAs of numerator and denominator",
+        }
