@@ -190,11 +190,21 @@ class BatchConfig:
     allow_varying: bool = False
 
 
+class Resume(str, Enum):
+    """Where a run starts: from scratch, or from the latest complete checkpoint of its directory."""
+
+    never = "never"
+    auto = "auto"
+
+
 @dataclass(frozen=True)
 class TrainLoopConfig:
-    """Length of the run."""
+    """Length of the run, checkpoints and resume."""
 
     steps: int = 60
+    checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: none
+    keep_checkpoints: int = 2  # complete checkpoints kept, newest first
+    resume: Resume = Resume.never
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ def build_deepspeed_config(
     precision: PrecisionConfig,
     optimizer: OptimizerConfig,
     lr: float,
+    load_universal: bool = False,
 ) -> dict[str, Any]:
     """DeepSpeed's config dict for one layout; ``lr`` is the effective (scaled) learning rate."""
     offloaded = parallel.offload_optimizer != Offload.none
@@ -101,6 +102,9 @@ def build_deepspeed_config(
         **_precision_section(precision),
     }
     config["optimizer"]["params"]["lr"] = lr
+    if load_universal:
+        # Resuming onto another layout: DeepSpeed reads the universal checkpoint format.
+        config["checkpoint"] = {"load_universal": True}
     if offloaded:
         # ZeRO-Offload steps the optimizer on the host with DeepSpeedCPUAdam.
         config["zero_force_ds_cpu_optimizer"] = True

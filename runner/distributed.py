@@ -39,11 +39,18 @@ def init_distributed(env: DistributedEnv, *, accelerator: str) -> torch.device:
     return torch.device("cpu")
 
 
-def teardown() -> None:
-    """Barrier, then destroy the group: without it gloo ranks abort at exit."""
+def teardown(*, ok: bool = True) -> None:
+    """Barrier, then destroy the group: without it gloo ranks abort at exit.
+
+    After a failure there is no barrier: the other ranks may be waiting in another
+    collective, and a barrier would hang this rank with them instead of letting it exit
+    (its launcher then stops the others).
+    """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if ok:
         try:
             dist.barrier()
         finally:

@@ -193,6 +193,7 @@ class Estimate:
     terms: dict[str, int]
     residual: dict[str, int]
     textbook: dict[str, int]
+    host: dict[str, int] = field(default_factory=dict)  # offloaded to host memory, per rank
 
 
 def _param_numels(model: ModelConfig) -> list[int]:
@@ -237,6 +238,7 @@ def deepspeed_estimate(
     dp: int,
     micro_size: int,
     seq_len: int,
+    host_is_device: bool = False,
 ) -> Estimate:
     """Per-rank bytes DeepSpeed 0.19 holds at the optimizer-step boundary, by term, plus activations.
 
@@ -269,8 +271,16 @@ def deepspeed_estimate(
     # RoPE's cos and sin tables (runner/model.py), kept in fp32 under bf16 by DeepSpeed.
     residual: dict[str, int] = {"model_buffers": 2 * 4 * model.max_seq_len * (head_dim // 2)}
     params, grads, optim = textbook.params, textbook.grads, textbook.optimizer
-    if stage in (1, 2):
-        grads = 0 if offload != "none" else p_bytes * _stage12_gradient_buffer(numels, dp)
+    host = {
+        "params": textbook.host_params,
+        "grads": textbook.host_grads,
+        "optimizer": textbook.host_optimizer,
+    }
+    if host_is_device:
+        # CPU ranks: what ZeRO-Offload moves to the host stays in the memory being measured.
+        params, grads, optim = params + host["params"], grads + host["grads"], optim + host["optimizer"]
+    if stage in (1, 2) and offload == "none":
+        grads = p_bytes * _stage12_gradient_buffer(numels, dp)
     persistent = sum(n for n in numels if n < parallel.param_persistence_threshold)
     residual.update(
         deepspeed_residuals(
@@ -303,6 +313,7 @@ def deepspeed_estimate(
     return Estimate(
         terms={"params": params, "grads": grads, "optimizer": optim, "activations": kept},
         residual=residual,
+        host={name: nbytes for name, nbytes in host.items() if nbytes},
         textbook={
             "params": textbook.params,
             "grads": textbook.grads,

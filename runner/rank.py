@@ -7,6 +7,7 @@ launcher or srun). Rank 0 also owns the metric sinks and writes ``summary.json``
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ from typing import Any
 import torch
 
 from launchers.environment import DistributedEnv
-from runner.config import TrainConfig, to_dict
+from runner import checkpoint
+from runner.config import Resume, TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
 from runner.distributed import init_distributed, select_accelerator, teardown
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
@@ -30,11 +32,12 @@ from runner.ledger import (
     saved_activations,
 )
 from runner.model import build_model, lm_loss, num_params
+from runner.noise_scale import NoiseScale, squared_l2_norm, why_unmeasured
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
 from runner.schedule import lr_multiplier
 from runner.sinks import MetricSink, build_sinks
-from runner.summary import update_summary
+from runner.summary import read_summary, update_summary
 from runner.throughput import FlopsBudget, throughput_metrics
 
 log = logging.getLogger("ladder")
@@ -115,6 +118,7 @@ def _memory_summary(
             "residual": gb(estimate.residual),
         },
         "textbook": gb(estimate.textbook),
+        "offloaded_to_host": gb(estimate.host),
         "measured_at": measured_at,
     }
     if measured is not None:
@@ -125,6 +129,15 @@ def _memory_summary(
         }
         summary["rel_error"] = relative_errors(estimate.terms, measured.terms)
     return summary
+
+
+def _injected_fault(rank: int) -> int | None:
+    """The step at which ``LADDER_INJECT_FAULT=<rank>:<step>`` makes this rank raise (tests of failure)."""
+    spec = os.environ.get("LADDER_INJECT_FAULT", "")
+    if ":" not in spec:
+        return None
+    fault_rank, fault_step = spec.split(":", 1)
+    return int(fault_step) if int(fault_rank) == rank else None
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:
@@ -175,6 +188,15 @@ def _train(
         config=ds_config,
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda),
     )
+    start_step = 0
+    record = checkpoint.latest(run_dir) if config.train.resume == Resume.auto else None
+    if record is not None:
+        tag = record["tag"]
+        if checkpoint.needs_universal(record, layout=layout, zero_stage=config.parallel.zero_stage):
+            tag += checkpoint.UNIVERSAL_SUFFIX  # converted by the launching process
+        start_step = checkpoint.load(engine, run_dir, tag=tag, rank=env.rank)
+        if env.rank == 0:
+            log.info("resumed from %s after %d completed steps", tag, start_step)
     peak = resolve_peak(config.cluster, config.precision.name, accelerator=accelerator)
     peak_flops = _mean_over_ranks(torch.tensor([peak.flops], dtype=torch.float64, device=device))
     flops = _flops_budget(config)
@@ -205,10 +227,11 @@ def _train(
         dp=layout.dp,
         micro_size=layout.micro_size,
         seq_len=config.data.seq_len,
+        host_is_device=device.type == "cpu",
     )
     # Model states are measured at the accumulation boundary of the second step, when the
     # optimizer state exists; activations over the first micro-batch of the first step.
-    ledger_step = min(1, config.train.steps - 1)
+    ledger_step = min(start_step + 1, config.train.steps - 1)
     ledger: Ledger | None = None
     saved_bytes = 0
 
@@ -220,9 +243,19 @@ def _train(
     # DeepSpeed reports no global grad norm at stage 0 in fp32; there every rank holds the
     # full all-reduced gradient at the boundary, so the norm is computed from it directly.
     own_grad_norm = config.parallel.zero_stage == 0 and "bf16" not in ds_config and "fp16" not in ds_config
+    # Gradient noise scale (runner/noise_scale.py): the rank-mean |grad|^2 of the first
+    # micro-batch (B_small = micro_size) against the step's (B_big = global_size), at no extra pass.
+    noise = NoiseScale(ema=0.95)
+    noise_unmeasured = why_unmeasured(raw_local_grads=own_grad_norm, accum_steps=layout.accum_steps)
+    small_sq_norm = 0.0
+    fault_step = _injected_fault(env.rank)
+    every = config.train.checkpoint_every
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
+    step = start_step
     try:
-        for step in range(config.train.steps):
+        for step in range(start_step, config.train.steps):
+            if step == fault_step:
+                raise RuntimeError(f"fault injected by LADDER_INJECT_FAULT on rank {env.rank} at step {step}")
             lr = engine.get_lr()[0]
             started = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
@@ -230,34 +263,51 @@ def _train(
                 start = rank_slice(dp_rank, micro, layout.micro_size, layout.accum_steps)
                 inputs, targets = batches.micro_batch(step, start, layout.micro_size)
                 inputs, targets = inputs.to(device), targets.to(device)
-                if step == 0 and micro == 0:
+                if step == start_step and micro == 0:
                     with saved_activations(engine.module) as saved:
                         loss = lm_loss(engine(inputs), targets)
                     saved_bytes = saved["activations"]
                 else:
                     loss = lm_loss(engine(inputs), targets)
                 engine.backward(loss)
-                boundary = micro == layout.accum_steps - 1
-                if own_grad_norm and boundary:
-                    grad_norm = _local_grad_norm(engine.module)
-                if step == ledger_step and boundary:
-                    ledger = measure_model_states(engine, precision=config.precision.name)
-                    ledger.terms["activations"] = saved_bytes
-                engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
                 loss_sum += loss.detach().float()
-            loss_value = _mean_over_ranks(loss_sum / layout.accum_steps)
+                if noise_unmeasured is None and micro == 0:
+                    # Before the boundary p.grad is this rank's own gradient of loss / accum_steps.
+                    own = squared_l2_norm(p.grad for p in engine.module.parameters() if p.grad is not None)
+                    small_sq_norm = _mean_over_ranks(
+                        torch.tensor(own * layout.accum_steps**2, dtype=torch.float64, device=device)
+                    )
+                boundary = micro == layout.accum_steps - 1
+                if boundary:
+                    # Checked before the optimizer step: a non-finite loss never reaches the
+                    # weights, so the last checkpoint and the weights stay good.
+                    loss_value = _mean_over_ranks(loss_sum / layout.accum_steps)
+                    if not torch.isfinite(torch.tensor(loss_value)):
+                        raise FloatingPointError(
+                            f"loss is {loss_value} at step {step}: training diverged; lower "
+                            f"optimizer.lr, raise optimizer.warmup_steps, or use precision=fp32/bf16"
+                        )
+                    if own_grad_norm:
+                        grad_norm = _local_grad_norm(engine.module)
+                    if step == ledger_step:
+                        ledger = measure_model_states(engine, precision=config.precision.name)
+                        ledger.terms["activations"] = saved_bytes
+                engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
             step_s = time.perf_counter() - started
-            if not torch.isfinite(torch.tensor(loss_value)):
-                raise FloatingPointError(
-                    f"loss is {loss_value} at step {step}: training diverged; lower optimizer.lr, "
-                    f"raise optimizer.warmup_steps, or use precision=fp32/bf16"
-                )
             if not own_grad_norm:
                 grad_norm = engine.get_global_grad_norm()
+            if noise_unmeasured is None and grad_norm is not None:
+                noise.update(
+                    small_sq_norm=small_sq_norm,
+                    small_batch=layout.micro_size,
+                    big_sq_norm=float(grad_norm) ** 2,
+                    big_batch=layout.global_size,
+                )
             metrics = {
                 "loss": loss_value,
                 "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                "batch/noise_scale": noise.value if noise.value is not None else float("nan"),
                 **throughput_metrics(
                     step_s=step_s,
                     tokens_per_step=tokens_per_step,
@@ -272,17 +322,29 @@ def _train(
             if step % config.logger.log_every == 0 or step == config.train.steps - 1:
                 for sink in sinks:
                     sink.log(step, metrics)
+            if every and (step + 1) % every == 0:
+                checkpoint.save(
+                    engine,
+                    run_dir,
+                    completed_steps=step + 1,
+                    layout=layout,
+                    zero_stage=config.parallel.zero_stage,
+                    rank=env.rank,
+                    keep=config.train.keep_checkpoints,
+                )
         status = {"status": "completed", "error": None}
     except BaseException as error:
         status = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
         raise
     finally:
         summary: dict[str, Any] = {}
+        if status["status"] == "failed" and read_summary(run_dir).get("status") == "failed":
+            status = {}  # another rank failed first and recorded why: keep its cause
         if env.rank == 0:
             summary = update_summary(
                 run_dir,
                 **status,
-                steps_completed=(step + 1) if status["status"] == "completed" else step,
+                steps_completed=(step + 1) if status.get("status") == "completed" else step,
                 final=last,
                 peak_flops_per_device=peak_flops,
                 peak_flops_source=peak.source,
@@ -294,6 +356,8 @@ def _train(
                     measured_at=f"rank 0, step {ledger_step} accumulation boundary (before optimizer step)",
                 ),
                 accelerator=accelerator,
+                noise_scale=noise.summary(seq_len=config.data.seq_len, unmeasured=noise_unmeasured),
+                resumed_from_step=start_step or None,
             )
         for sink in sinks:
             sink.close(summary)
@@ -312,8 +376,9 @@ def run_rank(
     """Train on this rank and return rank 0's summary (empty on other ranks)."""
     accelerator = select_accelerator()
     device = init_distributed(env, accelerator=accelerator)
+    ok = False
     try:
-        return _train(
+        summary = _train(
             config,
             layout=layout,
             ds_config=ds_config,
@@ -323,5 +388,7 @@ def run_rank(
             device=device,
             accelerator=accelerator,
         )
+        ok = True
+        return summary
     finally:
-        teardown()
+        teardown(ok=ok)

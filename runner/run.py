@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from launchers.environment import DistributedEnv, from_environment
-from runner.config import TrainConfig
+from launchers.slurm_job import slurm_job_record
+from runner import checkpoint
+from runner.config import Resume, TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
 from runner.identity import RunIdentity
-from runner.layout import Layout, parse_micro_size, resolve_layout
+from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
 from runner.model import num_params
+from runner.plan import micro_fit_for_config, plan_job
 from runner.run_files import read_failures, write_deepspeed_config
 from runner.schedule import scaled_lr
 from runner.summary import read_summary, update_summary
@@ -30,18 +33,34 @@ class RunFailed(RuntimeError):
     """A rank failed; the message names it and its error."""
 
 
+def choose_layout_explained(config: TrainConfig) -> tuple[Layout, str | None]:
+    """The layout, and for ``micro_size=auto`` why that micro-batch (planned bytes vs device memory)."""
+    micro_size = parse_micro_size(config.batch.micro_size)
+    fit = micro_fit_for_config(config) if micro_size is None else None
+    try:
+        layout = resolve_layout(
+            gpus=config.gpus,
+            tp=config.parallel.tp,
+            pp=config.parallel.pp,
+            global_size=config.batch.global_size,
+            micro_size=micro_size,
+            fits=fit,
+        )
+    except LayoutError as error:
+        if fit is not None and fit.none_fit:
+            raise LayoutError(fit.refusal()) from error
+        raise
+    return layout, None if fit is None else fit.reason(layout.micro_size)
+
+
 def choose_layout(config: TrainConfig) -> Layout:
     """The batch contract applied to this config (``micro_size=auto`` picks the largest that fits)."""
-    return resolve_layout(
-        gpus=config.gpus,
-        tp=config.parallel.tp,
-        pp=config.parallel.pp,
-        global_size=config.batch.global_size,
-        micro_size=parse_micro_size(config.batch.micro_size),
-    )
+    return choose_layout_explained(config)[0]
 
 
-def deepspeed_config_for(config: TrainConfig, layout: Layout) -> dict[str, Any]:
+def deepspeed_config_for(
+    config: TrainConfig, layout: Layout, *, load_universal: bool = False
+) -> dict[str, Any]:
     """DeepSpeed's config for this run, with the learning rate scaled to its global batch."""
     return build_deepspeed_config(
         layout=layout,
@@ -49,7 +68,30 @@ def deepspeed_config_for(config: TrainConfig, layout: Layout) -> dict[str, Any]:
         precision=config.precision,
         optimizer=config.optimizer,
         lr=scaled_lr(config.optimizer, global_size=layout.global_size),
+        load_universal=load_universal,
     )
+
+
+def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool) -> bool:
+    """Check the checkpoint to resume from; convert it for another layout. True: load universal."""
+    if config.train.resume != Resume.auto:
+        return False
+    record = checkpoint.latest(run_dir)
+    if record is None:
+        return False
+    try:
+        checkpoint.check_resumable(record, layout=layout, zero_stage=config.parallel.zero_stage)
+    except ValueError as error:
+        raise ConfigError(f"  - {error}") from None
+    universal = checkpoint.needs_universal(record, layout=layout, zero_stage=config.parallel.zero_stage)
+    if lead:
+        if universal:
+            log.info("converting %s to a universal checkpoint for the new layout", record["tag"])
+            checkpoint.universal_tag(run_dir, record)
+        checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
+    elif universal:
+        checkpoint.wait_for(run_dir, record["tag"] + checkpoint.UNIVERSAL_SUFFIX)
+    return universal
 
 
 def _start_summary(
@@ -69,6 +111,7 @@ def _start_summary(
         layout=layout.record(),
         num_params=num_params(config.model),
         lr=scaled_lr(config.optimizer, global_size=layout.global_size),
+        slurm=slurm_job_record(os.environ),  # job id, nodes, tasks; None outside SLURM
     )
 
 
@@ -103,7 +146,9 @@ def _run_external(
         )
     except BaseException as error:
         write_failure(run_dir, rank=env.rank, error=error)
-        if env.rank == 0:
+        # The failing rank records it, whichever it is: its launcher (torchrun, srun
+        # --kill-on-bad-exit) stops the others, rank 0 included, before they could.
+        if read_summary(run_dir).get("status") != "failed":
             update_summary(
                 run_dir, status="failed", failed_rank=env.rank, error=f"{type(error).__name__}: {error}"
             )
@@ -114,17 +159,26 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
     """Validate, then train (or plan) one Hydra job; returns the run's summary."""
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
-    validate(config, launcher=None if config.plan else launcher)
-    layout = choose_layout(config)
+    planning = config.plan or config.planner.recommend  # recommend implies plan
+    validate(config, launcher=None if planning else launcher)
+    if planning:
+        return plan_job(config, run_dir=run_dir)
+    layout, micro_choice = choose_layout_explained(config)
     if env is not None and env.world_size != config.gpus:
         raise ConfigError(
             f"  - gpus={config.gpus} but the {env.source} launcher started {env.world_size} ranks; "
             f"set gpus={env.world_size} (or start {config.gpus} ranks)"
         )
-    ds_config = deepspeed_config_for(config, layout)
-    if env is None or env.rank == 0:
+    lead = env is None or env.rank == 0
+    ds_config = deepspeed_config_for(
+        config, layout, load_universal=_prepare_resume(config, layout, run_dir, lead=lead)
+    )
+    if lead:
         write_deepspeed_config(run_dir, ds_config)
         _start_summary(config, layout, run_dir, identity, launcher)
+        if micro_choice is not None:
+            update_summary(run_dir, micro_size_choice=micro_choice)
+            log.info("batch.micro_size=auto: %s", micro_choice)
         log.info(
             "layout: gpus %d = dp %d x tp %d x pp %d; global %d = micro %d x accum %d x dp %d",
             layout.gpus,

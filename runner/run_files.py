@@ -8,6 +8,7 @@ failure_rank<N>.json     a failed rank's error (the rank writes it)
 from __future__ import annotations
 
 import json
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ def write_failure(run_dir: Path, *, rank: int, error: BaseException, trace: str 
         run_dir / f"failure_rank{rank}.json",
         {
             "rank": rank,
+            "time": time.time(),
             "error": f"{type(error).__name__}: {error}",
             "traceback": trace or "".join(traceback.format_exception(error)),
         },
@@ -66,9 +68,13 @@ def write_failure(run_dir: Path, *, rank: int, error: BaseException, trace: str 
 
 
 def read_failures(run_dir: Path) -> list[dict[str, Any]]:
-    """Every failure record of the run, lowest rank first."""
+    """Every failure record of the run, first failure first.
+
+    The rank that failed first is the cause; the others then fail on a collective whose
+    peer has gone ("Connection closed by peer").
+    """
     records = []
     for path in sorted(run_dir.glob("failure_rank*.json")):
         with path.open() as handle:
             records.append(json.load(handle))
-    return sorted(records, key=lambda r: int(r["rank"]))
+    return sorted(records, key=lambda r: (float(r.get("time", 0.0)), int(r["rank"])))

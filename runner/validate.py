@@ -7,10 +7,12 @@ run directory gets any file of the runner's.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
-from runner.config import Precision, TrainConfig
+from runner.config import DataName, Offload, Precision, TrainConfig
+from runner.layout import LayoutError, parse_micro_size, resolve_layout
 
 
 class ConfigError(ValueError):
@@ -72,6 +74,44 @@ def _problems(config: TrainConfig) -> list[str]:
         config.parallel.zero_stage in (0, 1, 2, 3),
         f"parallel.zero_stage={config.parallel.zero_stage}: ZeRO stages are 0, 1, 2 and 3",
     )
+    need(
+        config.train.checkpoint_every >= 0,
+        f"train.checkpoint_every={config.train.checkpoint_every}: must be 0 (no checkpoints) or a step count",
+    )
+    need(
+        config.train.keep_checkpoints >= 1,
+        f"train.keep_checkpoints={config.train.keep_checkpoints}: keep at least 1 checkpoint",
+    )
+    if data.name == DataName.text and data.path is None:
+        need(
+            model.vocab_size >= 256,
+            f"model.vocab_size={model.vocab_size}: the built-in text is bytes (ids 0-255); set "
+            f"model.vocab_size=256 or more, or give your own tokens with data.path",
+        )
+    if data.name == DataName.text and data.path is not None:
+        need(
+            Path(data.path).is_file(),
+            f"data.path={data.path}: no such file; give a token file (a raw array of data.dtype) "
+            f"or leave data.path unset for the built-in text",
+        )
+    parallel = config.parallel
+    if parallel.offload_optimizer == Offload.cpu:
+        need(
+            parallel.zero_stage >= 1,
+            f"parallel.offload_optimizer=cpu with parallel.zero_stage={parallel.zero_stage}: ZeRO-Offload "
+            f"needs stage 1, 2 or 3; use parallel=zero2 or parallel=zero3",
+        )
+    if parallel.offload_param == Offload.cpu:
+        need(
+            parallel.zero_stage == 3,
+            f"parallel.offload_param=cpu with parallel.zero_stage={parallel.zero_stage}: parameters "
+            f"are offloaded at stage 3 only; use parallel=zero3",
+        )
+        need(
+            parallel.offload_optimizer == Offload.cpu,
+            "parallel.offload_param=cpu without parallel.offload_optimizer=cpu: offload the "
+            "optimizer states too (DeepSpeed's ZeRO-Infinity order)",
+        )
     need(config.logger.log_every >= 1, f"logger.log_every={config.logger.log_every}: must be at least 1")
     need(0 < config.planner.headroom <= 1, f"planner.headroom={config.planner.headroom}: must lie in (0, 1]")
     return problems
@@ -80,6 +120,17 @@ def _problems(config: TrainConfig) -> list[str]:
 def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
     """Problems only a real launch has (planning skips them)."""
     problems: list[str] = []
+    try:
+        # The batch contract with every micro-batch allowed; auto's memory fit is checked later.
+        resolve_layout(
+            gpus=config.gpus,
+            tp=config.parallel.tp,
+            pp=config.parallel.pp,
+            global_size=config.batch.global_size,
+            micro_size=parse_micro_size(config.batch.micro_size),
+        )
+    except LayoutError as error:
+        problems.append(str(error))
     cuda = torch.cuda.is_available()
     if config.precision.name == Precision.fp16 and not cuda:
         problems.append(

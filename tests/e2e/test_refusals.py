@@ -18,19 +18,56 @@ def _tree_digest(root: Path) -> dict[str, str]:
     }
 
 
+# (overrides, fragments the message must hold): key, value and the fix.
 CASES = [
+    # impossible layouts
     (
         ["batch.global_size=16", "batch.micro_size=3", "gpus=2"],
         ["batch.micro_size=3", "x dp 2", "{1, 2, 4, 8}"],
     ),
-    (["parallel=zero9"], ["parallel", "zero9"]),
+    (["gpus=3"], ["gpus 3", "try gpus in {1, 2, 4, 8, 16}"]),
+    (["gpus=2", "batch.global_size=4", "batch.micro_size=4"], ["batch.micro_size=4", "{1, 2}"]),
     (["gpus=0"], ["gpus=0", "at least 1"]),
-    (["precision=fp16"], ["precision=fp16", "precision=bf16"]),
-    (["train.steps=-1"], ["train.steps=-1", "at least 1"]),
     (["gpus=64"], ["gpus=64", "hydra/launcher=slurm", "plan=true"]),
+    (["batch.global_size=0"], ["batch.global_size=0", "at least 1"]),
     (["batch.micro_size=four"], ["batch.micro_size", "four", "auto"]),
+    # out-of-range values
+    (["train.steps=-1"], ["train.steps=-1", "at least 1"]),
+    (["train.steps=0"], ["train.steps=0", "at least 1"]),
+    (["optimizer.lr=-1"], ["optimizer.lr=-1", "positive"]),
+    (["optimizer.warmup_steps=-5"], ["optimizer.warmup_steps=-5", "0 or more"]),
+    (["optimizer.min_lr_ratio=2"], ["optimizer.min_lr_ratio=2", "[0, 1]"]),
+    (["optimizer.reference_batch=0"], ["optimizer.reference_batch=0", "positive"]),
+    (["parallel.zero_stage=5"], ["parallel.zero_stage=5", "0, 1, 2 and 3"]),
+    (["data.seq_len=1"], ["data.seq_len=1", "at least 2"]),
     (["data.seq_len=4096"], ["data.seq_len=4096", "model.max_seq_len=1024"]),
+    (["planner.headroom=1.5"], ["planner.headroom=1.5", "(0, 1]"]),
+    (["logger.log_every=0"], ["logger.log_every=0", "at least 1"]),
+    (["train.checkpoint_every=-1"], ["train.checkpoint_every=-1"]),
+    (["model.n_head=5"], ["model.d_model=256", "model.n_head=5", "divisors"]),
+    (["model.n_kv_head=3"], ["model.n_kv_head=3", "model.n_head=4"]),
+    (["model.vocab_size=100"], ["model.vocab_size=100", "data.path"]),
+    (["data.dtype=int8"], ["data.dtype", "int8", "uint16"]),
+    # contradictory options
+    (["precision=fp16"], ["precision=fp16", "precision=bf16"]),
+    (
+        ["parallel=ddp", "parallel.offload_optimizer=cpu"],
+        ["parallel.offload_optimizer=cpu", "parallel=zero2"],
+    ),
+    (["parallel=zero2", "parallel.offload_param=cpu"], ["parallel.offload_param=cpu", "parallel=zero3"]),
+    (["parallel.tp=2", "gpus=2"], ["parallel.tp=2", "plan=true"]),
+    # missing files
+    (["data.path=/nonexistent/tokens.bin"], ["data.path=/nonexistent/tokens.bin", "no such file"]),
+    # wrong types, unknown keys and options (refused by the schemas during composition)
+    (["gpus=two"], ["gpus", "two"]),
+    (["optimizer.lr=fast"], ["optimizer.lr", "fast"]),
     (["model.n_layr=2"], ["n_layr"]),
+    (["foo=1"], ["foo"]),
+    (["parallel=zero9"], ["parallel", "zero9"]),
+    (["precision=fp8"], ["precision", "fp8"]),
+    (["optimizer.name=lamb"], ["lamb"]),
+    (["logger.mode=sometimes"], ["sometimes"]),
+    (["train.resume=sometimes"], ["sometimes"]),
 ]
 
 

@@ -1,0 +1,208 @@
+"""Checkpoints: periodic, atomic, the last K kept; resume restores everything a step depends on.
+
+Layout of ``<run_dir>/checkpoints/``:
+
+    step_00000004/          DeepSpeed's files (model, optimizer, LR schedule) + rng_rank<N>.pt
+    .partial-step_00000006/ a save in progress (or one that a crash cut short): never loaded
+    latest.json             the newest complete checkpoint: tag, completed steps, layout
+
+A save goes to ``.partial-<tag>``; after every rank has written, rank 0 renames it to
+``<tag>`` (an atomic rename) and only then rewrites ``latest.json`` (atomically too). A
+checkpoint named in ``latest.json`` is therefore always complete. The data position is
+the number of completed steps: batches are a function of (seed, step) (runner/data.py).
+
+Resuming onto another layout (other dp, other ZeRO stage) goes through DeepSpeed's
+universal checkpoint (``deepspeed.checkpoint.ds_to_universal``), converted once next to
+the original.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runner.layout import Layout
+from runner.summary import write_json_atomic
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST_FILE = "latest.json"
+PARTIAL_PREFIX = ".partial-"
+UNIVERSAL_SUFFIX = "_universal"
+
+
+def tag_for(completed_steps: int) -> str:
+    """Directory name of the checkpoint taken after ``completed_steps`` optimizer steps."""
+    return f"step_{completed_steps:08d}"
+
+
+def latest(run_dir: Path) -> dict[str, Any] | None:
+    """The newest complete checkpoint's record, or None."""
+    path = run_dir / CHECKPOINT_DIR / LATEST_FILE
+    if not path.exists():
+        return None
+    record: dict[str, Any] = json.loads(path.read_text())
+    if not (run_dir / CHECKPOINT_DIR / record["tag"]).is_dir():
+        return None
+    return record
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save(
+    engine: Any, run_dir: Path, *, completed_steps: int, layout: Layout, zero_stage: int, rank: int, keep: int
+) -> None:
+    """Write a checkpoint of every rank's state; collective: every rank calls it."""
+    root = run_dir / CHECKPOINT_DIR
+    tag = tag_for(completed_steps)
+    partial = PARTIAL_PREFIX + tag
+    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
+
+    # UNIVERSAL_CHECKPOINT_INFO marks the checkpoint convertible by ds_to_universal.
+    client_state = {"completed_steps": completed_steps, UNIVERSAL_CHECKPOINT_INFO: {}}
+    engine.save_checkpoint(str(root), tag=partial, client_state=client_state, save_latest=False)
+    torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
+    _barrier()
+    if rank == 0:
+        final = root / tag
+        if final.exists():
+            shutil.rmtree(final)
+        (root / partial).rename(final)
+        write_json_atomic(
+            root / LATEST_FILE,
+            {
+                "tag": tag,
+                "completed_steps": completed_steps,
+                "layout": layout.record(),
+                "zero_stage": zero_stage,
+            },
+        )
+        _prune(root, keep=keep, newest=tag)
+    _barrier()
+
+
+def _prune(root: Path, *, keep: int, newest: str) -> None:
+    """Keep the ``keep`` newest complete checkpoints; drop the rest and any partial save."""
+    complete = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(UNIVERSAL_SUFFIX))
+    for old in complete[: max(0, len(complete) - max(keep, 1))]:
+        if old.name != newest:
+            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(root / (old.name + UNIVERSAL_SUFFIX), ignore_errors=True)
+    for partial in root.glob(PARTIAL_PREFIX + "*"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> bool:
+    """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
+    saved = record["layout"]
+    return (saved["dp"], record["zero_stage"]) != (layout.dp, zero_stage)
+
+
+def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
+    """Refuse a resume DeepSpeed cannot do, before any rank starts."""
+    saved = record["layout"]
+    if saved["global_size"] != layout.global_size:
+        raise ValueError(
+            f"train.resume=auto: the checkpoint trained with batch.global_size={saved['global_size']}, "
+            f"this run asks {layout.global_size}; a different global batch is a different experiment: "
+            f"set batch.global_size={saved['global_size']} or start a new run directory"
+        )
+    if needs_universal(record, layout=layout, zero_stage=zero_stage) and 3 in (
+        zero_stage,
+        record["zero_stage"],
+    ):
+        # Seen with DeepSpeed 0.19.8: a stage-3 engine finds no model-states file in a universal
+        # checkpoint, and a converted stage-3 checkpoint has "Empty ds_version" for stages 1-2.
+        raise ValueError(
+            f"train.resume=auto: the checkpoint was written on dp {saved['dp']} at ZeRO stage "
+            f"{record['zero_stage']}, this run asks dp {layout.dp} at stage {zero_stage}; DeepSpeed "
+            f"moves a checkpoint to another layout between ZeRO stages 1 and 2 only. Keep "
+            f"gpus={saved['gpus']} with parallel.zero_stage={record['zero_stage']}, or resume a "
+            f"ZeRO-1/2 checkpoint with parallel=zero1 or parallel=zero2"
+        )
+    if needs_universal(record, layout=layout, zero_stage=zero_stage) and record["zero_stage"] == 0:
+        raise ValueError(
+            f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on dp "
+            f"{saved['dp']}; DeepSpeed converts only ZeRO 1-3 checkpoints to another layout. Resume "
+            f"with parallel=ddp (any gpus), or from a ZeRO checkpoint"
+        )
+
+
+def universal_tag(run_dir: Path, record: dict[str, Any]) -> str:
+    """Convert the checkpoint to DeepSpeed's universal format (once) and return its tag."""
+    root = run_dir / CHECKPOINT_DIR
+    tag = record["tag"] + UNIVERSAL_SUFFIX
+    if not (root / tag).is_dir():
+        partial = root / (PARTIAL_PREFIX + tag)
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "deepspeed.checkpoint.ds_to_universal",
+                "--input_folder",
+                str(root / record["tag"]),
+                "--output_folder",
+                str(partial),
+                "--num_extract_workers",
+                "1",
+                "--num_merge_workers",
+                "1",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        partial.rename(root / tag)
+    return tag
+
+
+def wait_for(run_dir: Path, tag: str, *, timeout_s: float = 1800.0) -> None:
+    """Wait until rank 0 has converted the checkpoint (ranks started by torchrun or srun)."""
+    import time
+
+    path = run_dir / CHECKPOINT_DIR / tag
+    deadline = time.monotonic() + timeout_s
+    while not path.is_dir():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no universal checkpoint {path} after {timeout_s:.0f} s")
+        time.sleep(1.0)
+
+
+def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
+    """Restore model, optimizer, LR schedule and this rank's RNG; returns the completed steps."""
+    root = run_dir / CHECKPOINT_DIR
+    path, client_state = engine.load_checkpoint(str(root), tag=tag)
+    if path is None:
+        raise RuntimeError(f"DeepSpeed could not load the checkpoint {root / tag}")
+    rng = root / tag / f"rng_rank{rank}.pt"
+    if rng.exists():
+        # weights_only: a checkpoint file can execute no code when it is loaded.
+        torch.set_rng_state(torch.load(rng, weights_only=True)["torch"])
+    completed: int = client_state["completed_steps"]
+    return completed
+
+
+def truncate_metrics(path: Path, *, completed_steps: int) -> None:
+    """Keep only the metric lines of steps the checkpoint covers (resumed steps are logged again)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] < completed_steps:
+                kept.append(line)
+        except (ValueError, KeyError):
+            continue  # a line cut short by a kill: dropped
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)

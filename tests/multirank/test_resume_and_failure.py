@@ -1,0 +1,188 @@
+"""Runs survive SIGKILL and layout changes with nothing lost; failures end the job, loudly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_train
+
+pytestmark = pytest.mark.multirank
+
+COMMON = ["batch.global_size=16", "logger=none"]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {
+        m["step"]: m["loss"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, float]:
+    """An uninterrupted 8-step run on 2 ranks at ZeRO-2."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = run_train(
+        "gpus=2", "parallel=zero2", "batch.micro_size=4", "train.steps=8", *COMMON, run_dir=run_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _losses(run_dir)
+
+
+def _start(run_dir: Path, *overrides: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # its own process group: killed whole, ranks included
+    )
+
+
+def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    args = [
+        "gpus=2",
+        "parallel=zero2",
+        "batch.micro_size=4",
+        "train.steps=8",
+        "train.checkpoint_every=2",
+        *COMMON,
+    ]
+    proc = _start(run_dir, *args)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    # What SIGKILL left is valid: JSON lines only, and a complete checkpoint named in latest.json.
+    for line in metrics.read_text().splitlines():
+        json.loads(line)
+    latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert latest["completed_steps"] in (4, 6)
+    assert (run_dir / "checkpoints" / latest["tag"]).is_dir()
+
+    resumed = run_train(*args, "train.resume=auto", run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.summary["status"] == "completed"
+    assert resumed.summary["resumed_from_step"] == latest["completed_steps"]
+    losses = _losses(run_dir)
+    assert sorted(losses) == list(range(8))
+    assert losses == pytest.approx(reference, abs=0.0)  # fp32 on CPU: bit-identical
+    kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert kept == ["step_00000006", "step_00000008"]  # train.keep_checkpoints=2
+
+
+def test_a_partial_checkpoint_is_never_taken_for_a_complete_one(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    args = [
+        "gpus=2",
+        "parallel=zero2",
+        "batch.micro_size=4",
+        "train.steps=4",
+        "train.checkpoint_every=2",
+        *COMMON,
+    ]
+    first = run_train(*args, run_dir=run_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # A save cut short: its directory exists, but latest.json does not name it.
+    partial = run_dir / "checkpoints" / ".partial-step_00000006"
+    partial.mkdir()
+    (partial / "mp_rank_00_model_states.pt").write_bytes(b"truncated")
+    resumed = run_train(*args[:-2], "train.steps=8", "train.resume=auto", run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.summary["resumed_from_step"] == 4
+    assert _losses(run_dir) == pytest.approx(reference, abs=0.0)
+
+
+def test_resume_on_another_layout_keeps_the_global_batch(tmp_path, reference):
+    """2 ranks at ZeRO-2 -> 1 rank at ZeRO-1, through DeepSpeed's universal checkpoint."""
+    run_dir = tmp_path / "run"
+    first = run_train(
+        "gpus=2",
+        "parallel=zero2",
+        "batch.micro_size=4",
+        "train.steps=4",
+        "train.checkpoint_every=4",
+        *COMMON,
+        run_dir=run_dir,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_train(
+        "gpus=1", "parallel=zero1", "train.steps=8", "train.resume=auto", *COMMON, run_dir=run_dir
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.summary["layout"]["gpus"] == 1
+    assert resumed.summary["layout"]["global_size"] == 16
+    assert (run_dir / "checkpoints" / "step_00000004_universal").is_dir()
+    losses = _losses(run_dir)
+    for step in range(8):
+        assert losses[step] == pytest.approx(reference[step], abs=1e-5), step
+
+
+def test_resume_with_another_global_batch_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_train(
+        "train.steps=2", "train.checkpoint_every=2", "batch.micro_size=4", *COMMON, run_dir=run_dir
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    refused = run_train(
+        "train.steps=4", "train.resume=auto", "batch.global_size=32", "logger=none", run_dir=run_dir
+    )
+    assert refused.returncode == 2
+    assert "batch.global_size=16" in refused.stderr and "different experiment" in refused.stderr
+
+
+def test_a_rank_that_raises_brings_the_job_down(tmp_path):
+    started = time.monotonic()
+    result = run_train(
+        "gpus=2",
+        "train.steps=20",
+        "batch.micro_size=4",
+        *COMMON,
+        run_dir=tmp_path / "run",
+        env={"LADDER_INJECT_FAULT": "1:2"},
+        timeout=300,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    assert elapsed < 120, f"the job took {elapsed:.0f} s to fail"
+    summary = result.summary
+    assert summary["status"] == "failed"
+    assert summary["failed_rank"] == 1
+    assert "fault injected" in summary["error"]
+    assert "rank 1 failed" in result.stderr
+
+
+def test_a_diverging_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
+    result = run_train(
+        "train.steps=20",
+        "train.checkpoint_every=2",
+        "batch.micro_size=8",
+        "optimizer.lr=1e30",
+        "optimizer.warmup_steps=0",
+        "optimizer.grad_clip=0",
+        *COMMON,
+        run_dir=tmp_path / "run",
+    )
+    assert result.returncode == 1
+    summary = result.summary
+    assert summary["status"] == "failed"
+    assert "FloatingPointError" in summary["error"] and "optimizer.lr" in summary["error"]
+    latest = json.loads((result.run_dir / "checkpoints" / "latest.json").read_text())
+    assert latest["completed_steps"] <= summary["steps_completed"]
+    for line in (result.run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert record["step"] < latest["completed_steps"] + 2
