@@ -68,22 +68,15 @@ def _runner_problems(task_cfg: DictConfig) -> list[str]:
     cluster=local) are left to the ranks: this process runs on the login node.
     """
     from runner.config import to_train_config
-    from runner.layout import LayoutError, parse_micro_size, resolve_layout
-    from runner.validate import ConfigError, validate
+    from runner.layout import LayoutError
+    from runner.validate import ConfigError, batch_contract_problems, validate
 
     try:
         config = to_train_config(task_cfg)
         validate(config, launcher=None)
-        resolve_layout(
-            gpus=config.gpus,
-            tp=config.parallel.tp,
-            pp=config.parallel.pp,
-            global_size=config.batch.global_size,
-            micro_size=parse_micro_size(config.batch.micro_size),
-        )
     except (ConfigError, LayoutError) as error:
         return [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
-    return []
+    return batch_contract_problems(config)
 
 
 def plan_cell(

@@ -174,6 +174,8 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
         config, layout, load_universal=_prepare_resume(config, layout, run_dir, lead=lead)
     )
     if lead:
+        # Nobody but the owner (and its group) may write into a run: drop "other" write bits.
+        run_dir.chmod(run_dir.stat().st_mode & ~0o002)
         write_deepspeed_config(run_dir, ds_config)
         _start_summary(config, layout, run_dir, identity, launcher)
         if micro_choice is not None:

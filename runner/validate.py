@@ -117,11 +117,9 @@ def _problems(config: TrainConfig) -> list[str]:
     return problems
 
 
-def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
-    """Problems only a real launch has (planning skips them)."""
-    problems: list[str] = []
+def batch_contract_problems(config: TrainConfig) -> list[str]:
+    """The batch contract with every micro-batch allowed (auto's memory fit is checked later)."""
     try:
-        # The batch contract with every micro-batch allowed; auto's memory fit is checked later.
         resolve_layout(
             gpus=config.gpus,
             tp=config.parallel.tp,
@@ -130,7 +128,13 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
             micro_size=parse_micro_size(config.batch.micro_size),
         )
     except LayoutError as error:
-        problems.append(str(error))
+        return [str(error)]
+    return []
+
+
+def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
+    """Problems only a real launch has (planning skips them)."""
+    problems = batch_contract_problems(config)
     cuda = torch.cuda.is_available()
     if config.precision.name == Precision.fp16 and not cuda:
         problems.append(

@@ -20,6 +20,9 @@ METRICS = {
 }
 
 
+SECRET = "ladder-test-secret-0123456789abcdef0123456789abcdef"
+
+
 @pytest.mark.parametrize(("parallel", "logger"), [("ddp", "wandb"), ("zero3", "none")])
 def test_two_ranks_train_and_leave_their_files(train, parallel, logger):
     result = train(
@@ -29,9 +32,15 @@ def test_two_ranks_train_and_leave_their_files(train, parallel, logger):
         "batch.global_size=16",
         "batch.micro_size=4",
         "train.steps=5",
+        env={"WANDB_API_KEY": SECRET},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = result.run_dir
+    # No secret from the environment lands in any file of the run; nothing is world-writable.
+    for path in [run_dir, *run_dir.rglob("*")]:
+        assert not path.stat().st_mode & 0o002, path
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
     for name in (".hydra/config.yaml", "deepspeed_config.json", "metrics.jsonl", "summary.json"):
         assert (run_dir / name).exists(), name
     summary = result.summary

@@ -1,0 +1,90 @@
+"""The table and results.json of bench/gpu_check.sh: measured runs beside their plans."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+LAYOUTS = ("ddp", "zero1", "zero3", "largest")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+def _row(out: Path, name: str) -> dict[str, Any]:
+    run, plan = out / f"run_{name}", out / f"plan_{name}"
+    summary = _read(run / "summary.json")
+    metrics_path = run / "metrics.jsonl"
+    metrics = (
+        [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    )
+    later = metrics[1:] or metrics  # the first step holds allocation and warm-up
+    memory = summary.get("memory", {})
+    planned = _read(plan / "plan.json")
+    return {
+        "layout": name,
+        "status": summary.get("status", "missing"),
+        "micro_size": summary.get("layout", {}).get("micro_size"),
+        "tokens_per_s_per_device": _median([m["throughput/tokens_per_s_per_device"] for m in later]),
+        "mfu": _median([m["throughput/mfu"] for m in later]),
+        "peak_gb": summary.get("final", {}).get("memory/peak_gb"),
+        "ledger_estimated_gb": memory.get("estimated", {}).get("total_gb"),
+        "ledger_measured": memory.get("measured"),
+        "planned": planned,
+        "peak_flops_source": summary.get("peak_flops_source"),
+    }
+
+
+def _planned_total_gb(planned: dict[str, Any]) -> float | None:
+    total = planned.get("memory_bytes", {}).get("total")
+    return None if total is None else total / 1e9
+
+
+def main() -> None:
+    """Print the table and write results.json into the output folder."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--mode", default="full")
+    args = parser.parse_args()
+    import deepspeed
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    rows = [_row(args.out, name) for name in LAYOUTS]
+    header = f"{'layout':<9}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
+    print(header + f"{'ledger est GB':>15}{'plan GB':>9}")
+    for row in rows:
+        planned = _planned_total_gb(row["planned"])
+        cells = [
+            f"{row['layout']:<9}{row['status']:<11}{row['micro_size'] or '-':>6}",
+            f"{row['tokens_per_s_per_device'] or 0:>12,.0f}",
+            f"{(row['mfu'] or 0):>8.1%}",
+            f"{row['peak_gb'] or 0:>9.2f}",
+            f"{row['ledger_estimated_gb'] or 0:>15.2f}",
+            f"{planned if planned is not None else float('nan'):>9.2f}",
+        ]
+        print("".join(cells))
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "mode": args.mode,
+        "device": device,
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+        "rows": rows,
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    print(f"results: {args.out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

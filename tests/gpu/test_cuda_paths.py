@@ -1,0 +1,34 @@
+"""The CUDA paths CI cannot reach: nccl, CUDA memory statistics, the peak from the device name, bf16.
+
+Opt-in: skipped where no CUDA device is visible. bench/gpu_check.sh runs them on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runner.hardware import peak_flops_for_cuda_device
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_the_peak_comes_from_the_device_name():
+    name = torch.cuda.get_device_name()
+    peak = peak_flops_for_cuda_device(name, "bf16")
+    assert 1e14 < peak < 2e15, (name, peak)  # dense bf16: 312 (A100) .. 989 (H100/H200) TFLOP/s
+
+
+def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
+    result = train("precision=bf16", "train.steps=5", "batch.micro_size=4", "logger=none", "data=synthetic")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    assert summary["accelerator"] == "cuda"
+    assert summary["peak_memory_measure"] == "CUDA max_memory_allocated"
+    assert "datasheet" in summary["peak_flops_source"]
+    assert 0 < summary["final"]["throughput/mfu"] < 1
+    for term, tolerance in {"params": 0.02, "grads": 0.02, "optimizer": 0.02, "activations": 0.15}.items():
+        assert abs(summary["memory"]["rel_error"][term]) <= tolerance, (term, summary["memory"])
