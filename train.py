@@ -22,6 +22,7 @@ from launchers.worker import exit_now
 from runner.config import register_configs, to_train_config
 from runner.identity import RunIdentity
 from runner.layout import LayoutError
+from runner.preemption import EXIT_INTERRUPTED, Preempted
 from runner.run import RunFailed, run
 from runner.validate import ConfigError
 
@@ -65,7 +66,10 @@ def _agree_on_run_dir(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _agree_on_run_dir(sys.argv)
-    main()
+    try:
+        main()
+    except Preempted:  # stopped at SLURM's signal after a checkpoint (runner/preemption.py)
+        exit_now(EXIT_INTERRUPTED)
     if from_environment(os.environ) is not None:
         # One rank of torchrun or srun: skip teardown destructors that may abort (see
         # launchers.worker.exit_now); everything is written by now.

@@ -15,12 +15,13 @@ cancels a job that SLURM says can never start, and hands Hydra one JobReturn per
 Each task of a job is one rank (launchers/slurm_task.py). A failed submission cancels
 whatever the sweep had already queued.
 
-Preemption and time limits (later, with checkpointing): submitit has SLURM signal the
-job ``signal_delay_s`` before its limit (sbatch --signal) and then calls the launcher's
-inherited ``checkpoint()``, which requeues the same cell (submitit
-docs/checkpointing.md); ``max_num_timeout`` caps the requeues after a timeout. A
-resuming task must re-enter its run directory (runner/hydra_callbacks.py RESUME_ENV)
-and load the last checkpoint: override ``checkpoint()`` to set that up.
+Preemption and time limits (runner/preemption.py): submitit has SLURM signal the job
+(SIGUSR2) ``signal_delay_s`` before its limit (sbatch --signal). The ranks save a
+checkpoint after the step they are in; then rank 0 hands over to submitit's handler,
+which calls the launcher's inherited ``checkpoint()`` (the same cell again) and requeues
+the job (submitit docs/checkpointing.md); ``max_num_timeout`` caps the requeues after a
+timeout. The requeued job re-enters the cell's run directory, and SLURM_RESTART_COUNT
+makes it resume from the latest checkpoint. Meanwhile ``wait`` sees the job pending again.
 """
 
 from __future__ import annotations

@@ -31,4 +31,5 @@ def slurm_job_record(environ: Mapping[str, str]) -> dict[str, Any] | None:
         "nodelist": environ.get("SLURM_JOB_NODELIST"),
         "tasks": _int(environ.get("SLURM_NTASKS")),
         "tasks_per_node": _int(environ.get("SLURM_NTASKS_PER_NODE")),
+        "restarts": _int(environ.get("SLURM_RESTART_COUNT")) or 0,  # requeues so far (sbatch(1))
     }

@@ -8,7 +8,8 @@ that rank. This mirrors hydra-submitit-launcher's ``BaseSubmititLauncher.__call_
 with three changes: only rank 0 writes ``.hydra/``; a task that fails raises (a
 ``sys.exit`` becomes an exception), so submitit records the failure at once and the
 task exits non-zero, which ends its job step (srun --kill-on-bad-exit); a task that
-succeeded exits without interpreter teardown.
+succeeded exits without interpreter teardown. A task stopped at SLURM's signal after a
+checkpoint (runner/preemption.py) exits 75 and leaves no result: its job was requeued.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import open_dict
 
 from launchers.worker import exit_now
+from runner.preemption import EXIT_INTERRUPTED, Preempted
 
 
 class TaskExited(RuntimeError):
@@ -55,6 +57,11 @@ def run_task(
             job_dir_key=job_dir_key,
             job_subdir_key="hydra.sweep.subdir",
         )
+    except Preempted:
+        # Stopped at SLURM's signal after a checkpoint, the job requeued or ending: no result,
+        # or the launching process would take it for the cell's (runner/preemption.py).
+        exit_now(EXIT_INTERRUPTED)
+        raise  # not reached
     except SystemExit as exit_:
         if exit_.code in (0, None):
             raise

@@ -33,8 +33,10 @@ class ProtectRunDirs(Callback):
 
     def _check(self, key: str, directory: str, config: DictConfig) -> None:
         # A resumed run (train.resume=auto, or a requeued job) re-enters its own directory.
+        from runner.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
+
         resume = OmegaConf.select(config, "train.resume")
-        if os.environ.get(RESUME_ENV) or getattr(resume, "value", resume) == "auto":
+        if requeued(os.environ) or getattr(resume, "value", resume) == "auto":
             return
         held = _held_runs(Path(directory))
         if held:

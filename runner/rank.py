@@ -16,7 +16,7 @@ import torch
 
 from launchers.environment import DistributedEnv
 from runner import checkpoint
-from runner.config import Resume, TrainConfig, to_dict
+from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
 from runner.distributed import init_distributed, select_accelerator, teardown
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
@@ -35,6 +35,7 @@ from runner.model import build_model, lm_loss, num_params
 from runner.noise_scale import NoiseScale, squared_l2_norm, why_unmeasured
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
+from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
 from runner.schedule import lr_multiplier
 from runner.sinks import MetricSink, build_sinks
 from runner.summary import read_summary, update_summary
@@ -155,6 +156,26 @@ def _max_over_ranks(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
+def _stopped(completed: int, asked: int, stop: StopSignals, *, rank: int) -> Preempted:
+    """What every rank raises once the ranks agreed to stop and saved ``completed`` steps."""
+    name = "SIGUSR2" if asked == REQUEUE else "SIGTERM"
+    requeued: bool | None = None
+    outcome = "SLURM requeues or ends the job itself"
+    if asked == REQUEUE:
+        requeued, outcome = stop.hand_back() if rank == 0 else (None, "rank 0 hands the job back")
+    tag = checkpoint.tag_for(completed)
+    return Preempted(
+        {
+            "signal": name,
+            "completed_steps": completed,
+            "checkpoint": tag,
+            "requeued": requeued,
+            "slurm_restart": restarts(os.environ),
+            "reason": f"stopped by {name} after {completed} steps with checkpoint {tag}; {outcome}",
+        }
+    )
+
+
 def _train(
     config: TrainConfig,
     *,
@@ -165,6 +186,7 @@ def _train(
     identity: RunIdentity,
     device: torch.device,
     accelerator: str,
+    stop: StopSignals | None = None,
 ) -> dict[str, Any]:
     import deepspeed
 
@@ -189,7 +211,7 @@ def _train(
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda),
     )
     start_step = 0
-    record = checkpoint.latest(run_dir) if config.train.resume == Resume.auto else None
+    record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:
         tag = record["tag"]
         if checkpoint.needs_universal(record, layout=layout, zero_stage=config.parallel.zero_stage):
@@ -251,6 +273,7 @@ def _train(
     fault_step = _injected_fault(env.rank)
     every = config.train.checkpoint_every
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
+    interruption: dict[str, Any] | None = None
     step = start_step
     try:
         for step in range(start_step, config.train.steps):
@@ -322,7 +345,11 @@ def _train(
             if step % config.logger.log_every == 0 or step == config.train.steps - 1:
                 for sink in sinks:
                     sink.log(step, metrics)
-            if every and (step + 1) % every == 0:
+            # Under SLURM the ranks agree, after every step but the last, whether a signal
+            # asks them to stop (runner/preemption.py): then they save here and leave.
+            last_step = step + 1 == config.train.steps
+            asked = 0 if stop is None or last_step else int(_max_over_ranks(stop.asked, device))
+            if (every and (step + 1) % every == 0) or asked:
                 checkpoint.save(
                     engine,
                     run_dir,
@@ -332,7 +359,13 @@ def _train(
                     rank=env.rank,
                     keep=config.train.keep_checkpoints,
                 )
+            if asked and stop is not None:
+                raise _stopped(step + 1, asked, stop, rank=env.rank)
         status = {"status": "completed", "error": None}
+    except Preempted as stopped:
+        status = {"status": "interrupted", "error": stopped.record["reason"]}
+        interruption = stopped.record
+        raise
     except BaseException as error:
         status = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
         raise
@@ -341,10 +374,13 @@ def _train(
         if status["status"] == "failed" and read_summary(run_dir).get("status") == "failed":
             status = {}  # another rank failed first and recorded why: keep its cause
         if env.rank == 0:
+            if interruption is not None:  # each stop at a signal, across requeues
+                earlier = read_summary(run_dir).get("interruptions") or []
+                status["interruptions"] = [*earlier, interruption]
             summary = update_summary(
                 run_dir,
                 **status,
-                steps_completed=(step + 1) if status.get("status") == "completed" else step,
+                steps_completed=(step + 1) if status.get("status") in ("completed", "interrupted") else step,
                 final=last,
                 peak_flops_per_device=peak_flops,
                 peak_flops_source=peak.source,
@@ -374,6 +410,9 @@ def run_rank(
     identity: RunIdentity,
 ) -> dict[str, Any]:
     """Train on this rank and return rank 0's summary (empty on other ranks)."""
+    # A SLURM task stops at SIGUSR2 / SIGTERM after a checkpoint (runner/preemption.py).
+    stop = StopSignals()
+    watching = env.source == "slurm" and stop.install()
     accelerator = select_accelerator()
     device = init_distributed(env, accelerator=accelerator)
     ok = False
@@ -387,8 +426,13 @@ def run_rank(
             identity=identity,
             device=device,
             accelerator=accelerator,
+            stop=stop if watching else None,
         )
         ok = True
         return summary
+    except Preempted:
+        ok = True  # every rank saved and stopped after the same step: leave together
+        raise
     finally:
         teardown(ok=ok)
+        stop.restore()

@@ -15,12 +15,13 @@ from typing import Any
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
 from runner import checkpoint
-from runner.config import Resume, TrainConfig
+from runner.config import TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
 from runner.identity import RunIdentity
 from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
 from runner.model import num_params
 from runner.plan import micro_fit_for_config, plan_job
+from runner.preemption import Preempted, resumes
 from runner.run_files import read_failures, write_deepspeed_config
 from runner.schedule import scaled_lr
 from runner.summary import read_summary, update_summary
@@ -74,10 +75,12 @@ def deepspeed_config_for(
 
 def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool) -> bool:
     """Check the checkpoint to resume from; convert it for another layout. True: load universal."""
-    if config.train.resume != Resume.auto:
+    if not resumes(config):  # train.resume=auto, or a job SLURM requeued (runner/preemption.py)
         return False
     record = checkpoint.latest(run_dir)
     if record is None:
+        if lead:  # starting over: steps an earlier attempt logged are logged again
+            checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=0)
         return False
     try:
         checkpoint.check_resumable(record, layout=layout, zero_stage=config.parallel.zero_stage)
@@ -144,6 +147,8 @@ def _run_external(
         return run_rank(
             config, layout=layout, ds_config=ds_config, run_dir=run_dir, env=env, identity=identity
         )
+    except Preempted:
+        raise  # stopped at a signal after a checkpoint: not a failure (runner/preemption.py)
     except BaseException as error:
         write_failure(run_dir, rank=env.rank, error=error)
         # The failing rank records it, whichever it is: its launcher (torchrun, srun

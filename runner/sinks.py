@@ -93,6 +93,8 @@ class WandbSink:
         """Mirror summary.json into the run's summary and finish."""
         for key, value in _flatten(summary).items():
             self._run.summary[key] = value
+        if summary.get("status") == "interrupted":  # stopped at SLURM's signal; resumes into this run
+            self._run.mark_preempting()
         self._run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
 
 

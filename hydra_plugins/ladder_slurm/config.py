@@ -30,7 +30,7 @@ class LadderSlurmConf:
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
     stderr_to_stdout: bool = False
     signal_delay_s: int = 120
-    max_num_timeout: int = 0
+    max_num_timeout: int = 3
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     setup: list[str] | None = None
 

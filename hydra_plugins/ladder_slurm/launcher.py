@@ -4,7 +4,7 @@ The upstream launcher submits every cell of a sweep with one set of resources; h
 ``launch`` places each cell from its own ``gpus`` and submits one array per group of
 like cells (launchers/slurm.py), and ``__call__`` runs one rank of a cell inside a
 SLURM task (launchers/slurm_task.py). The inherited ``checkpoint()`` is submitit's
-requeue hook for preemption and time limits (see launchers/slurm.py). Imports are
+requeue hook for preemption and time limits (see runner/preemption.py). Imports are
 lazy: Hydra imports this module on every start while it scans for plugins.
 """
 

@@ -90,7 +90,9 @@ def slurm_conf(root: Path, *, host: str, ctld_port: int, slurmd_port: int, first
             "SlurmUser=root",  # the tests run as root; no slurm user is needed
             "SlurmdUser=root",
             "AuthType=auth/munge",
-            f"AuthInfo=socket={root / 'munge' / 'munge.socket'}",
+            # cred_expire: a requeued job waits this long (+1 s) before it may start again;
+            # SLURM's default of 120 s would dominate the requeue test.
+            f"AuthInfo=socket={root / 'munge' / 'munge.socket'},cred_expire=5",
             f"StateSaveLocation={root / 'state'}",
             f"SlurmdSpoolDir={root / 'spool'}",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",
@@ -109,7 +111,9 @@ def slurm_conf(root: Path, *, host: str, ctld_port: int, slurmd_port: int, first
             "MailProg=/bin/true",  # no mailer here
             # Without it a job larger than the node is accepted and pends forever.
             "EnforcePartLimits=ALL",
-            "SchedulerParameters=batch_sched_delay=0",  # batch jobs start within a second
+            # Batch jobs start within a second; sched_interval: the main scheduling pass every
+            # second, not 60, so a requeued job starts as soon as its begin time has passed.
+            "SchedulerParameters=batch_sched_delay=0,sched_interval=1",
             "MinJobAge=3600",  # squeue (and the sacct stand-in) keep finished jobs an hour
             "ReturnToService=2",  # the node is usable as soon as slurmd registers
             # A fresh state directory restarts ids at 1; from the clock, a reused folder
