@@ -12,9 +12,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-setup: $(BIN)/python  ## create .venv and install ladder with its dev tools (CPU torch when no torch is there)
+# Installed once, again only when pyproject.toml changes.
+$(VENV)/.installed: $(BIN)/python pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+setup: $(VENV)/.installed  ## create .venv and install ladder with its dev tools (CPU torch when no torch is there)
 
 run: setup  ## train the default experiment on this machine
 	$(BIN)/python train.py
@@ -25,8 +29,9 @@ test: setup  ## lint, type-check, then every test tier this machine can run
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
-bench: setup  ## benchmarks (each prints its figure on the last line)
+bench: setup  ## the quick benchmarks (each prints its figure on the last line)
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/plan_speed.py
 
 clean:  ## remove run outputs (not .venv)
 	rm -rf outputs multirun

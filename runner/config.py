@@ -292,10 +292,3 @@ def to_dict(config: Any) -> dict[str, Any]:
         return value
 
     return convert(dataclasses.asdict(config))
-
-
-def from_dict(data: dict[str, Any]) -> TrainConfig:
-    """Rebuild a TrainConfig from :func:`to_dict`'s output (validated by the schema)."""
-    node = OmegaConf.merge(_unlocked_node(TrainConfig), OmegaConf.create(data))
-    assert isinstance(node, DictConfig)
-    return to_train_config(node)
