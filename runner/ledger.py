@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from runner.config import ModelConfig, Offload, OptimizerName, ParallelConfig, Precision, Recompute
+from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute
 from runner.memory import TRANSIENT_ITEMS, activation_items_total, deepspeed_residuals, model_states
 
 TERMS = ("params", "grads", "optimizer", "activations")
@@ -253,10 +253,10 @@ def deepspeed_estimate(
       ``reduce_bucket_size`` elements up front (``ipg_buckets``);
     - partitions are padded to a multiple of dp.
     """
+    from runner.plan import offload_mode
+
     stage = parallel.zero_stage
-    offload = "none"
-    if parallel.offload_optimizer == Offload.cpu:
-        offload = "optimizer+params" if parallel.offload_param == Offload.cpu else "optimizer"
+    offload = offload_mode(parallel.offload_optimizer, parallel.offload_param)
     textbook = model_states(
         num_params,
         zero_stage=stage,

@@ -68,6 +68,7 @@ class Knobs:
     offload: str = "none"  # runner.memory.OffloadMode
     micro_size: int | None = None  # None: auto
     overlap_comm: bool = False
+    reduce_bucket_size: int = 500_000_000  # elements; ZeRO-3 allocates its gradient bucket up front
 
     def describe(self) -> str:
         """Short words for the layout: 'zero3 + full recompute + offload optimizer, tp 2'."""
@@ -200,6 +201,7 @@ def knobs_from_config(config: TrainConfig) -> Knobs:
         offload=offload_mode(par.offload_optimizer, par.offload_param),
         micro_size=parse_micro_size(config.batch.micro_size),
         overlap_comm=par.overlap_comm,
+        reduce_bucket_size=par.reduce_bucket_size,
     )
 
 
@@ -258,6 +260,7 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
         pp=knobs.pp,
         accum_steps=accum_steps,
         host_is_device=workload.device.is_host,
+        reduce_bucket_size=knobs.reduce_bucket_size,
     )
 
 

@@ -139,6 +139,7 @@ def memory_terms(
     pp: int,
     accum_steps: int,
     host_is_device: bool = False,
+    reduce_bucket_size: int = 500_000_000,
 ) -> MemoryTerms:
     """Every memory term of one device for this layout (see the module docstring)."""
     local = params_per_device(num_params, tp=tp, pp=pp)
@@ -146,7 +147,13 @@ def memory_terms(
         local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
     )
     residuals = deepspeed_residuals(
-        local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
+        local,
+        zero_stage=zero_stage,
+        dp=dp,
+        precision=precision,
+        optimizer=optimizer,
+        offload=offload,
+        reduce_bucket_size=reduce_bucket_size,
     )
     activations, note = activation_bytes(
         model,
