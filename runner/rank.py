@@ -141,6 +141,17 @@ def _injected_fault(rank: int) -> int | None:
     return int(fault_step) if int(fault_rank) == rank else None
 
 
+def _timed(call: Any, device: torch.device) -> float:
+    """Wall seconds of ``call()``, the device's queue drained before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
 def _mean_over_ranks(value: torch.Tensor) -> float:
     import torch.distributed as dist
 
@@ -267,9 +278,19 @@ def _train(
     own_grad_norm = config.parallel.zero_stage == 0 and "bf16" not in ds_config and "fp16" not in ds_config
     # Gradient noise scale (runner/noise_scale.py): the rank-mean |grad|^2 of the first
     # micro-batch (B_small = micro_size) against the step's (B_big = global_size), at no extra pass.
+    # At ZeRO-0 on several ranks the step's all-reduce is issued here, not inside backward:
+    # each rank's own gradient (B_small = global / dp sequences) is read before it, and the
+    # all-reduce is timed: nothing overlaps it there, so its time is the exposed communication.
+    per_rank = config.parallel.zero_stage == 0 and layout.dp > 1
+    if per_rank:
+        engine.enable_backward_allreduce = False
     noise = NoiseScale(ema=0.95)
-    noise_unmeasured = why_unmeasured(raw_local_grads=own_grad_norm, accum_steps=layout.accum_steps)
+    noise_unmeasured = (
+        None if per_rank else why_unmeasured(raw_local_grads=own_grad_norm, accum_steps=layout.accum_steps)
+    )
+    small_batch = layout.global_size // layout.dp if per_rank else layout.micro_size
     small_sq_norm = 0.0
+    comm_exposed_s = 0.0 if layout.dp == 1 else float("nan")
     fault_step = _injected_fault(env.rank)
     every = config.train.checkpoint_every
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
@@ -294,13 +315,17 @@ def _train(
                     loss = lm_loss(engine(inputs), targets)
                 engine.backward(loss)
                 loss_sum += loss.detach().float()
-                if noise_unmeasured is None and micro == 0:
+                boundary = micro == layout.accum_steps - 1
+                if per_rank and boundary:
+                    own = squared_l2_norm(p.grad for p in engine.module.parameters() if p.grad is not None)
+                    small_sq_norm = _mean_over_ranks(torch.tensor(own, dtype=torch.float64, device=device))
+                    comm_exposed_s = _timed(engine.allreduce_gradients, device)
+                elif noise_unmeasured is None and micro == 0:
                     # Before the boundary p.grad is this rank's own gradient of loss / accum_steps.
                     own = squared_l2_norm(p.grad for p in engine.module.parameters() if p.grad is not None)
                     small_sq_norm = _mean_over_ranks(
                         torch.tensor(own * layout.accum_steps**2, dtype=torch.float64, device=device)
                     )
-                boundary = micro == layout.accum_steps - 1
                 if boundary:
                     # Checked before the optimizer step: a non-finite loss never reaches the
                     # weights, so the last checkpoint and the weights stay good.
@@ -322,7 +347,7 @@ def _train(
             if noise_unmeasured is None and grad_norm is not None:
                 noise.update(
                     small_sq_norm=small_sq_norm,
-                    small_batch=layout.micro_size,
+                    small_batch=small_batch,
                     big_sq_norm=float(grad_norm) ** 2,
                     big_batch=layout.global_size,
                 )
@@ -331,6 +356,7 @@ def _train(
                 "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "batch/noise_scale": noise.value if noise.value is not None else float("nan"),
+                "time/comm_exposed_s": comm_exposed_s,
                 **throughput_metrics(
                     step_s=step_s,
                     tokens_per_step=tokens_per_step,
