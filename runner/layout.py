@@ -4,7 +4,8 @@
 
 ``global_size`` (sequences per optimizer step) is held fixed whatever the layout;
 ``accum_steps`` is always derived; ``micro_size`` is given or chosen (``auto``: the
-largest divisor of ``global_size / dp`` that fits the device). A layout that cannot
+largest divisor of ``global_size / dp`` that fits the device, leaving at least two
+micro-batches per step when dp is 1). A layout that cannot
 hold the global batch is refused with the arithmetic and the nearest values that work.
 """
 
@@ -82,7 +83,8 @@ def resolve_layout(
     """Derive dp and accum_steps from the contract; ``micro_size=None`` chooses it.
 
     With ``micro_size=None`` the largest divisor of ``global_size / dp`` for which
-    ``fits(micro)`` holds is taken (every divisor when ``fits`` is None).
+    ``fits(micro)`` holds is taken (every divisor when ``fits`` is None), below
+    ``global_size`` itself when dp is 1.
     """
     if global_size < 1:
         raise LayoutError(f"batch.global_size={global_size}: sequences per optimizer step must be at least 1")
@@ -95,8 +97,14 @@ def resolve_layout(
         )
     per_rank = global_size // dp
     if micro_size is None:
-        # Largest first, stopping at the first that fits: fits() may cost a memory plan.
-        chosen = next((m for m in reversed(divisors(per_rank)) if fits is None or fits(m)), None)
+        # On one data-parallel rank, auto keeps at least two micro-batches per step: the
+        # noise scale needs two gradients per step (runner/noise_scale.py), at the cost of
+        # one more, smaller forward. Largest first, stopping at the first that fits: fits()
+        # may cost a memory plan.
+        candidates = divisors(per_rank)
+        if dp == 1 and per_rank > 1:
+            candidates = candidates[:-1]
+        chosen = next((m for m in reversed(candidates) if fits is None or fits(m)), None)
         if chosen is None:
             raise LayoutError(
                 f"batch.micro_size=auto: not even micro_size 1 fits the device memory at "

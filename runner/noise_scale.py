@@ -17,12 +17,13 @@ Each is noisy per step (either can come out negative), and a ratio of unbiased
 estimates is biased, so the paper averages numerator and denominator separately over
 steps and reports the ratio of the averages; :class:`NoiseScale` does that with EMAs.
 
-In the runner the small batch is one rank's first micro-batch (B_small = micro_size
-sequences; the gradient of that micro-batch's mean loss, averaged in square over the
-dp ranks) and the big batch is the optimizer step's gradient (B_big = global_size).
+In the runner the small batch is one micro-batch (B_small = micro_size sequences: the
+gradient of its mean loss, read by parameter hooks during backward, runner/grad_probe.py,
+its square averaged over the micro-batches and the dp ranks) and the big batch is the
+optimizer step's reduced gradient (B_big = global_size).
 Units are those of the batch sizes passed in: sequences here; multiply by seq_len for
 tokens. Undefined when global_size == micro_size (one micro-batch per step on one
-rank: both gradients are the same batch).
+rank: both gradients are the same batch); ``batch.micro_size=auto`` avoids that.
 """
 
 from __future__ import annotations
@@ -42,18 +43,22 @@ def squared_l2_norm(grads: Iterable[torch.Tensor]) -> float:
     return float(torch.stack(norms).square().sum())
 
 
-def why_unmeasured(*, raw_local_grads: bool, accum_steps: int) -> str | None:
-    """Why the runner cannot read one micro-batch's gradient for free here, or None when it can."""
-    if not raw_local_grads:
+def why_unmeasured(*, gradients_per_step: int, tp: int = 1, pp: int = 1) -> str | None:
+    """Why a step holds no small-batch gradient to compare with its own, or None when it does."""
+    if pp > 1:
         return (
-            "needs ZeRO stage 0 in fp32: otherwise DeepSpeed reduces, partitions or rescales the "
-            "gradients during backward, before one micro-batch's gradient can be read"
+            "not measured with pipeline parallelism: each stage holds the gradient of its own "
+            "layers only, so no rank sees a micro-batch's whole gradient"
         )
-    if accum_steps < 2:
+    if tp > 1:
         return (
-            "needs accum_steps > 1 (a smaller batch.micro_size): with one micro-batch per step its "
-            "gradient is all-reduced inside the backward that makes it, and with one rank as well "
-            "global_size == micro_size leaves B_simple undefined"
+            "not measured with tensor parallelism: each rank holds a shard of most gradients "
+            "and a replica of the rest, so per-rank norms are not one micro-batch's gradient"
+        )
+    if gradients_per_step < 2:
+        return (
+            "needs two gradients per step (accum_steps x dp >= 2): with one micro-batch on one "
+            "rank global_size == micro_size and B_simple is undefined; lower batch.micro_size"
         )
     return None
 

@@ -304,6 +304,11 @@ class MicroFit:
         head = f"micro {chosen}: {gb(total)} of {self._usable()}"
         if larger:
             return f"{head}; micro {larger[0]} would need {gb(self.totals[larger[0]])}"
+        if chosen < self.per_rank:  # runner/layout.py: one rank keeps two micro-batches per step
+            return (
+                f"{head}; the largest divisor below global {self.per_rank} on one rank, which keeps "
+                f"two micro-batches per step for the noise scale"
+            )
         return f"{head}; the largest divisor of global/dp = {self.per_rank}"
 
     def configured(self, micro: int) -> str:

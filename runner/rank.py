@@ -16,10 +16,12 @@ import torch
 
 from launchers.environment import DistributedEnv
 from runner import checkpoint
+from runner.comm_timer import UNMEASURED_ON_CUDA, CollectiveTimer, deepspeed_backend
 from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
 from runner.distributed import init_distributed, select_accelerator, teardown
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
+from runner.grad_probe import MicroGradSquares
 from runner.identity import RunIdentity
 from runner.layout import Layout
 from runner.ledger import (
@@ -32,7 +34,7 @@ from runner.ledger import (
     saved_activations,
 )
 from runner.model import build_model, lm_loss, num_params
-from runner.noise_scale import NoiseScale, squared_l2_norm, why_unmeasured
+from runner.noise_scale import NoiseScale, why_unmeasured
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
 from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
@@ -141,15 +143,12 @@ def _injected_fault(rank: int) -> int | None:
     return int(fault_step) if int(fault_rank) == rank else None
 
 
-def _timed(call: Any, device: torch.device) -> float:
-    """Wall seconds of ``call()``, the device's queue drained before and after."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started
+def _loss_scale(engine: Any) -> float:
+    """The fp16 loss scale backward saw (1 in fp32 and bf16, which DeepSpeed does not scale)."""
+    if not engine.fp16_enabled():
+        return 1.0
+    scale: Any = getattr(engine.optimizer, "loss_scale", None) or getattr(engine.optimizer, "cur_scale", 1.0)
+    return float(scale)
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:
@@ -276,21 +275,18 @@ def _train(
     # DeepSpeed reports no global grad norm at stage 0 in fp32; there every rank holds the
     # full all-reduced gradient at the boundary, so the norm is computed from it directly.
     own_grad_norm = config.parallel.zero_stage == 0 and "bf16" not in ds_config and "fp16" not in ds_config
-    # Gradient noise scale (runner/noise_scale.py): the rank-mean |grad|^2 of the first
-    # micro-batch (B_small = micro_size) against the step's (B_big = global_size), at no extra pass.
-    # At ZeRO-0 on several ranks the step's all-reduce is issued here, not inside backward:
-    # each rank's own gradient (B_small = global / dp sequences) is read before it, and the
-    # all-reduce is timed: nothing overlaps it there, so its time is the exposed communication.
-    per_rank = config.parallel.zero_stage == 0 and layout.dp > 1
-    if per_rank:
-        engine.enable_backward_allreduce = False
+    # Gradient noise scale (runner/noise_scale.py): the mean |grad|^2 of one micro-batch
+    # (B_small = micro_size), read by parameter hooks as backward makes it, against the
+    # step's reduced gradient (B_big = global_size), at no extra pass, at any ZeRO stage.
     noise = NoiseScale(ema=0.95)
-    noise_unmeasured = (
-        None if per_rank else why_unmeasured(raw_local_grads=own_grad_norm, accum_steps=layout.accum_steps)
+    noise_unmeasured = why_unmeasured(
+        gradients_per_step=layout.accum_steps * layout.dp, tp=layout.tp, pp=layout.pp
     )
-    small_batch = layout.global_size // layout.dp if per_rank else layout.micro_size
+    probe = MicroGradSquares(engine.module.parameters(), device) if noise_unmeasured is None else None
     small_sq_norm = 0.0
-    comm_exposed_s = 0.0 if layout.dp == 1 else float("nan")
+    # Exposed communication (runner/comm_timer.py): seconds blocked in DeepSpeed's collectives.
+    comm_timer = CollectiveTimer().install(deepspeed_backend()) if device.type == "cpu" else None
+    comm_exposed_s = float("nan")
     fault_step = _injected_fault(env.rank)
     every = config.train.checkpoint_every
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
@@ -301,6 +297,8 @@ def _train(
             if step == fault_step:
                 raise RuntimeError(f"fault injected by LADDER_INJECT_FAULT on rank {env.rank} at step {step}")
             lr = engine.get_lr()[0]
+            if comm_timer is not None:
+                comm_timer.take()  # what ran between steps (logging, checkpoints) is not the step's
             started = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
             for micro in range(layout.accum_steps):
@@ -316,16 +314,9 @@ def _train(
                 engine.backward(loss)
                 loss_sum += loss.detach().float()
                 boundary = micro == layout.accum_steps - 1
-                if per_rank and boundary:
-                    own = squared_l2_norm(p.grad for p in engine.module.parameters() if p.grad is not None)
-                    small_sq_norm = _mean_over_ranks(torch.tensor(own, dtype=torch.float64, device=device))
-                    comm_exposed_s = _timed(engine.allreduce_gradients, device)
-                elif noise_unmeasured is None and micro == 0:
-                    # Before the boundary p.grad is this rank's own gradient of loss / accum_steps.
-                    own = squared_l2_norm(p.grad for p in engine.module.parameters() if p.grad is not None)
-                    small_sq_norm = _mean_over_ranks(
-                        torch.tensor(own * layout.accum_steps**2, dtype=torch.float64, device=device)
-                    )
+                if probe is not None:
+                    # DeepSpeed's backward took loss / accum_steps (times the fp16 loss scale).
+                    probe.end_micro_batch(grad_scale=layout.accum_steps / _loss_scale(engine))
                 if boundary:
                     # Checked before the optimizer step: a non-finite loss never reaches the
                     # weights, so the last checkpoint and the weights stay good.
@@ -342,12 +333,16 @@ def _train(
                         ledger.terms["activations"] = saved_bytes
                 engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
             step_s = time.perf_counter() - started
+            if comm_timer is not None:
+                comm_exposed_s = comm_timer.take()
+            if probe is not None:
+                small_sq_norm = _mean_over_ranks(probe.take_mean())
             if not own_grad_norm:
                 grad_norm = engine.get_global_grad_norm()
             if noise_unmeasured is None and grad_norm is not None:
                 noise.update(
                     small_sq_norm=small_sq_norm,
-                    small_batch=small_batch,
+                    small_batch=layout.micro_size,
                     big_sq_norm=float(grad_norm) ** 2,
                     big_batch=layout.global_size,
                 )
@@ -419,6 +414,12 @@ def _train(
                 ),
                 accelerator=accelerator,
                 noise_scale=noise.summary(seq_len=config.data.seq_len, unmeasured=noise_unmeasured),
+                comm_exposed={
+                    "seconds_per_step": last.get("time/comm_exposed_s"),
+                    "definition": "seconds the training thread is blocked in DeepSpeed's collectives "
+                    "per step (runner/comm_timer.py)",
+                    "unmeasured": None if comm_timer is not None else UNMEASURED_ON_CUDA,
+                },
                 resumed_from_step=start_step or None,
             )
         for sink in sinks:

@@ -54,6 +54,14 @@ def test_auto_takes_the_largest_micro_that_fits():
     assert resolve_layout(gpus=2, tp=1, pp=1, global_size=32, micro_size=None).micro_size == 16
 
 
+def test_auto_leaves_two_gradients_per_step_on_one_rank():
+    # The noise scale needs two gradients per step: on one rank, auto stops below global.
+    layout = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=None)
+    assert (layout.micro_size, layout.accum_steps) == (8, 2)
+    assert resolve_layout(gpus=1, tp=1, pp=1, global_size=1, micro_size=None).micro_size == 1
+    assert resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=16).accum_steps == 1
+
+
 def test_auto_with_nothing_that_fits_says_what_to_do():
     with pytest.raises(LayoutError, match="plan=true"):
         resolve_layout(gpus=1, tp=1, pp=1, global_size=8, micro_size=None, fits=lambda m: False)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from runner.grad_probe import MicroGradSquares
 from runner.noise_scale import NoiseScale, gradient_estimates, squared_l2_norm, why_unmeasured
 
 pytestmark = pytest.mark.unit
@@ -129,11 +130,30 @@ def test_undefined_when_global_equals_micro() -> None:
 
 
 def test_why_unmeasured_names_the_fix() -> None:
-    assert why_unmeasured(raw_local_grads=True, accum_steps=2) is None
-    reason = why_unmeasured(raw_local_grads=True, accum_steps=1)
+    assert why_unmeasured(gradients_per_step=2) is None
+    reason = why_unmeasured(gradients_per_step=1)
     assert reason is not None and "batch.micro_size" in reason
-    reason = why_unmeasured(raw_local_grads=False, accum_steps=4)
-    assert reason is not None and "ZeRO stage 0 in fp32" in reason
+    reason = why_unmeasured(gradients_per_step=4, tp=2)
+    assert reason is not None and "tensor parallelism" in reason
+    reason = why_unmeasured(gradients_per_step=4, pp=2)
+    assert reason is not None and "pipeline" in reason
+
+
+def test_probe_reads_each_micro_batch_gradient_not_the_accumulated_one() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    batches = [torch.randn(4, 6) for _ in range(3)]
+    expected = []
+    for x in batches:  # each micro-batch's own gradient, computed alone
+        grads = torch.autograd.grad(model(x).square().mean(), list(model.parameters()))
+        expected.append(sum(float(g.square().sum()) for g in grads))
+    probe = MicroGradSquares(model.parameters(), torch.device("cpu"))
+    for x in batches:  # accumulated into .grad as a training loop does, loss / accum
+        (model(x).square().mean() / len(batches)).backward()
+        probe.end_micro_batch(grad_scale=len(batches))
+    assert float(probe.take_mean()) == pytest.approx(sum(expected) / len(expected), rel=1e-5)
+    assert probe.micro_batches == 0 and float(probe.take_mean()) == 0.0
+    probe.remove()
 
 
 def test_squared_l2_norm_accumulates_in_fp32() -> None:
