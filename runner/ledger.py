@@ -257,6 +257,14 @@ def deepspeed_estimate(
 
     stage = parallel.zero_stage
     offload = offload_mode(parallel.offload_optimizer, parallel.offload_param)
+    numels = _param_numels(model)
+    if parallel.pp > 1:
+        from runner.pipeline import stage_param_numels
+
+        # Pipeline (runner/pipeline.py): a rank holds its stage's layers only; the stage
+        # holding the most is accounted (a tied embedding counts on the first and last).
+        numels = max(stage_param_numels(model, parallel.pp), key=sum)
+        num_params = sum(numels)
     textbook = model_states(
         num_params,
         zero_stage=stage,
@@ -266,7 +274,6 @@ def deepspeed_estimate(
         offload=offload,
     )
     p_bytes = 4 if precision == Precision.fp32 else 2
-    numels = _param_numels(model)
     head_dim = model.d_model // model.n_head
     # RoPE's cos and sin tables (runner/model.py), kept in fp32 under bf16 by DeepSpeed.
     residual: dict[str, int] = {"model_buffers": 2 * 4 * model.max_seq_len * (head_dim // 2)}
@@ -310,6 +317,10 @@ def deepspeed_estimate(
         bytes_per_elem=p_bytes,
     )
     kept = sum(v for k, v in activations.items() if k not in TRANSIENT_ITEMS)
+    if parallel.pp > 1:
+        from runner.pipeline import stage_activations
+
+        kept = max(stage_activations(activations, n_layer=model.n_layer, pp=parallel.pp))
     return Estimate(
         terms={"params": params, "grads": grads, "optimizer": optim, "activations": kept},
         residual=residual,

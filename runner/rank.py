@@ -7,6 +7,7 @@ launcher or srun). Rank 0 also owns the metric sinks and writes ``summary.json``
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from runner.model import build_model, lm_loss, num_params
 from runner.noise_scale import NoiseScale, why_unmeasured
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
+from runner.pipeline import PipelineSteps, build_pipeline
 from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
 from runner.schedule import lr_multiplier
 from runner.sinks import MetricSink, build_sinks
@@ -202,7 +204,8 @@ def _train(
 
     _quiet_deepspeed()
     torch.manual_seed(config.seed)
-    model = build_model(config.model)
+    # Pipeline parallel: each rank builds its stage of the model only (runner/pipeline.py).
+    model = build_pipeline(config.model, pp=layout.pp) if layout.pp > 1 else build_model(config.model)
     opt = config.optimizer
     schedule = dict(
         warmup_steps=opt.warmup_steps,
@@ -234,6 +237,18 @@ def _train(
     flops = _flops_budget(config)
     batches = BatchSource(config.data, config.model.vocab_size, config.seed, layout.global_size)
     dp_rank = env.rank // (layout.tp * layout.pp)
+    # With a pipeline, DeepSpeed's PipelineEngine runs each step's micro-batches itself.
+    pipe = (
+        PipelineSteps(
+            engine,
+            batches,
+            layout=layout,
+            precision=config.precision.name,
+            grad_clip=config.optimizer.grad_clip,
+        )
+        if layout.pp > 1
+        else None
+    )
     tokens_per_step = layout.global_size * config.data.seq_len
     n_params = num_params(config.model)
 
@@ -275,6 +290,7 @@ def _train(
     # DeepSpeed reports no global grad norm at stage 0 in fp32; there every rank holds the
     # full all-reduced gradient at the boundary, so the norm is computed from it directly.
     own_grad_norm = config.parallel.zero_stage == 0 and "bf16" not in ds_config and "fp16" not in ds_config
+    own_grad_norm = own_grad_norm and pipe is None  # a stage holds its own layers' gradients only
     # Gradient noise scale (runner/noise_scale.py): the mean |grad|^2 of one micro-batch
     # (B_small = micro_size), read by parameter hooks as backward makes it, against the
     # step's reduced gradient (B_big = global_size), at no extra pass, at any ZeRO stage.
@@ -301,7 +317,20 @@ def _train(
                 comm_timer.take()  # what ran between steps (logging, checkpoints) is not the step's
             started = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-            for micro in range(layout.accum_steps):
+            if pipe is not None:
+                # Pipeline parallel (runner/pipeline.py): forward, backward and the optimizer
+                # step of all micro-batches, 1F1B; the micro-batch loop below runs no iteration.
+                loss_value = pipe.train_step(
+                    step, measure_states=step == ledger_step, measure_activations=step == start_step
+                )
+                if not math.isfinite(loss_value):
+                    raise FloatingPointError(
+                        f"loss is {loss_value} at step {step} (the pipeline already stepped): training "
+                        f"diverged; lower optimizer.lr, raise optimizer.warmup_steps, or use precision=fp32"
+                    )
+                if step == ledger_step:
+                    ledger = pipe.ledger()
+            for micro in range(layout.accum_steps if pipe is None else 0):
                 start = rank_slice(dp_rank, micro, layout.micro_size, layout.accum_steps)
                 inputs, targets = batches.micro_batch(step, start, layout.micro_size)
                 inputs, targets = inputs.to(device), targets.to(device)
@@ -410,10 +439,13 @@ def _train(
                     estimate,
                     ledger,
                     peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
-                    measured_at=f"rank 0, step {ledger_step} accumulation boundary (before optimizer step)",
+                    measured_at=f"rank 0, step {ledger_step} accumulation boundary (before optimizer step)"
+                    if pipe is None
+                    else f"each term at its most over ranks (stages), step {ledger_step} boundary",
                 ),
                 accelerator=accelerator,
                 noise_scale=noise.summary(seq_len=config.data.seq_len, unmeasured=noise_unmeasured),
+                pipeline=pipe.summary(step_s=last.get("time/step_s")) if pipe is not None else None,
                 comm_exposed={
                     "seconds_per_step": last.get("time/comm_exposed_s"),
                     "definition": "seconds the training thread is blocked in DeepSpeed's collectives "

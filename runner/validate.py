@@ -13,6 +13,7 @@ import torch
 
 from runner.config import DataName, Offload, Precision, TrainConfig
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
+from runner.pipeline import pipeline_problems
 
 
 class ConfigError(ValueError):
@@ -141,12 +142,13 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
             "precision=fp16: this host has no CUDA device and DeepSpeed's CPU accelerator does not "
             "support fp16; use precision=bf16 (same memory, fp32's range) or precision=fp32"
         )
-    for key, degree in (("tp", config.parallel.tp), ("pp", config.parallel.pp)):
+    for key, degree in (("tp", config.parallel.tp),):
         if degree > 1:
             problems.append(
-                f"parallel.{key}={degree}: this version runs tp=1 and pp=1 only; such layouts "
+                f"parallel.{key}={degree}: this version runs tp=1 only; such layouts "
                 f"can be planned (add plan=true) but not run yet"
             )
+    problems += pipeline_problems(config)
     if launcher == "local":
         available, what = host_ranks_available()
         if config.gpus > available:

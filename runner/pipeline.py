@@ -1,0 +1,406 @@
+"""Pipeline parallelism: ladder's decoder cut into DeepSpeed ``PipelineModule`` stages.
+
+The model is the same as runner/model.py's, written as a flat list of layers
+(embedding, ``n_layer`` blocks, final norm, output head) that DeepSpeed splits into
+``pp`` stages, one per rank of a pipeline; each rank builds and holds only its stage.
+
+Schedule. ``PipelineEngine.train_batch`` runs one optimizer step: the batch contract's
+``accum_steps`` micro-batches are the pipeline's micro-batches (GPipe, Huang et al.
+2019, arXiv 1811.06965), scheduled one-forward-one-backward (PipeDream-Flush / 1F1B,
+Narayanan et al. 2021, arXiv 2104.04473, Sec. 2.2.1), and flushed before the optimizer
+step, so the step is the same synchronous step as without a pipeline. Idle time (the
+bubble) is (pp - 1) / accum_steps of the ideal step time (same paper and section).
+
+Data. Every stage of a pipeline reads the same micro-batches of its data-parallel rank,
+in the order of runner/data.py's contract: DeepSpeed feeds the inputs on the first stage
+and the labels on the last, so the sequences of a step do not depend on the layout.
+
+Weights. A tied embedding (``tie_embeddings``) lives on the first stage (lookup) and the
+last (output head) as DeepSpeed's ``TiedLayerSpec``: DeepSpeed sums the two stages'
+gradients before the step, so the copies stay one parameter. Each rank initialises the
+whole model once on the host with runner/model.py's ``build_model`` (the same weights for
+a seed as every other layout) and keeps its stage's share.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from runner.config import ModelConfig, Offload, Precision, Recompute, TrainConfig
+from runner.data import BatchSource, rank_slice
+from runner.layout import Layout
+from runner.ledger import TERMS, Ledger, measure_model_states, saved_activations
+from runner.memory import TRANSIENT_ITEMS
+from runner.model import RMSNorm, Transformer, TransformerBlock, build_model, lm_loss, rope_cache
+
+log = logging.getLogger("ladder")
+
+_EMBED_KEY = "embed"  # TiedLayerSpec key shared by the lookup and the output head
+
+
+# --------------------------------------------------------------------------------------
+# The stage split (pure: no process group needed)
+# --------------------------------------------------------------------------------------
+
+
+def stage_bounds(n_layer: int, pp: int) -> list[tuple[int, int]]:
+    """[start, stop) of each stage over the layer list (0 embedding, 1..L blocks, L+1 norm, L+2 output).
+
+    DeepSpeed's ``partition_method="type:BlockPipe"`` balances the blocks alone
+    (``partition_balanced`` over 0/1 weights); the embedding lands on the first stage,
+    the norm and the output head on the last. Computed with DeepSpeed's own function so
+    the estimate and the built module cannot disagree.
+    """
+    if not 1 <= pp <= n_layer:
+        raise ValueError(f"pp={pp} must lie in [1, n_layer={n_layer}]: each stage needs a block")
+    from deepspeed.runtime.utils import partition_balanced
+
+    parts = [int(p) for p in partition_balanced(weights=[0] + [1] * n_layer + [0, 0], num_parts=pp)]
+    return list(itertools.pairwise(parts))
+
+
+def stage_blocks(n_layer: int, pp: int) -> list[int]:
+    """Transformer blocks on each stage."""
+    return [min(stop, n_layer + 1) - max(start, 1) for start, stop in stage_bounds(n_layer, pp)]
+
+
+def stage_param_numels(model: ModelConfig, pp: int) -> list[list[int]]:
+    """Numel of every parameter tensor each stage holds (a tied embedding counts on both ends)."""
+    h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
+    kv_width = (model.n_kv_head or model.n_head) * (h // model.n_head)
+    # Module order as runner/ledger.py's _param_numels: norm, wq, wk, wv, wo, norm, w1, w2, w3.
+    per_block = [h, h * h, h * kv_width, h * kv_width, h * h, h, h * f, f * h, h * f]
+    stages = []
+    last = len(stage_bounds(model.n_layer, pp)) - 1
+    for stage, blocks in enumerate(stage_blocks(model.n_layer, pp)):
+        numels = [v * h] if stage == 0 else []
+        numels += per_block * blocks
+        if stage == last:
+            numels += [h, v * h]  # final norm; the output head (the tied copy, or its own weight)
+        stages.append(numels)
+    return stages
+
+
+def stage_activations(items: dict[str, int], *, n_layer: int, pp: int) -> list[int]:
+    """Bytes each stage saves over one micro-batch, from runner/memory.py's whole-model items.
+
+    A stage saves its blocks' share; the first also the token ids of the lookup, the last
+    the final norm, the output head's input and the loss (``transient.*`` are not saved).
+    """
+    per_block = items["blocks"] // n_layer
+    outside = {k: v for k, v in items.items() if k != "blocks" and k not in TRANSIENT_ITEMS}
+    first_only = outside.pop("embedding.token_ids", 0)
+    blocks = stage_blocks(n_layer, pp)
+    return [
+        n * per_block + (first_only if s == 0 else 0) + (sum(outside.values()) if s == pp - 1 else 0)
+        for s, n in enumerate(blocks)
+    ]
+
+
+def pipeline_problems(config: TrainConfig) -> list[str]:
+    """Why a ``parallel.pp > 1`` run cannot start, each with the fix (empty when it can)."""
+    par, model = config.parallel, config.model
+    pp = par.pp
+    if pp <= 1:
+        return []
+    problems = []
+    if par.zero_stage >= 2:
+        # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8): ZeRO-2 would
+        # reduce-scatter gradients inside every micro-batch's backward, the pipeline's own
+        # gradient reduction runs once per step.
+        problems.append(
+            f"parallel.pp={pp} with parallel.zero_stage={par.zero_stage}: DeepSpeed's pipeline engine "
+            f"refuses ZeRO-2 and ZeRO-3 (gradients cannot be partitioned across its micro-batches); "
+            f"use parallel=pp2 or parallel=zero1 parallel.pp={pp}"
+        )
+    if pp > model.n_layer:
+        problems.append(
+            f"parallel.pp={pp} > model.n_layer={model.n_layer}: each pipeline stage needs at least one "
+            f"transformer block; use parallel.pp <= {model.n_layer}"
+        )
+    if par.tp > 1:
+        problems.append(
+            f"parallel.pp={pp} with parallel.tp={par.tp}: tensor and pipeline parallelism are not run "
+            f"together yet; use one of them (or plan=true to size the layout)"
+        )
+    if Offload.cpu in (par.offload_optimizer, par.offload_param):
+        problems.append(
+            f"parallel.pp={pp} with CPU offload: offload under a pipeline is not run here; drop "
+            f"parallel.offload_optimizer / parallel.offload_param or use parallel.pp=1"
+        )
+    return problems
+
+
+# --------------------------------------------------------------------------------------
+# The layers
+# --------------------------------------------------------------------------------------
+
+
+class RotaryTables(nn.Module):
+    """RoPE's cos/sin tables, one instance shared by every block of a stage (runner/model.py)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        cos, sin = rope_cache(cfg.d_model // cfg.n_head, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+
+class EmbeddingPipe(nn.Embedding):
+    """Token lookup, first stage: tokens (B, T) -> (B, T, C)."""
+
+
+def _output_head(embedding: nn.Embedding, x: torch.Tensor) -> torch.Tensor:
+    """The tied output head on the last stage: (B, T, C) -> logits (B, T, V)."""
+    return F.linear(x, embedding.weight)
+
+
+class OutputPipe(nn.Linear):
+    """The untied output head (bias-free), last stage: (B, T, C) -> (B, T, V)."""
+
+    def __init__(self, d_model: int, vocab_size: int) -> None:
+        super().__init__(d_model, vocab_size, bias=False)
+
+
+class BlockPipe(nn.Module):
+    """One TransformerBlock as a pipeline layer: x (B, T, C) -> (B, T, C), RoPE from the stage's tables."""
+
+    def __init__(self, cfg: ModelConfig, rope: RotaryTables) -> None:
+        super().__init__()
+        self.block = TransformerBlock(cfg)
+        self.rope = rope  # shared: registered once per stage, counted once (remove_duplicate)
+        self.full_recompute = cfg.activation_checkpointing == Recompute.full
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """As one iteration of Transformer.forward's block loop, full recompute included."""
+        T = x.shape[1]
+        cos, sin = self.rope.cos[:T], self.rope.sin[:T]
+        if self.full_recompute and self.training:
+            return checkpoint(self.block, x, cos, sin, use_reentrant=False)
+        return self.block(x, cos, sin)
+
+
+def _layer_specs(cfg: ModelConfig) -> list[Any]:
+    """Embedding, blocks, final norm and output head as DeepSpeed layer specs."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    rope = RotaryTables(cfg)
+    if cfg.tie_embeddings:
+        first = TiedLayerSpec(_EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model)
+        head = TiedLayerSpec(_EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model, forward_fn=_output_head)
+    else:
+        first = LayerSpec(EmbeddingPipe, cfg.vocab_size, cfg.d_model)
+        head = LayerSpec(OutputPipe, cfg.d_model, cfg.vocab_size)
+    blocks = [LayerSpec(BlockPipe, cfg, rope) for _ in range(cfg.n_layer)]
+    return [first, *blocks, LayerSpec(RMSNorm, cfg.d_model, cfg.norm_eps), head]
+
+
+@torch.no_grad()
+def _copy_weights(pipe: Any, full: Transformer, cfg: ModelConfig) -> None:
+    """Give this stage's layers the weights ``build_model`` drew, so every layout starts alike."""
+    last = cfg.n_layer + 1
+    for name, module in pipe.named_children():
+        if name == "tied_modules":
+            for embedding in module.values():
+                embedding.weight.copy_(full.tok_embeddings.weight)
+            continue
+        if not name.isdigit():
+            continue
+        index = int(name)
+        if index == 0:
+            module.weight.copy_(full.tok_embeddings.weight)
+        elif index <= cfg.n_layer:
+            module.block.load_state_dict(full.layers[index - 1].state_dict())
+        elif index == last:
+            module.weight.copy_(full.norm.weight)
+        else:
+            module.weight.copy_(full.output.weight)
+
+
+def build_pipeline(cfg: ModelConfig, *, pp: int) -> Any:
+    """This rank's stage of ``cfg`` as a PipelineModule (the process group must exist)."""
+    from deepspeed.pipe import PipelineModule
+
+    # Drawn first, with the RNG where build_model would find it: the same weights as pp=1.
+    full = build_model(cfg, device="cpu")
+    pipe = PipelineModule(
+        layers=_layer_specs(cfg),
+        num_stages=pp,
+        loss_fn=lm_loss,
+        partition_method=f"type:{BlockPipe.__name__}",
+    )
+    if list(pipe.parts) != [b[0] for b in stage_bounds(cfg.n_layer, pp)] + [cfg.n_layer + 3]:
+        raise RuntimeError(f"DeepSpeed split the layers as {pipe.parts}, not as stage_bounds says")
+    _copy_weights(pipe, full, cfg)
+    return pipe
+
+
+# --------------------------------------------------------------------------------------
+# Fixes to DeepSpeed 0.19's pipeline engine
+# --------------------------------------------------------------------------------------
+
+
+def _clip_across_stages(engine: Any, max_norm: float) -> None:
+    """fp32 ZeRO-0 clipping by the norm of the whole model's gradient, all stages together.
+
+    DeepSpeed 0.19 clips fp32 ZeRO-0 gradients with runtime/utils.py ``clip_grad_norm_``,
+    whose Megatron rule counts a non-model-parallel parameter on model-parallel rank 0
+    only; the pipeline grid's model-parallel group spans the stages, so only the first
+    stage's gradients enter the norm. Here each stage adds its own squared norm (the tied
+    embedding once: DeepSpeed marks the other copy ``ds_pipe_replicated``) over the
+    pipeline group, after the data-parallel all-reduce, as the plain layout sees it.
+    """
+    import torch.distributed as dist
+
+    group = engine.grid.get_pipe_parallel_group()
+
+    def clip() -> None:
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        own = [
+            p.grad.detach().float().pow(2).sum()
+            for p in engine.module.parameters()
+            if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)
+        ]
+        sq = torch.stack(own).sum() if own else torch.zeros((), device=engine.device)
+        dist.all_reduce(sq, group=group)
+        norm = sq.sqrt()
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # as clip_grad_norm_ does
+        for grad in grads:
+            grad.mul_(coef)
+        engine._global_grad_norm = float(norm)
+
+    engine.clip_fp32_gradients = clip
+
+
+# --------------------------------------------------------------------------------------
+# One optimizer step
+# --------------------------------------------------------------------------------------
+
+
+def _per_term_max(ledger: Ledger) -> Ledger:
+    """Each term (and residual line) at its largest over all ranks: what the fullest stage holds."""
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (ledger.terms, ledger.residual))
+    merged = Ledger()
+    for terms, residual in everyone:
+        for term in TERMS:
+            merged.terms[term] = max(merged.terms[term], terms[term])
+        for name, nbytes in residual.items():
+            merged.residual[name] = max(merged.residual.get(name, 0), nbytes)
+    return merged
+
+
+class PipelineSteps:
+    """Runs optimizer steps through DeepSpeed's PipelineEngine and measures what the loop cannot see."""
+
+    def __init__(
+        self, engine: Any, batches: BatchSource, *, layout: Layout, precision: Precision, grad_clip: float
+    ) -> None:
+        self.engine = engine
+        self.batches = batches
+        self.layout = layout
+        self.precision = precision
+        # The pipeline's data-parallel rank, from DeepSpeed's topology (pipe-major rank order).
+        self.dp_rank = int(engine.grid.get_data_parallel_id())
+        self.stage = int(engine.stage_id)
+        self._boundary: Callable[[], None] | None = None
+        self._states: Ledger | None = None
+        self._saved_bytes = 0
+        self.step_times: list[float] = []
+        if not engine.zero_optimization() and precision == Precision.fp32 and grad_clip > 0:
+            _clip_across_stages(engine, grad_clip)
+        # The optimizer step runs inside train_batch; model states are measured just before
+        # it, at the accumulation boundary, as the plain loop does.
+        take_model_step = engine._take_model_step
+
+        def at_boundary(*args: Any, **kwargs: Any) -> Any:
+            if self._boundary is not None:
+                self._boundary()
+            return take_model_step(*args, **kwargs)
+
+        engine._take_model_step = at_boundary
+
+    def _micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This step's micro-batches of this pipeline's dp rank: the sequences every layout sees."""
+        lay = self.layout
+        for micro in range(lay.accum_steps):
+            start = rank_slice(self.dp_rank, micro, lay.micro_size, lay.accum_steps)
+            inputs, targets = self.batches.micro_batch(step, start, lay.micro_size)
+            yield inputs.to(self.engine.device), targets.to(self.engine.device)
+
+    def _measure_first_micro_batch(self) -> None:
+        """Count the tensors this stage saves for backward over its first forward (and loss)."""
+        module = self.engine.module
+        forward, loss_fn = module.forward, module.loss_fn
+
+        def measured(call: Callable[..., Any], restore: Callable[[], None]) -> Callable[..., Any]:
+            def once(*args: Any) -> Any:
+                restore()
+                with saved_activations(module) as saved:
+                    out = call(*args)
+                self._saved_bytes += saved["activations"]
+                return out
+
+            return once
+
+        def restore_forward() -> None:
+            module.forward = forward
+
+        def restore_loss() -> None:
+            module.loss_fn = loss_fn
+
+        module.forward = measured(forward, restore_forward)
+        if module.loss_fn is not None and self.engine.is_last_stage():
+            module.loss_fn = measured(loss_fn, restore_loss)
+
+    def train_step(self, step: int, *, measure_states: bool, measure_activations: bool) -> float:
+        """One optimizer step; the loss is the mean over the global batch, on every rank."""
+        if measure_activations:
+            self._measure_first_micro_batch()
+        if measure_states:
+
+            def measure() -> None:
+                self._states = measure_model_states(self.engine, precision=self.precision)
+
+            self._boundary = measure
+        try:
+            loss = self.engine.train_batch(data_iter=self._micro_batches(step))
+        finally:
+            self._boundary = None
+        # DeepSpeed averages the last stage's micro-batch losses over dp and broadcasts them.
+        return float(loss)
+
+    def ledger(self) -> Ledger | None:
+        """The measured ledger, each term at its most over ranks (every rank must call this)."""
+        if self._states is None:
+            return None
+        self._states.terms["activations"] = self._saved_bytes
+        return _per_term_max(self._states)
+
+    def summary(self, *, step_s: float | None) -> dict[str, Any]:
+        """What summary.json keeps about the pipeline: split, schedule, bubble."""
+        lay = self.layout
+        bounds = self.engine.module.parts
+        return {
+            "stages": lay.pp,
+            "layers_per_stage": [int(b - a) for a, b in itertools.pairwise(bounds)],
+            "blocks_per_stage": stage_blocks(int(bounds[-1]) - 3, lay.pp),
+            "schedule": "1F1B (PipeDream-Flush, Narayanan et al. 2021), flushed every step",
+            "micro_batches": lay.accum_steps,
+            "bubble_fraction_predicted": (lay.pp - 1) / lay.accum_steps,
+            "measured_step_s": step_s if step_s is not None and math.isfinite(step_s) else None,
+        }
