@@ -345,13 +345,15 @@ def micro_fit_for_config(config: TrainConfig) -> MicroFit:
 def plan_only_reasons(knobs: Knobs) -> list[str]:
     """Why the runner cannot run these knobs yet (empty when it can)."""
     reasons = []
-    if knobs.tp > 1:
-        reasons.append(f"parallel.tp={knobs.tp}: the runner runs tp=1 only")
     if knobs.pp > 1:
-        reasons.append(f"parallel.pp={knobs.pp}: the runner runs pp=1 only")
+        # The same refusals as runner/pipeline.py pipeline_problems, for a run.
+        if knobs.tp > 1:
+            reasons.append(f"parallel.pp={knobs.pp} with parallel.tp={knobs.tp}: not run together yet")
         if knobs.zero_stage >= 2:
             # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8).
             reasons.append("DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")
+        if knobs.offload != "none":
+            reasons.append(f"parallel.pp={knobs.pp} with offload: not run under a pipeline here")
     return reasons
 
 

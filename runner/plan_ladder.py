@@ -20,8 +20,8 @@ Within rungs 4-7 the cheaper knobs are tried again in the same order (no recompu
 selective, then full; then a higher ZeRO stage; then offload), so a winner never
 recomputes, shards or offloads more than it needs. Every candidate takes the largest
 micro-batch that fits (auto). A rung that fails reports its closest candidate: its bytes
-against the usable memory and its largest term. Layouts the runner cannot run yet (tp or
-pp > 1) are planned all the same and marked "plan only".
+against the usable memory and its largest term. Layouts the runner cannot run yet
+(runner/plan.py ``plan_only_reasons``) are planned all the same and marked "plan only".
 """
 
 from __future__ import annotations

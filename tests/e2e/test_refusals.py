@@ -55,6 +55,16 @@ CASES = [
         ["parallel.offload_optimizer=cpu", "parallel=zero2"],
     ),
     (["parallel=zero2", "parallel.offload_param=cpu"], ["parallel.offload_param=cpu", "parallel=zero3"]),
+    # pipeline parallel: DeepSpeed's pipeline engine takes ZeRO 0-1; each stage needs a block
+    (
+        ["parallel=zero2", "parallel.pp=2", "gpus=2"],
+        ["parallel.pp=2", "parallel.zero_stage=2", "ZeRO-2 and ZeRO-3", "parallel=pp2"],
+    ),
+    (
+        ["parallel=zero3", "parallel.pp=2", "gpus=2"],
+        ["parallel.pp=2", "parallel.zero_stage=3", "parallel=zero1"],
+    ),
+    (["parallel.pp=8", "gpus=8"], ["parallel.pp=8", "model.n_layer=4", "parallel.pp <= 4"]),
     (["parallel.tp=2", "gpus=2"], ["parallel.tp=2", "plan=true"]),
     # missing files
     (["data.path=/nonexistent/tokens.bin"], ["data.path=/nonexistent/tokens.bin", "no such file"]),

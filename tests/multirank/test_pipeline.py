@@ -1,0 +1,78 @@
+"""Pipeline parallel keeps the experiment and halves what a rank holds.
+
+fp32 on CPU, 10 steps, global batch 16 as micro 4 x accum 4: one rank without a pipeline
+against two pipeline stages (parallel.pp=2, dp 1): the 4 micro-batches are the pipeline's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import TrainResult, run_train
+
+pytestmark = pytest.mark.multirank
+
+STEPS = 10
+FP32_TOLERANCE = 1e-5
+COMMON = [
+    "batch.global_size=16",
+    "batch.micro_size=4",
+    f"train.steps={STEPS}",
+    "logger=none",
+    "optimizer.lr=1e-3",
+]
+LAYOUTS = {"plain/1x4": ["gpus=1"], "pp2/2x4": ["gpus=2", "parallel.pp=2"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, TrainResult]:
+    """Both layouts trained once for the module's tests."""
+    root: Path = tmp_path_factory.mktemp("pipeline")
+    results = {}
+    for name, overrides in LAYOUTS.items():
+        result = run_train(*overrides, *COMMON, run_dir=root / name.replace("/", "_"))
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+        results[name] = result
+    return results
+
+
+def test_pipeline_gives_the_losses_of_the_plain_layout(runs):
+    plain, pipe = ([m["loss"] for m in runs[name].metrics] for name in LAYOUTS)
+    assert len(plain) == len(pipe) == STEPS
+    worst = max(abs(a - b) for a, b in zip(plain, pipe, strict=True))
+    print(f"pp=2 vs 1 rank: max |dloss| over {STEPS} steps = {worst:.2e}")
+    assert worst <= FP32_TOLERANCE
+    assert pipe[-1] < pipe[0] - 0.5  # and it trained
+
+
+def test_gradient_norm_spans_all_stages(runs):
+    # Clipping (grad_clip 1.0) is by the whole model's norm, as on one rank.
+    plain, pipe = ([m["grad_norm"] for m in runs[name].metrics] for name in LAYOUTS)
+    assert pipe == pytest.approx(plain, rel=1e-4)
+
+
+def test_each_rank_holds_about_half_the_model_states(runs):
+    """Measured: 2 stages of 2 blocks; the last holds 1,647,872 of 3,229,952 params (0.510)."""
+    full = runs["plain/1x4"].summary["memory"]["measured"]
+    stage = runs["pp2/2x4"].summary["memory"]["measured"]
+    for term in ("params", "grads", "optimizer"):
+        ratio = stage[f"{term}_gb"] / full[f"{term}_gb"]
+        print(f"{term}: pp=2 / plain = {ratio:.3f}")
+        # Half the blocks, plus the tied embedding's copy on the last stage.
+        assert 0.49 < ratio < 0.53, (term, ratio)
+
+
+def test_estimate_matches_the_fullest_stage(runs):
+    memory = runs["pp2/2x4"].summary["memory"]
+    for term, error in memory["rel_error"].items():
+        assert error is not None and abs(error) <= 0.02, (term, memory)
+
+
+def test_summary_records_the_pipeline(runs):
+    summary = runs["pp2/2x4"].summary
+    assert summary["layout"]["pp"] == 2 and summary["layout"]["accum_steps"] == 4
+    pipeline = summary["pipeline"]
+    assert pipeline["blocks_per_stage"] == [2, 2]
+    assert pipeline["bubble_fraction_predicted"] == pytest.approx((2 - 1) / 4)
+    assert summary["noise_scale"]["unmeasured"]  # no rank sees a micro-batch's whole gradient

@@ -1,0 +1,62 @@
+"""The pipeline's stage split and its per-stage accounting (runner/pipeline.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from runner.config import ModelConfig
+from runner.memory import TRANSIENT_ITEMS, activation_items_total
+from runner.model import num_params
+from runner.pipeline import stage_activations, stage_blocks, stage_bounds, stage_param_numels
+
+pytestmark = pytest.mark.unit
+
+TINY = ModelConfig(n_layer=4, n_head=4, d_model=256, ffn_hidden=688, vocab_size=256, tie_embeddings=True)
+
+
+@pytest.mark.parametrize(
+    ("n_layer", "pp", "blocks"),
+    [(4, 2, [2, 2]), (5, 2, [3, 2]), (4, 4, [1, 1, 1, 1]), (8, 3, [3, 3, 2]), (3, 1, [3])],
+)
+def test_blocks_are_balanced_over_stages(n_layer, pp, blocks):
+    assert stage_blocks(n_layer, pp) == blocks
+
+
+def test_embedding_on_the_first_stage_norm_and_head_on_the_last():
+    # Layers: 0 embedding, 1-4 blocks, 5 final norm, 6 output head.
+    assert stage_bounds(4, 2) == [(0, 3), (3, 7)]
+
+
+def test_more_stages_than_blocks_is_refused():
+    with pytest.raises(ValueError, match="each stage needs a block"):
+        stage_bounds(4, 5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_stages_hold_the_model_once_plus_the_tied_copy(tied):
+    model = dataclasses.replace(TINY, tie_embeddings=tied)
+    stages = stage_param_numels(model, 2)
+    tied_copy = model.vocab_size * model.d_model if tied else 0
+    assert sum(map(sum, stages)) == num_params(model) + tied_copy
+    # Measured on 2 ranks (tests/multirank/test_pipeline.py): 1,647,616 and 1,647,872 parameters.
+    if tied:
+        assert [sum(s) for s in stages] == [1_647_616, 1_647_872]
+
+
+def test_stage_activations_add_up_to_the_whole_model():
+    items = activation_items_total(
+        n_layers=4,
+        seq_len=128,
+        micro_size=4,
+        d_model=256,
+        n_heads=4,
+        vocab_size=256,
+        flash=True,
+        bytes_per_elem=4,
+    )
+    whole = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
+    per_stage = stage_activations(items, n_layer=4, pp=2)
+    assert sum(per_stage) == whole
+    assert per_stage[1] > per_stage[0]  # the last stage keeps the loss's log-probabilities
