@@ -13,7 +13,7 @@ the number of completed steps: batches are a function of (seed, step) (runner/da
 
 Resuming onto another layout (other dp, other ZeRO stage) goes through DeepSpeed's
 universal checkpoint (``deepspeed.checkpoint.ds_to_universal``), converted once next to
-the original.
+the original. Every checkpoint file is unpickled weights-only (runner/safe_load.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from runner import safe_load
 from runner.layout import Layout
 from runner.summary import write_json_atomic
 
@@ -149,7 +150,7 @@ def universal_tag(run_dir: Path, record: dict[str, Any]) -> str:
             [
                 sys.executable,
                 "-m",
-                "deepspeed.checkpoint.ds_to_universal",
+                "runner.safe_load",  # deepspeed.checkpoint.ds_to_universal, weights-only loads
                 "--input_folder",
                 str(root / record["tag"]),
                 "--output_folder",
@@ -181,7 +182,10 @@ def wait_for(run_dir: Path, tag: str, *, timeout_s: float = 1800.0) -> None:
 def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
     """Restore model, optimizer, LR schedule and this rank's RNG; returns the completed steps."""
     root = run_dir / CHECKPOINT_DIR
-    path, client_state = engine.load_checkpoint(str(root), tag=tag)
+    # Every file DeepSpeed reads here is unpickled weights-only: a doctored one cannot run code.
+    safe_load.install(engine)
+    with safe_load.weights_only_loads():
+        path, client_state = engine.load_checkpoint(str(root), tag=tag)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {root / tag}")
     rng = root / tag / f"rng_rank{rank}.pt"
