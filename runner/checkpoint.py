@@ -118,6 +118,17 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
             f"this run asks {layout.global_size}; a different global batch is a different experiment: "
             f"set batch.global_size={saved['global_size']} or start a new run directory"
         )
+    saved_pp = saved.get("pp", 1)
+    moved = saved_pp != layout.pp or needs_universal(record, layout=layout, zero_stage=zero_stage)
+    if max(saved_pp, layout.pp) > 1 and moved:
+        # A pipeline saves one file per layer and one optimizer partition per stage
+        # (runner/pipeline.py); moving those to another layout is not done here.
+        raise ValueError(
+            f"train.resume=auto: the checkpoint was written at pp {saved_pp}, dp {saved['dp']}, ZeRO stage "
+            f"{record['zero_stage']}; this run asks pp {layout.pp}, dp {layout.dp}, stage {zero_stage}, and "
+            f"a pipeline's checkpoint resumes on its own layout only: keep gpus={saved['gpus']} "
+            f"parallel.pp={saved_pp} parallel.zero_stage={record['zero_stage']}, or start a new run directory"
+        )
     if needs_universal(record, layout=layout, zero_stage=zero_stage) and 3 in (
         zero_stage,
         record["zero_stage"],

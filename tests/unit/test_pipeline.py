@@ -6,7 +6,9 @@ import dataclasses
 
 import pytest
 
+from runner import checkpoint
 from runner.config import ModelConfig
+from runner.layout import resolve_layout
 from runner.memory import TRANSIENT_ITEMS, activation_items_total
 from runner.model import num_params
 from runner.pipeline import stage_activations, stage_blocks, stage_bounds, stage_param_numels
@@ -60,3 +62,12 @@ def test_stage_activations_add_up_to_the_whole_model():
     per_stage = stage_activations(items, n_layer=4, pp=2)
     assert sum(per_stage) == whole
     assert per_stage[1] > per_stage[0]  # the last stage keeps the loss's log-probabilities
+
+
+def test_a_pipeline_checkpoint_resumes_on_its_own_layout_only():
+    pipelined = resolve_layout(gpus=2, tp=1, pp=2, global_size=16, micro_size=4)
+    plain = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
+    record = {"tag": "step_00000002", "layout": pipelined.record(), "zero_stage": 0}
+    checkpoint.check_resumable(record, layout=pipelined, zero_stage=0)  # the same layout resumes
+    with pytest.raises(ValueError, match=r"pp 2, dp 1.*parallel.pp=2"):
+        checkpoint.check_resumable(record, layout=plain, zero_stage=0)
