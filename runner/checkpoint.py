@@ -4,7 +4,7 @@ Layout of ``<run_dir>/checkpoints/``:
 
     step_00000004/          DeepSpeed's files (model, optimizer, LR schedule) + rng_rank<N>.pt
     .partial-step_00000006/ a save in progress (or one that a crash cut short): never loaded
-    latest.json             the newest complete checkpoint: tag, completed steps, layout
+    latest.json             the newest complete checkpoint: tag, completed steps, layout, skipped steps
 
 A save goes to ``.partial-<tag>``; after every rank has written, rank 0 renames it to
 ``<tag>`` (an atomic rename) and only then rewrites ``latest.json`` (atomically too). A
@@ -61,9 +61,21 @@ def _barrier() -> None:
 
 
 def save(
-    engine: Any, run_dir: Path, *, completed_steps: int, layout: Layout, zero_stage: int, rank: int, keep: int
+    engine: Any,
+    run_dir: Path,
+    *,
+    completed_steps: int,
+    layout: Layout,
+    zero_stage: int,
+    rank: int,
+    keep: int,
+    skipped_steps: list[int] | None = None,
 ) -> None:
-    """Write a checkpoint of every rank's state; collective: every rank calls it."""
+    """Write a checkpoint of every rank's state; collective: every rank calls it.
+
+    ``skipped_steps`` (train.on_nonfinite=skip, runner/nonfinite.py) go into ``latest.json``,
+    so a resumed run counts them against train.max_skipped_steps.
+    """
     root = run_dir / CHECKPOINT_DIR
     tag = tag_for(completed_steps)
     partial = PARTIAL_PREFIX + tag
@@ -86,6 +98,7 @@ def save(
                 "completed_steps": completed_steps,
                 "layout": layout.record(),
                 "zero_stage": zero_stage,
+                "skipped_steps": list(skipped_steps or []),
             },
         )
         _prune(root, keep=keep, newest=tag)

@@ -197,14 +197,23 @@ class Resume(str, Enum):
     auto = "auto"
 
 
+class OnNonFinite(str, Enum):
+    """What a non-finite loss does: stop the run, or skip the step's update and go on."""
+
+    stop = "stop"
+    skip = "skip"
+
+
 @dataclass(frozen=True)
 class TrainLoopConfig:
-    """Length of the run, checkpoints and resume."""
+    """Length of the run, checkpoints, resume and what a non-finite loss does."""
 
     steps: int = 60
     checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: none
     keep_checkpoints: int = 2  # complete checkpoints kept, newest first
     resume: Resume = Resume.never
+    on_nonfinite: OnNonFinite = OnNonFinite.stop  # runner/nonfinite.py
+    max_skipped_steps: int = 10  # with skip: the run stops at the next non-finite loss after this many
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from runner.ledger import (
 )
 from runner.model import build_model, lm_loss, num_params
 from runner.noise_scale import NoiseScale, why_unmeasured
+from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
 from runner.pipeline import PipelineSteps, build_pipeline
@@ -304,6 +305,12 @@ def _train(
     comm_timer = CollectiveTimer().install(deepspeed_backend()) if device.type == "cpu" else None
     comm_exposed_s = float("nan")
     fault_step = _injected_fault(env.rank)
+    nan_steps = injected_nan_steps(env.rank)
+    nonfinite = NonFiniteGuard(
+        config.train.on_nonfinite,
+        max_skipped=config.train.max_skipped_steps,
+        skipped=[] if record is None else record.get("skipped_steps", []),
+    )
     every = config.train.checkpoint_every
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
     interruption: dict[str, Any] | None = None
@@ -317,6 +324,7 @@ def _train(
                 comm_timer.take()  # what ran between steps (logging, checkpoints) is not the step's
             started = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+            skip = False  # train.on_nonfinite=skip: this step's update is dropped (runner/nonfinite.py)
             if pipe is not None:
                 # Pipeline parallel (runner/pipeline.py): forward, backward and the optimizer
                 # step of all micro-batches, 1F1B; the micro-batch loop below runs no iteration.
@@ -340,6 +348,8 @@ def _train(
                     saved_bytes = saved["activations"]
                 else:
                     loss = lm_loss(engine(inputs), targets)
+                if step in nan_steps:
+                    loss = loss * float("nan")  # LADDER_INJECT_NAN (tests of train.on_nonfinite)
                 engine.backward(loss)
                 loss_sum += loss.detach().float()
                 boundary = micro == layout.accum_steps - 1
@@ -348,19 +358,16 @@ def _train(
                     probe.end_micro_batch(grad_scale=layout.accum_steps / _loss_scale(engine))
                 if boundary:
                     # Checked before the optimizer step: a non-finite loss never reaches the
-                    # weights, so the last checkpoint and the weights stay good.
+                    # weights; it stops the run or skips the update, the same on every rank.
                     loss_value = _mean_over_ranks(loss_sum / layout.accum_steps)
-                    if not torch.isfinite(torch.tensor(loss_value)):
-                        raise FloatingPointError(
-                            f"loss is {loss_value} at step {step}: training diverged; lower "
-                            f"optimizer.lr, raise optimizer.warmup_steps, or use precision=fp32/bf16"
-                        )
+                    skip = nonfinite.should_skip(loss_value, step=step)
                     if own_grad_norm:
                         grad_norm = _local_grad_norm(engine.module)
                     if step == ledger_step:
                         ledger = measure_model_states(engine, precision=config.precision.name)
                         ledger.terms["activations"] = saved_bytes
-                engine.step()  # DeepSpeed steps the optimizer at the accumulation boundary only
+                # DeepSpeed steps the optimizer at the accumulation boundary only
+                engine_step(engine, skip=skip)
             step_s = time.perf_counter() - started
             if comm_timer is not None:
                 comm_exposed_s = comm_timer.take()
@@ -368,7 +375,7 @@ def _train(
                 small_sq_norm = _mean_over_ranks(probe.take_mean())
             if not own_grad_norm:
                 grad_norm = engine.get_global_grad_norm()
-            if noise_unmeasured is None and grad_norm is not None:
+            if noise_unmeasured is None and grad_norm is not None and not skip:
                 noise.update(
                     small_sq_norm=small_sq_norm,
                     small_batch=layout.micro_size,
@@ -381,6 +388,7 @@ def _train(
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "batch/noise_scale": noise.value if noise.value is not None else float("nan"),
                 "time/comm_exposed_s": comm_exposed_s,
+                "train/skipped_steps": len(nonfinite.skipped),
                 **throughput_metrics(
                     step_s=step_s,
                     tokens_per_step=tokens_per_step,
@@ -408,6 +416,7 @@ def _train(
                     zero_stage=config.parallel.zero_stage,
                     rank=env.rank,
                     keep=config.train.keep_checkpoints,
+                    skipped_steps=nonfinite.skipped,
                 )
             if asked and stop is not None:
                 raise _stopped(step + 1, asked, stop, rank=env.rank)
@@ -452,6 +461,7 @@ def _train(
                     "per step (runner/comm_timer.py)",
                     "unmeasured": None if comm_timer is not None else UNMEASURED_ON_CUDA,
                 },
+                skipped_steps=nonfinite.summary(),
                 resumed_from_step=start_step or None,
             )
         for sink in sinks:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from runner.config import DataName, Offload, Precision, TrainConfig
+from runner.config import DataName, Offload, OnNonFinite, Precision, TrainConfig
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.pipeline import pipeline_problems
 
@@ -113,6 +113,17 @@ def _problems(config: TrainConfig) -> list[str]:
             "parallel.offload_param=cpu without parallel.offload_optimizer=cpu: offload the "
             "optimizer states too (DeepSpeed's ZeRO-Infinity order)",
         )
+    train = config.train
+    need(
+        train.max_skipped_steps >= 0,
+        f"train.max_skipped_steps={train.max_skipped_steps}: must be 0 or more (the skipped steps a "
+        f"run with train.on_nonfinite=skip allows before it stops), e.g. train.max_skipped_steps=10",
+    )
+    need(
+        train.on_nonfinite == OnNonFinite.stop or config.parallel.pp == 1,
+        f"train.on_nonfinite=skip with parallel.pp={config.parallel.pp}: DeepSpeed's pipeline engine "
+        f"steps the optimizer inside train_batch, before the loss is known; use train.on_nonfinite=stop",
+    )
     need(config.logger.log_every >= 1, f"logger.log_every={config.logger.log_every}: must be at least 1")
     need(0 < config.planner.headroom <= 1, f"planner.headroom={config.planner.headroom}: must lie in (0, 1]")
     return problems

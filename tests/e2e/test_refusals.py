@@ -44,6 +44,7 @@ CASES = [
     (["planner.headroom=1.5"], ["planner.headroom=1.5", "(0, 1]"]),
     (["logger.log_every=0"], ["logger.log_every=0", "at least 1"]),
     (["train.checkpoint_every=-1"], ["train.checkpoint_every=-1"]),
+    (["train.max_skipped_steps=-1"], ["train.max_skipped_steps=-1", "0 or more"]),
     (["model.n_head=5"], ["model.d_model=256", "model.n_head=5", "divisors"]),
     (["model.n_kv_head=3"], ["model.n_kv_head=3", "model.n_head=4"]),
     (["model.vocab_size=100"], ["model.vocab_size=100", "data.path"]),
@@ -65,6 +66,10 @@ CASES = [
         ["parallel.pp=2", "parallel.zero_stage=3", "parallel=zero1"],
     ),
     (["parallel.pp=8", "gpus=8"], ["parallel.pp=8", "model.n_layer=4", "parallel.pp <= 4"]),
+    (
+        ["train.on_nonfinite=skip", "parallel=pp2", "gpus=2"],
+        ["train.on_nonfinite=skip", "parallel.pp=2", "train.on_nonfinite=stop"],
+    ),
     (["parallel.tp=2", "gpus=2"], ["parallel.tp=2", "plan=true"]),
     # missing files
     (["data.path=/nonexistent/tokens.bin"], ["data.path=/nonexistent/tokens.bin", "no such file"]),
@@ -78,6 +83,7 @@ CASES = [
     (["optimizer.name=lamb"], ["lamb"]),
     (["logger.mode=sometimes"], ["sometimes"]),
     (["train.resume=sometimes"], ["sometimes"]),
+    (["train.on_nonfinite=ignore"], ["train.on_nonfinite", "ignore", "stop", "skip"]),
 ]
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from checkpoint_states import checkpoint_tensors, max_abs_diff
 from conftest import ROOT, run_train
 
 pytestmark = pytest.mark.multirank
@@ -22,6 +23,10 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {
         m["step"]: m["loss"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
     }
+
+
+def _metrics(run_dir: Path) -> dict[int, dict]:
+    return {m["step"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +191,36 @@ def test_a_diverging_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):
     for line in (result.run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         assert record["step"] < latest["completed_steps"] + 2
+
+
+def test_a_skipped_nonfinite_step_leaves_weights_and_optimizer_unchanged(tmp_path, reference):
+    """ZeRO-2, 2 ranks, accumulation 2: rank 1's loss is NaN at step 2; every rank skips that update."""
+    run_dir = tmp_path / "run"
+    result = run_train(
+        "gpus=2",
+        "parallel=zero2",
+        "batch.micro_size=4",
+        "train.steps=5",
+        "train.checkpoint_every=1",
+        "train.keep_checkpoints=10",
+        "train.on_nonfinite=skip",
+        *COMMON,
+        run_dir=run_dir,
+        env={"LADDER_INJECT_NAN": "1:2"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    assert summary["status"] == "completed"
+    assert summary["skipped_steps"] == {"policy": "skip", "count": 1, "steps": [2]}
+    metrics = _metrics(run_dir)
+    assert [metrics[s]["train/skipped_steps"] for s in range(5)] == [0, 0, 1, 1, 1]
+    # Before the skip: the uninterrupted run's losses, bit for bit; after it: finite losses.
+    assert [metrics[s]["loss"] for s in (0, 1)] == [reference[0], reference[1]]
+    assert all(isinstance(metrics[s]["loss"], float) for s in (3, 4))
+    # The schedule advances over a skipped step: lr is the step's (warmup 10: 3e-3 * (s + 1) / 10).
+    assert [metrics[s]["lr"] for s in range(5)] == pytest.approx([3e-4 * (s + 1) for s in range(5)])
+    # The checkpoint after the skipped step holds exactly what the one before it held:
+    # weights, fp32 partitions, Adam's moments and step count (the schedule moved on).
+    before, after = checkpoint_tensors(run_dir, "step_00000002"), checkpoint_tensors(run_dir, "step_00000003")
+    assert max_abs_diff(before, after) == 0.0
+    assert max_abs_diff(checkpoint_tensors(run_dir, "step_00000001"), before) > 0.0  # a step that applied
