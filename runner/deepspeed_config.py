@@ -19,6 +19,7 @@ from runner.config import (
     PrecisionConfig,
 )
 from runner.layout import Layout
+from runner.tensor_parallel import deepspeed_train_batch_size, tensor_parallel_section
 
 # DeepSpeed prints its own per-step lines every `steps_per_print` steps; the runner logs
 # its metrics itself, so DeepSpeed's are pushed out of the way.
@@ -90,8 +91,11 @@ def build_deepspeed_config(
     """DeepSpeed's config dict for one layout; ``lr`` is the effective (scaled) learning rate."""
     offloaded = parallel.offload_optimizer != Offload.none
     config: dict[str, Any] = {
-        # global = micro x accum x dp: DeepSpeed checks the same identity at initialize.
-        "train_batch_size": layout.global_size,
+        # global = micro x accum x dp: DeepSpeed checks the same identity at initialize
+        # (with tensor parallelism, in its own count: runner/tensor_parallel.py).
+        "train_batch_size": deepspeed_train_batch_size(
+            global_size=layout.global_size, tp=layout.tp, zero_stage=parallel.zero_stage
+        ),
         "train_micro_batch_size_per_gpu": layout.micro_size,
         "gradient_accumulation_steps": layout.accum_steps,
         "gradient_clipping": optimizer.grad_clip,
@@ -100,7 +104,10 @@ def build_deepspeed_config(
         "steps_per_print": _QUIET_STEPS,
         "wall_clock_breakdown": False,
         **_precision_section(precision),
+        **tensor_parallel_section(layout.tp),
     }
+    if config["train_batch_size"] is None:
+        del config["train_batch_size"]
     config["optimizer"]["params"]["lr"] = lr
     if load_universal:
         # Resuming onto another layout: DeepSpeed reads the universal checkpoint format.

@@ -196,11 +196,16 @@ class Estimate:
     host: dict[str, int] = field(default_factory=dict)  # offloaded to host memory, per rank
 
 
-def _param_numels(model: ModelConfig) -> list[int]:
-    """Numel of every parameter tensor of runner/model.py's Transformer, in module order."""
+def _param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
+    """Numel of every parameter tensor of runner/model.py's Transformer one rank holds, in module order.
+
+    With ``tp`` > 1 the attention and MLP matrices hold 1/tp each, the embeddings and norm
+    gains stay whole (the partition of runner/tensor_parallel.py).
+    """
     h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
     kv_width = (model.n_kv_head or model.n_head) * (h // model.n_head)
-    per_layer = [h, h * h, h * kv_width, h * kv_width, h * h, h, h * f, f * h, h * f]
+    q, kv, ffn = h * h // tp, h * kv_width // tp, h * f // tp  # one rank's shard of each matrix
+    per_layer = [h, q, kv, kv, q, h, ffn, ffn, ffn]  # norm, wq wk wv wo, norm, w1 w2 w3
     numels = [v * h, *per_layer * model.n_layer, h]
     if not model.tie_embeddings:
         numels.append(v * h)
@@ -258,6 +263,10 @@ def deepspeed_estimate(
     stage = parallel.zero_stage
     offload = offload_mode(parallel.offload_optimizer, parallel.offload_param)
     numels = _param_numels(model)
+    if parallel.tp > 1:
+        # Tensor parallel: every term below is of the parameters this rank holds.
+        numels = _param_numels(model, tp=parallel.tp)
+        num_params = sum(numels)
     if parallel.pp > 1:
         from runner.pipeline import stage_param_numels
 
@@ -313,6 +322,7 @@ def deepspeed_estimate(
         else str(model.activation_checkpointing),
         flash=True,  # torch's SDPA takes a flash kernel on CPU and on CUDA
         n_kv_heads=model.n_kv_head,
+        tp=parallel.tp,
         ffn_hidden=model.ffn_hidden,
         bytes_per_elem=p_bytes,
     )

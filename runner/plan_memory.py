@@ -5,8 +5,10 @@ layout changes:
 
 - tensor parallel t and pipeline parallel p split the parameters: each device holds
   ceil(P / (t * p)) of them (Megatron-style: t splits every weight matrix, p splits the
-  layers; the embedding and output head are assumed spread like the rest). ZeRO then
-  shards that over dp (runner.memory.model_states).
+  layers; the embedding and output head are assumed spread like the rest). With t alone
+  the runner's AutoTP keeps the embeddings, output head and norms whole on every rank,
+  so those count whole (runner/tensor_parallel.py). ZeRO then shards that over dp
+  (runner.memory.model_states).
 - t splits the per-head and MLP-hidden activations (Korthikanti et al. 2022, arXiv
   2205.05198, eq. 2; runner.memory.activations_total takes ``tp``).
 - p gives each stage ceil(L / p) layers. Under the 1F1B schedule the first stage holds
@@ -29,6 +31,7 @@ from runner.memory import (
     deepspeed_residuals,
     model_states,
 )
+from runner.tensor_parallel import params_per_tp_rank
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,9 @@ def memory_terms(
 ) -> MemoryTerms:
     """Every memory term of one device for this layout (see the module docstring)."""
     local = params_per_device(num_params, tp=tp, pp=pp)
+    if tp > 1 and pp == 1:
+        # AutoTP keeps embeddings, output head and norms whole on each rank (runner/tensor_parallel.py).
+        local = params_per_tp_rank(model, num_params=num_params, tp=tp)
     states: ModelStates = model_states(
         local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
     )

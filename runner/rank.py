@@ -44,6 +44,7 @@ from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
 from runner.schedule import lr_multiplier
 from runner.sinks import MetricSink, build_sinks
 from runner.summary import read_summary, update_summary
+from runner.tensor_parallel import grad_norm as tp_grad_norm
 from runner.throughput import FlopsBudget, throughput_metrics
 
 log = logging.getLogger("ladder")
@@ -362,7 +363,11 @@ def _train(
                     loss_value = _mean_over_ranks(loss_sum / layout.accum_steps)
                     skip = nonfinite.should_skip(loss_value, step=step)
                     if own_grad_norm:
-                        grad_norm = _local_grad_norm(engine.module)
+                        grad_norm = (
+                            _local_grad_norm(engine.module)
+                            if layout.tp == 1
+                            else tp_grad_norm(engine.module, tp=layout.tp)  # shards summed over tp
+                        )
                     if step == ledger_step:
                         ledger = measure_model_states(engine, precision=config.precision.name)
                         ledger.terms["activations"] = saved_bytes

@@ -14,6 +14,7 @@ import torch
 from runner.config import DataName, Offload, OnNonFinite, Precision, TrainConfig
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.pipeline import pipeline_problems
+from runner.tensor_parallel import tp_node_problems, tp_problems
 
 
 class ConfigError(ValueError):
@@ -124,6 +125,13 @@ def _problems(config: TrainConfig) -> list[str]:
         f"train.on_nonfinite=skip with parallel.pp={config.parallel.pp}: DeepSpeed's pipeline engine "
         f"steps the optimizer inside train_batch, before the loss is known; use train.on_nonfinite=stop",
     )
+    problems += tp_problems(config.model, tp=config.parallel.tp)
+    if config.cluster.gpus_per_node is not None:
+        problems += tp_node_problems(
+            config.parallel.tp,
+            ranks_per_node=config.cluster.gpus_per_node,
+            where=f"cluster={config.cluster.name} ({config.cluster.gpus_per_node} gpus per node)",
+        )
     need(config.logger.log_every >= 1, f"logger.log_every={config.logger.log_every}: must be at least 1")
     need(0 < config.planner.headroom <= 1, f"planner.headroom={config.planner.headroom}: must lie in (0, 1]")
     return problems
@@ -153,12 +161,6 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
             "precision=fp16: this host has no CUDA device and DeepSpeed's CPU accelerator does not "
             "support fp16; use precision=bf16 (same memory, fp32's range) or precision=fp32"
         )
-    for key, degree in (("tp", config.parallel.tp),):
-        if degree > 1:
-            problems.append(
-                f"parallel.{key}={degree}: this version runs tp=1 only; such layouts "
-                f"can be planned (add plan=true) but not run yet"
-            )
     problems += pipeline_problems(config)
     if launcher == "local":
         available, what = host_ranks_available()
@@ -167,6 +169,11 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
                 f"gpus={config.gpus}: the local launcher starts ranks on this host, which has {what}. "
                 f"Submit to a cluster instead: python train.py -m hydra/launcher=slurm gpus={config.gpus} "
                 f"...; or size it without launching: python train.py gpus={config.gpus} plan=true"
+            )
+        if config.cluster.gpus_per_node is None:
+            # cluster=local: a tensor-parallel group must fit the ranks this host runs.
+            problems += tp_node_problems(
+                config.parallel.tp, ranks_per_node=available, where=f"this host ({what})"
             )
     return problems
 

@@ -70,7 +70,21 @@ CASES = [
         ["train.on_nonfinite=skip", "parallel=pp2", "gpus=2"],
         ["train.on_nonfinite=skip", "parallel.pp=2", "train.on_nonfinite=stop"],
     ),
-    (["parallel.tp=2", "gpus=2"], ["parallel.tp=2", "plan=true"]),
+    # tensor parallel: heads and MLP width split whole, a group inside one node, dp whole
+    (["parallel.tp=3", "gpus=3"], ["parallel.tp=3", "model.n_head=4", "{1, 2, 4}", "model.ffn_hidden=688"]),
+    (
+        ["parallel.tp=2", "model.n_head=8", "model.n_kv_head=1", "gpus=2"],
+        ["parallel.tp=2", "model.n_kv_head=1", "key/value heads"],
+    ),
+    (
+        ["cluster=h100_sxm", "parallel.tp=16", "model.n_head=16", "gpus=16"],
+        ["parallel.tp=16", "cluster=h100_sxm (8 gpus per node)", "{1, 2, 4, 8}"],
+    ),
+    (
+        ["parallel.tp=1024", "gpus=1024", "model.d_model=2048", "model.n_head=1024", "model.ffn_hidden=2048"],
+        ["parallel.tp=1024", "exceeds this host", "inside one node"],
+    ),
+    (["parallel.tp=2", "gpus=3"], ["gpus=3", "tp x pp = 2 x 1 = 2", "{2, 4, 6, 8}"]),
     # missing files
     (["data.path=/nonexistent/tokens.bin"], ["data.path=/nonexistent/tokens.bin", "no such file"]),
     # wrong types, unknown keys and options (refused by the schemas during composition)

@@ -1,0 +1,155 @@
+"""Tensor parallelism through DeepSpeed's AutoTP: which weights are split, and how.
+
+Megatron-LM's partitioning (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3): in each
+block the first matmul is split by columns (its output features) and the second by rows
+(its input features), so a block needs one all-reduce in forward (after the row-parallel
+matmul) and one in backward (of the column-parallel matmul's input gradient):
+
+- attention: ``wq``, ``wk``, ``wv`` column-parallel, so each rank holds whole heads
+  (n_head / tp query heads, n_kv_head / tp key/value heads); ``wo`` row-parallel;
+- SwiGLU MLP: ``w1`` (gate) and ``w3`` (up) column-parallel, ``w2`` (down) row-parallel.
+
+The token embedding, the output head (tied to it in the tiny model), and the RMSNorm
+gains stay whole on every rank: their inputs and gradients are identical across the
+tensor-parallel group, so their gradients agree without a reduction.
+
+DeepSpeed's mesh (``deepspeed/utils/groups.py``, ``_init_tp_mesh_device``) is
+(data_parallel, tensor_parallel) with tensor-parallel innermost: ranks
+``tp*d .. tp*d + tp-1`` form one tensor-parallel group and share data-parallel index
+``d = rank // tp``, which is how runner/rank.py hands out batches (both ranks of a group
+see the same micro-batches, as AutoTP checks on the first forward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runner.config import ModelConfig
+
+# Parameter-name patterns (runner/model.py keeps Meta's Llama names), matched by
+# AutoTP with re.match against e.g. "layers.0.attention.wq.weight".
+COLUMN_PARALLEL = (r".*\.attention\.w[qkv]\.weight$", r".*\.feed_forward\.w[13]\.weight$")
+ROW_PARALLEL = (r".*\.attention\.wo\.weight$", r".*\.feed_forward\.w2\.weight$")
+
+
+def partition_config() -> dict[str, Any]:
+    """AutoTP's ``partition_config`` for runner/model.py's Transformer (column/row by name)."""
+    return {
+        # Only these specs: AutoTP's built-in ones target HuggingFace names, and any
+        # Linear they do not match (the output head) stays replicated.
+        "use_default_specs": False,
+        # No "lm_head"-style name: the output head is not treated as a vocabulary-parallel head.
+        "lm_head_patterns": [],
+        "layer_specs": [
+            {"patterns": list(ROW_PARALLEL), "partition_type": "row"},
+            {"patterns": list(COLUMN_PARALLEL), "partition_type": "column"},
+        ],
+    }
+
+
+def tensor_parallel_section(tp: int) -> dict[str, Any]:
+    """DeepSpeed's ``tensor_parallel`` section; empty at tp 1 (AutoTP off)."""
+    if tp == 1:
+        return {}
+    return {"tensor_parallel": {"autotp_size": tp, "partition_config": partition_config()}}
+
+
+def deepspeed_train_batch_size(*, global_size: int, tp: int, zero_stage: int) -> int | None:
+    """The ``train_batch_size`` DeepSpeed's check wants, or None where it must be left out.
+
+    DeepSpeed 0.19 parses its config before AutoTP builds the mesh, so at stages 0-2 it
+    checks train_batch = micro x accum x world_size, counting each tensor-parallel rank as
+    a data-parallel one: tp times the real global batch. At stage 3 it checks again against
+    the data-parallel size after the mesh exists, so no single value passes both; left
+    out, it is derived from micro x accum at each check.
+    """
+    if tp == 1:
+        return global_size
+    if zero_stage == 3:
+        return None
+    return global_size * tp
+
+
+def tp_problems(model: ModelConfig, *, tp: int) -> list[str]:
+    """Why ``parallel.tp`` cannot split this model (empty when it can)."""
+    if tp == 1:
+        return []
+    checks = [("model.n_head", model.n_head, "query heads")]
+    if model.n_kv_head is not None:  # unset: as many as n_head, checked above
+        checks.append(("model.n_kv_head", model.n_kv_head, "key/value heads"))
+    checks.append(("model.ffn_hidden", model.ffn_hidden, "MLP hidden features"))
+    problems = []
+    for key, value, what in checks:
+        if value % tp:
+            problems.append(
+                f"parallel.tp={tp} does not divide {key}={value}: each tensor-parallel rank holds "
+                f"{value}/{tp} {what}; use parallel.tp in {_divisors_text(value)}"
+            )
+    return problems
+
+
+def _divisors_text(value: int) -> str:
+    return "{" + ", ".join(str(d) for d in range(1, value + 1) if value % d == 0 and d <= 64) + "}"
+
+
+def tp_node_problems(tp: int, *, ranks_per_node: int, where: str) -> list[str]:
+    """Why a tensor-parallel group of ``tp`` ranks cannot sit inside one node (empty when it can)."""
+    if tp <= ranks_per_node:
+        return []
+    fitting = [d for d in (1, 2, 4, 8, 16, 32) if d <= ranks_per_node]
+    # Megatron-LM keeps tensor parallelism inside a node (Narayanan et al. 2021, arXiv
+    # 2104.04473, Sec. 3.3): it all-reduces activations twice per block, forward and backward.
+    return [
+        f"parallel.tp={tp} exceeds {where}: a tensor-parallel group all-reduces every block's "
+        f"activations and must sit inside one node; use parallel.tp in "
+        f"{{{', '.join(map(str, fitting))}}} and parallel.pp (or more dp) across nodes"
+    ]
+
+
+def is_sharded(param: torch.nn.Parameter) -> bool:
+    """Whether AutoTP split this parameter over the tensor-parallel group (it tags the shards)."""
+    # deepspeed/module_inject/layers.py marks each replaced layer's weight with
+    # DS_TENSOR_MODEL_PARALLEL = "tensor_model_parallel".
+    return bool(getattr(param, "tensor_model_parallel", False))
+
+
+def grad_norm(module: torch.nn.Module, *, tp: int) -> float:
+    """L2 norm of the full model's gradient from this rank's shards and replicated parameters.
+
+    A sharded weight's squares are summed over the tensor-parallel group; a replicated
+    one's gradient is the same on every rank of the group, so it is counted once.
+    """
+    sharded_sq = torch.zeros((), dtype=torch.float64)
+    replicated_sq = torch.zeros((), dtype=torch.float64)
+    for param in module.parameters():
+        if param.grad is None:
+            continue
+        sq = param.grad.detach().double().square().sum().cpu()
+        if is_sharded(param):
+            sharded_sq += sq
+        else:
+            replicated_sq += sq
+    if tp > 1:
+        import torch.distributed as dist
+        from deepspeed.utils import groups
+
+        device = next(module.parameters()).device
+        total = sharded_sq.to(device)
+        dist.all_reduce(total, group=groups.get_tensor_model_parallel_group())
+        sharded_sq = total.cpu()
+    return float((sharded_sq + replicated_sq).sqrt())
+
+
+def replicated_params(model: ModelConfig) -> int:
+    """Parameters every tensor-parallel rank holds whole: embeddings, output head, norm gains."""
+    head = 0 if model.tie_embeddings else model.vocab_size * model.d_model
+    norms = (2 * model.n_layer + 1) * model.d_model
+    return model.vocab_size * model.d_model + head + norms
+
+
+def params_per_tp_rank(model: ModelConfig, *, num_params: int, tp: int) -> int:
+    """Parameters one tensor-parallel rank holds: the block matrices / tp, the rest whole."""
+    whole = replicated_params(model)
+    return (num_params - whole) // tp + whole

@@ -1,0 +1,163 @@
+"""Tensor parallel: the partition AutoTP gets, DeepSpeed's batch count, the per-rank estimate, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from runner.config import (
+    ModelConfig,
+    OptimizerConfig,
+    OptimizerName,
+    ParallelConfig,
+    Precision,
+    PrecisionConfig,
+)
+from runner.deepspeed_config import build_deepspeed_config
+from runner.layout import resolve_layout
+from runner.ledger import deepspeed_estimate
+from runner.model import build_model, num_params
+from runner.tensor_parallel import params_per_tp_rank, partition_config, tp_node_problems, tp_problems
+
+pytestmark = pytest.mark.unit
+
+TINY = ModelConfig(
+    name="tiny", n_layer=4, n_head=4, d_model=256, ffn_hidden=688, vocab_size=256, tie_embeddings=True
+)
+
+
+def _spec_for(name: str) -> str | None:
+    """The partition type AutoTP picks for a parameter name: its first matching spec, as it does."""
+    for spec in partition_config()["layer_specs"]:
+        if any(re.match(pattern, name) for pattern in spec["patterns"]):
+            return spec["partition_type"]
+    return None
+
+
+def test_partition_splits_blocks_and_replicates_the_rest():
+    """Megatron-LM's split: wq wk wv w1 w3 by columns, wo w2 by rows, nothing else."""
+    model = build_model(TINY, device="meta")
+    expected = {"wq": "column", "wk": "column", "wv": "column", "w1": "column", "w3": "column"}
+    expected |= {"wo": "row", "w2": "row"}
+    for name, _ in model.named_parameters():
+        leaf = name.split(".")[-2]
+        assert _spec_for(name) == expected.get(leaf), name
+    # The tied output head is not a parameter of its own; an untied one stays whole too.
+    assert _spec_for("output.weight") is None and _spec_for("tok_embeddings.weight") is None
+
+
+def test_deepspeed_config_carries_autotp_and_its_batch_count():
+    """Stages 0-2 count tp ranks as dp in train_batch_size; stage 3 takes none."""
+    layout = resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)
+    assert (layout.dp, layout.accum_steps) == (1, 4)
+
+    def build(stage: int) -> dict:
+        return build_deepspeed_config(
+            layout=layout,
+            parallel=ParallelConfig(zero_stage=stage, tp=2),
+            precision=PrecisionConfig(),
+            optimizer=OptimizerConfig(),
+            lr=1e-3,
+        )
+
+    for stage in (0, 1, 2):
+        config = build(stage)
+        assert config["train_batch_size"] == 16 * 2
+        assert config["tensor_parallel"]["autotp_size"] == 2
+        assert config["tensor_parallel"]["partition_config"]["use_default_specs"] is False
+    assert "train_batch_size" not in build(3)
+    plain = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=4)
+    config = build_deepspeed_config(
+        layout=plain,
+        parallel=ParallelConfig(),
+        precision=PrecisionConfig(),
+        optimizer=OptimizerConfig(),
+        lr=1e-3,
+    )
+    assert "tensor_parallel" not in config and config["train_batch_size"] == 16
+
+
+def test_deepspeed_parses_the_section():
+    """DeepSpeed's own model of the section, and its partition config object, accept it."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.tensor_parallel.config import get_tensor_parallel_config
+
+    layout = resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)
+    config = build_deepspeed_config(
+        layout=layout,
+        parallel=ParallelConfig(zero_stage=1, tp=2),
+        precision=PrecisionConfig(),
+        optimizer=OptimizerConfig(),
+        lr=1e-3,
+    )
+    parsed = get_tensor_parallel_config(config).get_partition_config_object()
+    assert parsed.tp_size == 2 and len(parsed.layer_specs) == 2
+    assert parsed.find_matching_spec("layers.3.feed_forward.w2.weight").partition_type.value == "row"
+    assert parsed.find_matching_spec("norm.weight") is None
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_estimate_halves_the_block_matrices_only(stage):
+    """Per rank at tp 2: P/2 plus half of what stays whole (embeddings, norms), per term."""
+
+    def estimate(tp: int):
+        return deepspeed_estimate(
+            model=TINY,
+            num_params=num_params(TINY),
+            parallel=ParallelConfig(zero_stage=stage, tp=tp),
+            precision=Precision.fp32,
+            optimizer=OptimizerName.adamw,
+            dp=1,
+            micro_size=4,
+            seq_len=128,
+            host_is_device=True,
+        )
+
+    h, L = TINY.d_model, TINY.n_layer
+    whole = TINY.vocab_size * h + (2 * L + 1) * h  # tied embedding, 2 norms per block, final norm
+    local = (num_params(TINY) - whole) // 2 + whole
+    full, split = estimate(1), estimate(2)
+    assert split.terms["params"] == 4 * local  # fp32 bytes
+    assert split.terms["grads"] == 4 * local
+    assert split.terms["optimizer"] == 8 * local  # Adam's m and v
+    # Measured on 2 CPU ranks (tiny, fp32, micro 4, stage 0): 6,595,584 B of parameters.
+    assert split.terms["params"] == 6_595_584
+    assert split.terms["activations"] < full.terms["activations"]
+
+
+def test_refusals_name_the_key_and_the_values_that_work():
+    assert tp_problems(TINY, tp=1) == [] and tp_problems(TINY, tp=2) == []
+    (heads,) = tp_problems(dataclasses.replace(TINY, n_head=2, d_model=256), tp=4)
+    assert "parallel.tp=4" in heads and "model.n_head=2" in heads and "{1, 2}" in heads
+    (ffn,) = tp_problems(dataclasses.replace(TINY, ffn_hidden=690), tp=4)
+    assert "model.ffn_hidden=690" in ffn
+    gqa = tp_problems(dataclasses.replace(TINY, n_head=8, n_kv_head=2), tp=4)
+    assert len(gqa) == 1 and "model.n_kv_head=2" in gqa[0]
+    assert tp_node_problems(8, ranks_per_node=8, where="x") == []
+    (node,) = tp_node_problems(16, ranks_per_node=8, where="cluster=h100_sxm (8 gpus per node)")
+    assert "parallel.tp=16" in node and "{1, 2, 4, 8}" in node
+
+
+def test_planner_counts_what_stays_whole():
+    """The planner's parameters per device at tp 2 are the ledger's: block matrices / 2, the rest whole."""
+    from runner.plan_memory import memory_terms
+
+    terms = memory_terms(
+        TINY,
+        num_params=num_params(TINY),
+        precision="fp32",
+        optimizer="adamw",
+        zero_stage=0,
+        offload="none",
+        recompute="none",
+        seq_len=128,
+        micro_size=4,
+        dp=1,
+        tp=2,
+        pp=1,
+        accum_steps=4,
+    )
+    assert terms.params == 6_595_584  # measured per rank on 2 CPU ranks (fp32 bytes)
+    assert terms.params == params_per_tp_rank(TINY, num_params=num_params(TINY), tp=2) * 4
