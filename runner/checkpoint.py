@@ -161,6 +161,19 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
             f"{saved['dp']}; DeepSpeed converts only ZeRO 1-3 checkpoints to another layout. Resume "
             f"with parallel=ddp (any gpus), or from a ZeRO checkpoint"
         )
+    saved_tp = saved.get("tp", 1)
+    if max(saved_tp, layout.tp) > 1 and (
+        saved_tp != layout.tp or needs_universal(record, layout=layout, zero_stage=zero_stage)
+    ):
+        # AutoTP saves each tensor-parallel rank's shards (mp_rank_XX files); loading them at
+        # another tp fails inside DeepSpeed (state_dict_factory: "key ... is not found").
+        raise ValueError(
+            f"train.resume=auto: the checkpoint was written at tp {saved_tp}, dp {saved['dp']}, ZeRO "
+            f"stage {record['zero_stage']}; this run asks tp {layout.tp}, dp {layout.dp}, stage "
+            f"{zero_stage}, and a tensor-parallel checkpoint resumes on its own layout only: keep "
+            f"gpus={saved['gpus']} parallel.tp={saved_tp} parallel.zero_stage={record['zero_stage']}, "
+            f"or start a new run directory"
+        )
 
 
 def universal_tag(run_dir: Path, record: dict[str, Any]) -> str:

@@ -161,3 +161,16 @@ def test_planner_counts_what_stays_whole():
     )
     assert terms.params == 6_595_584  # measured per rank on 2 CPU ranks (fp32 bytes)
     assert terms.params == params_per_tp_rank(TINY, num_params=num_params(TINY), tp=2) * 4
+
+
+def test_a_tensor_parallel_checkpoint_resumes_on_its_own_layout_only():
+    """AutoTP's shards load at their own tp and dp; another layout is refused before launch."""
+    from runner.checkpoint import check_resumable
+
+    saved = resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)
+    record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 1}
+    check_resumable(record, layout=saved, zero_stage=1)  # same layout: resumes
+    for gpus, tp in ((1, 1), (4, 2)):
+        other = resolve_layout(gpus=gpus, tp=tp, pp=1, global_size=16, micro_size=4)
+        with pytest.raises(ValueError, match=r"parallel\.tp=2 parallel\.zero_stage=1"):
+            check_resumable(record, layout=other, zero_stage=1)
