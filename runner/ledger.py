@@ -174,7 +174,9 @@ def saved_activations(model: torch.nn.Module) -> Iterator[dict[str, int]]:
     result = {"activations": 0}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if isinstance(tensor, torch.nn.Parameter):
+        # A view of a parameter is a weight too: AutoTP's layers save weight.transpose(),
+        # whose storage at ZeRO-3 is the gathered copy, not one listed in ``excluded``.
+        if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
             return tensor
         found = _storage(tensor)
         if found is not None and found[0] not in excluded and found[0] not in seen:

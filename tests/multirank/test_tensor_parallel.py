@@ -73,3 +73,15 @@ def test_estimate_matches_the_measurement(runs):
     for term, tolerance in {**dict.fromkeys(STATES, 0.02), "activations": 0.15}.items():
         error = memory["rel_error"][term]
         assert error is not None and abs(error) <= tolerance, (term, memory)
+
+
+def test_zero3_bf16_with_tp_keeps_the_ledger(train):
+    """ZeRO-3 shards the tp shards over dp; AutoTP's saved weight views are not activations."""
+    result = train(
+        "parallel=zero3", "parallel.tp=2", "gpus=2", "precision=bf16", "train.steps=2", "logger=none"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    memory = result.summary["memory"]
+    for term, tolerance in {**dict.fromkeys(STATES, 0.02), "activations": 0.15}.items():
+        error = memory["rel_error"][term]
+        assert error is not None and abs(error) <= tolerance, (term, memory)
