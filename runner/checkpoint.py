@@ -13,7 +13,9 @@ the number of completed steps: batches are a function of (seed, step) (runner/da
 
 Resuming onto another layout (other dp, other ZeRO stage) goes through DeepSpeed's
 universal checkpoint (``deepspeed.checkpoint.ds_to_universal``), converted once next to
-the original. Every checkpoint file is unpickled weights-only (runner/safe_load.py).
+the original and completed so that ZeRO stages 1, 2 and 3 all load it, whichever stage
+wrote it (:func:`_loadable_at_every_stage`). Every checkpoint file is unpickled
+weights-only (runner/safe_load.py).
 """
 
 from __future__ import annotations
@@ -142,25 +144,8 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
             f"a pipeline's checkpoint resumes on its own layout only: keep gpus={saved['gpus']} "
             f"parallel.pp={saved_pp} parallel.zero_stage={record['zero_stage']}, or start a new run directory"
         )
-    if needs_universal(record, layout=layout, zero_stage=zero_stage) and 3 in (
-        zero_stage,
-        record["zero_stage"],
-    ):
-        # Seen with DeepSpeed 0.19.8: a stage-3 engine finds no model-states file in a universal
-        # checkpoint, and a converted stage-3 checkpoint has "Empty ds_version" for stages 1-2.
-        raise ValueError(
-            f"train.resume=auto: the checkpoint was written on dp {saved['dp']} at ZeRO stage "
-            f"{record['zero_stage']}, this run asks dp {layout.dp} at stage {zero_stage}; DeepSpeed "
-            f"moves a checkpoint to another layout between ZeRO stages 1 and 2 only. Keep "
-            f"gpus={saved['gpus']} with parallel.zero_stage={record['zero_stage']}, or resume a "
-            f"ZeRO-1/2 checkpoint with parallel=zero1 or parallel=zero2"
-        )
-    if needs_universal(record, layout=layout, zero_stage=zero_stage) and record["zero_stage"] == 0:
-        raise ValueError(
-            f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on dp "
-            f"{saved['dp']}; DeepSpeed converts only ZeRO 1-3 checkpoints to another layout. Resume "
-            f"with parallel=ddp (any gpus), or from a ZeRO checkpoint"
-        )
+    if needs_universal(record, layout=layout, zero_stage=zero_stage):
+        _check_universal(record, layout=layout, zero_stage=zero_stage)
     saved_tp = saved.get("tp", 1)
     if max(saved_tp, layout.tp) > 1 and (
         saved_tp != layout.tp or needs_universal(record, layout=layout, zero_stage=zero_stage)
@@ -173,6 +158,30 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
             f"{zero_stage}, and a tensor-parallel checkpoint resumes on its own layout only: keep "
             f"gpus={saved['gpus']} parallel.tp={saved_tp} parallel.zero_stage={record['zero_stage']}, "
             f"or start a new run directory"
+        )
+
+
+def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
+    """Refuse a move to another layout that the universal checkpoint cannot carry.
+
+    ZeRO stages 1, 2 and 3 move to one another at any dp: universal_tag completes DeepSpeed's
+    conversion for every stage (_loadable_at_every_stage).
+    """
+    saved = record["layout"]
+    if record["zero_stage"] == 0:
+        raise ValueError(
+            f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on dp "
+            f"{saved['dp']}; DeepSpeed converts only ZeRO 1-3 checkpoints to another layout. Resume "
+            f"with parallel=ddp (any gpus), or from a ZeRO checkpoint"
+        )
+    if zero_stage == 0:
+        # Seen with DeepSpeed 0.19.8: a stage-0 engine loads no weights from a universal checkpoint
+        # and hands torch's optimizer the ZeRO checkpoint's empty "optimizer" entry (None):
+        # "AttributeError: 'NoneType' object has no attribute 'copy'".
+        raise ValueError(
+            f"train.resume=auto: the checkpoint was written on dp {saved['dp']} at ZeRO stage "
+            f"{record['zero_stage']}; DeepSpeed moves it to another layout at ZeRO stages 1-3 only, not "
+            f"to parallel=ddp. Resume with parallel=zero1, zero2 or zero3 (any gpus)"
         )
 
 
@@ -200,8 +209,66 @@ def universal_tag(run_dir: Path, record: dict[str, Any]) -> str:
             check=True,
             capture_output=True,
         )
+        _loadable_at_every_stage(partial)
         partial.rename(root / tag)
     return tag
+
+
+def _loadable_at_every_stage(folder: Path) -> None:
+    """Complete a universal checkpoint so that engines at ZeRO stages 1, 2 and 3 all load it.
+
+    ``ds_to_universal`` (DeepSpeed 0.19.8) writes what the source stage's own loader reads,
+    and the per-parameter files (``zero/<name>/fp32.pt``, ``exp_avg.pt``, ``exp_avg_sq.pt``)
+    that every stage reads alike. What differs is filled in here: the model-states file
+    under both stages' names, and the optimizer's global state in both stages' shapes.
+    """
+    _name_model_states_for_every_stage(folder)
+    _complete_optimizer_state(folder)
+
+
+def _name_model_states_for_every_stage(folder: Path) -> None:
+    """Give the model-states file (LR schedule, steps, client state) both stages' names.
+
+    ``engine._get_all_ckpt_names`` looks for ``mp_rank_XX_model_states.pt`` at stages 1-2
+    and ``zero_pp_rank_0_mp_rank_XX_model_states.pt`` at stage 3; a universal load takes
+    no weights from it (they come from ``zero/``), so one file serves both.
+    """
+    stage3_prefix = "zero_pp_rank_0_"
+    for path in folder.glob("mp_rank_*_model_states.pt"):
+        if not (folder / (stage3_prefix + path.name)).exists():
+            shutil.copy2(path, folder / (stage3_prefix + path.name))
+    for path in folder.glob(stage3_prefix + "mp_rank_*_model_states.pt"):
+        if not (folder / path.name.removeprefix(stage3_prefix)).exists():
+            shutil.copy2(path, folder / path.name.removeprefix(stage3_prefix))
+
+
+def _complete_optimizer_state(folder: Path) -> None:
+    """Write ``zero/optimizer_state.pt`` and the step files in the shapes both stages' loaders read.
+
+    Stages 1-2 (``stage_1_and_2.py`` ``_load_global_state``) assert a ``ds_version`` and take
+    Adam's step from ``zero/<name>/step.pt``; a stage-3 conversion writes neither. Stage 3
+    (``stage3.py`` ``load_hp_checkpoint_state_from_checkpoint_dir_stage3``) takes the step
+    and the group hyperparameters from ``optimizer_state_dict``, which a stage 1-2
+    conversion leaves out.
+    """
+    import deepspeed
+    from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM_GROUPS
+
+    zero = folder / "zero"
+    path = zero / "optimizer_state.pt"
+    state = safe_load.load(path)
+    state.setdefault(DS_VERSION, deepspeed.__version__)
+    step_files = sorted(zero.glob("*/step.pt"))
+    if OPTIMIZER_STATE_DICT in state:  # written from stage 3: one step for every parameter
+        step = state[OPTIMIZER_STATE_DICT]["state"][0]["step"]
+        for param_dir in sorted(p.parent for p in zero.glob("*/fp32.pt")):
+            _wrap_stage3_fragments(param_dir)
+            if not (param_dir / "step.pt").exists():
+                torch.save(step, param_dir / "step.pt")
+    elif step_files:  # written from stage 1-2: every step.pt holds the same step
+        step = safe_load.load(step_files[0])
+        state[OPTIMIZER_STATE_DICT] = {"state": {0: {"step": step}}, PARAM_GROUPS: state[PARAM_GROUPS]}
+    torch.save(state, path)
 
 
 def wait_for(run_dir: Path, tag: str, *, timeout_s: float = 1800.0) -> None:
@@ -225,12 +292,45 @@ def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
         path, client_state = engine.load_checkpoint(str(root), tag=tag)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {root / tag}")
+    if engine.load_universal_checkpoint() and engine.zero_optimization_stage() == 3:
+        _repair_stage3_universal_load(engine.optimizer.optimizer, root / tag)
     rng = root / tag / f"rng_rank{rank}.pt"
     if rng.exists():
         # weights_only: a checkpoint file can execute no code when it is loaded.
         torch.set_rng_state(torch.load(rng, weights_only=True)["torch"])
     completed: int = client_state["completed_steps"]
     return completed
+
+
+def _wrap_stage3_fragments(param_dir: Path) -> None:
+    """Store a stage-3 conversion's bare tensors as ``{"param": tensor}``, the form stages 1-2 read.
+
+    ``merge_zero3_slices`` saves the flat tensor itself; ``universal_checkpoint.py``
+    ``load_hp_checkpoint_state`` (stages 1-2) indexes ``ckpt_dict["param"]``, and reads the
+    flat tensor correctly at tp 1 (it chunks it once and takes its fragment by offset).
+    """
+    from deepspeed.checkpoint.constants import PARAM
+
+    for key in ("fp32", "exp_avg", "exp_avg_sq"):
+        path = param_dir / f"{key}.pt"
+        fragment = safe_load.load(path)
+        if torch.is_tensor(fragment):
+            torch.save({PARAM: fragment}, path)
+
+
+def _repair_stage3_universal_load(optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Undo two slips of DeepSpeed 0.19.8's stage-3 universal load in ``optimizer`` (torch's).
+
+    ``load_hp_checkpoint_state_from_checkpoint_dir_stage3`` gives every parameter group the
+    first group's hyperparameters (here: weight decay on the norm gains too), and one step
+    tensor to every group, which AdamW then increments in place once per group and step.
+    """
+    saved_groups = safe_load.load(folder / "zero" / "optimizer_state.pt")["param_groups"]
+    for group, saved in zip(optimizer.param_groups, saved_groups, strict=True):
+        group.update({key: value for key, value in saved.items() if key != "params"})
+    for state in optimizer.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].clone()
 
 
 def truncate_metrics(path: Path, *, completed_steps: int) -> None:

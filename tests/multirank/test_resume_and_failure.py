@@ -14,6 +14,9 @@ import pytest
 from checkpoint_states import checkpoint_tensors, max_abs_diff
 from conftest import ROOT, run_train
 
+from runner import checkpoint
+from runner.layout import resolve_layout
+
 pytestmark = pytest.mark.multirank
 
 COMMON = ["batch.global_size=16", "logger=none"]
@@ -135,6 +138,50 @@ def test_resume_on_another_layout_keeps_the_global_batch(tmp_path, reference):
     losses = _losses(run_dir)
     for step in range(8):
         assert losses[step] == pytest.approx(reference[step], abs=1e-5), step
+
+
+@pytest.mark.parametrize(
+    ("saved", "resumed"),
+    [
+        (["gpus=2", "parallel=zero3", "batch.micro_size=4"], ["gpus=1", "parallel=zero2"]),
+        (
+            ["gpus=2", "parallel=zero2", "batch.micro_size=4"],
+            ["gpus=2", "parallel=zero3", "batch.micro_size=4"],
+        ),
+    ],
+    ids=["zero3-2ranks-to-zero2-1rank", "zero2-to-zero3-2ranks"],
+)
+def test_resume_to_or_from_zero3_on_another_layout_gives_the_uninterrupted_losses(tmp_path, saved, resumed):
+    """Weights, Adam moments and step, LR schedule and data position cross to or from ZeRO-3.
+
+    lr 1e-3: fp32 losses agree within 1e-6 across layouts there (test_layout_invariance.py).
+    """
+    args = [*COMMON, "optimizer.lr=1e-3"]
+    uninterrupted = run_train(*resumed, "train.steps=8", *args, run_dir=tmp_path / "uninterrupted")
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    first = run_train(*saved, "train.steps=4", "train.checkpoint_every=4", *args, run_dir=run_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_train(*resumed, "train.steps=8", "train.resume=auto", *args, run_dir=run_dir)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.summary["resumed_from_step"] == 4
+    assert (run_dir / "checkpoints" / "step_00000004_universal").is_dir()
+    expected, losses = _losses(uninterrupted.run_dir), _losses(run_dir)
+    assert sorted(losses) == list(range(8))
+    for step in range(4, 8):  # without the Adam moments or step the gap is 1e-2 and more
+        assert losses[step] == pytest.approx(expected[step], abs=1e-5), step
+
+
+def test_a_zero_checkpoint_onto_ddp_at_another_layout_is_refused():
+    """DeepSpeed's stage-0 engine loads nothing from a universal checkpoint: refused before launch."""
+    two = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=4)
+    one = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
+    record = {"tag": "step_00000004", "layout": two.record(), "zero_stage": 3}
+    checkpoint.check_resumable(record, layout=one, zero_stage=2)  # ZeRO-3 onto ZeRO-2 resumes
+    with pytest.raises(
+        ValueError, match=r"ZeRO stage 3.*not to parallel=ddp.*parallel=zero1, zero2 or zero3"
+    ):
+        checkpoint.check_resumable(record, layout=one, zero_stage=0)
 
 
 def test_resume_with_another_global_batch_is_refused(tmp_path):
