@@ -95,10 +95,14 @@ def test_a_multirun_sweep_writes_one_plan_per_cell(tmp_path):
 
 
 def test_a_run_records_why_auto_chose_its_micro_batch(train):
-    result = train("train.steps=1", "logger=none", "data=synthetic", timeout=300)
+    result = train("train.steps=3", "logger=none", "data=synthetic", timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     choice = result.summary["micro_size_choice"]
     # Global 16 on 1 rank would fit whole; auto keeps two micro-batches for the noise scale.
     assert choice.startswith("micro 8: ") and "GB usable" in choice and "noise scale" in choice
     assert result.summary["layout"]["micro_size"] == 8
+    # ... so the default single-rank run measures the noise scale (micro 8 against global 16).
+    noise = result.summary["noise_scale"]
+    assert noise["unmeasured"] is None and noise["updates"] == 3
+    assert (noise["small_batch"], noise["big_batch"]) == (8, 16)
     assert f"batch.micro_size=auto: {choice}" in (result.run_dir / "train.log").read_text()
