@@ -62,8 +62,9 @@ def deepspeed_train_batch_size(*, global_size: int, tp: int, zero_stage: int) ->
     DeepSpeed 0.19 parses its config before AutoTP builds the mesh, so at stages 0-2 it
     checks train_batch = micro x accum x world_size, counting each tensor-parallel rank as
     a data-parallel one: tp times the real global batch. At stage 3 it checks again against
-    the data-parallel size after the mesh exists, so no single value passes both; left
-    out, it is derived from micro x accum at each check.
+    the data-parallel size after the mesh exists, so no single value passes both (seen
+    with 2 ranks, tp 2, micro 4, accum 4: 32 fails "32 != 4 * 4 * 1", 16 fails
+    "16 != 4 * 4 * 2"); left out, it is derived from micro x accum at each check.
     """
     if tp == 1:
         return global_size
