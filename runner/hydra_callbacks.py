@@ -38,6 +38,13 @@ class ProtectRunDirs(Callback):
         resume = OmegaConf.select(config, "train.resume")
         if requeued(os.environ) or getattr(resume, "value", resume) == "auto":
             return
+        # Under torchrun or srun every rank composes the config; rank 0 guards the directory,
+        # the others would find the files rank 0 has already started writing there.
+        from launchers.environment import from_environment
+
+        launched = from_environment(os.environ)
+        if launched is not None and launched.rank != 0:
+            return
         held = _held_runs(Path(directory))
         if held:
             print(

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.multirank
+
+ROOT = Path(__file__).resolve().parents[2]
 
 METRICS = {
     "loss",
@@ -96,3 +103,34 @@ def test_one_rank_accumulates_what_two_ranks_split(train):
     assert two.summary["layout"]["accum_steps"] == 2
     for a, b in zip(one.metrics, two.metrics, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+
+
+def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
+    """``torchrun ... train.py hydra.run.dir=X``: every rank composes; rank 0 alone guards X."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_port=29517",
+            str(ROOT / "train.py"),
+            "gpus=2",
+            "train.steps=2",
+            "logger=none",
+            "data=synthetic",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["layout"]["dp"] == 2
