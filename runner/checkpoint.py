@@ -121,6 +121,10 @@ def _prune(root: Path, *, keep: int, newest: str) -> None:
 def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> bool:
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
+    if record["zero_stage"] == zero_stage == 0:
+        # Stage 0 saves the whole model and optimizer state once (mp_rank_00_model_states.pt),
+        # which DeepSpeed loads as it is at any dp.
+        return False
     return (saved["dp"], record["zero_stage"]) != (layout.dp, zero_stage)
 
 

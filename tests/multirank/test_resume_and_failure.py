@@ -184,6 +184,26 @@ def test_a_zero_checkpoint_onto_ddp_at_another_layout_is_refused():
         checkpoint.check_resumable(record, layout=one, zero_stage=0)
 
 
+def test_a_ddp_checkpoint_resumes_as_ddp_at_any_gpus(tmp_path):
+    """Stage 0 saves the whole model and optimizer state once: DeepSpeed loads it at any dp."""
+    args = ["parallel=ddp", "batch.micro_size=4", "optimizer.lr=1e-3", "data=synthetic", "logger=none"]
+    two = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=4)
+    one = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
+    record = {"tag": "step_00000004", "layout": two.record(), "zero_stage": 0}
+    assert not checkpoint.needs_universal(record, layout=one, zero_stage=0)
+    run_dir = tmp_path / "run"
+    first = run_train("gpus=2", "train.steps=4", "train.checkpoint_every=4", *args, run_dir=run_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_train("gpus=1", "train.steps=6", "train.resume=auto", *args, run_dir=run_dir)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.summary["resumed_from_step"] == 4
+    reference = run_train("gpus=1", "train.steps=6", *args, run_dir=tmp_path / "reference")
+    losses = {m["step"]: m["loss"] for m in second.metrics}
+    expected = {m["step"]: m["loss"] for m in reference.metrics}
+    for step in (4, 5):
+        assert losses[step] == pytest.approx(expected[step], abs=1e-5), step
+
+
 def test_resume_with_another_global_batch_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     first = run_train(
