@@ -1,7 +1,8 @@
 """A layout change keeps the experiment: with the global batch fixed, the losses agree.
 
-fp32 on CPU, 10 steps, global batch 16: ZeRO stages 0-3 on 2 ranks, and the same batch
-as (1 rank, accum 4), (2 ranks, accum 2) and (2 ranks, micro doubled, accum 1).
+fp32 on CPU, 10 steps, global batch 16: ZeRO stages 0-3 on 2 ranks (and ZeRO-2 with
+overlapped reduction in small buckets), and the same batch as (1 rank, accum 4),
+(2 ranks, accum 2) and (2 ranks, micro doubled, accum 1).
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ LAYOUTS = {
     "zero1/2x4": ["parallel=zero1", "gpus=2", "batch.micro_size=4"],
     "zero2/2x4": ["parallel=zero2", "gpus=2", "batch.micro_size=4"],
     "zero3/2x4": ["parallel=zero3", "gpus=2", "batch.micro_size=4"],
+    # Overlapped reduction in small buckets: more, smaller collectives, the same sums.
+    "zero2-overlap/2x4": [
+        "parallel=zero2",
+        "parallel.overlap_comm=true",
+        "parallel.reduce_bucket_size=200000",
+        "gpus=2",
+        "batch.micro_size=4",
+    ],
     "ddp/1x4": ["parallel=ddp", "gpus=1", "batch.micro_size=4"],
     "ddp/2x8": ["parallel=ddp", "gpus=2", "batch.micro_size=8"],
 }
@@ -64,7 +73,15 @@ def _losses(result: TrainResult) -> list[float]:
 
 def test_accumulation_follows_the_layout(runs):
     accum = {name: r.summary["layout"]["accum_steps"] for name, r in runs.items()}
-    assert accum == {"ddp/2x4": 2, "zero1/2x4": 2, "zero2/2x4": 2, "zero3/2x4": 2, "ddp/1x4": 4, "ddp/2x8": 1}
+    assert accum == {
+        "ddp/2x4": 2,
+        "zero1/2x4": 2,
+        "zero2/2x4": 2,
+        "zero3/2x4": 2,
+        "zero2-overlap/2x4": 2,
+        "ddp/1x4": 4,
+        "ddp/2x8": 1,
+    }
     assert {r.summary["layout"]["global_size"] for r in runs.values()} == {16}
 
 
@@ -74,6 +91,14 @@ def test_losses_agree_across_layouts(runs, a, b):
     assert len(losses_a) == len(losses_b) == STEPS
     worst = max(abs(x - y) for x, y in zip(losses_a, losses_b, strict=True))
     assert worst <= FP32_TOLERANCE, f"{a} vs {b}: max |dloss| {worst:.2e}"
+
+
+def test_exposed_communication_is_measured_on_every_layout_of_two_ranks(runs):
+    for name, result in runs.items():
+        if result.summary["layout"]["dp"] > 1:
+            assert all(m["time/comm_exposed_s"] > 0 for m in result.metrics), name
+    zero_config = runs["zero2-overlap/2x4"].run_dir / "deepspeed_config.json"
+    assert '"overlap_comm": true' in zero_config.read_text()
 
 
 def test_training_moved(runs):

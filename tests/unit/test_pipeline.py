@@ -42,7 +42,7 @@ def test_stages_hold_the_model_once_plus_the_tied_copy(tied):
     stages = stage_param_numels(model, 2)
     tied_copy = model.vocab_size * model.d_model if tied else 0
     assert sum(map(sum, stages)) == num_params(model) + tied_copy
-    # Measured on 2 ranks (tests/multirank/test_pipeline.py): 1,647,616 and 1,647,872 parameters.
+    # Measured on 2 ranks (tests/multirank/test_pipeline_two_ranks.py): 1,647,616 and 1,647,872 parameters.
     if tied:
         assert [sum(s) for s in stages] == [1_647_616, 1_647_872]
 
