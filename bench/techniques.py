@@ -132,7 +132,7 @@ def _run(technique: Technique, run_dir: Path, steps: int) -> Row:
         host={term: memory["offloaded_to_host"].get(f"{term}_gb", 0.0) for term in TERMS},
         losses=[m["loss"] for m in metrics],
         tokens_per_s=statistics.median(m["throughput/tokens_per_s"] for m in timed),
-        comm_ms=statistics.median(m["time/comm_exposed_s"] for m in timed) * 1e3,
+        comm_ms=statistics.median(float(m["time/comm_exposed_s"]) for m in timed) * 1e3,  # "nan" on CUDA
     )
 
 

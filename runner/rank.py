@@ -17,12 +17,10 @@ import torch
 
 from launchers.environment import DistributedEnv
 from runner import checkpoint
-from runner.comm_timer import UNMEASURED_ON_CUDA, CollectiveTimer, deepspeed_backend
 from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
 from runner.distributed import init_distributed, select_accelerator, teardown
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
-from runner.grad_probe import MicroGradSquares
 from runner.identity import RunIdentity
 from runner.layout import Layout
 from runner.ledger import (
@@ -35,7 +33,6 @@ from runner.ledger import (
     saved_activations,
 )
 from runner.model import build_model, lm_loss, num_params
-from runner.noise_scale import NoiseScale, why_unmeasured
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
@@ -43,6 +40,7 @@ from runner.pipeline import PipelineSteps, build_pipeline
 from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
 from runner.schedule import lr_multiplier
 from runner.sinks import MetricSink, build_sinks
+from runner.step_probes import StepProbes
 from runner.summary import read_summary, update_summary
 from runner.tensor_parallel import grad_norm as tp_grad_norm
 from runner.throughput import FlopsBudget, throughput_metrics
@@ -145,14 +143,6 @@ def _injected_fault(rank: int) -> int | None:
         return None
     fault_rank, fault_step = spec.split(":", 1)
     return int(fault_step) if int(fault_rank) == rank else None
-
-
-def _loss_scale(engine: Any) -> float:
-    """The fp16 loss scale backward saw (1 in fp32 and bf16, which DeepSpeed does not scale)."""
-    if not engine.fp16_enabled():
-        return 1.0
-    scale: Any = getattr(engine.optimizer, "loss_scale", None) or getattr(engine.optimizer, "cur_scale", 1.0)
-    return float(scale)
 
 
 def _mean_over_ranks(value: torch.Tensor) -> float:
@@ -293,18 +283,8 @@ def _train(
     # full all-reduced gradient at the boundary, so the norm is computed from it directly.
     own_grad_norm = config.parallel.zero_stage == 0 and "bf16" not in ds_config and "fp16" not in ds_config
     own_grad_norm = own_grad_norm and pipe is None  # a stage holds its own layers' gradients only
-    # Gradient noise scale (runner/noise_scale.py): the mean |grad|^2 of one micro-batch
-    # (B_small = micro_size), read by parameter hooks as backward makes it, against the
-    # step's reduced gradient (B_big = global_size), at no extra pass, at any ZeRO stage.
-    noise = NoiseScale(ema=0.95)
-    noise_unmeasured = why_unmeasured(
-        gradients_per_step=layout.accum_steps * layout.dp, tp=layout.tp, pp=layout.pp
-    )
-    probe = MicroGradSquares(engine.module.parameters(), device) if noise_unmeasured is None else None
-    small_sq_norm = 0.0
-    # Exposed communication (runner/comm_timer.py): seconds blocked in DeepSpeed's collectives.
-    comm_timer = CollectiveTimer().install(deepspeed_backend()) if device.type == "cpu" else None
-    comm_exposed_s = float("nan")
+    # The noise scale and exposed communication, read as the step runs (runner/step_probes.py).
+    probes = StepProbes(engine, layout=layout, device=device)
     fault_step = _injected_fault(env.rank)
     nan_steps = injected_nan_steps(env.rank)
     nonfinite = NonFiniteGuard(
@@ -321,8 +301,7 @@ def _train(
             if step == fault_step:
                 raise RuntimeError(f"fault injected by LADDER_INJECT_FAULT on rank {env.rank} at step {step}")
             lr = engine.get_lr()[0]
-            if comm_timer is not None:
-                comm_timer.take()  # what ran between steps (logging, checkpoints) is not the step's
+            probes.step_started()
             started = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
             skip = False  # train.on_nonfinite=skip: this step's update is dropped (runner/nonfinite.py)
@@ -354,9 +333,7 @@ def _train(
                 engine.backward(loss)
                 loss_sum += loss.detach().float()
                 boundary = micro == layout.accum_steps - 1
-                if probe is not None:
-                    # DeepSpeed's backward took loss / accum_steps (times the fp16 loss scale).
-                    probe.end_micro_batch(grad_scale=layout.accum_steps / _loss_scale(engine))
+                probes.micro_batch_done(engine)
                 if boundary:
                     # Checked before the optimizer step: a non-finite loss never reaches the
                     # weights; it stops the run or skips the update, the same on every rank.
@@ -374,25 +351,14 @@ def _train(
                 # DeepSpeed steps the optimizer at the accumulation boundary only
                 engine_step(engine, skip=skip)
             step_s = time.perf_counter() - started
-            if comm_timer is not None:
-                comm_exposed_s = comm_timer.take()
-            if probe is not None:
-                small_sq_norm = _mean_over_ranks(probe.take_mean())
             if not own_grad_norm:
                 grad_norm = engine.get_global_grad_norm()
-            if noise_unmeasured is None and grad_norm is not None and not skip:
-                noise.update(
-                    small_sq_norm=small_sq_norm,
-                    small_batch=layout.micro_size,
-                    big_sq_norm=float(grad_norm) ** 2,
-                    big_batch=layout.global_size,
-                )
+            measured = probes.step_done(grad_norm=grad_norm, skipped=skip)
             metrics = {
                 "loss": loss_value,
                 "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-                "batch/noise_scale": noise.value if noise.value is not None else float("nan"),
-                "time/comm_exposed_s": comm_exposed_s,
+                **measured,
                 "train/skipped_steps": len(nonfinite.skipped),
                 **throughput_metrics(
                     step_s=step_s,
@@ -458,14 +424,7 @@ def _train(
                     else f"each term at its most over ranks (stages), step {ledger_step} boundary",
                 ),
                 accelerator=accelerator,
-                noise_scale=noise.summary(seq_len=config.data.seq_len, unmeasured=noise_unmeasured),
-                pipeline=pipe.summary(step_s=last.get("time/step_s")) if pipe is not None else None,
-                comm_exposed={
-                    "seconds_per_step": last.get("time/comm_exposed_s"),
-                    "definition": "seconds the training thread is blocked in DeepSpeed's collectives "
-                    "per step (runner/comm_timer.py)",
-                    "unmeasured": None if comm_timer is not None else UNMEASURED_ON_CUDA,
-                },
+                **probes.summary(seq_len=config.data.seq_len),
                 skipped_steps=nonfinite.summary(),
                 resumed_from_step=start_step or None,
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -11,12 +12,24 @@ from typing import Any
 SUMMARY_FILE = "summary.json"
 
 
+def _strict(value: Any) -> Any:
+    """NaN and inf are not JSON (a browser's or jq's parser rejects them): they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(item) for item in value]
+    return value
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file beside ``path``, then rename: readers never see half a file."""
+    """Write strict JSON to a temporary file beside ``path``, then rename: readers never see half a file."""
+    data = _strict(data)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, default=str)
+            json.dump(data, handle, indent=2, default=str, allow_nan=False)
             handle.write("\n")
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)

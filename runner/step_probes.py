@@ -1,0 +1,97 @@
+"""What a step is measured by besides its loss and time: the noise scale and exposed communication.
+
+Both are read from the step as it runs, at no extra forward or backward pass:
+
+- the gradient noise scale (runner/noise_scale.py) from each micro-batch's gradient,
+  read by parameter hooks during backward (runner/grad_probe.py), against the step's
+  reduced gradient norm;
+- exposed communication (runner/comm_timer.py): the seconds the training thread is
+  blocked in DeepSpeed's collectives.
+
+The training loop calls :meth:`StepProbes.step_started`, :meth:`micro_batch_done` after
+each backward, and :meth:`step_done` once the optimizer has stepped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runner.comm_timer import UNMEASURED_ON_CUDA, CollectiveTimer, deepspeed_backend
+from runner.grad_probe import MicroGradSquares
+from runner.layout import Layout
+from runner.noise_scale import NoiseScale, why_unmeasured
+
+
+def loss_scale(engine: Any) -> float:
+    """The fp16 loss scale backward saw (1 in fp32 and bf16, which DeepSpeed does not scale)."""
+    if not engine.fp16_enabled():
+        return 1.0
+    scale: Any = getattr(engine.optimizer, "loss_scale", None) or getattr(engine.optimizer, "cur_scale", 1.0)
+    return float(scale)
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    import torch.distributed as dist
+
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return float(value.item()) / dist.get_world_size()
+
+
+class StepProbes:
+    """The noise scale and exposed communication of each step, and their summary.json entries."""
+
+    def __init__(self, engine: Any, *, layout: Layout, device: torch.device) -> None:
+        self.layout = layout
+        self.noise = NoiseScale(ema=0.95)
+        self.noise_unmeasured = why_unmeasured(
+            gradients_per_step=layout.accum_steps * layout.dp, tp=layout.tp, pp=layout.pp
+        )
+        self._grads = (
+            MicroGradSquares(engine.module.parameters(), device) if self.noise_unmeasured is None else None
+        )
+        # On CUDA, NCCL returns once queued: host-blocked time is not exposure there.
+        self._comm = CollectiveTimer().install(deepspeed_backend()) if device.type == "cpu" else None
+        self.comm_exposed_s = float("nan")
+
+    def step_started(self) -> None:
+        """Forget what ran between steps (logging, checkpoints): it is not the step's."""
+        if self._comm is not None:
+            self._comm.take()
+
+    def micro_batch_done(self, engine: Any) -> None:
+        """Close one micro-batch's gradient; DeepSpeed's backward took loss / accum_steps."""
+        if self._grads is not None:
+            self._grads.end_micro_batch(grad_scale=self.layout.accum_steps / loss_scale(engine))
+
+    def step_done(self, *, grad_norm: float | None, skipped: bool) -> dict[str, float]:
+        """This step's metrics; ``grad_norm`` is the step's reduced gradient norm (B_big = global)."""
+        if self._comm is not None:
+            self.comm_exposed_s = self._comm.take()
+        if self._grads is not None:
+            small_sq_norm = _mean_over_ranks(self._grads.take_mean())
+            if grad_norm is not None and not skipped:  # a skipped step's gradients are not finite
+                self.noise.update(
+                    small_sq_norm=small_sq_norm,
+                    small_batch=self.layout.micro_size,
+                    big_sq_norm=float(grad_norm) ** 2,
+                    big_batch=self.layout.global_size,
+                )
+        noise = self.noise.value
+        return {
+            "batch/noise_scale": noise if noise is not None else float("nan"),
+            "time/comm_exposed_s": self.comm_exposed_s,
+        }
+
+    def summary(self, *, seq_len: int) -> dict[str, Any]:
+        """summary.json's ``noise_scale`` and ``comm_exposed`` entries."""
+        return {
+            "noise_scale": self.noise.summary(seq_len=seq_len, unmeasured=self.noise_unmeasured),
+            "comm_exposed": {
+                "seconds_per_step": self.comm_exposed_s,
+                "definition": "seconds the training thread is blocked in DeepSpeed's collectives "
+                "per step (runner/comm_timer.py)",
+                "unmeasured": None if self._comm is not None else UNMEASURED_ON_CUDA,
+            },
+        }
