@@ -425,6 +425,7 @@ def _train(
                 ),
                 accelerator=accelerator,
                 **probes.summary(seq_len=config.data.seq_len),
+                pipeline=pipe.summary(step_s=last.get("time/step_s")) if pipe is not None else None,
                 skipped_steps=nonfinite.summary(),
                 resumed_from_step=start_step or None,
             )
