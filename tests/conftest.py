@@ -36,20 +36,25 @@ class TrainResult:
         return [json.loads(line) for line in lines]
 
 
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without a launcher's rank variables: the child starts as a user's command."""
+    env = {**os.environ, "WANDB_SILENT": "true", **(extra or {})}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
+        env.pop(key, None)
+    return env
+
+
 def run_train(
     *overrides: str, run_dir: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> TrainResult:
     """``python train.py overrides... hydra.run.dir=run_dir`` in a clean child process."""
-    child_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
-        child_env.pop(key, None)
     proc = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
         cwd=run_dir.parent,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=child_env,
+        env=clean_env(env),
     )
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import clean_env
 
 pytestmark = pytest.mark.unit
 
@@ -62,9 +62,6 @@ def test_recommend_implies_plan_and_names_the_winning_overrides(train):
 
 def test_a_multirun_sweep_writes_one_plan_per_cell(tmp_path):
     sweep = tmp_path / "sweep"
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
-        env.pop(key, None)
     proc = subprocess.run(
         [
             sys.executable,
@@ -81,7 +78,7 @@ def test_a_multirun_sweep_writes_one_plan_per_cell(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
-        env=env,
+        env=clean_env(),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     plans = sorted(sweep.glob("*/plan.json"))

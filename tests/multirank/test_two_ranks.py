@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import clean_env
 
 pytestmark = pytest.mark.multirank
 
@@ -108,9 +108,6 @@ def test_one_rank_accumulates_what_two_ranks_split(train):
 def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
     """``torchrun ... train.py hydra.run.dir=X``: every rank composes; rank 0 alone guards X."""
     run_dir = tmp_path / "run"
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
-        env.pop(key, None)
     proc = subprocess.run(
         [
             sys.executable,
@@ -129,7 +126,7 @@ def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env=clean_env(),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
