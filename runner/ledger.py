@@ -12,7 +12,10 @@ Measured (per rank, bytes, each storage counted once):
   (``torch.autograd.graph.saved_tensors_hooks``), parameters and buffers excluded;
 - residuals: every other tensor reachable from DeepSpeed's optimizer wrapper, named by
   the attribute that holds it (communication buckets, an fp32 master copy in fp32
-  training, ...), plus ZeRO-3's full copies of persistent parameters.
+  training, ZeRO-Offload's host buffers, ...), plus ZeRO-3's full copies of persistent
+  parameters. Under ZeRO-3 offload the 16-bit gradient partitions
+  (``grad_partitions_flat_buffer``) are such a residual: the ``grads`` term is the fp32
+  partition the CPU optimizer steps on, as in the estimate.
 
 Model states are measured at the accumulation boundary, after backward and DeepSpeed's
 gradient reduction, before the optimizer step, on the second step (the optimizer state
@@ -21,20 +24,29 @@ before the reduce-scatter, say) is not held then: the peak sees it.
 
 Estimated: :func:`deepspeed_estimate` is the textbook (runner.memory.model_states,
 ZeRO paper) corrected by what DeepSpeed 0.19 was measured to hold, each correction a
-named line, so a reader sees both the paper's figure and the real one.
+named line, so a reader sees both the paper's figure and the real one. Host memory
+(ZeRO-Offload) is itemised the same way: the offloaded terms plus DeepSpeed's own host
+buffers (runner.memory.offload_host_buffers); :func:`host_relative_errors` compares them
+with the measured lines of the same names.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute
-from runner.memory import TRANSIENT_ITEMS, activation_items_total, deepspeed_residuals, model_states
+from runner.memory import (
+    TRANSIENT_ITEMS,
+    activation_items_total,
+    deepspeed_residuals,
+    model_states,
+    offload_host_buffers,
+)
 
 TERMS = ("params", "grads", "optimizer", "activations")
 
@@ -152,6 +164,17 @@ def measure_model_states(engine: Any, *, precision: Precision) -> Ledger:
             count.claim(master.grad, "grads")
             claim_master(master)
     if wrapper is not inner:
+        # A master partition's ``.grad`` is the gradient partition the inner optimizer steps
+        # on: under offload it stays there between steps (stage3.py
+        # initialize_optimizer_states), a gradient and not a master weight.
+        for name in _MASTER_ATTRS:
+            for master in _tensors_in(vars(wrapper).get(name)):
+                count.claim(master.grad, "grads")
+        if getattr(wrapper, "offload_optimizer", False):
+            # ZeRO-3 offload keeps its 16-bit gradient partitions on the host beside the fp32
+            # ones: a buffer of DeepSpeed's own (runner.memory.offload_host_buffers).
+            flat = getattr(wrapper, "grad_partitions_flat_buffer", None)
+            count.claim(flat, None, "grad_partitions_flat_buffer")
         for name, value in vars(wrapper).items():
             if name in ("optimizer", "module"):
                 continue
@@ -195,7 +218,7 @@ class Estimate:
     terms: dict[str, int]
     residual: dict[str, int]
     textbook: dict[str, int]
-    host: dict[str, int] = field(default_factory=dict)  # offloaded to host memory, per rank
+    host: dict[str, int] = field(default_factory=dict)  # host, per rank: offloaded terms, DeepSpeed buffers
 
 
 def _param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
@@ -246,6 +269,7 @@ def deepspeed_estimate(
     micro_size: int,
     seq_len: int,
     host_is_device: bool = False,
+    accum_steps: int | None = None,
 ) -> Estimate:
     """Per-rank bytes DeepSpeed 0.19 holds at the optimizer-step boundary, by term, plus activations.
 
@@ -258,7 +282,14 @@ def deepspeed_estimate(
     - stage 3 keeps parameters under ``stage3_param_persistence_threshold`` elements whole
       on every rank (``zero3_full_params``) and allocates its gradient bucket of
       ``reduce_bucket_size`` elements up front (``ipg_buckets``);
-    - partitions are padded to a multiple of dp.
+    - partitions are padded to a multiple of dp;
+    - ZeRO-Offload's own host buffers (runner.memory.offload_host_buffers) are named
+      lines of ``host`` beside the offloaded terms, and its device staging buffer a
+      residual. ``accum_steps`` decides ``accumulated_grads_in_cpu`` (stage 2, only
+      with accumulation); None (not known) counts it.
+
+    ``host_is_device`` (CPU ranks): the host lines are in the memory being measured, so
+    the offloaded terms are added to the terms and the host buffers to the residuals.
     """
     from runner.plan import offload_mode
 
@@ -299,6 +330,18 @@ def deepspeed_estimate(
         params, grads, optim = params + host["params"], grads + host["grads"], optim + host["optimizer"]
     if stage in (1, 2) and offload == "none":
         grads = p_bytes * _stage12_gradient_buffer(numels, dp)
+    buffers = offload_host_buffers(
+        num_params,
+        zero_stage=stage,
+        dp=dp,
+        precision=precision.value,
+        optimizer=optimizer.value,
+        offload=offload,
+        largest_param=max(numels),
+        held_params=_stage12_gradient_buffer(numels, dp),
+        accum_steps=accum_steps,
+    )
+    host.update(buffers)
     persistent = sum(n for n in numels if n < parallel.param_persistence_threshold)
     residual.update(
         deepspeed_residuals(
@@ -310,8 +353,11 @@ def deepspeed_estimate(
             offload=offload,
             reduce_bucket_size=parallel.reduce_bucket_size,
             persistent_params=persistent if stage == 3 else 0,
+            largest_param=max(numels),
         )
     )
+    if host_is_device:
+        residual.update(buffers)
     activations = activation_items_total(
         n_layers=model.n_layer,
         seq_len=seq_len,
@@ -351,3 +397,24 @@ def relative_errors(estimated: dict[str, int], measured: dict[str, int]) -> dict
         term: (measured[term] - estimated[term]) / estimated[term] if estimated[term] else None
         for term in TERMS
     }
+
+
+def host_relative_errors(
+    host: Mapping[str, float], measured_terms: Mapping[str, float], measured_residual: Mapping[str, float]
+) -> dict[str, float | None]:
+    """(measured - estimated) / estimated of each host line (Estimate.host) and of their ``total``.
+
+    A host line is measured under its own name: an offloaded term (``params``, ``grads``,
+    ``optimizer``) as the ledger's term, which offload leaves empty on the device, and one
+    of DeepSpeed's host buffers as the residual line of that name (missing: 0). Any unit,
+    the same on both sides (summary.json's GB with the ``_gb`` suffix removed, or bytes).
+    """
+    measured = {
+        name: measured_terms[name] if name in TERMS else measured_residual.get(name, 0) for name in host
+    }
+    errors: dict[str, float | None] = {
+        name: (measured[name] - host[name]) / host[name] if host[name] else None for name in host
+    }
+    total = sum(host.values())
+    errors["total"] = (sum(measured.values()) - total) / total if total else None
+    return errors

@@ -126,9 +126,10 @@ def model_states(
       ``stage3.py`` ``fp32_partitioned_groups_flat[i].grad``).
     - ``"optimizer+params"`` (ZeRO stage 3 only): also the 16-bit parameter partition.
 
-    Not modelled here (see :func:`deepspeed_residuals`): DeepSpeed's gradient buckets and
-    other buffers, and under param offload the working set of parameters gathered to the
-    device layer by layer.
+    Not modelled here: DeepSpeed's gradient buckets and other device buffers
+    (:func:`deepspeed_residuals`), the host buffers ZeRO-Offload allocates beside these
+    terms (:func:`offload_host_buffers`), and under param offload the working set of
+    parameters gathered to the device layer by layer.
     """
     if num_params < 0:
         raise ValueError(f"num_params={num_params} must be >= 0")
@@ -175,6 +176,7 @@ def deepspeed_residuals(
     offload: OffloadMode | str = "none",
     reduce_bucket_size: int = 500_000_000,
     persistent_params: int = 0,
+    largest_param: int = 0,
 ) -> dict[str, int]:
     """Named device bytes DeepSpeed 0.19 holds beyond the textbook model states, as measured.
 
@@ -191,6 +193,11 @@ def deepspeed_residuals(
     - ``zero3_full_params (persistent or gathered)``: stage 3 keeps parameters smaller than
       ``stage3_param_persistence_threshold`` elements whole on every rank beside their
       partitions (dp > 1); pass their total element count as ``persistent_params``.
+    - ``temp_grad_buffer_for_gpu_offload``: ZeRO-Offload at stages 1-2 keeps a staging
+      buffer of the largest parameter (``largest_param`` elements, model dtype) on the
+      device (stage_1_and_2.py ``DeepSpeedZeroOptimizer.__init__``, ``torch.zeros(
+      largest_param_numel, device=current_device_name())``); its host twin is in
+      :func:`offload_host_buffers`.
 
     Stage 0 in bf16 (DeepSpeed's ``FP16_UnfusedOptimizer`` with fp32 master weights) and
     stages 1-2 in bf16 hold exactly the textbook terms.
@@ -209,7 +216,89 @@ def deepspeed_residuals(
         residuals["ipg_buckets"] = grad_bytes * reduce_bucket_size
     if precision_name == "fp32" and zero_stage >= 1 and offload_name == "none":
         residuals["fp32_master_copy"] = _shard(num_params, FP32_BYTES, dp)
+    if zero_stage in (1, 2) and offload_name != "none" and largest_param:
+        residuals["temp_grad_buffer_for_gpu_offload"] = grad_bytes * largest_param
     return residuals
+
+
+def offload_host_buffers(
+    num_params: int,
+    *,
+    zero_stage: int,
+    dp: int,
+    precision: Precision | str = "bf16",
+    optimizer: OptimizerName | str = "adamw",
+    offload: OffloadMode | str = "none",
+    largest_param: int = 0,
+    held_params: int | None = None,
+    accum_steps: int | None = None,
+) -> dict[str, int]:
+    """Named host bytes per rank ZeRO-Offload (DeepSpeed 0.19.8, ``device: cpu``) holds beyond the host terms.
+
+    :func:`model_states` puts the offloaded terms on the host: the optimizer states (with
+    the fp32 master weights in 16-bit training) and the fp32 gradient partition the CPU
+    optimizer steps on (stage_1_and_2.py ``initialize_optimizer_states``:
+    ``single_partition_of_fp32_groups[i].grad``; stage3.py ``initialize_optimizer_states``:
+    ``fp32_partitioned_groups_flat[i].grad``). DeepSpeed allocates these besides, with P =
+    `num_params` (this rank's, before ZeRO), N_d = `dp`, p = 2 (bf16/fp16) or 4 (fp32) bytes
+    of the model dtype, all on the offload device (``self.device = 'cpu'``):
+
+    Stages 1-2 (stage_1_and_2.py, ``DeepSpeedZeroOptimizer``):
+
+    - ``fp32_master_copy`` (fp32 training only; in 16-bit it is the master weight the
+      optimizer term counts): ``__init__``'s ``weights_partition = ...detach().clone()``,
+      the fp32 partition the CPU optimizer steps, 4 ceil(P / N_d).
+    - ``param_buffer_of_bit16_for_cpu_offload_groups``: ``__init__``'s ``temp_buffer_bit16``,
+      a model-dtype copy of the partition that ``step`` writes the updated weights through
+      to the device, p ceil(P / N_d).
+    - ``temp_grad_buffer_for_cpu_offload``: ``__init__``, ``torch.zeros(largest_param_numel,
+      device=self.device)``, p x `largest_param` (the largest parameter tensor of the model,
+      whatever N_d).
+    - ``accumulated_grads_in_cpu`` (stage 2 with gradient accumulation, ``accum_steps`` > 1):
+      ``copy_grads_in_partition`` -> ``async_accumulate_grad_in_cpu_via_gpu`` keeps one
+      ``torch.zeros(param.numel())`` per parameter of this rank's partition, whole even
+      where it straddles the partition boundary: p x `held_params` (default: P when
+      N_d = 1, else the bound min(P, ceil(P / N_d) + `largest_param`)).
+      ``accum_steps=None`` (not known) counts it. Stage 1 reduces only at the boundary
+      (engine.py ``allreduce_gradients``), so it never accumulates there (measured: absent).
+
+    Stage 3 (stage3.py, ``DeepSpeedZeroOptimizer_Stage3``):
+
+    - ``fp32_master_copy`` (fp32 training only): ``_create_fp32_partitions``'s
+      ``converted.clone().detach()``, 4 ceil(P / N_d).
+    - ``grad_partitions_flat_buffer``: ``_setup_for_real_optimizer``, the gradient
+      partitions in ``gradient_accumulation_dtype`` (the model dtype unless
+      ``data_types.grad_accum_dtype`` says otherwise) on ``self.device``, which offload
+      makes the host: p ceil(P / N_d). Without offload it is the device's ``grads`` term.
+
+    Bucket sizes do not enter: with ``device: cpu`` every one of these is sized by the
+    parameters (``reduce_bucket_size`` sizes device buffers: :func:`deepspeed_residuals`).
+    ``pin_memory`` changes where they live (page-locked), not their size; NVMe offload's
+    swap buffers (``buffer_count`` x ``buffer_size``) are not modelled. Scalars (per-tensor
+    gradient norms, 8 bytes each) are left out.
+    """
+    model_states(
+        num_params, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
+    )
+    if _choice(offload, _OFFLOADS, "offload") == "none":
+        return {}
+    if largest_param < 0 or (accum_steps is not None and accum_steps < 1):
+        raise ValueError(f"largest_param={largest_param} must be >= 0 and accum_steps={accum_steps} >= 1")
+    p = FP32_BYTES if _choice(precision, _PRECISIONS, "precision") == "fp32" else HALF_BYTES
+    partition = _shard(num_params, 1, dp)  # elements
+    buffers: dict[str, int] = {}
+    if p == FP32_BYTES:
+        buffers["fp32_master_copy"] = FP32_BYTES * partition
+    if zero_stage == 3:
+        buffers["grad_partitions_flat_buffer"] = p * partition
+        return buffers
+    buffers["param_buffer_of_bit16_for_cpu_offload_groups"] = p * partition
+    buffers["temp_grad_buffer_for_cpu_offload"] = p * largest_param
+    if zero_stage == 2 and (accum_steps is None or accum_steps > 1):
+        if held_params is None:
+            held_params = num_params if dp == 1 else min(num_params, partition + largest_param)
+        buffers["accumulated_grads_in_cpu"] = p * held_params
+    return buffers
 
 
 # --------------------------------------------------------------------------------------
@@ -701,6 +790,7 @@ __all__ = [
     "korthikanti_activation_items",
     "korthikanti_activations_per_layer",
     "model_states",
+    "offload_host_buffers",
     "to_gb",
     "to_gib",
 ]

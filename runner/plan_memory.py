@@ -30,6 +30,7 @@ from runner.memory import (
     activations_total,
     deepspeed_residuals,
     model_states,
+    offload_host_buffers,
 )
 from runner.tensor_parallel import params_per_tp_rank
 
@@ -43,7 +44,7 @@ class MemoryTerms:
     optimizer: int
     activations: int
     residuals: dict[str, int] = field(default_factory=dict)  # runner.memory.deepspeed_residuals
-    host: dict[str, int] = field(default_factory=dict)  # offloaded bytes per rank, host memory
+    host: dict[str, int] = field(default_factory=dict)  # offloaded terms and buffers per rank, host memory
     host_counts_on_device: bool = False  # CPU ranks: the host is the device
     activation_note: str = ""
 
@@ -74,6 +75,16 @@ class MemoryTerms:
 def params_per_device(num_params: int, *, tp: int, pp: int) -> int:
     """Parameters one device holds before ZeRO: ceil(P / (tp * pp))."""
     return -(-num_params // (tp * pp))
+
+
+def largest_param_numel(model: ModelConfig, *, tp: int) -> int:
+    """Elements of the largest parameter tensor a rank holds (runner/model.py's shapes).
+
+    The embedding (V x h, whole under tensor parallel) or a block matrix: wq and wo are
+    h x h, w1, w2, w3 h x f, split by tp (runner/tensor_parallel.py); wk, wv are no larger.
+    """
+    h = model.d_model
+    return max(model.vocab_size * h, h * h // tp, h * model.ffn_hidden // tp)
 
 
 def layers_per_stage(n_layer: int, pp: int) -> int:
@@ -152,6 +163,7 @@ def memory_terms(
     states: ModelStates = model_states(
         local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
     )
+    largest = largest_param_numel(model, tp=tp)
     residuals = deepspeed_residuals(
         local,
         zero_stage=zero_stage,
@@ -160,6 +172,7 @@ def memory_terms(
         optimizer=optimizer,
         offload=offload,
         reduce_bucket_size=reduce_bucket_size,
+        largest_param=largest,
     )
     activations, note = activation_bytes(
         model,
@@ -180,6 +193,20 @@ def memory_terms(
         )
         if value
     }
+    # ZeRO-Offload's own host buffers (the rank's held parameters bounded, not counted
+    # tensor by tensor: runner/ledger.py does that for a run).
+    host.update(
+        offload_host_buffers(
+            local,
+            zero_stage=zero_stage,
+            dp=dp,
+            precision=precision,
+            optimizer=optimizer,
+            offload=offload,
+            largest_param=largest,
+            accum_steps=accum_steps,
+        )
+    )
     return MemoryTerms(
         params=states.params,
         grads=states.grads,
@@ -192,4 +219,11 @@ def memory_terms(
     )
 
 
-__all__ = ["MemoryTerms", "activation_bytes", "layers_per_stage", "memory_terms", "params_per_device"]
+__all__ = [
+    "MemoryTerms",
+    "activation_bytes",
+    "largest_param_numel",
+    "layers_per_stage",
+    "memory_terms",
+    "params_per_device",
+]

@@ -15,11 +15,16 @@ from runner.plan_hardware import Figure
 from runner.plan_ladder import Ladder
 from runner.plan_memory import params_per_device
 
+_OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers
+
 _W = 38  # width of the label column
 
 
 def _row(label: str, num_bytes: float, note: str = "") -> str:
-    return f"  {label:<{_W}}{num_bytes / GB:>10.2f} {num_bytes / GiB:>10.2f}  {note}".rstrip()
+    # A label wider than its column (DeepSpeed's buffer names) gets a line of its own.
+    head = f"  {label}\n" if len(label) > _W else ""
+    label = "" if head else label
+    return f"{head}  {label:<{_W}}{num_bytes / GB:>10.2f} {num_bytes / GiB:>10.2f}  {note}".rstrip()
 
 
 def _states_formula(plan: Plan) -> str:
@@ -120,7 +125,14 @@ def format_plan(plan: Plan) -> str:
         )
     if m.host:
         where = "counted on the device: the CPU is the device" if m.host_counts_on_device else "host RAM"
-        lines += [_row(f"offloaded {name} (per rank)", size, where) for name, size in m.host.items()]
+        lines += [
+            _row(
+                f"offloaded {name} (per rank)" if name in _OFFLOADED_TERMS else f"host buffer: {name}",
+                size,
+                where,
+            )
+            for name, size in m.host.items()
+        ]
     lines.append(_row("total", m.total))
     lines.append(_row(f"usable (headroom {w.headroom:g})", w.usable_bytes))
     margin = w.usable_bytes - m.total

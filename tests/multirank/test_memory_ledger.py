@@ -1,15 +1,22 @@
-"""The measured ledger agrees with the estimate: 2% for model states, 15% for activations.
+"""The measured ledger agrees with the estimate: 2% for model states, 15% for activations, 1% for host memory.
 
-Real DeepSpeed on CPU, ZeRO 0-3, 1 and 2 ranks, the tiny model in fp32 and bf16.
+Real DeepSpeed on CPU, ZeRO 0-3 and ZeRO-Offload, 1 and 2 ranks, the tiny model in fp32 and bf16.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+
+from runner.ledger import host_relative_errors
 
 pytestmark = pytest.mark.multirank
 
 TOLERANCE = {"params": 0.02, "grads": 0.02, "optimizer": 0.02, "activations": 0.15}
+# ZeRO-Offload's host memory per rank (offloaded terms and DeepSpeed's own host buffers),
+# each line and the total: measured within 2e-4 (rank 0 holds a whole straddling tensor).
+HOST_TOLERANCE = 0.01
 
 CASES = [
     ("ddp", 2, "fp32"),
@@ -18,7 +25,16 @@ CASES = [
     ("zero3", 2, "bf16"),
     ("zero3", 1, "fp32"),
     ("ddp", 1, "bf16"),
+    ("zero2_offload", 1, "bf16"),
+    ("zero2_offload", 2, "fp32"),
+    ("zero3_offload", 1, "fp32"),
+    ("zero3_offload", 2, "bf16"),
 ]
+
+
+def _gb(values: dict[str, Any]) -> dict[str, float]:
+    """summary.json's ``<name>_gb`` numbers by name."""
+    return {name.removesuffix("_gb"): value for name, value in values.items() if name.endswith("_gb")}
 
 
 @pytest.mark.parametrize(("parallel", "gpus", "precision"), CASES)
@@ -40,6 +56,14 @@ def test_measured_terms_match_the_estimate(train, parallel, gpus, precision):
     measured_residual = memory["measured"]["residual"]
     for name, gb in memory["estimated"]["residual"].items():
         assert measured_residual.get(name) == pytest.approx(gb, rel=0.02), name
+    # Offload: host memory is the offloaded terms plus DeepSpeed's own buffers, and the
+    # ledger shows all of it; without offload there is none.
+    host = _gb(memory["offloaded_to_host"])
+    assert bool(host) == parallel.endswith("_offload"), host
+    if host:
+        errors = host_relative_errors(host, _gb(memory["measured"]), _gb(measured_residual))
+        for name, error in errors.items():
+            assert error is not None and abs(error) <= HOST_TOLERANCE, (name, errors, memory)
     metrics = result.metrics[-1]
     for term in TOLERANCE:
         assert f"memory/est/{term}_gb" in metrics

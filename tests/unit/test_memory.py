@@ -39,6 +39,7 @@ from runner.memory import (
     korthikanti_activation_items,
     korthikanti_activations_per_layer,
     model_states,
+    offload_host_buffers,
 )
 from runner.model import TransformerBlock, build_model, lm_loss, rope_cache
 
@@ -122,6 +123,95 @@ def test_offload_optimizer_moves_states_and_fp32_grads_to_host() -> None:
     full = model_states(p, zero_stage=3, dp=nd, offload="optimizer+params")
     assert full.total == 0
     assert full.host_total == (2 + 4 + 12) * p // nd
+
+
+def test_offload_host_buffers_are_deepspeeds_allocations() -> None:
+    """ZeRO-Offload's own host buffers, by DeepSpeed 0.19.8's formulas (stage_1_and_2.py, stage3.py)."""
+    p, nd, largest, held = 6400, 4, 1000, 2000  # held: whole tensors touching rank 0's partition
+    common: dict[str, Any] = dict(dp=nd, largest_param=largest, held_params=held, accum_steps=2)
+    # Stage 2, bf16: a bf16 copy of the partition, a staging buffer of the largest tensor,
+    # the accumulated gradients of the held tensors; the fp32 master is in the optimizer term.
+    assert offload_host_buffers(p, zero_stage=2, precision="bf16", offload="optimizer", **common) == {
+        "param_buffer_of_bit16_for_cpu_offload_groups": 2 * p // nd,
+        "temp_grad_buffer_for_cpu_offload": 2 * largest,
+        "accumulated_grads_in_cpu": 2 * held,
+    }
+    # fp32 training: the fp32 partition the CPU optimizer steps is a second copy of the weights.
+    fp32 = offload_host_buffers(p, zero_stage=2, precision="fp32", offload="optimizer", **common)
+    assert fp32["fp32_master_copy"] == 4 * p // nd and fp32["accumulated_grads_in_cpu"] == 4 * held
+    # No accumulation, or stage 1 (reduces only at the boundary): no accumulation buffer.
+    no_accum = {**common, "accum_steps": 1}
+    assert "accumulated_grads_in_cpu" not in offload_host_buffers(
+        p, zero_stage=2, offload="optimizer", **no_accum
+    )
+    assert "accumulated_grads_in_cpu" not in offload_host_buffers(
+        p, zero_stage=1, offload="optimizer", **common
+    )
+    # Stage 3: the 16-bit gradient partitions sit on the host, beside the fp32 ones.
+    assert offload_host_buffers(p, zero_stage=3, precision="bf16", offload="optimizer+params", **common) == {
+        "grad_partitions_flat_buffer": 2 * p // nd
+    }
+    assert offload_host_buffers(p, zero_stage=3, precision="fp32", offload="optimizer", **common) == {
+        "fp32_master_copy": 4 * p // nd,
+        "grad_partitions_flat_buffer": 4 * p // nd,
+    }
+    assert offload_host_buffers(p, zero_stage=2, offload="none", **common) == {}
+    # Unknown held tensors: bounded by the partition plus one straddling tensor.
+    bound = offload_host_buffers(p, zero_stage=2, dp=nd, offload="optimizer", largest_param=largest)
+    assert bound["accumulated_grads_in_cpu"] == 2 * (p // nd + largest)
+    # The device keeps the staging buffer's twin (stages 1-2 only).
+    device = deepspeed_residuals(p, zero_stage=2, dp=nd, offload="optimizer", largest_param=largest)
+    assert device["temp_grad_buffer_for_gpu_offload"] == 2 * largest
+
+
+# Host bytes rank 0 held on DeepSpeed 0.19.8 (2 CPU ranks, tiny, micro 4, accum 2), by name.
+MEASURED_OFFLOAD_HOST = {
+    ("zero2", "fp32"): {
+        "grads": 6_459_904,
+        "optimizer": 12_919_808,
+        "fp32_master_copy": 6_459_904,
+        "param_buffer_of_bit16_for_cpu_offload_groups": 6_459_904,
+        "temp_grad_buffer_for_cpu_offload": 704_512,
+        "accumulated_grads_in_cpu": 6_591_488,
+    },
+    ("zero3", "bf16"): {
+        "params": 3_229_952,
+        "grads": 6_459_904,
+        "optimizer": 19_379_712,
+        "grad_partitions_flat_buffer": 3_229_952,
+    },
+}
+
+
+@pytest.mark.parametrize(("stage", "precision"), list(MEASURED_OFFLOAD_HOST))
+def test_ledger_host_estimate_matches_deepspeeds_measured_host_bytes(stage: str, precision: str) -> None:
+    """runner.ledger's host lines for the tiny model on 2 ranks: each within 0.1% of the measured bytes."""
+    from runner.config import Offload, OptimizerName, ParallelConfig
+    from runner.ledger import deepspeed_estimate, host_relative_errors
+    from runner.model import num_params
+
+    tiny = ModelConfig()  # conf/model/tiny.yaml's shape
+    zero3 = stage == "zero3"
+    estimate = deepspeed_estimate(
+        model=tiny,
+        num_params=num_params(tiny),
+        parallel=ParallelConfig(
+            zero_stage=3 if zero3 else 2,
+            offload_optimizer=Offload.cpu,
+            offload_param=Offload.cpu if zero3 else Offload.none,
+        ),
+        precision=Precision(precision),
+        optimizer=OptimizerName.adamw,
+        dp=2,
+        micro_size=4,
+        seq_len=128,
+        accum_steps=2,
+    )
+    measured = MEASURED_OFFLOAD_HOST[(stage, precision)]
+    assert set(estimate.host) == set(measured)
+    terms = {name: measured.get(name, 0) for name in ("params", "grads", "optimizer")}
+    errors = host_relative_errors(estimate.host, terms, measured)
+    assert all(error is not None and abs(error) <= 1e-3 for error in errors.values()), errors
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -185,6 +186,46 @@ def test_offload_enums_map_to_the_estimators_strings():
     plan = plan_config(_70b("parallel=zero3", "gpus=8", "parallel.offload_optimizer=cpu"))
     assert plan.memory.optimizer == 0 and plan.memory.grads == 0
     assert plan.memory.host["optimizer"] > 0
+
+
+@pytest.mark.parametrize(("stage", "offload"), [(2, "optimizer"), (3, "optimizer+params")])
+def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
+    """The planner's host memory is the ledger's line for line (one rank: no partition boundary to bound)."""
+    from runner.config import ModelConfig, OptimizerName, ParallelConfig
+    from runner.ledger import deepspeed_estimate
+    from runner.model import num_params
+    from runner.plan_memory import memory_terms
+
+    tiny = ModelConfig()
+    common: dict[str, Any] = dict(num_params=num_params(tiny), micro_size=4, seq_len=128, host_is_device=True)
+    planned = memory_terms(
+        tiny,
+        precision="fp32",
+        optimizer="adamw",
+        zero_stage=stage,
+        offload=offload,
+        recompute="none",
+        dp=1,
+        tp=1,
+        pp=1,
+        accum_steps=2,
+        **common,
+    )
+    parallel = ParallelConfig(
+        zero_stage=stage,
+        offload_optimizer=Offload.cpu,
+        offload_param=Offload.cpu if stage == 3 else Offload.none,
+    )
+    ledger = deepspeed_estimate(
+        model=tiny,
+        parallel=parallel,
+        precision=Precision.fp32,
+        optimizer=OptimizerName.adamw,
+        dp=1,
+        accum_steps=2,
+        **common,
+    )
+    assert planned.host == ledger.host and len(planned.host) > 3  # terms and DeepSpeed's buffers
 
 
 def test_a_global_batch_dp_cannot_split_is_planned_at_the_next_multiple_and_flagged():
