@@ -38,7 +38,7 @@ def main() -> None:
         else torch.device("cpu")
     )
     torch.manual_seed(config.seed)
-    model = build_model(config.model)
+    model = build_model(config.model, seed=config.seed)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     generator = torch.Generator().manual_seed(dist.get_rank())
     tokens = torch.randint(

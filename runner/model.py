@@ -19,7 +19,9 @@ nkv key/value heads, hs head size = d_model // n_head.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +55,60 @@ def _validate(cfg: ModelConfig) -> None:
             f"model.n_kv_head={n_kv} must divide model.n_head={cfg.n_head} "
             "(each key/value head serves n_head/n_kv_head query heads)"
         )
+
+
+def param_seed(seed: int, name: str) -> int:
+    """The RNG seed of one parameter: a function of the run's seed and the parameter's name only."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+_RESIDUAL_PROJECTIONS = ("attention.wo.weight", "feed_forward.w2.weight")
+
+
+# Elements per generator: a rank holding a slice of a parameter (a ZeRO-3 partition)
+# draws only the chunks its slice overlaps.
+INIT_CHUNK = 1 << 20
+
+
+def initial_values(
+    cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: int, start: int = 0, stop: int | None = None
+) -> torch.Tensor:
+    """Elements [start, stop) of parameter `name`'s flattened initial value, fp32 on the host.
+
+    `name` is as `Transformer.named_parameters` names it. Chunk c of INIT_CHUNK elements
+    is drawn from its own generator, seeded by `param_seed(seed, f"{name}[{c}]")`, so a
+    layout that builds only some parameters (a pipeline stage) or slices of them (ZeRO-3
+    partitions) draws the same values as the whole model on one device, and only those.
+    Normal(0, init_std) (GPT-2, Radford et al. 2019); the residual projections wo and w2
+    scaled by 1/sqrt(2 n_layer), the number of residual layers (same paper, sec. 2.3), so
+    the residual stream's variance does not grow with depth; RMSNorm gains at one.
+    """
+    numel = math.prod(shape)
+    stop = numel if stop is None else stop
+    if not 0 <= start <= stop <= numel:
+        raise ValueError(f"[{start}, {stop}) is not a slice of {name}'s {numel} elements")
+    out = torch.empty(stop - start)
+    if name.endswith("norm.weight"):
+        return out.fill_(1.0)
+    std = cfg.init_std
+    if name.endswith(_RESIDUAL_PROJECTIONS):
+        std /= math.sqrt(2 * cfg.n_layer)
+    for chunk in range(start // INIT_CHUNK, -(-stop // INIT_CHUNK)):
+        lo, hi = chunk * INIT_CHUNK, min((chunk + 1) * INIT_CHUNK, numel)
+        generator = torch.Generator().manual_seed(param_seed(seed, f"{name}[{chunk}]"))
+        a, b = max(lo, start), min(hi, stop)
+        if (a, b) == (lo, hi):
+            out[a - start : b - start].normal_(mean=0.0, std=std, generator=generator)
+        else:
+            drawn = torch.empty(hi - lo).normal_(mean=0.0, std=std, generator=generator)
+            out[a - start : b - start] = drawn[a - lo : b - lo]
+    return out
+
+
+def initial_value(cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: int) -> torch.Tensor:
+    """The whole initial value of parameter `name` (`initial_values`), shaped."""
+    return initial_values(cfg, name, shape, seed=seed).view(*shape)
 
 
 def num_params(cfg: ModelConfig) -> int:
@@ -195,7 +251,7 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """The decoder: embeddings, `n_layer` blocks, final norm, vocabulary head."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, *, seed: int = 0) -> None:
         super().__init__()
         _validate(cfg)
         self.cfg = cfg
@@ -212,17 +268,28 @@ class Transformer(nn.Module):
         # the rotation itself in fp32.
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        self.init_weights()
+        # On the meta device (build_model) or partitioned by a zero.Init context
+        # (runner/zero_init.py) there is nothing to write yet: the builder initialises.
+        if not any(p.is_meta or hasattr(p, "ds_id") for p in self.parameters()):
+            self.init_weights(seed)
 
     @torch.no_grad()
-    def init_weights(self) -> None:
-        """(Re)initialise parameters and RoPE tables in place, in module order."""
-        # Also the way to materialise a model built on the meta device:
-        # model.to_empty(device=...); model.init_weights().
+    def init_weights(self, seed: int = 0) -> None:
+        """(Re)initialise parameters (`initial_value`) and the RoPE tables in place.
+
+        Also the way to materialise a model built on the meta device:
+        model.to_empty(device=...); model.init_weights(seed). A model partitioned by
+        zero.Init is initialised by runner/zero_init.py instead.
+        """
         if self.cfg.tie_embeddings:
             # to_empty() replaces meta Parameters one by one, which unties them.
             self.output.weight = self.tok_embeddings.weight
-        device = self.tok_embeddings.weight.device
+        for name, param in self.named_parameters():  # a tied weight once, by its first name
+            param.copy_(initial_value(self.cfg, name, param.shape, seed=seed))
+        self.init_rope(self.tok_embeddings.weight.device)
+
+    def init_rope(self, device: torch.device) -> None:
+        """The RoPE tables for `max_seq_len` positions, on `device`."""
         cos, sin = rope_cache(
             self.cfg.d_model // self.cfg.n_head,
             self.cfg.max_seq_len,
@@ -230,25 +297,6 @@ class Transformer(nn.Module):
         )
         self.rope_cos = cos.to(device)
         self.rope_sin = sin.to(device)
-        std = self.cfg.init_std
-        # GPT-2 (Radford et al. 2019, sec. 2.3): scale the weights of residual
-        # layers by 1/sqrt(N), N = number of residual layers = 2 per block, so
-        # the residual stream's variance does not grow with depth.
-        residual_std = std / math.sqrt(2 * self.cfg.n_layer)
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
-        for layer in self.layers:
-            assert isinstance(layer, TransformerBlock)
-            for linear in (layer.attention.wq, layer.attention.wk, layer.attention.wv):
-                nn.init.normal_(linear.weight, mean=0.0, std=std)
-            nn.init.normal_(layer.attention.wo.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(layer.feed_forward.w1.weight, mean=0.0, std=std)
-            nn.init.normal_(layer.feed_forward.w3.weight, mean=0.0, std=std)
-            nn.init.normal_(layer.feed_forward.w2.weight, mean=0.0, std=residual_std)
-            nn.init.ones_(layer.attention_norm.weight)
-            nn.init.ones_(layer.ffn_norm.weight)
-        nn.init.ones_(self.norm.weight)
-        if not self.cfg.tie_embeddings:
-            nn.init.normal_(self.output.weight, mean=0.0, std=std)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T) int64 -> logits (B, T, vocab_size)."""
@@ -274,8 +322,8 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
 
 
-def build_model(cfg: ModelConfig, *, device: torch.device | str | None = None) -> Transformer:
-    """Build and initialise a Transformer for `cfg` on `device` (default: torch's)."""
+def build_model(cfg: ModelConfig, *, seed: int = 0, device: torch.device | str | None = None) -> Transformer:
+    """Build and initialise a Transformer for `cfg` and `seed` on `device` (default: torch's)."""
     target = torch.device(device) if device is not None else torch.get_default_device()
     # Construct on "meta" (shapes only), then allocate once on the target and
     # initialise: no full CPU copy of a large model, no throwaway default init,
@@ -284,5 +332,5 @@ def build_model(cfg: ModelConfig, *, device: torch.device | str | None = None) -
         model = Transformer(cfg)
     if target.type != "meta":
         model.to_empty(device=target)
-        model.init_weights()
+        model.init_weights(seed)
     return model

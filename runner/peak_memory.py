@@ -38,12 +38,37 @@ class PeakMemory:
         """Peak bytes since the last reset."""
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
-        except OSError:
-            pass
-        import resource
+        return host_peak_bytes()
 
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    def current(self) -> int:
+        """Bytes held now: CUDA's allocated bytes, or the process RSS."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.memory_allocated(self.device))
+        return host_rss_bytes()
+
+
+def _proc_status(field: str) -> int | None:
+    """A /proc/self/status memory field in bytes (Linux), None elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
+    except OSError:
+        pass
+    return None
+
+
+def host_peak_bytes() -> int:
+    """The process's high-water RSS since the last reset (or since it started)."""
+    peak = _proc_status("VmHWM")
+    if peak is not None:
+        return peak
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def host_rss_bytes() -> int:
+    """The process's RSS now (its high-water mark where /proc is missing)."""
+    rss = _proc_status("VmRSS")
+    return rss if rss is not None else host_peak_bytes()

@@ -17,9 +17,9 @@ and the labels on the last, so the sequences of a step do not depend on the layo
 
 Weights. A tied embedding (``tie_embeddings``) lives on the first stage (lookup) and the
 last (output head) as DeepSpeed's ``TiedLayerSpec``: DeepSpeed sums the two stages'
-gradients before the step, so the copies stay one parameter. Each rank initialises the
-whole model once on the host with runner/model.py's ``build_model`` (the same weights for
-a seed as every other layout) and keeps its stage's share.
+gradients before the step, so the copies stay one parameter. Each rank builds its stage's
+layers only and draws their values by name (runner/model.py's ``initial_value``): the
+same weights for a seed as every other layout.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from runner.data import BatchSource, rank_slice
 from runner.layout import Layout
 from runner.ledger import TERMS, Ledger, measure_model_states, saved_activations
 from runner.memory import TRANSIENT_ITEMS
-from runner.model import RMSNorm, Transformer, TransformerBlock, build_model, lm_loss, rope_cache
+from runner.model import RMSNorm, TransformerBlock, initial_value, lm_loss, rope_cache
 
 log = logging.getLogger("ladder")
 
@@ -207,34 +207,30 @@ def _layer_specs(cfg: ModelConfig) -> list[Any]:
     return [first, *blocks, LayerSpec(RMSNorm, cfg.d_model, cfg.norm_eps), head]
 
 
+def _model_name(cfg: ModelConfig, layer: str, param: str) -> str:
+    """runner/model.py's name for parameter ``param`` of the PipelineModule's child ``layer``."""
+    if layer == "tied_modules" or layer == "0":
+        return "tok_embeddings.weight"  # tied_modules.embed.weight, or the untied lookup
+    index = int(layer)
+    if index <= cfg.n_layer:
+        return f"layers.{index - 1}.{param.removeprefix('block.')}"
+    return "norm.weight" if index == cfg.n_layer + 1 else "output.weight"
+
+
 @torch.no_grad()
-def _copy_weights(pipe: Any, full: Transformer, cfg: ModelConfig) -> None:
-    """Give this stage's layers the weights ``build_model`` drew, so every layout starts alike."""
-    last = cfg.n_layer + 1
-    for name, module in pipe.named_children():
-        if name == "tied_modules":
-            for embedding in module.values():
-                embedding.weight.copy_(full.tok_embeddings.weight)
-            continue
-        if not name.isdigit():
-            continue
-        index = int(name)
-        if index == 0:
-            module.weight.copy_(full.tok_embeddings.weight)
-        elif index <= cfg.n_layer:
-            module.block.load_state_dict(full.layers[index - 1].state_dict())
-        elif index == last:
-            module.weight.copy_(full.norm.weight)
-        else:
-            module.weight.copy_(full.output.weight)
+def _init_stage(pipe: Any, cfg: ModelConfig, seed: int) -> None:
+    """Give this stage's parameters the values runner/model.py draws for them by name."""
+    for name, param in pipe.named_parameters():
+        layer, _, rest = name.partition(".")
+        if layer == "tied_modules":
+            rest = rest.partition(".")[2]  # tied_modules.<key>.weight
+        param.copy_(initial_value(cfg, _model_name(cfg, layer, rest), param.shape, seed=seed))
 
 
-def build_pipeline(cfg: ModelConfig, *, pp: int) -> Any:
+def build_pipeline(cfg: ModelConfig, *, pp: int, seed: int) -> Any:
     """This rank's stage of ``cfg`` as a PipelineModule (the process group must exist)."""
     from deepspeed.pipe import PipelineModule
 
-    # Drawn first, with the RNG where build_model would find it: the same weights as pp=1.
-    full = build_model(cfg, device="cpu")
     pipe = PipelineModule(
         layers=_layer_specs(cfg),
         num_stages=pp,
@@ -243,7 +239,7 @@ def build_pipeline(cfg: ModelConfig, *, pp: int) -> Any:
     )
     if list(pipe.parts) != [b[0] for b in stage_bounds(cfg.n_layer, pp)] + [cfg.n_layer + 3]:
         raise RuntimeError(f"DeepSpeed split the layers as {pipe.parts}, not as stage_bounds says")
-    _copy_weights(pipe, full, cfg)
+    _init_stage(pipe, cfg, seed)
     return pipe
 
 

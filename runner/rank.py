@@ -17,6 +17,7 @@ import torch
 
 from launchers.environment import DistributedEnv
 from runner import checkpoint
+from runner.build import build_measured
 from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
 from runner.distributed import init_distributed, select_accelerator, teardown
@@ -32,11 +33,11 @@ from runner.ledger import (
     relative_errors,
     saved_activations,
 )
-from runner.model import build_model, lm_loss, num_params
+from runner.model import lm_loss, num_params
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
-from runner.pipeline import PipelineSteps, build_pipeline
+from runner.pipeline import PipelineSteps
 from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
 from runner.schedule import lr_multiplier
 from runner.sinks import MetricSink, build_sinks
@@ -54,7 +55,9 @@ def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str,
     no_decay: list[torch.nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
+            # A ZeRO-3 parameter built by zero.Init holds an empty tensor: its shape is ds_shape.
+            shape = getattr(param, "ds_shape", param.shape)
+            (decay if len(shape) >= 2 else no_decay).append(param)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -196,8 +199,7 @@ def _train(
 
     _quiet_deepspeed()
     torch.manual_seed(config.seed)
-    # Pipeline parallel: each rank builds its stage of the model only (runner/pipeline.py).
-    model = build_pipeline(config.model, pp=layout.pp) if layout.pp > 1 else build_model(config.model)
+    model, model_build = build_measured(config, layout=layout, ds_config=ds_config, device=device)
     opt = config.optimizer
     schedule = dict(
         warmup_steps=opt.warmup_steps,
@@ -424,6 +426,7 @@ def _train(
                     else f"each term at its most over ranks (stages), step {ledger_step} boundary",
                 ),
                 accelerator=accelerator,
+                model_build={"rank": 0, **model_build},
                 **probes.summary(seq_len=config.data.seq_len),
                 pipeline=pipe.summary(step_s=last.get("time/step_s")) if pipe is not None else None,
                 skipped_steps=nonfinite.summary(),

@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from runner.config import ModelConfig, Recompute
-from runner.model import Attention, Transformer, build_model, lm_loss, num_params
+from runner.model import (
+    INIT_CHUNK,
+    Attention,
+    Transformer,
+    build_model,
+    initial_value,
+    initial_values,
+    lm_loss,
+    num_params,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -136,15 +145,14 @@ def test_tied_weights_are_one_parameter() -> None:
 
 
 def test_init_deterministic_and_residual_scaled() -> None:
-    """Same seed, same weights; wo and w2 use init_std / sqrt(2 n_layer)."""
+    """Same seed, same weights, whatever the global RNG; wo and w2 use init_std / sqrt(2 n_layer)."""
     torch.manual_seed(1)
-    a = build_model(TINY)
-    torch.manual_seed(1)
-    b = build_model(TINY)
+    a = build_model(TINY, seed=1)
+    torch.manual_seed(2)
+    b = build_model(TINY, seed=1)
     for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(pa, pb), name
-    torch.manual_seed(2)
-    c = build_model(TINY)
+    c = build_model(TINY, seed=2)
     assert not torch.equal(a.layers[0].attention.wq.weight, c.layers[0].attention.wq.weight)
 
     std = TINY.init_std
@@ -156,13 +164,50 @@ def test_init_deterministic_and_residual_scaled() -> None:
     assert torch.equal(block.attention_norm.weight, torch.ones(TINY.d_model))
 
 
+def test_each_parameter_is_drawn_from_its_name_alone() -> None:
+    """A layout that builds only part of the model (a pipeline stage, a ZeRO-3 shard) gets the same values.
+
+    The value of a parameter depends on the seed and its name, not on which other
+    parameters were drawn before it, nor on the global RNG.
+    """
+    whole = build_model(SMALL, seed=5)
+    name = "layers.1.feed_forward.w1.weight"
+    alone = initial_value(SMALL, name, whole.get_parameter(name).shape, seed=5)
+    assert torch.equal(alone, whole.get_parameter(name))
+    names = [n for n, _ in whole.named_parameters()]
+    draws = {n: initial_value(SMALL, n, whole.get_parameter(n).shape, seed=5) for n in reversed(names)}
+    for n in names:
+        assert torch.equal(draws[n], whole.get_parameter(n)), n
+    other = "layers.0.feed_forward.w1.weight"
+    assert not torch.equal(whole.get_parameter(other), whole.get_parameter(name))
+
+
+def test_a_slice_of_a_parameter_draws_the_whole_values_slice() -> None:
+    """A ZeRO-3 partition (any [start, stop), across chunk boundaries) holds its slice of the whole value."""
+    name, shape = "layers.0.feed_forward.w1.weight", (1100, 2000)  # 2.2M elements: three chunks
+    whole = initial_values(TINY, name, shape, seed=7)
+    assert whole.numel() > 2 * INIT_CHUNK
+    n = whole.numel()
+    for start, stop in [
+        (0, n),
+        (0, 1),
+        (INIT_CHUNK - 3, INIT_CHUNK + 5),
+        (n // 2, n // 2),
+        (n // 3, n),
+        (5, n - 5),
+    ]:
+        assert torch.equal(
+            initial_values(TINY, name, shape, seed=7, start=start, stop=stop), whole[start:stop]
+        )
+    with pytest.raises(ValueError, match=r"\[0, 2200001\) is not a slice"):
+        initial_values(TINY, name, shape, seed=7, start=0, stop=n + 1)
+
+
 def test_meta_model_materialises_like_build_model() -> None:
     """to_empty + init_weights on a meta model gives build_model's weights, still tied."""
-    torch.manual_seed(3)
-    ref = build_model(TINY, device="cpu")
+    ref = build_model(TINY, seed=3, device="cpu")
     model = build_model(TINY, device="meta").to_empty(device="cpu")
-    torch.manual_seed(3)
-    model.init_weights()
+    model.init_weights(3)
     assert model.output.weight is model.tok_embeddings.weight
     for (name, p), (_, q) in zip(model.state_dict().items(), ref.state_dict().items(), strict=True):
         assert torch.equal(p, q), name

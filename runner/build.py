@@ -1,0 +1,68 @@
+"""This rank's model for its layout, with the same initial weights for a seed in every layout.
+
+runner/model.py draws each parameter from its own name and the seed, so a rank may build
+only what it keeps: its pipeline stage (runner/pipeline.py) or its ZeRO-3 partitions
+(runner/zero_init.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.config import TrainConfig
+from runner.layout import Layout
+from runner.model import build_model, num_params
+from runner.peak_memory import PeakMemory, host_peak_bytes, host_rss_bytes
+from runner.pipeline import build_pipeline
+from runner.zero_init import build_partitioned, held_numel
+
+
+def build_method(config: TrainConfig, layout: Layout) -> str:
+    """How this layout builds the model (every way gives the same initial weights for a seed)."""
+    if layout.pp > 1:
+        return "by pipeline stage"  # runner/pipeline.py: each rank builds its stage only
+    if config.parallel.zero_stage == 3 and layout.tp == 1:
+        return "partitioned by zero.Init"  # runner/zero_init.py: never whole on a rank
+    # Whole on every rank first: ZeRO-0/1/2 keep the parameters whole anyway; AutoTP
+    # (runner/tensor_parallel.py) slices a whole model.
+    return "whole"
+
+
+def build_for_layout(
+    config: TrainConfig, *, layout: Layout, ds_config: dict[str, Any], device: torch.device
+) -> nn.Module:
+    """This rank's model: its pipeline stage, its ZeRO-3 partitions, or the whole model."""
+    method = build_method(config, layout)
+    if method == "by pipeline stage":
+        return build_pipeline(config.model, pp=layout.pp, seed=config.seed)
+    if method == "partitioned by zero.Init":
+        return build_partitioned(config.model, seed=config.seed, ds_config=ds_config, device=device)
+    return build_model(config.model, seed=config.seed)
+
+
+def build_measured(
+    config: TrainConfig, *, layout: Layout, ds_config: dict[str, Any], device: torch.device
+) -> tuple[nn.Module, dict[str, Any]]:
+    """``build_for_layout``, and what the build cost this rank (summary.json's ``model_build``).
+
+    ``host_peak_gb`` is the rise of the process's high-water RSS over the build (the whole
+    model in fp32 is 4 bytes a parameter); ``device_peak_gb`` the rise of CUDA's allocator
+    peak. Both before DeepSpeed's own copies and casts.
+    """
+    on_device = PeakMemory(device)
+    host = PeakMemory(torch.device("cpu"))
+    host.reset()
+    on_device.reset()
+    host_before, device_before = host_rss_bytes(), on_device.current()
+    model = build_for_layout(config, layout=layout, ds_config=ds_config, device=device)
+    record = {
+        "method": build_method(config, layout),
+        "params": held_numel(model),
+        "num_params": num_params(config.model),
+        "host_peak_gb": (host_peak_bytes() - host_before) / 1e9,
+        "device_peak_gb": (on_device.read() - device_before) / 1e9 if device.type == "cuda" else None,
+    }
+    return model, record

@@ -1,0 +1,63 @@
+"""ZeRO-3 builds the model partitioned: no rank ever holds the whole model.
+
+``deepspeed.zero.Init`` partitions each module's parameters across the data-parallel
+ranks as soon as that module's constructor returns (ZeRO stage 3, "P_os+g+p", Rajbhandari
+et al. 2020, arXiv 1910.02054, sec. 5.3; DeepSpeed docs, "Constructing Massive Models").
+A rank holds at most one module whole at a time (the largest is the embedding or the
+output head, vocab_size x d_model) besides its 1/dp share of the others, on the
+accelerator or, with ``offload_param``, in host memory.
+
+Initial values are the same as every other layout's: each rank draws only the elements
+of its own partitions (runner/model.py's ``initial_values`` draws a parameter in chunks,
+each from its own generator), with no communication, so the ranks share the drawing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.config import ModelConfig
+from runner.model import Transformer, initial_values
+
+
+def build_partitioned(
+    cfg: ModelConfig, *, seed: int, ds_config: dict[str, Any], device: torch.device
+) -> Transformer:
+    """``cfg``'s model for ``seed``, its parameters partitioned as ``ds_config``'s ZeRO-3 says."""
+    import deepspeed
+
+    with deepspeed.zero.Init(config_dict_or_path=ds_config):
+        model = Transformer(cfg, seed=seed)  # arrives partitioned and uninitialised
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # a tied weight once, by its first name
+            _write_partition(param, cfg, name, seed=seed)
+    # DeepSpeed leaves a zero.Init model's placement to zero.Init, which moves parameters
+    # only: the RoPE tables go where the compute runs.
+    model.init_rope(device)
+    return model
+
+
+def _write_partition(param: Any, cfg: ModelConfig, name: str, *, seed: int) -> None:
+    """Write this rank's slice of parameter ``name``'s initial value into its partition.
+
+    DeepSpeed's stage-3 layout (runtime/zero/partition_parameters.py, ``_partition_param``):
+    the parameter flattened and padded to a multiple of the group's size, rank r holding
+    elements [r * p, (r + 1) * p) in ``ds_tensor``, p = ``ds_tensor.ds_numel``; the
+    padding past ``ds_numel`` is never read.
+    """
+    import deepspeed.comm as dist
+
+    part = param.ds_tensor
+    start = dist.get_rank(group=param.ds_process_group) * part.ds_numel
+    stop = min(start + part.ds_numel, param.ds_numel)
+    if stop > start:
+        values = initial_values(cfg, name, param.ds_shape, seed=seed, start=start, stop=stop)
+        part.narrow(0, 0, stop - start).copy_(values)
+
+
+def held_numel(model: nn.Module) -> int:
+    """Elements of ``model``'s parameters this rank holds (its partitions under ZeRO-3)."""
+    return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in model.parameters())
