@@ -29,6 +29,7 @@ from runner.ledger import (
     Estimate,
     Ledger,
     deepspeed_estimate,
+    host_relative_errors,
     measure_model_states,
     relative_errors,
     saved_activations,
@@ -136,6 +137,8 @@ def _memory_summary(
             "residual": gb(measured.residual),
         }
         summary["rel_error"] = relative_errors(estimate.terms, measured.terms)
+        if estimate.host:
+            summary["host_rel_error"] = host_relative_errors(estimate.host, measured.terms, measured.residual)
     return summary
 
 
@@ -269,6 +272,7 @@ def _train(
         micro_size=layout.micro_size,
         seq_len=config.data.seq_len,
         host_is_device=device.type == "cpu",
+        accum_steps=layout.accum_steps,
     )
     # Model states are measured at the accumulation boundary of the second step, when the
     # optimizer state exists; activations over the first micro-batch of the first step.

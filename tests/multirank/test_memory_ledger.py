@@ -61,13 +61,27 @@ def test_measured_terms_match_the_estimate(train, parallel, gpus, precision):
     host = _gb(memory["offloaded_to_host"])
     assert bool(host) == parallel.endswith("_offload"), host
     if host:
-        errors = host_relative_errors(host, _gb(memory["measured"]), _gb(measured_residual))
+        errors = memory["host_rel_error"]
+        assert errors == pytest.approx(
+            host_relative_errors(host, _gb(memory["measured"]), _gb(measured_residual))
+        )
         for name, error in errors.items():
             assert error is not None and abs(error) <= HOST_TOLERANCE, (name, errors, memory)
     metrics = result.metrics[-1]
     for term in TOLERANCE:
         assert f"memory/est/{term}_gb" in metrics
         assert f"memory/measured/{term}_gb" in metrics
+
+
+def test_offload_without_accumulation_has_no_cpu_accumulation_buffer(train):
+    """ZeRO-2 offload keeps whole gradients on the host only to accumulate them: accum 1 has none."""
+    result = train("parallel=zero2_offload", "gpus=2", "batch.micro_size=8", "train.steps=2", "logger=none")
+    assert result.returncode == 0, result.stderr[-3000:]
+    memory = result.summary["memory"]
+    assert result.summary["layout"]["accum_steps"] == 1
+    assert "accumulated_grads_in_cpu_gb" not in memory["offloaded_to_host"]
+    assert "accumulated_grads_in_cpu_gb" not in memory["measured"]["residual"]
+    assert all(abs(error) <= HOST_TOLERANCE for error in memory["host_rel_error"].values()), memory
 
 
 def test_zero3_shards_what_ddp_replicates(train):
