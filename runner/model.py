@@ -19,6 +19,7 @@ nkv key/value heads, hs head size = d_model // n_head.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import math
 from collections.abc import Sequence
@@ -94,7 +95,8 @@ def initial_values(
     std = cfg.init_std
     if name.endswith(_RESIDUAL_PROJECTIONS):
         std /= math.sqrt(2 * cfg.n_layer)
-    for chunk in range(start // INIT_CHUNK, -(-stop // INIT_CHUNK)):
+
+    def draw(chunk: int) -> None:
         lo, hi = chunk * INIT_CHUNK, min((chunk + 1) * INIT_CHUNK, numel)
         generator = torch.Generator().manual_seed(param_seed(seed, f"{name}[{chunk}]"))
         a, b = max(lo, start), min(hi, stop)
@@ -103,6 +105,15 @@ def initial_values(
         else:
             drawn = torch.empty(hi - lo).normal_(mean=0.0, std=std, generator=generator)
             out[a - start : b - start] = drawn[a - lo : b - lo]
+
+    chunks = range(start // INIT_CHUNK, -(-stop // INIT_CHUNK))
+    if len(chunks) == 1:
+        draw(chunks[0])
+        return out
+    # Chunks are independent (own generator, own slice) and torch releases the GIL while
+    # drawing: threads draw them in parallel, with the same values as one by one.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
+        list(pool.map(draw, chunks))
     return out
 
 

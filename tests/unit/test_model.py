@@ -199,6 +199,12 @@ def test_a_slice_of_a_parameter_draws_the_whole_values_slice() -> None:
         assert torch.equal(
             initial_values(TINY, name, shape, seed=7, start=start, stop=stop), whole[start:stop]
         )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # chunks drawn one by one rather than by a pool of threads
+    try:
+        assert torch.equal(initial_values(TINY, name, shape, seed=7), whole)
+    finally:
+        torch.set_num_threads(threads)
     with pytest.raises(ValueError, match=r"\[0, 2200001\) is not a slice"):
         initial_values(TINY, name, shape, seed=7, start=0, stop=n + 1)
 
