@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU evidence in one run: the gpu-marked tests, llama_1b in bf16 under ddp/zero1/zero3 for
 # 20 steps (tokens/s, MFU against the detected device's dense peak, peak memory against the
-# ledger and its estimate), the largest micro-batch plan says fits, run for 10 steps, and the
-# plans beside the measurements. Results land in one folder (default gpu_check/), with a
-# table on stdout and results.json.
+# ledger and its estimate), the largest model (and its largest micro-batch) plan says fits on
+# one device, run for 10 steps, and the plans beside the measurements. Results land in one
+# folder (default gpu_check/), with a table on stdout and results.json.
 #
 #   bench/gpu_check.sh [OUT_DIR]
 #
@@ -17,14 +17,17 @@ python=${PYTHON:-python}
 
 if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   mode=full model=llama_1b precision=bf16 steps=20 big_steps=10 extra="data.seq_len=2048 batch.global_size=16"
+  candidates="llama_70b llama_7b llama_1b"  # largest first
 else
-  mode=reduced model=tiny precision=fp32 steps=3 big_steps=2 extra="batch.global_size=16"
+  mode=reduced model=tiny precision=fp32 steps=3 big_steps=2 extra="data.seq_len=128 batch.global_size=16"
+  candidates="gpt2_124m tiny"
 fi
 echo "gpu_check: mode=$mode model=$model precision=$precision"
 
 "$python" -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" || true
 
-common="model=$model precision=$precision data=synthetic logger=none $extra"
+base="precision=$precision data=synthetic logger=none $extra"
+common="model=$model $base"
 for parallel in ddp zero1 zero3; do
   # shellcheck disable=SC2086  # $common holds several overrides on purpose
   "$python" train.py $common parallel=$parallel train.steps=$steps "hydra.run.dir=$out/run_$parallel" \
@@ -33,12 +36,27 @@ for parallel in ddp zero1 zero3; do
   "$python" train.py $common parallel=$parallel plan=true "hydra.run.dir=$out/plan_$parallel" \
     > "$out/plan_$parallel.log" 2>&1 || echo "plan $parallel failed: see $out/plan_$parallel.log"
 done
-# The largest micro-batch the planner says fits (micro auto), over the whole batch on one device.
-# shellcheck disable=SC2086
-"$python" train.py $common parallel=zero1 batch.micro_size=auto train.steps=$big_steps \
-  "hydra.run.dir=$out/run_largest" > "$out/run_largest.log" 2>&1 || echo "largest run failed"
-# shellcheck disable=SC2086
-"$python" train.py $common parallel=zero1 batch.micro_size=auto plan=true "hydra.run.dir=$out/plan_largest" \
-  > "$out/plan_largest.log" 2>&1 || echo "largest plan failed"
+# The largest model the planner says fits on one device (ZeRO-1, micro-batch auto: the
+# largest that fits), its plan, then 10 steps of it.
+largest=""
+for candidate in $candidates; do
+  # shellcheck disable=SC2086
+  "$python" train.py $base model=$candidate parallel=zero1 batch.micro_size=auto plan=true \
+    "hydra.run.dir=$out/plan_$candidate" > "$out/plan_$candidate.log" 2>&1 || continue
+  if "$python" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['fits'] else 1)" \
+    "$out/plan_$candidate/plan.json"; then
+    largest=$candidate
+    break
+  fi
+done
+if [ -n "$largest" ]; then
+  echo "gpu_check: largest model that plan says fits: $largest"
+  cp -r "$out/plan_$largest" "$out/plan_largest"
+  # shellcheck disable=SC2086
+  "$python" train.py $base model=$largest parallel=zero1 batch.micro_size=auto train.steps=$big_steps \
+    "hydra.run.dir=$out/run_largest" > "$out/run_largest.log" 2>&1 || echo "largest run failed"
+else
+  echo "gpu_check: plan says none of $candidates fits"
+fi
 
 "$python" bench/gpu_check_table.py "$out" --mode "$mode"

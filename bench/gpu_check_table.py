@@ -33,6 +33,7 @@ def _row(out: Path, name: str) -> dict[str, Any]:
     planned = _read(plan / "plan.json")
     return {
         "layout": name,
+        "model": summary.get("model"),
         "status": summary.get("status", "missing"),
         "micro_size": summary.get("layout", {}).get("micro_size"),
         "tokens_per_s_per_device": _median([m["throughput/tokens_per_s_per_device"] for m in later]),
@@ -61,12 +62,12 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     rows = [_row(args.out, name) for name in LAYOUTS]
-    header = f"{'layout':<9}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
+    header = f"{'layout':<9}{'model':<11}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
     print(header + f"{'ledger est GB':>15}{'plan GB':>9}")
     for row in rows:
         planned = _planned_total_gb(row["planned"])
         cells = [
-            f"{row['layout']:<9}{row['status']:<11}{row['micro_size'] or '-':>6}",
+            f"{row['layout']:<9}{row['model'] or '-':<11}{row['status']:<11}{row['micro_size'] or '-':>6}",
             f"{row['tokens_per_s_per_device'] or 0:>12,.0f}",
             f"{(row['mfu'] or 0):>8.1%}",
             f"{row['peak_gb'] or 0:>9.2f}",
