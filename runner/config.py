@@ -160,6 +160,7 @@ class ClusterConfig:
     name: str = "local"
     gpus_per_node: int | None = None
     device_memory_gb: float | None = None  # GB = 1e9 bytes
+    host_memory_gb: float | None = None  # host RAM per node, shared by its ranks; GB = 1e9 bytes
     peak_tflops_bf16: float | None = None  # dense, per device
     peak_tflops_fp32: float | None = None  # dense, per device
     peak_tflops: float | None = None  # overrides the peak for the run's precision

@@ -5,11 +5,14 @@ prints one table (runner/plan_table.py), with ``planner.recommend=true`` walks t
 (runner/plan_ladder.py), and writes ``plan.json`` in the run directory. Nothing is
 allocated: the parameter count is analytic (runner.model.num_params) and every term is
 arithmetic (runner/plan_memory.py, runner/plan_time.py) on the device figures of
-runner/plan_hardware.py.
+runner/plan_hardware.py; a node's host memory, steady and while the model is built, is
+runner/plan_host.py's.
 
 The same arithmetic chooses ``batch.micro_size=auto`` for a real run: :class:`MicroFit`
 is the ``fits`` callable of runner.layout.resolve_layout. A layout fits when its planned
-bytes per device are at most ``planner.headroom`` x the device memory.
+bytes per device are at most ``planner.headroom`` x the device memory. The host check
+does not choose the micro-batch and refuses no run, as the device check refuses none with
+a fixed micro-batch: ``plan=true`` gives its verdict (the ladder counts it).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from runner.config import ModelConfig, Offload, Precision, TrainConfig
 from runner.layout import Layout, LayoutError, data_parallel_size, resolve_layout
 from runner.model import num_params as count_params
 from runner.plan_hardware import Device, resolve_device
-from runner.plan_memory import MemoryTerms, memory_terms
+from runner.plan_host import HostMemory, host_memory
+from runner.plan_memory import MemoryTerms, largest_param_numel, memory_terms
 from runner.plan_time import StepTime, Traffic, step_time, traffic
 from runner.summary import write_json_atomic
 from runner.validate import ConfigError
@@ -98,12 +102,13 @@ class Plan:
     traffic: list[Traffic]
     time: StepTime
     plan_only: list[str]  # why the runner cannot run it yet (empty: it can)
+    host: HostMemory  # a node's host memory (runner/plan_host.py)
     contract_error: str | None = None  # the configured global batch could not be split
 
     @property
     def runnable(self) -> bool:
-        """Fits, holds the configured global batch, and the runner can run it."""
-        return self.fits and not self.plan_only and self.contract_error is None
+        """Fits the device and the host, holds the configured global batch, and the runner can run it."""
+        return self.fits and self.host.fits and not self.plan_only and self.contract_error is None
 
     def record(self) -> dict[str, Any]:
         """The JSON-ready record written to plan.json (bytes, seconds, FLOP/s)."""
@@ -149,8 +154,9 @@ class Plan:
                 "total": m.total,
             },
             "host_memory_bytes_per_rank": dict(m.host),
-            "fits": self.fits,
+            "fits": self.fits,  # the device; the host's verdict is host_memory.fits
             "margin_bytes": w.usable_bytes - m.total,
+            "host_memory": self.host.record(),
             "micro_size_choice": self.micro_choice,
             "comm_bytes_per_step": {
                 t.group: {"bytes": t.bytes, "link": t.link, "seconds": t.seconds, "detail": t.detail}
@@ -261,6 +267,30 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
         accum_steps=accum_steps,
         host_is_device=workload.device.is_host,
         reduce_bucket_size=knobs.reduce_bucket_size,
+    )
+
+
+def host_at(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerms) -> HostMemory:
+    """A node's host memory for this layout: its ranks' build and steady bytes against its RAM."""
+    ram = workload.device.host_memory_bytes
+    return host_memory(
+        workload.model,
+        num_params=workload.num_params,
+        precision=workload.precision.value,
+        zero_stage=knobs.zero_stage,
+        offload=knobs.offload,
+        tp=layout.tp,
+        pp=layout.pp,
+        dp=layout.dp,
+        gpus=layout.gpus,
+        gpus_per_node=workload.device.per_node,
+        ram_bytes=float(ram.value or 0.0),
+        ram_source=ram.source,
+        headroom=workload.headroom,
+        offloaded=dict(memory.host),
+        device_total=memory.total,
+        host_is_device=memory.host_counts_on_device,
+        largest_param=largest_param_numel(workload.model, tp=1),  # built whole (or one module whole)
     )
 
 
@@ -433,6 +463,7 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
         traffic=groups,
         time=time,
         plan_only=plan_only_reasons(knobs),
+        host=host_at(workload, knobs, layout, memory),
         contract_error=contract_error,
     )
 
@@ -486,6 +517,7 @@ __all__ = [
     "Plan",
     "Workload",
     "check_knobs",
+    "host_at",
     "knobs_from_config",
     "memory_at",
     "micro_fit_for_config",

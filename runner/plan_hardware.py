@@ -10,6 +10,8 @@ cluster leaves unset (``null``, as ``cluster=local`` does) is detected on this h
   (runner.hardware; "datasheet"); on CPU a short matmul calibration
   (runner.hardware.calibrate_cpu_peak, "measured"), cached per process and precision.
 - GPUs per node: CUDA's device count, or one rank per CPU core (as runner.validate counts).
+- host RAM per node: this host's RAM, the smaller of physical RAM and the cgroup limit
+  ("detected"); a named cluster gives its system datasheet's figure.
 - link bandwidths: never detected. Unset means unknown, and no communication time is
   predicted for a layout that needs that link.
 
@@ -46,6 +48,7 @@ class Device:
     name: str
     memory_bytes: Figure
     gpus_per_node: Figure
+    host_memory_bytes: Figure  # host RAM of one node, shared by its ranks (runner/plan_host.py)
     peak_flops: Figure
     intra_node_bytes_per_s: Figure
     inter_node_bytes_per_s: Figure
@@ -120,6 +123,13 @@ def _memory(cluster: ClusterConfig, *, cuda: bool, ranks_here: int) -> Figure:
     )
 
 
+def _host_memory(cluster: ClusterConfig) -> Figure:
+    if cluster.host_memory_gb is not None:
+        return Figure(cluster.host_memory_gb * GB, _cluster_source(cluster, "host_memory_gb"))
+    ram, how = host_ram_bytes()
+    return Figure(float(ram), f"detected: this host's {how}")
+
+
 def _peak(cluster: ClusterConfig, precision: Precision, *, cuda: bool) -> Figure:
     from runner.hardware import UnknownDeviceError, peak_flops_for_cuda_device
     from runner.peak import planning_peak
@@ -159,7 +169,7 @@ def _link(cluster: ClusterConfig, key: str) -> Figure:
 def resolve_device(
     cluster: ClusterConfig, precision: Precision, *, gpus: int, with_peak: bool = True
 ) -> Device:
-    """The device to plan `gpus` ranks on: the cluster's figures, the rest detected on this host.
+    """The device to plan `gpus` ranks on and its node's RAM: the cluster's figures, the rest detected here.
 
     ``with_peak=False`` skips the peak (a CPU measurement costs about half a second): the
     memory check that ``batch.micro_size=auto`` needs does not use it.
@@ -174,6 +184,7 @@ def resolve_device(
         name=cluster.name,
         memory_bytes=memory,
         gpus_per_node=per_node,
+        host_memory_bytes=_host_memory(cluster),
         peak_flops=peak,
         intra_node_bytes_per_s=_link(cluster, "intra_node_gbps"),
         inter_node_bytes_per_s=_link(cluster, "inter_node_gbps"),

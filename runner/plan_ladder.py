@@ -19,8 +19,11 @@ and device, the rungs in order (DESIGN.md, "the cheap-to-costly order"):
 Within rungs 4-7 the cheaper knobs are tried again in the same order (no recompute, then
 selective, then full; then a higher ZeRO stage; then offload), so a winner never
 recomputes, shards or offloads more than it needs. Every candidate takes the largest
-micro-batch that fits (auto). A rung that fails reports its closest candidate: its bytes
-against the usable memory and its largest term. Layouts the runner cannot run yet
+micro-batch that fits (auto). A candidate fits when its bytes fit the device and its node's
+host memory fits the host RAM (runner/plan_host.py: the whole model built in fp32 on every
+rank of ZeRO 0-2 and tensor parallel, offloaded states times the ranks per node). A rung
+that fails reports its closest candidate: its bytes against the usable memory and its
+largest term, or its host bytes per node. Layouts the runner cannot run yet
 (runner/plan.py ``plan_only_reasons``) are planned all the same and marked "plan only".
 """
 
@@ -134,6 +137,13 @@ def _verdict(plan: Plan) -> str:
     if not plan.fits:
         name, size = m.largest()
         return f"{head}: {gb(m.total)} > {_usable(w)} ({name} {gb(size)})"
+    h = plan.host
+    if not h.fits:
+        phase = "to build" if h.phase == "build" else "steady"
+        return (
+            f"{head}: {gb(m.total)} of {_usable(w)}, but the host: {gb(h.peak_per_node)} per node {phase} "
+            f"({h.ranks_per_node} x {gb(h.peak_per_rank)}) > {gb(h.usable_bytes)} usable host RAM"
+        )
     text = f"{head}: {gb(m.total)} of {_usable(w)}"
     t = plan.time
     if t.step_s is not None and t.mfu is not None:
@@ -145,11 +155,11 @@ def _verdict(plan: Plan) -> str:
 
 
 def _decide(name: str, candidates: list[Knobs], workload: Workload) -> Rung:
-    """The first candidate that fits (and holds the global batch), else the closest one."""
+    """The first candidate that fits device and host (and holds the global batch), else the closest one."""
     plans = []
     for knobs in candidates:
         plan = plan_layout(workload, knobs)
-        if plan.fits and plan.contract_error is None:
+        if plan.fits and plan.host.fits and plan.contract_error is None:
             return Rung(name, plan, True, _verdict(plan))
         plans.append(plan)
     held = [p for p in plans if p.contract_error is None]

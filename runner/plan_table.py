@@ -78,6 +78,34 @@ def _figure(fig: Figure, scale: float, unit: str) -> str:
     return f"{fig.value / scale:g} {unit}  [{fig.source}]"
 
 
+def _host_lines(plan: Plan) -> list[str]:
+    """A node's host memory: each phase per rank, times the ranks, against the node's RAM."""
+    h, w = plan.host, plan.workload
+    per_node = w.device.per_node
+    lines = [
+        f"host memory per node: {h.ranks_per_node} rank{'s' if h.ranks_per_node > 1 else ''} "
+        f"(gpus {w.gpus}, {per_node} per node), "
+        f"model built {h.build_method}",
+        f"  {'':<{_W}}{'GB':>10} {'GiB':>10}",
+    ]
+    lines += [_row(f"build: {name}", size, "per rank") for name, size in h.build.items()]
+    lines.append(_row(f"build per node (x {h.ranks_per_node})", h.build_per_node, "runner/build.py"))
+    offloaded = sum(v for k, v in h.steady.items() if k in plan.memory.host)
+    if offloaded:
+        lines.append(_row("steady: offloaded and host buffers", offloaded, "per rank (the lines above)"))
+    lines += [
+        _row(f"steady: {name}", size, "per rank")
+        for name, size in h.steady.items()
+        if name not in plan.memory.host
+    ]
+    lines.append(_row(f"steady per node (x {h.ranks_per_node})", h.steady_per_node))
+    lines.append(_row("host RAM per node", h.ram_bytes, f"[{h.ram_source}]"))
+    lines.append(_row(f"usable (headroom {h.headroom:g})", h.usable_bytes))
+    lines.append(f"  => {h.verdict()}")
+    lines += [f"     fix: {fix}" for fix in h.fixes]
+    return lines
+
+
 def format_plan(plan: Plan) -> str:
     """One layout's table: layout, device, memory terms against the usable memory, traffic, time."""
     w, k, lay, m, t = plan.workload, plan.knobs, plan.layout, plan.memory, plan.time
@@ -149,6 +177,7 @@ def format_plan(plan: Plan) -> str:
     nominal = _nominal_states(plan)
     if nominal:
         lines.append(f"    {nominal}")
+    lines += _host_lines(plan)
     lines.append("communication per step per device (ring; bytes sent = bytes received)")
     for g in plan.traffic:
         bw = "unknown bandwidth: no time predicted" if g.seconds is None else f"{g.seconds:.3g} s"
@@ -170,7 +199,7 @@ def format_plan(plan: Plan) -> str:
         if t.complete:
             lines.append(
                 f"  step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%, {t.tokens_per_s:,.0f} tokens/s"
-                + ("" if plan.fits else "  (hypothetical: it does not fit)")
+                + ("" if plan.fits and plan.host.fits else "  (hypothetical: it does not fit)")
             )
         else:
             lines.append(
@@ -191,7 +220,8 @@ def format_ladder(ladder: Ladder) -> str:
     w = ladder.workload
     lines = [
         f"recommend: {w.model.name} on {w.gpus} x {w.cluster}, global {w.global_size}, "
-        f"{w.precision.value} {w.optimizer}, seq {w.seq_len}; {gb(w.usable_bytes)} usable per device",
+        f"{w.precision.value} {w.optimizer}, seq {w.seq_len}; {gb(w.usable_bytes)} usable per device, "
+        f"{gb(w.headroom * float(w.device.host_memory_bytes.value or 0.0))} usable host RAM per node",
     ]
     for i, rung in enumerate(ladder.rungs, 1):
         mark = "FITS" if rung.fits else "no"

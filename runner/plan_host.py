@@ -1,0 +1,324 @@
+"""Host memory per node of one layout: what a node's RAM holds while the model is built, and after.
+
+The device check (runner/plan.py) sizes one GPU. A node's host RAM is shared by all the
+ranks the node runs, ``ranks_per_node = min(gpus, gpus_per_node)``, and can run out
+before any GPU does, in two phases that do not overlap:
+
+- **build** (runner/build.py ``build_method``): ZeRO 0-2 and tensor parallelism build the
+  whole model in fp32 in host memory on every rank (4 bytes x P; AutoTP slices a whole
+  model), before DeepSpeed moves it to the device. ZeRO-3 builds under ``zero.Init``
+  (runner/zero_init.py), which creates each module on the device in the model dtype and
+  partitions it as its constructor returns (DeepSpeed 0.19.8
+  runtime/zero/partition_parameters.py: tensors on ``local_device``, partitions on
+  ``remote_device``, the host only with ``offload_param``): the host keeps the partitions
+  only with parameter offload, and one module whole only when the CPU is the device. A
+  pipeline rank builds its own stage (runner/pipeline.py ``stage_param_numels``). Every
+  rank also draws its initial values on the host, one parameter (or one partition of
+  it) at a time in fp32 (runner/model.py ``initial_values``).
+- **steady** (from DeepSpeed's engine on): ZeRO-Offload's offloaded terms and its own
+  host buffers per rank (runner/memory.py ``model_states``, ``offload_host_buffers``:
+  the plan's "offloaded ..." and "host buffer: ..." lines); nothing else when the model
+  lives on a GPU; everything on CPU ranks, where the host is the device.
+
+Both phases count torch's first-use runtime per rank, measured at about 0.09 GB on a CPU
+(README, "How a rank builds the model"); CUDA's own host libraries are not counted. The
+node fits when the larger phase, times the ranks per node, is at most ``planner.headroom``
+x the node's RAM (the same headroom as the device check). Against the measured builds of
+a 51M-parameter model on 2 CPU ranks (README: whole 0.29 GB, zero.Init 0.12, a stage
+0.11) this gives 0.30, 0.20 and 0.19 GB: within 0.01 GB for the whole build, an upper bound
+by about the runtime for the others (whose measured rise did not show it).
+
+Units: bytes inside, decimal GB (1e9) in the messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.config import ModelConfig
+from runner.memory import FP32_BYTES, HALF_BYTES
+
+GB = 1e9  # decimal gigabyte, as runner/plan.py
+TORCH_RUNTIME_BYTES = 90_000_000  # README "How a rank builds the model": torch's first use, measured on a CPU
+
+WHOLE = "whole"  # the names runner/build.py build_method returns
+PARTITIONED = "partitioned by zero.Init"
+BY_STAGE = "by pipeline stage"
+
+
+def build_method_for(*, zero_stage: int, tp: int, pp: int) -> str:
+    """How a layout builds the model: runner/build.py ``build_method``'s rule, from the knobs alone."""
+    if pp > 1:
+        return BY_STAGE
+    if zero_stage == 3 and tp == 1:
+        return PARTITIONED
+    return WHOLE
+
+
+def _gb(num_bytes: float) -> str:
+    """Decimal GB with the unit; two decimals below 10 GB (a rank's share of a small model)."""
+    return f"{num_bytes / GB:.{1 if num_bytes >= 10 * GB else 2}f} GB"
+
+
+@functools.cache  # DeepSpeed's partition_balanced takes ~20 ms; the ladder asks again for each candidate
+def largest_stage_params(model: ModelConfig, pp: int) -> int:
+    """Parameters of the fullest pipeline stage (runner/pipeline.py's split, DeepSpeed's balance)."""
+    from runner.pipeline import stage_param_numels
+
+    return max(sum(stage) for stage in stage_param_numels(model, pp))
+
+
+def build_bytes(
+    model: ModelConfig,
+    *,
+    num_params: int,
+    method: str,
+    precision: str,
+    dp: int,
+    pp: int,
+    largest_param: int,
+    host_is_device: bool,
+    params_offloaded: bool,
+) -> dict[str, int]:
+    """Named host bytes one rank holds at the peak of building its model (see the module docstring).
+
+    `largest_param`: elements of the model's largest parameter tensor (the embedding or
+    output head, V x h, for the models here); under zero.Init the largest module whole.
+    """
+    lines: dict[str, int] = {}
+    if method == WHOLE:
+        lines["whole model in fp32"] = FP32_BYTES * num_params
+        lines["drawing one parameter (fp32)"] = FP32_BYTES * largest_param
+    elif method == BY_STAGE:
+        lines[f"largest stage of {pp}, in fp32"] = FP32_BYTES * largest_stage_params(model, pp)
+        lines["drawing one parameter (fp32)"] = FP32_BYTES * largest_param
+    elif method == PARTITIONED:
+        # zero.Init creates tensors in the model dtype (partition_parameters.py ``self.dtype``).
+        p = FP32_BYTES if precision == "fp32" else HALF_BYTES
+        if host_is_device or params_offloaded:
+            lines[f"partitions ({precision}, 1/{dp})"] = p * -(-num_params // dp)
+        if host_is_device:
+            lines[f"largest module whole ({precision})"] = p * largest_param
+        lines["drawing one partition (fp32)"] = FP32_BYTES * -(-largest_param // dp)
+    else:
+        raise ValueError(f"build method {method!r} is not one of {WHOLE!r}, {PARTITIONED!r}, {BY_STAGE!r}")
+    lines["torch runtime"] = TORCH_RUNTIME_BYTES
+    return lines
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """A node's host memory for one layout: each phase per rank, times the ranks, against the RAM."""
+
+    ranks_per_node: int
+    build_method: str
+    steady: dict[str, int]  # per rank, named
+    build: dict[str, int]  # per rank, named
+    ram_bytes: float
+    ram_source: str
+    headroom: float
+    fixes: list[str] = field(default_factory=list)  # when it does not fit: what would
+
+    @property
+    def steady_per_node(self) -> int:
+        """Bytes a node holds while training: ranks x the steady lines."""
+        return self.ranks_per_node * sum(self.steady.values())
+
+    @property
+    def build_per_node(self) -> int:
+        """Bytes a node holds at the peak of building: ranks x the build lines."""
+        return self.ranks_per_node * sum(self.build.values())
+
+    @property
+    def phase(self) -> str:
+        """The phase that needs more host memory: 'build' or 'steady'."""
+        return "build" if self.build_per_node >= self.steady_per_node else "steady"
+
+    @property
+    def peak_per_node(self) -> int:
+        """The larger phase's bytes per node."""
+        return max(self.build_per_node, self.steady_per_node)
+
+    @property
+    def peak_per_rank(self) -> int:
+        """The larger phase's bytes per rank."""
+        return self.peak_per_node // self.ranks_per_node
+
+    @property
+    def usable_bytes(self) -> float:
+        """Host bytes a node may use: headroom x its RAM."""
+        return self.headroom * self.ram_bytes
+
+    @property
+    def fits(self) -> bool:
+        """True when the larger phase fits the usable host RAM."""
+        return self.peak_per_node <= self.usable_bytes
+
+    def verdict(self) -> str:
+        """One line: FITS with the spare bytes, or DOES NOT FIT with the arithmetic."""
+        what = "building the model" if self.phase == "build" else "training (steady)"
+        ranks = f"{self.ranks_per_node} rank{'s' if self.ranks_per_node > 1 else ''}"
+        arithmetic = f"{ranks} x {_gb(self.peak_per_rank)} {what}"
+        if self.fits:
+            return (
+                f"host FITS, {_gb(self.usable_bytes - self.peak_per_node)} to spare: {arithmetic} = "
+                f"{_gb(self.peak_per_node)} of {_gb(self.usable_bytes)} usable host RAM per node"
+            )
+        return (
+            f"host DOES NOT FIT by {_gb(self.peak_per_node - self.usable_bytes)}: {arithmetic} = "
+            f"{_gb(self.peak_per_node)} > {_gb(self.usable_bytes)} usable host RAM per node"
+        )
+
+    def record(self) -> dict[str, Any]:
+        """JSON-ready (bytes) for plan.json."""
+        return {
+            "ranks_per_node": self.ranks_per_node,
+            "build_method": self.build_method,
+            "per_rank": {"build": dict(self.build), "steady": dict(self.steady)},
+            "per_node": {
+                "build": self.build_per_node,
+                "steady": self.steady_per_node,
+                "peak": self.peak_per_node,
+                "peak_phase": self.phase,
+            },
+            "ram_bytes": self.ram_bytes,
+            "ram_source": self.ram_source,
+            "headroom": self.headroom,
+            "usable_bytes": self.usable_bytes,
+            "fits": self.fits,
+            "margin_bytes": self.usable_bytes - self.peak_per_node,
+            "fixes": list(self.fixes),
+        }
+
+
+def _fixes(
+    model: ModelConfig,
+    *,
+    num_params: int,
+    precision: str,
+    zero_stage: int,
+    tp: int,
+    pp: int,
+    dp: int,
+    offload: str,
+    largest_param: int,
+    host_is_device: bool,
+    phase: str,
+    peak_per_rank: int,
+    ranks_per_node: int,
+    usable: float,
+    headroom: float,
+) -> list[str]:
+    """What would make a node's host memory fit, cheapest first, each with its number."""
+    fixes = []
+    if phase == "build" and build_method_for(zero_stage=zero_stage, tp=tp, pp=pp) == WHOLE:
+        partitioned = build_bytes(
+            model,
+            num_params=num_params,
+            method=PARTITIONED,
+            precision=precision,
+            dp=dp * tp,
+            pp=1,
+            largest_param=largest_param,
+            host_is_device=host_is_device,
+            params_offloaded=offload == "optimizer+params",
+        )
+        where = "" if tp == 1 else " with parallel.tp=1 (AutoTP slices a whole model)"
+        fixes.append(
+            f"parallel=zero3{where} builds each rank's partitions only (zero.Init): "
+            f"{_gb(ranks_per_node * sum(partitioned.values()))} per node to build"
+        )
+    if phase == "steady" and offload == "optimizer+params":
+        fixes.append("parallel.offload_param=none keeps the 16-bit parameters on the device")
+    if phase == "steady" and offload != "none":
+        fixes.append("more nodes: each rank's offloaded partition shrinks as 1/dp")
+    per_node = int(usable // peak_per_rank) if peak_per_rank else ranks_per_node
+    if 1 <= per_node < ranks_per_node:
+        fixes.append(
+            f"fewer ranks per node: {per_node} fit ({per_node} x {_gb(peak_per_rank)}); "
+            f"plan it with cluster.gpus_per_node={per_node}"
+        )
+    need_gb = math.ceil(ranks_per_node * peak_per_rank / headroom / GB)
+    fixes.append(f"a larger host: {need_gb} GB of RAM per node (cluster.host_memory_gb={need_gb})")
+    return fixes
+
+
+def host_memory(
+    model: ModelConfig,
+    *,
+    num_params: int,
+    precision: str,
+    zero_stage: int,
+    offload: str,
+    tp: int,
+    pp: int,
+    dp: int,
+    gpus: int,
+    gpus_per_node: int,
+    ram_bytes: float,
+    ram_source: str,
+    headroom: float,
+    offloaded: dict[str, int],
+    device_total: int,
+    host_is_device: bool,
+    largest_param: int,
+) -> HostMemory:
+    """A node's host memory for this layout (see the module docstring).
+
+    `offloaded`: per rank, the offloaded terms and DeepSpeed's host buffers
+    (runner/plan_memory.py ``MemoryTerms.host``); `device_total`: per rank, every device
+    byte, which CPU ranks hold in host memory.
+    """
+    ranks = max(1, min(gpus, gpus_per_node))
+    method = build_method_for(zero_stage=zero_stage, tp=tp, pp=pp)
+    build = build_bytes(
+        model,
+        num_params=num_params,
+        method=method,
+        precision=precision,
+        dp=dp,
+        pp=pp,
+        largest_param=largest_param,
+        host_is_device=host_is_device,
+        params_offloaded=offload == "optimizer+params",
+    )
+    # CPU ranks hold every device byte in host memory; GPU ranks only what they offload.
+    steady = {"device total (CPU ranks)": device_total} if host_is_device else dict(offloaded)
+    steady["torch runtime"] = TORCH_RUNTIME_BYTES
+    memory = HostMemory(ranks, method, steady, build, ram_bytes, ram_source, headroom)
+    if memory.fits:
+        return memory
+    fixes = _fixes(
+        model,
+        num_params=num_params,
+        precision=precision,
+        zero_stage=zero_stage,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        offload=offload,
+        largest_param=largest_param,
+        host_is_device=host_is_device,
+        phase=memory.phase,
+        peak_per_rank=memory.peak_per_rank,
+        ranks_per_node=ranks,
+        usable=memory.usable_bytes,
+        headroom=headroom,
+    )
+    return HostMemory(ranks, method, steady, build, ram_bytes, ram_source, headroom, fixes)
+
+
+__all__ = [
+    "BY_STAGE",
+    "PARTITIONED",
+    "TORCH_RUNTIME_BYTES",
+    "WHOLE",
+    "HostMemory",
+    "build_bytes",
+    "build_method_for",
+    "host_memory",
+    "largest_stage_params",
+]

@@ -1,0 +1,215 @@
+"""A node's host memory in the plan: the whole-model build, ZeRO-3's partitioned build, offload x ranks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from runner.config import ModelConfig, TrainConfig, register_configs, to_train_config
+from runner.layout import resolve_layout
+from runner.model import num_params
+from runner.plan import GB, plan_config, plan_job, read_plan, workload_from_config
+from runner.plan_hardware import host_ram_bytes
+from runner.plan_host import (
+    BY_STAGE,
+    PARTITIONED,
+    TORCH_RUNTIME_BYTES,
+    WHOLE,
+    build_bytes,
+    build_method_for,
+)
+from runner.plan_ladder import recommend
+from runner.plan_table import format_plan
+from runner.run import choose_layout_explained
+
+pytestmark = pytest.mark.unit
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+LLAMA_70B_PARAMS = 68_976_648_192  # config.json of meta-llama/Llama-2-70b-hf
+LLAMA_70B_EMBEDDING = 32_000 * 8_192  # V x h: its largest tensor (the output head is as large)
+
+
+def _config(*overrides: str) -> TrainConfig:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return to_train_config(compose(config_name="config", overrides=list(overrides)))
+
+
+@pytest.fixture(autouse=True)
+def _no_cpu_calibration(monkeypatch):
+    """Plans on cluster=local would measure the CPU for half a second; a fixed figure is enough here."""
+    monkeypatch.setattr("runner.plan_hardware.measured_cpu_peak", lambda precision: 1e11)
+
+
+def _h200(*overrides: str) -> TrainConfig:
+    return _config("model=llama_70b", "cluster=h200", "batch.global_size=64", *overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "method"),
+    [
+        (["parallel=ddp"], WHOLE),
+        (["parallel=zero2"], WHOLE),
+        (["parallel=zero2_offload"], WHOLE),
+        (["parallel=zero3"], PARTITIONED),
+        (["parallel=zero3_offload"], PARTITIONED),
+        (["parallel=zero3", "parallel.tp=2"], WHOLE),  # AutoTP slices a whole model
+        (["parallel=tp2"], WHOLE),
+        (["parallel=pp2"], BY_STAGE),
+    ],
+)
+def test_the_planners_build_method_is_the_runners(overrides, method):
+    from runner.build import build_method
+
+    config = _config("gpus=2", *overrides)
+    par = config.parallel
+    layout = resolve_layout(gpus=2, tp=par.tp, pp=par.pp, global_size=16, micro_size=1)
+    assert build_method(config, layout) == method
+    assert build_method_for(zero_stage=par.zero_stage, tp=par.tp, pp=par.pp) == method
+
+
+def test_the_build_formulas_bound_the_measured_builds_of_a_51m_model_on_2_cpu_ranks():
+    """README "How a rank builds the model": whole 0.29 GB, zero.Init 0.12, a stage 0.11 (measured)."""
+    model = ModelConfig(d_model=512, n_layer=16, n_head=8, ffn_hidden=1376)
+    p = num_params(model)
+    largest = 512 * 1376  # w1, w2, w3: larger than the 256 x 512 embedding
+    common = dict(num_params=p, precision="fp32", dp=2, largest_param=largest, host_is_device=True)
+    whole = build_bytes(model, method=WHOLE, pp=1, params_offloaded=False, **common)
+    assert whole == {
+        "whole model in fp32": 4 * p,
+        "drawing one parameter (fp32)": 4 * largest,
+        "torch runtime": TORCH_RUNTIME_BYTES,
+    }
+    partitioned = build_bytes(model, method=PARTITIONED, pp=1, params_offloaded=False, **common)
+    assert partitioned == {
+        "partitions (fp32, 1/2)": 4 * math.ceil(p / 2),
+        "largest module whole (fp32)": 4 * largest,
+        "drawing one partition (fp32)": 4 * largest // 2,
+        "torch runtime": TORCH_RUNTIME_BYTES,
+    }
+    stage = build_bytes(model, method=BY_STAGE, pp=2, params_offloaded=False, **common)
+    # The last stage: 8 of 16 blocks, the final norm and the tied output head (V x h).
+    assert stage["largest stage of 2, in fp32"] == 4 * ((p - 512 * 256 - 512) // 2 + 512 + 512 * 256)
+    measured = {WHOLE: 0.29, PARTITIONED: 0.12, BY_STAGE: 0.11}
+    planned = {WHOLE: whole, PARTITIONED: partitioned, BY_STAGE: stage}
+    for method, lines in planned.items():
+        total = sum(lines.values()) / GB
+        # Never below the measure; above it by at most the runtime the measure did not see.
+        assert measured[method] - 0.005 <= total <= measured[method] + TORCH_RUNTIME_BYTES / GB, method
+    assert sum(whole.values()) / GB == pytest.approx(0.29, abs=0.01)  # the whole build: runtime seen
+
+
+def test_zero2_on_64_h200s_builds_2_2_tb_per_node_and_a_dgx_h200_holds_2_tb():
+    plan = plan_config(_h200("parallel=zero2", "gpus=64"))
+    host = plan.host
+    assert host.ranks_per_node == 8 and host.build_method == WHOLE
+    per_rank = 4 * LLAMA_70B_PARAMS + 4 * LLAMA_70B_EMBEDDING + TORCH_RUNTIME_BYTES
+    assert sum(host.build.values()) == per_rank
+    assert host.build_per_node == 8 * per_rank  # 2216.4 GB
+    assert host.steady_per_node == 8 * TORCH_RUNTIME_BYTES  # nothing offloaded
+    assert (host.ram_bytes, host.usable_bytes) == (2000 * GB, 1800 * GB)
+    assert host.phase == "build" and not host.fits and not plan.runnable
+    table = format_plan(plan)
+    assert (
+        "host DOES NOT FIT by 416.4 GB: 8 ranks x 277.0 GB building the model = 2216.4 GB > "
+        "1800.0 GB usable host RAM per node" in table
+    )
+    assert "fix: parallel=zero3 builds each rank's partitions only (zero.Init): 0.85 GB per node" in table
+    assert "fix: fewer ranks per node: 6 fit (6 x 277.0 GB); plan it with cluster.gpus_per_node=6" in table
+    assert "cluster.host_memory_gb=2463" in table  # 2216.4 / 0.9, rounded up
+    assert "host RAM per node                        2000.00" in table
+    assert "[datasheet: cluster h200]" in table
+
+
+def test_zero3_builds_partitioned_on_the_gpus_and_fits_the_host():
+    plan = plan_config(_h200("parallel=zero3", "gpus=64"))
+    host = plan.host
+    assert host.build_method == PARTITIONED
+    # zero.Init creates each module on the GPU: the host draws one partition at a time.
+    assert host.build == {
+        "drawing one partition (fp32)": 4 * math.ceil(LLAMA_70B_EMBEDDING / 64),
+        "torch runtime": TORCH_RUNTIME_BYTES,
+    }
+    assert host.fits and host.build_per_node < 1 * GB
+    assert "host FITS, 1799.1 GB to spare" in format_plan(plan)
+
+
+def test_zero3_offload_keeps_8_ranks_offloaded_states_on_one_node():
+    plan = plan_config(_h200("parallel=zero3_offload", "gpus=8"))
+    host, memory = plan.host, plan.memory
+    partition = math.ceil(LLAMA_70B_PARAMS / 8)
+    # fp32 Adam, params + optimizer offloaded: params 4, grads 4, m and v 8, fp32 master copy 4,
+    # the stage-3 gradient partitions 4 bytes per element of the partition (runner/memory.py).
+    assert sum(memory.host.values()) == 24 * partition
+    assert host.steady == {**memory.host, "torch runtime": TORCH_RUNTIME_BYTES}
+    assert host.steady_per_node == 8 * (24 * partition + TORCH_RUNTIME_BYTES)  # 1656.2 GB
+    # Building, the fp32 partitions land on the host too (offload_param), but no more than that.
+    assert host.build["partitions (fp32, 1/8)"] == 4 * partition
+    assert host.phase == "steady" and host.fits
+    table = format_plan(plan)
+    assert "steady: offloaded and host buffers        206.93" in table
+    assert "host FITS, 143.8 GB to spare: 8 ranks x 207.0 GB training (steady) = 1656.2 GB" in table
+
+
+def test_offload_that_the_host_cannot_hold_names_the_fixes():
+    plan = plan_config(_h200("parallel=zero3_offload", "gpus=8", "cluster.host_memory_gb=1000"))
+    assert not plan.host.fits and plan.fits  # the device holds it; the node's RAM does not
+    table = format_plan(plan)
+    assert "host DOES NOT FIT by 756.2 GB: 8 ranks x 207.0 GB training (steady)" in table
+    assert "fix: parallel.offload_param=none keeps the 16-bit parameters on the device" in table
+    assert "fix: fewer ranks per node: 4 fit" in table
+
+
+def test_ranks_per_node_is_gpus_up_to_the_node():
+    assert plan_config(_h200("parallel=zero2", "gpus=4")).host.ranks_per_node == 4
+
+
+def test_the_default_tiny_run_on_this_host():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks a CPU host, where the host is the device")
+    plan = plan_config(_config())
+    host = plan.host
+    ram, how = host_ram_bytes()
+    assert host.ram_bytes == ram and how in host.ram_source
+    assert host.ranks_per_node == 1 and host.build_method == WHOLE
+    runtime = TORCH_RUNTIME_BYTES
+    assert host.steady == {"device total (CPU ranks)": plan.memory.total, "torch runtime": runtime}
+    assert host.build["whole model in fp32"] == 4 * plan.workload.num_params
+    assert host.fits
+    assert "host FITS" in format_plan(plan)
+
+
+def test_the_ladder_skips_layouts_whose_build_the_host_cannot_hold():
+    """llama_1b fits an H200 under DDP, but 8 whole fp32 builds (8 x 4.9 GB) do not fit 20 GB of RAM."""
+    config = _config(
+        "model=llama_1b", "cluster=h200", "gpus=8", "precision=bf16", "cluster.host_memory_gb=20"
+    )
+    ladder = recommend(workload_from_config(config))
+    assert ladder.winner is not None and ladder.winner.name == "zero3"
+    first = ladder.rungs[0]
+    assert first.plan.fits and not first.plan.host.fits and not first.fits
+    assert "but the host: " in first.reason and "GB usable host RAM" in first.reason
+
+
+def test_a_run_is_not_refused_for_host_memory_as_it_is_not_for_device_memory():
+    """The plan's host verdict is advice: the runner plans memory only to choose micro_size=auto."""
+    layout, why = choose_layout_explained(_config("cluster.host_memory_gb=0.001", "cluster.gpus_per_node=1"))
+    assert layout.micro_size == 8 and why is not None
+
+
+def test_plan_json_has_the_host_lines(tmp_path, capsys):
+    plan_job(_h200("parallel=zero2", "gpus=64"), run_dir=tmp_path)
+    host = read_plan(tmp_path)["host_memory"]
+    assert host["ranks_per_node"] == 8 and host["build_method"] == WHOLE
+    assert host["per_rank"]["build"]["whole model in fp32"] == 4 * LLAMA_70B_PARAMS
+    assert host["per_node"]["peak_phase"] == "build"
+    assert host["per_node"]["peak"] == host["per_node"]["build"]
+    assert host["ram_bytes"] == 2000 * GB and host["ram_source"] == "datasheet: cluster h200"
+    assert host["fits"] is False and host["margin_bytes"] < 0
+    assert any(fix.startswith("parallel=zero3") for fix in host["fixes"])
+    assert "host memory per node" in capsys.readouterr().out
