@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner.build_method import BY_STAGE, PARTITIONED, build_method_for
 from runner.config import TrainConfig
 from runner.layout import Layout
 from runner.model import build_model, num_params
@@ -21,14 +22,8 @@ from runner.zero_init import build_partitioned, held_numel
 
 
 def build_method(config: TrainConfig, layout: Layout) -> str:
-    """How this layout builds the model (every way gives the same initial weights for a seed)."""
-    if layout.pp > 1:
-        return "by pipeline stage"  # runner/pipeline.py: each rank builds its stage only
-    if config.parallel.zero_stage == 3 and layout.tp == 1:
-        return "partitioned by zero.Init"  # runner/zero_init.py: never whole on a rank
-    # Whole on every rank first: ZeRO-0/1/2 keep the parameters whole anyway; AutoTP
-    # (runner/tensor_parallel.py) slices a whole model.
-    return "whole"
+    """How this layout builds the model (runner/build_method.py)."""
+    return build_method_for(zero_stage=config.parallel.zero_stage, tp=layout.tp, pp=layout.pp)
 
 
 def build_for_layout(
@@ -36,9 +31,9 @@ def build_for_layout(
 ) -> nn.Module:
     """This rank's model: its pipeline stage, its ZeRO-3 partitions, or the whole model."""
     method = build_method(config, layout)
-    if method == "by pipeline stage":
+    if method == BY_STAGE:
         return build_pipeline(config.model, pp=layout.pp, seed=config.seed)
-    if method == "partitioned by zero.Init":
+    if method == PARTITIONED:
         return build_partitioned(config.model, seed=config.seed, ds_config=ds_config, device=device)
     return build_model(config.model, seed=config.seed)
 

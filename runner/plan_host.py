@@ -38,24 +38,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.build_method import BY_STAGE, PARTITIONED, WHOLE, build_method_for
 from runner.config import ModelConfig
 from runner.memory import FP32_BYTES, HALF_BYTES
 
 GB = 1e9  # decimal gigabyte, as runner/plan.py
 TORCH_RUNTIME_BYTES = 90_000_000  # README "How a rank builds the model": torch's first use, measured on a CPU
-
-WHOLE = "whole"  # the names runner/build.py build_method returns
-PARTITIONED = "partitioned by zero.Init"
-BY_STAGE = "by pipeline stage"
-
-
-def build_method_for(*, zero_stage: int, tp: int, pp: int) -> str:
-    """How a layout builds the model: runner/build.py ``build_method``'s rule, from the knobs alone."""
-    if pp > 1:
-        return BY_STAGE
-    if zero_stage == 3 and tp == 1:
-        return PARTITIONED
-    return WHOLE
 
 
 def _gb(num_bytes: float) -> str:

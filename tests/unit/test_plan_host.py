@@ -8,19 +8,13 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from runner.build_method import BY_STAGE, PARTITIONED, WHOLE, build_method_for
 from runner.config import ModelConfig, TrainConfig, register_configs, to_train_config
 from runner.layout import resolve_layout
 from runner.model import num_params
 from runner.plan import GB, plan_config, plan_job, read_plan, workload_from_config
 from runner.plan_hardware import host_ram_bytes
-from runner.plan_host import (
-    BY_STAGE,
-    PARTITIONED,
-    TORCH_RUNTIME_BYTES,
-    WHOLE,
-    build_bytes,
-    build_method_for,
-)
+from runner.plan_host import TORCH_RUNTIME_BYTES, build_bytes
 from runner.plan_ladder import recommend
 from runner.plan_table import format_plan
 from runner.run import choose_layout_explained
