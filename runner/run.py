@@ -20,7 +20,14 @@ from runner.deepspeed_config import build_deepspeed_config
 from runner.identity import RunIdentity
 from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
 from runner.model import num_params
-from runner.plan import micro_fit_for_config, plan_job
+from runner.plan import (
+    gb,
+    knobs_from_config,
+    micro_fit_for_config,
+    plan_job,
+    plan_layout,
+    workload_from_config,
+)
 from runner.preemption import Preempted, resumes
 from runner.run_files import read_failures, write_deepspeed_config
 from runner.schedule import scaled_lr
@@ -160,6 +167,26 @@ def _run_external(
         raise
 
 
+def memory_warnings(config: TrainConfig) -> list[str]:
+    """What the plan of this run says will not fit, device or host, with the numbers (empty: it fits).
+
+    A warning, not a refusal: the device and host figures may be datasheet numbers, and the
+    estimate is an upper bound in places (DESIGN.md: the planner proposes, the run measures).
+    """
+    plan = plan_layout(workload_from_config(config, with_peak=False), knobs_from_config(config))
+    warnings = []
+    if not plan.fits:
+        usable = plan.workload.usable_bytes
+        warnings.append(
+            f"the plan puts {gb(plan.memory.total)} on each device, more than its {gb(usable)} usable: "
+            "it will likely run out of device memory (plan=true shows the terms; "
+            "planner.recommend=true the cheapest layout that fits)"
+        )
+    if not plan.host.fits:
+        warnings.append(f"host memory per node: {plan.host.verdict()}")
+    return warnings
+
+
 def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
     """Validate, then train (or plan) one Hydra job; returns the run's summary."""
     env = from_environment(os.environ)
@@ -186,6 +213,10 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
         if micro_choice is not None:
             update_summary(run_dir, micro_size_choice=micro_choice)
             log.info("batch.micro_size=auto: %s", micro_choice)
+        warnings = memory_warnings(config)
+        for warning in warnings:
+            log.warning("plan: %s", warning)
+        update_summary(run_dir, plan_warnings=warnings)
         log.info(
             "layout: gpus %d = dp %d x tp %d x pp %d; global %d = micro %d x accum %d x dp %d",
             layout.gpus,
