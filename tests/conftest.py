@@ -59,6 +59,28 @@ def run_train(
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
+def run_torchrun(*overrides: str, nproc: int, port: int, run_dir: Path, timeout: float = 600) -> TrainResult:
+    """``torchrun --nproc_per_node=N train.py overrides... hydra.run.dir=run_dir``: ranks torchrun starts."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            f"--master_port={port}",
+            str(ROOT / "train.py"),
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=run_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(),
+    )
+    return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
 @pytest.fixture
 def train(tmp_path: Path):
     """Run train.py with overrides; each call gets its own run directory under tmp_path."""

@@ -8,13 +8,10 @@ And two pipelines side by side (pp 2 x dp 2, 4 ranks started by torchrun, which 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TrainResult, clean_env, run_train
+from conftest import TrainResult, run_torchrun, run_train
 
 pytestmark = pytest.mark.multirank
 
@@ -85,35 +82,19 @@ def test_summary_records_the_pipeline(runs):
 
 def test_two_pipelines_side_by_side_give_the_losses_of_one_rank(runs, tmp_path):
     """pp 2 x dp 2: each pipeline reads its data-parallel rank's micro-batches, the step is the same."""
-    run_dir = tmp_path / "pp2xdp2"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=4",
-            "--master_port=29531",
-            str(ROOT / "train.py"),
-            "gpus=4",
-            "parallel.pp=2",
-            "batch.micro_size=2",  # dp 2 x micro 2 x accum 4: the pipeline's 4 micro-batches
-            *[o for o in COMMON if not o.startswith("batch.micro_size")],
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=clean_env(),
+    result = run_torchrun(
+        "gpus=4",
+        "parallel.pp=2",
+        "batch.micro_size=2",  # dp 2 x micro 2 x accum 4: the pipeline's 4 micro-batches
+        *[o for o in COMMON if not o.startswith("batch.micro_size")],
+        nproc=4,
+        port=29531,
+        run_dir=tmp_path / "pp2xdp2",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert {k: summary["layout"][k] for k in ("dp", "pp", "accum_steps")} == {
-        "dp": 2,
-        "pp": 2,
-        "accum_steps": 4,
-    }
-    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert result.returncode == 0, result.stderr[-3000:]
+    layout = result.summary["layout"]
+    assert {k: layout[k] for k in ("dp", "pp", "accum_steps")} == {"dp": 2, "pp": 2, "accum_steps": 4}
+    losses = [m["loss"] for m in result.metrics]
     plain = [m["loss"] for m in runs["plain/1x4"].metrics]
     worst = max(abs(a - b) for a, b in zip(plain, losses, strict=True))
     print(f"pp=2 x dp=2 vs 1 rank: max |dloss| over {STEPS} steps = {worst:.2e}")

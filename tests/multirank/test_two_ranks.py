@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from conftest import run_torchrun
 
 pytestmark = pytest.mark.multirank
 
-ROOT = Path(__file__).resolve().parents[2]
 
 METRICS = {
     "loss",
@@ -108,26 +104,9 @@ def test_one_rank_accumulates_what_two_ranks_split(train):
 def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
     """``torchrun ... train.py hydra.run.dir=X``: every rank composes; rank 0 alone guards X."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--master_port=29517",
-            str(ROOT / "train.py"),
-            "gpus=2",
-            "train.steps=2",
-            "logger=none",
-            "data=synthetic",
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(),
+    result = run_torchrun(
+        "gpus=2", "train.steps=2", "logger=none", "data=synthetic", nproc=2, port=29517, run_dir=run_dir
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["layout"]["dp"] == 2
