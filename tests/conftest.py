@@ -81,6 +81,23 @@ def run_torchrun(*overrides: str, nproc: int, port: int, run_dir: Path, timeout:
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
+def compose_config(*overrides: str) -> Any:
+    """conf/'s composed, typed TrainConfig for these overrides, as train.py builds it (no run)."""
+    from hydra import compose, initialize_config_dir
+
+    from runner.config import register_configs, to_train_config
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return to_train_config(compose(config_name="config", overrides=list(overrides)))
+
+
+@pytest.fixture
+def no_cpu_calibration(monkeypatch):
+    """Plans on cluster=local would measure the CPU for half a second; a fixed figure is enough in tests."""
+    monkeypatch.setattr("runner.plan_hardware.measured_cpu_peak", lambda precision: 1e11)
+
+
 @pytest.fixture
 def train(tmp_path: Path):
     """Run train.py with overrides; each call gets its own run directory under tmp_path."""

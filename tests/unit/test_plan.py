@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
+from conftest import compose_config
 
 from runner.comm import reduce_scatter_bytes, zero_step_bytes
-from runner.config import ClusterConfig, Offload, Precision, TrainConfig, register_configs, to_train_config
+from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.layout import LayoutError, divisors
 from runner.plan import (
     GB,
@@ -27,23 +26,15 @@ from runner.plan_table import format_plan, nominal_params
 from runner.run import choose_layout, choose_layout_explained
 from runner.validate import ConfigError
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 LLAMA_70B_PARAMS = 68_976_648_192  # config.json of meta-llama/Llama-2-70b-hf
 LAYOUT_KEYS = {"gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size"}
 
 
 def _config(*overrides: str) -> TrainConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return to_train_config(compose(config_name="config", overrides=list(overrides)))
-
-
-@pytest.fixture(autouse=True)
-def _no_cpu_calibration(monkeypatch):
-    """Plans on cluster=local would measure the CPU for half a second; a fixed figure is enough here."""
-    monkeypatch.setattr("runner.plan_hardware.measured_cpu_peak", lambda precision: 1e11)
+    config: TrainConfig = compose_config(*overrides)
+    return config
 
 
 def _70b(*overrides: str) -> TrainConfig:

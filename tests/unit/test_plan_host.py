@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from conftest import compose_config
 
 from runner.build_method import BY_STAGE, PARTITIONED, WHOLE, build_method_for
-from runner.config import ModelConfig, TrainConfig, register_configs, to_train_config
+from runner.config import ModelConfig, TrainConfig
 from runner.layout import resolve_layout
 from runner.model import num_params
 from runner.plan import GB, plan_config, plan_job, read_plan, workload_from_config
@@ -19,23 +18,15 @@ from runner.plan_ladder import recommend
 from runner.plan_table import format_plan
 from runner.run import choose_layout_explained
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 LLAMA_70B_PARAMS = 68_976_648_192  # config.json of meta-llama/Llama-2-70b-hf
 LLAMA_70B_EMBEDDING = 32_000 * 8_192  # V x h: its largest tensor (the output head is as large)
 
 
 def _config(*overrides: str) -> TrainConfig:
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return to_train_config(compose(config_name="config", overrides=list(overrides)))
-
-
-@pytest.fixture(autouse=True)
-def _no_cpu_calibration(monkeypatch):
-    """Plans on cluster=local would measure the CPU for half a second; a fixed figure is enough here."""
-    monkeypatch.setattr("runner.plan_hardware.measured_cpu_peak", lambda precision: 1e11)
+    config: TrainConfig = compose_config(*overrides)
+    return config
 
 
 def _h200(*overrides: str) -> TrainConfig:
