@@ -1,95 +1,12 @@
-"""Shared fixtures: run ``python train.py`` the way a user does, in a temporary directory."""
+"""Shared fixtures; the helpers they use live in tests/train_helpers.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass
-class TrainResult:
-    """What a ``python train.py`` run left: its exit code, output and run directory."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        """The run's summary.json."""
-        return json.loads((self.run_dir / "summary.json").read_text())
-
-    @property
-    def metrics(self) -> list[dict[str, Any]]:
-        """The run's metrics.jsonl, one dict per logged step."""
-        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
-        return [json.loads(line) for line in lines]
-
-
-def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment without a launcher's rank variables: the child starts as a user's command."""
-    env = {**os.environ, "WANDB_SILENT": "true", **(extra or {})}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
-        env.pop(key, None)
-    return env
-
-
-def run_train(
-    *overrides: str, run_dir: Path, timeout: float = 600, env: dict[str, str] | None = None
-) -> TrainResult:
-    """``python train.py overrides... hydra.run.dir=run_dir`` in a clean child process."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=clean_env(env),
-    )
-    return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
-
-
-def run_torchrun(*overrides: str, nproc: int, port: int, run_dir: Path, timeout: float = 600) -> TrainResult:
-    """``torchrun --nproc_per_node=N train.py overrides... hydra.run.dir=run_dir``: ranks torchrun starts."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            f"--master_port={port}",
-            str(ROOT / "train.py"),
-            *overrides,
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=clean_env(),
-    )
-    return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
-
-
-def compose_config(*overrides: str) -> Any:
-    """conf/'s composed, typed TrainConfig for these overrides, as train.py builds it (no run)."""
-    from hydra import compose, initialize_config_dir
-
-    from runner.config import register_configs, to_train_config
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return to_train_config(compose(config_name="config", overrides=list(overrides)))
+from train_helpers import TrainResult, run_train
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from train_helpers import clean_env
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ ZeRO-3 0.12 GB, a pipeline stage 0.11 GB, the whole model (ZeRO-2) 0.29 GB.
 from __future__ import annotations
 
 import pytest
-from conftest import run_train
+from train_helpers import run_train
 
 pytestmark = pytest.mark.multirank
 

@@ -11,7 +11,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from conftest import TrainResult, run_train
+from train_helpers import TrainResult, run_train
 
 pytestmark = pytest.mark.multirank
 

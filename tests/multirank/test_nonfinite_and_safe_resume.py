@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoint_states import checkpoint_tensors, max_abs_diff
-from conftest import run_train
+from train_helpers import run_train
 
 pytestmark = pytest.mark.multirank
 

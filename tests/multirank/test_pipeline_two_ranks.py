@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import TrainResult, run_torchrun, run_train
+from train_helpers import TrainResult, run_torchrun, run_train
 
 pytestmark = pytest.mark.multirank
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from checkpoint_states import checkpoint_tensors, max_abs_diff
-from conftest import ROOT, run_train
+from train_helpers import ROOT, run_train
 
 from runner import checkpoint
 from runner.layout import resolve_layout

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from conftest import run_torchrun
+from train_helpers import run_torchrun
 
 pytestmark = pytest.mark.multirank
 

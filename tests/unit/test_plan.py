@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import pytest
-from conftest import compose_config
+from train_helpers import compose_config
 
 from runner.comm import reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig

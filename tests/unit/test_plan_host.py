@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import compose_config
+from train_helpers import compose_config
 
 from runner.build_method import BY_STAGE, PARTITIONED, WHOLE, build_method_for
 from runner.config import ModelConfig, TrainConfig
