@@ -2,8 +2,9 @@
 # GPU evidence in one run: the gpu-marked tests, llama_1b in bf16 under ddp/zero1/zero3 for
 # 20 steps (tokens/s, MFU against the detected device's dense peak, peak memory against the
 # ledger and its estimate), the largest model (and its largest micro-batch) plan says fits on
-# one device, run for 10 steps, and the plans beside the measurements. Results land in one
-# folder (default gpu_check/), with a table on stdout and results.json.
+# one device, run for 10 steps, the plans beside the measurements, and zero1 again with
+# each block compiled. Results land in one folder (default gpu_check/), with a table on
+# stdout and results.json.
 #
 #   bench/gpu_check.sh [OUT_DIR]
 #
@@ -58,5 +59,12 @@ if [ -n "$largest" ]; then
 else
   echo "gpu_check: plan says none of $candidates fits"
 fi
+
+# Last, as it is the extra: zero1 again with each block compiled (train.compile=true), for
+# what torch.compile adds to the eager MFU above; its plan is zero1's.
+# shellcheck disable=SC2086
+"$python" train.py $common parallel=zero1 train.compile=true train.steps=$steps \
+  "hydra.run.dir=$out/run_zero1_compiled" > "$out/run_zero1_compiled.log" 2>&1 || echo "compiled run failed"
+cp -r "$out/plan_zero1" "$out/plan_zero1_compiled" 2>/dev/null || true
 
 "$python" bench/gpu_check_table.py "$out" --mode "$mode"

@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-LAYOUTS = ("ddp", "zero1", "zero3", "largest")
+LAYOUTS = ("ddp", "zero1", "zero3", "largest", "zero1_compiled")
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -62,12 +62,12 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     rows = [_row(args.out, name) for name in LAYOUTS]
-    header = f"{'layout':<9}{'model':<11}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
+    header = f"{'layout':<15}{'model':<11}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
     print(header + f"{'ledger est GB':>15}{'plan GB':>9}")
     for row in rows:
         planned = _planned_total_gb(row["planned"])
         cells = [
-            f"{row['layout']:<9}{row['model'] or '-':<11}{row['status']:<11}{row['micro_size'] or '-':>6}",
+            f"{row['layout']:<15}{row['model'] or '-':<11}{row['status']:<11}{row['micro_size'] or '-':>6}",
             f"{row['tokens_per_s_per_device'] or 0:>12,.0f}",
             f"{(row['mfu'] or 0):>8.1%}",
             f"{row['peak_gb'] or 0:>9.2f}",

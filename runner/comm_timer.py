@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 COLLECTIVES = (
     "all_reduce",
     "all_reduce_coalesced",
@@ -86,7 +88,9 @@ class CollectiveTimer:
                 self.calls += 1
             return _TimedWork(result, self) if hasattr(result, "wait") else result
 
-        return timed
+        # A compiled block (train.compile=true) that calls a collective, as AutoTP's layers
+        # do, runs this wrapper eagerly: a clean graph break where the clock is read.
+        return torch.compiler.disable(timed)
 
     def install(self, backend: Any) -> CollectiveTimer:
         """Wrap ``backend``'s collective methods (DeepSpeed's ``cdb``); returns self."""

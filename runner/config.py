@@ -215,6 +215,7 @@ class TrainLoopConfig:
     resume: Resume = Resume.never
     on_nonfinite: OnNonFinite = OnNonFinite.stop  # runner/nonfinite.py
     max_skipped_steps: int = 10  # with skip: the run stops at the next non-finite loss after this many
+    compile: bool = False  # torch.compile each transformer block (runner/compile_blocks.py)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from launchers.environment import DistributedEnv
 from runner import checkpoint
 from runner.build import build_measured
+from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
 from runner.distributed import init_distributed, select_accelerator, teardown
@@ -70,6 +72,13 @@ def _quiet_deepspeed() -> None:
     from deepspeed.utils import logger as ds_logger
 
     ds_logger.setLevel(logging.WARNING)
+    # DeepSpeed's ZeRO collectives call torch names that torch 2.13 deprecates; the warning is
+    # DeepSpeed's to fix and, on every rank at every step, hides the run's own lines.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+        category=FutureWarning,
+    )
 
 
 def _flops_budget(config: TrainConfig) -> FlopsBudget:
@@ -203,6 +212,7 @@ def _train(
     _quiet_deepspeed()
     torch.manual_seed(config.seed)
     model, model_build = build_measured(config, layout=layout, ds_config=ds_config, device=device)
+    compiled_blocks = compile_blocks(model) if config.train.compile else 0
     opt = config.optimizer
     schedule = dict(
         warmup_steps=opt.warmup_steps,
@@ -431,6 +441,7 @@ def _train(
                 ),
                 accelerator=accelerator,
                 model_build={"rank": 0, **model_build},
+                compile=compile_summary(compiled_blocks) if compiled_blocks else None,
                 **probes.summary(seq_len=config.data.seq_len),
                 pipeline=pipe.summary(step_s=last.get("time/step_s")) if pipe is not None else None,
                 skipped_steps=nonfinite.summary(),
