@@ -40,6 +40,7 @@ from runner.model import lm_loss, num_params
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
+from runner.phase_clock import PhaseClock
 from runner.pipeline import PipelineSteps
 from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
 from runner.schedule import lr_multiplier
@@ -301,6 +302,7 @@ def _train(
     own_grad_norm = own_grad_norm and pipe is None  # a stage holds its own layers' gradients only
     # The noise scale and exposed communication, read as the step runs (runner/step_probes.py).
     probes = StepProbes(engine, layout=layout, device=device)
+    clock = PhaseClock(device)  # where each step's time goes (runner/phase_clock.py)
     fault_step = _injected_fault(env.rank)
     nan_steps = injected_nan_steps(env.rank)
     nonfinite = NonFiniteGuard(
@@ -319,6 +321,7 @@ def _train(
             lr = engine.get_lr()[0]
             probes.step_started()
             started = time.perf_counter()
+            clock.start()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
             skip = False  # train.on_nonfinite=skip: this step's update is dropped (runner/nonfinite.py)
             if pipe is not None:
@@ -338,6 +341,7 @@ def _train(
                 start = rank_slice(dp_rank, micro, layout.micro_size, layout.accum_steps)
                 inputs, targets = batches.micro_batch(step, start, layout.micro_size)
                 inputs, targets = inputs.to(device), targets.to(device)
+                clock.mark("data")
                 if step == start_step and micro == 0:
                     with saved_activations(engine.module) as saved:
                         loss = lm_loss(engine(inputs), targets)
@@ -346,10 +350,13 @@ def _train(
                     loss = lm_loss(engine(inputs), targets)
                 if step in nan_steps:
                     loss = loss * float("nan")  # LADDER_INJECT_NAN (tests of train.on_nonfinite)
+                clock.mark("forward")
                 engine.backward(loss)
+                clock.mark("backward")
                 loss_sum += loss.detach().float()
                 boundary = micro == layout.accum_steps - 1
                 probes.micro_batch_done(engine)
+                clock.mark("other")
                 if boundary:
                     # Checked before the optimizer step: a non-finite loss never reaches the
                     # weights; it stops the run or skips the update, the same on every rank.
@@ -366,6 +373,8 @@ def _train(
                         ledger.terms["activations"] = saved_bytes
                 # DeepSpeed steps the optimizer at the accumulation boundary only
                 engine_step(engine, skip=skip)
+                clock.mark("optimizer")
+            clock.mark("other")
             step_s = time.perf_counter() - started
             if not own_grad_norm:
                 grad_norm = engine.get_global_grad_norm()
@@ -375,6 +384,8 @@ def _train(
                 "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 **measured,
+                # The pipeline engine runs its phases interleaved across micro-batches, inside one call.
+                **(clock.seconds() if pipe is None else {}),
                 "train/skipped_steps": len(nonfinite.skipped),
                 **throughput_metrics(
                     step_s=step_s,

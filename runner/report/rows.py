@@ -22,6 +22,14 @@ from runner.report.collect import Cell, distinguishing_overrides, natural_key
 TERMS = ("params", "grads", "optimizer", "activations")
 TOKENS_PER_DEVICE = "throughput/tokens_per_s_per_device"
 MFU = "throughput/mfu"
+STEP_S = "time/step_s"
+# Where a step's time goes (runner/phase_clock.py); exposed communication lies inside the phases.
+TIME_SHARES = {
+    "forward": "time/forward_s",
+    "backward": "time/backward_s",
+    "optimizer": "time/optimizer_s",
+    "comm_exposed": "time/comm_exposed_s",
+}
 PEAK = "memory/peak_gb"
 
 # Sort order: finished cells first, then the ones that may still finish, then the broken ones.
@@ -64,6 +72,7 @@ class Row:
     device_memory_gb: float | None = None
     tokens_per_s_per_device: float | None = None
     mfu: float | None = None
+    time_share: dict[str, float] = field(default_factory=dict)  # TIME_SHARES -> fraction of the step
     final_loss: float | None = None
     steps: int | None = None
     best: list[str] = field(default_factory=list)
@@ -75,6 +84,10 @@ class Row:
         if self.peak_gb is not None:
             return max(self.peak_gb - sum(self.measured_gb.values()), 0.0)
         return None
+
+    @staticmethod
+    def _percent(share: float | None) -> float | None:
+        return None if share is None else 100 * share
 
     def flat(self) -> dict[str, Any]:
         """The row as one flat dict with units in the key names (for CSV and JSON)."""
@@ -105,6 +118,7 @@ class Row:
                 "device_memory_gb": self.device_memory_gb,
                 "tokens_per_s_per_device": self.tokens_per_s_per_device,
                 "mfu": self.mfu,
+                **{f"time_{name}_pct": self._percent(self.time_share.get(name)) for name in TIME_SHARES},
                 "final_loss": self.final_loss,
                 "steps": self.steps,
                 "best": ", ".join(self.best),
@@ -139,6 +153,21 @@ def _median_after_first(cell: Cell, key: str) -> float | None:
     if len(values) >= 2:
         return statistics.median(values[1:])
     return values[0] if values else None
+
+
+def _time_share(cell: Cell) -> dict[str, float]:
+    """Each of TIME_SHARES as a fraction of the step: the median over the logged steps after the first."""
+    shares: dict[str, float] = {}
+    steps = cell.metrics[1:] or cell.metrics  # the first step holds allocation (and any compile)
+    for name, key in TIME_SHARES.items():
+        fractions = [
+            value / step_s
+            for m in steps
+            if (value := _number(m.get(key))) is not None and (step_s := _number(m.get(STEP_S)))
+        ]
+        if fractions:
+            shares[name] = statistics.median(fractions)
+    return shares
 
 
 def _last_logged(cell: Cell, key: str) -> float | None:
@@ -232,6 +261,7 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
         _median_after_first(cell, TOKENS_PER_DEVICE), _number(final.get(TOKENS_PER_DEVICE))
     )
     row.mfu = _first(_median_after_first(cell, MFU), _number(final.get(MFU)))
+    row.time_share = _time_share(cell)
     row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
     steps = _integer(summary.get("steps_completed"))
     row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())
@@ -299,6 +329,14 @@ def _dims(row: Row) -> str:
     return "·".join(_fmt(v, "d") for v in (row.dp, row.tp, row.pp))
 
 
+def _time_shares(row: Row) -> str:
+    if not row.time_share:
+        return "–"
+    return " / ".join(
+        "–" if (share := row.time_share.get(name)) is None else f"{100 * share:.0f}" for name in TIME_SHARES
+    )
+
+
 def _term(term: str) -> Callable[[Row], str]:
     def show(row: Row) -> str:
         return f"{fmt_gb(row.est_gb.get(term))} / {fmt_gb(row.measured_gb.get(term))}"
@@ -335,6 +373,7 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("device GB", lambda r: fmt_gb(r.device_memory_gb), group=MEMORY_GROUP, short="device"),
     Column("tokens/s/device", lambda r: _fmt(r.tokens_per_s_per_device, ",.0f")),
     Column("MFU %", lambda r: _fmt(None if r.mfu is None else 100 * r.mfu, ".1f")),
+    Column("step % fwd / bwd / opt / comm", _time_shares, numeric=False),
     Column("final loss", lambda r: _fmt(r.final_loss, ".4f")),
     Column("status", lambda r: r.status, numeric=False),
     Column("best", lambda r: ", ".join(r.best), numeric=False),
@@ -343,5 +382,7 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
 UNITS_NOTE = (
     "GB = 1e9 bytes; memory per term is estimated / measured (– where not recorded); "
     "tokens/s/device and MFU are medians over the logged steps after the first; "
+    "step % is each phase's share of the step time (same medians), comm the exposed communication "
+    "inside them; "
     "best marks the completed cells with the highest MFU, the lowest peak memory, the lowest final loss."
 )

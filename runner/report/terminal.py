@@ -29,9 +29,20 @@ from runner.report.rows import (
 _STATUS_STYLE = {"completed": "green", "running": "yellow", "unfinished": "yellow"}
 _BY_HEADER = {c.header: c for c in DISPLAY_COLUMNS}
 LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro", "accum", "global")
-SPEED_COLUMNS = ("tokens/s/device", "MFU %", "final loss", "status", "best")
+SPEED_COLUMNS = (
+    "tokens/s/device",
+    "MFU %",
+    "step % fwd / bwd / opt / comm",
+    "final loss",
+    "status",
+    "best",
+)
 # Shorter headers where the table's title already gives the unit.
-_SHORT = {"tokens/s/device": "tok/s/dev", "final loss": "loss"}
+_SHORT = {
+    "tokens/s/device": "tok/s/dev",
+    "final loss": "loss",
+    "step % fwd / bwd / opt / comm": "fwd/bwd/opt/comm %",
+}
 
 
 def _cell(column: Column, row: Row) -> Text:

@@ -30,5 +30,10 @@ def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
     assert summary["peak_memory_measure"] == "CUDA max_memory_allocated"
     assert "datasheet" in summary["peak_flops_source"]
     assert 0 < summary["final"]["throughput/mfu"] < 1
+    # The phases, read from CUDA events on the device's timeline, add up to the host's step time.
+    final = summary["final"]
+    phases = sum(final[f"time/{phase}_s"] for phase in ("data", "forward", "backward", "optimizer", "other"))
+    assert phases == pytest.approx(final["time/step_s"], rel=0.1), final
+    assert final["time/backward_s"] > final["time/data_s"]
     for term, tolerance in {"params": 0.02, "grads": 0.02, "optimizer": 0.02, "activations": 0.15}.items():
         assert abs(summary["memory"]["rel_error"][term]) <= tolerance, (term, summary["memory"])

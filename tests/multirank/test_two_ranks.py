@@ -8,6 +8,8 @@ import math
 import pytest
 from train_helpers import run_torchrun
 
+from runner.phase_clock import PHASES
+
 pytestmark = pytest.mark.multirank
 
 
@@ -72,6 +74,11 @@ def test_two_ranks_train_and_leave_their_files(train, parallel, logger):
     assert summary["noise_scale"]["unmeasured"] is None
     assert all(m["time/comm_exposed_s"] > 0 for m in metrics)
     assert summary["comm_exposed"]["unmeasured"] is None
+    # Where the time goes: the phases partition each step, and the work is in forward and backward.
+    for m in metrics:
+        phases = {phase: m[f"time/{phase}_s"] for phase in (*PHASES, "other")}
+        assert sum(phases.values()) == pytest.approx(m["time/step_s"], rel=0.02), phases
+        assert phases["forward"] > 0 and phases["backward"] > phases["data"], phases
     if logger == "wandb":
         assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run missing"
 

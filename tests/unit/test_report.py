@@ -235,6 +235,27 @@ def test_memory_terms_come_from_summary_or_else_from_metrics(tmp_path, capsys):
     assert rows["b"]["measured_residual_gb"] == pytest.approx(2.5 - 4 * 0.5)  # peak - measured terms
 
 
+def test_each_cell_shows_where_its_step_time_goes(tmp_path, capsys):
+    phases = {
+        "time/step_s": 2.0,
+        "time/forward_s": 0.6,
+        "time/backward_s": 1.2,
+        "time/optimizer_s": 0.2,
+        "time/comm_exposed_s": 0.1,
+    }
+    write_cell(tmp_path / "a", extra_metrics=phases)
+    write_cell(tmp_path / "b")  # a run from before the phases were logged
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert rows["a"]["time_forward_pct"] == pytest.approx(30)
+    assert rows["a"]["time_backward_pct"] == pytest.approx(60)
+    assert rows["a"]["time_optimizer_pct"] == pytest.approx(10)
+    assert rows["a"]["time_comm_exposed_pct"] == pytest.approx(5)
+    assert rows["b"]["time_forward_pct"] is None
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "30 / 60 / 10 / 5" in out
+
+
 def test_markdown_and_csv_list_every_cell(tmp_path, capsys):
     sweep = write_sweep(tmp_path)
     assert main(["report", str(sweep), "--format", "csv"]) == 0
