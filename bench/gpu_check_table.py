@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+PHASES = ("forward", "backward", "optimizer")
 LAYOUTS = ("ddp", "zero1", "zero3", "largest", "zero1_compiled")
 
 
@@ -38,12 +39,21 @@ def _row(out: Path, name: str) -> dict[str, Any]:
         "micro_size": summary.get("layout", {}).get("micro_size"),
         "tokens_per_s_per_device": _median([m["throughput/tokens_per_s_per_device"] for m in later]),
         "mfu": _median([m["throughput/mfu"] for m in later]),
+        # Where the step's time goes (runner/phase_clock.py), as shares of the step.
+        "step_share": {
+            phase: _median([m[f"time/{phase}_s"] / m["time/step_s"] for m in later if f"time/{phase}_s" in m])
+            for phase in PHASES
+        },
         "peak_gb": summary.get("final", {}).get("memory/peak_gb"),
         "ledger_estimated_gb": memory.get("estimated", {}).get("total_gb"),
         "ledger_measured": memory.get("measured"),
         "planned": planned,
         "peak_flops_source": summary.get("peak_flops_source"),
     }
+
+
+def _shares(step_share: dict[str, float | None]) -> str:
+    return " / ".join("-" if share is None else f"{100 * share:.0f}" for share in step_share.values())
 
 
 def _planned_total_gb(planned: dict[str, Any]) -> float | None:
@@ -63,7 +73,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     rows = [_row(args.out, name) for name in LAYOUTS]
     header = f"{'layout':<15}{'model':<11}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
-    print(header + f"{'ledger est GB':>15}{'plan GB':>9}")
+    print(header + f"{'ledger est GB':>15}{'plan GB':>9}{'fwd/bwd/opt %':>16}")
     for row in rows:
         planned = _planned_total_gb(row["planned"])
         cells = [
@@ -73,6 +83,7 @@ def main() -> None:
             f"{row['peak_gb'] or 0:>9.2f}",
             f"{row['ledger_estimated_gb'] or 0:>15.2f}",
             f"{planned if planned is not None else float('nan'):>9.2f}",
+            f"{_shares(row['step_share']):>16}",
         ]
         print("".join(cells))
     results = {
