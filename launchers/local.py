@@ -69,6 +69,10 @@ def launch_local(*, gpus: int, run_dir: Path, identity: RunIdentity) -> LaunchRe
             source="local",
         )
         env = {**os.environ, **place.exports(), **identity.exports(), "PYTHONPATH": pythonpath}
+        # `python -m` would put the user's working directory first on sys.path, where any folder
+        # named like a module torch imports if present (a run directory called z3, say) shadows
+        # it; the project is on PYTHONPATH, so the working directory is not needed (Python 3.11+).
+        env["PYTHONSAFEPATH"] = "1"
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "launchers.worker", str(run_dir)],
