@@ -1,5 +1,6 @@
-"""The report's charts: memory per term per cell, MFU and tokens/s per device against gpus for each
-parallel mode, the loss curves of all cells overlaid, and their spread against the tolerance."""
+"""The report's charts: memory per term per cell, the step's time per phase per cell, MFU and
+tokens/s per device against gpus for each parallel mode, the loss curves of all cells overlaid,
+and their spread against the tolerance."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 
 from runner.report.collect import Cell
 from runner.report.compare import LossAgreement
-from runner.report.rows import TERMS, Row, fmt_gb
+from runner.report.rows import STEP_PHASES, TERMS, Row, fmt_gb
 from runner.report.svg import Bar, HLine, Segment, Series, line_chart, stacked_bar_chart
 
 # Okabe & Ito's colour-blind-safe palette (yellow dropped: unreadable on white), then greys.
@@ -20,6 +21,13 @@ TERM_COLORS = {
     "optimizer": "#009E73",
     "activations": "#E69F00",
     "residual": "#B8B8B8",
+}
+PHASE_COLORS = {
+    "data": "#7F7F7F",
+    "forward": "#0072B2",
+    "backward": "#D55E00",
+    "optimizer": "#009E73",
+    "other": "#B8B8B8",
 }
 
 
@@ -94,6 +102,38 @@ def memory_chart(rows: Sequence[Row]) -> Chart:
         caption=(
             "For each cell, left bar (est): the estimate of the four terms; right bar (meas): the measured "
             f"terms plus the residual up to the measured peak. {device_note}"
+        ),
+        empty=not bars,
+    )
+
+
+def time_chart(rows: Sequence[Row]) -> Chart:
+    """Per cell, the optimizer step's seconds stacked by phase; exposed communication in each tooltip."""
+    bars: list[Bar] = []
+    for row in rows:
+        phases = [p for p in STEP_PHASES if p in row.time_s]
+        if not phases:
+            continue
+        comm = row.time_s.get("comm_exposed")
+        comm_note = "" if comm is None else f"; {comm:.3g} s of the step blocked in collectives"
+        segments = [
+            Segment(p, row.time_s[p], PHASE_COLORS[p], f"{p} {row.time_s[p]:.3g} s per step{comm_note}")
+            for p in phases
+        ]
+        bars.append(Bar("", row.cell_id, segments))
+    return Chart(
+        key="time",
+        title="Time per optimizer step by phase (seconds)",
+        svg=stacked_bar_chart(
+            bars, title="Time per optimizer step by phase", y_label="seconds per step", unit="s"
+        ),
+        legend=[LegendItem(p, c, kind="box") for p, c in PHASE_COLORS.items()],
+        caption=(
+            "For each cell, the seconds of one optimizer step (median over the steps after the first), "
+            "split into the phases that partition it: batch fetch, forward, backward, optimizer step, "
+            "the rest. The global batch is the experiment, so cells compare step for step. Exposed "
+            "communication lies inside the phases (ZeRO's reductions in backward) and is given in each "
+            "bar's tooltip. Pipeline cells log no phases and have no bar."
         ),
         empty=not bars,
     )

@@ -14,7 +14,15 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from runner.report.charts import Chart, LegendItem, loss_chart, memory_chart, scaling_chart, spread_chart
+from runner.report.charts import (
+    Chart,
+    LegendItem,
+    loss_chart,
+    memory_chart,
+    scaling_chart,
+    spread_chart,
+    time_chart,
+)
 from runner.report.collect import Cell
 from runner.report.compare import ConfigDiff, LossAgreement, config_diff
 from runner.report.rows import BEST_MEANING, DISPLAY_COLUMNS, MARKED_COLUMN, UNITS_NOTE, Row
@@ -236,6 +244,7 @@ def render_html(
     ordered = [by_id[cid] for cid in order if cid in by_id]
     charts = [
         memory_chart(rows),
+        time_chart(rows),
         scaling_chart(rows, metric="mfu"),
         scaling_chart(rows, metric="tokens"),
         loss_chart(cells, order, labels),

@@ -23,6 +23,8 @@ TERMS = ("params", "grads", "optimizer", "activations")
 TOKENS_PER_DEVICE = "throughput/tokens_per_s_per_device"
 MFU = "throughput/mfu"
 STEP_S = "time/step_s"
+# The phases that partition a step (runner/phase_clock.py), in the order the time chart stacks them.
+STEP_PHASES = ("data", "forward", "backward", "optimizer", "other")
 # Where a step's time goes (runner/phase_clock.py); exposed communication lies inside the phases.
 TIME_SHARES = {
     "forward": "time/forward_s",
@@ -73,6 +75,7 @@ class Row:
     tokens_per_s_per_device: float | None = None
     mfu: float | None = None
     time_share: dict[str, float] = field(default_factory=dict)  # TIME_SHARES -> fraction of the step
+    time_s: dict[str, float] = field(default_factory=dict)  # STEP_PHASES and "comm_exposed" -> seconds
     final_loss: float | None = None
     steps: int | None = None
     best: list[str] = field(default_factory=list)
@@ -170,6 +173,13 @@ def _time_share(cell: Cell) -> dict[str, float]:
     return shares
 
 
+def _time_seconds(cell: Cell) -> dict[str, float]:
+    """Seconds per step of each phase and of exposed communication: medians over the steps after the first."""
+    keys = {phase: f"time/{phase}_s" for phase in (*STEP_PHASES, "comm_exposed")}
+    seconds = {name: _median_after_first(cell, key) for name, key in keys.items()}
+    return {name: value for name, value in seconds.items() if value is not None}
+
+
 def _last_logged(cell: Cell, key: str) -> float | None:
     return next((v for m in reversed(cell.metrics) if (v := _number(m.get(key))) is not None), None)
 
@@ -262,6 +272,7 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     )
     row.mfu = _first(_median_after_first(cell, MFU), _number(final.get(MFU)))
     row.time_share = _time_share(cell)
+    row.time_s = _time_seconds(cell)
     row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
     steps = _integer(summary.get("steps_completed"))
     row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())

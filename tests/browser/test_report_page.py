@@ -68,8 +68,24 @@ def write_cell(
     )
     steps = extra.pop("steps", 12)
     losses = [3.0 + 2.5 * 0.8**s + 1e-6 * gpus for s in range(steps)]
+    # Where the step's time goes: the same work spread over more ranks, backward holding ZeRO's reductions.
+    phases = {
+        "data": 0.04,
+        "forward": 0.9 / gpus,
+        "backward": 1.8 / gpus + 0.1 * zero,
+        "optimizer": 0.2,
+        "other": 0.05,
+    }
+    timing = {f"time/{phase}_s": value for phase, value in phases.items()}
+    timing |= {"time/step_s": sum(phases.values()), "time/comm_exposed_s": 0.05 * zero}
     records = [
-        {"step": s, "loss": loss, "throughput/mfu": mfu, "throughput/tokens_per_s_per_device": 9000 * mfu}
+        {
+            "step": s,
+            "loss": loss,
+            "throughput/mfu": mfu,
+            "throughput/tokens_per_s_per_device": 9000 * mfu,
+            **timing,
+        }
         for s, loss in enumerate(losses)
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -365,7 +381,7 @@ def color_counts(rows: list[bytes], colors: set[str]) -> dict[str, int]:
 
 # -- the test ------------------------------------------------------------------------------------
 
-CHARTS = ("memory", "mfu", "tokens", "loss", "spread")
+CHARTS = ("memory", "time", "mfu", "tokens", "loss", "spread")
 
 # Each chart's marks: their fill or stroke colours, and their box on the page.
 CHART_FACTS = """

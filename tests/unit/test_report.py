@@ -122,7 +122,8 @@ def write_sweep(root: Path) -> Path:
         }
     }
     (sweep / "multirun.yaml").write_text(yaml.safe_dump(multirun))
-    write_cell(sweep / "0", parallel="ddp", gpus=1, mfu=0.30, peak_gb=0.80)
+    phases = {"time/step_s": 1.0, "time/forward_s": 0.3, "time/backward_s": 0.6, "time/optimizer_s": 0.1}
+    write_cell(sweep / "0", parallel="ddp", gpus=1, mfu=0.30, peak_gb=0.80, extra_metrics=phases)
     write_cell(sweep / "1", parallel="ddp", gpus=2, mfu=0.45, peak_gb=0.60)
     write_cell(
         sweep / "2",
@@ -365,6 +366,7 @@ def test_the_page_is_self_contained_and_has_every_chart(tmp_path, capsys):
     charts = re.findall(r'<figure class="chart" data-chart="(\w+)" data-empty="(\w+)"', page)
     assert charts == [
         ("memory", "false"),
+        ("time", "false"),
         ("mfu", "false"),
         ("tokens", "false"),
         ("loss", "false"),
