@@ -22,16 +22,10 @@ from runner.report.collect import Cell, distinguishing_overrides, natural_key
 TERMS = ("params", "grads", "optimizer", "activations")
 TOKENS_PER_DEVICE = "throughput/tokens_per_s_per_device"
 MFU = "throughput/mfu"
-STEP_S = "time/step_s"
 # The phases that partition a step (runner/phase_clock.py), in the order the time chart stacks them.
 STEP_PHASES = ("data", "forward", "backward", "optimizer", "other")
-# Where a step's time goes (runner/phase_clock.py); exposed communication lies inside the phases.
-TIME_SHARES = {
-    "forward": "time/forward_s",
-    "backward": "time/backward_s",
-    "optimizer": "time/optimizer_s",
-    "comm_exposed": "time/comm_exposed_s",
-}
+# The report's share column: these, as fractions of the step; exposed communication lies inside the phases.
+TIME_SHARES = ("forward", "backward", "optimizer", "comm_exposed")
 PEAK = "memory/peak_gb"
 
 # Sort order: finished cells first, then the ones that may still finish, then the broken ones.
@@ -74,8 +68,7 @@ class Row:
     device_memory_gb: float | None = None
     tokens_per_s_per_device: float | None = None
     mfu: float | None = None
-    time_share: dict[str, float] = field(default_factory=dict)  # TIME_SHARES -> fraction of the step
-    time_s: dict[str, float] = field(default_factory=dict)  # STEP_PHASES and "comm_exposed" -> seconds
+    time_s: dict[str, float] = field(default_factory=dict)  # "step", STEP_PHASES, "comm_exposed" -> seconds
     final_loss: float | None = None
     steps: int | None = None
     best: list[str] = field(default_factory=list)
@@ -88,9 +81,10 @@ class Row:
             return max(self.peak_gb - sum(self.measured_gb.values()), 0.0)
         return None
 
-    @staticmethod
-    def _percent(share: float | None) -> float | None:
-        return None if share is None else 100 * share
+    def time_share(self, name: str) -> float | None:
+        """``name``'s seconds as a fraction of the step's (both medians over the steps after the first)."""
+        seconds, step_s = self.time_s.get(name), self.time_s.get("step")
+        return None if seconds is None or not step_s else seconds / step_s
 
     def flat(self) -> dict[str, Any]:
         """The row as one flat dict with units in the key names (for CSV and JSON)."""
@@ -121,7 +115,7 @@ class Row:
                 "device_memory_gb": self.device_memory_gb,
                 "tokens_per_s_per_device": self.tokens_per_s_per_device,
                 "mfu": self.mfu,
-                **{f"time_{name}_pct": self._percent(self.time_share.get(name)) for name in TIME_SHARES},
+                **{f"time_{name}_pct": _percent(self.time_share(name)) for name in TIME_SHARES},
                 "final_loss": self.final_loss,
                 "steps": self.steps,
                 "best": ", ".join(self.best),
@@ -130,6 +124,10 @@ class Row:
             }
         )
         return out
+
+
+def _percent(share: float | None) -> float | None:
+    return None if share is None else 100 * share
 
 
 def _number(value: Any) -> float | None:
@@ -158,24 +156,9 @@ def _median_after_first(cell: Cell, key: str) -> float | None:
     return values[0] if values else None
 
 
-def _time_share(cell: Cell) -> dict[str, float]:
-    """Each of TIME_SHARES as a fraction of the step: the median over the logged steps after the first."""
-    shares: dict[str, float] = {}
-    steps = cell.metrics[1:] or cell.metrics  # the first step holds allocation (and any compile)
-    for name, key in TIME_SHARES.items():
-        fractions = [
-            value / step_s
-            for m in steps
-            if (value := _number(m.get(key))) is not None and (step_s := _number(m.get(STEP_S)))
-        ]
-        if fractions:
-            shares[name] = statistics.median(fractions)
-    return shares
-
-
 def _time_seconds(cell: Cell) -> dict[str, float]:
     """Seconds per step of each phase and of exposed communication: medians over the steps after the first."""
-    keys = {phase: f"time/{phase}_s" for phase in (*STEP_PHASES, "comm_exposed")}
+    keys = {phase: f"time/{phase}_s" for phase in ("step", *STEP_PHASES, "comm_exposed")}
     seconds = {name: _median_after_first(cell, key) for name, key in keys.items()}
     return {name: value for name, value in seconds.items() if value is not None}
 
@@ -271,7 +254,6 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
         _median_after_first(cell, TOKENS_PER_DEVICE), _number(final.get(TOKENS_PER_DEVICE))
     )
     row.mfu = _first(_median_after_first(cell, MFU), _number(final.get(MFU)))
-    row.time_share = _time_share(cell)
     row.time_s = _time_seconds(cell)
     row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
     steps = _integer(summary.get("steps_completed"))
@@ -341,11 +323,10 @@ def _dims(row: Row) -> str:
 
 
 def _time_shares(row: Row) -> str:
-    if not row.time_share:
+    shares = [row.time_share(name) for name in TIME_SHARES]
+    if all(share is None for share in shares):
         return "–"
-    return " / ".join(
-        "–" if (share := row.time_share.get(name)) is None else f"{100 * share:.0f}" for name in TIME_SHARES
-    )
+    return " / ".join("–" if share is None else f"{100 * share:.0f}" for share in shares)
 
 
 def _term(term: str) -> Callable[[Row], str]:
@@ -393,7 +374,7 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
 UNITS_NOTE = (
     "GB = 1e9 bytes; memory per term is estimated / measured (– where not recorded); "
     "tokens/s/device and MFU are medians over the logged steps after the first; "
-    "step % is each phase's share of the step time (same medians), comm the exposed communication "
+    "step % is each phase's seconds over the step's (same medians), comm the exposed communication "
     "inside them; "
     "best marks the completed cells with the highest MFU, the lowest peak memory, the lowest final loss."
 )
