@@ -43,7 +43,9 @@ from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision,
 from runner.memory import (
     TRANSIENT_ITEMS,
     activation_items_total,
+    compiles_whole,
     deepspeed_residuals,
+    model_block_shape,
     model_states,
     offload_host_buffers,
 )
@@ -270,6 +272,7 @@ def deepspeed_estimate(
     seq_len: int,
     host_is_device: bool = False,
     accum_steps: int | None = None,
+    compiled: bool = False,
 ) -> Estimate:
     """Per-rank bytes DeepSpeed 0.19 holds at the optimizer-step boundary, by term, plus activations.
 
@@ -290,6 +293,9 @@ def deepspeed_estimate(
 
     ``host_is_device`` (CPU ranks): the host lines are in the memory being measured, so
     the offloaded terms are added to the terms and the host buffers to the residuals.
+
+    ``compiled`` (``train.compile``): the blocks' activations as one compiled graph saves
+    them, where the layout compiles each block whole (runner.memory.compiles_whole).
     """
     from runner.plan import offload_mode
 
@@ -358,21 +364,17 @@ def deepspeed_estimate(
     )
     if host_is_device:
         residual.update(buffers)
-    activations = activation_items_total(
-        n_layers=model.n_layer,
+    block = model_block_shape(
+        model,
         seq_len=seq_len,
         micro_size=micro_size,
-        d_model=model.d_model,
-        n_heads=model.n_head,
-        vocab_size=model.vocab_size,
-        recompute=model.activation_checkpointing.value
-        if isinstance(model.activation_checkpointing, Recompute)
-        else str(model.activation_checkpointing),
-        flash=True,  # torch's SDPA takes a flash kernel on CPU and on CUDA
-        n_kv_heads=model.n_kv_head,
         tp=parallel.tp,
-        ffn_hidden=model.ffn_hidden,
         bytes_per_elem=p_bytes,
+        compiled=compiles_whole(compiled, tp=parallel.tp, zero_stage=stage),
+    )
+    recompute = Recompute(model.activation_checkpointing).value
+    activations = activation_items_total(
+        block, n_layers=model.n_layer, vocab_size=model.vocab_size, recompute=recompute
     )
     kept = sum(v for k, v in activations.items() if k not in TRANSIENT_ITEMS)
     if parallel.pp > 1:

@@ -17,7 +17,10 @@ Two parts:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from runner.config import ModelConfig
 
 GB = 1e9  # decimal gigabyte: ZeRO's "120 GB", DESIGN.md's memory/*_gb metrics
 GiB = 2**30  # binary gibibyte: what CUDA tools and device datasheets often mean by "GB"
@@ -396,73 +399,142 @@ def korthikanti_activations_per_layer(
 
 
 @dataclass(frozen=True)
-class _Shape:
-    """Local (per tensor-parallel rank) sizes of one block."""
+class BlockShape:
+    """What the activations of one block of runner/model.py depend on, for one micro-batch.
 
-    sb: int  # tokens per micro-batch: s * b
-    s: int
-    b: int
-    h: int  # d_model (replicated width)
-    head_dim: int
-    heads: int  # query heads on this rank
-    kv_width: int  # n_kv_heads * head_dim on this rank
-    q_width: int  # heads * head_dim on this rank
-    ffn: int  # ffn_hidden on this rank
+    s = ``seq_len``, b = ``micro_size``, h = ``d_model``, a = ``n_heads``, kv = ``n_kv_heads``
+    (default a), f = ``ffn_hidden`` (default 4h), t = ``tp``, p = ``bytes_per_elem`` (the
+    compute dtype: 2 for bf16/fp16, 4 for fp32). ``flash``: SDPA takes a fused kernel.
+    ``attn_out_aliased`` and ``compiled``: see :func:`activation_items_per_layer`.
+    """
+
+    seq_len: int
+    micro_size: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    ffn_hidden: int | None = None
+    tp: int = 1
+    flash: bool = False
+    bytes_per_elem: int = 2
+    attn_out_aliased: bool = False
+    compiled: bool = False
+
+    def __post_init__(self) -> None:
+        n_kv, ffn = self.kv_heads, self.ffn
+        if min(self.seq_len, self.micro_size, self.d_model, self.n_heads, n_kv, ffn, self.tp) < 1:
+            raise ValueError(
+                "seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden and tp must be >= 1"
+            )
+        if self.bytes_per_elem not in (HALF_BYTES, FP32_BYTES):
+            raise ValueError(f"bytes_per_elem={self.bytes_per_elem} must be 2 (bf16/fp16) or 4 (fp32)")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % n_kv:
+            raise ValueError(f"n_kv_heads={n_kv} must divide n_heads={self.n_heads}")
+        # Megatron-style tensor parallelism splits heads and the MLP's hidden width.
+        for name, value in (("n_heads", self.n_heads), ("n_kv_heads", n_kv), ("ffn_hidden", ffn)):
+            if value % self.tp:
+                raise ValueError(f"tp={self.tp} must divide {name}={value}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ffn(self) -> int:
+        return 4 * self.d_model if self.ffn_hidden is None else self.ffn_hidden
+
+    @property
+    def sb(self) -> int:
+        """Tokens per micro-batch: s * b."""
+        return self.seq_len * self.micro_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def local_heads(self) -> int:
+        """Query heads on one tensor-parallel rank: a' = a/t."""
+        return self.n_heads // self.tp
+
+    @property
+    def q_width(self) -> int:
+        """Query width on one rank: h' = a' * hs."""
+        return self.local_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Key (or value) width on one rank: kv' = kv/t * hs."""
+        return self.kv_heads // self.tp * self.head_dim
+
+    @property
+    def local_ffn(self) -> int:
+        """MLP hidden width on one rank: f' = f/t."""
+        return self.ffn // self.tp
 
 
-def _shape(
-    *,
-    seq_len: int,
-    micro_size: int,
-    d_model: int,
-    n_heads: int,
-    tp: int,
-    n_kv_heads: int | None,
-    ffn_hidden: int | None,
-) -> _Shape:
-    n_kv = n_heads if n_kv_heads is None else n_kv_heads
-    ffn = 4 * d_model if ffn_hidden is None else ffn_hidden
-    if min(seq_len, micro_size, d_model, n_heads, n_kv, ffn, tp) < 1:
-        raise ValueError("seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden and tp must be >= 1")
-    if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-    if n_heads % n_kv:
-        raise ValueError(f"n_kv_heads={n_kv} must divide n_heads={n_heads}")
-    # Megatron-style tensor parallelism splits heads and the MLP's hidden width.
-    for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv), ("ffn_hidden", ffn)):
-        if value % tp:
-            raise ValueError(f"tp={tp} must divide {name}={value}")
-    head_dim = d_model // n_heads
-    return _Shape(
-        sb=seq_len * micro_size,
-        s=seq_len,
-        b=micro_size,
-        h=d_model,
-        head_dim=head_dim,
-        heads=n_heads // tp,
-        kv_width=n_kv // tp * head_dim,
-        q_width=n_heads // tp * head_dim,
-        ffn=ffn // tp,
+def model_block_shape(
+    model: ModelConfig, *, seq_len: int, micro_size: int, tp: int, bytes_per_elem: int, compiled: bool = False
+) -> BlockShape:
+    """The BlockShape of a ``ModelConfig`` (runner/config.py) at this micro-batch and tp.
+
+    flash=True: runner/model.py calls scaled_dot_product_attention(is_causal=True), which
+    takes a fused kernel on CUDA and on CPU (tests/unit/test_memory.py checks the CPU one).
+    """
+    return BlockShape(
+        seq_len=seq_len,
+        micro_size=micro_size,
+        d_model=model.d_model,
+        n_heads=model.n_head,
+        n_kv_heads=model.n_kv_head,
+        ffn_hidden=model.ffn_hidden,
+        tp=tp,
+        flash=True,
+        bytes_per_elem=bytes_per_elem,
+        compiled=compiled,
     )
 
 
-def _rmsnorm_items(prefix: str, x: _Shape, p: int) -> dict[str, int]:
+def compiles_whole(compile_blocks: bool, *, tp: int, zero_stage: int) -> bool:
+    """Whether ``train.compile=true`` turns each block into one graph (BlockShape.compiled).
+
+    Measured (runner/compile_blocks.py's summary, tiny model, torch 2.13): ddp, ZeRO 1-2 and
+    the pipeline compile each block without a graph break. Tensor parallel breaks it at its
+    all-reduces and ZeRO-3 at every parameter gather; the pieces then save 12-15% more than
+    one graph would, and 9-13% less than eager: those layouts keep the eager items, an
+    upper bound there.
+    """
+    return compile_blocks and tp == 1 and zero_stage < 3
+
+
+def _rmsnorm_items(prefix: str, x: BlockShape) -> dict[str, int]:
     """What runner/model.py's RMSNorm saves: x.float(), rsqrt, and the normed value before the gain.
 
     ``x32 = x.float(); normed = x32 * rsqrt(mean(x32^2) + eps); normed.type_as(x) * weight``:
     the product x32 * rstd saves both factors (the fp32 input, 4 B/elem: a copy for 16-bit
     x, x itself in fp32; and rstd, 4 B per token); the gain multiply saves the normed value
     in the compute dtype. The output is counted as the next linear's input.
+
+    Compiled (x.compiled): the graph saves the input in its own dtype and rstd, and
+    recomputes the upcast and the normed value in backward.
     """
+    if x.compiled:
+        return {
+            f"{prefix}.input": x.bytes_per_elem * x.sb * x.d_model,
+            f"{prefix}.rstd_fp32": FP32_BYTES * x.sb,
+        }
     return {
-        f"{prefix}.input_fp32": FP32_BYTES * x.sb * x.h,
+        f"{prefix}.input_fp32": FP32_BYTES * x.sb * x.d_model,
         f"{prefix}.rstd_fp32": FP32_BYTES * x.sb,
-        f"{prefix}.normed": p * x.sb * x.h,
+        f"{prefix}.normed": x.bytes_per_elem * x.sb * x.d_model,
     }
 
 
-def _attention_core_items(x: _Shape, p: int, flash: bool) -> dict[str, int]:
+def _attention_core_items(x: BlockShape) -> dict[str, int]:
     """What RoPE + SDPA (``Attention._core``) save; the part that selective recompute redoes."""
+    p = x.bytes_per_elem
     items: dict[str, int] = {}
     # RoPE's multiplies save only cos/sin (x * cos needs cos, not x): views of the fp32
     # buffers, which DeepSpeed 0.19.8 keeps in fp32 under bf16/fp16 (engine.py
@@ -471,14 +543,14 @@ def _attention_core_items(x: _Shape, p: int, flash: bool) -> dict[str, int]:
     # save 4 fp32 copies of (s, hs/2) per layer, 8*s*hs bytes, not counted here.
     # So the rotated q, k are saved once, by SDPA. runner/model.py repeats k, v to n_head
     # with repeat_interleave before SDPA, so SDPA saves them at full width even with GQA.
-    if flash:
+    if x.flash:
         # Flash / memory-efficient kernels (CPU: _scaled_dot_product_flash_attention_for_cpu,
         # measured for fp32 and bf16): save q, k, v, out and an fp32 logsumexp (b, a, s).
         items["sdpa.q"] = p * x.sb * x.q_width
         items["sdpa.k"] = p * x.sb * x.q_width
         items["sdpa.v"] = p * x.sb * x.q_width
         items["sdpa.out"] = p * x.sb * x.q_width
-        items["sdpa.logsumexp_fp32"] = FP32_BYTES * x.heads * x.sb
+        items["sdpa.logsumexp_fp32"] = FP32_BYTES * x.local_heads * x.sb
     else:
         # torch's math path (measured on CPU, torch 2.13): saves scaled copies of q and k, v,
         # and the softmax probabilities (b, a, s, s): all in fp32, as it upcasts 16-bit
@@ -487,31 +559,17 @@ def _attention_core_items(x: _Shape, p: int, flash: bool) -> dict[str, int]:
         items["sdpa_math.q_scaled_fp32"] = FP32_BYTES * x.sb * x.q_width
         items["sdpa_math.k_scaled_fp32"] = FP32_BYTES * x.sb * x.q_width
         items["sdpa_math.v_fp32"] = FP32_BYTES * x.sb * x.q_width
-        items["sdpa_math.probs_fp32"] = FP32_BYTES * x.heads * x.s * x.s * x.b
+        items["sdpa_math.probs_fp32"] = FP32_BYTES * x.local_heads * x.seq_len**2 * x.micro_size
     return items
 
 
-def activation_items_per_layer(
-    *,
-    seq_len: int,
-    micro_size: int,
-    d_model: int,
-    n_heads: int,
-    tp: int = 1,
-    recompute: RecomputeMode | str = "none",
-    flash: bool = False,
-    n_kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    bytes_per_elem: int = 2,
-    attn_out_aliased: bool = False,
-) -> dict[str, int]:
+def activation_items_per_layer(block: BlockShape, recompute: RecomputeMode | str = "none") -> dict[str, int]:
     """Bytes autograd keeps per block of runner/model.py for backward, tensor by tensor.
 
     Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1) adapted to this block: no dropout
     (its masks, as^2b + 2sbh, are gone), RMSNorm computed in fp32, RoPE, SwiGLU of width
-    f = `ffn_hidden` (default 4h, the paper's MLP width), GQA with k, v repeated to n_head.
-    s = seq_len, b = micro_size, h = d_model, a = n_heads, hs = h/a, p = `bytes_per_elem`
-    (compute dtype: 2 for bf16/fp16, 4 for fp32), t = `tp`; a' = a/t, h' = h/t, f' = f/t.
+    f, GQA with k, v repeated to n_head. Sizes as in :class:`BlockShape`; a' = a/t,
+    h' = h/t, f' = f/t.
 
     recompute="none" (every tensor saved by each op, in forward order):
 
@@ -552,81 +610,52 @@ def activation_items_per_layer(
     layout, as CUDA flash attention is understood to, make that reshape a view: set True to
     count sdpa.out and wo.input once (not verified on a GPU here).
 
+    ``compiled`` (the block is one torch.compile graph, :func:`compiles_whole`): AOTAutograd's
+    min-cut partitioner saves fewer tensors and recomputes cheap pointwise ops in backward
+    (torch/_functorch/partitioners.py, ``min_cut_rematerialization_partition``). Measured
+    on CPU, torch 2.13, fp32 and bf16, with and without selective recompute: each norm
+    keeps its input in the compute dtype and rstd (p sbh + 4 sb in place of 4 sbh + 4 sb +
+    p sbh), and ``silu.output`` is recomputed (p sbf' less). In bf16 that is 8 sbh + 2 sbf
+    less per layer: 28% of the tiny model's block.
+
     Not counted: parameters and buffers (model states) and tensors freed inside forward.
     """
     mode = _check_recompute(recompute)
-    if bytes_per_elem not in (HALF_BYTES, FP32_BYTES):
-        raise ValueError(f"bytes_per_elem={bytes_per_elem} must be 2 (bf16/fp16) or 4 (fp32)")
-    p = bytes_per_elem
-    x = _shape(
-        seq_len=seq_len,
-        micro_size=micro_size,
-        d_model=d_model,
-        n_heads=n_heads,
-        tp=tp,
-        n_kv_heads=n_kv_heads,
-        ffn_hidden=ffn_hidden,
-    )
+    x, p = block, block.bytes_per_elem
     if mode == "full":
         # torch.utils.checkpoint keeps the block's input (and the cos/sin buffer views).
-        return {"block.input": p * x.sb * x.h}
+        return {"block.input": p * x.sb * x.d_model}
 
-    items = _rmsnorm_items("attention_norm", x, p)
-    items["attention.input"] = p * x.sb * x.h
+    items = _rmsnorm_items("attention_norm", x)
+    items["attention.input"] = p * x.sb * x.d_model
     if mode == "none":
-        items.update(_attention_core_items(x, p, flash))
+        items.update(_attention_core_items(x))
     else:  # selective: checkpoint(self._core, q, k, v, cos, sin) keeps the core's inputs
         items["attention_core.q"] = p * x.sb * x.q_width
         items["attention_core.k"] = p * x.sb * x.kv_width
         items["attention_core.v"] = p * x.sb * x.kv_width
-    if not (mode == "none" and flash and attn_out_aliased):
+    if not (mode == "none" and x.flash and x.attn_out_aliased):
         items["wo.input"] = p * x.sb * x.q_width
-    items.update(_rmsnorm_items("ffn_norm", x, p))
-    items["feed_forward.input"] = p * x.sb * x.h
-    for name in ("w1.output", "silu.output", "w3.output", "w2.input"):
-        items[name] = p * x.sb * x.ffn
+    items.update(_rmsnorm_items("ffn_norm", x))
+    items["feed_forward.input"] = p * x.sb * x.d_model
+    swiglu = ("w1.output", "silu.output", "w3.output", "w2.input")
+    for name in swiglu:
+        if name == "silu.output" and x.compiled:
+            continue  # recomputed from w1.output in backward
+        items[name] = p * x.sb * x.local_ffn
     return items
 
 
-def activations_per_layer(
-    *,
-    seq_len: int,
-    micro_size: int,
-    d_model: int,
-    n_heads: int,
-    tp: int = 1,
-    recompute: RecomputeMode | str = "none",
-    flash: bool = False,
-    n_kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    bytes_per_elem: int = 2,
-    attn_out_aliased: bool = False,
-) -> int:
+def activations_per_layer(block: BlockShape, recompute: RecomputeMode | str = "none") -> int:
     """Activation bytes one block of runner/model.py keeps for backward (see activation_items_per_layer)."""
-    return sum(
-        activation_items_per_layer(
-            seq_len=seq_len,
-            micro_size=micro_size,
-            d_model=d_model,
-            n_heads=n_heads,
-            tp=tp,
-            recompute=recompute,
-            flash=flash,
-            n_kv_heads=n_kv_heads,
-            ffn_hidden=ffn_hidden,
-            bytes_per_elem=bytes_per_elem,
-            attn_out_aliased=attn_out_aliased,
-        ).values()
-    )
+    return sum(activation_items_per_layer(block, recompute).values())
 
 
 # Items of activation_items_total that are not kept for backward but are live at a peak.
 TRANSIENT_ITEMS = frozenset({"transient.logits", "transient.logits_fp32", "transient.recompute_layer"})
 
 
-def activation_items_outside_blocks(
-    *, seq_len: int, micro_size: int, d_model: int, vocab_size: int, bytes_per_elem: int = 2
-) -> dict[str, int]:
+def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> dict[str, int]:
     """Bytes outside the blocks: embedding, final norm, output head and the fp32 loss (runner/model.py).
 
     Kept for backward (b = micro_size, s = seq_len, h = d_model, V = vocab_size, p as above):
@@ -642,19 +671,19 @@ def activation_items_outside_blocks(
     compute dtype (p sbV; nothing saves them) and, in 16-bit, their fp32 copy (4 sbV). The
     V-wide terms dominate for large vocabularies: Llama-3's V = 128256 at h = 2048 makes
     4 sbV alone 250 sbh.
+
+    These stay eager under ``train.compile`` (only the blocks are compiled), whole on every
+    tensor-parallel rank (the output head is not assumed vocabulary-parallel).
     """
-    if bytes_per_elem not in (HALF_BYTES, FP32_BYTES):
-        raise ValueError(f"bytes_per_elem={bytes_per_elem} must be 2 (bf16/fp16) or 4 (fp32)")
-    if min(seq_len, micro_size, d_model, vocab_size) < 1:
-        raise ValueError("seq_len, micro_size, d_model and vocab_size must be >= 1")
-    p = bytes_per_elem
-    sb = seq_len * micro_size
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size={vocab_size} must be >= 1")
+    p, sb, h = block.bytes_per_elem, block.sb, block.d_model
     return {
         "embedding.token_ids": INT64_BYTES * sb,
-        "final_norm.input_fp32": FP32_BYTES * sb * d_model,
+        "final_norm.input_fp32": FP32_BYTES * sb * h,
         "final_norm.rstd_fp32": FP32_BYTES * sb,
-        "final_norm.normed": p * sb * d_model,
-        "output.input": p * sb * d_model,
+        "final_norm.normed": p * sb * h,
+        "output.input": p * sb * h,
         "loss.log_probs_fp32": FP32_BYTES * sb * vocab_size,
         "loss.targets": INT64_BYTES * sb,
         "transient.logits": p * sb * vocab_size,
@@ -664,102 +693,40 @@ def activation_items_outside_blocks(
 
 
 def activation_items_total(
-    *,
-    n_layers: int,
-    seq_len: int,
-    micro_size: int,
-    d_model: int,
-    n_heads: int,
-    vocab_size: int,
-    tp: int = 1,
-    recompute: RecomputeMode | str = "none",
-    flash: bool = False,
-    n_kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    bytes_per_elem: int = 2,
-    attn_out_aliased: bool = False,
+    block: BlockShape, *, n_layers: int, vocab_size: int, recompute: RecomputeMode | str = "none"
 ) -> dict[str, int]:
     """Activation bytes of the whole model per device, itemised: blocks, outside items, transients.
 
     ``blocks`` is n_layers x :func:`activations_per_layer`. Outside items as in
-    :func:`activation_items_outside_blocks` (kept whole on every
-    tensor-parallel rank: the output head is not assumed vocabulary-parallel).
-    ``transient.recompute_layer``: with recompute, backward rebuilds one block's (or one
-    attention core's) saved tensors at a time, live next to everything still kept.
+    :func:`activation_items_outside_blocks`. ``transient.recompute_layer``: with recompute,
+    backward rebuilds one block's (or one attention core's) saved tensors at a time, live
+    next to everything still kept.
     """
-    common: dict[str, Any] = dict(
-        seq_len=seq_len,
-        micro_size=micro_size,
-        d_model=d_model,
-        n_heads=n_heads,
-        tp=tp,
-        flash=flash,
-        n_kv_heads=n_kv_heads,
-        ffn_hidden=ffn_hidden,
-        bytes_per_elem=bytes_per_elem,
-        attn_out_aliased=attn_out_aliased,
-    )
     mode = _check_recompute(recompute)
     if n_layers < 1:
         raise ValueError(f"n_layers={n_layers} must be >= 1")
-    items = {"blocks": n_layers * activations_per_layer(recompute=mode, **common)}
-    items.update(
-        activation_items_outside_blocks(
-            seq_len=seq_len,
-            micro_size=micro_size,
-            d_model=d_model,
-            vocab_size=vocab_size,
-            bytes_per_elem=bytes_per_elem,
-        )
-    )
+    items = {"blocks": n_layers * activations_per_layer(block, mode)}
+    items.update(activation_items_outside_blocks(block, vocab_size=vocab_size))
     if mode == "none":
         items["transient.recompute_layer"] = 0
     else:
         # Full: one block is re-run whole; selective: one attention core (none minus selective).
-        rebuilt = activations_per_layer(recompute="none", **common)
+        rebuilt = activations_per_layer(block, "none")
         if mode == "selective":
-            rebuilt -= activations_per_layer(recompute="selective", **common)
-            rebuilt = max(rebuilt, 0)
+            rebuilt = max(rebuilt - activations_per_layer(block, "selective"), 0)
         items["transient.recompute_layer"] = rebuilt
     return items
 
 
 def activations_total(
-    *,
-    n_layers: int,
-    seq_len: int,
-    micro_size: int,
-    d_model: int,
-    n_heads: int,
-    vocab_size: int,
-    tp: int = 1,
-    recompute: RecomputeMode | str = "none",
-    flash: bool = False,
-    n_kv_heads: int | None = None,
-    ffn_hidden: int | None = None,
-    bytes_per_elem: int = 2,
-    attn_out_aliased: bool = False,
+    block: BlockShape, *, n_layers: int, vocab_size: int, recompute: RecomputeMode | str = "none"
 ) -> int:
     """Peak activation bytes per device: everything kept for backward plus the larger transient.
 
     = sum of the kept items of :func:`activation_items_total` + max(logits transients at the
     end of forward, the recompute working set in backward): the two peaks do not coincide.
     """
-    items = activation_items_total(
-        n_layers=n_layers,
-        seq_len=seq_len,
-        micro_size=micro_size,
-        d_model=d_model,
-        n_heads=n_heads,
-        vocab_size=vocab_size,
-        tp=tp,
-        recompute=recompute,
-        flash=flash,
-        n_kv_heads=n_kv_heads,
-        ffn_hidden=ffn_hidden,
-        bytes_per_elem=bytes_per_elem,
-        attn_out_aliased=attn_out_aliased,
-    )
+    items = activation_items_total(block, n_layers=n_layers, vocab_size=vocab_size, recompute=recompute)
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
     at_loss = items["transient.logits"] + items["transient.logits_fp32"]
     return kept + max(at_loss, items["transient.recompute_layer"])
@@ -778,6 +745,7 @@ def to_gib(num_bytes: float) -> float:
 __all__ = [
     "GB",
     "TRANSIENT_ITEMS",
+    "BlockShape",
     "GiB",
     "ModelStates",
     "activation_items_outside_blocks",
@@ -786,9 +754,11 @@ __all__ = [
     "activations_per_layer",
     "activations_total",
     "bytes_per_param",
+    "compiles_whole",
     "deepspeed_residuals",
     "korthikanti_activation_items",
     "korthikanti_activations_per_layer",
+    "model_block_shape",
     "model_states",
     "offload_host_buffers",
     "to_gb",

@@ -53,6 +53,7 @@ class Workload:
     headroom: float
     device: Device
     cluster: str
+    compiled: bool = False  # train.compile: the blocks' activations as a compiled graph saves them
 
     @property
     def usable_bytes(self) -> float:
@@ -224,6 +225,7 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
         headroom=config.planner.headroom,
         device=resolve_device(config.cluster, config.precision.name, gpus=config.gpus, with_peak=with_peak),
         cluster=config.cluster.name,
+        compiled=config.train.compile,
     )
 
 
@@ -267,6 +269,7 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
         accum_steps=accum_steps,
         host_is_device=workload.device.is_host,
         reduce_bucket_size=knobs.reduce_bucket_size,
+        compiled=workload.compiled,
     )
 
 

@@ -10,7 +10,7 @@ layout changes:
   so those count whole (runner/tensor_parallel.py). ZeRO then shards that over dp
   (runner.memory.model_states).
 - t splits the per-head and MLP-hidden activations (Korthikanti et al. 2022, arXiv
-  2205.05198, eq. 2; runner.memory.activations_total takes ``tp``).
+  2205.05198, eq. 2; runner.memory.BlockShape takes ``tp``).
 - p gives each stage ceil(L / p) layers. Under the 1F1B schedule the first stage holds
   the activations of min(p, accum) micro-batches in flight (Narayanan et al. 2021,
   arXiv 2104.04473, Sec. 2.2.1: "at most p outstanding forward passes"); the last stage
@@ -20,15 +20,16 @@ layout changes:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from runner.config import ModelConfig
 from runner.memory import (
     TRANSIENT_ITEMS,
+    BlockShape,
     ModelStates,
     activation_items_total,
-    activations_total,
+    compiles_whole,
     deepspeed_residuals,
+    model_block_shape,
     model_states,
     offload_host_buffers,
 )
@@ -93,45 +94,21 @@ def layers_per_stage(n_layer: int, pp: int) -> int:
 
 
 def activation_bytes(
-    model: ModelConfig,
-    *,
-    seq_len: int,
-    micro_size: int,
-    tp: int,
-    pp: int,
-    accum_steps: int,
-    recompute: str,
-    bytes_per_elem: int,
+    block: BlockShape, *, n_layer: int, vocab_size: int, pp: int, accum_steps: int, recompute: str
 ) -> tuple[int, str]:
-    """Peak activation bytes on the fullest device, and a note saying which stage and why.
-
-    flash=True: runner/model.py calls scaled_dot_product_attention(is_causal=True), which
-    takes a fused kernel on CUDA and on CPU (tests/unit/test_memory.py checks the CPU one).
-    """
-    common: dict[str, Any] = dict(
-        n_layers=layers_per_stage(model.n_layer, pp),
-        seq_len=seq_len,
-        micro_size=micro_size,
-        d_model=model.d_model,
-        n_heads=model.n_head,
-        vocab_size=model.vocab_size,
-        tp=tp,
-        recompute=recompute,
-        flash=True,
-        n_kv_heads=model.n_kv_head,
-        ffn_hidden=model.ffn_hidden,
-        bytes_per_elem=bytes_per_elem,
+    """Peak activation bytes on the fullest device, and a note saying which stage and why."""
+    items = activation_items_total(
+        block, n_layers=layers_per_stage(n_layer, pp), vocab_size=vocab_size, recompute=recompute
     )
+    recompute_set = items["transient.recompute_layer"]
+    kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
+    last = kept + max(items["transient.logits"] + items["transient.logits_fp32"], recompute_set)
     if pp == 1:
-        return activations_total(**common), ""
+        return last, ""  # runner.memory.activations_total
     # Narayanan et al. 2021 (arXiv 2104.04473), Sec. 2.2.1: 1F1B keeps at most p
     # micro-batches in flight on the first stage (and never more than the m = accum).
     in_flight = min(pp, accum_steps)
-    items = activation_items_total(**common)
-    recompute_set = items["transient.recompute_layer"]
     first = in_flight * (items["blocks"] + items["embedding.token_ids"]) + recompute_set
-    kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
-    last = kept + max(items["transient.logits"] + items["transient.logits_fp32"], recompute_set)
     if first >= last:
         return first, f"first stage, {in_flight} micro-batches in flight (1F1B)"
     return last, "last stage (loss and logits)"
@@ -154,6 +131,7 @@ def memory_terms(
     accum_steps: int,
     host_is_device: bool = False,
     reduce_bucket_size: int = 500_000_000,
+    compiled: bool = False,
 ) -> MemoryTerms:
     """Every memory term of one device for this layout (see the module docstring)."""
     local = params_per_device(num_params, tp=tp, pp=pp)
@@ -174,16 +152,26 @@ def memory_terms(
         reduce_bucket_size=reduce_bucket_size,
         largest_param=largest,
     )
-    activations, note = activation_bytes(
+    whole = compiles_whole(compiled, tp=tp, zero_stage=zero_stage)
+    block = model_block_shape(
         model,
         seq_len=seq_len,
         micro_size=micro_size,
         tp=tp,
+        bytes_per_elem=4 if precision == "fp32" else 2,
+        compiled=whole,
+    )
+    activations, note = activation_bytes(
+        block,
+        n_layer=model.n_layer,
+        vocab_size=model.vocab_size,
         pp=pp,
         accum_steps=accum_steps,
         recompute=recompute,
-        bytes_per_elem=4 if precision == "fp32" else 2,
     )
+    if compiled:
+        how = "compiled blocks" if whole else "compiled blocks broken at collectives, counted eager"
+        note = f"{how}; {note}" if note else how
     host = {
         name: value
         for name, value in (

@@ -284,6 +284,7 @@ def _train(
         seq_len=config.data.seq_len,
         host_is_device=device.type == "cpu",
         accum_steps=layout.accum_steps,
+        compiled=config.train.compile,
     )
     # Model states are measured at the accumulation boundary of the second step, when the
     # optimizer state exists; activations over the first micro-batch of the first step.

@@ -30,6 +30,7 @@ from runner.config import ModelConfig, Precision, Recompute
 from runner.memory import (
     GB,
     TRANSIENT_ITEMS,
+    BlockShape,
     GiB,
     activation_items_per_layer,
     activation_items_total,
@@ -343,7 +344,7 @@ SEQ, MICRO = 64, 2
 
 
 def _block_case(
-    dtype: torch.dtype, recompute: str, n_kv_head: int | None
+    dtype: torch.dtype, recompute: str, n_kv_head: int | None, *, compiled: bool = False
 ) -> tuple[Callable[[], torch.Tensor], set[int], ModelConfig]:
     cfg = ModelConfig(
         n_layer=1,
@@ -355,6 +356,8 @@ def _block_case(
     )
     torch.manual_seed(0)
     block = TransformerBlock(cfg).to(dtype).train()
+    if compiled:
+        block.compile()  # as runner/compile_blocks.py does with train.compile=true
     # RoPE tables stay fp32, as DeepSpeed keeps fp32 buffers under bf16 (see _cast_like_deepspeed).
     cos, sin = rope_cache(cfg.d_model // cfg.n_head, SEQ, cfg.rope_theta)
     x0 = torch.randn(MICRO, SEQ, cfg.d_model, dtype=dtype, requires_grad=True)
@@ -370,18 +373,24 @@ def _block_case(
     return forward, exclude, cfg
 
 
-def _estimate(cfg: ModelConfig, dtype: torch.dtype, recompute: str, flash: bool) -> dict[str, int]:
-    return activation_items_per_layer(
+def _block_shape(
+    cfg: ModelConfig, dtype: torch.dtype, *, flash: bool = True, compiled: bool = False
+) -> BlockShape:
+    return BlockShape(
         seq_len=SEQ,
         micro_size=MICRO,
         d_model=cfg.d_model,
         n_heads=cfg.n_head,
         n_kv_heads=cfg.n_kv_head,
         ffn_hidden=cfg.ffn_hidden,
-        recompute=recompute,
         flash=flash,
         bytes_per_elem=DTYPES[dtype],
+        compiled=compiled,
     )
+
+
+def _estimate(cfg: ModelConfig, dtype: torch.dtype, recompute: str, flash: bool) -> dict[str, int]:
+    return activation_items_per_layer(_block_shape(cfg, dtype, flash=flash), recompute)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=["fp32", "bf16"])
@@ -418,11 +427,28 @@ def test_block_activations_math_path_match_measurement(dtype: torch.dtype) -> No
     assert sum(estimate.values()) == pytest.approx(kept, rel=REL_TOL), estimate
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=["fp32", "bf16"])
+def test_compiled_block_activations_match_measurement(dtype: torch.dtype, recompute: str) -> None:
+    """compiled=True vs what a torch.compile'd block saves: the norms' upcasts and silu are recomputed."""
+    forward, exclude, cfg = _block_case(dtype, recompute, 2, compiled=True)
+    estimate = activation_items_per_layer(_block_shape(cfg, dtype, compiled=True), recompute)
+    saved = measure_saved_by_hooks(forward, exclude)
+    if recompute == "selective":
+        # The compiled checkpoint also saves the CPU generator's state for its replay: a
+        # constant 5 KB a layer, left out of the estimate.
+        saved -= torch.get_rng_state().numel()
+    assert sum(estimate.values()) == pytest.approx(saved, rel=REL_TOL), estimate
+    eager = activations_per_layer(_block_shape(cfg, dtype), recompute)
+    h, f, sb = cfg.d_model, cfg.ffn_hidden, SEQ * MICRO
+    assert eager - sum(estimate.values()) == 8 * sb * h + DTYPES[dtype] * sb * f
+
+
 def test_project_block_vs_korthikanti_in_bf16() -> None:
     """The adapted constant: bf16 with flash, sbh(26 + 8f/h) + small terms, vs the paper's 34 sbh."""
     s, b, h, a, f = 2048, 1, 4096, 32, 11008
     items = activation_items_per_layer(
-        seq_len=s, micro_size=b, d_model=h, n_heads=a, ffn_hidden=f, flash=True, bytes_per_elem=2
+        BlockShape(seq_len=s, micro_size=b, d_model=h, n_heads=a, ffn_hidden=f, flash=True, bytes_per_elem=2)
     )
     small = s * b * (8 + 4 * a)  # rstd, logsumexp
     assert sum(items.values()) == s * b * h * 26 + 8 * s * b * f + small
@@ -433,21 +459,21 @@ def test_tensor_parallel_splits_only_per_head_and_ffn_tensors() -> None:
     common: dict[str, Any] = dict(
         seq_len=128, micro_size=2, d_model=256, n_heads=8, ffn_hidden=688, flash=True
     )
-    one = activation_items_per_layer(**common, tp=1)
-    two = activation_items_per_layer(**common, tp=2)
+    one = activation_items_per_layer(BlockShape(**common, tp=1))
+    two = activation_items_per_layer(BlockShape(**common, tp=2))
     replicated = {k for k in one if "norm" in k or k in ("attention.input", "feed_forward.input")}
     for key in one:
         expected = one[key] if key in replicated else one[key] / 2
         assert two[key] == expected, key
     with pytest.raises(ValueError, match="tp=3"):
-        activations_per_layer(**common, tp=3)
+        BlockShape(**common, tp=3)
 
 
 def test_aliased_attention_output_counts_once() -> None:
     """attn_out_aliased drops wo.input's copy, and only that."""
     common: dict[str, Any] = dict(seq_len=128, micro_size=2, d_model=256, n_heads=8, flash=True)
-    copy = activations_per_layer(**common)
-    alias = activations_per_layer(**common, attn_out_aliased=True)
+    copy = activations_per_layer(BlockShape(**common))
+    alias = activations_per_layer(BlockShape(**common, attn_out_aliased=True))
     assert copy - alias == 2 * 128 * 2 * 256
 
 
@@ -497,53 +523,25 @@ def test_model_activations_match_measurement(dtype: torch.dtype, recompute: str)
         loss = forward()
     kept = tracked["mode"].alive_bytes(exclude | {loss.untyped_storage().data_ptr()})
 
+    block = _block_shape(cfg, dtype)
     items = activation_items_total(
-        n_layers=cfg.n_layer,
-        seq_len=SEQ,
-        micro_size=MICRO,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_head,
-        n_kv_heads=cfg.n_kv_head,
-        ffn_hidden=cfg.ffn_hidden,
-        vocab_size=cfg.vocab_size,
-        recompute=recompute,
-        flash=True,
-        bytes_per_elem=DTYPES[dtype],
+        block, n_layers=cfg.n_layer, vocab_size=cfg.vocab_size, recompute=recompute
     )
     estimate_kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
     assert estimate_kept == pytest.approx(kept, rel=REL_TOL), items
     if recompute == "none":
         # The forward's peak is at the loss: everything kept + the logits (+ their fp32 copy).
         # Other transients (a block's temporaries, the loss scalar) stay under 5% here.
-        total = activations_total(
-            n_layers=cfg.n_layer,
-            seq_len=SEQ,
-            micro_size=MICRO,
-            d_model=cfg.d_model,
-            n_heads=cfg.n_head,
-            n_kv_heads=cfg.n_kv_head,
-            ffn_hidden=cfg.ffn_hidden,
-            vocab_size=cfg.vocab_size,
-            flash=True,
-            bytes_per_elem=DTYPES[dtype],
-        )
+        total = activations_total(block, n_layers=cfg.n_layer, vocab_size=cfg.vocab_size)
         assert total == pytest.approx(tracked["peak"], rel=0.05)
 
 
 def test_logits_dominate_for_a_large_vocabulary() -> None:
     """Llama 3.2 1B shape, bf16, full recompute: the V-wide loss terms outweigh all 16 layers' checkpoints."""
-    items = activation_items_total(
-        n_layers=16,
-        seq_len=2048,
-        micro_size=1,
-        d_model=2048,
-        n_heads=32,
-        n_kv_heads=8,
-        ffn_hidden=8192,
-        vocab_size=128256,
-        recompute="full",
-        flash=True,
+    block = BlockShape(
+        seq_len=2048, micro_size=1, d_model=2048, n_heads=32, n_kv_heads=8, ffn_hidden=8192, flash=True
     )
+    items = activation_items_total(block, n_layers=16, vocab_size=128256, recompute="full")
     vocab_terms = items["loss.log_probs_fp32"] + items["transient.logits"] + items["transient.logits_fp32"]
     assert vocab_terms > 10 * items["blocks"]
     assert math.isclose(vocab_terms / (2048 * 128256), 4 + 2 + 4)
@@ -551,9 +549,9 @@ def test_logits_dominate_for_a_large_vocabulary() -> None:
 
 def test_recompute_transient_counts_one_rebuilt_layer() -> None:
     """With full recompute, backward rebuilds one block: the transient is one layer without recompute."""
-    common: dict[str, Any] = dict(seq_len=256, micro_size=1, d_model=256, n_heads=4, flash=True)
-    items = activation_items_total(n_layers=4, vocab_size=256, recompute="full", **common)
-    assert items["transient.recompute_layer"] == activations_per_layer(**common)
+    block = BlockShape(seq_len=256, micro_size=1, d_model=256, n_heads=4, flash=True)
+    items = activation_items_total(block, n_layers=4, vocab_size=256, recompute="full")
+    assert items["transient.recompute_layer"] == activations_per_layer(block)
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
@@ -585,17 +583,7 @@ def test_total_is_close_to_measured_forward_backward_peak(dtype: torch.dtype, re
     with _peak_tracker(exclude) as tracked:
         lm_loss(model(tokens0[:, :-1].clone()), tokens0[:, 1:].clone()).backward()
     total = activations_total(
-        n_layers=cfg.n_layer,
-        seq_len=SEQ,
-        micro_size=MICRO,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_head,
-        n_kv_heads=cfg.n_kv_head,
-        ffn_hidden=cfg.ffn_hidden,
-        vocab_size=cfg.vocab_size,
-        recompute=recompute,
-        flash=True,
-        bytes_per_elem=DTYPES[dtype],
+        _block_shape(cfg, dtype), n_layers=cfg.n_layer, vocab_size=cfg.vocab_size, recompute=recompute
     )
     assert 0.90 * tracked["peak"] <= total <= tracked["peak"]
 

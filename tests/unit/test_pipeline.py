@@ -9,7 +9,7 @@ import pytest
 from runner import checkpoint
 from runner.config import ModelConfig
 from runner.layout import resolve_layout
-from runner.memory import TRANSIENT_ITEMS, activation_items_total
+from runner.memory import TRANSIENT_ITEMS, BlockShape, activation_items_total
 from runner.model import num_params
 from runner.pipeline import stage_activations, stage_blocks, stage_bounds, stage_param_numels
 
@@ -48,16 +48,8 @@ def test_stages_hold_the_model_once_plus_the_tied_copy(tied):
 
 
 def test_stage_activations_add_up_to_the_whole_model():
-    items = activation_items_total(
-        n_layers=4,
-        seq_len=128,
-        micro_size=4,
-        d_model=256,
-        n_heads=4,
-        vocab_size=256,
-        flash=True,
-        bytes_per_elem=4,
-    )
+    block = BlockShape(seq_len=128, micro_size=4, d_model=256, n_heads=4, flash=True, bytes_per_elem=4)
+    items = activation_items_total(block, n_layers=4, vocab_size=256)
     whole = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
     per_stage = stage_activations(items, n_layer=4, pp=2)
     assert sum(per_stage) == whole
