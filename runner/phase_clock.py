@@ -15,6 +15,11 @@ What runs inside a phase is counted there: ZeRO's gradient reduce-scatters in
 work and the boundary's checks (the non-finite vote, the gradient norm) in
 ``optimizer``. Exposed communication (``time/comm_exposed_s``) is the part of those
 phases spent blocked in collectives, not a phase of its own.
+
+Under a pipeline (runner/pipeline.py) the marks are made around each instruction of
+DeepSpeed's schedule, and one more phase, ``p2p``, holds the stage-to-stage sends and
+receives: the transfers and, mostly, the waits for the neighbouring stage, which is where
+the pipeline bubble is spent.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ from typing import Any
 import torch
 
 PHASES = ("data", "forward", "backward", "optimizer")
+PIPELINE_PHASES = (*PHASES, "p2p")
 
 
 class PhaseClock:
     """Marks the ends of a step's phases; :meth:`seconds` gives the time of each."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, phases: tuple[str, ...] = PHASES) -> None:
         self._cuda = device.type == "cuda"
+        self._phases = phases
         self._marks: list[tuple[str, Any]] = []
 
     def _now(self) -> Any:
@@ -55,10 +62,10 @@ class PhaseClock:
         self._marks.append((phase, self._now()))
 
     def seconds(self) -> dict[str, float]:
-        """``time/<phase>_s`` for each phase of :data:`PHASES`, and ``time/other_s`` for the rest."""
+        """``time/<phase>_s`` for each of the clock's phases, and ``time/other_s`` for the rest."""
         if self._cuda and self._marks:
             self._marks[-1][1].synchronize()
-        totals = dict.fromkeys(PHASES, 0.0)
+        totals = dict.fromkeys(self._phases, 0.0)
         totals["other"] = 0.0
         for (_, earlier), (phase, later) in zip(self._marks, self._marks[1:], strict=False):
             totals[phase if phase in totals else "other"] += self._between(earlier, later)

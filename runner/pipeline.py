@@ -41,6 +41,7 @@ from runner.layout import Layout
 from runner.ledger import TERMS, Ledger, measure_model_states, saved_activations
 from runner.memory import TRANSIENT_ITEMS
 from runner.model import RMSNorm, TransformerBlock, initial_value, lm_loss, rope_cache
+from runner.phase_clock import PhaseClock
 
 log = logging.getLogger("ladder")
 
@@ -300,6 +301,23 @@ def _per_term_max(ledger: Ledger) -> Ledger:
     return merged
 
 
+# DeepSpeed's pipeline instructions (deepspeed/runtime/pipe/schedule.py) by the step phase
+# their time counts in (runner/phase_clock.py). The data-parallel and tied-weight gradient
+# reductions count in backward, as ZeRO's reductions do in the plain loop.
+_INSTRUCTION_PHASES = {
+    "LoadMicroBatch": "data",
+    "ForwardPass": "forward",
+    "BackwardPass": "backward",
+    "ReduceGrads": "backward",
+    "ReduceTiedGrads": "backward",
+    "OptimizerStep": "optimizer",
+    "SendActivation": "p2p",
+    "RecvActivation": "p2p",
+    "SendGrad": "p2p",
+    "RecvGrad": "p2p",
+}
+
+
 class PipelineSteps:
     """Runs optimizer steps through DeepSpeed's PipelineEngine and measures what the loop cannot see."""
 
@@ -316,7 +334,6 @@ class PipelineSteps:
         self._boundary: Callable[[], None] | None = None
         self._states: Ledger | None = None
         self._saved_bytes = 0
-        self.step_times: list[float] = []
         if not engine.zero_optimization() and precision == Precision.fp32 and grad_clip > 0:
             _clip_across_stages(engine, grad_clip)
         # The optimizer step runs inside train_batch; model states are measured just before
@@ -329,6 +346,27 @@ class PipelineSteps:
             return take_model_step(*args, **kwargs)
 
         engine._take_model_step = at_boundary
+
+    def time_phases(self, clock: PhaseClock) -> None:
+        """Mark ``clock`` around each instruction the engine runs, under the instruction's phase.
+
+        ``PipelineEngine._exec_schedule`` looks every instruction up in ``self._INSTRUCTION_MAP``
+        (DeepSpeed 0.19.8); an instance attribute of the same name takes the class's place.
+        """
+
+        def timed(run: Callable[..., Any], phase: str) -> Callable[..., Any]:
+            def run_timed(engine: Any, **kwargs: Any) -> Any:
+                clock.mark("other")  # the engine's own work since the last instruction
+                result = run(engine, **kwargs)
+                clock.mark(phase)
+                return result
+
+            return run_timed
+
+        self.engine._INSTRUCTION_MAP = {
+            kind: timed(run, _INSTRUCTION_PHASES.get(kind.__name__, "other"))
+            for kind, run in type(self.engine)._INSTRUCTION_MAP.items()
+        }
 
     def _micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This step's micro-batches of this pipeline's dp rank: the sequences every layout sees."""
@@ -387,9 +425,18 @@ class PipelineSteps:
         self._states.terms["activations"] = self._saved_bytes
         return _per_term_max(self._states)
 
-    def summary(self, *, step_s: float | None) -> dict[str, Any]:
-        """What summary.json keeps about the pipeline: split, schedule, bubble."""
+    def summary(self, *, step_s: float | None, p2p_s: float | None) -> dict[str, Any]:
+        """What summary.json keeps about the pipeline: split, schedule, bubble predicted and measured.
+
+        The bubble is (pp - 1) / accum of the ideal step (Narayanan et al. 2021, Sec. 2.2.1),
+        so b / (1 + b) of the step as run. Measured: the share of the step rank 0 spent in
+        stage-to-stage sends and receives (``time/p2p_s``), the wait for its neighbour stage
+        plus the transfers themselves.
+        """
         lay = self.layout
+        bubble = (lay.pp - 1) / lay.accum_steps
+        timed = step_s is not None and math.isfinite(step_s) and step_s > 0
+        p2p_share = p2p_s / step_s if timed and p2p_s is not None and step_s else None
         bounds = self.engine.module.parts
         return {
             "stages": lay.pp,
@@ -397,6 +444,8 @@ class PipelineSteps:
             "blocks_per_stage": stage_blocks(int(bounds[-1]) - 3, lay.pp),
             "schedule": "1F1B (PipeDream-Flush, Narayanan et al. 2021), flushed every step",
             "micro_batches": lay.accum_steps,
-            "bubble_fraction_predicted": (lay.pp - 1) / lay.accum_steps,
-            "measured_step_s": step_s if step_s is not None and math.isfinite(step_s) else None,
+            "bubble_fraction_predicted": bubble,
+            "bubble_share_of_step_predicted": bubble / (1 + bubble),
+            "p2p_share_of_step_measured": p2p_share,
+            "measured_step_s": step_s if timed else None,
         }

@@ -40,7 +40,7 @@ from runner.model import lm_loss, num_params
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
-from runner.phase_clock import PhaseClock
+from runner.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 from runner.pipeline import PipelineSteps
 from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
 from runner.schedule import lr_multiplier
@@ -303,7 +303,10 @@ def _train(
     own_grad_norm = own_grad_norm and pipe is None  # a stage holds its own layers' gradients only
     # The noise scale and exposed communication, read as the step runs (runner/step_probes.py).
     probes = StepProbes(engine, layout=layout, device=device)
-    clock = PhaseClock(device)  # where each step's time goes (runner/phase_clock.py)
+    # Where each step's time goes (runner/phase_clock.py); a pipeline marks its instructions.
+    clock = PhaseClock(device, PHASES if pipe is None else PIPELINE_PHASES)
+    if pipe is not None:
+        pipe.time_phases(clock)
     fault_step = _injected_fault(env.rank)
     nan_steps = injected_nan_steps(env.rank)
     nonfinite = NonFiniteGuard(
@@ -385,8 +388,7 @@ def _train(
                 "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 **measured,
-                # The pipeline engine runs its phases interleaved across micro-batches, inside one call.
-                **(clock.seconds() if pipe is None else {}),
+                **clock.seconds(),
                 "train/skipped_steps": len(nonfinite.skipped),
                 **throughput_metrics(
                     step_s=step_s,
@@ -455,7 +457,9 @@ def _train(
                 model_build={"rank": 0, **model_build},
                 compile=compile_summary(compiled_blocks) if compiled_blocks else None,
                 **probes.summary(seq_len=config.data.seq_len),
-                pipeline=pipe.summary(step_s=last.get("time/step_s")) if pipe is not None else None,
+                pipeline=pipe.summary(step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s"))
+                if pipe is not None
+                else None,
                 skipped_steps=nonfinite.summary(),
                 resumed_from_step=start_step or None,
             )

@@ -26,6 +26,7 @@ PHASE_COLORS = {
     "data": "#7F7F7F",
     "forward": "#0072B2",
     "backward": "#D55E00",
+    "p2p": "#CC79A7",
     "optimizer": "#009E73",
     "other": "#B8B8B8",
 }
@@ -121,19 +122,21 @@ def time_chart(rows: Sequence[Row]) -> Chart:
             for p in phases
         ]
         bars.append(Bar("", row.cell_id, segments))
+    shown = {segment.name for bar in bars for segment in bar.segments}
     return Chart(
         key="time",
         title="Time per optimizer step by phase (seconds)",
         svg=stacked_bar_chart(
             bars, title="Time per optimizer step by phase", y_label="seconds per step", unit="s"
         ),
-        legend=[LegendItem(p, c, kind="box") for p, c in PHASE_COLORS.items()],
+        legend=[LegendItem(p, c, kind="box") for p, c in PHASE_COLORS.items() if p in shown],
         caption=(
             "For each cell, the seconds of one optimizer step (median over the steps after the first), "
             "split into the phases that partition it: batch fetch, forward, backward, optimizer step, "
-            "the rest. The global batch is the experiment, so cells compare step for step. Exposed "
-            "communication lies inside the phases (ZeRO's reductions in backward) and is given in each "
-            "bar's tooltip. Pipeline cells log no phases and have no bar."
+            "the rest, and under a pipeline p2p: the stage-to-stage sends and receives, with the waits "
+            "for the neighbouring stage (the bubble). The global batch is the experiment, so cells "
+            "compare step for step. Exposed communication lies inside the phases (ZeRO's reductions in "
+            "backward) and is given in each bar's tooltip."
         ),
         empty=not bars,
     )

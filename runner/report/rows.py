@@ -22,10 +22,11 @@ from runner.report.collect import Cell, distinguishing_overrides, natural_key
 TERMS = ("params", "grads", "optimizer", "activations")
 TOKENS_PER_DEVICE = "throughput/tokens_per_s_per_device"
 MFU = "throughput/mfu"
-# The phases that partition a step (runner/phase_clock.py), in the order the time chart stacks them.
-STEP_PHASES = ("data", "forward", "backward", "optimizer", "other")
+# The phases that partition a step (runner/phase_clock.py), in the order the time chart stacks them;
+# p2p (stage-to-stage sends and receives, with the waits: the bubble) only under a pipeline.
+STEP_PHASES = ("data", "forward", "backward", "p2p", "optimizer", "other")
 # The report's share column: these, as fractions of the step; exposed communication lies inside the phases.
-TIME_SHARES = ("forward", "backward", "optimizer", "comm_exposed")
+TIME_SHARES = ("forward", "backward", "optimizer", "comm_exposed", "p2p")
 PEAK = "memory/peak_gb"
 
 # Sort order: finished cells first, then the ones that may still finish, then the broken ones.
@@ -365,7 +366,7 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("device GB", lambda r: fmt_gb(r.device_memory_gb), group=MEMORY_GROUP, short="device"),
     Column("tokens/s/device", lambda r: _fmt(r.tokens_per_s_per_device, ",.0f")),
     Column("MFU %", lambda r: _fmt(None if r.mfu is None else 100 * r.mfu, ".1f")),
-    Column("step % fwd / bwd / opt / comm", _time_shares, numeric=False),
+    Column("step % fwd / bwd / opt / comm / p2p", _time_shares, numeric=False),
     Column("final loss", lambda r: _fmt(r.final_loss, ".4f")),
     Column("status", lambda r: r.status, numeric=False),
     Column("best", lambda r: ", ".join(r.best), numeric=False),

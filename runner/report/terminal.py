@@ -32,7 +32,7 @@ LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro"
 SPEED_COLUMNS = (
     "tokens/s/device",
     "MFU %",
-    "step % fwd / bwd / opt / comm",
+    "step % fwd / bwd / opt / comm / p2p",
     "final loss",
     "status",
     "best",
@@ -41,7 +41,7 @@ SPEED_COLUMNS = (
 _SHORT = {
     "tokens/s/device": "tok/s/dev",
     "final loss": "loss",
-    "step % fwd / bwd / opt / comm": "fwd/bwd/opt/comm %",
+    "step % fwd / bwd / opt / comm / p2p": "fwd/bwd/opt/comm/p2p %",
 }
 
 

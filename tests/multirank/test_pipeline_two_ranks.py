@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from train_helpers import TrainResult, run_torchrun, run_train
 
+from runner.phase_clock import PIPELINE_PHASES
+
 pytestmark = pytest.mark.multirank
 
 STEPS = 10
@@ -78,6 +80,23 @@ def test_summary_records_the_pipeline(runs):
     assert pipeline["blocks_per_stage"] == [2, 2]
     assert pipeline["bubble_fraction_predicted"] == pytest.approx((2 - 1) / 4)
     assert summary["noise_scale"]["unmeasured"]  # no rank sees a micro-batch's whole gradient
+
+
+def test_the_step_time_splits_into_phases_with_the_stage_to_stage_waits_apart(runs):
+    """Each 1F1B instruction is timed under its phase; p2p holds the sends, the receives and their waits."""
+    phases = (*PIPELINE_PHASES, "other")
+    for m in runs["pp2/2x4"].metrics:
+        seconds = {phase: m[f"time/{phase}_s"] for phase in phases}
+        assert sum(seconds.values()) == pytest.approx(m["time/step_s"], rel=0.02), seconds
+        assert seconds["forward"] > 0 and seconds["backward"] > 0 and seconds["optimizer"] > 0, seconds
+        assert seconds["p2p"] > 0, seconds  # rank 0 waits for the last stage's backward
+    assert "time/p2p_s" not in runs["plain/1x4"].metrics[-1]
+    pipeline = runs["pp2/2x4"].summary["pipeline"]
+    bubble = pipeline["bubble_share_of_step_predicted"]
+    measured = pipeline["p2p_share_of_step_measured"]
+    print(f"pp=2, accum 4: bubble {bubble:.2f} of the step predicted, p2p {measured:.2f} measured")
+    assert bubble == pytest.approx(0.25 / 1.25)
+    assert 0 < measured < 1
 
 
 def test_two_pipelines_side_by_side_give_the_losses_of_one_rank(runs, tmp_path):

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from runner.phase_clock import PHASES, PhaseClock
+from runner.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 
 pytestmark = pytest.mark.unit
 
@@ -41,3 +41,17 @@ def test_a_new_step_forgets_the_last():
     clock.start()
     clock.mark("forward")
     assert clock.seconds()["time/forward_s"] < 0.02
+
+
+def test_a_pipeline_clock_has_the_stage_to_stage_phase_and_charges_unknown_marks_to_other():
+    clock = PhaseClock(torch.device("cpu"), PIPELINE_PHASES)
+    clock.start()
+    time.sleep(0.02)
+    clock.mark("p2p")
+    time.sleep(0.01)
+    clock.mark("an instruction the clock does not know")
+    seconds = clock.seconds()
+    assert set(seconds) == {f"time/{phase}_s" for phase in (*PIPELINE_PHASES, "other")}
+    assert seconds["time/p2p_s"] >= 0.02
+    assert seconds["time/other_s"] >= 0.01
+    assert "time/p2p_s" not in PhaseClock(torch.device("cpu")).seconds()

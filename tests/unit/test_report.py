@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from runner.cli import main
+from runner.report.charts import time_chart
 from runner.report.collect import collect, expected_sweep
 from runner.report.compare import config_diff, loss_agreement
 from runner.report.rows import build_rows
@@ -254,7 +255,27 @@ def test_each_cell_shows_where_its_step_time_goes(tmp_path, capsys):
     assert rows["b"]["time_forward_pct"] is None
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "30 / 60 / 10 / 5" in out
+    assert "30 / 60 / 10 / 5 / –" in out  # no pipeline: no stage-to-stage time
+
+
+def test_a_pipeline_cell_shows_its_stage_to_stage_share_and_chart_segment(tmp_path, capsys):
+    phases = {
+        "time/step_s": 2.0,
+        "time/forward_s": 0.5,
+        "time/backward_s": 0.9,
+        "time/p2p_s": 0.4,
+        "time/optimizer_s": 0.2,
+        "time/comm_exposed_s": 0.0,
+    }
+    write_cell(tmp_path / "pp", extra_metrics=phases)
+    write_cell(tmp_path / "plain", extra_metrics={k: v for k, v in phases.items() if "p2p" not in k})
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert rows["pp"]["time_p2p_pct"] == pytest.approx(20)
+    assert rows["plain"]["time_p2p_pct"] is None
+    assert main(["report", str(tmp_path)]) == 0
+    assert "25 / 45 / 10 / 0 / 20" in capsys.readouterr().out
+    chart = time_chart(build_rows(collect([tmp_path])))
+    assert "p2p" in {item.name for item in chart.legend}
 
 
 def test_markdown_and_csv_list_every_cell(tmp_path, capsys):
