@@ -41,6 +41,7 @@ from runner.layout import Layout
 from runner.ledger import TERMS, Ledger, measure_model_states, saved_activations
 from runner.memory import TRANSIENT_ITEMS
 from runner.model import RMSNorm, TransformerBlock, initial_value, lm_loss, rope_cache
+from runner.nonfinite import NonFiniteGuard, skipping
 from runner.phase_clock import PhaseClock
 
 log = logging.getLogger("ladder")
@@ -322,7 +323,15 @@ class PipelineSteps:
     """Runs optimizer steps through DeepSpeed's PipelineEngine and measures what the loop cannot see."""
 
     def __init__(
-        self, engine: Any, batches: BatchSource, *, layout: Layout, precision: Precision, grad_clip: float
+        self,
+        engine: Any,
+        batches: BatchSource,
+        *,
+        layout: Layout,
+        precision: Precision,
+        grad_clip: float,
+        nonfinite: NonFiniteGuard,
+        nan_steps: frozenset[int] = frozenset(),
     ) -> None:
         self.engine = engine
         self.batches = batches
@@ -334,6 +343,11 @@ class PipelineSteps:
         self._boundary: Callable[[], None] | None = None
         self._states: Ledger | None = None
         self._saved_bytes = 0
+        self._nonfinite = nonfinite
+        self._step = 0
+        self._skip = False  # this step's update was skipped (train.on_nonfinite=skip)
+        if nan_steps and engine.is_last_stage():
+            self._inject_nan(nan_steps)
         if not engine.zero_optimization() and precision == Precision.fp32 and grad_clip > 0:
             _clip_across_stages(engine, grad_clip)
         # The optimizer step runs inside train_batch; model states are measured just before
@@ -343,9 +357,41 @@ class PipelineSteps:
         def at_boundary(*args: Any, **kwargs: Any) -> Any:
             if self._boundary is not None:
                 self._boundary()
-            return take_model_step(*args, **kwargs)
+            # Decided before the update, the same on every rank (runner/nonfinite.py): a
+            # non-finite loss stops the run here or skips this step's update.
+            self._skip = self._nonfinite.should_skip(self._mean_loss(), step=self._step)
+            if not self._skip:
+                return take_model_step(*args, **kwargs)
+            with skipping(engine):
+                return take_model_step(*args, **kwargs)
 
         engine._take_model_step = at_boundary
+
+    def _mean_loss(self) -> float:
+        """The step's loss, averaged over its micro-batches and the pipelines, on every rank.
+
+        Only a last stage has it (DeepSpeed's ``total_loss``, summed over the micro-batches)
+        before the step: one all-reduce over all ranks sums the last stages' losses and counts
+        them.
+        """
+        engine = self.engine
+        local = torch.zeros(2, dtype=torch.float64, device=engine.device)
+        if engine.is_last_stage():
+            local[0] = engine.total_loss.detach().double() / self.layout.accum_steps
+            local[1] = 1.0
+        torch.distributed.all_reduce(local)
+        return float(local[0] / local[1])
+
+    def _inject_nan(self, steps: frozenset[int]) -> None:
+        """LADDER_INJECT_NAN on a last stage: its loss is NaN at ``steps`` (tests of train.on_nonfinite)."""
+        module = self.engine.module
+        loss_fn = module.loss_fn
+
+        def loss_at_step(*args: Any) -> Any:
+            loss = loss_fn(*args)
+            return loss * float("nan") if self._step in steps else loss
+
+        module.loss_fn = loss_at_step
 
     def time_phases(self, clock: PhaseClock) -> None:
         """Mark ``clock`` around each instruction the engine runs, under the instruction's phase.
@@ -401,8 +447,11 @@ class PipelineSteps:
         if module.loss_fn is not None and self.engine.is_last_stage():
             module.loss_fn = measured(loss_fn, restore_loss)
 
-    def train_step(self, step: int, *, measure_states: bool, measure_activations: bool) -> float:
-        """One optimizer step; the loss is the mean over the global batch, on every rank."""
+    def train_step(self, step: int, *, measure_states: bool, measure_activations: bool) -> tuple[float, bool]:
+        """One optimizer step: the loss (the mean over the global batch, on every rank) and whether
+        its update was skipped for a non-finite loss."""
+        self._step = step
+        self._skip = False
         if measure_activations:
             self._measure_first_micro_batch()
         if measure_states:
@@ -416,7 +465,7 @@ class PipelineSteps:
         finally:
             self._boundary = None
         # DeepSpeed averages the last stage's micro-batch losses over dp and broadcasts them.
-        return float(loss)
+        return float(loss), self._skip
 
     def ledger(self) -> Ledger | None:
         """The measured ledger, each term at its most over ranks (every rank must call this)."""

@@ -7,7 +7,6 @@ launcher or srun). Rank 0 also owns the metric sinks and writes ``summary.json``
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 import warnings
@@ -245,6 +244,12 @@ def _train(
     flops = _flops_budget(config)
     batches = BatchSource(config.data, config.model.vocab_size, config.seed, layout.global_size)
     dp_rank = env.rank // (layout.tp * layout.pp)
+    nan_steps = injected_nan_steps(env.rank)
+    nonfinite = NonFiniteGuard(
+        config.train.on_nonfinite,
+        max_skipped=config.train.max_skipped_steps,
+        skipped=[] if record is None else record.get("skipped_steps", []),
+    )
     # With a pipeline, DeepSpeed's PipelineEngine runs each step's micro-batches itself.
     pipe = (
         PipelineSteps(
@@ -253,6 +258,8 @@ def _train(
             layout=layout,
             precision=config.precision.name,
             grad_clip=config.optimizer.grad_clip,
+            nonfinite=nonfinite,
+            nan_steps=nan_steps,
         )
         if layout.pp > 1
         else None
@@ -308,12 +315,6 @@ def _train(
     if pipe is not None:
         pipe.time_phases(clock)
     fault_step = _injected_fault(env.rank)
-    nan_steps = injected_nan_steps(env.rank)
-    nonfinite = NonFiniteGuard(
-        config.train.on_nonfinite,
-        max_skipped=config.train.max_skipped_steps,
-        skipped=[] if record is None else record.get("skipped_steps", []),
-    )
     every = config.train.checkpoint_every
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
     interruption: dict[str, Any] | None = None
@@ -331,14 +332,10 @@ def _train(
             if pipe is not None:
                 # Pipeline parallel (runner/pipeline.py): forward, backward and the optimizer
                 # step of all micro-batches, 1F1B; the micro-batch loop below runs no iteration.
-                loss_value = pipe.train_step(
+                # A non-finite loss is caught before the optimizer step, as below.
+                loss_value, skip = pipe.train_step(
                     step, measure_states=step == ledger_step, measure_activations=step == start_step
                 )
-                if not math.isfinite(loss_value):
-                    raise FloatingPointError(
-                        f"loss is {loss_value} at step {step} (the pipeline already stepped): training "
-                        f"diverged; lower optimizer.lr, raise optimizer.warmup_steps, or use precision=fp32"
-                    )
                 if step == ledger_step:
                     ledger = pipe.ledger()
             for micro in range(layout.accum_steps if pipe is None else 0):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from runner.config import DataName, Offload, OnNonFinite, Precision, TrainConfig
+from runner.config import DataName, Offload, Precision, TrainConfig
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.pipeline import pipeline_problems
 from runner.tensor_parallel import tp_node_problems, tp_problems
@@ -119,11 +119,6 @@ def _problems(config: TrainConfig) -> list[str]:
         train.max_skipped_steps >= 0,
         f"train.max_skipped_steps={train.max_skipped_steps}: must be 0 or more (the skipped steps a "
         f"run with train.on_nonfinite=skip allows before it stops), e.g. train.max_skipped_steps=10",
-    )
-    need(
-        train.on_nonfinite == OnNonFinite.stop or config.parallel.pp == 1,
-        f"train.on_nonfinite=skip with parallel.pp={config.parallel.pp}: DeepSpeed's pipeline engine "
-        f"steps the optimizer inside train_batch, before the loss is known; use train.on_nonfinite=stop",
     )
     problems += tp_problems(config.model, tp=config.parallel.tp)
     if config.cluster.gpus_per_node is not None:

@@ -39,6 +39,35 @@ def test_zero3_skips_a_nan_step_and_a_resume_keeps_the_count(tmp_path):
     assert resumed.summary["skipped_steps"] == {"policy": "skip", "count": 1, "steps": [1]}
 
 
+def test_a_pipeline_checks_the_loss_before_its_optimizer_step(tmp_path):
+    """pp 2: the last stage's NaN loss is voted on inside DeepSpeed's schedule, before the update."""
+    args = ["gpus=2", "parallel=pp2", "batch.micro_size=4", "train.checkpoint_every=1", *COMMON]
+    nan_at_step_1 = {"LADDER_INJECT_NAN": "1:1"}  # rank 1: the last stage, which forms the loss
+    skip_dir = tmp_path / "skip"
+    skipped = run_train(
+        *args,
+        "train.on_nonfinite=skip",
+        "train.steps=3",
+        "train.keep_checkpoints=3",
+        run_dir=skip_dir,
+        env=nan_at_step_1,
+    )
+    assert skipped.returncode == 0, skipped.stderr[-3000:]
+    assert skipped.summary["skipped_steps"]["steps"] == [1]
+    # Both stages' weights and Adam's state: unchanged by the skipped step, moved by the next.
+    before, after = (
+        checkpoint_tensors(skip_dir, "step_00000001"),
+        checkpoint_tensors(skip_dir, "step_00000002"),
+    )
+    assert max_abs_diff(before, after) == 0.0
+    assert max_abs_diff(after, checkpoint_tensors(skip_dir, "step_00000003")) > 0.0
+
+    stopped = run_train(*args, "train.steps=3", run_dir=tmp_path / "stop", env=nan_at_step_1)
+    assert stopped.returncode == 1
+    assert "FloatingPointError: loss is nan at step 1" in stopped.summary["error"]
+    assert sorted(p.name for p in (tmp_path / "stop" / "checkpoints").glob("step_*")) == ["step_00000001"]
+
+
 class Payload:
     """Unpickling it calls os.mkdir(marker): what a doctored checkpoint would run."""
 
