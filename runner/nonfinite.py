@@ -1,7 +1,8 @@
 """A non-finite loss: stop the run, or skip the step (no update) and go on (``train.on_nonfinite``).
 
 The decision is taken at the accumulation boundary, before the optimizer step, from the loss
-averaged over the ranks, so every rank takes the same one. A skipped step:
+averaged over the ranks, so every rank takes the same one (under a pipeline, inside
+DeepSpeed's schedule, from the last stages' losses: runner/pipeline.py). A skipped step:
 
 - leaves the weights and the optimizer state (Adam's moments and step count) as they were:
   the basic optimizer's ``step`` is a no-op for that one call (:func:`skipping`), while the
