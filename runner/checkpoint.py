@@ -292,7 +292,9 @@ def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
     root = run_dir / CHECKPOINT_DIR
     # Every file DeepSpeed reads here is unpickled weights-only: a doctored one cannot run code.
     safe_load.install(engine)
-    with safe_load.weights_only_loads():
+    # no_grad: a pipeline's load ends by broadcasting the tied embedding in place, which
+    # autograd would otherwise record on the weight (see runner/pipeline.py's build).
+    with safe_load.weights_only_loads(), torch.no_grad():
         path, client_state = engine.load_checkpoint(str(root), tag=tag)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {root / tag}")

@@ -233,12 +233,16 @@ def build_pipeline(cfg: ModelConfig, *, pp: int, seed: int) -> Any:
     """This rank's stage of ``cfg`` as a PipelineModule (the process group must exist)."""
     from deepspeed.pipe import PipelineModule
 
-    pipe = PipelineModule(
-        layers=_layer_specs(cfg),
-        num_stages=pp,
-        loss_fn=lm_loss,
-        partition_method=f"type:{BlockPipe.__name__}",
-    )
+    # PipelineModule broadcasts the tied embedding from the first stage to the last in place
+    # (``_synchronize_tied_weights``). Outside no_grad autograd records that broadcast on the
+    # weight, and every backward then warns that c10d::broadcast_ has no autograd kernel.
+    with torch.no_grad():
+        pipe = PipelineModule(
+            layers=_layer_specs(cfg),
+            num_stages=pp,
+            loss_fn=lm_loss,
+            partition_method=f"type:{BlockPipe.__name__}",
+        )
     if list(pipe.parts) != [b[0] for b in stage_bounds(cfg.n_layer, pp)] + [cfg.n_layer + 3]:
         raise RuntimeError(f"DeepSpeed split the layers as {pipe.parts}, not as stage_bounds says")
     _init_stage(pipe, cfg, seed)

@@ -50,6 +50,12 @@ def test_pipeline_gives_the_losses_of_the_plain_layout(runs):
     assert pipe[-1] < pipe[0] - 0.5  # and it trained
 
 
+def test_the_tied_embedding_sync_stays_out_of_autograd(runs):
+    # DeepSpeed broadcasts the tied weight in place when it builds the stages; recorded by
+    # autograd, every backward would warn about it.
+    assert "c10d::broadcast_" not in runs["pp2/2x4"].stderr
+
+
 def test_gradient_norm_spans_all_stages(runs):
     # Clipping (grad_clip 1.0) is by the whole model's norm, as on one rank.
     plain, pipe = ([m["grad_norm"] for m in runs[name].metrics] for name in LAYOUTS)
