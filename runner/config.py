@@ -216,6 +216,7 @@ class TrainLoopConfig:
     on_nonfinite: OnNonFinite = OnNonFinite.stop  # runner/nonfinite.py
     max_skipped_steps: int = 10  # with skip: the run stops at the next non-finite loss after this many
     compile: bool = False  # torch.compile each transformer block (runner/compile_blocks.py)
+    profile_step: int = -1  # trace this step with torch.profiler (runner/step_profiler.py); -1: none
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
 from runner.schedule import lr_multiplier
 from runner.sinks import MetricSink, build_sinks
 from runner.step_probes import StepProbes
+from runner.step_profiler import StepProfiler
 from runner.summary import read_summary, update_summary
 from runner.tensor_parallel import grad_norm as tp_grad_norm
 from runner.throughput import FlopsBudget, throughput_metrics
@@ -315,6 +316,7 @@ def _train(
     if pipe is not None:
         pipe.time_phases(clock)
     fault_step = _injected_fault(env.rank)
+    profiler = StepProfiler(config.train.profile_step, run_dir=run_dir, rank=env.rank, device=device)
     every = config.train.checkpoint_every
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
     interruption: dict[str, Any] | None = None
@@ -325,6 +327,7 @@ def _train(
                 raise RuntimeError(f"fault injected by LADDER_INJECT_FAULT on rank {env.rank} at step {step}")
             lr = engine.get_lr()[0]
             probes.step_started()
+            profiler.step_started(step)
             started = time.perf_counter()
             clock.start()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
@@ -377,6 +380,7 @@ def _train(
                 clock.mark("optimizer")
             clock.mark("other")
             step_s = time.perf_counter() - started
+            profiler.step_done(step)
             if not own_grad_norm:
                 grad_norm = engine.get_global_grad_norm()
             measured = probes.step_done(grad_norm=grad_norm, skipped=skip)
@@ -459,6 +463,7 @@ def _train(
                 else None,
                 skipped_steps=nonfinite.summary(),
                 resumed_from_step=start_step or None,
+                profile=profiler.summary(run_dir),
             )
         for sink in sinks:
             sink.close(summary)

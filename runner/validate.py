@@ -120,6 +120,12 @@ def _problems(config: TrainConfig) -> list[str]:
         f"train.max_skipped_steps={train.max_skipped_steps}: must be 0 or more (the skipped steps a "
         f"run with train.on_nonfinite=skip allows before it stops), e.g. train.max_skipped_steps=10",
     )
+    need(
+        -1 <= train.profile_step < train.steps,
+        f"train.profile_step={train.profile_step}: must be a step of the run, 0 to "
+        f"train.steps - 1 = {train.steps - 1} (e.g. train.profile_step={min(2, train.steps - 1)}, "
+        f"after the first steps' warm-up), or -1 for none",
+    )
     problems += tp_problems(config.model, tp=config.parallel.tp)
     if config.cluster.gpus_per_node is not None:
         problems += tp_node_problems(

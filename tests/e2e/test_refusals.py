@@ -45,6 +45,10 @@ CASES = [
     (["logger.log_every=0"], ["logger.log_every=0", "at least 1"]),
     (["train.checkpoint_every=-1"], ["train.checkpoint_every=-1"]),
     (["train.max_skipped_steps=-1"], ["train.max_skipped_steps=-1", "0 or more"]),
+    (
+        ["train.steps=5", "train.profile_step=5"],
+        ["train.profile_step=5", "0 to train.steps - 1 = 4", "train.profile_step=2"],
+    ),
     (["model.n_head=5"], ["model.d_model=256", "model.n_head=5", "divisors"]),
     (["model.n_kv_head=3"], ["model.n_kv_head=3", "model.n_head=4"]),
     (["model.vocab_size=100"], ["model.vocab_size=100", "data.path"]),

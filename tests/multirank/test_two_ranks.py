@@ -117,3 +117,19 @@ def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["layout"]["dp"] == 2
+
+
+def test_a_profiled_step_leaves_a_trace_and_an_operator_table_on_every_rank(train):
+    result = train("gpus=2", "parallel=zero2", "batch.micro_size=4", "train.steps=3", "train.profile_step=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    profile = result.run_dir / "profile"
+    assert result.summary["profile"]["step"] == 1
+    assert result.summary["profile"]["files"] == ["profile/rank0_step1.json", "profile/rank0_step1_ops.txt"]
+    for rank in (0, 1):
+        events = json.loads((profile / f"rank{rank}_step1.json").read_text())["traceEvents"]
+        names = {event.get("name", "") for event in events}
+        assert any(name.startswith("aten::mm") for name in names), rank  # the matmuls
+        # ZeRO-2's gradient reduction, on the same timeline.
+        assert any("reduce_scatter" in name or "allreduce" in name for name in names), sorted(names)[:50]
+        table = (profile / f"rank{rank}_step1_ops.txt").read_text()
+        assert "Self CPU" in table and "aten::" in table
