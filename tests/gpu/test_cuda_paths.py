@@ -5,6 +5,8 @@ Opt-in: skipped where no CUDA device is visible. bench/gpu_check.sh runs them on
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -23,7 +25,14 @@ def test_the_peak_comes_from_the_device_name():
 
 
 def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
-    result = train("precision=bf16", "train.steps=5", "batch.micro_size=4", "logger=none", "data=synthetic")
+    result = train(
+        "precision=bf16",
+        "train.steps=5",
+        "batch.micro_size=4",
+        "logger=none",
+        "data=synthetic",
+        "train.profile_step=2",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = result.summary
     assert summary["accelerator"] == "cuda"
@@ -37,3 +46,7 @@ def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
     assert final["time/backward_s"] > final["time/data_s"]
     for term, tolerance in {"params": 0.02, "grads": 0.02, "optimizer": 0.02, "activations": 0.15}.items():
         assert abs(summary["memory"]["rel_error"][term]) <= tolerance, (term, summary["memory"])
+    # train.profile_step: the trace holds the step's CUDA kernels, the table sorts by device time.
+    events = json.loads((result.run_dir / "profile" / "rank0_step2.json").read_text())["traceEvents"]
+    assert any(event.get("cat") == "kernel" for event in events)
+    assert "Self CUDA" in (result.run_dir / "profile" / "rank0_step2_ops.txt").read_text()
