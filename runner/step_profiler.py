@@ -58,7 +58,7 @@ class StepProfiler:
         stem = f"rank{self._rank}_step{step}"
         trace = self._dir / f"{stem}.json"
         self._profile.export_chrome_trace(str(trace))
-        sort_by = "self_cuda_time_total" if self._cuda else "self_cpu_time_total"
+        sort_by = "self_device_time_total" if self._cuda else "self_cpu_time_total"
         table = self._profile.key_averages().table(sort_by=sort_by, row_limit=OPS_SHOWN)
         ops = self._dir / f"{stem}_ops.txt"
         ops.write_text(table + "\n")
