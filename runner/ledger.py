@@ -43,7 +43,7 @@ from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision,
 from runner.memory import (
     TRANSIENT_ITEMS,
     activation_items_total,
-    compiles_whole,
+    block_graph,
     deepspeed_residuals,
     model_block_shape,
     model_states,
@@ -294,8 +294,8 @@ def deepspeed_estimate(
     ``host_is_device`` (CPU ranks): the host lines are in the memory being measured, so
     the offloaded terms are added to the terms and the host buffers to the residuals.
 
-    ``compiled`` (``train.compile``): the blocks' activations as one compiled graph saves
-    them, where the layout compiles each block whole (runner.memory.compiles_whole).
+    ``compiled`` (``train.compile``): the blocks' activations as their compiled graphs save
+    them (runner.memory.block_graph).
     """
     from runner.plan import offload_mode
 
@@ -370,7 +370,7 @@ def deepspeed_estimate(
         micro_size=micro_size,
         tp=parallel.tp,
         bytes_per_elem=p_bytes,
-        compiled=compiles_whole(compiled, tp=parallel.tp, zero_stage=stage),
+        graph=block_graph(compiled, tp=parallel.tp, zero_stage=stage),
     )
     recompute = Recompute(model.activation_checkpointing).value
     activations = activation_items_total(

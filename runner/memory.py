@@ -29,11 +29,13 @@ Precision = Literal["fp32", "bf16", "fp16"]
 OptimizerName = Literal["adamw", "sgd"]
 OffloadMode = Literal["none", "optimizer", "optimizer+params"]
 RecomputeMode = Literal["none", "selective", "full"]
+BlockGraph = Literal["eager", "whole", "split"]
 
 _PRECISIONS = ("fp32", "bf16", "fp16")
 _OPTIMIZERS = ("adamw", "sgd")
 _OFFLOADS = ("none", "optimizer", "optimizer+params")
 _RECOMPUTES = ("none", "selective", "full")
+_GRAPHS = ("eager", "whole", "split")
 
 FP32_BYTES = 4  # IEEE single
 HALF_BYTES = 2  # bf16 / fp16
@@ -405,7 +407,8 @@ class BlockShape:
     s = ``seq_len``, b = ``micro_size``, h = ``d_model``, a = ``n_heads``, kv = ``n_kv_heads``
     (default a), f = ``ffn_hidden`` (default 4h), t = ``tp``, p = ``bytes_per_elem`` (the
     compute dtype: 2 for bf16/fp16, 4 for fp32). ``flash``: SDPA takes a fused kernel.
-    ``attn_out_aliased`` and ``compiled``: see :func:`activation_items_per_layer`.
+    ``attn_out_aliased`` and ``graph`` (eager, one compiled graph, or compiled graphs split
+    at collectives): see :func:`activation_items_per_layer`.
     """
 
     seq_len: int
@@ -418,7 +421,7 @@ class BlockShape:
     flash: bool = False
     bytes_per_elem: int = 2
     attn_out_aliased: bool = False
-    compiled: bool = False
+    graph: BlockGraph = "eager"
 
     def __post_init__(self) -> None:
         n_kv, ffn = self.kv_heads, self.ffn
@@ -426,6 +429,7 @@ class BlockShape:
             raise ValueError(
                 "seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden and tp must be >= 1"
             )
+        _choice(self.graph, _GRAPHS, "graph")
         if self.bytes_per_elem not in (HALF_BYTES, FP32_BYTES):
             raise ValueError(f"bytes_per_elem={self.bytes_per_elem} must be 2 (bf16/fp16) or 4 (fp32)")
         if self.d_model % self.n_heads:
@@ -476,7 +480,13 @@ class BlockShape:
 
 
 def model_block_shape(
-    model: ModelConfig, *, seq_len: int, micro_size: int, tp: int, bytes_per_elem: int, compiled: bool = False
+    model: ModelConfig,
+    *,
+    seq_len: int,
+    micro_size: int,
+    tp: int,
+    bytes_per_elem: int,
+    graph: BlockGraph = "eager",
 ) -> BlockShape:
     """The BlockShape of a ``ModelConfig`` (runner/config.py) at this micro-batch and tp.
 
@@ -493,20 +503,20 @@ def model_block_shape(
         tp=tp,
         flash=True,
         bytes_per_elem=bytes_per_elem,
-        compiled=compiled,
+        graph=graph,
     )
 
 
-def compiles_whole(compile_blocks: bool, *, tp: int, zero_stage: int) -> bool:
-    """Whether ``train.compile=true`` turns each block into one graph (BlockShape.compiled).
+def block_graph(compile_blocks: bool, *, tp: int, zero_stage: int) -> BlockGraph:
+    """How a block runs for BlockShape.graph: eager, or with ``train.compile=true`` one graph or several.
 
     Measured (runner/compile_blocks.py's summary, tiny model, torch 2.13): ddp, ZeRO 1-2 and
-    the pipeline compile each block without a graph break. Tensor parallel breaks it at its
-    all-reduces and ZeRO-3 at every parameter gather; the pieces then save 12-15% more than
-    one graph would, and 9-13% less than eager: those layouts keep the eager items, an
-    upper bound there.
+    the pipeline compile each block without a graph break ("whole"). Tensor parallel breaks
+    it at its all-reduces and ZeRO-3 at every parameter gather ("split").
     """
-    return compile_blocks and tp == 1 and zero_stage < 3
+    if not compile_blocks:
+        return "eager"
+    return "whole" if tp == 1 and zero_stage < 3 else "split"
 
 
 def _rmsnorm_items(prefix: str, x: BlockShape) -> dict[str, int]:
@@ -517,10 +527,10 @@ def _rmsnorm_items(prefix: str, x: BlockShape) -> dict[str, int]:
     x, x itself in fp32; and rstd, 4 B per token); the gain multiply saves the normed value
     in the compute dtype. The output is counted as the next linear's input.
 
-    Compiled (x.compiled): the graph saves the input in its own dtype and rstd, and
-    recomputes the upcast and the normed value in backward.
+    Compiled (x.graph "whole" or "split"): the graph saves the input in its own dtype and
+    rstd, and recomputes the upcast and the normed value in backward.
     """
-    if x.compiled:
+    if x.graph != "eager":
         return {
             f"{prefix}.input": x.bytes_per_elem * x.sb * x.d_model,
             f"{prefix}.rstd_fp32": FP32_BYTES * x.sb,
@@ -610,13 +620,16 @@ def activation_items_per_layer(block: BlockShape, recompute: RecomputeMode | str
     layout, as CUDA flash attention is understood to, make that reshape a view: set True to
     count sdpa.out and wo.input once (not verified on a GPU here).
 
-    ``compiled`` (the block is one torch.compile graph, :func:`compiles_whole`): AOTAutograd's
-    min-cut partitioner saves fewer tensors and recomputes cheap pointwise ops in backward
+    ``graph`` (:func:`block_graph`): a compiled block's saved tensors are chosen by
+    AOTAutograd's min-cut partitioner, which recomputes cheap pointwise ops in backward
     (torch/_functorch/partitioners.py, ``min_cut_rematerialization_partition``). Measured
     on CPU, torch 2.13, fp32 and bf16, with and without selective recompute: each norm
     keeps its input in the compute dtype and rstd (p sbh + 4 sb in place of 4 sbh + 4 sb +
-    p sbh), and ``silu.output`` is recomputed (p sbf' less). In bf16 that is 8 sbh + 2 sbf
-    less per layer: 28% of the tiny model's block.
+    p sbh), and, in one graph ("whole"), ``silu.output`` is recomputed (p sbf' less). In
+    bf16 that is 8 sbh + 2 sbf less per layer: 28% of the tiny model's block. Split at
+    collectives ("split": ZeRO-3's gathers, tensor parallel's all-reduces), silu and the
+    product land in different graphs, so silu's output is kept; the norms still save less.
+    Measured on 2 ranks, fp32, to the byte: ZeRO-3 and tp 2.
 
     Not counted: parameters and buffers (model states) and tensors freed inside forward.
     """
@@ -640,7 +653,7 @@ def activation_items_per_layer(block: BlockShape, recompute: RecomputeMode | str
     items["feed_forward.input"] = p * x.sb * x.d_model
     swiglu = ("w1.output", "silu.output", "w3.output", "w2.input")
     for name in swiglu:
-        if name == "silu.output" and x.compiled:
+        if name == "silu.output" and x.graph == "whole":
             continue  # recomputed from w1.output in backward
         items[name] = p * x.sb * x.local_ffn
     return items
@@ -745,6 +758,7 @@ def to_gib(num_bytes: float) -> float:
 __all__ = [
     "GB",
     "TRANSIENT_ITEMS",
+    "BlockGraph",
     "BlockShape",
     "GiB",
     "ModelStates",
@@ -753,8 +767,8 @@ __all__ = [
     "activation_items_total",
     "activations_per_layer",
     "activations_total",
+    "block_graph",
     "bytes_per_param",
-    "compiles_whole",
     "deepspeed_residuals",
     "korthikanti_activation_items",
     "korthikanti_activations_per_layer",

@@ -27,7 +27,7 @@ from runner.memory import (
     BlockShape,
     ModelStates,
     activation_items_total,
-    compiles_whole,
+    block_graph,
     deepspeed_residuals,
     model_block_shape,
     model_states,
@@ -152,14 +152,14 @@ def memory_terms(
         reduce_bucket_size=reduce_bucket_size,
         largest_param=largest,
     )
-    whole = compiles_whole(compiled, tp=tp, zero_stage=zero_stage)
+    graph = block_graph(compiled, tp=tp, zero_stage=zero_stage)
     block = model_block_shape(
         model,
         seq_len=seq_len,
         micro_size=micro_size,
         tp=tp,
         bytes_per_elem=4 if precision == "fp32" else 2,
-        compiled=whole,
+        graph=graph,
     )
     activations, note = activation_bytes(
         block,
@@ -169,8 +169,8 @@ def memory_terms(
         accum_steps=accum_steps,
         recompute=recompute,
     )
-    if compiled:
-        how = "compiled blocks" if whole else "compiled blocks broken at collectives, counted eager"
+    if graph != "eager":
+        how = "compiled blocks" if graph == "whole" else "compiled blocks, split at collectives"
         note = f"{how}; {note}" if note else how
     host = {
         name: value

@@ -30,6 +30,7 @@ from runner.config import ModelConfig, Precision, Recompute
 from runner.memory import (
     GB,
     TRANSIENT_ITEMS,
+    BlockGraph,
     BlockShape,
     GiB,
     activation_items_per_layer,
@@ -374,7 +375,7 @@ def _block_case(
 
 
 def _block_shape(
-    cfg: ModelConfig, dtype: torch.dtype, *, flash: bool = True, compiled: bool = False
+    cfg: ModelConfig, dtype: torch.dtype, *, flash: bool = True, graph: BlockGraph = "eager"
 ) -> BlockShape:
     return BlockShape(
         seq_len=SEQ,
@@ -385,7 +386,7 @@ def _block_shape(
         ffn_hidden=cfg.ffn_hidden,
         flash=flash,
         bytes_per_elem=DTYPES[dtype],
-        compiled=compiled,
+        graph=graph,
     )
 
 
@@ -432,7 +433,7 @@ def test_block_activations_math_path_match_measurement(dtype: torch.dtype) -> No
 def test_compiled_block_activations_match_measurement(dtype: torch.dtype, recompute: str) -> None:
     """compiled=True vs what a torch.compile'd block saves: the norms' upcasts and silu are recomputed."""
     forward, exclude, cfg = _block_case(dtype, recompute, 2, compiled=True)
-    estimate = activation_items_per_layer(_block_shape(cfg, dtype, compiled=True), recompute)
+    estimate = activation_items_per_layer(_block_shape(cfg, dtype, graph="whole"), recompute)
     saved = measure_saved_by_hooks(forward, exclude)
     if recompute == "selective":
         # The compiled checkpoint also saves the CPU generator's state for its replay: a
@@ -440,8 +441,10 @@ def test_compiled_block_activations_match_measurement(dtype: torch.dtype, recomp
         saved -= torch.get_rng_state().numel()
     assert sum(estimate.values()) == pytest.approx(saved, rel=REL_TOL), estimate
     eager = activations_per_layer(_block_shape(cfg, dtype), recompute)
+    split = activations_per_layer(_block_shape(cfg, dtype, graph="split"), recompute)
     h, f, sb = cfg.d_model, cfg.ffn_hidden, SEQ * MICRO
-    assert eager - sum(estimate.values()) == 8 * sb * h + DTYPES[dtype] * sb * f
+    assert eager - split == 8 * sb * h  # the norms' upcast and normed value, recomputed
+    assert split - sum(estimate.values()) == DTYPES[dtype] * sb * f  # silu's output, too
 
 
 def test_project_block_vs_korthikanti_in_bf16() -> None:

@@ -154,7 +154,7 @@ def test_tensor_and_pipeline_parallel_are_planned_and_marked_plan_only():
 
 
 def test_compiled_blocks_are_planned_with_less_activation_memory_where_they_compile_whole():
-    """train.compile=true: ZeRO 0-2 plan the compiled block's items; ZeRO-3 and tp keep eager's."""
+    """train.compile=true: ZeRO 0-2 plan one compiled graph's items; ZeRO-3 and tp, split graphs', between."""
 
     def activations(*overrides: str) -> int:
         common = ("model=llama_1b", "cluster=h100_sxm", "precision=bf16", "gpus=8", "batch.micro_size=2")
@@ -163,7 +163,7 @@ def test_compiled_blocks_are_planned_with_less_activation_memory_where_they_comp
     for layout in (("parallel=zero1",), ("parallel=zero2",), ("parallel=ddp", "parallel.pp=2")):
         assert activations(*layout, "train.compile=true") < 0.9 * activations(*layout), layout
     for layout in (("parallel=zero3",), ("parallel=zero1", "parallel.tp=2")):
-        assert activations(*layout, "train.compile=true") == activations(*layout), layout
+        assert 0.9 * activations(*layout) < activations(*layout, "train.compile=true") < activations(*layout)
 
 
 def test_zero2_and_zero3_reduce_every_micro_batch():
