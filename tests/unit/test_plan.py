@@ -160,10 +160,14 @@ def test_compiled_blocks_are_planned_with_less_activation_memory_where_they_comp
         common = ("model=llama_1b", "cluster=h100_sxm", "precision=bf16", "gpus=8", "batch.micro_size=2")
         return plan_config(_config(*common, *overrides)).memory.activations
 
+    def saved(*layout: str) -> float:
+        return 1 - activations(*layout, "train.compile=true") / activations(*layout)
+
     for layout in (("parallel=zero1",), ("parallel=zero2",), ("parallel=ddp", "parallel.pp=2")):
-        assert activations(*layout, "train.compile=true") < 0.9 * activations(*layout), layout
-    for layout in (("parallel=zero3",), ("parallel=zero1", "parallel.tp=2")):
-        assert 0.9 * activations(*layout) < activations(*layout, "train.compile=true") < activations(*layout)
+        assert saved(*layout) > 0.1, layout
+    # Split graphs keep silu's output: less saved than in one graph, more than eager.
+    assert 0 < saved("parallel=zero3") < saved("parallel=zero2")
+    assert saved("parallel=zero1", "parallel.tp=2") > 0
 
 
 def test_zero2_and_zero3_reduce_every_micro_batch():
