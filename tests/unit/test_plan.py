@@ -153,7 +153,7 @@ def test_tensor_and_pipeline_parallel_are_planned_and_marked_plan_only():
     assert four > 3.5 * one.activations
 
 
-def test_compiled_blocks_are_planned_with_less_activation_memory_where_they_compile_whole():
+def test_compiled_blocks_are_planned_with_what_their_graphs_save():
     """train.compile=true: ZeRO 0-2 plan one compiled graph's items; ZeRO-3 and tp, split graphs', between."""
 
     def activations(*overrides: str) -> int:
