@@ -15,6 +15,7 @@ Without recompute the two agree exactly; the estimate is checked against them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,6 +41,7 @@ from runner.memory import (
     deepspeed_residuals,
     korthikanti_activation_items,
     korthikanti_activations_per_layer,
+    model_block_shape,
     model_states,
     offload_host_buffers,
 )
@@ -377,17 +379,10 @@ def _block_case(
 def _block_shape(
     cfg: ModelConfig, dtype: torch.dtype, *, flash: bool = True, graph: BlockGraph = "eager"
 ) -> BlockShape:
-    return BlockShape(
-        seq_len=SEQ,
-        micro_size=MICRO,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_head,
-        n_kv_heads=cfg.n_kv_head,
-        ffn_hidden=cfg.ffn_hidden,
-        flash=flash,
-        bytes_per_elem=DTYPES[dtype],
-        graph=graph,
+    block = model_block_shape(
+        cfg, seq_len=SEQ, micro_size=MICRO, tp=1, bytes_per_elem=DTYPES[dtype], graph=graph
     )
+    return dataclasses.replace(block, flash=flash)
 
 
 def _estimate(cfg: ModelConfig, dtype: torch.dtype, recompute: str, flash: bool) -> dict[str, int]:
