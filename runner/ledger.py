@@ -78,25 +78,6 @@ class Ledger:
             self.residual[name] = self.residual.get(name, 0) + nbytes
 
 
-def fullest_device(ledger: Ledger) -> Ledger:
-    """Each term (and residual line) at its largest over all ranks (every rank must call this).
-
-    What the fullest device holds, the one a plan must fit: a pipeline's stages differ, and
-    ZeRO's padded partitions and the ranks of tensor parallelism can too.
-    """
-    import torch.distributed as dist
-
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (ledger.terms, ledger.residual))
-    merged = Ledger()
-    for terms, residual in everyone:
-        for term in TERMS:
-            merged.terms[term] = max(merged.terms[term], terms[term])
-        for name, nbytes in residual.items():
-            merged.residual[name] = max(merged.residual.get(name, 0), nbytes)
-    return merged
-
-
 def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
     if tensor.numel() == 0 or tensor.device.type == "meta":
         return None
