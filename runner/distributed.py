@@ -19,11 +19,31 @@ def select_accelerator() -> str:
     return "cpu"
 
 
+def skip_inference_shm_op() -> None:
+    """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce when the group starts.
+
+    ``deepspeed.comm``'s TorchBackend builds and loads the ``deepspeed_shm_comm`` extension
+    on the CPU accelerator, but only ``inference_all_reduce`` uses it: training reduces
+    through the process group (gloo). The build costs about 45 s of compiling on a fresh
+    machine (2 cores) and again whenever torch's extension cache decides to rebuild. Marking
+    the op incompatible in DeepSpeed's probe table makes ``build_shm_op`` return None.
+    """
+    import deepspeed.ops
+
+    try:
+        compatible = deepspeed.ops.__compatible_ops__
+    except AttributeError:  # a DeepSpeed without the probe table builds nothing here
+        return
+    compatible["deepspeed_shm_comm"] = False
+
+
 def init_distributed(env: DistributedEnv, *, accelerator: str) -> torch.device:
     """Join the process group (nccl on CUDA, gloo on CPU) and return this rank's device."""
     os.environ.update(env.exports())
     import deepspeed
 
+    if accelerator == "cpu":
+        skip_inference_shm_op()
     backend = "nccl" if accelerator == "cuda" else "gloo"
     deepspeed.init_distributed(
         dist_backend=backend,
