@@ -30,32 +30,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from runner.config import ModelConfig, Recompute
-
-
-def _n_kv_head(cfg: ModelConfig) -> int:
-    """Key/value head count: `n_kv_head`, or `n_head` when unset (no GQA)."""
-    return cfg.n_head if cfg.n_kv_head is None else cfg.n_kv_head
-
-
-def _validate(cfg: ModelConfig) -> None:
-    """Reject shapes the attention layout cannot represent, naming the fix."""
-    if cfg.d_model % cfg.n_head != 0:
-        raise ValueError(
-            f"model.d_model={cfg.d_model} is not divisible by model.n_head="
-            f"{cfg.n_head}; choose n_head dividing d_model"
-        )
-    head_dim = cfg.d_model // cfg.n_head
-    if head_dim % 2 != 0:
-        raise ValueError(
-            f"head size d_model/n_head = {cfg.d_model}/{cfg.n_head} = {head_dim} "
-            "is odd; RoPE rotates pairs of channels, so it must be even"
-        )
-    n_kv = _n_kv_head(cfg)
-    if n_kv < 1 or cfg.n_head % n_kv != 0:
-        raise ValueError(
-            f"model.n_kv_head={n_kv} must divide model.n_head={cfg.n_head} "
-            "(each key/value head serves n_head/n_kv_head query heads)"
-        )
+from runner.model_shape import check_shape, n_kv_head
+from runner.model_shape import num_params as num_params  # re-exported: the count sits beside the model
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -122,20 +98,6 @@ def initial_value(cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: in
     return initial_values(cfg, name, shape, seed=seed).view(*shape)
 
 
-def num_params(cfg: ModelConfig) -> int:
-    """Exact parameter count of `build_model(cfg)`, by arithmetic (no allocation)."""
-    _validate(cfg)
-    C, V, F_ = cfg.d_model, cfg.vocab_size, cfg.ffn_hidden
-    kv_dim = _n_kv_head(cfg) * (C // cfg.n_head)
-    attention = C * C + 2 * C * kv_dim + C * C  # wq, wk, wv, wo
-    feed_forward = 3 * C * F_  # w1, w2, w3
-    norms = 2 * C  # attention_norm, ffn_norm
-    per_layer = attention + feed_forward + norms
-    embedding = V * C
-    output = 0 if cfg.tie_embeddings else V * C  # a tied output adds no parameters
-    return embedding + cfg.n_layer * per_layer + C + output  # + C: final norm
-
-
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019, arXiv 1910.07467)."""
 
@@ -180,7 +142,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.head_dim = cfg.d_model // cfg.n_head
-        n_kv = _n_kv_head(cfg)
+        n_kv = n_kv_head(cfg)
         self.wq = nn.Linear(cfg.d_model, cfg.n_head * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=False)
@@ -264,7 +226,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, *, seed: int = 0) -> None:
         super().__init__()
-        _validate(cfg)
+        check_shape(cfg)
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))

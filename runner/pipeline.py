@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from runner.config import ModelConfig, Offload, Precision, Recompute, TrainConfig
+from runner.config import ModelConfig, Precision, Recompute
 from runner.data import BatchSource, rank_slice
 from runner.layout import Layout
 from runner.ledger import TERMS, Ledger, measure_model_states, saved_activations
@@ -106,40 +106,6 @@ def stage_activations(items: dict[str, int], *, n_layer: int, pp: int) -> list[i
         n * per_block + (first_only if s == 0 else 0) + (sum(outside.values()) if s == pp - 1 else 0)
         for s, n in enumerate(blocks)
     ]
-
-
-def pipeline_problems(config: TrainConfig) -> list[str]:
-    """Why a ``parallel.pp > 1`` run cannot start, each with the fix (empty when it can)."""
-    par, model = config.parallel, config.model
-    pp = par.pp
-    if pp <= 1:
-        return []
-    problems = []
-    if par.zero_stage >= 2:
-        # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8): ZeRO-2 would
-        # reduce-scatter gradients inside every micro-batch's backward, the pipeline's own
-        # gradient reduction runs once per step.
-        problems.append(
-            f"parallel.pp={pp} with parallel.zero_stage={par.zero_stage}: DeepSpeed's pipeline engine "
-            f"refuses ZeRO-2 and ZeRO-3 (gradients cannot be partitioned across its micro-batches); "
-            f"use parallel=pp2 or parallel=zero1 parallel.pp={pp}"
-        )
-    if pp > model.n_layer:
-        problems.append(
-            f"parallel.pp={pp} > model.n_layer={model.n_layer}: each pipeline stage needs at least one "
-            f"transformer block; use parallel.pp <= {model.n_layer}"
-        )
-    if par.tp > 1:
-        problems.append(
-            f"parallel.pp={pp} with parallel.tp={par.tp}: tensor and pipeline parallelism are not run "
-            f"together yet; use one of them (or plan=true to size the layout)"
-        )
-    if Offload.cpu in (par.offload_optimizer, par.offload_param):
-        problems.append(
-            f"parallel.pp={pp} with CPU offload: offload under a pipeline is not run here; drop "
-            f"parallel.offload_optimizer / parallel.offload_param or use parallel.pp=1"
-        )
-    return problems
 
 
 # --------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 ``plan=true`` stops a Hydra job here: :func:`plan_job` plans the configured layout,
 prints one table (runner/plan_table.py), with ``planner.recommend=true`` walks the ladder
 (runner/plan_ladder.py), and writes ``plan.json`` in the run directory. Nothing is
-allocated: the parameter count is analytic (runner.model.num_params) and every term is
+allocated: the parameter count is analytic (runner.model_shape.num_params) and every term is
 arithmetic (runner/plan_memory.py, runner/plan_time.py) on the device figures of
 runner/plan_hardware.py; a node's host memory, steady and while the model is built, is
 runner/plan_host.py's.
@@ -25,7 +25,7 @@ from typing import Any
 
 from runner.config import ModelConfig, Offload, Precision, TrainConfig
 from runner.layout import Layout, LayoutError, data_parallel_size, resolve_layout
-from runner.model import num_params as count_params
+from runner.model_shape import num_params as count_params
 from runner.plan_hardware import Device, resolve_device
 from runner.plan_host import HostMemory, host_memory
 from runner.plan_memory import MemoryTerms, largest_param_numel, memory_terms
@@ -379,7 +379,7 @@ def plan_only_reasons(knobs: Knobs) -> list[str]:
     """Why the runner cannot run these knobs yet (empty when it can)."""
     reasons = []
     if knobs.pp > 1:
-        # The same refusals as runner/pipeline.py pipeline_problems, for a run.
+        # The same refusals as runner/validate.py pipeline_problems, for a run.
         if knobs.tp > 1:
             reasons.append(f"parallel.pp={knobs.pp} with parallel.tp={knobs.tp}: not run together yet")
         if knobs.zero_stage >= 2:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.config import ClusterConfig, Precision
+from runner.cuda_devices import cuda_available
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
 
@@ -80,12 +81,6 @@ def host_ram_bytes() -> tuple[int, str]:
     if limit is not None and limit < physical:
         return limit, "cgroup memory limit"
     return physical, "physical RAM"
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 @functools.cache
@@ -175,7 +170,7 @@ def resolve_device(
     memory check that ``batch.micro_size=auto`` needs does not use it.
     """
     needs_detection = cluster.device_memory_gb is None or cluster.gpus_per_node is None
-    cuda = _cuda_available() if needs_detection or with_peak else False
+    cuda = cuda_available() if needs_detection or with_peak else False
     per_node = _gpus_per_node(cluster, cuda)
     ranks_here = max(1, min(gpus, int(per_node.value or 1)))
     memory = _memory(cluster, cuda=cuda, ranks_here=ranks_here)

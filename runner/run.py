@@ -14,13 +14,12 @@ from typing import Any
 
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
-from runner import checkpoint
 from runner.build_locks import stale_lock_warnings
 from runner.config import TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
 from runner.identity import RunIdentity
 from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
-from runner.model import num_params
+from runner.model_shape import num_params
 from runner.plan import (
     gb,
     knobs_from_config,
@@ -85,6 +84,8 @@ def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead:
     """Check the checkpoint to resume from; convert it for another layout. True: load universal."""
     if not resumes(config):  # train.resume=auto, or a job SLURM requeued (runner/preemption.py)
         return False
+    from runner import checkpoint  # torch and DeepSpeed: imported only when there is one to load
+
     record = checkpoint.latest(run_dir)
     if record is None:
         if lead:  # starting over: steps an earlier attempt logged are logged again

@@ -22,11 +22,12 @@ see the same micro-batches, as AutoTP checks on the first forward).
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from runner.config import ModelConfig
+
+if TYPE_CHECKING:  # the launching process builds DeepSpeed's config from here without torch
+    import torch
 
 # Parameter-name patterns (runner/model.py keeps Meta's Llama names), matched by
 # AutoTP with re.match against e.g. "layers.0.attention.wq.weight".
@@ -122,6 +123,8 @@ def grad_norm(module: torch.nn.Module, *, tp: int) -> float:
     A sharded weight's squares are summed over the tensor-parallel group; a replicated
     one's gradient is the same on every rank of the group, so it is counted once.
     """
+    import torch
+
     sharded_sq = torch.zeros((), dtype=torch.float64)
     replicated_sq = torch.zeros((), dtype=torch.float64)
     for param in module.parameters():

@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-
 from runner.config import DataName, Offload, Precision, TrainConfig
+from runner.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
-from runner.pipeline import pipeline_problems
 from runner.tensor_parallel import tp_node_problems, tp_problems
 
 
@@ -23,8 +21,8 @@ class ConfigError(ValueError):
 
 def host_ranks_available() -> tuple[int, str]:
     """How many ranks the local launcher can place on this host, and what they are."""
-    if torch.cuda.is_available():
-        count = torch.cuda.device_count()
+    count = cuda_device_count()
+    if count:
         return count, f"{count} CUDA device(s)"
     cores = os.cpu_count() or 1
     return cores, f"no CUDA device and {cores} CPU core(s) (one rank per core)"
@@ -153,10 +151,44 @@ def batch_contract_problems(config: TrainConfig) -> list[str]:
     return []
 
 
+def pipeline_problems(config: TrainConfig) -> list[str]:
+    """Why a ``parallel.pp > 1`` run cannot start, each with the fix (empty when it can)."""
+    par, model = config.parallel, config.model
+    pp = par.pp
+    if pp <= 1:
+        return []
+    problems = []
+    if par.zero_stage >= 2:
+        # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8): ZeRO-2 would
+        # reduce-scatter gradients inside every micro-batch's backward, the pipeline's own
+        # gradient reduction runs once per step.
+        problems.append(
+            f"parallel.pp={pp} with parallel.zero_stage={par.zero_stage}: DeepSpeed's pipeline engine "
+            f"refuses ZeRO-2 and ZeRO-3 (gradients cannot be partitioned across its micro-batches); "
+            f"use parallel=pp2 or parallel=zero1 parallel.pp={pp}"
+        )
+    if pp > model.n_layer:
+        problems.append(
+            f"parallel.pp={pp} > model.n_layer={model.n_layer}: each pipeline stage needs at least one "
+            f"transformer block; use parallel.pp <= {model.n_layer}"
+        )
+    if par.tp > 1:
+        problems.append(
+            f"parallel.pp={pp} with parallel.tp={par.tp}: tensor and pipeline parallelism are not run "
+            f"together yet; use one of them (or plan=true to size the layout)"
+        )
+    if Offload.cpu in (par.offload_optimizer, par.offload_param):
+        problems.append(
+            f"parallel.pp={pp} with CPU offload: offload under a pipeline is not run here; drop "
+            f"parallel.offload_optimizer / parallel.offload_param or use parallel.pp=1"
+        )
+    return problems
+
+
 def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
     """Problems only a real launch has (planning skips them)."""
     problems = batch_contract_problems(config)
-    cuda = torch.cuda.is_available()
+    cuda = cuda_available()
     if config.precision.name == Precision.fp16 and not cuda:
         problems.append(
             "precision=fp16: this host has no CUDA device and DeepSpeed's CPU accelerator does not "

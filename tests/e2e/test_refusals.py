@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from train_helpers import ROOT, clean_env
+
+from runner.cuda_devices import gpu_driver_present
 
 pytestmark = pytest.mark.unit
 
@@ -127,3 +132,32 @@ def test_an_existing_run_directory_is_never_reused(train, tmp_path):
     assert result.returncode == 2
     assert "already holds a run" in result.stderr
     assert _tree_digest(held) == before
+
+
+def test_a_refusal_answers_before_torch_is_imported(tmp_path):
+    """Every check runs before the launching process needs torch: a refusal takes about a second."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",  # each module the process imports, one line each on stderr
+            str(ROOT / "train.py"),
+            "train.steps=0",
+            "gpus=3",
+            "logger=none",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "train.steps=0" in proc.stderr and "gpus 3" in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in lines}
+    assert "runner.validate" in imported
+    assert "deepspeed" not in imported
+    if not gpu_driver_present():  # with a GPU driver, torch is asked how many devices there are
+        assert "torch" not in imported

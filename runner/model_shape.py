@@ -1,0 +1,49 @@
+"""The model's shape by arithmetic: its parameter count and the checks on its head layout.
+
+Kept apart from runner/model.py so the launching process can count and check a model
+without importing torch (a refused run answers in about a second).
+"""
+
+from __future__ import annotations
+
+from runner.config import ModelConfig
+
+
+def n_kv_head(cfg: ModelConfig) -> int:
+    """Key/value head count: `n_kv_head`, or `n_head` when unset (no GQA)."""
+    return cfg.n_head if cfg.n_kv_head is None else cfg.n_kv_head
+
+
+def check_shape(cfg: ModelConfig) -> None:
+    """Reject shapes the attention layout cannot represent, naming the fix."""
+    if cfg.d_model % cfg.n_head != 0:
+        raise ValueError(
+            f"model.d_model={cfg.d_model} is not divisible by model.n_head="
+            f"{cfg.n_head}; choose n_head dividing d_model"
+        )
+    head_dim = cfg.d_model // cfg.n_head
+    if head_dim % 2 != 0:
+        raise ValueError(
+            f"head size d_model/n_head = {cfg.d_model}/{cfg.n_head} = {head_dim} "
+            "is odd; RoPE rotates pairs of channels, so it must be even"
+        )
+    n_kv = n_kv_head(cfg)
+    if n_kv < 1 or cfg.n_head % n_kv != 0:
+        raise ValueError(
+            f"model.n_kv_head={n_kv} must divide model.n_head={cfg.n_head} "
+            "(each key/value head serves n_head/n_kv_head query heads)"
+        )
+
+
+def num_params(cfg: ModelConfig) -> int:
+    """Exact parameter count of `build_model(cfg)`, by arithmetic (no allocation)."""
+    check_shape(cfg)
+    C, V, F_ = cfg.d_model, cfg.vocab_size, cfg.ffn_hidden
+    kv_dim = n_kv_head(cfg) * (C // cfg.n_head)
+    attention = C * C + 2 * C * kv_dim + C * C  # wq, wk, wv, wo
+    feed_forward = 3 * C * F_  # w1, w2, w3
+    norms = 2 * C  # attention_norm, ffn_norm
+    per_layer = attention + feed_forward + norms
+    embedding = V * C
+    output = 0 if cfg.tie_embeddings else V * C  # a tied output adds no parameters
+    return embedding + cfg.n_layer * per_layer + C + output  # + C: final norm
