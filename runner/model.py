@@ -228,7 +228,12 @@ class Transformer(nn.Module):
         super().__init__()
         check_shape(cfg)
         self.cfg = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        # Given an empty weight, nn.Embedding skips its own normal_ init, which init_weights
+        # would overwrite anyway; on the meta device that init runs through torch._refs,
+        # whose first use imports torch._dynamo: 3 s of every rank's start on 2 CPU cores.
+        self.tok_embeddings = nn.Embedding(
+            cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model)
+        )
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
