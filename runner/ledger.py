@@ -48,7 +48,9 @@ from runner.memory import (
     model_block_shape,
     model_states,
     offload_host_buffers,
+    zero12_held_elements,
 )
+from runner.model_shape import param_numels
 
 TERMS = ("params", "grads", "optimizer", "activations")
 
@@ -76,6 +78,25 @@ class Ledger:
         """Accumulate a named residual line."""
         if nbytes:
             self.residual[name] = self.residual.get(name, 0) + nbytes
+
+
+def fullest_device(ledger: Ledger) -> Ledger:
+    """Each term (and residual line) at its largest over all ranks (every rank must call this).
+
+    What the fullest device holds, the one a plan must fit: a pipeline's stages differ, and
+    so do ZeRO-1/2's gradient buffers (runner.memory.zero12_held_elements).
+    """
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (ledger.terms, ledger.residual))
+    merged = Ledger()
+    for terms, residual in everyone:
+        for term in TERMS:
+            merged.terms[term] = max(merged.terms[term], terms[term])
+        for name, nbytes in residual.items():
+            merged.residual[name] = max(merged.residual.get(name, 0), nbytes)
+    return merged
 
 
 def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -223,43 +244,6 @@ class Estimate:
     host: dict[str, int] = field(default_factory=dict)  # host, per rank: offloaded terms, DeepSpeed buffers
 
 
-def _param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
-    """Numel of every parameter tensor of runner/model.py's Transformer one rank holds, in module order.
-
-    With ``tp`` > 1 the attention and MLP matrices hold 1/tp each, the embeddings and norm
-    gains stay whole (the partition of runner/tensor_parallel.py).
-    """
-    h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
-    kv_width = (model.n_kv_head or model.n_head) * (h // model.n_head)
-    q, kv, ffn = h * h // tp, h * kv_width // tp, h * f // tp  # one rank's shard of each matrix
-    per_layer = [h, q, kv, kv, q, h, ffn, ffn, ffn]  # norm, wq wk wv wo, norm, w1 w2 w3
-    numels = [v * h, *per_layer * model.n_layer, h]
-    if not model.tie_embeddings:
-        numels.append(v * h)
-    return numels
-
-
-def _pad(numel: int, dp: int) -> int:
-    return -(-numel // dp) * dp
-
-
-def _stage12_gradient_buffer(numels: list[int], dp: int) -> int:
-    """Elements of rank 0's gradient buffer at ZeRO 1-2: every parameter its partition touches, whole.
-
-    DeepSpeed's stage_1_and_2.py flattens the parameters in module order, cuts the flat
-    buffer into dp equal partitions, and keeps gradients for each parameter that
-    intersects the rank's partition in full; the one that straddles the boundary adds up
-    to one tensor beyond P/dp.
-    """
-    partition = _pad(sum(numels), dp) // dp
-    start, held = 0, 0
-    for numel in numels:
-        if start < partition:
-            held += numel
-        start += numel
-    return max(held, partition)
-
-
 def deepspeed_estimate(
     *,
     model: ModelConfig,
@@ -301,10 +285,10 @@ def deepspeed_estimate(
 
     stage = parallel.zero_stage
     offload = offload_mode(parallel.offload_optimizer, parallel.offload_param)
-    numels = _param_numels(model)
+    numels = param_numels(model)
     if parallel.tp > 1:
         # Tensor parallel: every term below is of the parameters this rank holds.
-        numels = _param_numels(model, tp=parallel.tp)
+        numels = param_numels(model, tp=parallel.tp)
         num_params = sum(numels)
     if parallel.pp > 1:
         from runner.pipeline import stage_param_numels
@@ -335,7 +319,7 @@ def deepspeed_estimate(
         # CPU ranks: what ZeRO-Offload moves to the host stays in the memory being measured.
         params, grads, optim = params + host["params"], grads + host["grads"], optim + host["optimizer"]
     if stage in (1, 2) and offload == "none":
-        grads = p_bytes * _stage12_gradient_buffer(numels, dp)
+        grads = p_bytes * zero12_held_elements(numels, dp)
     buffers = offload_host_buffers(
         num_params,
         zero_stage=stage,
@@ -344,7 +328,7 @@ def deepspeed_estimate(
         optimizer=optimizer.value,
         offload=offload,
         largest_param=max(numels),
-        held_params=_stage12_gradient_buffer(numels, dp),
+        held_params=zero12_held_elements(numels, dp),
         accum_steps=accum_steps,
     )
     host.update(buffers)

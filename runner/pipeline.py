@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from runner.config import ModelConfig, Precision, Recompute
 from runner.data import BatchSource, rank_slice
 from runner.layout import Layout
-from runner.ledger import TERMS, Ledger, measure_model_states, saved_activations
+from runner.ledger import Ledger, fullest_device, measure_model_states, saved_activations
 from runner.memory import TRANSIENT_ITEMS
 from runner.model import RMSNorm, TransformerBlock, initial_value, lm_loss, rope_cache
 from runner.nonfinite import NonFiniteGuard, skipping
@@ -257,21 +257,6 @@ def _clip_across_stages(engine: Any, max_norm: float) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def _per_term_max(ledger: Ledger) -> Ledger:
-    """Each term (and residual line) at its largest over all ranks: what the fullest stage holds."""
-    import torch.distributed as dist
-
-    everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (ledger.terms, ledger.residual))
-    merged = Ledger()
-    for terms, residual in everyone:
-        for term in TERMS:
-            merged.terms[term] = max(merged.terms[term], terms[term])
-        for name, nbytes in residual.items():
-            merged.residual[name] = max(merged.residual.get(name, 0), nbytes)
-    return merged
-
-
 # DeepSpeed's pipeline instructions (deepspeed/runtime/pipe/schedule.py) by the step phase
 # their time counts in (runner/phase_clock.py). The data-parallel and tied-weight gradient
 # reductions count in backward, as ZeRO's reductions do in the plain loop.
@@ -442,7 +427,7 @@ class PipelineSteps:
         if self._states is None:
             return None
         self._states.terms["activations"] = self._saved_bytes
-        return _per_term_max(self._states)
+        return fullest_device(self._states)
 
     def summary(self, *, step_s: float | None, p2p_s: float | None) -> dict[str, Any]:
         """What summary.json keeps about the pipeline: split, schedule, bubble predicted and measured.

@@ -32,7 +32,9 @@ from runner.memory import (
     model_block_shape,
     model_states,
     offload_host_buffers,
+    zero12_held_elements,
 )
+from runner.model_shape import param_numels
 from runner.tensor_parallel import params_per_tp_rank
 
 
@@ -142,6 +144,13 @@ def memory_terms(
         local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
     )
     largest = largest_param_numel(model, tp=tp)
+    grads, held = states.grads, None
+    if zero_stage in (1, 2) and pp == 1:
+        # ZeRO-1/2 keep whole the gradient of every tensor a rank's partition touches: the
+        # fullest rank holds up to two straddling tensors beyond P/dp (exact, tensor by tensor).
+        held = zero12_held_elements(param_numels(model, tp=tp), dp)
+        if offload == "none":
+            grads = (4 if precision == "fp32" else 2) * held
     residuals = deepspeed_residuals(
         local,
         zero_stage=zero_stage,
@@ -181,8 +190,8 @@ def memory_terms(
         )
         if value
     }
-    # ZeRO-Offload's own host buffers (the rank's held parameters bounded, not counted
-    # tensor by tensor: runner/ledger.py does that for a run).
+    # ZeRO-Offload's own host buffers (under a pipeline the held parameters are bounded,
+    # not counted tensor by tensor).
     host.update(
         offload_host_buffers(
             local,
@@ -192,12 +201,13 @@ def memory_terms(
             optimizer=optimizer,
             offload=offload,
             largest_param=largest,
+            held_params=held,
             accum_steps=accum_steps,
         )
     )
     return MemoryTerms(
         params=states.params,
-        grads=states.grads,
+        grads=grads,
         optimizer=states.optimizer,
         activations=activations,
         residuals=residuals,

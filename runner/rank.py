@@ -30,6 +30,7 @@ from runner.ledger import (
     Estimate,
     Ledger,
     deepspeed_estimate,
+    fullest_device,
     host_relative_errors,
     measure_model_states,
     relative_errors,
@@ -375,6 +376,7 @@ def _train(
                     if step == ledger_step:
                         ledger = measure_model_states(engine, precision=config.precision.name)
                         ledger.terms["activations"] = saved_bytes
+                        ledger = fullest_device(ledger)
                 # DeepSpeed steps the optimizer at the accumulation boundary only
                 engine_step(engine, skip=skip)
                 clock.mark("optimizer")
@@ -450,9 +452,8 @@ def _train(
                     estimate,
                     ledger,
                     peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
-                    measured_at=f"rank 0, step {ledger_step} accumulation boundary (before optimizer step)"
-                    if pipe is None
-                    else f"each term at its most over ranks (stages), step {ledger_step} boundary",
+                    measured_at=f"each term at its most over ranks, step {ledger_step} accumulation "
+                    "boundary (before the optimizer step)",
                 ),
                 accelerator=accelerator,
                 model_build={"rank": 0, **model_build},

@@ -44,8 +44,10 @@ from runner.memory import (
     model_block_shape,
     model_states,
     offload_host_buffers,
+    zero12_held_elements,
 )
 from runner.model import TransformerBlock, build_model, lm_loss, rope_cache
+from runner.model_shape import param_numels
 
 pytestmark = pytest.mark.unit
 
@@ -129,6 +131,16 @@ def test_offload_optimizer_moves_states_and_fp32_grads_to_host() -> None:
     assert full.host_total == (2 + 4 + 12) * p // nd
 
 
+def test_zero12_gradients_are_held_whole_for_every_tensor_a_partition_touches() -> None:
+    # Partitions of 5 elements over tensors [0,6) [6,7) [7,13): the middle rank touches all three.
+    assert zero12_held_elements([6, 1, 6], dp=3) == 13
+    assert zero12_held_elements([4, 4, 4], dp=2) == 8  # the straddling tensor, on both ranks
+    assert zero12_held_elements([4, 4, 4], dp=1) == 12
+    # The tiny model on 2 ranks, measured on DeepSpeed 0.19.8: rank 0 held 1,647,616
+    # gradient elements, rank 1 1,758,464 (P/dp is 1,614,976).
+    assert zero12_held_elements(param_numels(ModelConfig()), dp=2) == 1_758_464
+
+
 def test_offload_host_buffers_are_deepspeeds_allocations() -> None:
     """ZeRO-Offload's own host buffers, by DeepSpeed 0.19.8's formulas (stage_1_and_2.py, stage3.py)."""
     p, nd, largest, held = 6400, 4, 1000, 2000  # held: whole tensors touching rank 0's partition
@@ -168,7 +180,8 @@ def test_offload_host_buffers_are_deepspeeds_allocations() -> None:
     assert device["temp_grad_buffer_for_gpu_offload"] == 2 * largest
 
 
-# Host bytes rank 0 held on DeepSpeed 0.19.8 (2 CPU ranks, tiny, micro 4, accum 2), by name.
+# Host bytes the fullest of 2 CPU ranks held on DeepSpeed 0.19.8 (tiny, micro 4, accum 2), by name;
+# rank 1 holds the larger accumulation buffer (runner.memory.zero12_held_elements).
 MEASURED_OFFLOAD_HOST = {
     ("zero2", "fp32"): {
         "grads": 6_459_904,
@@ -176,7 +189,7 @@ MEASURED_OFFLOAD_HOST = {
         "fp32_master_copy": 6_459_904,
         "param_buffer_of_bit16_for_cpu_offload_groups": 6_459_904,
         "temp_grad_buffer_for_cpu_offload": 704_512,
-        "accumulated_grads_in_cpu": 6_591_488,
+        "accumulated_grads_in_cpu": 7_033_856,  # rank 0: 6_591_488
     },
     ("zero3", "bf16"): {
         "params": 3_229_952,

@@ -236,6 +236,39 @@ def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
     assert planned.host == ledger.host and len(planned.host) > 3  # terms and DeepSpeed's buffers
 
 
+def test_zero12_plans_the_gradients_of_the_fullest_rank():
+    """Each ZeRO-1/2 rank keeps whole the gradients its partition touches; the plan fits the fullest."""
+    from runner.config import ModelConfig
+    from runner.model_shape import num_params
+    from runner.plan_memory import memory_terms
+
+    def grads(model: ModelConfig, *, stage: int, dp: int, precision: str) -> int:
+        return memory_terms(
+            model,
+            num_params=num_params(model),
+            precision=precision,
+            optimizer="adamw",
+            zero_stage=stage,
+            offload="none",
+            recompute="none",
+            seq_len=128,
+            micro_size=4,
+            dp=dp,
+            tp=1,
+            pp=1,
+            accum_steps=2,
+        ).grads
+
+    # The tiny model on 2 ranks in fp32: what the 2-rank ledger measured on rank 1, to the byte.
+    assert grads(ModelConfig(), stage=2, dp=2, precision="fp32") == 7_033_856
+    assert grads(ModelConfig(), stage=1, dp=2, precision="bf16") == 3_516_928
+    # Llama-2 70B on 8 ranks: above the textbook 2P/dp by less than two of its largest tensors.
+    llama = _70b().model
+    textbook = 2 * -(-num_params(llama) // 8)
+    largest = llama.vocab_size * llama.d_model
+    assert textbook < grads(llama, stage=2, dp=8, precision="bf16") < textbook + 2 * 2 * largest
+
+
 def test_a_global_batch_dp_cannot_split_is_planned_at_the_next_multiple_and_flagged():
     plan = plan_config(_70b("parallel=zero3", "gpus=64"))  # the default global batch, 16
     assert plan.contract_error is not None and "16 / 64 is not whole" in plan.contract_error
