@@ -263,7 +263,9 @@ def offload_host_buffers(
       ``copy_grads_in_partition`` -> ``async_accumulate_grad_in_cpu_via_gpu`` keeps one
       ``torch.zeros(param.numel())`` per parameter of this rank's partition, whole even
       where it straddles the partition boundary: p x `held_params` (default: P when
-      N_d = 1, else the bound min(P, ceil(P / N_d) + `largest_param`)).
+      N_d = 1, else the bound min(P, ceil(P / N_d) + s x `largest_param`), s = 1 at N_d = 2
+      and 2 beyond, where a middle rank has a boundary on each side;
+      ``zero12_held_elements`` counts it exactly from the tensor sizes).
       ``accum_steps=None`` (not known) counts it. Stage 1 reduces only at the boundary
       (engine.py ``allreduce_gradients``), so it never accumulates there (measured: absent).
 
@@ -301,7 +303,8 @@ def offload_host_buffers(
     buffers["temp_grad_buffer_for_cpu_offload"] = p * largest_param
     if zero_stage == 2 and (accum_steps is None or accum_steps > 1):
         if held_params is None:
-            held_params = num_params if dp == 1 else min(num_params, partition + largest_param)
+            straddlers = 1 if dp == 2 else 2
+            held_params = num_params if dp == 1 else min(num_params, partition + straddlers * largest_param)
         buffers["accumulated_grads_in_cpu"] = p * held_params
     return buffers
 

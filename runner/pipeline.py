@@ -79,7 +79,7 @@ def stage_param_numels(model: ModelConfig, pp: int) -> list[list[int]]:
     """Numel of every parameter tensor each stage holds (a tied embedding counts on both ends)."""
     h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
     kv_width = (model.n_kv_head or model.n_head) * (h // model.n_head)
-    # Module order as runner/ledger.py's _param_numels: norm, wq, wk, wv, wo, norm, w1, w2, w3.
+    # Module order as runner/model_shape.py's param_numels: norm, wq, wk, wv, wo, norm, w1, w2, w3.
     per_block = [h, h * h, h * kv_width, h * kv_width, h * h, h, h * f, f * h, h * f]
     stages = []
     last = len(stage_bounds(model.n_layer, pp)) - 1

@@ -172,9 +172,12 @@ def test_offload_host_buffers_are_deepspeeds_allocations() -> None:
         "grad_partitions_flat_buffer": 4 * p // nd,
     }
     assert offload_host_buffers(p, zero_stage=2, offload="none", **common) == {}
-    # Unknown held tensors: bounded by the partition plus one straddling tensor.
+    # Unknown held tensors: bounded by the partition plus a straddling tensor at each of its
+    # boundaries (one at dp 2, two for a middle rank beyond).
     bound = offload_host_buffers(p, zero_stage=2, dp=nd, offload="optimizer", largest_param=largest)
-    assert bound["accumulated_grads_in_cpu"] == 2 * (p // nd + largest)
+    assert bound["accumulated_grads_in_cpu"] == 2 * (p // nd + 2 * largest)
+    two = offload_host_buffers(p, zero_stage=2, dp=2, offload="optimizer", largest_param=largest)
+    assert two["accumulated_grads_in_cpu"] == 2 * (p // 2 + largest)
     # The device keeps the staging buffer's twin (stages 1-2 only).
     device = deepspeed_residuals(p, zero_stage=2, dp=nd, offload="optimizer", largest_param=largest)
     assert device["temp_grad_buffer_for_gpu_offload"] == 2 * largest
