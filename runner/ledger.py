@@ -50,7 +50,7 @@ from runner.memory import (
     offload_host_buffers,
     zero12_held_elements,
 )
-from runner.model_shape import param_numels
+from runner.pipeline_split import rank_param_numels, stage_activations
 
 TERMS = ("params", "grads", "optimizer", "activations")
 
@@ -285,17 +285,11 @@ def deepspeed_estimate(
 
     stage = parallel.zero_stage
     offload = offload_mode(parallel.offload_optimizer, parallel.offload_param)
-    numels = param_numels(model)
-    if parallel.tp > 1:
-        # Tensor parallel: every term below is of the parameters this rank holds.
-        numels = param_numels(model, tp=parallel.tp)
-        num_params = sum(numels)
-    if parallel.pp > 1:
-        from runner.pipeline import stage_param_numels
-
-        # Pipeline (runner/pipeline.py): a rank holds its stage's layers only; the stage
-        # holding the most is accounted (a tied embedding counts on the first and last).
-        numels = max(stage_param_numels(model, parallel.pp), key=sum)
+    # Every term below is of the parameters this rank holds: 1/tp of each block matrix
+    # under tensor parallelism, the fullest stage's layers under a pipeline (a tied
+    # embedding counts on the first and the last).
+    numels = rank_param_numels(model, tp=parallel.tp, pp=parallel.pp)
+    if parallel.tp > 1 or parallel.pp > 1:
         num_params = sum(numels)
     textbook = model_states(
         num_params,
@@ -362,8 +356,6 @@ def deepspeed_estimate(
     )
     kept = sum(v for k, v in activations.items() if k not in TRANSIENT_ITEMS)
     if parallel.pp > 1:
-        from runner.pipeline import stage_activations
-
         kept = max(stage_activations(activations, n_layer=model.n_layer, pp=parallel.pp))
     return Estimate(
         terms={"params": params, "grads": grads, "optimizer": optim, "activations": kept},

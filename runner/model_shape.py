@@ -49,18 +49,26 @@ def num_params(cfg: ModelConfig) -> int:
     return embedding + cfg.n_layer * per_layer + C + output  # + C: final norm
 
 
+def layer_param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
+    """Numel of each parameter tensor of one transformer block a rank holds, in module order:
+    attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3.
+
+    With ``tp`` > 1 the attention and MLP matrices hold 1/tp each and the norm gains stay
+    whole (the partition of runner/tensor_parallel.py).
+    """
+    h, f = model.d_model, model.ffn_hidden
+    kv_width = n_kv_head(model) * (h // model.n_head)
+    q, kv, ffn = h * h // tp, h * kv_width // tp, h * f // tp  # one rank's shard of each matrix
+    return [h, q, kv, kv, q, h, ffn, ffn, ffn]
+
+
 def param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
     """Numel of every parameter tensor of runner/model.py's Transformer one rank holds, in module order
-    (the order DeepSpeed flattens them in).
-
-    With ``tp`` > 1 the attention and MLP matrices hold 1/tp each, the embeddings and norm
-    gains stay whole (the partition of runner/tensor_parallel.py).
+    (the order DeepSpeed flattens them in): the embedding, the blocks, the final norm and,
+    untied, the output head. The embeddings and norm gains stay whole under ``tp``.
     """
-    h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
-    kv_width = (model.n_kv_head or model.n_head) * (h // model.n_head)
-    q, kv, ffn = h * h // tp, h * kv_width // tp, h * f // tp  # one rank's shard of each matrix
-    per_layer = [h, q, kv, kv, q, h, ffn, ffn, ffn]  # norm, wq wk wv wo, norm, w1 w2 w3
-    numels = [v * h, *per_layer * model.n_layer, h]
+    h, v = model.d_model, model.vocab_size
+    numels = [v * h, *layer_param_numels(model, tp) * model.n_layer, h]
     if not model.tie_embeddings:
         numels.append(v * h)
     return numels

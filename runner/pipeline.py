@@ -39,73 +39,14 @@ from runner.config import ModelConfig, Precision, Recompute
 from runner.data import BatchSource, rank_slice
 from runner.layout import Layout
 from runner.ledger import Ledger, fullest_device, measure_model_states, saved_activations
-from runner.memory import TRANSIENT_ITEMS
 from runner.model import RMSNorm, TransformerBlock, initial_value, lm_loss, rope_cache
 from runner.nonfinite import NonFiniteGuard, skipping
 from runner.phase_clock import PhaseClock
+from runner.pipeline_split import stage_blocks, stage_bounds
 
 log = logging.getLogger("ladder")
 
 _EMBED_KEY = "embed"  # TiedLayerSpec key shared by the lookup and the output head
-
-
-# --------------------------------------------------------------------------------------
-# The stage split (pure: no process group needed)
-# --------------------------------------------------------------------------------------
-
-
-def stage_bounds(n_layer: int, pp: int) -> list[tuple[int, int]]:
-    """[start, stop) of each stage over the layer list (0 embedding, 1..L blocks, L+1 norm, L+2 output).
-
-    DeepSpeed's ``partition_method="type:BlockPipe"`` balances the blocks alone
-    (``partition_balanced`` over 0/1 weights); the embedding lands on the first stage,
-    the norm and the output head on the last. Computed with DeepSpeed's own function so
-    the estimate and the built module cannot disagree.
-    """
-    if not 1 <= pp <= n_layer:
-        raise ValueError(f"pp={pp} must lie in [1, n_layer={n_layer}]: each stage needs a block")
-    from deepspeed.runtime.utils import partition_balanced
-
-    parts = [int(p) for p in partition_balanced(weights=[0] + [1] * n_layer + [0, 0], num_parts=pp)]
-    return list(itertools.pairwise(parts))
-
-
-def stage_blocks(n_layer: int, pp: int) -> list[int]:
-    """Transformer blocks on each stage."""
-    return [min(stop, n_layer + 1) - max(start, 1) for start, stop in stage_bounds(n_layer, pp)]
-
-
-def stage_param_numels(model: ModelConfig, pp: int) -> list[list[int]]:
-    """Numel of every parameter tensor each stage holds (a tied embedding counts on both ends)."""
-    h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
-    kv_width = (model.n_kv_head or model.n_head) * (h // model.n_head)
-    # Module order as runner/model_shape.py's param_numels: norm, wq, wk, wv, wo, norm, w1, w2, w3.
-    per_block = [h, h * h, h * kv_width, h * kv_width, h * h, h, h * f, f * h, h * f]
-    stages = []
-    last = len(stage_bounds(model.n_layer, pp)) - 1
-    for stage, blocks in enumerate(stage_blocks(model.n_layer, pp)):
-        numels = [v * h] if stage == 0 else []
-        numels += per_block * blocks
-        if stage == last:
-            numels += [h, v * h]  # final norm; the output head (the tied copy, or its own weight)
-        stages.append(numels)
-    return stages
-
-
-def stage_activations(items: dict[str, int], *, n_layer: int, pp: int) -> list[int]:
-    """Bytes each stage saves over one micro-batch, from runner/memory.py's whole-model items.
-
-    A stage saves its blocks' share; the first also the token ids of the lookup, the last
-    the final norm, the output head's input and the loss (``transient.*`` are not saved).
-    """
-    per_block = items["blocks"] // n_layer
-    outside = {k: v for k, v in items.items() if k != "blocks" and k not in TRANSIENT_ITEMS}
-    first_only = outside.pop("embedding.token_ids", 0)
-    blocks = stage_blocks(n_layer, pp)
-    return [
-        n * per_block + (first_only if s == 0 else 0) + (sum(outside.values()) if s == pp - 1 else 0)
-        for s, n in enumerate(blocks)
-    ]
 
 
 # --------------------------------------------------------------------------------------

@@ -26,9 +26,10 @@ from typing import Any
 from runner.config import ModelConfig, Offload, Precision, TrainConfig
 from runner.layout import Layout, LayoutError, data_parallel_size, resolve_layout
 from runner.model_shape import num_params as count_params
+from runner.model_shape import param_numels
 from runner.plan_hardware import Device, resolve_device
 from runner.plan_host import HostMemory, host_memory
-from runner.plan_memory import MemoryTerms, largest_param_numel, memory_terms
+from runner.plan_memory import MemoryTerms, memory_terms
 from runner.plan_time import StepTime, Traffic, step_time, traffic
 from runner.summary import write_json_atomic
 from runner.validate import ConfigError
@@ -255,7 +256,6 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
     """Every memory term per device for these knobs at this micro-batch size."""
     return memory_terms(
         workload.model,
-        num_params=workload.num_params,
         precision=workload.precision.value,
         optimizer=workload.optimizer,
         zero_stage=knobs.zero_stage,
@@ -293,7 +293,7 @@ def host_at(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerm
         offloaded=dict(memory.host),
         device_total=memory.total,
         host_is_device=memory.host_counts_on_device,
-        largest_param=largest_param_numel(workload.model, tp=1),  # built whole (or one module whole)
+        largest_param=max(param_numels(workload.model)),  # built whole (or one module whole)
     )
 
 
@@ -430,7 +430,6 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
     memory = fit.memory(layout.micro_size)
     groups = traffic(
         workload.model,
-        num_params=workload.num_params,
         precision=workload.precision.value,
         zero_stage=knobs.zero_stage,
         recompute=knobs.recompute,

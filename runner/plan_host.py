@@ -12,7 +12,7 @@ before any GPU does, in two phases that do not overlap:
   runtime/zero/partition_parameters.py: tensors on ``local_device``, partitions on
   ``remote_device``, the host only with ``offload_param``): the host keeps the partitions
   only with parameter offload, and one module whole only when the CPU is the device. A
-  pipeline rank builds its own stage (runner/pipeline.py ``stage_param_numels``). Every
+  pipeline rank builds its own stage (runner/pipeline_split.py ``stage_param_numels``). Every
   rank also draws its initial values on the host, one parameter (or one partition of
   it) at a time in fp32 (runner/model.py ``initial_values``).
 - **steady** (from DeepSpeed's engine on): ZeRO-Offload's offloaded terms and its own
@@ -33,7 +33,6 @@ Units: bytes inside, decimal GB (1e9) in the messages.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 from runner.build_method import BY_STAGE, PARTITIONED, WHOLE, build_method_for
 from runner.config import ModelConfig
 from runner.memory import FP32_BYTES, HALF_BYTES
+from runner.pipeline_split import rank_param_numels
 
 GB = 1e9  # decimal gigabyte, as runner/plan.py
 TORCH_RUNTIME_BYTES = 90_000_000  # README "How a rank builds the model": torch's first use, measured on a CPU
@@ -51,12 +51,9 @@ def _gb(num_bytes: float) -> str:
     return f"{num_bytes / GB:.{1 if num_bytes >= 10 * GB else 2}f} GB"
 
 
-@functools.cache  # DeepSpeed's partition_balanced takes ~20 ms; the ladder asks again for each candidate
 def largest_stage_params(model: ModelConfig, pp: int) -> int:
-    """Parameters of the fullest pipeline stage (runner/pipeline.py's split, DeepSpeed's balance)."""
-    from runner.pipeline import stage_param_numels
-
-    return max(sum(stage) for stage in stage_param_numels(model, pp))
+    """Parameters of the fullest pipeline stage (runner/pipeline_split.py: DeepSpeed's balance)."""
+    return sum(rank_param_numels(model, pp=pp))
 
 
 def build_bytes(

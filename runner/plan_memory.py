@@ -3,12 +3,14 @@
 Pure arithmetic over runner.memory (bytes in, bytes out; nothing is allocated). What a
 layout changes:
 
-- tensor parallel t and pipeline parallel p split the parameters: each device holds
-  ceil(P / (t * p)) of them (Megatron-style: t splits every weight matrix, p splits the
-  layers; the embedding and output head are assumed spread like the rest). With t alone
-  the runner's AutoTP keeps the embeddings, output head and norms whole on every rank,
-  so those count whole (runner/tensor_parallel.py). ZeRO then shards that over dp
-  (runner.memory.model_states).
+- tensor parallel t and pipeline parallel p split the parameters, counted tensor by
+  tensor for the fullest rank (runner/pipeline_split.py ``rank_param_numels``): t splits
+  every block matrix while the runner's AutoTP keeps the embeddings, output head and
+  norms whole on every rank (runner/tensor_parallel.py); p gives each stage its blocks,
+  the first stage the embedding and the last the final norm and the output head (a tied
+  embedding counts on both). ZeRO then shards that over dp (runner.memory.model_states),
+  ZeRO-1/2 gradients as the fullest data-parallel rank holds them
+  (runner.memory.zero12_held_elements).
 - t splits the per-head and MLP-hidden activations (Korthikanti et al. 2022, arXiv
   2205.05198, eq. 2; runner.memory.BlockShape takes ``tp``).
 - p gives each stage ceil(L / p) layers. Under the 1F1B schedule the first stage holds
@@ -34,8 +36,7 @@ from runner.memory import (
     offload_host_buffers,
     zero12_held_elements,
 )
-from runner.model_shape import param_numels
-from runner.tensor_parallel import params_per_tp_rank
+from runner.pipeline_split import rank_param_numels
 
 
 @dataclass(frozen=True)
@@ -75,21 +76,6 @@ class MemoryTerms:
         return name, terms[name]
 
 
-def params_per_device(num_params: int, *, tp: int, pp: int) -> int:
-    """Parameters one device holds before ZeRO: ceil(P / (tp * pp))."""
-    return -(-num_params // (tp * pp))
-
-
-def largest_param_numel(model: ModelConfig, *, tp: int) -> int:
-    """Elements of the largest parameter tensor a rank holds (runner/model.py's shapes).
-
-    The embedding (V x h, whole under tensor parallel) or a block matrix: wq and wo are
-    h x h, w1, w2, w3 h x f, split by tp (runner/tensor_parallel.py); wk, wv are no larger.
-    """
-    h = model.d_model
-    return max(model.vocab_size * h, h * h // tp, h * model.ffn_hidden // tp)
-
-
 def layers_per_stage(n_layer: int, pp: int) -> int:
     """Transformer layers on the fullest pipeline stage: ceil(L / pp)."""
     return -(-n_layer // pp)
@@ -119,7 +105,6 @@ def activation_bytes(
 def memory_terms(
     model: ModelConfig,
     *,
-    num_params: int,
     precision: str,
     optimizer: str,
     zero_stage: int,
@@ -136,19 +121,19 @@ def memory_terms(
     compiled: bool = False,
 ) -> MemoryTerms:
     """Every memory term of one device for this layout (see the module docstring)."""
-    local = params_per_device(num_params, tp=tp, pp=pp)
-    if tp > 1 and pp == 1:
-        # AutoTP keeps embeddings, output head and norms whole on each rank (runner/tensor_parallel.py).
-        local = params_per_tp_rank(model, num_params=num_params, tp=tp)
+    # The fullest rank's tensors: AutoTP keeps embeddings, output head and norms whole on
+    # each rank (runner/tensor_parallel.py); a pipeline rank holds its stage's layers.
+    numels = rank_param_numels(model, tp=tp, pp=pp)
+    local = sum(numels)
     states: ModelStates = model_states(
         local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
     )
-    largest = largest_param_numel(model, tp=tp)
+    largest = max(numels)
     grads, held = states.grads, None
-    if zero_stage in (1, 2) and pp == 1:
+    if zero_stage in (1, 2):
         # ZeRO-1/2 keep whole the gradient of every tensor a rank's partition touches: the
         # fullest rank holds up to two straddling tensors beyond P/dp (exact, tensor by tensor).
-        held = zero12_held_elements(param_numels(model, tp=tp), dp)
+        held = zero12_held_elements(numels, dp)
         if offload == "none":
             grads = (4 if precision == "fp32" else 2) * held
     residuals = deepspeed_residuals(
@@ -190,8 +175,7 @@ def memory_terms(
         )
         if value
     }
-    # ZeRO-Offload's own host buffers (under a pipeline the held parameters are bounded,
-    # not counted tensor by tensor).
+    # ZeRO-Offload's own host buffers.
     host.update(
         offload_host_buffers(
             local,
@@ -220,8 +204,6 @@ def memory_terms(
 __all__ = [
     "MemoryTerms",
     "activation_bytes",
-    "largest_param_numel",
     "layers_per_stage",
     "memory_terms",
-    "params_per_device",
 ]

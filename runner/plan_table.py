@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 
-from runner.memory import GiB, bytes_per_param, model_states
+from runner.memory import GiB, bytes_per_param
+from runner.pipeline_split import rank_param_numels
 from runner.plan import GB, Plan, gb
 from runner.plan_hardware import Figure
 from runner.plan_ladder import Ladder
-from runner.plan_memory import params_per_device
 
 _OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers
 
@@ -27,22 +27,38 @@ def _row(label: str, num_bytes: float, note: str = "") -> str:
     return f"{head}  {label:<{_W}}{num_bytes / GB:>10.2f} {num_bytes / GiB:>10.2f}  {note}".rstrip()
 
 
+def _split_words(tp: int, pp: int) -> str:
+    """Which rank's parameters the formula counts, when tp or pp split them."""
+    parts = [f"1/{tp} of each block matrix"] if tp > 1 else []
+    if pp > 1:
+        parts.append(f"the fullest of {pp} stages")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _states_formula(plan: Plan) -> str:
-    """ZeRO's per-device formula for this stage in bytes per parameter (arXiv 1910.02054, Fig. 1)."""
-    w, k, lay = plan.workload, plan.knobs, plan.layout
+    """ZeRO's per-device formula for this stage in bytes per parameter (arXiv 1910.02054, Fig. 1).
+
+    ZeRO-1 reads as ZeRO-2: DeepSpeed's stage 1 keeps only its gradient partition after the
+    step's reduce-scatter (runner/ledger.py), which is what the plan counts. ``=`` when the
+    formula gives the planned bytes; ``~`` when the fullest rank holds more (ZeRO-1/2 keep
+    whole the gradients of tensors straddling its partition's edges; padding).
+    """
+    w, k, lay, m = plan.workload, plan.knobs, plan.layout, plan.memory
     if k.offload != "none":
-        return f"ZeRO-{k.zero_stage} with {k.offload} offloaded to the host"
+        return f"= ZeRO-{k.zero_stage} with {k.offload} offloaded to the host"
     wb, gb_, ob = bytes_per_param(w.precision.value, w.optimizer)
     n = lay.dp
-    formula = {
-        0: f"{wb + gb_ + ob} B",
-        1: f"({wb + gb_} + {ob}/{n}) B",
-        2: f"({wb} + {gb_ + ob}/{n}) B",
-        3: f"{wb + gb_ + ob}/{n} B",
+    per_param = {
+        0: (f"{wb + gb_ + ob} B", wb + gb_ + ob),
+        1: (f"({wb} + {gb_ + ob}/{n}) B", wb + (gb_ + ob) / n),
+        2: (f"({wb} + {gb_ + ob}/{n}) B", wb + (gb_ + ob) / n),
+        3: (f"{wb + gb_ + ob}/{n} B", (wb + gb_ + ob) / n),
     }[k.zero_stage]
-    local = params_per_device(w.num_params, tp=lay.tp, pp=lay.pp)
-    split = f" (P / (tp {lay.tp} x pp {lay.pp}))" if lay.tp * lay.pp > 1 else ""
-    return f"ZeRO-{k.zero_stage}: {formula} x {local:,} params{split}"
+    formula, bytes_each = per_param
+    local = sum(rank_param_numels(w.model, tp=lay.tp, pp=lay.pp))
+    exact = abs(bytes_each * local - m.model_states) <= 1e-3 * m.model_states
+    split = _split_words(lay.tp, lay.pp)
+    return f"{'=' if exact else '~'} ZeRO-{k.zero_stage}: {formula} x {local:,} params{split}"
 
 
 def nominal_params(model_name: str) -> float | None:
@@ -55,20 +71,14 @@ def nominal_params(model_name: str) -> float | None:
 
 def _nominal_states(plan: Plan) -> str:
     """Model states at the name's round size, beside the exact count (papers quote the round one)."""
-    w, k, lay = plan.workload, plan.knobs, plan.layout
+    w, k = plan.workload, plan.knobs
     nominal = nominal_params(w.model.name)
     if nominal is None or k.offload != "none" or abs(nominal - w.num_params) < 0.005 * nominal:
         return ""
-    states = model_states(
-        params_per_device(round(nominal), tp=lay.tp, pp=lay.pp),
-        zero_stage=k.zero_stage,
-        dp=lay.dp,
-        precision=w.precision.value,
-        optimizer=w.optimizer,
-    )
+    at_nominal = plan.memory.model_states * nominal / w.num_params  # every term is linear in P
     return (
         f"(the exact count {w.num_params / 1e9:.2f}e9 gives this; the nominal {nominal / 1e9:g}e9 of "
-        f"the name {w.model.name!r} would give {states.total / GB:.2f} GB)"
+        f"the name {w.model.name!r} would give {at_nominal / GB:.2f} GB)"
     )
 
 
@@ -173,7 +183,7 @@ def format_plan(plan: Plan) -> str:
             f"  => DOES NOT FIT by {gb(-margin)}: needs {gb(m.total)}, {gb(w.usable_bytes)} usable; "
             f"largest term {m.largest()[0]} (planner.recommend=true finds a layout that fits)"
         )
-    lines.append(f"  model states {m.model_states / GB:.2f} GB per device = {_states_formula(plan)}")
+    lines.append(f"  model states {m.model_states / GB:.2f} GB per device {_states_formula(plan)}")
     nominal = _nominal_states(plan)
     if nominal:
         lines.append(f"    {nominal}")

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from runner.comm import allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
 from runner.config import ModelConfig
 from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_flops_per_token
+from runner.pipeline_split import rank_param_numels
 from runner.plan_hardware import Device
-from runner.plan_memory import layers_per_stage, params_per_device
+from runner.plan_memory import layers_per_stage
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,6 @@ def _link(device: Device, *, inside_node: bool) -> tuple[str, float | None]:
 def traffic(
     model: ModelConfig,
     *,
-    num_params: int,
     precision: str,
     zero_stage: int,
     recompute: str,
@@ -97,7 +97,7 @@ def traffic(
 ) -> list[Traffic]:
     """Bytes per optimizer step per device of each parallel group in use (see the module docstring)."""
     elem = 4 if precision == "fp32" else 2  # gradients and parameters travel in the compute dtype
-    local = params_per_device(num_params, tp=tp, pp=pp)
+    local = sum(rank_param_numels(model, tp=tp, pp=pp))  # the fullest rank's, before ZeRO
     once = zero_step_bytes(local, zero_stage=zero_stage, dp=dp, grad_bytes_per_elem=elem)
     if zero_stage == 3:
         dp_bytes, how = accum_steps * once, f"3 x params per micro-batch x accum {accum_steps}"

@@ -1,4 +1,4 @@
-"""The pipeline's stage split and its per-stage accounting (runner/pipeline.py)."""
+"""The pipeline's stage split and its per-stage accounting (runner/pipeline_split.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from runner.config import ModelConfig
 from runner.layout import resolve_layout
 from runner.memory import TRANSIENT_ITEMS, BlockShape, activation_items_total
 from runner.model import num_params
-from runner.pipeline import stage_activations, stage_blocks, stage_bounds, stage_param_numels
+from runner.model_shape import layer_param_numels
+from runner.pipeline_split import (
+    rank_param_numels,
+    stage_activations,
+    stage_blocks,
+    stage_bounds,
+    stage_param_numels,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +31,18 @@ TINY = ModelConfig(n_layer=4, n_head=4, d_model=256, ffn_hidden=688, vocab_size=
 )
 def test_blocks_are_balanced_over_stages(n_layer, pp, blocks):
     assert stage_blocks(n_layer, pp) == blocks
+
+
+def test_the_split_is_deepspeeds_balanced_partition():
+    """DeepSpeed's ``type:BlockPipe`` split, counted without torch: every depth to 40, and deep models."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    cases = [(n, pp) for n in range(1, 41) for pp in range(1, min(n, 8) + 1)]
+    cases += [(n, pp) for n in (48, 80, 126) for pp in (2, 3, 4, 8)]
+    for n_layer, pp in cases:
+        theirs = [int(p) for p in partition_balanced(weights=[0] + [1] * n_layer + [0, 0], num_parts=pp)]
+        ours = [start for start, _ in stage_bounds(n_layer, pp)] + [n_layer + 3]
+        assert ours == theirs, (n_layer, pp)
 
 
 def test_embedding_on_the_first_stage_norm_and_head_on_the_last():
@@ -45,6 +64,20 @@ def test_stages_hold_the_model_once_plus_the_tied_copy(tied):
     # Measured on 2 ranks (tests/multirank/test_pipeline_two_ranks.py): 1,647,616 and 1,647,872 parameters.
     if tied:
         assert [sum(s) for s in stages] == [1_647_616, 1_647_872]
+
+
+def test_the_fullest_rank_holds_the_fullest_stage_split_by_tp():
+    assert sum(rank_param_numels(TINY, pp=2)) == 1_647_872  # the last stage: 2 blocks, norm, tied head
+    assert rank_param_numels(TINY) == rank_param_numels(TINY, pp=1)
+    # Under tp each stage's block matrices are split, its norms and embeddings whole.
+    h, v = TINY.d_model, TINY.vocab_size
+    first, last = stage_param_numels(TINY, 2, tp=2)
+    assert first == [v * h, *layer_param_numels(TINY, tp=2) * 2]
+    assert last == [*layer_param_numels(TINY, tp=2) * 2, h, v * h]
+    assert (
+        layer_param_numels(TINY, tp=2)
+        == [h, h * h // 2, h * h // 2, h * h // 2, h * h // 2, h] + [h * TINY.ffn_hidden // 2] * 3
+    )
 
 
 def test_stage_activations_add_up_to_the_whole_model():

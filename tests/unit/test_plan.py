@@ -141,7 +141,14 @@ def test_tensor_and_pipeline_parallel_are_planned_and_marked_plan_only():
     )
     plan = plan_config(config)
     assert (plan.layout.dp, plan.layout.accum_steps) == (2, 32)
-    assert plan.memory.params == 2 * math.ceil(LLAMA_70B_PARAMS / 32)  # bf16 weights, P / (tp x pp)
+    # bf16 weights of the fullest rank: the last stage's 20 blocks, their matrices split 8 ways,
+    # and the final norm and the output head, whole (AutoTP keeps them so).
+    model = plan.workload.model
+    h, v = model.d_model, model.vocab_size
+    kv = model.n_kv_head * (h // model.n_head)
+    block = 2 * h + (2 * h * h + 2 * h * kv + 3 * h * model.ffn_hidden) // 8
+    assert plan.memory.params == 2 * (20 * block + h + v * h)
+    assert plan.memory.params > 2 * math.ceil(LLAMA_70B_PARAMS / 32)  # not P / (tp x pp)
     assert plan.plan_only and "PLAN ONLY" in format_plan(plan)
     # Narayanan et al. 2021: bubble = (p - 1) / m of the ideal time.
     assert plan.time.compute_s is not None and plan.time.bubble_s is not None
@@ -205,7 +212,7 @@ def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
     from runner.plan_memory import memory_terms
 
     tiny = ModelConfig()
-    common: dict[str, Any] = dict(num_params=num_params(tiny), micro_size=4, seq_len=128, host_is_device=True)
+    common: dict[str, Any] = dict(micro_size=4, seq_len=128, host_is_device=True)
     planned = memory_terms(
         tiny,
         precision="fp32",
@@ -231,6 +238,7 @@ def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
         optimizer=OptimizerName.adamw,
         dp=1,
         accum_steps=2,
+        num_params=num_params(tiny),
         **common,
     )
     assert planned.host == ledger.host and len(planned.host) > 3  # terms and DeepSpeed's buffers
@@ -245,7 +253,6 @@ def test_zero12_plans_the_gradients_of_the_fullest_rank():
     def grads(model: ModelConfig, *, stage: int, dp: int, precision: str) -> int:
         return memory_terms(
             model,
-            num_params=num_params(model),
             precision=precision,
             optimizer="adamw",
             zero_stage=stage,
@@ -313,3 +320,46 @@ def test_nominal_size_from_the_model_name():
     assert nominal_params("llama_70b") == 70e9
     assert nominal_params("gpt2_124m") == 124e6
     assert nominal_params("tiny") is None
+
+
+@pytest.mark.parametrize(("stage", "precision"), [(0, "fp32"), (1, "fp32"), (1, "bf16")])
+def test_a_pipeline_plan_counts_the_fullest_stage_as_the_ledger_does(stage, precision):
+    """Under a pipeline the plan's model states are the fullest stage's, term for term the ledger's."""
+    from runner.config import ModelConfig, OptimizerName, ParallelConfig
+    from runner.ledger import deepspeed_estimate
+    from runner.model import num_params
+    from runner.plan_memory import memory_terms
+
+    tiny = ModelConfig()
+    planned = memory_terms(
+        tiny,
+        precision=precision,
+        optimizer="adamw",
+        zero_stage=stage,
+        offload="none",
+        recompute="none",
+        seq_len=128,
+        micro_size=4,
+        dp=1,
+        tp=1,
+        pp=2,
+        accum_steps=4,
+        host_is_device=True,
+    )
+    ledger = deepspeed_estimate(
+        model=tiny,
+        num_params=num_params(tiny),
+        parallel=ParallelConfig(zero_stage=stage, pp=2),
+        precision=Precision(precision),
+        optimizer=OptimizerName.adamw,
+        dp=1,
+        micro_size=4,
+        seq_len=128,
+        host_is_device=True,
+        accum_steps=4,
+    )
+    for term in ("params", "grads", "optimizer"):
+        assert getattr(planned, term) == ledger.terms[term], term
+    # The last stage (2 blocks, the final norm and the tied head), measured on 2 ranks: 1,647,872
+    # parameters, not half the model's 3,229,952.
+    assert planned.params == (4 if precision == "fp32" else 2) * 1_647_872

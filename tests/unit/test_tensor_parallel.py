@@ -146,7 +146,6 @@ def test_planner_counts_what_stays_whole():
 
     terms = memory_terms(
         TINY,
-        num_params=num_params(TINY),
         precision="fp32",
         optimizer="adamw",
         zero_stage=0,
