@@ -34,7 +34,9 @@ def build_for_layout(
     if method == BY_STAGE:
         return build_pipeline(config.model, pp=layout.pp, seed=config.seed)
     if method == PARTITIONED:
-        return build_partitioned(config.model, seed=config.seed, ds_config=ds_config, device=device)
+        return build_partitioned(
+            config.model, seed=config.seed, ds_config=ds_config, device=device, tp=layout.tp
+        )
     return build_model(config.model, seed=config.seed)
 
 

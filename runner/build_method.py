@@ -6,14 +6,14 @@ Every way gives the same initial weights for a seed (runner/model.py ``initial_v
 from __future__ import annotations
 
 WHOLE = "whole"  # ZeRO-0/1/2 keep the parameters whole anyway; AutoTP slices a whole model
-PARTITIONED = "partitioned by zero.Init"  # runner/zero_init.py: never whole on a rank
+PARTITIONED = "partitioned by zero.Init"  # runner/zero_init.py: never whole on a rank (AutoTP cuts after)
 BY_STAGE = "by pipeline stage"  # runner/pipeline.py: each rank builds its stage only
 
 
 def build_method_for(*, zero_stage: int, tp: int, pp: int) -> str:
-    """``BY_STAGE`` with a pipeline, ``PARTITIONED`` at ZeRO-3 without tp, else ``WHOLE``."""
+    """``BY_STAGE`` with a pipeline, ``PARTITIONED`` at ZeRO-3 (with or without tp), else ``WHOLE``."""
     if pp > 1:
         return BY_STAGE
-    if zero_stage == 3 and tp == 1:
+    if zero_stage == 3:
         return PARTITIONED
     return WHOLE

@@ -154,10 +154,11 @@ class Plan:
                 "activations": m.activations,
                 "residuals": dict(m.residuals),
                 "total": m.total,
+                "build": m.build,
             },
             "host_memory_bytes_per_rank": dict(m.host),
             "fits": self.fits,  # the device; the host's verdict is host_memory.fits
-            "margin_bytes": w.usable_bytes - m.total,
+            "margin_bytes": w.usable_bytes - m.peak,
             "host_memory": self.host.record(),
             "micro_size_choice": self.micro_choice,
             "comm_bytes_per_step": {
@@ -318,7 +319,7 @@ class MicroFit:
     def __call__(self, micro: int) -> bool:
         """True when this micro-batch's planned bytes fit the usable device memory."""
         if micro not in self.totals:
-            self.totals[micro] = self.memory(micro).total
+            self.totals[micro] = self.memory(micro).peak
         return self.totals[micro] <= self.workload.usable_bytes
 
     @property
@@ -332,7 +333,7 @@ class MicroFit:
 
     def reason(self, chosen: int) -> str:
         """Why `chosen` was taken: its bytes, and what the next larger divisor would need."""
-        total = self.totals.get(chosen, self.memory(chosen).total)
+        total = self.totals.get(chosen, self.memory(chosen).peak)
         larger = sorted(m for m in self.totals if m > chosen)
         head = f"micro {chosen}: {gb(total)} of {self._usable()}"
         if larger:
@@ -355,7 +356,7 @@ class MicroFit:
         terms = self.memory(1)
         name, size = terms.largest()
         return (
-            f"batch.micro_size=auto: not even micro 1 fits: {gb(terms.total)} > {self._usable()} "
+            f"batch.micro_size=auto: not even micro 1 fits: {gb(terms.peak)} > {self._usable()} "
             f"at dp={self.dp} ({name} {gb(size)}); run with plan=true (or planner.recommend=true) "
             f"to see each term and the cheapest layout that fits"
         )
@@ -460,7 +461,7 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
         knobs=knobs,
         layout=layout,
         memory=memory,
-        fits=memory.total <= workload.usable_bytes,
+        fits=memory.peak <= workload.usable_bytes,
         micro_choice=choice,
         traffic=groups,
         time=time,

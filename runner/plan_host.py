@@ -4,10 +4,12 @@ The device check (runner/plan.py) sizes one GPU. A node's host RAM is shared by 
 ranks the node runs, ``ranks_per_node = min(gpus, gpus_per_node)``, and can run out
 before any GPU does, in two phases that do not overlap:
 
-- **build** (runner/build.py ``build_method``): ZeRO 0-2 and tensor parallelism build the
-  whole model in fp32 in host memory on every rank (4 bytes x P; AutoTP slices a whole
-  model), before DeepSpeed moves it to the device. ZeRO-3 builds under ``zero.Init``
-  (runner/zero_init.py), which creates each module on the device in the model dtype and
+- **build** (runner/build.py ``build_method``): ZeRO 0-2, with or without tensor
+  parallelism, build the whole model in fp32 in host memory on every rank (4 bytes x P;
+  AutoTP slices a whole model), before DeepSpeed moves it to the device. ZeRO-3 builds
+  under ``zero.Init`` (runner/zero_init.py; with tensor parallelism over each rank's
+  data-parallel group, AutoTP then cutting the shards on the device: runner/plan_memory.py
+  ``zero3_tp_build_bytes``), which creates each module on the device in the model dtype and
   partitions it as its constructor returns (DeepSpeed 0.19.8
   runtime/zero/partition_parameters.py: tensors on ``local_device``, partitions on
   ``remote_device``, the host only with ``offload_param``): the host keeps the partitions
@@ -205,15 +207,15 @@ def _fixes(
             num_params=num_params,
             method=PARTITIONED,
             precision=precision,
-            dp=dp * tp,
+            dp=dp,
             pp=1,
             largest_param=largest_param,
             host_is_device=host_is_device,
             params_offloaded=offload == "optimizer+params",
         )
-        where = "" if tp == 1 else " with parallel.tp=1 (AutoTP slices a whole model)"
+        where = "" if tp == 1 else " (over each tensor-parallel rank's data-parallel group)"
         fixes.append(
-            f"parallel=zero3{where} builds each rank's partitions only (zero.Init): "
+            f"parallel=zero3 builds each rank's partitions only (zero.Init{where}): "
             f"{_gb(ranks_per_node * sum(partitioned.values()))} per node to build"
         )
     if phase == "steady" and offload == "optimizer+params":

@@ -136,15 +136,15 @@ def _verdict(plan: Plan) -> str:
         return f"{head}: batch contract: {plan.contract_error.split(';')[0]}"
     if not plan.fits:
         name, size = m.largest()
-        return f"{head}: {gb(m.total)} > {_usable(w)} ({name} {gb(size)})"
+        return f"{head}: {gb(m.peak)} > {_usable(w)} ({name} {gb(size)})"
     h = plan.host
     if not h.fits:
         phase = "to build" if h.phase == "build" else "steady"
         return (
-            f"{head}: {gb(m.total)} of {_usable(w)}, but the host: {gb(h.peak_per_node)} per node {phase} "
+            f"{head}: {gb(m.peak)} of {_usable(w)}, but the host: {gb(h.peak_per_node)} per node {phase} "
             f"({h.ranks_per_node} x {gb(h.peak_per_rank)}) > {gb(h.usable_bytes)} usable host RAM"
         )
-    text = f"{head}: {gb(m.total)} of {_usable(w)}"
+    text = f"{head}: {gb(m.peak)} of {_usable(w)}"
     t = plan.time
     if t.step_s is not None and t.mfu is not None:
         bound = "" if t.complete else " (comm unknown: bound)"
@@ -163,7 +163,7 @@ def _decide(name: str, candidates: list[Knobs], workload: Workload) -> Rung:
             return Rung(name, plan, True, _verdict(plan))
         plans.append(plan)
     held = [p for p in plans if p.contract_error is None]
-    closest = min(held, key=lambda p: p.memory.total) if held else plans[0]
+    closest = min(held, key=lambda p: p.memory.peak) if held else plans[0]
     return Rung(name, closest, False, _verdict(closest))
 
 

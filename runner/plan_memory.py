@@ -51,6 +51,7 @@ class MemoryTerms:
     host: dict[str, int] = field(default_factory=dict)  # offloaded terms and buffers per rank, host memory
     host_counts_on_device: bool = False  # CPU ranks: the host is the device
     activation_note: str = ""
+    build: int = 0  # device bytes while the model is built, where it can hold more (zero3_tp_build_bytes)
 
     @property
     def model_states(self) -> int:
@@ -63,8 +64,15 @@ class MemoryTerms:
         extra = sum(self.host.values()) if self.host_counts_on_device else 0
         return self.model_states + self.activations + sum(self.residuals.values()) + extra
 
+    @property
+    def peak(self) -> int:
+        """The device bytes to fit: the steady total, or the build phase where it holds more."""
+        return max(self.total, self.build)
+
     def largest(self) -> tuple[str, int]:
-        """The largest named term: what to shrink first."""
+        """The largest named term: what to shrink first (the build, where it is the peak)."""
+        if self.build > self.total:
+            return "build (zero.Init's 1/dp of the whole model, before AutoTP)", self.build
         terms = {
             "params": self.params,
             "grads": self.grads,
@@ -74,6 +82,20 @@ class MemoryTerms:
         }
         name = max(terms, key=lambda k: terms[k])
         return name, terms[name]
+
+
+def zero3_tp_build_bytes(model: ModelConfig, *, precision: str, dp: int) -> int:
+    """Device bytes of a ZeRO-3 tensor-parallel rank while its model is built (runner/zero_init.py).
+
+    zero.Init partitions the whole model over the rank's data-parallel group, in the model
+    dtype on the device; DeepSpeed's AutoTP then gathers one weight at a time whole
+    (DeepSpeed 0.19.8 module_inject/auto_tp.py ``_gather_zero3_params``) and keeps this
+    rank's shard of it. So the build holds ceil(P / dp) elements plus the largest weight
+    whole, before the rank's own share is 1/tp of the block matrices.
+    """
+    numels = rank_param_numels(model)
+    elem = 4 if precision == "fp32" else 2
+    return elem * (-(-sum(numels) // dp) + max(numels))
 
 
 def layers_per_stage(n_layer: int, pp: int) -> int:
@@ -189,6 +211,11 @@ def memory_terms(
             accum_steps=accum_steps,
         )
     )
+    # zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
+    # ranks the build is host memory (runner/plan_host.py).
+    build = 0
+    if zero_stage == 3 and tp > 1 and pp == 1 and not host_is_device and offload != "optimizer+params":
+        build = zero3_tp_build_bytes(model, precision=precision, dp=dp)
     return MemoryTerms(
         params=states.params,
         grads=grads,
@@ -198,6 +225,7 @@ def memory_terms(
         host=host,
         host_counts_on_device=host_is_device,
         activation_note=note,
+        build=build,
     )
 
 
@@ -206,4 +234,5 @@ __all__ = [
     "activation_bytes",
     "layers_per_stage",
     "memory_terms",
+    "zero3_tp_build_bytes",
 ]

@@ -172,15 +172,17 @@ def format_plan(plan: Plan) -> str:
             for name, size in m.host.items()
         ]
     lines.append(_row("total", m.total))
+    if m.build:
+        lines.append(_row("building: zero.Init 1/dp + a weight", m.build, "before AutoTP cuts the shards"))
     lines.append(_row(f"usable (headroom {w.headroom:g})", w.usable_bytes))
-    margin = w.usable_bytes - m.total
+    margin = w.usable_bytes - m.peak
     if plan.fits:
         lines.append(
-            f"  => FITS, {gb(margin)} to spare ({100 * m.total / memory_bytes:.0f}% of device memory)"
+            f"  => FITS, {gb(margin)} to spare ({100 * m.peak / memory_bytes:.0f}% of device memory)"
         )
     else:
         lines.append(
-            f"  => DOES NOT FIT by {gb(-margin)}: needs {gb(m.total)}, {gb(w.usable_bytes)} usable; "
+            f"  => DOES NOT FIT by {gb(-margin)}: needs {gb(m.peak)}, {gb(w.usable_bytes)} usable; "
             f"largest term {m.largest()[0]} (planner.recommend=true finds a layout that fits)"
         )
     lines.append(f"  model states {m.model_states / GB:.2f} GB per device {_states_formula(plan)}")

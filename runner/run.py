@@ -180,7 +180,7 @@ def memory_warnings(config: TrainConfig) -> list[str]:
     if not plan.fits:
         usable = plan.workload.usable_bytes
         warnings.append(
-            f"the plan puts {gb(plan.memory.total)} on each device, more than its {gb(usable)} usable: "
+            f"the plan puts {gb(plan.memory.peak)} on each device, more than its {gb(usable)} usable: "
             "it will likely run out of device memory (plan=true shows the terms; "
             "planner.recommend=true the cheapest layout that fits)"
         )

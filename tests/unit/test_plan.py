@@ -363,3 +363,20 @@ def test_a_pipeline_plan_counts_the_fullest_stage_as_the_ledger_does(stage, prec
     # The last stage (2 blocks, the final norm and the tied head), measured on 2 ranks: 1,647,872
     # parameters, not half the model's 3,229,952.
     assert planned.params == (4 if precision == "fp32" else 2) * 1_647_872
+
+
+def test_zero3_with_tp_plans_the_build_where_it_holds_more_than_the_steps():
+    """zero.Init holds 1/dp of the whole model before AutoTP cuts 1/tp of it: the peak at tp 8, fp32."""
+    from runner.plan_memory import zero3_tp_build_bytes
+
+    plan = plan_config(_70b("parallel=zero3", "parallel.tp=8", "precision=fp32", "gpus=8"))
+    model = plan.workload.model
+    assert plan.memory.build == zero3_tp_build_bytes(model, precision="fp32", dp=1)
+    assert plan.memory.build == 4 * (LLAMA_70B_PARAMS + model.vocab_size * model.d_model)
+    assert plan.memory.build > plan.memory.total and not plan.fits
+    assert plan.memory.largest()[0].startswith("build")
+    assert "building: zero.Init 1/dp + a weight" in format_plan(plan)
+    # In bf16 over 8 data-parallel ranks the build is a fraction of the steps' bytes.
+    wide = plan_config(_70b("parallel=zero3", "parallel.tp=8", "gpus=64", "batch.global_size=64"))
+    assert 0 < wide.memory.build < wide.memory.total
+    assert plan_config(_70b("parallel=zero3", "gpus=8")).memory.build == 0  # no AutoTP: nothing to cut

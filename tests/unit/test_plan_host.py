@@ -41,8 +41,8 @@ def _h200(*overrides: str) -> TrainConfig:
         (["parallel=zero2_offload"], WHOLE),
         (["parallel=zero3"], PARTITIONED),
         (["parallel=zero3_offload"], PARTITIONED),
-        (["parallel=zero3", "parallel.tp=2"], WHOLE),  # AutoTP slices a whole model
-        (["parallel=tp2"], WHOLE),
+        (["parallel=zero3", "parallel.tp=2"], PARTITIONED),  # AutoTP then cuts the shards
+        (["parallel=tp2"], WHOLE),  # AutoTP slices a whole model
         (["parallel=pp2"], BY_STAGE),
     ],
 )
