@@ -352,7 +352,11 @@ def deepspeed_estimate(
     )
     recompute = Recompute(model.activation_checkpointing).value
     activations = activation_items_total(
-        block, n_layers=model.n_layer, vocab_size=model.vocab_size, recompute=recompute
+        block,
+        n_layers=model.n_layer,
+        vocab_size=model.vocab_size,
+        recompute=recompute,
+        tied_embedding=model.tie_embeddings,
     )
     kept = sum(v for k, v in activations.items() if k not in TRANSIENT_ITEMS)
     if parallel.pp > 1:

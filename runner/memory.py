@@ -40,6 +40,7 @@ _GRAPHS = ("eager", "whole", "split")
 FP32_BYTES = 4  # IEEE single
 HALF_BYTES = 2  # bf16 / fp16
 INT64_BYTES = 8  # token ids and targets
+BOOL_BYTES = 1  # masks
 
 
 def _choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
@@ -696,7 +697,9 @@ def activations_per_layer(block: BlockShape, recompute: RecomputeMode | str = "n
 TRANSIENT_ITEMS = frozenset({"transient.logits", "transient.logits_fp32", "transient.recompute_layer"})
 
 
-def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> dict[str, int]:
+def activation_items_outside_blocks(
+    block: BlockShape, *, vocab_size: int, tied_embedding: bool = False
+) -> dict[str, int]:
     """Bytes outside the blocks: embedding, final norm, output head and the fp32 loss (runner/model.py).
 
     Kept for backward (b = micro_size, s = seq_len, h = d_model, V = vocab_size, p as above):
@@ -713,28 +716,58 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
     V-wide terms dominate for large vocabularies: Llama-3's V = 128256 at h = 2048 makes
     4 sbV alone 250 sbh.
 
-    These stay eager under ``train.compile`` (only the blocks are compiled), whole on every
-    tensor-parallel rank (the output head is not assumed vocabulary-parallel).
+    These stay eager under ``train.compile`` (only the blocks are compiled).
+
+    Under tensor parallelism (``block.tp`` = t > 1) the output head is split by vocabulary
+    (runner/tensor_parallel.py): the fullest rank holds v = ceil(V / t) columns of the
+    logits, and DeepSpeed's vocabulary-parallel cross-entropy (deepspeed/sequence/
+    cross_entropy.py ``_VocabParallelCrossEntropy``) saves its fp32 exponentials (4 sbv),
+    each token's sum of them (4 sb), the local targets (8 sb) and two boolean masks (2 sb).
+    While it forms them the logits (p sbv), their fp32 copy in 16-bit (4 sbv) and the
+    max-shifted logits (4 sbv) are live. A tied embedding is split with the head and saves
+    the mask of the tokens outside its slice (1 sb) beside their indices.
     """
     if vocab_size < 1:
         raise ValueError(f"vocab_size={vocab_size} must be >= 1")
     p, sb, h = block.bytes_per_elem, block.sb, block.d_model
-    return {
+    items = {
         "embedding.token_ids": INT64_BYTES * sb,
         "final_norm.input_fp32": FP32_BYTES * sb * h,
         "final_norm.rstd_fp32": FP32_BYTES * sb,
         "final_norm.normed": p * sb * h,
         "output.input": p * sb * h,
-        "loss.log_probs_fp32": FP32_BYTES * sb * vocab_size,
+    }
+    if block.tp == 1:
+        return {
+            **items,
+            "loss.log_probs_fp32": FP32_BYTES * sb * vocab_size,
+            "loss.targets": INT64_BYTES * sb,
+            "transient.logits": p * sb * vocab_size,
+            # .float() of fp32 logits returns the same tensor: no copy.
+            "transient.logits_fp32": FP32_BYTES * sb * vocab_size if p < FP32_BYTES else 0,
+        }
+    local = -(-vocab_size // block.tp)  # runner.model_shape.vocab_rows
+    copies = 2 if p < FP32_BYTES else 1  # the fp32 copy (16-bit only) and the shifted logits
+    if tied_embedding:
+        items["embedding.vocab_mask"] = BOOL_BYTES * sb
+    return {
+        **items,
+        "loss.exp_logits_fp32": FP32_BYTES * sb * local,
+        "loss.sum_exp_fp32": FP32_BYTES * sb,
         "loss.targets": INT64_BYTES * sb,
-        "transient.logits": p * sb * vocab_size,
-        # .float() of fp32 logits returns the same tensor: no copy.
-        "transient.logits_fp32": FP32_BYTES * sb * vocab_size if p < FP32_BYTES else 0,
+        "loss.target_masks": 2 * BOOL_BYTES * sb,
+        "transient.logits": p * sb * local,
+        "transient.logits_fp32": copies * FP32_BYTES * sb * local,
     }
 
 
 def activation_items_total(
-    block: BlockShape, *, n_layers: int, vocab_size: int, recompute: RecomputeMode | str = "none"
+    block: BlockShape,
+    *,
+    n_layers: int,
+    vocab_size: int,
+    recompute: RecomputeMode | str = "none",
+    tied_embedding: bool = False,
 ) -> dict[str, int]:
     """Activation bytes of the whole model per device, itemised: blocks, outside items, transients.
 
@@ -747,7 +780,7 @@ def activation_items_total(
     if n_layers < 1:
         raise ValueError(f"n_layers={n_layers} must be >= 1")
     items = {"blocks": n_layers * activations_per_layer(block, mode)}
-    items.update(activation_items_outside_blocks(block, vocab_size=vocab_size))
+    items.update(activation_items_outside_blocks(block, vocab_size=vocab_size, tied_embedding=tied_embedding))
     if mode == "none":
         items["transient.recompute_layer"] = 0
     else:
@@ -760,14 +793,21 @@ def activation_items_total(
 
 
 def activations_total(
-    block: BlockShape, *, n_layers: int, vocab_size: int, recompute: RecomputeMode | str = "none"
+    block: BlockShape,
+    *,
+    n_layers: int,
+    vocab_size: int,
+    recompute: RecomputeMode | str = "none",
+    tied_embedding: bool = False,
 ) -> int:
     """Peak activation bytes per device: everything kept for backward plus the larger transient.
 
     = sum of the kept items of :func:`activation_items_total` + max(logits transients at the
     end of forward, the recompute working set in backward): the two peaks do not coincide.
     """
-    items = activation_items_total(block, n_layers=n_layers, vocab_size=vocab_size, recompute=recompute)
+    items = activation_items_total(
+        block, n_layers=n_layers, vocab_size=vocab_size, recompute=recompute, tied_embedding=tied_embedding
+    )
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
     at_loss = items["transient.logits"] + items["transient.logits_fp32"]
     return kept + max(at_loss, items["transient.recompute_layer"])

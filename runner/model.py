@@ -244,6 +244,7 @@ class Transformer(nn.Module):
         # registered so that .to(device) moves them with the parameters. A
         # .bfloat16() cast of the model casts them too; apply_rope still does
         # the rotation itself in fp32.
+        self.loss_function = CausalLMLoss()
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         # On the meta device (build_model) or partitioned by a zero.Init context
@@ -298,6 +299,19 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype."""
     # A bf16 log-softmax over a large vocabulary loses visible precision.
     return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
+class CausalLMLoss:
+    """``Transformer.loss_function``: ``lm_loss`` of the logits against the next tokens.
+
+    Called as ``loss_function(logits, shift_labels=targets)``, the hook by which DeepSpeed's
+    AutoTP installs its vocabulary-parallel loss when it splits the output head by
+    vocabulary (deepspeed/sequence/cross_entropy.py ``configure_vocab_parallel_loss``):
+    each rank then holds its vocabulary slice of the logits only.
+    """
+
+    def __call__(self, logits: torch.Tensor, *, shift_labels: torch.Tensor, **_: object) -> torch.Tensor:
+        return lm_loss(logits, shift_labels)
 
 
 def build_model(cfg: ModelConfig, *, seed: int = 0, device: torch.device | str | None = None) -> Transformer:

@@ -62,13 +62,32 @@ def layer_param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
     return [h, q, kv, kv, q, h, ffn, ffn, ffn]
 
 
+def vocab_rows(model: ModelConfig, tp: int = 1) -> int:
+    """Vocabulary rows of the output head the fullest tensor-parallel rank holds: ceil(V / tp).
+
+    AutoTP splits the head by vocabulary as evenly as it can, the first V mod tp ranks one
+    row more (DeepSpeed 0.19.8 module_inject/tp_shard.py ``get_shard_size``, grain 1).
+    """
+    return -(-model.vocab_size // tp)
+
+
+def embedding_numels(model: ModelConfig, tp: int = 1) -> tuple[int, int]:
+    """Numel of the token embedding and of the output head one rank holds.
+
+    Under ``tp`` the head is split by vocabulary (runner/tensor_parallel.py); a tied
+    embedding is the head's weight, so it is split with it; an untied one stays whole.
+    """
+    head = vocab_rows(model, tp) * model.d_model
+    return (head if model.tie_embeddings else model.vocab_size * model.d_model), head
+
+
 def param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
     """Numel of every parameter tensor of runner/model.py's Transformer one rank holds, in module order
     (the order DeepSpeed flattens them in): the embedding, the blocks, the final norm and,
-    untied, the output head. The embeddings and norm gains stay whole under ``tp``.
+    untied, the output head (``embedding_numels`` under ``tp``; the norm gains stay whole).
     """
-    h, v = model.d_model, model.vocab_size
-    numels = [v * h, *layer_param_numels(model, tp) * model.n_layer, h]
+    lookup, head = embedding_numels(model, tp)
+    numels = [lookup, *layer_param_numels(model, tp) * model.n_layer, model.d_model]
     if not model.tie_embeddings:
-        numels.append(v * h)
+        numels.append(head)
     return numels

@@ -18,7 +18,7 @@ import itertools
 
 from runner.config import ModelConfig
 from runner.memory import TRANSIENT_ITEMS
-from runner.model_shape import layer_param_numels, param_numels
+from runner.model_shape import embedding_numels, layer_param_numels, param_numels
 
 
 def stage_blocks(n_layer: int, pp: int) -> list[int]:
@@ -39,14 +39,14 @@ def stage_bounds(n_layer: int, pp: int) -> list[tuple[int, int]]:
 def stage_param_numels(model: ModelConfig, pp: int, tp: int = 1) -> list[list[int]]:
     """Numel of every parameter tensor each stage holds, in module order (a tied embedding
     counts on both ends: the lookup on the first stage, the output head on the last)."""
-    h, v = model.d_model, model.vocab_size
+    lookup, head = embedding_numels(model, tp)
     per_block = layer_param_numels(model, tp)
     stages = []
     for stage, blocks in enumerate(stage_blocks(model.n_layer, pp)):
-        numels = [v * h] if stage == 0 else []
+        numels = [lookup] if stage == 0 else []
         numels += per_block * blocks
         if stage == pp - 1:
-            numels += [h, v * h]  # final norm; the output head (the tied copy, or its own weight)
+            numels += [model.d_model, head]  # final norm; the output head (the tied copy, or its own)
         stages.append(numels)
     return stages
 

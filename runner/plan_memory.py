@@ -104,11 +104,22 @@ def layers_per_stage(n_layer: int, pp: int) -> int:
 
 
 def activation_bytes(
-    block: BlockShape, *, n_layer: int, vocab_size: int, pp: int, accum_steps: int, recompute: str
+    block: BlockShape,
+    *,
+    n_layer: int,
+    vocab_size: int,
+    pp: int,
+    accum_steps: int,
+    recompute: str,
+    tied_embedding: bool = False,
 ) -> tuple[int, str]:
     """Peak activation bytes on the fullest device, and a note saying which stage and why."""
     items = activation_items_total(
-        block, n_layers=layers_per_stage(n_layer, pp), vocab_size=vocab_size, recompute=recompute
+        block,
+        n_layers=layers_per_stage(n_layer, pp),
+        vocab_size=vocab_size,
+        recompute=recompute,
+        tied_embedding=tied_embedding,
     )
     recompute_set = items["transient.recompute_layer"]
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
@@ -184,6 +195,7 @@ def memory_terms(
         pp=pp,
         accum_steps=accum_steps,
         recompute=recompute,
+        tied_embedding=model.tie_embeddings,
     )
     if graph != "eager":
         how = "compiled blocks" if graph == "whole" else "compiled blocks, split at collectives"

@@ -13,7 +13,9 @@ Bytes (what one device sends, equally what it receives; runner.comm's ring figur
   updated parameters once; stage 3 repeats its gathers and reduce-scatter every micro-batch.
 - tensor parallel (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3, the f and g operators):
   per layer and micro-batch two all-reduces of the (s, b, h) activations in the forward
-  and two in the backward; full recompute reruns the forward, two more.
+  and two in the backward; full recompute reruns the forward, two more. Outside the
+  blocks the vocabulary-split output head all-reduces its input gradient, and a tied
+  embedding (split with it) its lookup.
 - pipeline parallel (Narayanan et al. 2021, arXiv 2104.04473, Sec. 2.2): per micro-batch a
   stage sends its (s, b, h) output forward and the gradient of its input backward.
 
@@ -114,15 +116,17 @@ def traffic(
     activation = seq_len * micro_size * model.d_model * elem  # one (s, b, h) tensor
     if tp > 1:
         per_layer = 6 if recompute == "full" else 4  # Shoeybi et al. 2019: f, g fwd + bwd
-        tp_bytes = (
-            accum_steps * layers_per_stage(model.n_layer, pp) * per_layer * allreduce_bytes(activation, tp)
-        )
+        # The vocabulary-parallel head's input gradient, and a tied embedding's lookup (its rows
+        # are split with the head); the loss's per-token all-reduces are (s, b) only.
+        outside = 2 if model.tie_embeddings else 1
+        count = layers_per_stage(model.n_layer, pp) * per_layer + outside
         groups.append(
             Traffic(
                 "tp",
-                tp_bytes,
+                accum_steps * count * allreduce_bytes(activation, tp),
                 *_link(device, inside_node=tp <= device.per_node),
-                f"{per_layer} all-reduces of (s, b, h) per layer and micro-batch",
+                f"{per_layer} all-reduces of (s, b, h) per layer and micro-batch, {outside} for the "
+                "vocabulary-split head and embedding",
             )
         )
     if pp > 1:

@@ -36,7 +36,7 @@ from runner.ledger import (
     relative_errors,
     saved_activations,
 )
-from runner.model import lm_loss, num_params
+from runner.model import num_params
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory
@@ -349,10 +349,10 @@ def _train(
                 clock.mark("data")
                 if step == start_step and micro == 0:
                     with saved_activations(engine.module) as saved:
-                        loss = lm_loss(engine(inputs), targets)
+                        loss = engine.module.loss_function(engine(inputs), shift_labels=targets)
                     saved_bytes = saved["activations"]
                 else:
-                    loss = lm_loss(engine(inputs), targets)
+                    loss = engine.module.loss_function(engine(inputs), shift_labels=targets)
                 if step in nan_steps:
                     loss = loss * float("nan")  # LADDER_INJECT_NAN (tests of train.on_nonfinite)
                 clock.mark("forward")

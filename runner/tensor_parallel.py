@@ -9,9 +9,16 @@ matmul) and one in backward (of the column-parallel matmul's input gradient):
   (n_head / tp query heads, n_kv_head / tp key/value heads); ``wo`` row-parallel;
 - SwiGLU MLP: ``w1`` (gate) and ``w3`` (up) column-parallel, ``w2`` (down) row-parallel.
 
-The token embedding, the output head (tied to it in the tiny model), and the RMSNorm
-gains stay whole on every rank: their inputs and gradients are identical across the
-tensor-parallel group, so their gradients agree without a reduction.
+The output head is split by vocabulary (Megatron-LM's parallel output embedding, same
+paper, Sec. 3): each rank holds ceil(V / tp) rows and computes its slice of the logits,
+never the whole (b, s, V) tensor; the loss is DeepSpeed's vocabulary-parallel
+cross-entropy, which all-reduces each token's max, sum of exponentials and target logit
+over the group (deepspeed/sequence/cross_entropy.py, installed through
+runner/model.py's ``Transformer.loss_function``). A tied token embedding is the head's
+weight, so it is split with it (DeepSpeed's ``VocabParallelEmbedding``: each rank looks up
+the tokens of its slice, the group sums the lookups); an untied one, like the RMSNorm
+gains, stays whole on every rank: their inputs and gradients are identical across the
+group, so their gradients agree without a reduction.
 
 DeepSpeed's mesh (``deepspeed/utils/groups.py``, ``_init_tp_mesh_device``) is
 (data_parallel, tensor_parallel) with tensor-parallel innermost: ranks
@@ -41,8 +48,8 @@ def partition_config() -> dict[str, Any]:
         # Only these specs: AutoTP's built-in ones target HuggingFace names, and any
         # Linear they do not match (the output head) stays replicated.
         "use_default_specs": False,
-        # No "lm_head"-style name: the output head is not treated as a vocabulary-parallel head.
-        "lm_head_patterns": [],
+        # The output head, split by vocabulary (tensor_parallel_section's vocab_parallel_lm_head).
+        "lm_head_patterns": ["output"],
         "layer_specs": [
             {"patterns": list(ROW_PARALLEL), "partition_type": "row"},
             {"patterns": list(COLUMN_PARALLEL), "partition_type": "column"},
@@ -54,7 +61,13 @@ def tensor_parallel_section(tp: int) -> dict[str, Any]:
     """DeepSpeed's ``tensor_parallel`` section; empty at tp 1 (AutoTP off)."""
     if tp == 1:
         return {}
-    return {"tensor_parallel": {"autotp_size": tp, "partition_config": partition_config()}}
+    return {
+        "tensor_parallel": {
+            "autotp_size": tp,
+            "partition_config": partition_config(),
+            "vocab_parallel_lm_head": True,
+        }
+    }
 
 
 def deepspeed_train_batch_size(*, global_size: int, tp: int, zero_stage: int) -> int | None:
@@ -144,16 +157,3 @@ def grad_norm(module: torch.nn.Module, *, tp: int) -> float:
         dist.all_reduce(total, group=groups.get_tensor_model_parallel_group())
         sharded_sq = total.cpu()
     return float((sharded_sq + replicated_sq).sqrt())
-
-
-def replicated_params(model: ModelConfig) -> int:
-    """Parameters every tensor-parallel rank holds whole: embeddings, output head, norm gains."""
-    head = 0 if model.tie_embeddings else model.vocab_size * model.d_model
-    norms = (2 * model.n_layer + 1) * model.d_model
-    return model.vocab_size * model.d_model + head + norms
-
-
-def params_per_tp_rank(model: ModelConfig, *, num_params: int, tp: int) -> int:
-    """Parameters one tensor-parallel rank holds: the block matrices / tp, the rest whole."""
-    whole = replicated_params(model)
-    return (num_params - whole) // tp + whole

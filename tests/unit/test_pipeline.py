@@ -69,11 +69,11 @@ def test_stages_hold_the_model_once_plus_the_tied_copy(tied):
 def test_the_fullest_rank_holds_the_fullest_stage_split_by_tp():
     assert sum(rank_param_numels(TINY, pp=2)) == 1_647_872  # the last stage: 2 blocks, norm, tied head
     assert rank_param_numels(TINY) == rank_param_numels(TINY, pp=1)
-    # Under tp each stage's block matrices are split, its norms and embeddings whole.
+    # Under tp each stage's block matrices and the (tied) embedding-head are split, its norms whole.
     h, v = TINY.d_model, TINY.vocab_size
     first, last = stage_param_numels(TINY, 2, tp=2)
-    assert first == [v * h, *layer_param_numels(TINY, tp=2) * 2]
-    assert last == [*layer_param_numels(TINY, tp=2) * 2, h, v * h]
+    assert first == [v * h // 2, *layer_param_numels(TINY, tp=2) * 2]
+    assert last == [*layer_param_numels(TINY, tp=2) * 2, h, v * h // 2]
     assert (
         layer_param_numels(TINY, tp=2)
         == [h, h * h // 2, h * h // 2, h * h // 2, h * h // 2, h] + [h * TINY.ffn_hidden // 2] * 3

@@ -19,7 +19,7 @@ from runner.deepspeed_config import build_deepspeed_config
 from runner.layout import resolve_layout
 from runner.ledger import deepspeed_estimate
 from runner.model import build_model, num_params
-from runner.tensor_parallel import params_per_tp_rank, partition_config, tp_node_problems, tp_problems
+from runner.tensor_parallel import partition_config, tp_node_problems, tp_problems
 
 pytestmark = pytest.mark.unit
 
@@ -99,8 +99,8 @@ def test_deepspeed_parses_the_section():
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_estimate_halves_the_block_matrices_only(stage):
-    """Per rank at tp 2: P/2 plus half of what stays whole (embeddings, norms), per term."""
+def test_estimate_halves_all_but_the_norms(stage):
+    """Per rank at tp 2: half of the block matrices and of the tied embedding-head, the norms whole."""
 
     def estimate(tp: int):
         return deepspeed_estimate(
@@ -116,14 +116,14 @@ def test_estimate_halves_the_block_matrices_only(stage):
         )
 
     h, L = TINY.d_model, TINY.n_layer
-    whole = TINY.vocab_size * h + (2 * L + 1) * h  # tied embedding, 2 norms per block, final norm
+    whole = (2 * L + 1) * h  # 2 norms per block, the final norm
     local = (num_params(TINY) - whole) // 2 + whole
     full, split = estimate(1), estimate(2)
     assert split.terms["params"] == 4 * local  # fp32 bytes
     assert split.terms["grads"] == 4 * local
     assert split.terms["optimizer"] == 8 * local  # Adam's m and v
-    # Measured on 2 CPU ranks (tiny, fp32, micro 4, stage 0): 6,595,584 B of parameters.
-    assert split.terms["params"] == 6_595_584
+    # Measured on 2 CPU ranks (tiny, fp32, micro 4, stage 0): 6,464,512 B of parameters.
+    assert split.terms["params"] == 6_464_512
     assert split.terms["activations"] < full.terms["activations"]
 
 
@@ -140,12 +140,15 @@ def test_refusals_name_the_key_and_the_values_that_work():
     assert "parallel.tp=16" in node and "{1, 2, 4, 8}" in node
 
 
-def test_planner_counts_what_stays_whole():
-    """The planner's parameters per device at tp 2 are the ledger's: block matrices / 2, the rest whole."""
+@pytest.mark.parametrize(("tied", "measured"), [(True, 6_464_512), (False, 6_726_656)])
+def test_planner_counts_the_vocabulary_split_head(tied, measured):
+    """At tp 2 a rank holds half of each block matrix and of the output head (and of a tied
+    embedding); an untied embedding and the norms stay whole. Measured per rank on 2 CPU ranks."""
     from runner.plan_memory import memory_terms
 
+    model = dataclasses.replace(TINY, tie_embeddings=tied)
     terms = memory_terms(
-        TINY,
+        model,
         precision="fp32",
         optimizer="adamw",
         zero_stage=0,
@@ -158,8 +161,13 @@ def test_planner_counts_what_stays_whole():
         pp=1,
         accum_steps=4,
     )
-    assert terms.params == 6_595_584  # measured per rank on 2 CPU ranks (fp32 bytes)
-    assert terms.params == params_per_tp_rank(TINY, num_params=num_params(TINY), tp=2) * 4
+    assert terms.params == measured  # fp32 bytes
+    h, v = model.d_model, model.vocab_size
+    norms = (2 * model.n_layer + 1) * h
+    whole_embeddings = v * h * (1 if tied else 2)
+    matrices = num_params(model) - whole_embeddings - norms
+    split_embeddings = v * h // 2 if tied else v * h + v * h // 2  # a tied weight is split once
+    assert terms.params == 4 * (matrices // 2 + norms + split_embeddings)
 
 
 def test_a_tensor_parallel_checkpoint_resumes_on_its_own_layout_only():
