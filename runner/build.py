@@ -18,6 +18,7 @@ from runner.layout import Layout
 from runner.model import build_model, num_params
 from runner.peak_memory import PeakMemory, host_peak_bytes, host_rss_bytes
 from runner.pipeline import build_pipeline
+from runner.tensor_parallel import split_token_embedding
 from runner.zero_init import build_partitioned, held_numel
 
 
@@ -34,10 +35,13 @@ def build_for_layout(
     if method == BY_STAGE:
         return build_pipeline(config.model, pp=layout.pp, seed=config.seed)
     if method == PARTITIONED:
-        return build_partitioned(
+        model = build_partitioned(
             config.model, seed=config.seed, ds_config=ds_config, device=device, tp=layout.tp
         )
-    return build_model(config.model, seed=config.seed)
+    else:
+        model = build_model(config.model, seed=config.seed)
+    split_token_embedding(model, tp=layout.tp)
+    return model
 
 
 def build_measured(

@@ -356,7 +356,6 @@ def deepspeed_estimate(
         n_layers=model.n_layer,
         vocab_size=model.vocab_size,
         recompute=recompute,
-        tied_embedding=model.tie_embeddings,
     )
     kept = sum(v for k, v in activations.items() if k not in TRANSIENT_ITEMS)
     if parallel.pp > 1:

@@ -697,9 +697,7 @@ def activations_per_layer(block: BlockShape, recompute: RecomputeMode | str = "n
 TRANSIENT_ITEMS = frozenset({"transient.logits", "transient.logits_fp32", "transient.recompute_layer"})
 
 
-def activation_items_outside_blocks(
-    block: BlockShape, *, vocab_size: int, tied_embedding: bool = False
-) -> dict[str, int]:
+def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> dict[str, int]:
     """Bytes outside the blocks: embedding, final norm, output head and the fp32 loss (runner/model.py).
 
     Kept for backward (b = micro_size, s = seq_len, h = d_model, V = vocab_size, p as above):
@@ -724,8 +722,8 @@ def activation_items_outside_blocks(
     cross_entropy.py ``_VocabParallelCrossEntropy``) saves its fp32 exponentials (4 sbv),
     each token's sum of them (4 sb), the local targets (8 sb) and two boolean masks (2 sb).
     While it forms them the logits (p sbv), their fp32 copy in 16-bit (4 sbv) and the
-    max-shifted logits (4 sbv) are live. A tied embedding is split with the head and saves
-    the mask of the tokens outside its slice (1 sb) beside their indices.
+    max-shifted logits (4 sbv) are live. The embedding, split by vocabulary too, saves the
+    mask of the tokens outside its slice (1 sb) beside their indices.
     """
     if vocab_size < 1:
         raise ValueError(f"vocab_size={vocab_size} must be >= 1")
@@ -748,10 +746,9 @@ def activation_items_outside_blocks(
         }
     local = -(-vocab_size // block.tp)  # runner.model_shape.vocab_rows
     copies = 2 if p < FP32_BYTES else 1  # the fp32 copy (16-bit only) and the shifted logits
-    if tied_embedding:
-        items["embedding.vocab_mask"] = BOOL_BYTES * sb
     return {
         **items,
+        "embedding.vocab_mask": BOOL_BYTES * sb,
         "loss.exp_logits_fp32": FP32_BYTES * sb * local,
         "loss.sum_exp_fp32": FP32_BYTES * sb,
         "loss.targets": INT64_BYTES * sb,
@@ -767,7 +764,6 @@ def activation_items_total(
     n_layers: int,
     vocab_size: int,
     recompute: RecomputeMode | str = "none",
-    tied_embedding: bool = False,
 ) -> dict[str, int]:
     """Activation bytes of the whole model per device, itemised: blocks, outside items, transients.
 
@@ -780,7 +776,7 @@ def activation_items_total(
     if n_layers < 1:
         raise ValueError(f"n_layers={n_layers} must be >= 1")
     items = {"blocks": n_layers * activations_per_layer(block, mode)}
-    items.update(activation_items_outside_blocks(block, vocab_size=vocab_size, tied_embedding=tied_embedding))
+    items.update(activation_items_outside_blocks(block, vocab_size=vocab_size))
     if mode == "none":
         items["transient.recompute_layer"] = 0
     else:
@@ -798,16 +794,13 @@ def activations_total(
     n_layers: int,
     vocab_size: int,
     recompute: RecomputeMode | str = "none",
-    tied_embedding: bool = False,
 ) -> int:
     """Peak activation bytes per device: everything kept for backward plus the larger transient.
 
     = sum of the kept items of :func:`activation_items_total` + max(logits transients at the
     end of forward, the recompute working set in backward): the two peaks do not coincide.
     """
-    items = activation_items_total(
-        block, n_layers=n_layers, vocab_size=vocab_size, recompute=recompute, tied_embedding=tied_embedding
-    )
+    items = activation_items_total(block, n_layers=n_layers, vocab_size=vocab_size, recompute=recompute)
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
     at_loss = items["transient.logits"] + items["transient.logits_fp32"]
     return kept + max(at_loss, items["transient.recompute_layer"])

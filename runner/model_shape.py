@@ -74,17 +74,17 @@ def vocab_rows(model: ModelConfig, tp: int = 1) -> int:
 def embedding_numels(model: ModelConfig, tp: int = 1) -> tuple[int, int]:
     """Numel of the token embedding and of the output head one rank holds.
 
-    Under ``tp`` the head is split by vocabulary (runner/tensor_parallel.py); a tied
-    embedding is the head's weight, so it is split with it; an untied one stays whole.
+    Under ``tp`` both are split by vocabulary (runner/tensor_parallel.py); tied, they are
+    one weight, which ``param_numels`` counts once.
     """
-    head = vocab_rows(model, tp) * model.d_model
-    return (head if model.tie_embeddings else model.vocab_size * model.d_model), head
+    rows = vocab_rows(model, tp) * model.d_model
+    return rows, rows
 
 
 def param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
     """Numel of every parameter tensor of runner/model.py's Transformer one rank holds, in module order
     (the order DeepSpeed flattens them in): the embedding, the blocks, the final norm and,
-    untied, the output head (``embedding_numels`` under ``tp``; the norm gains stay whole).
+    untied, the output head (split by vocabulary under ``tp``; the norm gains stay whole).
     """
     lookup, head = embedding_numels(model, tp)
     numels = [lookup, *layer_param_numels(model, tp) * model.n_layer, model.d_model]

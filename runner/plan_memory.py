@@ -111,7 +111,6 @@ def activation_bytes(
     pp: int,
     accum_steps: int,
     recompute: str,
-    tied_embedding: bool = False,
 ) -> tuple[int, str]:
     """Peak activation bytes on the fullest device, and a note saying which stage and why."""
     items = activation_items_total(
@@ -119,7 +118,6 @@ def activation_bytes(
         n_layers=layers_per_stage(n_layer, pp),
         vocab_size=vocab_size,
         recompute=recompute,
-        tied_embedding=tied_embedding,
     )
     recompute_set = items["transient.recompute_layer"]
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
@@ -195,7 +193,6 @@ def memory_terms(
         pp=pp,
         accum_steps=accum_steps,
         recompute=recompute,
-        tied_embedding=model.tie_embeddings,
     )
     if graph != "eager":
         how = "compiled blocks" if graph == "whole" else "compiled blocks, split at collectives"

@@ -29,7 +29,7 @@ def _row(label: str, num_bytes: float, note: str = "") -> str:
 
 def _split_words(tp: int, pp: int) -> str:
     """Which rank's parameters the formula counts, when tp or pp split them."""
-    parts = [f"1/{tp} of each block matrix"] if tp > 1 else []
+    parts = [f"1/{tp} of each block matrix and of the vocabulary"] if tp > 1 else []
     if pp > 1:
         parts.append(f"the fullest of {pp} stages")
     return f" ({', '.join(parts)})" if parts else ""

@@ -14,8 +14,8 @@ Bytes (what one device sends, equally what it receives; runner.comm's ring figur
 - tensor parallel (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3, the f and g operators):
   per layer and micro-batch two all-reduces of the (s, b, h) activations in the forward
   and two in the backward; full recompute reruns the forward, two more. Outside the
-  blocks the vocabulary-split output head all-reduces its input gradient, and a tied
-  embedding (split with it) its lookup.
+  blocks the vocabulary-split output head all-reduces its input gradient, and the
+  vocabulary-split embedding its lookup.
 - pipeline parallel (Narayanan et al. 2021, arXiv 2104.04473, Sec. 2.2): per micro-batch a
   stage sends its (s, b, h) output forward and the gradient of its input backward.
 
@@ -116,9 +116,9 @@ def traffic(
     activation = seq_len * micro_size * model.d_model * elem  # one (s, b, h) tensor
     if tp > 1:
         per_layer = 6 if recompute == "full" else 4  # Shoeybi et al. 2019: f, g fwd + bwd
-        # The vocabulary-parallel head's input gradient, and a tied embedding's lookup (its rows
-        # are split with the head); the loss's per-token all-reduces are (s, b) only.
-        outside = 2 if model.tie_embeddings else 1
+        # The vocabulary-parallel head's input gradient and the embedding's lookup; the loss's
+        # per-token all-reduces are (s, b) only.
+        outside = 2
         count = layers_per_stage(model.n_layer, pp) * per_layer + outside
         groups.append(
             Traffic(

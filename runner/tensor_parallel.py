@@ -9,16 +9,17 @@ matmul) and one in backward (of the column-parallel matmul's input gradient):
   (n_head / tp query heads, n_kv_head / tp key/value heads); ``wo`` row-parallel;
 - SwiGLU MLP: ``w1`` (gate) and ``w3`` (up) column-parallel, ``w2`` (down) row-parallel.
 
-The output head is split by vocabulary (Megatron-LM's parallel output embedding, same
-paper, Sec. 3): each rank holds ceil(V / tp) rows and computes its slice of the logits,
-never the whole (b, s, V) tensor; the loss is DeepSpeed's vocabulary-parallel
-cross-entropy, which all-reduces each token's max, sum of exponentials and target logit
-over the group (deepspeed/sequence/cross_entropy.py, installed through
-runner/model.py's ``Transformer.loss_function``). A tied token embedding is the head's
-weight, so it is split with it (DeepSpeed's ``VocabParallelEmbedding``: each rank looks up
-the tokens of its slice, the group sums the lookups); an untied one, like the RMSNorm
-gains, stays whole on every rank: their inputs and gradients are identical across the
-group, so their gradients agree without a reduction.
+The output head and the token embedding are split by vocabulary (Megatron-LM's parallel
+input and output embeddings, same paper, Sec. 3): each rank holds ceil(V / tp) rows of
+each. The head computes this rank's slice of the logits, never the whole (b, s, V)
+tensor, and the loss is DeepSpeed's vocabulary-parallel cross-entropy, which all-reduces
+each token's max, sum of exponentials and target logit over the group
+(deepspeed/sequence/cross_entropy.py, installed through runner/model.py's
+``Transformer.loss_function``). The embedding is DeepSpeed's ``VocabParallelEmbedding``:
+each rank looks up the tokens of its slice and the group sums the lookups; AutoTP makes
+it for a tied embedding (one weight with the head), ``split_token_embedding`` for an
+untied one. The RMSNorm gains stay whole on every rank: their inputs and gradients are
+identical across the group, so their gradients agree without a reduction.
 
 DeepSpeed's mesh (``deepspeed/utils/groups.py``, ``_init_tp_mesh_device``) is
 (data_parallel, tensor_parallel) with tensor-parallel innermost: ranks
@@ -35,6 +36,8 @@ from runner.config import ModelConfig
 
 if TYPE_CHECKING:  # the launching process builds DeepSpeed's config from here without torch
     import torch
+
+    from runner.model import Transformer
 
 # Parameter-name patterns (runner/model.py keeps Meta's Llama names), matched by
 # AutoTP with re.match against e.g. "layers.0.attention.wq.weight".
@@ -157,3 +160,33 @@ def grad_norm(module: torch.nn.Module, *, tp: int) -> float:
         dist.all_reduce(total, group=groups.get_tensor_model_parallel_group())
         sharded_sq = total.cpu()
     return float((sharded_sq + replicated_sq).sqrt())
+
+
+def split_token_embedding(model: Transformer, *, tp: int) -> None:
+    """Split an untied token embedding by vocabulary over the tensor-parallel group, in place.
+
+    AutoTP splits the output head by vocabulary, and a tied embedding with it; an untied
+    one it leaves whole. DeepSpeed's ``VocabParallelEmbedding`` (module_inject/layers.py)
+    keeps this rank's ceil(V / tp) rows of it: each rank looks up the tokens of its slice
+    and the group sums the lookups (Megatron-LM's vocabulary-parallel embedding). Made
+    before DeepSpeed's engine, on the engine's (data, tensor) mesh, so the optimizer only
+    ever sees the slice; under zero.Init the table is gathered whole once to cut it, as
+    AutoTP does for the weights it splits.
+    """
+    if tp == 1 or model.tok_embeddings.weight is model.output.weight:
+        return
+    import deepspeed
+    from deepspeed.module_inject.layers import VocabParallelEmbedding, set_autotp_mode
+    from deepspeed.utils import groups
+    from torch import nn
+
+    groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
+    set_autotp_mode(training=True)  # as the engine sets it; in inference mode the slice is frozen
+    embedding = model.tok_embeddings
+    if hasattr(embedding.weight, "ds_id"):  # partitioned by zero.Init (runner/zero_init.py)
+        with deepspeed.zero.GatheredParameters([embedding.weight], modifier_rank=None):
+            whole = embedding.weight.data.clone()
+        embedding = nn.Embedding(whole.shape[0], whole.shape[1], _weight=whole)
+    split = VocabParallelEmbedding(embedding, groups.get_tensor_model_parallel_group(), name="tok_embeddings")
+    split.replaced = True  # AutoTP's walk leaves a replaced module alone
+    model.tok_embeddings = split

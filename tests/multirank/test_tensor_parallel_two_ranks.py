@@ -76,9 +76,19 @@ def test_estimate_matches_the_measurement(runs):
 
 
 def test_zero3_bf16_with_tp_keeps_the_ledger(train):
-    """ZeRO-3 shards the tp shards over dp; AutoTP's saved weight views are not activations."""
+    """ZeRO-3 shards the tp shards over dp; AutoTP's saved weight views are not activations.
+
+    Untied, so the token embedding is split apart from the head (runner/tensor_parallel.py
+    ``split_token_embedding``), from zero.Init's partitions.
+    """
     result = train(
-        "parallel=zero3", "parallel.tp=2", "gpus=2", "precision=bf16", "train.steps=2", "logger=none"
+        "parallel=zero3",
+        "parallel.tp=2",
+        "gpus=2",
+        "precision=bf16",
+        "model.tie_embeddings=false",
+        "train.steps=2",
+        "logger=none",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     memory = result.summary["memory"]

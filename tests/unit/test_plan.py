@@ -141,14 +141,13 @@ def test_tensor_and_pipeline_parallel_are_planned_and_marked_plan_only():
     )
     plan = plan_config(config)
     assert (plan.layout.dp, plan.layout.accum_steps) == (2, 32)
-    # bf16 weights of the fullest rank: the first stage's token embedding, whole (AutoTP splits
-    # the output head by vocabulary, and an untied embedding not), and its 20 blocks, their
-    # matrices split 8 ways.
+    # bf16 weights of the fullest rank: the last stage's 20 blocks, their matrices split 8
+    # ways, the final norm and 1/8 of the output head (split by vocabulary).
     model = plan.workload.model
     h, v = model.d_model, model.vocab_size
     kv = model.n_kv_head * (h // model.n_head)
     block = 2 * h + (2 * h * h + 2 * h * kv + 3 * h * model.ffn_hidden) // 8
-    assert plan.memory.params == 2 * (v * h + 20 * block)
+    assert plan.memory.params == 2 * (20 * block + h + v * h // 8)
     assert plan.memory.params > 2 * math.ceil(LLAMA_70B_PARAMS / 32)  # not P / (tp x pp)
     assert plan.plan_only and "PLAN ONLY" in format_plan(plan)
     # Narayanan et al. 2021: bubble = (p - 1) / m of the ideal time.
