@@ -41,6 +41,28 @@ def _70b(*overrides: str) -> TrainConfig:
     return _config("model=llama_70b", "cluster=h100_sxm", "precision=bf16", *overrides)
 
 
+def _terms(model: Any = None, **knobs: Any) -> Any:
+    """runner.plan_memory.memory_terms for the tiny model (or ``model``): fp32 AdamW, ZeRO-0,
+    one rank, seq 128, micro 4, accum 2, unless ``knobs`` say otherwise."""
+    from runner.config import ModelConfig
+    from runner.plan_memory import memory_terms
+
+    defaults: dict[str, Any] = dict(
+        precision="fp32",
+        optimizer="adamw",
+        zero_stage=0,
+        offload="none",
+        recompute="none",
+        seq_len=128,
+        micro_size=4,
+        dp=1,
+        tp=1,
+        pp=1,
+        accum_steps=2,
+    )
+    return memory_terms(model or ModelConfig(), **{**defaults, **knobs})
+
+
 def test_llama_70b_zero3_on_64_gpus_holds_17_2_gb_of_model_states():
     """ZeRO (arXiv 1910.02054): 16 B/param / 64 ranks; 17.5 GB at a round 70e9, 17.2 GB at the exact count."""
     plan = plan_config(_70b("parallel=zero3", "gpus=64", "batch.global_size=64"))
@@ -209,23 +231,10 @@ def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
     from runner.config import ModelConfig, OptimizerName, ParallelConfig
     from runner.ledger import deepspeed_estimate
     from runner.model import num_params
-    from runner.plan_memory import memory_terms
 
     tiny = ModelConfig()
     common: dict[str, Any] = dict(micro_size=4, seq_len=128, host_is_device=True)
-    planned = memory_terms(
-        tiny,
-        precision="fp32",
-        optimizer="adamw",
-        zero_stage=stage,
-        offload=offload,
-        recompute="none",
-        dp=1,
-        tp=1,
-        pp=1,
-        accum_steps=2,
-        **common,
-    )
+    planned = _terms(tiny, zero_stage=stage, offload=offload, **common)
     parallel = ParallelConfig(
         zero_stage=stage,
         offload_optimizer=Offload.cpu,
@@ -248,23 +257,9 @@ def test_zero12_plans_the_gradients_of_the_fullest_rank():
     """Each ZeRO-1/2 rank keeps whole the gradients its partition touches; the plan fits the fullest."""
     from runner.config import ModelConfig
     from runner.model_shape import num_params
-    from runner.plan_memory import memory_terms
 
     def grads(model: ModelConfig, *, stage: int, dp: int, precision: str) -> int:
-        return memory_terms(
-            model,
-            precision=precision,
-            optimizer="adamw",
-            zero_stage=stage,
-            offload="none",
-            recompute="none",
-            seq_len=128,
-            micro_size=4,
-            dp=dp,
-            tp=1,
-            pp=1,
-            accum_steps=2,
-        ).grads
+        return _terms(model, precision=precision, zero_stage=stage, dp=dp).grads
 
     # The tiny model on 2 ranks in fp32: what the 2-rank ledger measured on rank 1, to the byte.
     assert grads(ModelConfig(), stage=2, dp=2, precision="fp32") == 7_033_856
@@ -328,24 +323,9 @@ def test_a_pipeline_plan_counts_the_fullest_stage_as_the_ledger_does(stage, prec
     from runner.config import ModelConfig, OptimizerName, ParallelConfig
     from runner.ledger import deepspeed_estimate
     from runner.model import num_params
-    from runner.plan_memory import memory_terms
 
     tiny = ModelConfig()
-    planned = memory_terms(
-        tiny,
-        precision=precision,
-        optimizer="adamw",
-        zero_stage=stage,
-        offload="none",
-        recompute="none",
-        seq_len=128,
-        micro_size=4,
-        dp=1,
-        tp=1,
-        pp=2,
-        accum_steps=4,
-        host_is_device=True,
-    )
+    planned = _terms(tiny, precision=precision, zero_stage=stage, pp=2, accum_steps=4, host_is_device=True)
     ledger = deepspeed_estimate(
         model=tiny,
         num_params=num_params(tiny),
