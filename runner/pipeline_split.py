@@ -62,12 +62,13 @@ def rank_param_numels(model: ModelConfig, *, tp: int = 1, pp: int = 1) -> list[i
 def stage_activations(items: dict[str, int], *, n_layer: int, pp: int) -> list[int]:
     """Bytes each stage saves over one micro-batch, from runner/memory.py's whole-model items.
 
-    A stage saves its blocks' share; the first also the token ids of the lookup, the last
-    the final norm, the output head's input and the loss (``transient.*`` are not saved).
+    A stage saves its blocks' share; the first also what the lookup saves (``embedding.*``),
+    the last the final norm, the output head's input and the loss (``transient.*`` are not
+    saved).
     """
     per_block = items["blocks"] // n_layer
     outside = {k: v for k, v in items.items() if k != "blocks" and k not in TRANSIENT_ITEMS}
-    first_only = outside.pop("embedding.token_ids", 0)
+    first_only = sum(outside.pop(k) for k in [k for k in outside if k.startswith("embedding.")])
     blocks = stage_blocks(n_layer, pp)
     return [
         n * per_block + (first_only if s == 0 else 0) + (sum(outside.values()) if s == pp - 1 else 0)

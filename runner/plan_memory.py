@@ -5,8 +5,8 @@ layout changes:
 
 - tensor parallel t and pipeline parallel p split the parameters, counted tensor by
   tensor for the fullest rank (runner/pipeline_split.py ``rank_param_numels``): t splits
-  every block matrix while the runner's AutoTP keeps the embeddings, output head and
-  norms whole on every rank (runner/tensor_parallel.py); p gives each stage its blocks,
+  every block matrix, and the embedding and output head by vocabulary, while the norms
+  stay whole on every rank (runner/tensor_parallel.py); p gives each stage its blocks,
   the first stage the embedding and the last the final norm and the output head (a tied
   embedding counts on both). ZeRO then shards that over dp (runner.memory.model_states),
   ZeRO-1/2 gradients as the fullest data-parallel rank holds them
@@ -91,7 +91,7 @@ def zero3_tp_build_bytes(model: ModelConfig, *, precision: str, dp: int) -> int:
     dtype on the device; DeepSpeed's AutoTP then gathers one weight at a time whole
     (DeepSpeed 0.19.8 module_inject/auto_tp.py ``_gather_zero3_params``) and keeps this
     rank's shard of it. So the build holds ceil(P / dp) elements plus the largest weight
-    whole, before the rank's own share is 1/tp of the block matrices.
+    whole, before the rank's own share is 1/tp of the matrices and the vocabulary.
     """
     numels = rank_param_numels(model)
     elem = 4 if precision == "fp32" else 2
@@ -152,8 +152,8 @@ def memory_terms(
     compiled: bool = False,
 ) -> MemoryTerms:
     """Every memory term of one device for this layout (see the module docstring)."""
-    # The fullest rank's tensors: AutoTP keeps embeddings, output head and norms whole on
-    # each rank (runner/tensor_parallel.py); a pipeline rank holds its stage's layers.
+    # The fullest rank's tensors: 1/tp of the matrices and of the vocabulary, the norms whole
+    # (runner/tensor_parallel.py); a pipeline rank holds its stage's layers.
     numels = rank_param_numels(model, tp=tp, pp=pp)
     local = sum(numels)
     states: ModelStates = model_states(

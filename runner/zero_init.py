@@ -11,8 +11,9 @@ With tensor parallelism each rank partitions the whole model over its own data-p
 group (DeepSpeed's (data, tensor) mesh, made here before the engine would make it: the
 engine keeps a mesh that exists), the group ZeRO-3 then partitions the rank's shards
 over. DeepSpeed's AutoTP gathers each weight it splits, one at a time, and keeps this
-rank's shard (DeepSpeed 0.19.8 module_inject/auto_tp.py ``_gather_zero3_params``); the
-embeddings and norms it keeps whole stay zero.Init's partitions. Measured on 4 CPU ranks
+rank's shard (DeepSpeed 0.19.8 module_inject/auto_tp.py ``_gather_zero3_params``; an
+untied embedding likewise: runner/tensor_parallel.py ``split_token_embedding``); the
+norms it keeps whole stay zero.Init's partitions. Measured on 4 CPU ranks
 (tiny, tp 2 x dp 2, fp32): rank 0 builds 1,614,976 of 3,229,952 parameters and its host
 memory rises 0.024 GB (whole: 0.061 GB), with losses and gradient norms bit for bit the
 whole build's over 5 steps.
