@@ -43,17 +43,16 @@ def squared_l2_norm(grads: Iterable[torch.Tensor]) -> float:
     return float(torch.stack(norms).square().sum())
 
 
-def why_unmeasured(*, gradients_per_step: int, tp: int = 1, pp: int = 1) -> str | None:
-    """Why a step holds no small-batch gradient to compare with its own, or None when it does."""
+def why_unmeasured(*, gradients_per_step: int, pp: int = 1) -> str | None:
+    """Why a step holds no small-batch gradient to compare with its own, or None when it does.
+
+    Tensor parallelism is measured: each micro-batch's shard squares are summed over the
+    tensor-parallel group (runner/step_probes.py).
+    """
     if pp > 1:
         return (
             "not measured with pipeline parallelism: each stage holds the gradient of its own "
             "layers only, so no rank sees a micro-batch's whole gradient"
-        )
-    if tp > 1:
-        return (
-            "not measured with tensor parallelism: each rank holds a shard of most gradients "
-            "and a replica of the rest, so per-rank norms are not one micro-batch's gradient"
         )
     if gradients_per_step < 2:
         return (

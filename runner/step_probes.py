@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from runner.comm_timer import UNMEASURED_ON_CUDA, CollectiveTimer, deepspeed_backend
-from runner.grad_probe import MicroGradSquares
+from runner.grad_probe import REPLICATED, SHARDED, MicroGradSquares
 from runner.layout import Layout
 from runner.noise_scale import NoiseScale, why_unmeasured
+from runner.tensor_parallel import is_sharded
 
 
 def loss_scale(engine: Any) -> float:
@@ -32,11 +33,24 @@ def loss_scale(engine: Any) -> float:
     return float(scale)
 
 
-def _mean_over_ranks(value: torch.Tensor) -> float:
+def _whole_model_mean(squares: torch.Tensor, *, tp: int) -> float:
+    """One micro-batch's |g|² of the whole model, averaged over the data-parallel ranks.
+
+    ``squares`` is runner/grad_probe.py's [sharded, whole] pair: the shards' squares are
+    summed over the tensor-parallel group, the whole tensors' (the same on every rank of
+    the group) counted once; every rank of a group then holds the same figure, so the
+    mean over all ranks is the mean over the data-parallel ranks.
+    """
     import torch.distributed as dist
 
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    return float(value.item()) / dist.get_world_size()
+    sharded = squares[SHARDED].clone()
+    if tp > 1:
+        from deepspeed.utils import groups
+
+        dist.all_reduce(sharded, op=dist.ReduceOp.SUM, group=groups.get_tensor_model_parallel_group())
+    total = sharded + squares[REPLICATED]
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return float(total.item()) / dist.get_world_size()
 
 
 class StepProbes:
@@ -46,10 +60,12 @@ class StepProbes:
         self.layout = layout
         self.noise = NoiseScale(ema=0.95)
         self.noise_unmeasured = why_unmeasured(
-            gradients_per_step=layout.accum_steps * layout.dp, tp=layout.tp, pp=layout.pp
+            gradients_per_step=layout.accum_steps * layout.dp, pp=layout.pp
         )
         self._grads = (
-            MicroGradSquares(engine.module.parameters(), device) if self.noise_unmeasured is None else None
+            MicroGradSquares(engine.module.parameters(), device, is_sharded=is_sharded)
+            if self.noise_unmeasured is None
+            else None
         )
         # On CUDA, NCCL returns once queued: host-blocked time is not exposure there.
         self._comm = CollectiveTimer().install(deepspeed_backend()) if device.type == "cpu" else None
@@ -70,7 +86,7 @@ class StepProbes:
         if self._comm is not None:
             self.comm_exposed_s = self._comm.take()
         if self._grads is not None:
-            small_sq_norm = _mean_over_ranks(self._grads.take_mean())
+            small_sq_norm = _whole_model_mean(self._grads.take_mean(), tp=self.layout.tp)
             if grad_norm is not None and not skipped:  # a skipped step's gradients are not finite
                 self.noise.update(
                     small_sq_norm=small_sq_norm,

@@ -58,6 +58,14 @@ def test_losses_and_grad_norms_match_the_plain_run(runs):
     assert plain[-1]["loss"] < plain[0]["loss"] - 0.5
 
 
+def test_the_noise_scale_is_the_whole_models(runs):
+    """Each micro-batch's shard norms are summed over the tp group: B_simple is the plain run's."""
+    plain, tp = runs["plain"].summary["noise_scale"], runs["tp2"].summary["noise_scale"]
+    assert tp["unmeasured"] is None and tp["updates"] == STEPS
+    print(f"noise scale B_simple: tp2 {tp['simple']:.6f}, 1 rank {plain['simple']:.6f}")
+    assert tp["simple"] == pytest.approx(plain["simple"], rel=1e-4)
+
+
 def test_each_rank_holds_about_half_the_model_states(runs):
     full = runs["plain"].summary["memory"]["measured"]
     split = runs["tp2"].summary["memory"]["measured"]
