@@ -43,16 +43,18 @@ def squared_l2_norm(grads: Iterable[torch.Tensor]) -> float:
     return float(torch.stack(norms).square().sum())
 
 
-def why_unmeasured(*, gradients_per_step: int, pp: int = 1) -> str | None:
+def why_unmeasured(*, gradients_per_step: int, pp: int = 1, tied_embeddings: bool = False) -> str | None:
     """Why a step holds no small-batch gradient to compare with its own, or None when it does.
 
-    Tensor parallelism is measured: each micro-batch's shard squares are summed over the
-    tensor-parallel group (runner/step_probes.py).
+    Tensor and pipeline parallelism are measured: each micro-batch's squared norms are
+    summed over the shards of the tensor-parallel group, or over the stages of the pipeline
+    (runner/step_probes.py), except for a tied embedding split between two stages.
     """
-    if pp > 1:
+    if pp > 1 and tied_embeddings:
         return (
-            "not measured with pipeline parallelism: each stage holds the gradient of its own "
-            "layers only, so no rank sees a micro-batch's whole gradient"
+            "not measured with pipeline parallelism and tied embeddings: the first and last "
+            "stages each hold part of the tied weight's gradient, and the squares of two parts "
+            "are not the square of their sum; set model.tie_embeddings=false to measure it"
         )
     if gradients_per_step < 2:
         return (

@@ -310,6 +310,20 @@ class PipelineSteps:
             for kind, run in type(self.engine)._INSTRUCTION_MAP.items()
         }
 
+    def after_each_backward(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once each micro-batch's backward pass has run on this stage."""
+        instructions = dict(getattr(self.engine, "_INSTRUCTION_MAP", type(self.engine)._INSTRUCTION_MAP))
+        for kind, run in instructions.items():
+            if kind.__name__ == "BackwardPass":
+
+                def backward_then(engine: Any, _run: Callable[..., Any] = run, **kwargs: Any) -> Any:
+                    result = _run(engine, **kwargs)
+                    callback()
+                    return result
+
+                instructions[kind] = backward_then
+        self.engine._INSTRUCTION_MAP = instructions
+
     def _micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This step's micro-batches of this pipeline's dp rank: the sequences every layout sees."""
         lay = self.layout

@@ -311,11 +311,12 @@ def _train(
     own_grad_norm = config.parallel.zero_stage == 0 and "bf16" not in ds_config and "fp16" not in ds_config
     own_grad_norm = own_grad_norm and pipe is None  # a stage holds its own layers' gradients only
     # The noise scale and exposed communication, read as the step runs (runner/step_probes.py).
-    probes = StepProbes(engine, layout=layout, device=device)
+    probes = StepProbes(engine, layout=layout, device=device, tied_embeddings=config.model.tie_embeddings)
     # Where each step's time goes (runner/phase_clock.py); a pipeline marks its instructions.
     clock = PhaseClock(device, PHASES if pipe is None else PIPELINE_PHASES)
     if pipe is not None:
         pipe.time_phases(clock)
+        pipe.after_each_backward(lambda: probes.micro_batch_done(engine))
     fault_step = _injected_fault(env.rank)
     profiler = StepProfiler(config.train.profile_step, run_dir=run_dir, rank=env.rank, device=device)
     every = config.train.checkpoint_every

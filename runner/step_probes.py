@@ -14,6 +14,7 @@ each backward, and :meth:`step_done` once the optimizer has stepped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,37 +34,54 @@ def loss_scale(engine: Any) -> float:
     return float(scale)
 
 
-def _whole_model_mean(squares: torch.Tensor, *, tp: int) -> float:
+def _whole_model_mean(squares: torch.Tensor, *, group: Any) -> float:
     """One micro-batch's |g|² of the whole model, averaged over the data-parallel ranks.
 
     ``squares`` is runner/grad_probe.py's [sharded, whole] pair: the shards' squares are
-    summed over the tensor-parallel group, the whole tensors' (the same on every rank of
-    the group) counted once; every rank of a group then holds the same figure, so the
-    mean over all ranks is the mean over the data-parallel ranks.
+    summed over ``group`` (the tensor-parallel group, or a pipeline's stages; None: no
+    model parallelism), the whole tensors' (the same on every rank of it) counted once;
+    every rank of the group then holds the same figure, so the mean over all ranks is the
+    mean over the data-parallel ranks.
     """
     import torch.distributed as dist
 
     sharded = squares[SHARDED].clone()
-    if tp > 1:
-        from deepspeed.utils import groups
-
-        dist.all_reduce(sharded, op=dist.ReduceOp.SUM, group=groups.get_tensor_model_parallel_group())
+    if group is not None:
+        dist.all_reduce(sharded, op=dist.ReduceOp.SUM, group=group)
     total = sharded + squares[REPLICATED]
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return float(total.item()) / dist.get_world_size()
 
 
+def _model_parallel(engine: Any, layout: Layout) -> tuple[Any, Callable[[torch.nn.Parameter], bool]]:
+    """The group over which a micro-batch's gradient is split, and which parameters it splits.
+
+    A pipeline stage's squares add up with the other stages' (each layer lives on one
+    stage); a tensor-parallel shard's with its group's, a replica's counted once.
+    """
+    if layout.pp > 1:
+        return engine.grid.get_pipe_parallel_group(), lambda _: True
+    if layout.tp > 1:
+        from deepspeed.utils import groups
+
+        return groups.get_tensor_model_parallel_group(), is_sharded
+    return None, lambda _: False
+
+
 class StepProbes:
     """The noise scale and exposed communication of each step, and their summary.json entries."""
 
-    def __init__(self, engine: Any, *, layout: Layout, device: torch.device) -> None:
+    def __init__(
+        self, engine: Any, *, layout: Layout, device: torch.device, tied_embeddings: bool = False
+    ) -> None:
         self.layout = layout
         self.noise = NoiseScale(ema=0.95)
         self.noise_unmeasured = why_unmeasured(
-            gradients_per_step=layout.accum_steps * layout.dp, pp=layout.pp
+            gradients_per_step=layout.accum_steps * layout.dp, pp=layout.pp, tied_embeddings=tied_embeddings
         )
+        self._model_group, split = _model_parallel(engine, layout)
         self._grads = (
-            MicroGradSquares(engine.module.parameters(), device, is_sharded=is_sharded)
+            MicroGradSquares(engine.module.parameters(), device, is_sharded=split)
             if self.noise_unmeasured is None
             else None
         )
@@ -86,7 +104,7 @@ class StepProbes:
         if self._comm is not None:
             self.comm_exposed_s = self._comm.take()
         if self._grads is not None:
-            small_sq_norm = _whole_model_mean(self._grads.take_mean(), tp=self.layout.tp)
+            small_sq_norm = _whole_model_mean(self._grads.take_mean(), group=self._model_group)
             if grad_norm is not None and not skipped:  # a skipped step's gradients are not finite
                 self.noise.update(
                     small_sq_norm=small_sq_norm,

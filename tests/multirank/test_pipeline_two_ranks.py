@@ -85,7 +85,22 @@ def test_summary_records_the_pipeline(runs):
     pipeline = summary["pipeline"]
     assert pipeline["blocks_per_stage"] == [2, 2]
     assert pipeline["bubble_fraction_predicted"] == pytest.approx((2 - 1) / 4)
-    assert summary["noise_scale"]["unmeasured"]  # no rank sees a micro-batch's whole gradient
+    # The tiny model ties its embedding: the two stages' parts of its gradient do not add in squares.
+    assert "model.tie_embeddings=false" in summary["noise_scale"]["unmeasured"]
+
+
+def test_untied_the_noise_scale_adds_up_over_the_stages(train):
+    """Each stage's per-micro-batch squares, summed over the pipeline: the one-rank B_simple."""
+    short = [o for o in COMMON if not o.startswith("train.steps")] + [
+        "train.steps=3",
+        "model.tie_embeddings=false",
+    ]
+    plain, pipe = (train(*layout, *short) for layout in LAYOUTS.values())
+    assert plain.returncode == 0 and pipe.returncode == 0, pipe.stderr[-3000:]
+    ours, theirs = pipe.summary["noise_scale"], plain.summary["noise_scale"]
+    assert ours["unmeasured"] is None and ours["updates"] == 3
+    print(f"noise scale B_simple: pp2 {ours['simple']:.6f}, 1 rank {theirs['simple']:.6f}")
+    assert ours["simple"] == pytest.approx(theirs["simple"], rel=1e-4)
 
 
 def test_the_step_time_splits_into_phases_with_the_stage_to_stage_waits_apart(runs):

@@ -133,8 +133,9 @@ def test_why_unmeasured_names_the_fix() -> None:
     assert why_unmeasured(gradients_per_step=2) is None
     reason = why_unmeasured(gradients_per_step=1)
     assert reason is not None and "batch.micro_size" in reason
-    reason = why_unmeasured(gradients_per_step=4, pp=2)
-    assert reason is not None and "pipeline" in reason
+    reason = why_unmeasured(gradients_per_step=4, pp=2, tied_embeddings=True)
+    assert reason is not None and "model.tie_embeddings=false" in reason
+    assert why_unmeasured(gradients_per_step=4, pp=2) is None  # untied: the stages' squares add up
 
 
 def test_probe_reads_each_micro_batch_gradient_not_the_accumulated_one() -> None:
