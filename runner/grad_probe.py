@@ -38,7 +38,7 @@ class MicroGradSquares:
         self._total = torch.zeros(2, dtype=torch.float64, device=device)  # finished micro-batches
         self.micro_batches = 0
         self._handles: list[RemovableHandle] = [
-            param.register_hook(functools.partial(self._add, REPLICATED - is_sharded(param)))
+            param.register_hook(functools.partial(self._add, SHARDED if is_sharded(param) else REPLICATED))
             for param in params
             if param.requires_grad
         ]

@@ -173,7 +173,7 @@ def split_token_embedding(model: Transformer, *, tp: int) -> None:
     ever sees the slice; under zero.Init the table is gathered whole once to cut it, as
     AutoTP does for the weights it splits.
     """
-    if tp == 1 or model.tok_embeddings.weight is model.output.weight:
+    if tp == 1 or model.cfg.tie_embeddings:  # AutoTP splits a tied one with the head
         return
     import deepspeed
     from deepspeed.module_inject.layers import VocabParallelEmbedding, set_autotp_mode
