@@ -49,6 +49,8 @@ def _row(out: Path, name: str) -> dict[str, Any]:
         "ledger_measured": memory.get("measured"),
         "planned": planned,
         "peak_flops_source": summary.get("peak_flops_source"),
+        # How rank 0 built the model and what the build cost its host (runner/build.py).
+        "model_build": summary.get("model_build", {}),
     }
 
 
@@ -73,7 +75,7 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     rows = [_row(args.out, name) for name in LAYOUTS]
     header = f"{'layout':<15}{'model':<11}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
-    print(header + f"{'ledger est GB':>15}{'plan GB':>9}{'fwd/bwd/opt %':>16}")
+    print(header + f"{'ledger est GB':>15}{'plan GB':>9}{'fwd/bwd/opt %':>16}{'build host GB':>15}")
     for row in rows:
         planned = _planned_total_gb(row["planned"])
         cells = [
@@ -84,6 +86,7 @@ def main() -> None:
             f"{row['ledger_estimated_gb'] or 0:>15.2f}",
             f"{planned if planned is not None else float('nan'):>9.2f}",
             f"{_shares(row['step_share']):>16}",
+            f"{row['model_build'].get('host_peak_gb', float('nan')):>15.2f}",
         ]
         print("".join(cells))
     results = {

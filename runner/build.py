@@ -14,6 +14,7 @@ from torch import nn
 
 from runner.build_method import BY_STAGE, PARTITIONED, build_method_for
 from runner.config import TrainConfig
+from runner.hardware import torch_dtype
 from runner.layout import Layout
 from runner.model import build_model, num_params
 from runner.peak_memory import PeakMemory, host_peak_bytes, host_rss_bytes
@@ -25,6 +26,18 @@ from runner.zero_init import build_partitioned, held_numel
 def build_method(config: TrainConfig, layout: Layout) -> str:
     """How this layout builds the model (runner/build_method.py)."""
     return build_method_for(zero_stage=config.parallel.zero_stage, tp=layout.tp, pp=layout.pp)
+
+
+def whole_build_device(layout: Layout, device: torch.device) -> torch.device:
+    """Where a whole build allocates: the rank's device, or the host when AutoTP slices it.
+
+    Without tensor parallelism the model goes to the device as it is anyway, so it is built
+    there, and the host holds one drawn parameter at a time. AutoTP slices a whole model
+    (DeepSpeed 0.19.8 engine.py ``_apply_autotp_partitioning``): built on the device, the
+    whole model would sit beside its shard there, so it is built on the host and the engine
+    moves the shard.
+    """
+    return device if layout.tp == 1 else torch.device("cpu")
 
 
 def build_for_layout(
@@ -39,7 +52,12 @@ def build_for_layout(
             config.model, seed=config.seed, ds_config=ds_config, device=device, tp=layout.tp
         )
     else:
-        model = build_model(config.model, seed=config.seed)
+        model = build_model(
+            config.model,
+            seed=config.seed,
+            device=whole_build_device(layout, device),
+            dtype=torch_dtype(config.precision.name),
+        )
     split_token_embedding(model, tp=layout.tp)
     return model
 
@@ -49,9 +67,9 @@ def build_measured(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """``build_for_layout``, and what the build cost this rank (summary.json's ``model_build``).
 
-    ``host_peak_gb`` is the rise of the process's high-water RSS over the build (the whole
-    model in fp32 is 4 bytes a parameter); ``device_peak_gb`` the rise of CUDA's allocator
-    peak. Both before DeepSpeed's own copies and casts.
+    ``host_peak_gb`` is the rise of the process's high-water RSS over the build (a whole
+    model on the host is 4 bytes a parameter in fp32, 2 in bf16 or fp16); ``device_peak_gb``
+    the rise of CUDA's allocator peak. Both before DeepSpeed's own copies.
     """
     on_device = PeakMemory(device)
     host = PeakMemory(torch.device("cpu"))

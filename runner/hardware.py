@@ -74,7 +74,8 @@ def peak_flops_for_cuda_device(device_name: str, precision: str, *, tf32: bool =
     return PEAK_TFLOPS[key][prec] * 1e12
 
 
-def _torch_dtype(dtype: Any) -> Any:
+def torch_dtype(dtype: Any) -> Any:
+    """`dtype` as a torch.dtype: a torch.dtype, a Precision or its name (fp32, bf16, fp16)."""
     import torch
 
     if isinstance(dtype, torch.dtype):
@@ -98,7 +99,7 @@ def calibrate_cpu_peak(dtype: Any, *, seconds: float = 0.5) -> float:
     """
     import torch
 
-    torch_dtype = _torch_dtype(dtype)
+    compute_dtype = torch_dtype(dtype)
     if seconds <= 0:
         raise ValueError(f"seconds={seconds} must be > 0")
     start = time.perf_counter()
@@ -108,8 +109,8 @@ def calibrate_cpu_peak(dtype: Any, *, seconds: float = 0.5) -> float:
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         while True:
-            a = torch.randn(n, n, generator=generator).to(torch_dtype)
-            b = torch.randn(n, n, generator=generator).to(torch_dtype)
+            a = torch.randn(n, n, generator=generator).to(compute_dtype)
+            b = torch.randn(n, n, generator=generator).to(compute_dtype)
             torch.mm(a, b)  # warm-up: first-call dispatch and thread-pool start
             fastest = float("inf")
             size_deadline = min(deadline, time.perf_counter() + seconds / 4)

@@ -314,14 +314,28 @@ class CausalLMLoss:
         return lm_loss(logits, shift_labels)
 
 
-def build_model(cfg: ModelConfig, *, seed: int = 0, device: torch.device | str | None = None) -> Transformer:
-    """Build and initialise a Transformer for `cfg` and `seed` on `device` (default: torch's)."""
+def build_model(
+    cfg: ModelConfig,
+    *,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Transformer:
+    """Build and initialise a Transformer for `cfg` and `seed` on `device` (default: torch's).
+
+    `dtype` (default fp32) is the parameters' dtype: each initial value is drawn in fp32
+    and rounded once as it is written, as DeepSpeed's own cast of an fp32 model would
+    (engine.py ``_configure_distributed_model``), so a 16-bit build trains bit for bit as
+    one cast by DeepSpeed. The RoPE tables stay fp32, as DeepSpeed keeps them.
+    """
     target = torch.device(device) if device is not None else torch.get_default_device()
     # Construct on "meta" (shapes only), then allocate once on the target and
     # initialise: no full CPU copy of a large model, no throwaway default init,
     # and the same weights for a seed whichever device they land on.
     with torch.device("meta"):
         model = Transformer(cfg)
+        if dtype is not None:
+            model.to(dtype)  # shapes only: nothing is allocated or rounded yet
     if target.type != "meta":
         model.to_empty(device=target)
         model.init_weights(seed)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from runner.config import ClusterConfig, Precision
-from runner.hardware import calibrate_cpu_peak, peak_flops_for_cuda_device
+from runner.hardware import calibrate_cpu_peak, peak_flops_for_cuda_device, torch_dtype
 from runner.summary import write_json_atomic
 
 
@@ -28,14 +28,6 @@ class Peak:
 
     flops: float
     source: str
-
-
-def _compute_dtype(precision: Precision) -> torch.dtype:
-    return {
-        Precision.fp32: torch.float32,
-        Precision.bf16: torch.bfloat16,
-        Precision.fp16: torch.float16,
-    }[precision]
 
 
 def resolve_peak(cluster: ClusterConfig, precision: Precision, *, accelerator: str) -> Peak:
@@ -74,7 +66,7 @@ def best_cpu_peak(precision: Precision) -> Peak:
     """
     threads = torch.get_num_threads()
     key = f"{_cpu_name()}|threads={threads}|{precision.value}"
-    now = calibrate_cpu_peak(_compute_dtype(precision))
+    now = calibrate_cpu_peak(torch_dtype(precision))
     path = _cache_path()
     cache: dict[str, float] = {}
     with contextlib.suppress(OSError, ValueError):

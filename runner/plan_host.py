@@ -4,9 +4,12 @@ The device check (runner/plan.py) sizes one GPU. A node's host RAM is shared by 
 ranks the node runs, ``ranks_per_node = min(gpus, gpus_per_node)``, and can run out
 before any GPU does, in two phases that do not overlap:
 
-- **build** (runner/build.py ``build_method``): ZeRO 0-2, with or without tensor
-  parallelism, build the whole model in fp32 in host memory on every rank (4 bytes x P;
-  AutoTP slices a whole model), before DeepSpeed moves it to the device. ZeRO-3 builds
+- **build** (runner/build.py ``build_method``): ZeRO 0-2 build the whole model in the
+  parameters' dtype (2 bytes x P in bf16 or fp16, 4 in fp32). Without tensor parallelism
+  it is built on the device it trains on (runner/build.py ``whole_build_device``), so the
+  host holds it only where the CPU is the device; with tensor parallelism it is built in
+  host memory on every rank, AutoTP slicing it there before DeepSpeed moves the shard to
+  the device. ZeRO-3 builds
   under ``zero.Init`` (runner/zero_init.py; with tensor parallelism over each rank's
   data-parallel group, AutoTP then cutting the shards on the device: runner/plan_memory.py
   ``zero3_tp_build_bytes``), which creates each module on the device in the model dtype and
@@ -69,6 +72,7 @@ def build_bytes(
     largest_param: int,
     host_is_device: bool,
     params_offloaded: bool,
+    tp: int = 1,
 ) -> dict[str, int]:
     """Named host bytes one rank holds at the peak of building its model (see the module docstring).
 
@@ -76,15 +80,16 @@ def build_bytes(
     output head, V x h, for the models here); under zero.Init the largest module whole.
     """
     lines: dict[str, int] = {}
+    p = FP32_BYTES if precision == "fp32" else HALF_BYTES
     if method == WHOLE:
-        lines["whole model in fp32"] = FP32_BYTES * num_params
+        if host_is_device or tp > 1:
+            lines[f"whole model in {precision}"] = p * num_params
         lines["drawing one parameter (fp32)"] = FP32_BYTES * largest_param
     elif method == BY_STAGE:
         lines[f"largest stage of {pp}, in fp32"] = FP32_BYTES * largest_stage_params(model, pp)
         lines["drawing one parameter (fp32)"] = FP32_BYTES * largest_param
     elif method == PARTITIONED:
         # zero.Init creates tensors in the model dtype (partition_parameters.py ``self.dtype``).
-        p = FP32_BYTES if precision == "fp32" else HALF_BYTES
         if host_is_device or params_offloaded:
             lines[f"partitions ({precision}, 1/{dp})"] = p * -(-num_params // dp)
         if host_is_device:
@@ -213,7 +218,7 @@ def _fixes(
             host_is_device=host_is_device,
             params_offloaded=offload == "optimizer+params",
         )
-        where = "" if tp == 1 else " (over each tensor-parallel rank's data-parallel group)"
+        where = "" if tp == 1 else ", over each tensor-parallel rank's data-parallel group"
         fixes.append(
             f"parallel=zero3 builds each rank's partitions only (zero.Init{where}): "
             f"{_gb(ranks_per_node * sum(partitioned.values()))} per node to build"
@@ -271,6 +276,7 @@ def host_memory(
         largest_param=largest_param,
         host_is_device=host_is_device,
         params_offloaded=offload == "optimizer+params",
+        tp=tp,
     )
     # CPU ranks hold every device byte in host memory; GPU ranks only what they offload.
     steady = {"device total (CPU ranks)": device_total} if host_is_device else dict(offloaded)

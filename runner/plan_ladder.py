@@ -20,8 +20,8 @@ Within rungs 4-7 the cheaper knobs are tried again in the same order (no recompu
 selective, then full; then a higher ZeRO stage; then offload), so a winner never
 recomputes, shards or offloads more than it needs. Every candidate takes the largest
 micro-batch that fits (auto). A candidate fits when its bytes fit the device and its node's
-host memory fits the host RAM (runner/plan_host.py: the whole model built in fp32 on every
-rank of ZeRO 0-2 and tensor parallel, offloaded states times the ranks per node). A rung
+host memory fits the host RAM (runner/plan_host.py: what every rank builds there, the whole
+model under tensor parallelism, offloaded states times the ranks per node). A rung
 that fails reports its closest candidate: its bytes against the usable memory and its
 largest term, or its host bytes per node. Layouts the runner cannot run yet
 (runner/plan.py ``plan_only_reasons``) are planned all the same and marked "plan only".

@@ -39,6 +39,9 @@ def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
     assert summary["peak_memory_measure"] == "CUDA max_memory_allocated"
     assert "datasheet" in summary["peak_flops_source"]
     assert 0 < summary["final"]["throughput/mfu"] < 1
+    # Without tensor parallelism the whole model is built on the GPU, in bf16 (runner/build.py).
+    build = summary["model_build"]
+    assert build["method"] == "whole" and build["device_peak_gb"] >= 2 * build["num_params"] / 1e9
     # The phases, read from CUDA events on the device's timeline, add up to the host's step time.
     final = summary["final"]
     phases = sum(final[f"time/{phase}_s"] for phase in ("data", "forward", "backward", "optimizer", "other"))

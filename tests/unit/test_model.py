@@ -221,6 +221,20 @@ def test_meta_model_materialises_like_build_model() -> None:
     assert model.rope_cos.shape == (TINY.max_seq_len, TINY.d_model // TINY.n_head // 2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_build_equals_the_fp32_build_cast_after(dtype: torch.dtype) -> None:
+    """Built in 16 bits: DeepSpeed's cast of the fp32 model, bit for bit, RoPE still fp32, still tied."""
+    cast_after = build_model(TINY, seed=3)
+    cast_after.to(dtype)  # what the engine does to the parameters (it keeps the buffers fp32)
+    built = build_model(TINY, seed=3, dtype=dtype)
+    assert built.output.weight is built.tok_embeddings.weight
+    for (name, p), (_, q) in zip(built.named_parameters(), cast_after.named_parameters(), strict=True):
+        assert p.dtype == dtype, name
+        assert torch.equal(p, q), name
+    assert built.rope_cos.dtype == built.rope_sin.dtype == torch.float32
+    assert torch.equal(built.rope_cos, build_model(TINY, seed=3).rope_cos)
+
+
 def test_initial_loss_is_about_ln_vocab() -> None:
     """At init the prediction is near uniform: loss ~ ln(vocab)."""
     torch.manual_seed(0)

@@ -87,8 +87,27 @@ def test_the_build_formulas_bound_the_measured_builds_of_a_51m_model_on_2_cpu_ra
     assert sum(whole.values()) / GB == pytest.approx(0.29, abs=0.01)  # the whole build: runtime seen
 
 
-def test_zero2_on_64_h200s_builds_2_2_tb_per_node_and_a_dgx_h200_holds_2_tb():
+def test_zero2_builds_on_the_gpu_and_the_host_draws_one_parameter_at_a_time():
     plan = plan_config(_h200("parallel=zero2", "gpus=64"))
+    host = plan.host
+    assert host.ranks_per_node == 8 and host.build_method == WHOLE
+    assert host.build == {
+        "drawing one parameter (fp32)": 4 * LLAMA_70B_EMBEDDING,
+        "torch runtime": TORCH_RUNTIME_BYTES,
+    }
+    assert host.phase == "build" and host.fits
+    assert "host FITS, 1790.9 GB to spare" in format_plan(plan)
+
+
+@pytest.mark.parametrize(("precision", "bytes_per_param"), [("fp32", 4), ("bf16", 2)])
+def test_a_whole_build_for_autotp_is_on_the_host_in_the_parameters_dtype(precision, bytes_per_param):
+    plan = plan_config(_h200("parallel=zero2", "parallel.tp=8", "gpus=64", f"precision={precision}"))
+    assert plan.host.build_method == WHOLE
+    assert plan.host.build[f"whole model in {precision}"] == bytes_per_param * LLAMA_70B_PARAMS
+
+
+def test_zero2_at_tp_8_on_64_h200s_builds_2_2_tb_per_node_and_a_dgx_h200_holds_2_tb():
+    plan = plan_config(_h200("parallel=zero2", "parallel.tp=8", "gpus=64"))
     host = plan.host
     assert host.ranks_per_node == 8 and host.build_method == WHOLE
     per_rank = 4 * LLAMA_70B_PARAMS + 4 * LLAMA_70B_EMBEDDING + TORCH_RUNTIME_BYTES
@@ -102,7 +121,10 @@ def test_zero2_on_64_h200s_builds_2_2_tb_per_node_and_a_dgx_h200_holds_2_tb():
         "host DOES NOT FIT by 416.4 GB: 8 ranks x 277.0 GB building the model = 2216.4 GB > "
         "1800.0 GB usable host RAM per node" in table
     )
-    assert "fix: parallel=zero3 builds each rank's partitions only (zero.Init): 0.85 GB per node" in table
+    assert (
+        "fix: parallel=zero3 builds each rank's partitions only (zero.Init, over each tensor-parallel "
+        "rank's data-parallel group): 1.77 GB per node" in table
+    )
     assert "fix: fewer ranks per node: 6 fit (6 x 277.0 GB); plan it with cluster.gpus_per_node=6" in table
     assert "cluster.host_memory_gb=2463" in table  # 2216.4 / 0.9, rounded up
     assert "host RAM per node                        2000.00" in table
@@ -170,10 +192,11 @@ def test_the_default_tiny_run_on_this_host():
 
 
 def test_the_ladder_skips_layouts_whose_build_the_host_cannot_hold():
-    """llama_1b fits an H200 under DDP, but 8 whole fp32 builds (8 x 4.9 GB) do not fit 20 GB of RAM."""
-    config = _config(
-        "model=llama_1b", "cluster=h200", "gpus=8", "precision=bf16", "cluster.host_memory_gb=20"
-    )
+    """llama_1b fits an H200 under DDP, but 8 ranks drawing its embedding (8 x 1.14 GB) do not fit 5 GB.
+
+    ZeRO-3 draws 1/8 of it on each rank.
+    """
+    config = _config("model=llama_1b", "cluster=h200", "gpus=8", "precision=bf16", "cluster.host_memory_gb=5")
     ladder = recommend(workload_from_config(config))
     assert ladder.winner is not None and ladder.winner.name == "zero3"
     first = ladder.rungs[0]
@@ -188,7 +211,7 @@ def test_a_run_is_not_refused_for_host_memory_as_it_is_not_for_device_memory():
 
 
 def test_plan_json_has_the_host_lines(tmp_path, capsys):
-    plan_job(_h200("parallel=zero2", "gpus=64"), run_dir=tmp_path)
+    plan_job(_h200("parallel=zero2", "parallel.tp=8", "gpus=64"), run_dir=tmp_path)
     host = read_plan(tmp_path)["host_memory"]
     assert host["ranks_per_node"] == 8 and host["build_method"] == WHOLE
     assert host["per_rank"]["build"]["whole model in fp32"] == 4 * LLAMA_70B_PARAMS
