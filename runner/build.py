@@ -46,7 +46,13 @@ def build_for_layout(
     """This rank's model: its pipeline stage, its ZeRO-3 partitions, or the whole model."""
     method = build_method(config, layout)
     if method == BY_STAGE:
-        return build_pipeline(config.model, pp=layout.pp, seed=config.seed)
+        return build_pipeline(
+            config.model,
+            pp=layout.pp,
+            seed=config.seed,
+            device=device,
+            dtype=torch_dtype(config.precision.name),
+        )
     if method == PARTITIONED:
         model = build_partitioned(
             config.model, seed=config.seed, ds_config=ds_config, device=device, tp=layout.tp

@@ -135,7 +135,8 @@ def _tensors_in(obj: Any, depth: int = 0, visited: set[int] | None = None) -> It
     visited.add(id(obj))
     if isinstance(obj, torch.Tensor):
         yield obj
-        if obj.grad is not None:
+        # Only a leaf (or a tensor that retains its grad) has one; asking a non-leaf warns.
+        if (obj.is_leaf or obj.retains_grad) and obj.grad is not None:
             yield obj.grad
     elif isinstance(obj, torch.nn.Module):
         return

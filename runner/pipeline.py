@@ -24,6 +24,7 @@ same weights for a seed as every other layout.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -136,16 +137,41 @@ def _init_stage(pipe: Any, cfg: ModelConfig, seed: int) -> None:
         param.copy_(initial_value(cfg, _model_name(cfg, layer, rest), param.shape, seed=seed))
 
 
-def build_pipeline(cfg: ModelConfig, *, pp: int, seed: int) -> Any:
-    """This rank's stage of ``cfg`` as a PipelineModule (the process group must exist)."""
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default floating dtype is ``dtype`` inside, and what it was after."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_pipeline(
+    cfg: ModelConfig,
+    *,
+    pp: int,
+    seed: int,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """This rank's stage of ``cfg`` as a PipelineModule (the process group must exist).
+
+    The stage's layers are allocated on ``device`` (default: the host) in ``dtype``, as
+    runner/model.py ``build_model`` builds a whole model: DeepSpeed's LayerSpec builds each
+    layer with torch's defaults, so the two are set while it does. The RoPE tables are made
+    before, in fp32.
+    """
     from deepspeed.pipe import PipelineModule
 
+    layers = _layer_specs(cfg)
     # PipelineModule broadcasts the tied embedding from the first stage to the last in place
     # (``_synchronize_tied_weights``). Outside no_grad autograd records that broadcast on the
     # weight, and every backward then warns that c10d::broadcast_ has no autograd kernel.
-    with torch.no_grad():
+    with torch.no_grad(), torch.device(device or "cpu"), _default_dtype(dtype):
         pipe = PipelineModule(
-            layers=_layer_specs(cfg),
+            layers=layers,
             num_stages=pp,
             loss_fn=lm_loss,
             partition_method=f"type:{BlockPipe.__name__}",

@@ -17,7 +17,8 @@ before any GPU does, in two phases that do not overlap:
   runtime/zero/partition_parameters.py: tensors on ``local_device``, partitions on
   ``remote_device``, the host only with ``offload_param``): the host keeps the partitions
   only with parameter offload, and one module whole only when the CPU is the device. A
-  pipeline rank builds its own stage (runner/pipeline_split.py ``stage_param_numels``). Every
+  pipeline rank builds its own stage (runner/pipeline_split.py ``stage_param_numels``) in
+  the parameters' dtype on its device, on the host only where the CPU is the device. Every
   rank also draws its initial values on the host, one parameter (or one partition of
   it) at a time in fp32 (runner/model.py ``initial_values``).
 - **steady** (from DeepSpeed's engine on): ZeRO-Offload's offloaded terms and its own
@@ -86,7 +87,8 @@ def build_bytes(
             lines[f"whole model in {precision}"] = p * num_params
         lines["drawing one parameter (fp32)"] = FP32_BYTES * largest_param
     elif method == BY_STAGE:
-        lines[f"largest stage of {pp}, in fp32"] = FP32_BYTES * largest_stage_params(model, pp)
+        if host_is_device:
+            lines[f"largest stage of {pp}, in {precision}"] = p * largest_stage_params(model, pp)
         lines["drawing one parameter (fp32)"] = FP32_BYTES * largest_param
     elif method == PARTITIONED:
         # zero.Init creates tensors in the model dtype (partition_parameters.py ``self.dtype``).
