@@ -32,7 +32,7 @@ def whole_build_device(layout: Layout, device: torch.device) -> torch.device:
     """Where a whole build allocates: the rank's device, or the host when AutoTP slices it.
 
     Without tensor parallelism the model goes to the device as it is anyway, so it is built
-    there, and the host holds one drawn parameter at a time. AutoTP slices a whole model
+    there, and the host holds one block of drawn values at a time. AutoTP slices a whole model
     (DeepSpeed 0.19.8 engine.py ``_apply_autotp_partitioning``): built on the device, the
     whole model would sit beside its shard there, so it is built on the host and the engine
     moves the shard.

@@ -9,6 +9,12 @@ WHOLE = "whole"  # ZeRO-0/1/2 keep the parameters whole anyway; AutoTP slices a 
 PARTITIONED = "partitioned by zero.Init"  # runner/zero_init.py: never whole on a rank (AutoTP cuts after)
 BY_STAGE = "by pipeline stage"  # runner/pipeline.py: each rank builds its stage only
 
+# Initial values are drawn on the host in fp32 and written into the parameters this many
+# elements at a time (runner/model.py ``write_initial_values``): 64 of its 2^20-element
+# chunks, 256 MB, so a rank's threads draw in parallel while the host never holds a large
+# parameter whole in fp32 (Llama-2 70B's embedding: 262M elements, 1.05 GB).
+DRAW_BLOCK = 64 << 20
+
 
 def build_method_for(*, zero_stage: int, tp: int, pp: int) -> str:
     """``BY_STAGE`` with a pipeline, ``PARTITIONED`` at ZeRO-3 (with or without tp), else ``WHOLE``."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from runner.build_method import DRAW_BLOCK
 from runner.config import ModelConfig, Recompute
 from runner.model_shape import check_shape, n_kv_head
 from runner.model_shape import num_params as num_params  # re-exported: the count sits beside the model
@@ -96,6 +98,23 @@ def initial_values(
 def initial_value(cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: int) -> torch.Tensor:
     """The whole initial value of parameter `name` (`initial_values`), shaped."""
     return initial_values(cfg, name, shape, seed=seed).view(*shape)
+
+
+@torch.no_grad()
+def write_initial_values(
+    out: torch.Tensor, cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: int, start: int = 0
+) -> None:
+    """Write elements [start, start + out.numel()) of parameter `name`'s initial value into `out`.
+
+    `out` is contiguous, on any device, in any floating dtype. The values are drawn on the
+    host (`initial_values`) DRAW_BLOCK elements at a time, in blocks aligned to DRAW_BLOCK
+    so that no chunk is drawn twice, and rounded once as each block is written.
+    """
+    flat = out.view(-1)
+    stop = start + flat.numel()
+    edges = [start, *range((start // DRAW_BLOCK + 1) * DRAW_BLOCK, stop, DRAW_BLOCK), stop]
+    for a, b in itertools.pairwise(edges):
+        flat[a - start : b - start].copy_(initial_values(cfg, name, shape, seed=seed, start=a, stop=b))
 
 
 class RMSNorm(nn.Module):
@@ -264,7 +283,7 @@ class Transformer(nn.Module):
             # to_empty() replaces meta Parameters one by one, which unties them.
             self.output.weight = self.tok_embeddings.weight
         for name, param in self.named_parameters():  # a tied weight once, by its first name
-            param.copy_(initial_value(self.cfg, name, param.shape, seed=seed))
+            write_initial_values(param, self.cfg, name, param.shape, seed=seed)
         self.init_rope(self.tok_embeddings.weight.device)
 
     def init_rope(self, device: torch.device) -> None:

@@ -40,7 +40,7 @@ from runner.config import ModelConfig, Precision, Recompute
 from runner.data import BatchSource, rank_slice
 from runner.layout import Layout
 from runner.ledger import Ledger, fullest_device, measure_model_states, saved_activations
-from runner.model import RMSNorm, TransformerBlock, initial_value, lm_loss, rope_cache
+from runner.model import RMSNorm, TransformerBlock, lm_loss, rope_cache, write_initial_values
 from runner.nonfinite import NonFiniteGuard, skipping
 from runner.phase_clock import PhaseClock
 from runner.pipeline_split import stage_blocks, stage_bounds
@@ -134,7 +134,7 @@ def _init_stage(pipe: Any, cfg: ModelConfig, seed: int) -> None:
         layer, _, rest = name.partition(".")
         if layer == "tied_modules":
             rest = rest.partition(".")[2]  # tied_modules.<key>.weight
-        param.copy_(initial_value(cfg, _model_name(cfg, layer, rest), param.shape, seed=seed))
+        write_initial_values(param, cfg, _model_name(cfg, layer, rest), param.shape, seed=seed)
 
 
 @contextlib.contextmanager

@@ -19,8 +19,9 @@ before any GPU does, in two phases that do not overlap:
   only with parameter offload, and one module whole only when the CPU is the device. A
   pipeline rank builds its own stage (runner/pipeline_split.py ``stage_param_numels``) in
   the parameters' dtype on its device, on the host only where the CPU is the device. Every
-  rank also draws its initial values on the host, one parameter (or one partition of
-  it) at a time in fp32 (runner/model.py ``initial_values``).
+  rank also draws its initial values on the host in fp32, one parameter (or one
+  partition of it) at a time and at most ``DRAW_BLOCK`` elements of it (runner/model.py
+  ``write_initial_values``).
 - **steady** (from DeepSpeed's engine on): ZeRO-Offload's offloaded terms and its own
   host buffers per rank (runner/memory.py ``model_states``, ``offload_host_buffers``:
   the plan's "offloaded ..." and "host buffer: ..." lines); nothing else when the model
@@ -43,12 +44,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.build_method import BY_STAGE, PARTITIONED, WHOLE, build_method_for
+from runner.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, WHOLE, build_method_for
 from runner.config import ModelConfig
 from runner.memory import FP32_BYTES, HALF_BYTES
 from runner.pipeline_split import rank_param_numels
 
 GB = 1e9  # decimal gigabyte, as runner/plan.py
+DRAWING = "drawing initial values (fp32)"
 TORCH_RUNTIME_BYTES = 90_000_000  # README "How a rank builds the model": torch's first use, measured on a CPU
 
 
@@ -85,18 +87,18 @@ def build_bytes(
     if method == WHOLE:
         if host_is_device or tp > 1:
             lines[f"whole model in {precision}"] = p * num_params
-        lines["drawing one parameter (fp32)"] = FP32_BYTES * largest_param
+        lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == BY_STAGE:
         if host_is_device:
             lines[f"largest stage of {pp}, in {precision}"] = p * largest_stage_params(model, pp)
-        lines["drawing one parameter (fp32)"] = FP32_BYTES * largest_param
+        lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == PARTITIONED:
         # zero.Init creates tensors in the model dtype (partition_parameters.py ``self.dtype``).
         if host_is_device or params_offloaded:
             lines[f"partitions ({precision}, 1/{dp})"] = p * -(-num_params // dp)
         if host_is_device:
             lines[f"largest module whole ({precision})"] = p * largest_param
-        lines["drawing one partition (fp32)"] = FP32_BYTES * -(-largest_param // dp)
+        lines[DRAWING] = FP32_BYTES * min(-(-largest_param // dp), DRAW_BLOCK)
     else:
         raise ValueError(f"build method {method!r} is not one of {WHOLE!r}, {PARTITIONED!r}, {BY_STAGE!r}")
     lines["torch runtime"] = TORCH_RUNTIME_BYTES

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from runner.config import ModelConfig
-from runner.model import Transformer, initial_values
+from runner.model import Transformer, write_initial_values
 
 
 def build_partitioned(
@@ -71,8 +71,9 @@ def _write_partition(param: Any, cfg: ModelConfig, name: str, *, seed: int) -> N
     start = dist.get_rank(group=param.ds_process_group) * part.ds_numel
     stop = min(start + part.ds_numel, param.ds_numel)
     if stop > start:
-        values = initial_values(cfg, name, param.ds_shape, seed=seed, start=start, stop=stop)
-        part.narrow(0, 0, stop - start).copy_(values)
+        write_initial_values(
+            part.narrow(0, 0, stop - start), cfg, name, param.ds_shape, seed=seed, start=start
+        )
 
 
 def held_numel(model: nn.Module) -> int:

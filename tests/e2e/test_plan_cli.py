@@ -114,7 +114,7 @@ def test_a_whole_fp32_build_that_a_dgx_h200_cannot_hold_is_called_out_with_the_f
         "host memory per node: 8 ranks (gpus 64, 8 per node), model built whole",
         "build: whole model in fp32                275.91",
         "host RAM per node                        2000.00    1862.65  [datasheet: cluster h200]",
-        "host DOES NOT FIT by 416.4 GB: 8 ranks x 277.0 GB building the model = 2216.4 GB > "
+        "host DOES NOT FIT by 410.1 GB: 8 ranks x 276.3 GB building the model = 2210.1 GB > "
         "1800.0 GB usable host RAM per node",
         "fix: parallel=zero3 builds each rank's partitions only (zero.Init, over each tensor-parallel",
     ):

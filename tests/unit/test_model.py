@@ -18,6 +18,7 @@ from runner.model import (
     initial_values,
     lm_loss,
     num_params,
+    write_initial_values,
 )
 
 pytestmark = pytest.mark.unit
@@ -207,6 +208,27 @@ def test_a_slice_of_a_parameter_draws_the_whole_values_slice() -> None:
         torch.set_num_threads(threads)
     with pytest.raises(ValueError, match=r"\[0, 2200001\) is not a slice"):
         initial_values(TINY, name, shape, seed=7, start=0, stop=n + 1)
+
+
+@pytest.mark.parametrize("start", [0, 3, INIT_CHUNK + 7])
+def test_writing_block_by_block_gives_the_whole_values_rounded_once(monkeypatch, start) -> None:
+    """Parameters are written DRAW_BLOCK elements at a time: the same values as drawn whole."""
+    import runner.model
+
+    monkeypatch.setattr(runner.model, "DRAW_BLOCK", 2 * INIT_CHUNK)  # 2.2M elements: 2 blocks or more
+    name, shape = "layers.0.feed_forward.w1.weight", (1100, 2000)
+    whole = initial_values(TINY, name, shape, seed=7)
+    drawn: list[tuple[int, int]] = []
+
+    def spy(*args, start: int, stop: int, **kwargs) -> torch.Tensor:
+        drawn.append((start, stop))
+        return initial_values(*args, start=start, stop=stop, **kwargs)
+
+    monkeypatch.setattr(runner.model, "initial_values", spy)
+    out = torch.empty(whole.numel() - start, dtype=torch.bfloat16)
+    write_initial_values(out, TINY, name, shape, seed=7, start=start)
+    assert torch.equal(out, whole[start:].to(torch.bfloat16))
+    assert drawn == [(start, 2 * INIT_CHUNK), (2 * INIT_CHUNK, whole.numel())]  # the host held one block
 
 
 def test_meta_model_materialises_like_build_model() -> None:

@@ -7,13 +7,13 @@ import math
 import pytest
 from train_helpers import compose_config
 
-from runner.build_method import BY_STAGE, PARTITIONED, WHOLE, build_method_for
+from runner.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, WHOLE, build_method_for
 from runner.config import ModelConfig, TrainConfig
 from runner.layout import resolve_layout
 from runner.model import num_params
 from runner.plan import GB, plan_config, plan_job, read_plan, workload_from_config
 from runner.plan_hardware import host_ram_bytes
-from runner.plan_host import TORCH_RUNTIME_BYTES, build_bytes
+from runner.plan_host import DRAWING, TORCH_RUNTIME_BYTES, build_bytes
 from runner.plan_ladder import recommend
 from runner.plan_table import format_plan
 from runner.run import choose_layout_explained
@@ -65,14 +65,14 @@ def test_the_build_formulas_bound_the_measured_builds_of_a_51m_model_on_2_cpu_ra
     whole = build_bytes(model, method=WHOLE, pp=1, params_offloaded=False, **common)
     assert whole == {
         "whole model in fp32": 4 * p,
-        "drawing one parameter (fp32)": 4 * largest,
+        DRAWING: 4 * largest,
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
     partitioned = build_bytes(model, method=PARTITIONED, pp=1, params_offloaded=False, **common)
     assert partitioned == {
         "partitions (fp32, 1/2)": 4 * math.ceil(p / 2),
         "largest module whole (fp32)": 4 * largest,
-        "drawing one partition (fp32)": 4 * largest // 2,
+        DRAWING: 4 * largest // 2,
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
     stage = build_bytes(model, method=BY_STAGE, pp=2, params_offloaded=False, **common)
@@ -92,11 +92,11 @@ def test_zero2_builds_on_the_gpu_and_the_host_draws_one_parameter_at_a_time():
     host = plan.host
     assert host.ranks_per_node == 8 and host.build_method == WHOLE
     assert host.build == {
-        "drawing one parameter (fp32)": 4 * LLAMA_70B_EMBEDDING,
+        DRAWING: 4 * DRAW_BLOCK,  # the 262M-element embedding, 64M elements at a time
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
     assert host.phase == "build" and host.fits
-    assert "host FITS, 1790.9 GB to spare" in format_plan(plan)
+    assert "host FITS, 1797.1 GB to spare" in format_plan(plan)
 
 
 @pytest.mark.parametrize(("precision", "bytes_per_param"), [("fp32", 4), ("bf16", 2)])
@@ -110,23 +110,23 @@ def test_zero2_at_tp_8_on_64_h200s_builds_2_2_tb_per_node_and_a_dgx_h200_holds_2
     plan = plan_config(_h200("parallel=zero2", "parallel.tp=8", "gpus=64"))
     host = plan.host
     assert host.ranks_per_node == 8 and host.build_method == WHOLE
-    per_rank = 4 * LLAMA_70B_PARAMS + 4 * LLAMA_70B_EMBEDDING + TORCH_RUNTIME_BYTES
+    per_rank = 4 * LLAMA_70B_PARAMS + 4 * DRAW_BLOCK + TORCH_RUNTIME_BYTES
     assert sum(host.build.values()) == per_rank
-    assert host.build_per_node == 8 * per_rank  # 2216.4 GB
+    assert host.build_per_node == 8 * per_rank  # 2210.1 GB
     assert host.steady_per_node == 8 * TORCH_RUNTIME_BYTES  # nothing offloaded
     assert (host.ram_bytes, host.usable_bytes) == (2000 * GB, 1800 * GB)
     assert host.phase == "build" and not host.fits and not plan.runnable
     table = format_plan(plan)
     assert (
-        "host DOES NOT FIT by 416.4 GB: 8 ranks x 277.0 GB building the model = 2216.4 GB > "
+        "host DOES NOT FIT by 410.1 GB: 8 ranks x 276.3 GB building the model = 2210.1 GB > "
         "1800.0 GB usable host RAM per node" in table
     )
     assert (
         "fix: parallel=zero3 builds each rank's partitions only (zero.Init, over each tensor-parallel "
         "rank's data-parallel group): 1.77 GB per node" in table
     )
-    assert "fix: fewer ranks per node: 6 fit (6 x 277.0 GB); plan it with cluster.gpus_per_node=6" in table
-    assert "cluster.host_memory_gb=2463" in table  # 2216.4 / 0.9, rounded up
+    assert "fix: fewer ranks per node: 6 fit (6 x 276.3 GB); plan it with cluster.gpus_per_node=6" in table
+    assert "cluster.host_memory_gb=2456" in table  # 2210.1 / 0.9, rounded up
     assert "host RAM per node                        2000.00" in table
     assert "[datasheet: cluster h200]" in table
 
@@ -137,7 +137,7 @@ def test_zero3_builds_partitioned_on_the_gpus_and_fits_the_host():
     assert host.build_method == PARTITIONED
     # zero.Init creates each module on the GPU: the host draws one partition at a time.
     assert host.build == {
-        "drawing one partition (fp32)": 4 * math.ceil(LLAMA_70B_EMBEDDING / 64),
+        DRAWING: 4 * math.ceil(LLAMA_70B_EMBEDDING / 64),
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
     assert host.fits and host.build_per_node < 1 * GB
@@ -192,11 +192,11 @@ def test_the_default_tiny_run_on_this_host():
 
 
 def test_the_ladder_skips_layouts_whose_build_the_host_cannot_hold():
-    """llama_1b fits an H200 under DDP, but 8 ranks drawing its embedding (8 x 1.14 GB) do not fit 5 GB.
+    """llama_1b fits an H200 under DDP, but 8 ranks drawing its embedding (8 x 0.36 GB) do not fit 3 GB.
 
-    ZeRO-3 draws 1/8 of it on each rank.
+    ZeRO-3 draws 1/8 of it on each rank (8 x 0.22 GB).
     """
-    config = _config("model=llama_1b", "cluster=h200", "gpus=8", "precision=bf16", "cluster.host_memory_gb=5")
+    config = _config("model=llama_1b", "cluster=h200", "gpus=8", "precision=bf16", "cluster.host_memory_gb=3")
     ladder = recommend(workload_from_config(config))
     assert ladder.winner is not None and ladder.winner.name == "zero3"
     first = ladder.rungs[0]
