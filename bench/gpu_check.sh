@@ -14,7 +14,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu_check}"
 mkdir -p "$out"
-python=${PYTHON:-python}
+# The project's .venv (make run / make test create it) unless PYTHON names another.
+default_python=python
+[ -x .venv/bin/python ] && default_python=.venv/bin/python
+python=${PYTHON:-$default_python}
 
 if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   mode=full model=llama_1b precision=bf16 steps=20 big_steps=10 extra="data.seq_len=2048 batch.global_size=16"
