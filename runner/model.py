@@ -95,11 +95,6 @@ def initial_values(
     return out
 
 
-def initial_value(cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: int) -> torch.Tensor:
-    """The whole initial value of parameter `name` (`initial_values`), shaped."""
-    return initial_values(cfg, name, shape, seed=seed).view(*shape)
-
-
 @torch.no_grad()
 def write_initial_values(
     out: torch.Tensor, cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: int, start: int = 0
@@ -273,7 +268,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
-        """(Re)initialise parameters (`initial_value`) and the RoPE tables in place.
+        """(Re)initialise parameters (`write_initial_values`) and the RoPE tables in place.
 
         Also the way to materialise a model built on the meta device:
         model.to_empty(device=...); model.init_weights(seed). A model partitioned by

@@ -18,7 +18,7 @@ and the labels on the last, so the sequences of a step do not depend on the layo
 Weights. A tied embedding (``tie_embeddings``) lives on the first stage (lookup) and the
 last (output head) as DeepSpeed's ``TiedLayerSpec``: DeepSpeed sums the two stages'
 gradients before the step, so the copies stay one parameter. Each rank builds its stage's
-layers only and draws their values by name (runner/model.py's ``initial_value``): the
+layers only and draws their values by name (runner/model.py's ``write_initial_values``): the
 same weights for a seed as every other layout.
 """
 

@@ -14,7 +14,6 @@ from runner.model import (
     Attention,
     Transformer,
     build_model,
-    initial_value,
     initial_values,
     lm_loss,
     num_params,
@@ -173,12 +172,12 @@ def test_each_parameter_is_drawn_from_its_name_alone() -> None:
     """
     whole = build_model(SMALL, seed=5)
     name = "layers.1.feed_forward.w1.weight"
-    alone = initial_value(SMALL, name, whole.get_parameter(name).shape, seed=5)
-    assert torch.equal(alone, whole.get_parameter(name))
+    alone = initial_values(SMALL, name, whole.get_parameter(name).shape, seed=5)
+    assert torch.equal(alone, whole.get_parameter(name).flatten())
     names = [n for n, _ in whole.named_parameters()]
-    draws = {n: initial_value(SMALL, n, whole.get_parameter(n).shape, seed=5) for n in reversed(names)}
+    draws = {n: initial_values(SMALL, n, whole.get_parameter(n).shape, seed=5) for n in reversed(names)}
     for n in names:
-        assert torch.equal(draws[n], whole.get_parameter(n)), n
+        assert torch.equal(draws[n], whole.get_parameter(n).flatten()), n
     other = "layers.0.feed_forward.w1.weight"
     assert not torch.equal(whole.get_parameter(other), whole.get_parameter(name))
 
