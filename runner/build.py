@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.build_method import BY_STAGE, PARTITIONED, build_method_for
+from runner.build_method import BY_STAGE, PARTITIONED, build_method_for, whole_build_on_host
 from runner.config import TrainConfig
 from runner.hardware import torch_dtype
 from runner.layout import Layout
@@ -29,15 +29,8 @@ def build_method(config: TrainConfig, layout: Layout) -> str:
 
 
 def whole_build_device(layout: Layout, device: torch.device) -> torch.device:
-    """Where a whole build allocates: the rank's device, or the host when AutoTP slices it.
-
-    Without tensor parallelism the model goes to the device as it is anyway, so it is built
-    there, and the host holds one block of drawn values at a time. AutoTP slices a whole model
-    (DeepSpeed 0.19.8 engine.py ``_apply_autotp_partitioning``): built on the device, the
-    whole model would sit beside its shard there, so it is built on the host and the engine
-    moves the shard.
-    """
-    return device if layout.tp == 1 else torch.device("cpu")
+    """Where a whole build allocates (runner/build_method.py ``whole_build_on_host``)."""
+    return torch.device("cpu") if whole_build_on_host(tp=layout.tp) else device
 
 
 def build_for_layout(

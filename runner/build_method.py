@@ -23,3 +23,14 @@ def build_method_for(*, zero_stage: int, tp: int, pp: int) -> str:
     if zero_stage == 3:
         return PARTITIONED
     return WHOLE
+
+
+def whole_build_on_host(*, tp: int) -> bool:
+    """Whether a ``WHOLE`` build allocates on the host rather than the rank's device.
+
+    AutoTP slices a whole model (DeepSpeed 0.19.8 engine.py ``_apply_autotp_partitioning``):
+    built on the device, the whole model would sit beside its shard there, so with tp it is
+    built on the host and the engine moves the shard. Without tp it goes to the device as it
+    is, so it is built there.
+    """
+    return tp > 1

@@ -44,7 +44,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, WHOLE, build_method_for
+from runner.build_method import (
+    BY_STAGE,
+    DRAW_BLOCK,
+    PARTITIONED,
+    WHOLE,
+    build_method_for,
+    whole_build_on_host,
+)
 from runner.config import ModelConfig
 from runner.memory import FP32_BYTES, HALF_BYTES
 from runner.pipeline_split import rank_param_numels
@@ -85,7 +92,7 @@ def build_bytes(
     lines: dict[str, int] = {}
     p = FP32_BYTES if precision == "fp32" else HALF_BYTES
     if method == WHOLE:
-        if host_is_device or tp > 1:
+        if host_is_device or whole_build_on_host(tp=tp):
             lines[f"whole model in {precision}"] = p * num_params
         lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == BY_STAGE:
