@@ -72,11 +72,13 @@ def save(
     rank: int,
     keep: int,
     skipped_steps: list[int] | None = None,
+    noise_scale: dict[str, Any] | None = None,
 ) -> None:
     """Write a checkpoint of every rank's state; collective: every rank calls it.
 
     ``skipped_steps`` (train.on_nonfinite=skip, runner/nonfinite.py) go into ``latest.json``,
-    so a resumed run counts them against train.max_skipped_steps.
+    so a resumed run counts them against train.max_skipped_steps; so does rank 0's noise
+    scale state (runner/noise_scale.py, the same on every rank), so its EMAs go on.
     """
     root = run_dir / CHECKPOINT_DIR
     tag = tag_for(completed_steps)
@@ -101,6 +103,7 @@ def save(
                 "layout": layout.record(),
                 "zero_stage": zero_stage,
                 "skipped_steps": list(skipped_steps or []),
+                "noise_scale": noise_scale,
             },
         )
         _prune(root, keep=keep, newest=tag)

@@ -111,6 +111,20 @@ class NoiseScale:
         self.small_batch, self.big_batch = small_batch, big_batch
         return self.value
 
+    def state(self) -> dict[str, Any]:
+        """The EMAs and their count, for a checkpoint: a resumed run goes on smoothing where it stopped.
+
+        Both estimates are unbiased whatever the batch sizes (eq. A.2), so they carry over
+        to a resume on another layout, whose micro-batch may differ.
+        """
+        return {"updates": self.updates, "grad_sq": self._grad_sq, "trace_sigma": self._trace_sigma}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take up the EMAs ``state`` recorded (same ``ema``)."""
+        self.updates = int(state["updates"])
+        self._grad_sq = float(state["grad_sq"])
+        self._trace_sigma = float(state["trace_sigma"])
+
     @property
     def value(self) -> float | None:
         """The smoothed B_simple; None before any update or while the |G|² average is not positive."""

@@ -312,6 +312,8 @@ def _train(
     own_grad_norm = own_grad_norm and pipe is None  # a stage holds its own layers' gradients only
     # The noise scale and exposed communication, read as the step runs (runner/step_probes.py).
     probes = StepProbes(engine, layout=layout, device=device, tied_embeddings=config.model.tie_embeddings)
+    if record is not None and record.get("noise_scale"):
+        probes.noise.restore(record["noise_scale"])  # its EMAs go on where the checkpoint left them
     # Where each step's time goes (runner/phase_clock.py); a pipeline marks its instructions.
     clock = PhaseClock(device, PHASES if pipe is None else PIPELINE_PHASES)
     if pipe is not None:
@@ -422,6 +424,7 @@ def _train(
                     rank=env.rank,
                     keep=config.train.keep_checkpoints,
                     skipped_steps=nonfinite.skipped,
+                    noise_scale=probes.noise.state(),
                 )
             if asked and stop is not None:
                 raise _stopped(step + 1, asked, stop, rank=env.rank)

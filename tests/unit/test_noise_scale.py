@@ -114,6 +114,25 @@ def test_smooths_numerator_and_denominator_not_the_ratio() -> None:
     assert estimator.value != pytest.approx(0.5 * (0.5 * 10) + 0.5 * 2)  # an EMA of the ratios
 
 
+def test_a_restored_state_goes_on_as_if_never_stopped() -> None:
+    """A resumed run takes up the checkpoint's EMAs (runner/checkpoint.py's latest.json)."""
+    steps = [(5.0, 4, 2.0, 16), (4.0, 4, 1.5, 16), (6.0, 2, 1.0, 16), (3.0, 2, 1.2, 16)]
+
+    def fold(noise: NoiseScale, part: list[tuple[float, int, float, int]]) -> float | None:
+        value = None
+        for small, b_small, big, b_big in part:
+            value = noise.update(small_sq_norm=small, small_batch=b_small, big_sq_norm=big, big_batch=b_big)
+        return value
+
+    uninterrupted = fold(NoiseScale(ema=0.9), steps)
+    before = NoiseScale(ema=0.9)
+    fold(before, steps[:2])
+    after = NoiseScale(ema=0.9)
+    after.restore(before.state())
+    assert fold(after, steps[2:]) == uninterrupted  # micro 4 before, 2 after: another layout
+    assert after.updates == 4
+
+
 def test_none_until_gradient_estimate_positive() -> None:
     estimator = NoiseScale()
     assert estimator.value is None
