@@ -42,6 +42,7 @@ def build_for_layout(
         return build_pipeline(
             config.model,
             pp=layout.pp,
+            tp=layout.tp,
             seed=config.seed,
             device=device,
             dtype=torch_dtype(config.precision.name),

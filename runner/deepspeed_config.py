@@ -90,11 +90,14 @@ def build_deepspeed_config(
 ) -> dict[str, Any]:
     """DeepSpeed's config dict for one layout; ``lr`` is the effective (scaled) learning rate."""
     offloaded = parallel.offload_optimizer != Offload.none
+    # Under a pipeline, tp is the pipeline grid's model axis, split by ladder itself
+    # (runner/pipeline_tensor_parallel.py); only without one is it DeepSpeed's AutoTP.
+    autotp = layout.tp if layout.pp == 1 else 1
     config: dict[str, Any] = {
         # global = micro x accum x dp: DeepSpeed checks the same identity at initialize
         # (with tensor parallelism, in its own count: runner/tensor_parallel.py).
         "train_batch_size": deepspeed_train_batch_size(
-            global_size=layout.global_size, tp=layout.tp, zero_stage=parallel.zero_stage
+            global_size=layout.global_size, tp=autotp, zero_stage=parallel.zero_stage
         ),
         "train_micro_batch_size_per_gpu": layout.micro_size,
         "gradient_accumulation_steps": layout.accum_steps,
@@ -104,7 +107,7 @@ def build_deepspeed_config(
         "steps_per_print": _QUIET_STEPS,
         "wall_clock_breakdown": False,
         **_precision_section(precision),
-        **tensor_parallel_section(layout.tp),
+        **tensor_parallel_section(autotp),
     }
     if config["train_batch_size"] is None:
         del config["train_batch_size"]

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -44,6 +43,8 @@ from runner.model import RMSNorm, TransformerBlock, lm_loss, rope_cache, write_i
 from runner.nonfinite import NonFiniteGuard, skipping
 from runner.phase_clock import PhaseClock
 from runner.pipeline_split import stage_blocks, stage_bounds
+from runner.pipeline_tensor_parallel import output_head, split_stage
+from runner.tensor_parallel import is_sharded
 
 log = logging.getLogger("ladder")
 
@@ -70,11 +71,6 @@ class RotaryTables(nn.Module):
 
 class EmbeddingPipe(nn.Embedding):
     """Token lookup, first stage: tokens (B, T) -> (B, T, C)."""
-
-
-def _output_head(embedding: nn.Embedding, x: torch.Tensor) -> torch.Tensor:
-    """The tied output head on the last stage: (B, T, C) -> logits (B, T, V)."""
-    return F.linear(x, embedding.weight)
 
 
 class OutputPipe(nn.Linear):
@@ -109,7 +105,7 @@ def _layer_specs(cfg: ModelConfig) -> list[Any]:
     rope = RotaryTables(cfg)
     if cfg.tie_embeddings:
         first = TiedLayerSpec(_EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model)
-        head = TiedLayerSpec(_EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model, forward_fn=_output_head)
+        head = TiedLayerSpec(_EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model, forward_fn=output_head)
     else:
         first = LayerSpec(EmbeddingPipe, cfg.vocab_size, cfg.d_model)
         head = LayerSpec(OutputPipe, cfg.d_model, cfg.vocab_size)
@@ -153,6 +149,7 @@ def build_pipeline(
     *,
     pp: int,
     seed: int,
+    tp: int = 1,
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Any:
@@ -161,24 +158,33 @@ def build_pipeline(
     The stage's layers are allocated on ``device`` (default: the host) in ``dtype``, as
     runner/model.py ``build_model`` builds a whole model: DeepSpeed's LayerSpec builds each
     layer with torch's defaults, so the two are set while it does. The RoPE tables are made
-    before, in fp32.
+    before, in fp32. With ``tp`` > 1 the stage is then split over its tensor-parallel group
+    (runner/pipeline_tensor_parallel.py).
     """
+    import torch.distributed as dist
     from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     layers = _layer_specs(cfg)
+    # Without tp, DeepSpeed's default grid (pipe, data); with it, (pipe, data, model).
+    grid: dict[str, Any] = {"num_stages": pp}
+    if tp > 1:
+        dp = dist.get_world_size() // (pp * tp)
+        grid = {"topology": PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)}
     # PipelineModule broadcasts the tied embedding from the first stage to the last in place
     # (``_synchronize_tied_weights``). Outside no_grad autograd records that broadcast on the
     # weight, and every backward then warns that c10d::broadcast_ has no autograd kernel.
     with torch.no_grad(), torch.device(device or "cpu"), _default_dtype(dtype):
         pipe = PipelineModule(
             layers=layers,
-            num_stages=pp,
             loss_fn=lm_loss,
+            **grid,
             partition_method=f"type:{BlockPipe.__name__}",
         )
     if list(pipe.parts) != [b[0] for b in stage_bounds(cfg.n_layer, pp)] + [cfg.n_layer + 3]:
         raise RuntimeError(f"DeepSpeed split the layers as {pipe.parts}, not as stage_bounds says")
     _init_stage(pipe, cfg, seed)
+    split_stage(pipe, embedding_type=EmbeddingPipe, head_type=OutputPipe)
     return pipe
 
 
@@ -195,19 +201,25 @@ def _clip_across_stages(engine: Any, max_norm: float) -> None:
     only; the pipeline grid's model-parallel group spans the stages, so only the first
     stage's gradients enter the norm. Here each stage adds its own squared norm (the tied
     embedding once: DeepSpeed marks the other copy ``ds_pipe_replicated``) over the
-    pipeline group, after the data-parallel all-reduce, as the plain layout sees it.
+    pipeline group, after the data-parallel all-reduce, as the plain layout sees it. With
+    tensor parallelism the group spans the stages' tensor-parallel ranks too: a shard's
+    squares are summed over them, a weight every rank of the group holds whole (the norms)
+    counted on its first rank only.
     """
     import torch.distributed as dist
 
-    group = engine.grid.get_pipe_parallel_group()
+    grid = engine.grid
+    group = grid.get_model_parallel_group()  # the ranks of one data-parallel index: pipe x tp
+    first_of_slice = grid.get_slice_parallel_rank() == 0
+
+    def counted(param: torch.nn.Parameter) -> bool:
+        if param.grad is None or getattr(param, "ds_pipe_replicated", False):
+            return False
+        return first_of_slice or is_sharded(param)
 
     def clip() -> None:
         grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-        own = [
-            p.grad.detach().float().pow(2).sum()
-            for p in engine.module.parameters()
-            if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)
-        ]
+        own = [p.grad.detach().float().pow(2).sum() for p in engine.module.parameters() if counted(p)]
         sq = torch.stack(own).sum() if own else torch.zeros((), device=engine.device)
         dist.all_reduce(sq, group=group)
         norm = sq.sqrt()

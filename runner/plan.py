@@ -381,8 +381,6 @@ def plan_only_reasons(knobs: Knobs) -> list[str]:
     reasons = []
     if knobs.pp > 1:
         # The same refusals as runner/validate.py pipeline_problems, for a run.
-        if knobs.tp > 1:
-            reasons.append(f"parallel.pp={knobs.pp} with parallel.tp={knobs.tp}: not run together yet")
         if knobs.zero_stage >= 2:
             # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8).
             reasons.append("DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")

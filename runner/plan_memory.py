@@ -52,6 +52,8 @@ class MemoryTerms:
     host_counts_on_device: bool = False  # CPU ranks: the host is the device
     activation_note: str = ""
     build: int = 0  # device bytes while the model is built, where it can hold more (zero3_tp_build_bytes)
+    build_note: str = ""  # what the build holds, for plan=true's table
+    build_until: str = ""  # and until when
 
     @property
     def model_states(self) -> int:
@@ -72,7 +74,7 @@ class MemoryTerms:
     def largest(self) -> tuple[str, int]:
         """The largest named term: what to shrink first (the build, where it is the peak)."""
         if self.build > self.total:
-            return "build (zero.Init's 1/dp of the whole model, before AutoTP)", self.build
+            return f"build ({self.build_note}, {self.build_until})", self.build
         terms = {
             "params": self.params,
             "grads": self.grads,
@@ -96,6 +98,19 @@ def zero3_tp_build_bytes(model: ModelConfig, *, precision: str, dp: int) -> int:
     numels = rank_param_numels(model)
     elem = 4 if precision == "fp32" else 2
     return elem * (-(-sum(numels) // dp) + max(numels))
+
+
+def pipeline_tp_build_bytes(model: ModelConfig, *, precision: str, pp: int, tp: int) -> int:
+    """Device bytes of a tensor-parallel pipeline rank while its stage is built and cut.
+
+    runner/pipeline_tensor_parallel.py builds the fullest stage whole in the model dtype on
+    the device and cuts it weight by weight; DeepSpeed's layers copy each shard out and free
+    the whole weight (module_inject/layers.py ``move``). So the build holds the whole stage
+    plus the shard of its largest weight.
+    """
+    numels = rank_param_numels(model, pp=pp)
+    elem = 4 if precision == "fp32" else 2
+    return elem * (sum(numels) + -(-max(numels) // tp))
 
 
 def layers_per_stage(n_layer: int, pp: int) -> int:
@@ -222,9 +237,13 @@ def memory_terms(
     )
     # zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
     # ranks the build is host memory (runner/plan_host.py).
-    build = 0
+    build, build_note, build_until = 0, "", ""
     if zero_stage == 3 and tp > 1 and pp == 1 and not host_is_device and offload != "optimizer+params":
         build = zero3_tp_build_bytes(model, precision=precision, dp=dp)
+        build_note, build_until = "zero.Init 1/dp + a weight", "before AutoTP cuts the shards"
+    if tp > 1 and pp > 1 and not host_is_device:
+        build = pipeline_tp_build_bytes(model, precision=precision, pp=pp, tp=tp)
+        build_note, build_until = "the stage whole", f"before it is cut over tp {tp}"
     return MemoryTerms(
         params=states.params,
         grads=grads,
@@ -235,6 +254,8 @@ def memory_terms(
         host_counts_on_device=host_is_device,
         activation_note=note,
         build=build,
+        build_note=build_note,
+        build_until=build_until,
     )
 
 
@@ -243,5 +264,6 @@ __all__ = [
     "activation_bytes",
     "layers_per_stage",
     "memory_terms",
+    "pipeline_tp_build_bytes",
     "zero3_tp_build_bytes",
 ]

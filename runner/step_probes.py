@@ -53,19 +53,29 @@ def _whole_model_mean(squares: torch.Tensor, *, group: Any) -> float:
     return float(total.item()) / dist.get_world_size()
 
 
-def _model_parallel(engine: Any, layout: Layout) -> tuple[Any, Callable[[torch.nn.Parameter], bool]]:
-    """The group over which a micro-batch's gradient is split, and which parameters it splits.
+def _model_parallel(
+    engine: Any, layout: Layout
+) -> tuple[Any, Callable[[torch.nn.Parameter], bool], Callable[[torch.nn.Parameter], bool]]:
+    """The group over which a micro-batch's gradient is split, which parameters it splits,
+    and which this rank counts.
 
     A pipeline stage's squares add up with the other stages' (each layer lives on one
-    stage); a tensor-parallel shard's with its group's, a replica's counted once.
+    stage); a tensor-parallel shard's with its group's, a replica's counted once. Under
+    both, the group is the pipeline grid's model-parallel one (pipe x tp): every counted
+    tensor is summed over it, and a tensor each rank of a stage holds whole (the norms) is
+    counted on that stage's first tensor-parallel rank only.
     """
+    if layout.pp > 1 and layout.tp > 1:
+        grid = engine.grid
+        first_of_slice = grid.get_slice_parallel_rank() == 0
+        return grid.get_model_parallel_group(), lambda _: True, lambda p: first_of_slice or is_sharded(p)
     if layout.pp > 1:
-        return engine.grid.get_pipe_parallel_group(), lambda _: True
+        return engine.grid.get_pipe_parallel_group(), lambda _: True, lambda _: True
     if layout.tp > 1:
         from deepspeed.utils import groups
 
-        return groups.get_tensor_model_parallel_group(), is_sharded
-    return None, lambda _: False
+        return groups.get_tensor_model_parallel_group(), is_sharded, lambda _: True
+    return None, lambda _: False, lambda _: True
 
 
 class StepProbes:
@@ -79,9 +89,9 @@ class StepProbes:
         self.noise_unmeasured = why_unmeasured(
             gradients_per_step=layout.accum_steps * layout.dp, pp=layout.pp, tied_embeddings=tied_embeddings
         )
-        self._model_group, split = _model_parallel(engine, layout)
+        self._model_group, split, counted = _model_parallel(engine, layout)
         self._grads = (
-            MicroGradSquares(engine.module.parameters(), device, is_sharded=split)
+            MicroGradSquares([p for p in engine.module.parameters() if counted(p)], device, is_sharded=split)
             if self.noise_unmeasured is None
             else None
         )

@@ -172,11 +172,6 @@ def pipeline_problems(config: TrainConfig) -> list[str]:
             f"parallel.pp={pp} > model.n_layer={model.n_layer}: each pipeline stage needs at least one "
             f"transformer block; use parallel.pp <= {model.n_layer}"
         )
-    if par.tp > 1:
-        problems.append(
-            f"parallel.pp={pp} with parallel.tp={par.tp}: tensor and pipeline parallelism are not run "
-            f"together yet; use one of them (or plan=true to size the layout)"
-        )
     if Offload.cpu in (par.offload_optimizer, par.offload_param):
         problems.append(
             f"parallel.pp={pp} with CPU offload: offload under a pipeline is not run here; drop "

@@ -1,0 +1,96 @@
+"""Tensor and pipeline parallelism together keep the experiment and quarter what a rank holds.
+
+fp32 on CPU, global batch 16 as micro 4 x accum 4: one rank against tp 2 x pp 2 on 4 ranks
+(dp 1), started by torchrun, which this 2-core host allows where ladder's local launcher
+keeps one rank per core. Tied embeddings at ZeRO-0 (ladder's own clipping over the stages
+and the tensor-parallel ranks); untied at ZeRO-1, stopped after 5 steps and resumed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from train_helpers import TrainResult, run_torchrun, run_train
+
+pytestmark = pytest.mark.multirank
+
+STEPS = 10
+FP32_TOLERANCE = 1e-5
+COMMON = [
+    "batch.global_size=16",
+    "batch.micro_size=4",
+    "logger=none",
+    "optimizer.lr=1e-3",
+]
+TP_PP = ["gpus=4", "parallel.tp=2", "parallel.pp=2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, TrainResult]:
+    """One rank and tp 2 x pp 2, tied and untied; the untied 3D run resumed halfway."""
+    root: Path = tmp_path_factory.mktemp("tp_pp")
+    results = {}
+    for tie in ("true", "false"):
+        plain = ["gpus=1", f"model.tie_embeddings={tie}", f"train.steps={STEPS}", *COMMON]
+        result = run_train(*plain, run_dir=root / f"plain_{tie}")
+        assert result.returncode == 0, result.stderr[-3000:]
+        results[f"plain/tied={tie}"] = result
+    tied_overrides = [*TP_PP, "parallel=ddp", f"train.steps={STEPS}", *COMMON]
+    tied = run_torchrun(*tied_overrides, nproc=4, port=29541, run_dir=root / "tp_pp_tied")
+    assert tied.returncode == 0, tied.stderr[-3000:]
+    results["tp_pp/tied=true"] = tied
+    untied = [*TP_PP, "parallel=zero1", "model.tie_embeddings=false", "train.checkpoint_every=5", *COMMON]
+    first = run_torchrun(*untied, "train.steps=5", nproc=4, port=29542, run_dir=root / "tp_pp_untied")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resume = [*untied, f"train.steps={STEPS}", "train.resume=auto"]
+    resumed = run_torchrun(*resume, nproc=4, port=29543, run_dir=root / "tp_pp_untied")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results["tp_pp/tied=false"] = resumed
+    return results
+
+
+@pytest.mark.parametrize("tie", ["true", "false"])
+def test_tensor_and_pipeline_parallel_give_the_losses_of_one_rank(runs, tie):
+    plain = [m["loss"] for m in runs[f"plain/tied={tie}"].metrics]
+    layered = [m["loss"] for m in runs[f"tp_pp/tied={tie}"].metrics]
+    assert len(layered) == len(plain) == STEPS  # the resumed run's file holds all 10 steps
+    worst = max(abs(a - b) for a, b in zip(plain, layered, strict=True))
+    print(f"tp 2 x pp 2 (tied={tie}) vs 1 rank: max |dloss| over {STEPS} steps = {worst:.2e}")
+    assert worst <= FP32_TOLERANCE
+    layout = runs[f"tp_pp/tied={tie}"].summary["layout"]
+    expected = {"dp": 1, "tp": 2, "pp": 2, "accum_steps": 4}
+    assert {k: layout[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("tie", ["true", "false"])
+def test_gradient_norm_spans_stages_and_shards(runs, tie):
+    """Clipping (grad_clip 1.0) is by the whole model's norm: ladder's at ZeRO-0, DeepSpeed's at ZeRO-1."""
+    plain = [m["grad_norm"] for m in runs[f"plain/tied={tie}"].metrics]
+    layered = [m["grad_norm"] for m in runs[f"tp_pp/tied={tie}"].metrics]
+    assert layered == pytest.approx(plain, rel=1e-4)
+
+
+def test_noise_scale_sums_stages_and_shards(runs):
+    """Untied: each micro-batch's squares over 2 stages x 2 shards, the norms counted once."""
+    plain = runs["plain/tied=false"].metrics[-1]["batch/noise_scale"]
+    layered = runs["tp_pp/tied=false"].metrics[-1]["batch/noise_scale"]
+    assert layered == pytest.approx(plain, rel=1e-4)
+
+
+def test_each_rank_holds_about_a_quarter_of_the_model_states(runs):
+    """Measured: the fullest rank holds 824,576 of 3,229,952 params (0.255), as estimated."""
+    full = runs["plain/tied=true"].summary["memory"]["measured"]
+    memory = runs["tp_pp/tied=true"].summary["memory"]
+    for term in ("params", "grads", "optimizer"):
+        ratio = memory["measured"][f"{term}_gb"] / full[f"{term}_gb"]
+        print(f"{term}: tp 2 x pp 2 / plain = {ratio:.3f}")
+        assert 0.24 < ratio < 0.27, (term, ratio)
+    for term, error in memory["rel_error"].items():
+        assert error is not None and abs(error) <= 1e-3, (term, memory)
+
+
+def test_the_stage_is_built_then_cut(runs):
+    build = runs["tp_pp/tied=true"].summary["model_build"]
+    assert build["method"] == "by pipeline stage"
+    assert build["params"] < build["num_params"] / 3.5  # rank 0's quarter, counted after the cut
