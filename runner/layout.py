@@ -71,6 +71,18 @@ def data_parallel_size(*, gpus: int, tp: int, pp: int) -> int:
     return gpus // (tp * pp)
 
 
+# 1F1B idles (pp - 1) / m of the ideal step for m micro-batches (Narayanan et al. 2021,
+# arXiv 2104.04473, Sec. 2.2.1), small only when m >> pp: with m >= 4 pp it stays under 1/4.
+PIPELINE_MICRO_BATCHES_PER_STAGE = 4
+
+
+def most_pipeline_micro(per_rank: int, pp: int) -> int:
+    """The largest micro-batch ``auto`` takes under a pipeline: one that leaves at least
+    ``PIPELINE_MICRO_BATCHES_PER_STAGE`` x pp micro-batches per step where the batch has
+    them, else 1 (as many micro-batches as it has)."""
+    return max(1, per_rank // (PIPELINE_MICRO_BATCHES_PER_STAGE * pp))
+
+
 def resolve_layout(
     *,
     gpus: int,
@@ -84,7 +96,8 @@ def resolve_layout(
 
     With ``micro_size=None`` the largest divisor of ``global_size / dp`` for which
     ``fits(micro)`` holds is taken (every divisor when ``fits`` is None), below
-    ``global_size`` itself when dp is 1.
+    ``global_size`` itself when dp is 1, and under a pipeline no larger than
+    ``most_pipeline_micro``.
     """
     if global_size < 1:
         raise LayoutError(f"batch.global_size={global_size}: sequences per optimizer step must be at least 1")
@@ -104,6 +117,8 @@ def resolve_layout(
         candidates = divisors(per_rank)
         if dp == 1 and per_rank > 1:
             candidates = candidates[:-1]
+        if pp > 1:
+            candidates = [m for m in candidates if m <= most_pipeline_micro(per_rank, pp)]
         chosen = next((m for m in reversed(candidates) if fits is None or fits(m)), None)
         if chosen is None:
             raise LayoutError(

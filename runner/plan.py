@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import ModelConfig, Offload, Precision, TrainConfig
-from runner.layout import Layout, LayoutError, data_parallel_size, resolve_layout
+from runner.layout import (
+    PIPELINE_MICRO_BATCHES_PER_STAGE,
+    Layout,
+    LayoutError,
+    data_parallel_size,
+    resolve_layout,
+)
 from runner.model_shape import num_params as count_params
 from runner.model_shape import param_numels
 from runner.plan_hardware import Device, resolve_device
@@ -338,6 +344,13 @@ class MicroFit:
         head = f"micro {chosen}: {gb(total)} of {self._usable()}"
         if larger:
             return f"{head}; micro {larger[0]} would need {gb(self.totals[larger[0]])}"
+        pp = self.knobs.pp
+        if pp > 1 and chosen < self.per_rank:  # runner/layout.py most_pipeline_micro
+            return (
+                f"{head}; under a pipeline auto keeps {PIPELINE_MICRO_BATCHES_PER_STAGE} x pp = "
+                f"{PIPELINE_MICRO_BATCHES_PER_STAGE * pp} micro-batches per step where global/dp = "
+                f"{self.per_rank} has them (bubble (pp-1)/accum = {pp - 1}/{self.per_rank // chosen})"
+            )
         if chosen < self.per_rank:  # runner/layout.py: one rank keeps two micro-batches per step
             return (
                 f"{head}; the largest divisor below global {self.per_rank} on one rank, which keeps "

@@ -62,6 +62,22 @@ def test_auto_leaves_two_gradients_per_step_on_one_rank():
     assert resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=16).accum_steps == 1
 
 
+def test_auto_keeps_four_micro_batches_per_stage_under_a_pipeline():
+    # 1F1B's bubble is (pp - 1) / accum of the ideal step: auto keeps accum >= 4 pp.
+    layout = resolve_layout(gpus=2, tp=1, pp=2, global_size=16, micro_size=None)
+    assert (layout.micro_size, layout.accum_steps) == (2, 8)
+    layout = resolve_layout(gpus=64, tp=8, pp=4, global_size=64, micro_size=None)  # dp 2, 32 per rank
+    assert (layout.micro_size, layout.accum_steps) == (2, 16)
+    # Fewer sequences than 4 pp: as many micro-batches as there are sequences.
+    assert resolve_layout(gpus=8, tp=1, pp=8, global_size=16, micro_size=None).micro_size == 1
+    # Memory still decides below that bound, and a configured micro is kept.
+    assert (
+        resolve_layout(gpus=2, tp=1, pp=2, global_size=64, micro_size=None, fits=lambda m: m < 4).micro_size
+        == 2
+    )
+    assert resolve_layout(gpus=2, tp=1, pp=2, global_size=16, micro_size=8).accum_steps == 2
+
+
 def test_auto_with_nothing_that_fits_says_what_to_do():
     with pytest.raises(LayoutError, match="plan=true"):
         resolve_layout(gpus=1, tp=1, pp=1, global_size=8, micro_size=None, fits=lambda m: False)
