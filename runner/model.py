@@ -112,6 +112,39 @@ def write_initial_values(
         flat[a - start : b - start].copy_(initial_values(cfg, name, shape, seed=seed, start=a, stop=b))
 
 
+@torch.no_grad()
+def write_initial_shard(
+    out: torch.Tensor,
+    cfg: ModelConfig,
+    name: str,
+    shape: Sequence[int],
+    *,
+    seed: int,
+    dim: int,
+    start: int,
+) -> None:
+    """Write a tensor-parallel shard of parameter `name`'s initial value into `out`.
+
+    `out` is the slice [start, start + out.shape[dim]) of the whole `shape` along `dim`: 0
+    for rows (contiguous in the whole tensor), 1 for the columns of a matrix, drawn a band
+    of whole rows (about DRAW_BLOCK elements) at a time and cut.
+    """
+    if dim == 0:
+        write_initial_values(out, cfg, name, shape, seed=seed, start=start * math.prod(shape[1:]))
+        return
+    if dim != 1 or len(shape) != 2:
+        raise ValueError(
+            f"{name}: a shard is cut along rows, or along the columns of a matrix, not dim {dim}"
+        )
+    rows, cols = shape
+    width = out.shape[1]
+    band = max(1, DRAW_BLOCK // cols)
+    for top in range(0, rows, band):
+        bottom = min(rows, top + band)
+        values = initial_values(cfg, name, shape, seed=seed, start=top * cols, stop=bottom * cols)
+        out[top:bottom].copy_(values.view(bottom - top, cols)[:, start : start + width])
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich 2019, arXiv 1910.07467)."""
 

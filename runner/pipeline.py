@@ -39,11 +39,18 @@ from runner.config import ModelConfig, Precision, Recompute
 from runner.data import BatchSource, rank_slice
 from runner.layout import Layout
 from runner.ledger import Ledger, fullest_device, measure_model_states, saved_activations
-from runner.model import RMSNorm, TransformerBlock, lm_loss, rope_cache, write_initial_values
+from runner.model import (
+    RMSNorm,
+    TransformerBlock,
+    lm_loss,
+    rope_cache,
+    write_initial_shard,
+    write_initial_values,
+)
 from runner.nonfinite import NonFiniteGuard, skipping
 from runner.phase_clock import PhaseClock
 from runner.pipeline_split import stage_blocks, stage_bounds
-from runner.pipeline_tensor_parallel import output_head, split_stage
+from runner.pipeline_tensor_parallel import cut_pipeline_module, output_head, shard_offsets
 from runner.tensor_parallel import is_sharded
 
 log = logging.getLogger("ladder")
@@ -71,6 +78,11 @@ class RotaryTables(nn.Module):
 
 class EmbeddingPipe(nn.Embedding):
     """Token lookup, first stage: tokens (B, T) -> (B, T, C)."""
+
+    def __init__(self, vocab_size: int, d_model: int) -> None:
+        # An empty weight skips nn.Embedding's normal_ init, which _init_stage overwrites:
+        # as runner/model.py's Transformer, whose note says what it costs on the meta device.
+        super().__init__(vocab_size, d_model, _weight=torch.empty(vocab_size, d_model))
 
 
 class OutputPipe(nn.Linear):
@@ -125,12 +137,19 @@ def _model_name(cfg: ModelConfig, layer: str, param: str) -> str:
 
 @torch.no_grad()
 def _init_stage(pipe: Any, cfg: ModelConfig, seed: int) -> None:
-    """Give this stage's parameters the values runner/model.py draws for them by name."""
+    """Give this stage's parameters the values runner/model.py draws for them by name
+    (a tensor-parallel shard: its slice of the whole weight's)."""
+    shards = shard_offsets(pipe)
     for name, param in pipe.named_parameters():
         layer, _, rest = name.partition(".")
         if layer == "tied_modules":
             rest = rest.partition(".")[2]  # tied_modules.<key>.weight
-        write_initial_values(param, cfg, _model_name(cfg, layer, rest), param.shape, seed=seed)
+        whole = _model_name(cfg, layer, rest)
+        if id(param) in shards:
+            dim, start, shape = shards[id(param)]
+            write_initial_shard(param, cfg, whole, shape, seed=seed, dim=dim, start=start)
+        else:
+            write_initial_values(param, cfg, whole, param.shape, seed=seed)
 
 
 @contextlib.contextmanager
@@ -174,17 +193,19 @@ def build_pipeline(
     # PipelineModule broadcasts the tied embedding from the first stage to the last in place
     # (``_synchronize_tied_weights``). Outside no_grad autograd records that broadcast on the
     # weight, and every backward then warns that c10d::broadcast_ has no autograd kernel.
+    kwargs: dict[str, Any] = dict(
+        layers=layers, loss_fn=lm_loss, partition_method=f"type:{BlockPipe.__name__}", **grid
+    )
     with torch.no_grad(), torch.device(device or "cpu"), _default_dtype(dtype):
-        pipe = PipelineModule(
-            layers=layers,
-            loss_fn=lm_loss,
-            **grid,
-            partition_method=f"type:{BlockPipe.__name__}",
-        )
+        if tp > 1:
+            pipe = cut_pipeline_module(
+                torch.device(device or "cpu"), embedding_type=EmbeddingPipe, head_type=OutputPipe, **kwargs
+            )
+        else:
+            pipe = PipelineModule(**kwargs)
     if list(pipe.parts) != [b[0] for b in stage_bounds(cfg.n_layer, pp)] + [cfg.n_layer + 3]:
         raise RuntimeError(f"DeepSpeed split the layers as {pipe.parts}, not as stage_bounds says")
     _init_stage(pipe, cfg, seed)
-    split_stage(pipe, embedding_type=EmbeddingPipe, head_type=OutputPipe)
     return pipe
 
 

@@ -26,8 +26,10 @@ What is split, as without a pipeline (Shoeybi et al. 2019, arXiv 1909.08053, Sec
   tensor-parallel rank, runtime/pipe/module.py ``_index_tied_modules``) sums matching
   slices; the head multiplies by this rank's slice.
 
-The stage is built whole first (in the training dtype, on its device) and cut here, as
-AutoTP cuts a whole model: a rank holds its whole stage until then.
+A stage is born cut: its layers are made on the meta device (shapes only), cut there,
+and only then given memory on the rank's device, where each shard's initial values are
+written (runner/pipeline.py ``_init_stage``): the same weights as every other layout,
+and no rank ever holds more than its shard.
 """
 
 from __future__ import annotations
@@ -139,10 +141,60 @@ def split_stage(pipe: Any, *, embedding_type: type[nn.Embedding], head_type: typ
     for key, tied in list(pipe.tied_modules.items()):
         split = VocabParallelEmbedding(tied, group, name="tok_embeddings")
         pipe.tied_modules[key] = split
-        if key in pipe.tied_comms:
+        if key in getattr(pipe, "tied_comms", {}):  # not made yet while the stage is built
             pipe.tied_comms[key]["module"] = split
         _replace_layer(pipe, tied, split)
         if any(isinstance(f, functools.partial) and f.args[0] is split for f in pipe.forward_funcs):
             head = split  # this stage computes the tied head from its slice
     if head is not None:
         pipe.loss_fn = VocabParallelLoss(head)
+
+
+def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...]]]:
+    """For each tensor-parallel weight under ``module``, by id: the dim it is cut along, where
+    this rank's slice starts, and the whole weight's shape."""
+    from deepspeed.module_inject.layers import LinearAllreduce, TensorParallel_Layer
+
+    offsets = {}
+    for layer in module.modules():
+        if isinstance(layer, TensorParallel_Layer) and getattr(layer, "is_tp_parallel", False):
+            dim = 1 if isinstance(layer, LinearAllreduce) else 0  # row-parallel: input features
+            start = sum(layer._partition_sizes[: layer.tp_index])
+            offsets[id(layer.weight)] = (dim, start, tuple(layer._orig_weight_shape))
+    return offsets
+
+
+def materialize(module: nn.Module, device: torch.device) -> None:
+    """Give every meta parameter of ``module`` uninitialised memory on ``device``, in place.
+
+    The Parameter objects stay (optimizer groups, tied references and the attributes
+    DeepSpeed's layers set on them, such as ``tensor_model_parallel``, all hold); buffers
+    are left as they are.
+    """
+    for param in module.parameters():
+        if not param.is_meta:
+            continue
+        attributes = dict(param.__dict__)
+        real = nn.Parameter(torch.empty_like(param, device=device), requires_grad=param.requires_grad)
+        torch.utils.swap_tensors(param, real)  # swaps the attribute dicts too
+        param.__dict__.update(attributes)
+
+
+def cut_pipeline_module(
+    device: torch.device, *, embedding_type: type[nn.Embedding], head_type: type[nn.Linear], **kwargs: Any
+) -> Any:
+    """DeepSpeed's PipelineModule(**kwargs) whose stage is built on meta, cut, then put on ``device``.
+
+    DeepSpeed builds the stage's layers in ``_build`` and moves them to the accelerator
+    right after (runtime/pipe/module.py, 0.19.8); the grid and its groups exist before.
+    """
+    from deepspeed.pipe import PipelineModule
+
+    class CutPipelineModule(PipelineModule):
+        def _build(self) -> None:
+            with torch.device("meta"):
+                super()._build()
+            split_stage(self, embedding_type=embedding_type, head_type=head_type)
+            materialize(self, device)
+
+    return CutPipelineModule(**kwargs)

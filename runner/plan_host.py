@@ -18,7 +18,9 @@ before any GPU does, in two phases that do not overlap:
   ``remote_device``, the host only with ``offload_param``): the host keeps the partitions
   only with parameter offload, and one module whole only when the CPU is the device. A
   pipeline rank builds its own stage (runner/pipeline_split.py ``stage_param_numels``) in
-  the parameters' dtype on its device, on the host only where the CPU is the device. Every
+  the parameters' dtype on its device, on the host only where the CPU is the device; with
+  tensor parallelism it is cut on the meta device first, so only its shard is ever
+  allocated (runner/pipeline_tensor_parallel.py). Every
   rank also draws its initial values on the host in fp32, one parameter (or one
   partition of it) at a time and at most ``DRAW_BLOCK`` elements of it (runner/model.py
   ``write_initial_values``).
@@ -66,9 +68,10 @@ def _gb(num_bytes: float) -> str:
     return f"{num_bytes / GB:.{1 if num_bytes >= 10 * GB else 2}f} GB"
 
 
-def largest_stage_params(model: ModelConfig, pp: int) -> int:
-    """Parameters of the fullest pipeline stage (runner/pipeline_split.py: DeepSpeed's balance)."""
-    return sum(rank_param_numels(model, pp=pp))
+def largest_stage_params(model: ModelConfig, pp: int, tp: int = 1) -> int:
+    """Parameters of the fullest pipeline stage's rank (runner/pipeline_split.py: DeepSpeed's
+    balance; with tp, its shard)."""
+    return sum(rank_param_numels(model, tp=tp, pp=pp))
 
 
 def build_bytes(
@@ -97,7 +100,8 @@ def build_bytes(
         lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == BY_STAGE:
         if host_is_device:
-            lines[f"largest stage of {pp}, in {precision}"] = p * largest_stage_params(model, pp)
+            stage = f"largest stage of {pp}" + (f", 1/{tp} of it" if tp > 1 else "")
+            lines[f"{stage}, in {precision}"] = p * largest_stage_params(model, pp, tp)
         lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == PARTITIONED:
         # zero.Init creates tensors in the model dtype (partition_parameters.py ``self.dtype``).

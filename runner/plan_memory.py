@@ -100,19 +100,6 @@ def zero3_tp_build_bytes(model: ModelConfig, *, precision: str, dp: int) -> int:
     return elem * (-(-sum(numels) // dp) + max(numels))
 
 
-def pipeline_tp_build_bytes(model: ModelConfig, *, precision: str, pp: int, tp: int) -> int:
-    """Device bytes of a tensor-parallel pipeline rank while its stage is built and cut.
-
-    runner/pipeline_tensor_parallel.py builds the fullest stage whole in the model dtype on
-    the device and cuts it weight by weight; DeepSpeed's layers copy each shard out and free
-    the whole weight (module_inject/layers.py ``move``). So the build holds the whole stage
-    plus the shard of its largest weight.
-    """
-    numels = rank_param_numels(model, pp=pp)
-    elem = 4 if precision == "fp32" else 2
-    return elem * (sum(numels) + -(-max(numels) // tp))
-
-
 def layers_per_stage(n_layer: int, pp: int) -> int:
     """Transformer layers on the fullest pipeline stage: ceil(L / pp)."""
     return -(-n_layer // pp)
@@ -241,9 +228,6 @@ def memory_terms(
     if zero_stage == 3 and tp > 1 and pp == 1 and not host_is_device and offload != "optimizer+params":
         build = zero3_tp_build_bytes(model, precision=precision, dp=dp)
         build_note, build_until = "zero.Init 1/dp + a weight", "before AutoTP cuts the shards"
-    if tp > 1 and pp > 1 and not host_is_device:
-        build = pipeline_tp_build_bytes(model, precision=precision, pp=pp, tp=tp)
-        build_note, build_until = "the stage whole", f"before it is cut over tp {tp}"
     return MemoryTerms(
         params=states.params,
         grads=grads,
@@ -264,6 +248,5 @@ __all__ = [
     "activation_bytes",
     "layers_per_stage",
     "memory_terms",
-    "pipeline_tp_build_bytes",
     "zero3_tp_build_bytes",
 ]

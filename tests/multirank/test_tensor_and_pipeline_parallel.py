@@ -90,7 +90,9 @@ def test_each_rank_holds_about_a_quarter_of_the_model_states(runs):
         assert error is not None and abs(error) <= 1e-3, (term, memory)
 
 
-def test_the_stage_is_built_then_cut(runs):
+def test_a_rank_builds_only_its_shard_of_its_stage(runs):
     build = runs["tp_pp/tied=true"].summary["model_build"]
     assert build["method"] == "by pipeline stage"
-    assert build["params"] < build["num_params"] / 3.5  # rank 0's quarter, counted after the cut
+    # Rank 0: the first stage's half of the tied embedding and of its 2 blocks' matrices,
+    # its norms whole (runner/pipeline_tensor_parallel.py cuts on the meta device).
+    assert build["params"] == 824_320

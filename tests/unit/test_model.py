@@ -17,6 +17,7 @@ from runner.model import (
     initial_values,
     lm_loss,
     num_params,
+    write_initial_shard,
     write_initial_values,
 )
 
@@ -228,6 +229,20 @@ def test_writing_block_by_block_gives_the_whole_values_rounded_once(monkeypatch,
     write_initial_values(out, TINY, name, shape, seed=7, start=start)
     assert torch.equal(out, whole[start:].to(torch.bfloat16))
     assert drawn == [(start, 2 * INIT_CHUNK), (2 * INIT_CHUNK, whole.numel())]  # the host held one block
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_tensor_parallel_shard_gets_its_slice_of_the_whole_weight(monkeypatch, dim) -> None:
+    """A cut pipeline stage writes its shards directly (runner/pipeline_tensor_parallel.py)."""
+    import runner.model
+
+    monkeypatch.setattr(runner.model, "DRAW_BLOCK", 7 * 300)  # bands of 7 rows: 43 of them
+    name, shape = "layers.1.attention.wo.weight", (300, 200)
+    whole = initial_values(TINY, name, shape, seed=5).view(shape)
+    start, width = 120, 80
+    out = torch.empty((width, 200) if dim == 0 else (300, width), dtype=torch.bfloat16)
+    write_initial_shard(out, TINY, name, shape, seed=5, dim=dim, start=start)
+    assert torch.equal(out, whole.narrow(dim, start, width).to(torch.bfloat16))
 
 
 def test_meta_model_materialises_like_build_model() -> None:

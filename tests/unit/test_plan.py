@@ -152,7 +152,7 @@ def test_recommend_walks_cheap_to_costly_and_says_why_each_rung_failed():
     assert ladder.command.startswith("python train.py model=llama_70b cluster=h100_sxm gpus=64")
 
 
-def test_tensor_and_pipeline_parallel_together_are_planned_with_the_stage_build():
+def test_tensor_and_pipeline_parallel_together_are_planned_and_run():
     config = _70b(
         "gpus=64",
         "parallel.tp=8",
@@ -172,11 +172,9 @@ def test_tensor_and_pipeline_parallel_together_are_planned_with_the_stage_build(
     assert plan.memory.params == 2 * (20 * block + h + v * h // 8)
     assert plan.memory.params > 2 * math.ceil(LLAMA_70B_PARAMS / 32)  # not P / (tp x pp)
     assert not plan.plan_only and "PLAN ONLY" not in format_plan(plan)
-    # On a GPU the stage is built whole on the device, then cut over tp
-    # (runner/pipeline_tensor_parallel.py): the last stage's 20 blocks whole, the norm, the head.
-    whole_stage = 20 * (2 * h + 2 * h * h + 2 * h * kv + 3 * h * model.ffn_hidden) + h + v * h
-    assert plan.memory.build == 2 * (whole_stage + v * h // 8)
-    assert "building: the stage whole" in format_plan(plan)
+    # The stage is cut on the meta device before it is allocated (runner/pipeline_tensor_parallel.py):
+    # no build phase holds more than the shard.
+    assert plan.memory.build == 0 and "  building: " not in format_plan(plan)
     # DeepSpeed's pipeline engine still takes ZeRO 0-1 only: ZeRO-3 under it is planned, not run.
     zero3 = plan_config(
         _70b("gpus=64", "parallel.tp=8", "parallel.pp=4", "parallel=zero3", "batch.global_size=64")

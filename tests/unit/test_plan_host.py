@@ -11,6 +11,7 @@ from runner.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, WHOLE, build_
 from runner.config import ModelConfig, TrainConfig
 from runner.layout import resolve_layout
 from runner.model import num_params
+from runner.pipeline_split import rank_param_numels
 from runner.plan import GB, plan_config, plan_job, read_plan, workload_from_config
 from runner.plan_hardware import host_ram_bytes
 from runner.plan_host import DRAWING, TORCH_RUNTIME_BYTES, build_bytes
@@ -78,6 +79,12 @@ def test_the_build_formulas_bound_the_measured_builds_of_a_51m_model_on_2_cpu_ra
     stage = build_bytes(model, method=BY_STAGE, pp=2, params_offloaded=False, **common)
     # The last stage: 8 of 16 blocks, the final norm and the tied output head (V x h).
     assert stage["largest stage of 2, in fp32"] == 4 * ((p - 512 * 256 - 512) // 2 + 512 + 512 * 256)
+    # With tp 2 the stage is cut before it is allocated: its rank's shard only (each block
+    # matrix and the vocabulary halved, the norms whole).
+    cut = build_bytes(model, method=BY_STAGE, pp=2, tp=2, params_offloaded=False, **common)
+    shard = cut["largest stage of 2, 1/2 of it, in fp32"]
+    assert shard == 4 * sum(rank_param_numels(model, tp=2, pp=2))
+    assert 0.5 < shard / stage["largest stage of 2, in fp32"] < 0.51
     measured = {WHOLE: 0.29, PARTITIONED: 0.12, BY_STAGE: 0.11}
     planned = {WHOLE: whole, PARTITIONED: partitioned, BY_STAGE: stage}
     for method, lines in planned.items():
