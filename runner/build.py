@@ -1,8 +1,8 @@
 """This rank's model for its layout, with the same initial weights for a seed in every layout.
 
 runner/model.py draws each parameter from its own name and the seed, so a rank may build
-only what it keeps: its pipeline stage (runner/pipeline.py) or its ZeRO-3 partitions
-(runner/zero_init.py).
+only what it keeps: its pipeline stage (runner/pipeline.py), its ZeRO-3 partitions
+(runner/zero_init.py) or its tensor-parallel shard (runner/shard_build.py).
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.build_method import BY_STAGE, PARTITIONED, build_method_for, whole_build_on_host
+from runner.build_method import BY_STAGE, PARTITIONED, SHARD, build_method_for
 from runner.config import TrainConfig
 from runner.hardware import torch_dtype
 from runner.layout import Layout
 from runner.model import build_model, num_params
 from runner.peak_memory import PeakMemory, host_peak_bytes, host_rss_bytes
 from runner.pipeline import build_pipeline
+from runner.shard_build import build_cut_model
 from runner.tensor_parallel import split_token_embedding
 from runner.zero_init import build_partitioned, held_numel
 
@@ -28,16 +29,13 @@ def build_method(config: TrainConfig, layout: Layout) -> str:
     return build_method_for(zero_stage=config.parallel.zero_stage, tp=layout.tp, pp=layout.pp)
 
 
-def whole_build_device(layout: Layout, device: torch.device) -> torch.device:
-    """Where a whole build allocates (runner/build_method.py ``whole_build_on_host``)."""
-    return torch.device("cpu") if whole_build_on_host(tp=layout.tp) else device
-
-
 def build_for_layout(
     config: TrainConfig, *, layout: Layout, ds_config: dict[str, Any], device: torch.device
 ) -> nn.Module:
-    """This rank's model: its pipeline stage, its ZeRO-3 partitions, or the whole model."""
+    """This rank's model: its pipeline stage, its ZeRO-3 partitions, its tensor-parallel shard,
+    or the whole model."""
     method = build_method(config, layout)
+    dtype = torch_dtype(config.precision.name)
     if method == BY_STAGE:
         return build_pipeline(
             config.model,
@@ -45,21 +43,25 @@ def build_for_layout(
             tp=layout.tp,
             seed=config.seed,
             device=device,
-            dtype=torch_dtype(config.precision.name),
+            dtype=dtype,
+        )
+    if method == SHARD:
+        return build_cut_model(
+            config.model,
+            tp=layout.tp,
+            seed=config.seed,
+            device=device,
+            dtype=dtype,
         )
     if method == PARTITIONED:
         model = build_partitioned(
             config.model, seed=config.seed, ds_config=ds_config, device=device, tp=layout.tp
         )
-    else:
-        model = build_model(
-            config.model,
-            seed=config.seed,
-            device=whole_build_device(layout, device),
-            dtype=torch_dtype(config.precision.name),
-        )
-    split_token_embedding(model, tp=layout.tp)
-    return model
+        split_token_embedding(model, tp=layout.tp)
+        return model
+    return build_model(
+        config.model, seed=config.seed, device=device, dtype=torch_dtype(config.precision.name)
+    )
 
 
 def build_measured(

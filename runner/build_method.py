@@ -5,7 +5,10 @@ Every way gives the same initial weights for a seed (runner/model.py ``initial_v
 
 from __future__ import annotations
 
-WHOLE = "whole"  # ZeRO-0/1/2 keep the parameters whole anyway; AutoTP slices a whole model
+WHOLE = "whole"  # ZeRO-0/1/2 keep the parameters whole anyway
+SHARD = (
+    "as its tensor-parallel shard"  # ZeRO-0/1/2 with tp: runner/shard_build.py, cut on meta before allocating
+)
 PARTITIONED = "partitioned by zero.Init"  # runner/zero_init.py: never whole on a rank (AutoTP cuts after)
 BY_STAGE = "by pipeline stage"  # runner/pipeline.py: each rank builds its stage only
 
@@ -17,20 +20,12 @@ DRAW_BLOCK = 64 << 20
 
 
 def build_method_for(*, zero_stage: int, tp: int, pp: int) -> str:
-    """``BY_STAGE`` with a pipeline, ``PARTITIONED`` at ZeRO-3 (with or without tp), else ``WHOLE``."""
+    """``BY_STAGE`` with a pipeline, ``PARTITIONED`` at ZeRO-3 (with or without tp), ``SHARD``
+    with tp at ZeRO 0-2, else ``WHOLE``. All but ZeRO-3 allocate on the rank's device."""
     if pp > 1:
         return BY_STAGE
     if zero_stage == 3:
         return PARTITIONED
+    if tp > 1:
+        return SHARD
     return WHOLE
-
-
-def whole_build_on_host(*, tp: int) -> bool:
-    """Whether a ``WHOLE`` build allocates on the host rather than the rank's device.
-
-    AutoTP slices a whole model (DeepSpeed 0.19.8 engine.py ``_apply_autotp_partitioning``):
-    built on the device, the whole model would sit beside its shard there, so with tp it is
-    built on the host and the engine moves the shard. Without tp it goes to the device as it
-    is, so it is built there.
-    """
-    return tp > 1

@@ -44,13 +44,12 @@ from runner.model import (
     TransformerBlock,
     lm_loss,
     rope_cache,
-    write_initial_shard,
-    write_initial_values,
 )
 from runner.nonfinite import NonFiniteGuard, skipping
 from runner.phase_clock import PhaseClock
 from runner.pipeline_split import stage_blocks, stage_bounds
-from runner.pipeline_tensor_parallel import cut_pipeline_module, output_head, shard_offsets
+from runner.pipeline_tensor_parallel import cut_pipeline_module, output_head
+from runner.shard_build import write_initial_weights
 from runner.tensor_parallel import is_sharded
 
 log = logging.getLogger("ladder")
@@ -135,21 +134,17 @@ def _model_name(cfg: ModelConfig, layer: str, param: str) -> str:
     return "norm.weight" if index == cfg.n_layer + 1 else "output.weight"
 
 
-@torch.no_grad()
 def _init_stage(pipe: Any, cfg: ModelConfig, seed: int) -> None:
     """Give this stage's parameters the values runner/model.py draws for them by name
     (a tensor-parallel shard: its slice of the whole weight's)."""
-    shards = shard_offsets(pipe)
-    for name, param in pipe.named_parameters():
+
+    def model_name(name: str) -> str:
         layer, _, rest = name.partition(".")
         if layer == "tied_modules":
             rest = rest.partition(".")[2]  # tied_modules.<key>.weight
-        whole = _model_name(cfg, layer, rest)
-        if id(param) in shards:
-            dim, start, shape = shards[id(param)]
-            write_initial_shard(param, cfg, whole, shape, seed=seed, dim=dim, start=start)
-        else:
-            write_initial_values(param, cfg, whole, param.shape, seed=seed)
+        return _model_name(cfg, layer, rest)
+
+    write_initial_weights(pipe, cfg, seed=seed, name_of=model_name)
 
 
 @contextlib.contextmanager

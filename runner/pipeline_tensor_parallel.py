@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.model import TransformerBlock
+from runner.shard_build import materialize
 
 _COLUMN = {"attention": ("wq", "wk", "wv"), "feed_forward": ("w1", "w3")}
 _ROW = {"attention": ("wo",), "feed_forward": ("w2",)}
@@ -148,36 +149,6 @@ def split_stage(pipe: Any, *, embedding_type: type[nn.Embedding], head_type: typ
             head = split  # this stage computes the tied head from its slice
     if head is not None:
         pipe.loss_fn = VocabParallelLoss(head)
-
-
-def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...]]]:
-    """For each tensor-parallel weight under ``module``, by id: the dim it is cut along, where
-    this rank's slice starts, and the whole weight's shape."""
-    from deepspeed.module_inject.layers import LinearAllreduce, TensorParallel_Layer
-
-    offsets = {}
-    for layer in module.modules():
-        if isinstance(layer, TensorParallel_Layer) and getattr(layer, "is_tp_parallel", False):
-            dim = 1 if isinstance(layer, LinearAllreduce) else 0  # row-parallel: input features
-            start = sum(layer._partition_sizes[: layer.tp_index])
-            offsets[id(layer.weight)] = (dim, start, tuple(layer._orig_weight_shape))
-    return offsets
-
-
-def materialize(module: nn.Module, device: torch.device) -> None:
-    """Give every meta parameter of ``module`` uninitialised memory on ``device``, in place.
-
-    The Parameter objects stay (optimizer groups, tied references and the attributes
-    DeepSpeed's layers set on them, such as ``tensor_model_parallel``, all hold); buffers
-    are left as they are.
-    """
-    for param in module.parameters():
-        if not param.is_meta:
-            continue
-        attributes = dict(param.__dict__)
-        real = nn.Parameter(torch.empty_like(param, device=device), requires_grad=param.requires_grad)
-        torch.utils.swap_tensors(param, real)  # swaps the attribute dicts too
-        param.__dict__.update(attributes)
 
 
 def cut_pipeline_module(

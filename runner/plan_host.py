@@ -5,11 +5,10 @@ ranks the node runs, ``ranks_per_node = min(gpus, gpus_per_node)``, and can run 
 before any GPU does, in two phases that do not overlap:
 
 - **build** (runner/build.py ``build_method``): ZeRO 0-2 build the whole model in the
-  parameters' dtype (2 bytes x P in bf16 or fp16, 4 in fp32). Without tensor parallelism
-  it is built on the device it trains on (runner/build.py ``whole_build_device``), so the
-  host holds it only where the CPU is the device; with tensor parallelism it is built in
-  host memory on every rank, AutoTP slicing it there before DeepSpeed moves the shard to
-  the device. ZeRO-3 builds
+  parameters' dtype (2 bytes x P in bf16 or fp16, 4 in fp32) on the device it trains on,
+  so the host holds it only where the CPU is the device; with tensor parallelism only the
+  rank's shard, cut on the meta device before anything is allocated
+  (runner/shard_build.py). ZeRO-3 builds
   under ``zero.Init`` (runner/zero_init.py; with tensor parallelism over each rank's
   data-parallel group, AutoTP then cutting the shards on the device: runner/plan_memory.py
   ``zero3_tp_build_bytes``), which creates each module on the device in the model dtype and
@@ -50,9 +49,9 @@ from runner.build_method import (
     BY_STAGE,
     DRAW_BLOCK,
     PARTITIONED,
+    SHARD,
     WHOLE,
     build_method_for,
-    whole_build_on_host,
 )
 from runner.config import ModelConfig
 from runner.memory import FP32_BYTES, HALF_BYTES
@@ -95,8 +94,13 @@ def build_bytes(
     lines: dict[str, int] = {}
     p = FP32_BYTES if precision == "fp32" else HALF_BYTES
     if method == WHOLE:
-        if host_is_device or whole_build_on_host(tp=tp):
+        if host_is_device:
             lines[f"whole model in {precision}"] = p * num_params
+        lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
+    elif method == SHARD:
+        if host_is_device:
+            lines[f"1/{tp} of the model, in {precision}"] = p * sum(rank_param_numels(model, tp=tp))
+        # A row-parallel shard is cut from bands of whole rows, DRAW_BLOCK elements at a time.
         lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == BY_STAGE:
         if host_is_device:
@@ -111,7 +115,8 @@ def build_bytes(
             lines[f"largest module whole ({precision})"] = p * largest_param
         lines[DRAWING] = FP32_BYTES * min(-(-largest_param // dp), DRAW_BLOCK)
     else:
-        raise ValueError(f"build method {method!r} is not one of {WHOLE!r}, {PARTITIONED!r}, {BY_STAGE!r}")
+        known = ", ".join(repr(m) for m in (WHOLE, SHARD, PARTITIONED, BY_STAGE))
+        raise ValueError(f"build method {method!r} is not one of {known}")
     lines["torch runtime"] = TORCH_RUNTIME_BYTES
     return lines
 
@@ -202,42 +207,23 @@ class HostMemory:
 
 
 def _fixes(
-    model: ModelConfig,
     *,
-    num_params: int,
-    precision: str,
-    zero_stage: int,
-    tp: int,
-    pp: int,
-    dp: int,
     offload: str,
-    largest_param: int,
-    host_is_device: bool,
     phase: str,
     peak_per_rank: int,
     ranks_per_node: int,
     usable: float,
     headroom: float,
 ) -> list[str]:
-    """What would make a node's host memory fit, cheapest first, each with its number."""
+    """What would make a node's host memory fit, cheapest first, each with its number.
+
+    On a GPU every build method allocates on the device, the host holding at most 256 MB
+    of drawn initial values per rank (with parameter offload, the partitions it keeps
+    after anyway); on CPU ranks training holds everything the build did and more. So a
+    node's RAM runs out in ZeRO-Offload's steady phase, or where it cannot spare a few
+    hundred MB per rank: fewer ranks per node, more nodes or a larger host.
+    """
     fixes = []
-    if phase == "build" and build_method_for(zero_stage=zero_stage, tp=tp, pp=pp) == WHOLE:
-        partitioned = build_bytes(
-            model,
-            num_params=num_params,
-            method=PARTITIONED,
-            precision=precision,
-            dp=dp,
-            pp=1,
-            largest_param=largest_param,
-            host_is_device=host_is_device,
-            params_offloaded=offload == "optimizer+params",
-        )
-        where = "" if tp == 1 else ", over each tensor-parallel rank's data-parallel group"
-        fixes.append(
-            f"parallel=zero3 builds each rank's partitions only (zero.Init{where}): "
-            f"{_gb(ranks_per_node * sum(partitioned.values()))} per node to build"
-        )
     if phase == "steady" and offload == "optimizer+params":
         fixes.append("parallel.offload_param=none keeps the 16-bit parameters on the device")
     if phase == "steady" and offload != "none":
@@ -300,16 +286,7 @@ def host_memory(
     if memory.fits:
         return memory
     fixes = _fixes(
-        model,
-        num_params=num_params,
-        precision=precision,
-        zero_stage=zero_stage,
-        tp=tp,
-        pp=pp,
-        dp=dp,
         offload=offload,
-        largest_param=largest_param,
-        host_is_device=host_is_device,
         phase=memory.phase,
         peak_per_rank=memory.peak_per_rank,
         ranks_per_node=ranks,

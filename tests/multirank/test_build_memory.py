@@ -1,9 +1,10 @@
-"""ZeRO-3 and pipeline stages build only what a rank keeps: the whole model is never on one rank.
+"""ZeRO-3, tensor-parallel shards and pipeline stages build only what a rank keeps.
 
 A 51M-parameter model (203 MB in fp32) on 2 ranks, one step. summary.json's
 ``model_build`` records how rank 0 built the model and the rise of its host memory
 over the build, which includes torch's first-use runtime (about 0.09 GB). Measured here:
-ZeRO-3 0.12 GB, a pipeline stage 0.11 GB, the whole model (ZeRO-2) 0.25-0.29 GB in fp32;
+ZeRO-3 0.12 GB, a pipeline stage 0.11 GB, a tensor-parallel shard (tp 2) 0.15 GB, the
+whole model (ZeRO-2) 0.25-0.29 GB in fp32;
 in bf16, built in its own dtype (2 bytes a parameter), a stage 0.064 GB and the whole 0.150 GB.
 """
 
@@ -31,6 +32,7 @@ LAYOUTS = {
     "whole": ["parallel=zero2"],
     "partitioned by zero.Init": ["parallel=zero3"],
     "by pipeline stage": ["parallel=ddp", "parallel.pp=2"],
+    "as its tensor-parallel shard": ["parallel=zero2", "parallel.tp=2"],
     "whole in bf16": ["parallel=zero2", "precision=bf16"],
     "by pipeline stage in bf16": ["parallel=ddp", "parallel.pp=2", "precision=bf16"],
 }
@@ -61,18 +63,19 @@ def test_each_layout_builds_its_way(builds):
     }
 
 
-def test_zero3_and_a_stage_hold_about_half_the_parameters(builds):
+def test_zero3_a_shard_and_a_stage_hold_about_half_the_parameters(builds):
     whole = builds["whole"]["num_params"]
     assert builds["whole"]["params"] == whole
     assert builds["partitioned by zero.Init"]["params"] == pytest.approx(whole / 2, rel=0.01)
     assert builds["by pipeline stage"]["params"] == pytest.approx(whole / 2, rel=0.05)
+    assert builds["as its tensor-parallel shard"]["params"] == pytest.approx(whole / 2, rel=0.01)
 
 
 def test_the_whole_model_is_never_on_a_zero3_rank_or_a_stage(builds):
     whole_fp32_gb = 4 * builds["whole"]["num_params"] / 1e9
     # The whole build's rise shows the measure sees the model (plus allocator slack).
     assert builds["whole"]["host_peak_gb"] >= whole_fp32_gb
-    for method in ("partitioned by zero.Init", "by pipeline stage"):
+    for method in ("partitioned by zero.Init", "by pipeline stage", "as its tensor-parallel shard"):
         assert builds[method]["host_peak_gb"] < 0.8 * whole_fp32_gb, (method, builds)
 
 

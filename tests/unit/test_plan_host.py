@@ -7,7 +7,7 @@ import math
 import pytest
 from train_helpers import compose_config
 
-from runner.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, WHOLE, build_method_for
+from runner.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, SHARD, WHOLE, build_method_for
 from runner.config import ModelConfig, TrainConfig
 from runner.layout import resolve_layout
 from runner.model import num_params
@@ -43,7 +43,7 @@ def _h200(*overrides: str) -> TrainConfig:
         (["parallel=zero3"], PARTITIONED),
         (["parallel=zero3_offload"], PARTITIONED),
         (["parallel=zero3", "parallel.tp=2"], PARTITIONED),  # AutoTP then cuts the shards
-        (["parallel=tp2"], WHOLE),  # AutoTP slices a whole model
+        (["parallel=tp2"], SHARD),  # cut on the meta device, then allocated
         (["parallel=pp2"], BY_STAGE),
     ],
 )
@@ -106,36 +106,30 @@ def test_zero2_builds_on_the_gpu_and_the_host_draws_one_parameter_at_a_time():
     assert "host FITS, 1797.1 GB to spare" in format_plan(plan)
 
 
-@pytest.mark.parametrize(("precision", "bytes_per_param"), [("fp32", 4), ("bf16", 2)])
-def test_a_whole_build_for_autotp_is_on_the_host_in_the_parameters_dtype(precision, bytes_per_param):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_zero2_at_tp_8_on_64_h200s_builds_each_shard_on_its_gpu(precision):
+    """Cut on the meta device first (runner/shard_build.py): the host only draws initial values.
+
+    When AutoTP cut a whole model built in host memory, this was 8 x 276.3 GB = 2210.1 GB per
+    node in fp32, more than a DGX H200's 2 TB.
+    """
     plan = plan_config(_h200("parallel=zero2", "parallel.tp=8", "gpus=64", f"precision={precision}"))
-    assert plan.host.build_method == WHOLE
-    assert plan.host.build[f"whole model in {precision}"] == bytes_per_param * LLAMA_70B_PARAMS
-
-
-def test_zero2_at_tp_8_on_64_h200s_builds_2_2_tb_per_node_and_a_dgx_h200_holds_2_tb():
-    plan = plan_config(_h200("parallel=zero2", "parallel.tp=8", "gpus=64"))
     host = plan.host
-    assert host.ranks_per_node == 8 and host.build_method == WHOLE
-    per_rank = 4 * LLAMA_70B_PARAMS + 4 * DRAW_BLOCK + TORCH_RUNTIME_BYTES
-    assert sum(host.build.values()) == per_rank
-    assert host.build_per_node == 8 * per_rank  # 2210.1 GB
-    assert host.steady_per_node == 8 * TORCH_RUNTIME_BYTES  # nothing offloaded
-    assert (host.ram_bytes, host.usable_bytes) == (2000 * GB, 1800 * GB)
-    assert host.phase == "build" and not host.fits and not plan.runnable
-    table = format_plan(plan)
-    assert (
-        "host DOES NOT FIT by 410.1 GB: 8 ranks x 276.3 GB building the model = 2210.1 GB > "
-        "1800.0 GB usable host RAM per node" in table
+    assert host.ranks_per_node == 8 and host.build_method == SHARD
+    assert host.build == {DRAWING: 4 * DRAW_BLOCK, "torch runtime": TORCH_RUNTIME_BYTES}
+    assert host.build_per_node == 8 * (4 * DRAW_BLOCK + TORCH_RUNTIME_BYTES)  # 2.87 GB
+    assert host.phase == "build" and host.fits
+    assert "host FITS, 1797.1 GB to spare: 8 ranks x 0.36 GB building the model" in format_plan(plan)
+
+
+def test_cpu_ranks_build_their_tensor_parallel_shard_in_host_memory():
+    """Where the CPU is the device, the shard is host memory: 1/tp of each matrix and of the vocabulary."""
+    plan = plan_config(
+        _config("model=llama_1b", "gpus=2", "parallel=zero2", "parallel.tp=2", "precision=bf16")
     )
-    assert (
-        "fix: parallel=zero3 builds each rank's partitions only (zero.Init, over each tensor-parallel "
-        "rank's data-parallel group): 1.77 GB per node" in table
-    )
-    assert "fix: fewer ranks per node: 6 fit (6 x 276.3 GB); plan it with cluster.gpus_per_node=6" in table
-    assert "cluster.host_memory_gb=2456" in table  # 2210.1 / 0.9, rounded up
-    assert "host RAM per node                        2000.00" in table
-    assert "[datasheet: cluster h200]" in table
+    shard = plan.host.build["1/2 of the model, in bf16"]
+    assert shard == 2 * sum(rank_param_numels(plan.workload.model, tp=2))
+    assert 0.5 < shard / (2 * plan.workload.num_params) < 0.51  # the norms stay whole
 
 
 def test_zero3_builds_partitioned_on_the_gpus_and_fits_the_host():
@@ -218,13 +212,13 @@ def test_a_run_is_not_refused_for_host_memory_as_it_is_not_for_device_memory():
 
 
 def test_plan_json_has_the_host_lines(tmp_path, capsys):
-    plan_job(_h200("parallel=zero2", "parallel.tp=8", "gpus=64"), run_dir=tmp_path)
+    plan_job(_h200("parallel=zero3_offload", "gpus=8", "cluster.host_memory_gb=1000"), run_dir=tmp_path)
     host = read_plan(tmp_path)["host_memory"]
-    assert host["ranks_per_node"] == 8 and host["build_method"] == WHOLE
-    assert host["per_rank"]["build"]["whole model in fp32"] == 4 * LLAMA_70B_PARAMS
-    assert host["per_node"]["peak_phase"] == "build"
-    assert host["per_node"]["peak"] == host["per_node"]["build"]
-    assert host["ram_bytes"] == 2000 * GB and host["ram_source"] == "datasheet: cluster h200"
+    assert host["ranks_per_node"] == 8 and host["build_method"] == PARTITIONED
+    assert host["per_rank"]["build"]["partitions (fp32, 1/8)"] == 4 * math.ceil(LLAMA_70B_PARAMS / 8)
+    assert host["per_node"]["peak_phase"] == "steady"
+    assert host["per_node"]["peak"] == host["per_node"]["steady"]
+    assert host["ram_bytes"] == 1000 * GB
     assert host["fits"] is False and host["margin_bytes"] < 0
-    assert any(fix.startswith("parallel=zero3") for fix in host["fixes"])
+    assert any(fix.startswith("parallel.offload_param=none") for fix in host["fixes"])
     assert "host memory per node" in capsys.readouterr().out
