@@ -17,7 +17,8 @@ tensor parallelism inside a node, pipeline across nodes).
 What is split, as without a pipeline (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3):
 
 - each block: ``wq``, ``wk``, ``wv``, ``w1``, ``w3`` by columns (``LinearLayer``), ``wo``
-  and ``w2`` by rows (``LinearAllreduce``);
+  and ``w2`` by rows (``LinearAllreduce``), by AutoTP itself with runner/tensor_parallel.py's
+  partition config;
 - the first stage's embedding by vocabulary (``VocabParallelEmbedding``); the last stage's
   output head by vocabulary (``VocabParallelLinear``), its logits left as this rank's
   slice, and the loss DeepSpeed's vocabulary-parallel cross-entropy over the group;
@@ -41,11 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.model import TransformerBlock
-from runner.shard_build import materialize
-
-_COLUMN = {"attention": ("wq", "wk", "wv"), "feed_forward": ("w1", "w3")}
-_ROW = {"attention": ("wo",), "feed_forward": ("w2",)}
+from runner.shard_build import autotp_replace, materialize
 
 
 def output_head(embedding: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -61,20 +58,6 @@ def output_head(embedding: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
         x = ColumnParallel.apply(mp_group, x)
     return F.linear(x, cast(torch.Tensor, embedding.weight))
-
-
-def split_block(block: TransformerBlock, group: Any) -> None:
-    """Split one block's matrices over ``group``, in place (column- then row-parallel)."""
-    from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
-
-    for part, names in _COLUMN.items():
-        for name in names:
-            sub = getattr(block, part)
-            setattr(sub, name, LinearLayer(getattr(sub, name), group, name=f"{part}.{name}"))
-    for part, names in _ROW.items():
-        for name in names:
-            sub = getattr(block, part)
-            setattr(sub, name, LinearAllreduce(getattr(sub, name), group, name=f"{part}.{name}"))
 
 
 class VocabParallelLoss:
@@ -117,24 +100,20 @@ def split_stage(pipe: Any, *, embedding_type: type[nn.Embedding], head_type: typ
     ``embedding_type`` and ``head_type`` are runner/pipeline.py's lookup and untied head
     layers. The last stage's ``loss_fn`` becomes the vocabulary-parallel loss.
     """
-    from deepspeed.module_inject.layers import (
-        VocabParallelEmbedding,
-        VocabParallelLinear,
-        set_autotp_mode,
-    )
+    from deepspeed.module_inject.layers import VocabParallelEmbedding, VocabParallelLinear
 
     grid = pipe._grid
-    if grid.get_slice_parallel_world_size() == 1:
+    tp = grid.get_slice_parallel_world_size()
+    if tp == 1:
         return
     group = grid.get_slice_parallel_group()
-    set_autotp_mode(training=True)  # as the engine sets it; in inference mode no gradient is reduced
+    # The blocks' matrices by AutoTP's own rules, as without a pipeline; it leaves the
+    # embedding and the head (no layer of a stage is named "output") to the lines below.
+    autotp_replace(pipe, tp=tp, group=group, vocab_parallel_head=False)
     head: nn.Module | None = None
     tied_ids = {id(module) for module in pipe.tied_modules.values()}
     for func in list(pipe.forward_funcs):
-        block = getattr(func, "block", None)
-        if isinstance(block, TransformerBlock):
-            split_block(block, group)
-        elif isinstance(func, embedding_type) and id(func) not in tied_ids:  # a tied one: below
+        if isinstance(func, embedding_type) and id(func) not in tied_ids:  # a tied one: below
             _replace_layer(pipe, func, VocabParallelEmbedding(func, group, name="tok_embeddings"))
         elif isinstance(func, head_type):
             head = VocabParallelLinear(func, group, name="output")

@@ -68,34 +68,25 @@ def write_initial_weights(module: nn.Module, cfg: ModelConfig, *, seed: int, nam
             write_initial_values(param, cfg, whole, param.shape, seed=seed)
 
 
-def autotp_cut(model: Transformer, *, tp: int) -> None:
-    """Cut ``model`` over the engine's tensor-parallel group as DeepSpeed's engine would, in place.
+def autotp_replace(module: nn.Module, *, tp: int, group: Any, vocab_parallel_head: bool) -> None:
+    """Replace ``module``'s layers by AutoTP's, as DeepSpeed's engine would, over ``group``.
 
-    The same AutoTP, partition config and finishing steps as deepspeed/runtime/engine.py
-    ``_apply_autotp_partitioning`` (0.19.8): the vocabulary-parallel head and its loss, the
-    universal-checkpoint metadata; then the model is marked ``ds_autotp_parsed``, which the
-    engine takes as already cut. The untied embedding is split as runner/tensor_parallel.py
-    ``split_token_embedding`` splits it.
+    The same AutoTP and partition config (runner/tensor_parallel.py ``partition_config``)
+    as deepspeed/runtime/engine.py ``_apply_autotp_partitioning`` (0.19.8), in training
+    mode. ``vocab_parallel_head``: the head named ``output`` is split by vocabulary (a
+    pipeline stage has no such name; runner/pipeline_tensor_parallel.py splits its own).
     """
-    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
     from deepspeed.module_inject.auto_tp import AutoTP
     from deepspeed.module_inject.autotp_config import AutoTPConfig
-    from deepspeed.module_inject.layers import (
-        VocabParallelLinear,
-        collect_autotp_universal_checkpoint_info,
-        set_autotp_mode,
-    )
-    from deepspeed.sequence.cross_entropy import configure_vocab_parallel_loss
-    from deepspeed.utils import groups
+    from deepspeed.module_inject.layers import set_autotp_mode
 
-    from runner.tensor_parallel import partition_config, split_token_embedding
+    from runner.tensor_parallel import partition_config
 
-    groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
-    set_autotp_mode(training=True)
+    set_autotp_mode(training=True)  # as the engine sets it; in inference mode no gradient is reduced
     config = AutoTPConfig.from_dict(partition_config())
     config.tp_size = tp
     autotp = AutoTP(
-        module=model,
+        module=module,
         all_reduce_linears=(),
         prefix="",
         state_dict=None,
@@ -103,15 +94,36 @@ def autotp_cut(model: Transformer, *, tp: int) -> None:
         orig_layer_impl=None,
         keep_module_on_host=False,
         partition_config=config,
-        vocab_parallel_lm_head=True,
+        vocab_parallel_lm_head=vocab_parallel_head,
         model_config=None,
         tp_grain_size=1,
         training_mode=True,
     )
-    autotp.set_tensor_parallel_config(tp, groups.get_tensor_model_parallel_group())
+    # set_tensor_parallel_config(tp, group) takes DeepSpeed's global mesh in training mode
+    # (auto_tp.py, 0.19.8), which a pipeline's grid does not make: the group is set here.
+    autotp.mp_group, autotp.mp_size = group, tp
     autotp.update_linear_policies()
-    autotp._replace_module(model)
-    split_token_embedding(model, tp=tp)
+    autotp._replace_module(module)
+
+
+def autotp_cut(model: Transformer, *, tp: int) -> None:
+    """Cut ``model`` over the engine's tensor-parallel group as DeepSpeed's engine would, in place.
+
+    ``autotp_replace``, then the engine's finishing steps: the vocabulary-parallel loss and
+    the universal-checkpoint metadata; the model is marked ``ds_autotp_parsed``, which the
+    engine takes as already cut. The untied embedding is split as runner/tensor_parallel.py
+    ``split_token_embedding`` splits it.
+    """
+    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
+    from deepspeed.module_inject.layers import VocabParallelLinear, collect_autotp_universal_checkpoint_info
+    from deepspeed.sequence.cross_entropy import configure_vocab_parallel_loss
+    from deepspeed.utils import groups
+
+    from runner.tensor_parallel import split_token_embedding
+
+    groups._init_tp_mesh_device(tensor_model_parallel_size=tp)  # as the engine makes it
+    split_token_embedding(model, tp=tp)  # first, as it ran before the engine's AutoTP
+    autotp_replace(model, tp=tp, group=groups.get_tensor_model_parallel_group(), vocab_parallel_head=True)
     head = model.output
     if not isinstance(head, VocabParallelLinear):
         raise RuntimeError(f"AutoTP left the output head as {type(head).__name__}, not split by vocabulary")
