@@ -15,6 +15,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The experiment the model-parallel tests train on every layout: tiny, fp32, global batch 16
+# as micro 4, lr 1e-3. Its fp32 layouts differ only in summation order: losses within 1e-5.
+SMALL_EXPERIMENT = ["batch.global_size=16", "batch.micro_size=4", "logger=none", "optimizer.lr=1e-3"]
+FP32_TOLERANCE = 1e-5
+
 
 @dataclass
 class TrainResult:

@@ -11,21 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_helpers import TrainResult, run_torchrun, run_train
+from train_helpers import FP32_TOLERANCE, SMALL_EXPERIMENT, TrainResult, run_torchrun, run_train
 
 from runner.phase_clock import PIPELINE_PHASES
 
 pytestmark = pytest.mark.multirank
 
 STEPS = 10
-FP32_TOLERANCE = 1e-5
-COMMON = [
-    "batch.global_size=16",
-    "batch.micro_size=4",
-    f"train.steps={STEPS}",
-    "logger=none",
-    "optimizer.lr=1e-3",
-]
+COMMON = [*SMALL_EXPERIMENT, f"train.steps={STEPS}"]
 LAYOUTS = {"plain/1x4": ["gpus=1"], "pp2/2x4": ["gpus=2", "parallel.pp=2"]}
 
 

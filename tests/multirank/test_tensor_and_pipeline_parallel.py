@@ -11,18 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_helpers import TrainResult, run_torchrun, run_train
+from train_helpers import FP32_TOLERANCE, SMALL_EXPERIMENT, TrainResult, run_torchrun, run_train
 
 pytestmark = pytest.mark.multirank
 
 STEPS = 10
-FP32_TOLERANCE = 1e-5
-COMMON = [
-    "batch.global_size=16",
-    "batch.micro_size=4",
-    "logger=none",
-    "optimizer.lr=1e-3",
-]
+COMMON = SMALL_EXPERIMENT
 TP_PP = ["gpus=4", "parallel.tp=2", "parallel.pp=2"]
 
 
