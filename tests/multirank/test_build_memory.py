@@ -71,12 +71,15 @@ def test_zero3_a_shard_and_a_stage_hold_about_half_the_parameters(builds):
     assert builds["as its tensor-parallel shard"]["params"] == pytest.approx(whole / 2, rel=0.01)
 
 
-def test_the_whole_model_is_never_on_a_zero3_rank_or_a_stage(builds):
+def test_the_whole_model_is_never_on_a_zero3_rank_a_shard_or_a_stage(builds):
     whole_fp32_gb = 4 * builds["whole"]["num_params"] / 1e9
     # The whole build's rise shows the measure sees the model (plus allocator slack).
-    assert builds["whole"]["host_peak_gb"] >= whole_fp32_gb
+    whole_rise = builds["whole"]["host_peak_gb"]
+    assert whole_rise >= whole_fp32_gb
+    # Each holds half the model: its rise stays a quarter of the model's bytes below the whole
+    # build's, whose runtime and allocator slack it shares (measured: 0.11-0.16 GB against 0.25).
     for method in ("partitioned by zero.Init", "by pipeline stage", "as its tensor-parallel shard"):
-        assert builds[method]["host_peak_gb"] < 0.8 * whole_fp32_gb, (method, builds)
+        assert builds[method]["host_peak_gb"] < whole_rise - whole_fp32_gb / 4, (method, builds)
 
 
 def test_a_16_bit_run_builds_its_model_in_16_bits(builds):
