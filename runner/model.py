@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from runner.build_method import DRAW_BLOCK
 from runner.config import ModelConfig, Recompute
+from runner.meta import materialize
 from runner.model_shape import check_shape, n_kv_head
 from runner.model_shape import num_params as num_params  # re-exported: the count sits beside the model
 
@@ -304,11 +305,11 @@ class Transformer(nn.Module):
         """(Re)initialise parameters (`write_initial_values`) and the RoPE tables in place.
 
         Also the way to materialise a model built on the meta device:
-        model.to_empty(device=...); model.init_weights(seed). A model partitioned by
+        runner.meta.materialize(model, device); model.init_weights(seed). A model partitioned by
         zero.Init is initialised by runner/zero_init.py instead.
         """
         if self.cfg.tie_embeddings:
-            # to_empty() replaces meta Parameters one by one, which unties them.
+            # nn.Module.to_empty() replaces Parameters one by one, which unties them.
             self.output.weight = self.tok_embeddings.weight
         for name, param in self.named_parameters():  # a tied weight once, by its first name
             write_initial_values(param, self.cfg, name, param.shape, seed=seed)
@@ -384,6 +385,6 @@ def build_model(
         if dtype is not None:
             model.to(dtype)  # shapes only: nothing is allocated or rounded yet
     if target.type != "meta":
-        model.to_empty(device=target)
+        materialize(model, target)
         model.init_weights(seed)
     return model

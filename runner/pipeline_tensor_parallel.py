@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runner.shard_build import autotp_replace, materialize
+from runner.meta import materialize
+from runner.shard_build import autotp_replace
 
 
 def output_head(embedding: nn.Module, x: torch.Tensor) -> torch.Tensor:

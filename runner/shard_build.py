@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from runner.config import ModelConfig
+from runner.meta import materialize
 from runner.model import Transformer, build_model, write_initial_shard, write_initial_values
 
 
@@ -33,22 +34,6 @@ def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...
             start = sum(layer._partition_sizes[: layer.tp_index])
             offsets[id(layer.weight)] = (dim, start, tuple(layer._orig_weight_shape))
     return offsets
-
-
-def materialize(module: nn.Module, device: torch.device) -> None:
-    """Give every meta parameter of ``module`` uninitialised memory on ``device``, in place.
-
-    The Parameter objects stay (optimizer groups, tied references and the attributes
-    DeepSpeed's layers set on them, such as ``tensor_model_parallel``, all hold); buffers
-    are left as they are.
-    """
-    for param in module.parameters():
-        if not param.is_meta:
-            continue
-        attributes = dict(param.__dict__)
-        real = nn.Parameter(torch.empty_like(param, device=device), requires_grad=param.requires_grad)
-        torch.utils.swap_tensors(param, real)  # swaps the attribute dicts too
-        param.__dict__.update(attributes)
 
 
 @torch.no_grad()
