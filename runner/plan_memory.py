@@ -52,8 +52,6 @@ class MemoryTerms:
     host_counts_on_device: bool = False  # CPU ranks: the host is the device
     activation_note: str = ""
     build: int = 0  # device bytes while the model is built, where it can hold more (zero3_tp_build_bytes)
-    build_note: str = ""  # what the build holds, for plan=true's table
-    build_until: str = ""  # and until when
 
     @property
     def model_states(self) -> int:
@@ -74,7 +72,7 @@ class MemoryTerms:
     def largest(self) -> tuple[str, int]:
         """The largest named term: what to shrink first (the build, where it is the peak)."""
         if self.build > self.total:
-            return f"build ({self.build_note}, {self.build_until})", self.build
+            return "build (zero.Init's 1/dp of the whole model, before AutoTP)", self.build
         terms = {
             "params": self.params,
             "grads": self.grads,
@@ -224,10 +222,9 @@ def memory_terms(
     )
     # zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
     # ranks the build is host memory (runner/plan_host.py).
-    build, build_note, build_until = 0, "", ""
+    build = 0
     if zero_stage == 3 and tp > 1 and pp == 1 and not host_is_device and offload != "optimizer+params":
         build = zero3_tp_build_bytes(model, precision=precision, dp=dp)
-        build_note, build_until = "zero.Init 1/dp + a weight", "before AutoTP cuts the shards"
     return MemoryTerms(
         params=states.params,
         grads=grads,
@@ -238,8 +235,6 @@ def memory_terms(
         host_counts_on_device=host_is_device,
         activation_note=note,
         build=build,
-        build_note=build_note,
-        build_until=build_until,
     )
 
 

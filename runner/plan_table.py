@@ -173,7 +173,7 @@ def format_plan(plan: Plan) -> str:
         ]
     lines.append(_row("total", m.total))
     if m.build:
-        lines.append(_row(f"building: {m.build_note}", m.build, m.build_until))
+        lines.append(_row("building: zero.Init 1/dp + a weight", m.build, "before AutoTP cuts the shards"))
     lines.append(_row(f"usable (headroom {w.headroom:g})", w.usable_bytes))
     margin = w.usable_bytes - m.peak
     if plan.fits:

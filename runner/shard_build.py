@@ -12,6 +12,7 @@ whole weight. runner/pipeline_tensor_parallel.py builds pipeline stages this way
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,7 +38,9 @@ def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...
 
 
 @torch.no_grad()
-def write_initial_weights(module: nn.Module, cfg: ModelConfig, *, seed: int, name_of: Any = None) -> None:
+def write_initial_weights(
+    module: nn.Module, cfg: ModelConfig, *, seed: int, name_of: Callable[[str], str] | None = None
+) -> None:
     """Write every parameter's initial values (a shard: its slice of the whole weight's).
 
     ``name_of(name)`` maps a parameter name of ``module`` to runner/model.py's name (default:
