@@ -14,7 +14,7 @@ from typing import Any
 
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
-from runner.build_locks import stale_lock_warnings
+from runner.build_locks import clear_stale_build_locks
 from runner.config import TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
 from runner.identity import RunIdentity
@@ -219,8 +219,8 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
         for warning in warnings:
             log.warning("plan: %s", warning)
         update_summary(run_dir, plan_warnings=warnings)
-        for warning in stale_lock_warnings():
-            log.warning("%s", warning)
+        for line in clear_stale_build_locks():
+            log.warning("%s", line)
         log.info(
             "layout: gpus %d = dp %d x tp %d x pp %d; global %d = micro %d x accum %d x dp %d",
             layout.gpus,
