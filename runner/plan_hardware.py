@@ -131,8 +131,10 @@ def _peak(cluster: ClusterConfig, precision: Precision, *, cuda: bool) -> Figure
 
     configured = planning_peak(cluster, precision)
     if configured is not None:
-        what = "config" if cluster.peak_tflops is not None else "datasheet"
-        return Figure(configured.flops, f"{what}: {configured.source}")
+        if cluster.peak_tflops is not None:
+            return Figure(configured.flops, f"config: {configured.source}")
+        key = "peak_tflops_fp32" if precision == Precision.fp32 else "peak_tflops_bf16"
+        return Figure(configured.flops, _cluster_source(cluster, key))
     if cuda:
         import torch
 
@@ -148,9 +150,29 @@ def _peak(cluster: ClusterConfig, precision: Precision, *, cuda: bool) -> Figure
     )
 
 
+_CLUSTER_GROUP = Path(__file__).resolve().parents[1] / "conf" / "cluster"
+
+
+@functools.cache
+def _cluster_file_value(name: str, key: str) -> float | None:
+    """``key`` as ``conf/cluster/<name>.yaml`` writes it; None when the file or the key is not there."""
+    from omegaconf import DictConfig, OmegaConf
+
+    path = _CLUSTER_GROUP / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    listed = OmegaConf.load(path)
+    value = listed.get(key) if isinstance(listed, DictConfig) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def _cluster_source(cluster: ClusterConfig, key: str) -> str:
+    """A named cluster's own figure is its datasheet's; one set elsewhere (an override) is config."""
     if cluster.name == "local":
         return f"config: cluster.{key}"
+    listed = _cluster_file_value(cluster.name, key)
+    if listed is not None and listed != getattr(cluster, key):
+        return f"config: cluster.{key}, over cluster {cluster.name}'s datasheet {listed:g}"
     return f"datasheet: cluster {cluster.name}"
 
 

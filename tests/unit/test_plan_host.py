@@ -175,6 +175,13 @@ def test_offload_that_the_host_cannot_hold_names_the_fixes():
     assert "fix: fewer ranks per node: 4 fit" in table
 
 
+def test_a_named_clusters_own_figures_are_its_datasheets_and_an_override_is_config():
+    device = plan_config(_h200("cluster.peak_tflops_bf16=500", "precision=bf16")).workload.device
+    assert device.memory_bytes.source == "datasheet: cluster h200"
+    assert device.host_memory_bytes.source == "datasheet: cluster h200"
+    assert device.peak_flops.source == "config: cluster.peak_tflops_bf16, over cluster h200's datasheet 989"
+
+
 def test_ranks_per_node_is_gpus_up_to_the_node():
     assert plan_config(_h200("parallel=zero2", "gpus=4")).host.ranks_per_node == 4
 
@@ -223,6 +230,7 @@ def test_plan_json_has_the_host_lines(tmp_path, capsys):
     assert host["per_node"]["peak_phase"] == "steady"
     assert host["per_node"]["peak"] == host["per_node"]["steady"]
     assert host["ram_bytes"] == 1000 * GB
+    assert host["ram_source"] == "config: cluster.host_memory_gb, over cluster h200's datasheet 2000"
     assert host["fits"] is False and host["margin_bytes"] < 0
     assert any(fix.startswith("parallel.offload_param=none") for fix in host["fixes"])
     assert "host memory per node" in capsys.readouterr().out
