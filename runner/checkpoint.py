@@ -11,11 +11,12 @@ A save goes to ``.partial-<tag>``; after every rank has written, rank 0 renames 
 checkpoint named in ``latest.json`` is therefore always complete. The data position is
 the number of completed steps: batches are a function of (seed, step) (runner/data.py).
 
-Resuming onto another layout (other dp, other ZeRO stage) goes through DeepSpeed's
+Resuming onto another layout (other dp, tp or ZeRO stage) goes through DeepSpeed's
 universal checkpoint (``deepspeed.checkpoint.ds_to_universal``), converted once next to
 the original and completed so that ZeRO stages 1, 2 and 3 all load it, whichever stage
-wrote it (:func:`_loadable_at_every_stage`). Every checkpoint file is unpickled
-weights-only (runner/safe_load.py).
+wrote it (:func:`_loadable_at_every_stage`). Tensor-parallel shards are joined by the split
+AutoTP recorded in the checkpoint (``UNIVERSAL_CHECKPOINT_INFO``) and sliced again on load.
+Every checkpoint file is unpickled weights-only (runner/safe_load.py).
 """
 
 from __future__ import annotations
@@ -85,8 +86,12 @@ def save(
     partial = PARTIAL_PREFIX + tag
     from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
 
-    # UNIVERSAL_CHECKPOINT_INFO marks the checkpoint convertible by ds_to_universal.
-    client_state = {"completed_steps": completed_steps, UNIVERSAL_CHECKPOINT_INFO: {}}
+    # UNIVERSAL_CHECKPOINT_INFO marks the checkpoint convertible by ds_to_universal. A model
+    # AutoTP cut carries its own (how each tensor was split: runner/shard_build.py), which
+    # DeepSpeed saves; client_state is written over it, so it must not name the key then.
+    client_state: dict[str, Any] = {"completed_steps": completed_steps}
+    if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
+        client_state[UNIVERSAL_CHECKPOINT_INFO] = {}
     engine.save_checkpoint(str(root), tag=partial, client_state=client_state, save_latest=False)
     torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
     _barrier()
@@ -124,11 +129,12 @@ def _prune(root: Path, *, keep: int, newest: str) -> None:
 def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> bool:
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
-    if record["zero_stage"] == zero_stage == 0:
-        # Stage 0 saves the whole model and optimizer state once (mp_rank_00_model_states.pt),
-        # which DeepSpeed loads as it is at any dp.
+    saved_tp = saved.get("tp", 1)
+    if record["zero_stage"] == zero_stage == 0 and saved_tp == layout.tp:
+        # Stage 0 saves the whole model and optimizer state once per tensor-parallel rank
+        # (mp_rank_XX_model_states.pt), which DeepSpeed loads as it is at any dp.
         return False
-    return (saved["dp"], record["zero_stage"]) != (layout.dp, zero_stage)
+    return (saved["dp"], saved_tp, record["zero_stage"]) != (layout.dp, layout.tp, zero_stage)
 
 
 def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
@@ -153,42 +159,45 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
         )
     if needs_universal(record, layout=layout, zero_stage=zero_stage):
         _check_universal(record, layout=layout, zero_stage=zero_stage)
-    saved_tp = saved.get("tp", 1)
-    if max(saved_tp, layout.tp) > 1 and (
-        saved_tp != layout.tp or needs_universal(record, layout=layout, zero_stage=zero_stage)
-    ):
-        # AutoTP saves each tensor-parallel rank's shards (mp_rank_XX files); loading them at
-        # another tp fails inside DeepSpeed (state_dict_factory: "key ... is not found").
-        raise ValueError(
-            f"train.resume=auto: the checkpoint was written at tp {saved_tp}, dp {saved['dp']}, ZeRO "
-            f"stage {record['zero_stage']}; this run asks tp {layout.tp}, dp {layout.dp}, stage "
-            f"{zero_stage}, and a tensor-parallel checkpoint resumes on its own layout only: keep "
-            f"gpus={saved['gpus']} parallel.tp={saved_tp} parallel.zero_stage={record['zero_stage']}, "
-            f"or start a new run directory"
-        )
 
 
 def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
     """Refuse a move to another layout that the universal checkpoint cannot carry.
 
-    ZeRO stages 1, 2 and 3 move to one another at any dp: universal_tag completes DeepSpeed's
-    conversion for every stage (_loadable_at_every_stage).
+    ZeRO stages 1, 2 and 3 move to one another at any dp and tp: universal_tag completes
+    DeepSpeed's conversion for every stage (_loadable_at_every_stage); the conversion joins
+    the tensor-parallel shards by the split AutoTP recorded in the checkpoint
+    (``UNIVERSAL_CHECKPOINT_INFO``), and each rank of the new layout loads its own slice.
     """
     saved = record["layout"]
+    saved_tp = saved.get("tp", 1)
+    at = f"dp {saved['dp']}, tp {saved_tp}" if max(saved_tp, layout.tp) > 1 else f"dp {saved['dp']}"
     if record["zero_stage"] == 0:
+        same_tp = f"parallel.tp={saved_tp} " if saved_tp > 1 else ""
         raise ValueError(
-            f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on dp "
-            f"{saved['dp']}; DeepSpeed converts only ZeRO 1-3 checkpoints to another layout. Resume "
-            f"with parallel=ddp (any gpus), or from a ZeRO checkpoint"
+            f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on {at}; "
+            f"DeepSpeed converts only ZeRO 1-3 checkpoints to another layout. Resume with parallel=ddp "
+            f"{same_tp}(any gpus), or from a ZeRO checkpoint"
         )
     if zero_stage == 0:
         # Seen with DeepSpeed 0.19.8: a stage-0 engine loads no weights from a universal checkpoint
         # and hands torch's optimizer the ZeRO checkpoint's empty "optimizer" entry (None):
         # "AttributeError: 'NoneType' object has no attribute 'copy'".
         raise ValueError(
-            f"train.resume=auto: the checkpoint was written on dp {saved['dp']} at ZeRO stage "
+            f"train.resume=auto: the checkpoint was written on {at} at ZeRO stage "
             f"{record['zero_stage']}; DeepSpeed moves it to another layout at ZeRO stages 1-3 only, not "
             f"to parallel=ddp. Resume with parallel=zero1, zero2 or zero3 (any gpus)"
+        )
+    if record["zero_stage"] == 3 and saved_tp > 1:
+        # Seen with DeepSpeed 0.19.8: AutoTP records each split from the parameters' shapes, which
+        # ZeRO-3 has already partitioned to nothing; ds_to_universal then refuses the shards
+        # ("Rank 0 supplied a shard of 256 elements, but the map describes 0").
+        raise ValueError(
+            f"train.resume=auto: the checkpoint was written at ZeRO stage 3 with tp {saved_tp} (dp "
+            f"{saved['dp']}); DeepSpeed cannot convert a ZeRO-3 tensor-parallel checkpoint to another "
+            f"layout, so it resumes on its own only: keep gpus={saved['gpus']} parallel.tp={saved_tp} "
+            f"parallel.zero_stage=3, or start a new run directory. (ZeRO 1-2 checkpoints at tp "
+            f"{saved_tp} move to any layout.)"
         )
 
 

@@ -170,14 +170,26 @@ def test_planner_counts_the_vocabulary_split_embeddings(tied, measured):
     assert terms.params == 4 * (matrices // 2 + norms + split_embeddings)
 
 
-def test_a_tensor_parallel_checkpoint_resumes_on_its_own_layout_only():
-    """AutoTP's shards load at their own tp and dp; another layout is refused before launch."""
-    from runner.checkpoint import check_resumable
+def test_a_zero_1_or_2_tensor_parallel_checkpoint_moves_to_any_layout_through_the_universal_one():
+    """AutoTP's shards are joined by DeepSpeed's conversion; ZeRO-3's and stage 0's are not."""
+    from runner.checkpoint import check_resumable, needs_universal
 
     saved = resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)
     record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 1}
-    check_resumable(record, layout=saved, zero_stage=1)  # same layout: resumes
-    for gpus, tp in ((1, 1), (4, 2)):
+    check_resumable(record, layout=saved, zero_stage=1)  # same layout: DeepSpeed's own files
+    assert not needs_universal(record, layout=saved, zero_stage=1)
+    for gpus, tp, stage in ((1, 1, 1), (4, 2, 2), (2, 1, 3), (4, 4, 1)):
         other = resolve_layout(gpus=gpus, tp=tp, pp=1, global_size=16, micro_size=4)
-        with pytest.raises(ValueError, match=r"parallel\.tp=2 parallel\.zero_stage=1"):
-            check_resumable(record, layout=other, zero_stage=1)
+        check_resumable(record, layout=other, zero_stage=stage)
+        assert needs_universal(record, layout=other, zero_stage=stage)
+
+    one = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
+    zero3 = {**record, "zero_stage": 3}
+    check_resumable(zero3, layout=saved, zero_stage=3)
+    with pytest.raises(ValueError, match=r"ZeRO stage 3 with tp 2.*parallel\.tp=2 parallel\.zero_stage=3"):
+        check_resumable(zero3, layout=one, zero_stage=1)
+    ddp = {**record, "zero_stage": 0}
+    wider = resolve_layout(gpus=4, tp=2, pp=1, global_size=16, micro_size=4)
+    check_resumable(ddp, layout=wider, zero_stage=0)  # stage 0 at its own tp: any dp
+    with pytest.raises(ValueError, match=r"zero_stage 0 on dp 1, tp 2.*parallel=ddp parallel\.tp=2"):
+        check_resumable(ddp, layout=one, zero_stage=0)
