@@ -25,12 +25,14 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from runner import safe_load
+from runner import pipeline_names, safe_load
+from runner.config import ModelConfig
 from runner.layout import Layout
 from runner.summary import write_json_atomic
 
@@ -38,6 +40,7 @@ CHECKPOINT_DIR = "checkpoints"
 LATEST_FILE = "latest.json"
 PARTIAL_PREFIX = ".partial-"
 UNIVERSAL_SUFFIX = "_universal"
+PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
 
 
 def tag_for(completed_steps: int) -> str:
@@ -117,11 +120,12 @@ def save(
 
 def _prune(root: Path, *, keep: int, newest: str) -> None:
     """Keep the ``keep`` newest complete checkpoints; drop the rest and any partial save."""
-    complete = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(UNIVERSAL_SUFFIX))
+    complete = sorted(p for p in root.glob("step_*") if p.is_dir() and UNIVERSAL_SUFFIX not in p.name)
     for old in complete[: max(0, len(complete) - max(keep, 1))]:
         if old.name != newest:
             shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(root / (old.name + UNIVERSAL_SUFFIX), ignore_errors=True)
+            for converted in root.glob(old.name + UNIVERSAL_SUFFIX + "*"):
+                shutil.rmtree(converted, ignore_errors=True)
     for partial in root.glob(PARTIAL_PREFIX + "*"):
         shutil.rmtree(partial, ignore_errors=True)
 
@@ -129,12 +133,13 @@ def _prune(root: Path, *, keep: int, newest: str) -> None:
 def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> bool:
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
-    saved_tp = saved.get("tp", 1)
-    if record["zero_stage"] == zero_stage == 0 and saved_tp == layout.tp:
-        # Stage 0 saves the whole model and optimizer state once per tensor-parallel rank
-        # (mp_rank_XX_model_states.pt), which DeepSpeed loads as it is at any dp.
+    saved_split = (saved.get("tp", 1), saved.get("pp", 1))
+    if record["zero_stage"] == zero_stage == 0 and saved_split == (layout.tp, layout.pp):
+        # Stage 0 saves the whole model and optimizer state once per model-parallel rank
+        # (mp_rank_XX_model_states.pt, or a pipeline's layer_XX files), which DeepSpeed
+        # loads as it is at any dp.
         return False
-    return (saved["dp"], saved_tp, record["zero_stage"]) != (layout.dp, layout.tp, zero_stage)
+    return (saved["dp"], *saved_split, record["zero_stage"]) != (layout.dp, layout.tp, layout.pp, zero_stage)
 
 
 def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
@@ -146,19 +151,20 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
             f"this run asks {layout.global_size}; a different global batch is a different experiment: "
             f"set batch.global_size={saved['global_size']} or start a new run directory"
         )
-    saved_pp = saved.get("pp", 1)
-    moved = saved_pp != layout.pp or needs_universal(record, layout=layout, zero_stage=zero_stage)
-    if max(saved_pp, layout.pp) > 1 and moved:
-        # A pipeline saves one file per layer and one optimizer partition per stage
-        # (runner/pipeline.py); moving those to another layout is not done here.
+    if not needs_universal(record, layout=layout, zero_stage=zero_stage):
+        return
+    _check_universal(record, layout=layout, zero_stage=zero_stage)
+    saved_pp, saved_tp = saved.get("pp", 1), saved.get("tp", 1)
+    if min(saved_pp, saved_tp) > 1 or min(layout.pp, layout.tp) > 1:
+        # The stages of a tensor-parallel pipeline are cut by ladder, not by DeepSpeed's
+        # engine (runner/pipeline_tensor_parallel.py): no conversion is known to join them.
         raise ValueError(
-            f"train.resume=auto: the checkpoint was written at pp {saved_pp}, dp {saved['dp']}, ZeRO stage "
-            f"{record['zero_stage']}; this run asks pp {layout.pp}, dp {layout.dp}, stage {zero_stage}, and "
-            f"a pipeline's checkpoint resumes on its own layout only: keep gpus={saved['gpus']} "
-            f"parallel.pp={saved_pp} parallel.zero_stage={record['zero_stage']}, or start a new run directory"
+            f"train.resume=auto: the checkpoint was written at pp {saved_pp}, tp {saved_tp}, dp "
+            f"{saved['dp']}, ZeRO stage {record['zero_stage']}; this run asks pp {layout.pp}, tp "
+            f"{layout.tp}, dp {layout.dp}, stage {zero_stage}. With pp and tp together a checkpoint "
+            f"resumes on its own layout only: keep gpus={saved['gpus']} parallel.pp={saved_pp} "
+            f"parallel.tp={saved_tp} parallel.zero_stage={record['zero_stage']}, or start a new run directory"
         )
-    if needs_universal(record, layout=layout, zero_stage=zero_stage):
-        _check_universal(record, layout=layout, zero_stage=zero_stage)
 
 
 def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
@@ -170,14 +176,17 @@ def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int)
     (``UNIVERSAL_CHECKPOINT_INFO``), and each rank of the new layout loads its own slice.
     """
     saved = record["layout"]
-    saved_tp = saved.get("tp", 1)
-    at = f"dp {saved['dp']}, tp {saved_tp}" if max(saved_tp, layout.tp) > 1 else f"dp {saved['dp']}"
+    saved_tp, saved_pp = saved.get("tp", 1), saved.get("pp", 1)
+    split = {"dp": saved["dp"], "tp": saved_tp, "pp": saved_pp}
+    at = ", ".join(f"{key} {value}" for key, value in split.items() if key == "dp" or value > 1)
     if record["zero_stage"] == 0:
-        same_tp = f"parallel.tp={saved_tp} " if saved_tp > 1 else ""
+        keep = "".join(
+            f"parallel.{key}={value} " for key, value in split.items() if key != "dp" and value > 1
+        )
         raise ValueError(
             f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on {at}; "
             f"DeepSpeed converts only ZeRO 1-3 checkpoints to another layout. Resume with parallel=ddp "
-            f"{same_tp}(any gpus), or from a ZeRO checkpoint"
+            f"{keep}(any gpus), or from a ZeRO checkpoint"
         )
     if zero_stage == 0:
         # Seen with DeepSpeed 0.19.8: a stage-0 engine loads no weights from a universal checkpoint
@@ -201,8 +210,19 @@ def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int)
         )
 
 
-def universal_tag(run_dir: Path, record: dict[str, Any]) -> str:
-    """Convert the checkpoint to DeepSpeed's universal format (once) and return its tag."""
+def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
+    """The tag a rank of ``layout`` loads ``record`` from when it resumes through the universal one."""
+    tag = record["tag"] + UNIVERSAL_SUFFIX
+    return tag + PIPELINE_VIEW_SUFFIX if layout.pp > 1 else tag
+
+
+def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, model: ModelConfig) -> str:
+    """Convert the checkpoint to DeepSpeed's universal format (once) for ``layout``; returns its tag.
+
+    The universal checkpoint names each parameter as runner/model.py's Transformer does: a
+    pipeline's checkpoint is renamed after the conversion, and a pipeline resuming from it
+    reads it through a view under its own names (runner/pipeline_names.py).
+    """
     root = run_dir / CHECKPOINT_DIR
     tag = record["tag"] + UNIVERSAL_SUFFIX
     if not (root / tag).is_dir():
@@ -225,9 +245,36 @@ def universal_tag(run_dir: Path, record: dict[str, Any]) -> str:
             check=True,
             capture_output=True,
         )
+        if record["layout"].get("pp", 1) > 1:
+            _rename_parameters(partial / "zero", lambda name: pipeline_names.model_name(model, name))
         _loadable_at_every_stage(partial)
         partial.rename(root / tag)
-    return tag
+    if layout.pp == 1:
+        return tag
+    view = universal_tag_for(record, layout)
+    if not (root / view).is_dir():
+        partial = root / (PARTIAL_PREFIX + view)
+        shutil.rmtree(partial, ignore_errors=True)
+        _link_as_pipeline(root / tag, partial, model)
+        partial.rename(root / view)
+    return view
+
+
+def _rename_parameters(zero: Path, rename: Callable[[str], str]) -> None:
+    """Rename each parameter's folder (``zero/<name>/fp32.pt`` ...) of a universal checkpoint."""
+    for folder in [path for path in zero.iterdir() if path.is_dir()]:
+        folder.rename(zero / rename(folder.name))
+
+
+def _link_as_pipeline(universal: Path, view: Path, model: ModelConfig) -> None:
+    """A folder that shows ``universal`` under the pipeline's parameter names, by relative links."""
+    (view / "zero").mkdir(parents=True)
+    for path in universal.iterdir():
+        if path.name != "zero":
+            (view / path.name).symlink_to(Path("..") / universal.name / path.name)
+    for path in (universal / "zero").iterdir():
+        name = pipeline_names.pipeline_name(model, path.name) if path.is_dir() else path.name
+        (view / "zero" / name).symlink_to(Path("../..") / universal.name / "zero" / path.name)
 
 
 def _loadable_at_every_stage(folder: Path) -> None:

@@ -47,14 +47,13 @@ from runner.model import (
 )
 from runner.nonfinite import NonFiniteGuard, skipping
 from runner.phase_clock import PhaseClock
+from runner.pipeline_names import EMBED_KEY, model_name
 from runner.pipeline_split import stage_blocks, stage_bounds
 from runner.pipeline_tensor_parallel import cut_pipeline_module, output_head
 from runner.shard_build import write_initial_weights
 from runner.tensor_parallel import is_sharded
 
 log = logging.getLogger("ladder")
-
-_EMBED_KEY = "embed"  # TiedLayerSpec key shared by the lookup and the output head
 
 
 # --------------------------------------------------------------------------------------
@@ -115,8 +114,8 @@ def _layer_specs(cfg: ModelConfig) -> list[Any]:
 
     rope = RotaryTables(cfg)
     if cfg.tie_embeddings:
-        first = TiedLayerSpec(_EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model)
-        head = TiedLayerSpec(_EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model, forward_fn=output_head)
+        first = TiedLayerSpec(EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model)
+        head = TiedLayerSpec(EMBED_KEY, EmbeddingPipe, cfg.vocab_size, cfg.d_model, forward_fn=output_head)
     else:
         first = LayerSpec(EmbeddingPipe, cfg.vocab_size, cfg.d_model)
         head = LayerSpec(OutputPipe, cfg.d_model, cfg.vocab_size)
@@ -124,27 +123,11 @@ def _layer_specs(cfg: ModelConfig) -> list[Any]:
     return [first, *blocks, LayerSpec(RMSNorm, cfg.d_model, cfg.norm_eps), head]
 
 
-def _model_name(cfg: ModelConfig, layer: str, param: str) -> str:
-    """runner/model.py's name for parameter ``param`` of the PipelineModule's child ``layer``."""
-    if layer == "tied_modules" or layer == "0":
-        return "tok_embeddings.weight"  # tied_modules.embed.weight, or the untied lookup
-    index = int(layer)
-    if index <= cfg.n_layer:
-        return f"layers.{index - 1}.{param.removeprefix('block.')}"
-    return "norm.weight" if index == cfg.n_layer + 1 else "output.weight"
-
-
 def _init_stage(pipe: Any, cfg: ModelConfig, seed: int) -> None:
     """Give this stage's parameters the values runner/model.py draws for them by name
     (a tensor-parallel shard: its slice of the whole weight's)."""
 
-    def model_name(name: str) -> str:
-        layer, _, rest = name.partition(".")
-        if layer == "tied_modules":
-            rest = rest.partition(".")[2]  # tied_modules.<key>.weight
-        return _model_name(cfg, layer, rest)
-
-    write_initial_weights(pipe, cfg, seed=seed, name_of=model_name)
+    write_initial_weights(pipe, cfg, seed=seed, name_of=lambda name: model_name(cfg, name))
 
 
 @contextlib.contextmanager

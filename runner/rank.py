@@ -237,7 +237,7 @@ def _train(
     if record is not None:
         tag = record["tag"]
         if checkpoint.needs_universal(record, layout=layout, zero_stage=config.parallel.zero_stage):
-            tag += checkpoint.UNIVERSAL_SUFFIX  # converted by the launching process
+            tag = checkpoint.universal_tag_for(record, layout)  # converted by the launching process
         start_step = checkpoint.load(engine, run_dir, tag=tag, rank=env.rank)
         if env.rank == 0:
             log.info("resumed from %s after %d completed steps", tag, start_step)

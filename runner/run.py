@@ -99,10 +99,10 @@ def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead:
     if lead:
         if universal:
             log.info("converting %s to a universal checkpoint for the new layout", record["tag"])
-            checkpoint.universal_tag(run_dir, record)
+            checkpoint.universal_tag(run_dir, record, layout=layout, model=config.model)
         checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
     elif universal:
-        checkpoint.wait_for(run_dir, record["tag"] + checkpoint.UNIVERSAL_SUFFIX)
+        checkpoint.wait_for(run_dir, checkpoint.universal_tag_for(record, layout))
     return universal
 
 

@@ -113,6 +113,36 @@ def test_the_step_time_splits_into_phases_with_the_stage_to_stage_waits_apart(ru
     assert 0 < measured < 1
 
 
+def test_a_run_moves_from_2_stages_to_one_rank_and_back_with_the_plain_runs_losses(runs, tmp_path):
+    """The checkpoint crosses pp both ways through DeepSpeed's universal checkpoint.
+
+    pp 2 at ZeRO-1 for 4 steps -> 1 rank at ZeRO-2 (the stages' parameters renamed to the
+    plain model's) to step 7 -> pp 2 at ZeRO-1 (read through a view under the pipeline's
+    names) to step 10: the plain run's losses throughout, Adam's moments and step included.
+    """
+    run_dir = tmp_path / "run"
+    legs = [
+        ["parallel=zero1", "parallel.pp=2", "gpus=2", "train.steps=4"],
+        ["parallel=zero2", "gpus=1", "train.steps=7"],
+        ["parallel=zero1", "parallel.pp=2", "gpus=2", f"train.steps={STEPS}"],
+    ]
+    resumed_from = []
+    for number, leg in enumerate(legs):
+        every = "train.checkpoint_every=" + leg[-1].removeprefix("train.steps=")
+        resume = ["train.resume=auto"] if number else []
+        result = run_train(*leg, *SMALL_EXPERIMENT, every, *resume, run_dir=run_dir)
+        assert result.returncode == 0, (leg, result.stderr[-3000:])
+        resumed_from.append(result.summary.get("resumed_from_step"))
+    assert resumed_from == [None, 4, 7]
+    assert (run_dir / "checkpoints" / "step_00000007_universal_pipeline").is_dir()
+    losses = {m["step"]: m["loss"] for m in result.metrics}
+    plain = {m["step"]: m["loss"] for m in runs["plain/1x4"].metrics}
+    assert sorted(losses) == list(range(STEPS))
+    worst = max(abs(losses[step] - plain[step]) for step in range(STEPS))
+    print(f"pp 2 -> 1 rank -> pp 2 vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
+    assert worst <= FP32_TOLERANCE
+
+
 def test_two_pipelines_side_by_side_give_the_losses_of_one_rank(runs, tmp_path):
     """pp 2 x dp 2: each pipeline reads its data-parallel rank's micro-batches, the step is the same."""
     result = run_torchrun(

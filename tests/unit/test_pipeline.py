@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from runner import checkpoint
 from runner.config import ModelConfig
@@ -89,10 +90,40 @@ def test_stage_activations_add_up_to_the_whole_model():
     assert per_stage[1] > per_stage[0]  # the last stage keeps the loss's log-probabilities
 
 
-def test_a_pipeline_checkpoint_resumes_on_its_own_layout_only():
+def test_a_zero_1_pipeline_checkpoint_moves_to_any_layout_and_a_stage_0_one_does_not():
     pipelined = resolve_layout(gpus=2, tp=1, pp=2, global_size=16, micro_size=4)
     plain = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
+    wider = resolve_layout(gpus=4, tp=1, pp=2, global_size=16, micro_size=4)
     record = {"tag": "step_00000002", "layout": pipelined.record(), "zero_stage": 0}
     checkpoint.check_resumable(record, layout=pipelined, zero_stage=0)  # the same layout resumes
-    with pytest.raises(ValueError, match=r"pp 2, dp 1.*parallel.pp=2"):
+    checkpoint.check_resumable(record, layout=wider, zero_stage=0)  # and stage 0 at any dp
+    with pytest.raises(ValueError, match=r"zero_stage 0 on dp 1, pp 2.*parallel=ddp parallel\.pp=2"):
         checkpoint.check_resumable(record, layout=plain, zero_stage=0)
+
+    zero1 = {**record, "zero_stage": 1}
+    for layout, stage in ((plain, 1), (plain, 3), (wider, 1)):
+        checkpoint.check_resumable(zero1, layout=layout, zero_stage=stage)
+        assert checkpoint.needs_universal(zero1, layout=layout, zero_stage=stage)
+        assert checkpoint.universal_tag_for(zero1, layout).endswith(
+            "_universal" + "_pipeline" * (layout.pp > 1)
+        )
+
+    three_d = resolve_layout(gpus=4, tp=2, pp=2, global_size=16, micro_size=4)
+    with pytest.raises(ValueError, match=r"pp and tp together.*own layout only"):
+        checkpoint.check_resumable(zero1, layout=three_d, zero_stage=1)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_every_parameter_has_one_name_in_the_pipeline_and_one_in_the_plain_model(tied):
+    """The renaming a checkpoint goes through between a pipeline and a plain layout is one to one."""
+    from runner.model import Transformer
+    from runner.pipeline_names import model_name, pipeline_name
+
+    cfg = dataclasses.replace(ModelConfig(), tie_embeddings=tied)
+    with torch.device("meta"):
+        names = [name for name, _ in Transformer(cfg).named_parameters()]
+    piped = [pipeline_name(cfg, name) for name in names]
+    assert len(set(piped)) == len(names)
+    assert [model_name(cfg, name) for name in piped] == names
+    assert ("tied_modules.embed.weight" in piped) == tied
+    assert f"{cfg.n_layer + 1}.weight" in piped  # the final norm, after the blocks
