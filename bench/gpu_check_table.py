@@ -51,11 +51,18 @@ def _row(out: Path, name: str) -> dict[str, Any]:
         "peak_flops_source": summary.get("peak_flops_source"),
         # How rank 0 built the model and what the build cost its host (runner/build.py).
         "model_build": summary.get("model_build", {}),
+        # A rank's host memory: the plan's per-rank figure and the process's high-water mark.
+        "host_memory": summary.get("host_memory", {}),
     }
 
 
 def _shares(step_share: dict[str, float | None]) -> str:
     return " / ".join("-" if share is None else f"{100 * share:.0f}" for share in step_share.values())
+
+
+def _host_plan_and_run(host_memory: dict[str, Any]) -> str:
+    planned, measured = host_memory.get("planned_per_rank_gb"), host_memory.get("measured_per_rank_gb")
+    return " / ".join("-" if gb is None else f"{gb:.2f}" for gb in (planned, measured))
 
 
 def _planned_total_gb(planned: dict[str, Any]) -> float | None:
@@ -75,7 +82,11 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     rows = [_row(args.out, name) for name in LAYOUTS]
     header = f"{'layout':<15}{'model':<11}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
-    print(header + f"{'ledger est GB':>15}{'plan GB':>9}{'fwd/bwd/opt %':>16}{'build host GB':>15}")
+    print(
+        header
+        + f"{'ledger est GB':>15}{'plan GB':>9}{'fwd/bwd/opt %':>16}{'build host GB':>15}"
+        + f"{'host GB plan/run':>18}"
+    )
     for row in rows:
         planned = _planned_total_gb(row["planned"])
         cells = [
@@ -87,6 +98,7 @@ def main() -> None:
             f"{planned if planned is not None else float('nan'):>9.2f}",
             f"{_shares(row['step_share']):>16}",
             f"{row['model_build'].get('host_peak_gb', float('nan')):>15.2f}",
+            f"{_host_plan_and_run(row['host_memory']):>18}",
         ]
         print("".join(cells))
     results = {

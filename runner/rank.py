@@ -39,7 +39,7 @@ from runner.ledger import (
 from runner.model import num_params
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.peak import resolve_peak
-from runner.peak_memory import PeakMemory
+from runner.peak_memory import PeakMemory, host_peak_bytes
 from runner.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 from runner.pipeline import PipelineSteps
 from runner.preemption import REQUEUE, Preempted, StopSignals, restarts, resumes
@@ -167,6 +167,18 @@ def _mean_over_ranks(value: torch.Tensor) -> float:
 
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return float(value.item()) / dist.get_world_size()
+
+
+def _peaks_over_ranks(device_peak: int, host_high_water: int, device: torch.device) -> dict[str, float]:
+    """The device's peak and the process's host high-water mark (since it started), each the
+    most over ranks, in GB; one all-reduce for both. ``host_high_water``: the mark before
+    training, which a CPU device's peak reset clears from the kernel's (runner/peak_memory.py)."""
+    import torch.distributed as dist
+
+    host = max(host_high_water, host_peak_bytes())
+    tensor = torch.tensor([float(device_peak), float(host)], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return {"memory/peak_gb": float(tensor[0]) / 1e9, "memory/host_peak_gb": float(tensor[1]) / 1e9}
 
 
 def _max_over_ranks(value: float, device: torch.device) -> float:
@@ -302,6 +314,7 @@ def _train(
     saved_bytes = 0
 
     peak_memory = PeakMemory(device)
+    host_high_water = host_peak_bytes()  # the build's included: a CPU reset below clears it
     peak_memory.reset()
     last: dict[str, float] = {}
     step = 0
@@ -403,7 +416,7 @@ def _train(
                     flops=flops,
                     peak_flops=peak_flops,
                 ),
-                "memory/peak_gb": _max_over_ranks(peak_memory.read(), device) / 1e9,
+                **_peaks_over_ranks(peak_memory.read(), host_high_water, device),
                 **_memory_metrics(estimate, ledger),
             }
             last = metrics
@@ -452,6 +465,11 @@ def _train(
                 peak_flops_per_device=peak_flops,
                 peak_flops_source=peak.source,
                 peak_memory_measure=peak_memory.label,
+                host_memory={
+                    **(read_summary(run_dir).get("host_memory") or {}),
+                    "measured_per_rank_gb": last.get("memory/host_peak_gb"),
+                    "measured": "the process's high-water RSS since it started, the most over ranks",
+                },
                 memory=_memory_summary(
                     estimate,
                     ledger,

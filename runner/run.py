@@ -21,6 +21,7 @@ from runner.identity import RunIdentity
 from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
 from runner.model_shape import num_params
 from runner.plan import (
+    Plan,
     gb,
     knobs_from_config,
     micro_fit_for_config,
@@ -169,13 +170,27 @@ def _run_external(
         raise
 
 
-def memory_warnings(config: TrainConfig) -> list[str]:
+def launch_plan(config: TrainConfig) -> Plan:
+    """The plan of this run's own layout, without the peak (a CPU measurement the run makes itself)."""
+    return plan_layout(workload_from_config(config, with_peak=False), knobs_from_config(config))
+
+
+def host_plan_record(plan: Plan) -> dict[str, Any]:
+    """What the plan puts in one rank's host memory, for summary.json beside the run's measurement."""
+    host = plan.host
+    return {
+        "planned_per_rank_gb": host.peak_per_rank / 1e9,
+        "planned_phase": host.phase,
+        "ranks_per_node": host.ranks_per_node,
+    }
+
+
+def memory_warnings(plan: Plan) -> list[str]:
     """What the plan of this run says will not fit, device or host, with the numbers (empty: it fits).
 
     A warning, not a refusal: the device and host figures may be datasheet numbers, and the
     estimate is an upper bound in places (DESIGN.md: the planner proposes, the run measures).
     """
-    plan = plan_layout(workload_from_config(config, with_peak=False), knobs_from_config(config))
     warnings = []
     if not plan.fits:
         usable = plan.workload.usable_bytes
@@ -215,10 +230,11 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
         if micro_choice is not None:
             update_summary(run_dir, micro_size_choice=micro_choice)
             log.info("batch.micro_size=auto: %s", micro_choice)
-        warnings = memory_warnings(config)
+        plan = launch_plan(config)
+        warnings = memory_warnings(plan)
         for warning in warnings:
             log.warning("plan: %s", warning)
-        update_summary(run_dir, plan_warnings=warnings)
+        update_summary(run_dir, plan_warnings=warnings, host_memory=host_plan_record(plan))
         for line in clear_stale_build_locks():
             log.warning("%s", line)
         log.info(

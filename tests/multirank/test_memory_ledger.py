@@ -71,6 +71,12 @@ def test_measured_terms_match_the_estimate(train, parallel, gpus, precision):
     for term in TOLERANCE:
         assert f"memory/est/{term}_gb" in metrics
         assert f"memory/measured/{term}_gb" in metrics
+    # A rank's host memory: the plan's figure beside the process's high-water mark, which on
+    # a CPU rank holds at least the model states the ledger measured in it.
+    host_memory = result.summary["host_memory"]
+    assert host_memory["planned_per_rank_gb"] > 0
+    states = sum(memory["measured"][f"{term}_gb"] for term in ("params", "grads", "optimizer"))
+    assert host_memory["measured_per_rank_gb"] == metrics["memory/host_peak_gb"] > states
 
 
 def test_offload_without_accumulation_has_no_cpu_accumulation_buffer(train):
