@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import TrainResult, run_train
+from train_helpers import SMALL_EXPERIMENT, TrainResult, run_train
+
+REFERENCE_STEPS = 10
 
 
 @pytest.fixture
@@ -24,3 +26,17 @@ def train(tmp_path: Path):
         return run_train(*overrides, run_dir=tmp_path / f"run{next(counter)}", **kwargs)
 
     return _run
+
+
+@pytest.fixture(scope="session")
+def one_rank_reference(tmp_path_factory) -> TrainResult:
+    """The experiment the layout tests compare against: SMALL_EXPERIMENT on one plain rank, 10 steps.
+
+    Trained once per session; the tensor-parallel, pipeline and layout modules each read it.
+    """
+    run_dir = tmp_path_factory.mktemp("one_rank_reference") / "run"
+    result = run_train(
+        "parallel=ddp", "gpus=1", *SMALL_EXPERIMENT, f"train.steps={REFERENCE_STEPS}", run_dir=run_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result

@@ -56,11 +56,13 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, TrainResult]:
-    """Every layout trained once for the module's tests."""
+def runs(tmp_path_factory, one_rank_reference) -> dict[str, TrainResult]:
+    """Every layout trained once for the module's tests; ddp/1x4 is the session's one-rank reference."""
     root: Path = tmp_path_factory.mktemp("layouts")
-    results = {}
+    results = {"ddp/1x4": one_rank_reference}
     for name, overrides in LAYOUTS.items():
+        if name in results:
+            continue
         result = run_train(
             *overrides,
             "batch.global_size=16",

@@ -22,16 +22,12 @@ STATES = ("params", "grads", "optimizer")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, TrainResult]:
-    """One plain rank and a tp 2 pair, each trained once for the module's tests."""
+def runs(tmp_path_factory, one_rank_reference) -> dict[str, TrainResult]:
+    """One plain rank (the session's reference) and a tp 2 pair, trained once for the module's tests."""
     root: Path = tmp_path_factory.mktemp("tp")
-    layouts = {"plain": ["parallel=ddp", "gpus=1"], "tp2": ["parallel=tp2", "gpus=2"]}
-    results = {}
-    for name, overrides in layouts.items():
-        result = run_train(*overrides, *COMMON, run_dir=root / name)
-        assert result.returncode == 0, (name, result.stderr[-3000:])
-        results[name] = result
-    return results
+    result = run_train("parallel=tp2", "gpus=2", *COMMON, run_dir=root / "tp2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"plain": one_rank_reference, "tp2": result}
 
 
 def test_layout_is_tensor_parallel(runs):

@@ -98,31 +98,6 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
         assert "Self CPU" in table and "aten::" in table
 
 
-def test_one_rank_accumulates_what_two_ranks_split(train):
-    """Same global batch on one rank: accum 4 instead of 2, and the same losses (fp32)."""
-    one = train(
-        "gpus=1",
-        "parallel=zero3",
-        "batch.global_size=16",
-        "batch.micro_size=4",
-        "train.steps=3",
-        "logger=none",
-    )
-    two = train(
-        "gpus=2",
-        "parallel=zero3",
-        "batch.global_size=16",
-        "batch.micro_size=4",
-        "train.steps=3",
-        "logger=none",
-    )
-    assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
-    assert one.summary["layout"]["accum_steps"] == 4
-    assert two.summary["layout"]["accum_steps"] == 2
-    for a, b in zip(one.metrics, two.metrics, strict=True):
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
-
-
 def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
     """``torchrun ... train.py hydra.run.dir=X``: every rank composes; rank 0 alone guards X."""
     run_dir = tmp_path / "run"
