@@ -87,6 +87,22 @@ def run_torchrun(*overrides: str, nproc: int, port: int, run_dir: Path, timeout:
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
+def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[TrainResult, list[int | None]]:
+    """One run in ``legs``, each on its own layout and ending with ``train.steps=N``: each leg
+    checkpoints at its last step and the next resumes from it in the same directory.
+
+    Returns the last leg's result and the step each leg resumed from (None: the first).
+    """
+    resumed_from: list[int | None] = []
+    for number, leg in enumerate(legs):
+        every = "train.checkpoint_every=" + leg[-1].removeprefix("train.steps=")
+        resume = ["train.resume=auto"] if number else []
+        result = run_train(*leg, *common, every, *resume, run_dir=run_dir)
+        assert result.returncode == 0, (leg, result.stderr[-3000:])
+        resumed_from.append(result.summary.get("resumed_from_step"))
+    return result, resumed_from
+
+
 def compose_config(*overrides: str) -> Any:
     """conf/'s composed, typed TrainConfig for these overrides, as train.py builds it (no run)."""
     from hydra import compose, initialize_config_dir

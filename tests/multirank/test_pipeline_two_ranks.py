@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_helpers import FP32_TOLERANCE, SMALL_EXPERIMENT, TrainResult, run_torchrun, run_train
+from train_helpers import FP32_TOLERANCE, SMALL_EXPERIMENT, TrainResult, run_in_legs, run_torchrun, run_train
 
 from runner.phase_clock import PIPELINE_PHASES
 
@@ -123,13 +123,7 @@ def test_a_run_moves_from_2_stages_to_one_rank_and_back_with_the_plain_runs_loss
         ["parallel=zero2", "gpus=1", "train.steps=7"],
         ["parallel=zero1", "parallel.pp=2", "gpus=2", f"train.steps={STEPS}"],
     ]
-    resumed_from = []
-    for number, leg in enumerate(legs):
-        every = "train.checkpoint_every=" + leg[-1].removeprefix("train.steps=")
-        resume = ["train.resume=auto"] if number else []
-        result = run_train(*leg, *SMALL_EXPERIMENT, every, *resume, run_dir=run_dir)
-        assert result.returncode == 0, (leg, result.stderr[-3000:])
-        resumed_from.append(result.summary.get("resumed_from_step"))
+    result, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
     assert resumed_from == [None, 4, 7]
     assert (run_dir / "checkpoints" / "step_00000007_universal_pipeline").is_dir()
     losses = {m["step"]: m["loss"] for m in result.metrics}
