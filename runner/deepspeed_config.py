@@ -27,7 +27,14 @@ _QUIET_STEPS = 1_000_000_000
 
 
 def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str, Any]:
-    """DeepSpeed's ``optimizer`` section: AdamW (torch's, or DeepSpeedCPUAdam when offloaded) or SGD."""
+    """DeepSpeed's ``optimizer`` section: AdamW (torch's, or DeepSpeedCPUAdam when offloaded) or SGD.
+
+    torch's optimizers are asked for their fused kernel, which updates the states in place.
+    Their defaults allocate during the step, where the memory plan does not look: the
+    foreach path (CUDA) a temporary the size of the parameters it steps (Adam's
+    ``torch._foreach_sqrt`` of the second moments; SGD's weight-decayed gradients), the
+    per-tensor loop (CPU) up to two of the largest tensor (tests/unit/test_optimizer_step.py).
+    """
     if optimizer.name == OptimizerName.adamw:
         params: dict[str, Any] = {
             "lr": optimizer.lr,
@@ -39,6 +46,7 @@ def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str
             # torch.optim.AdamW rather than DeepSpeed's FusedAdam: no JIT-built op, on CPU or GPU.
             params["torch_adam"] = True
             params["adam_w_mode"] = True
+            params["fused"] = True
         return {"type": "AdamW", "params": params}
     # DeepSpeed builds any other name from torch.optim (engine._configure_basic_optimizer).
     return {
@@ -47,6 +55,7 @@ def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str
             "lr": optimizer.lr,
             "momentum": optimizer.momentum,
             "weight_decay": optimizer.weight_decay,
+            "fused": True,
         },
     }
 
@@ -118,4 +127,8 @@ def build_deepspeed_config(
     if offloaded:
         # ZeRO-Offload steps the optimizer on the host with DeepSpeedCPUAdam.
         config["zero_force_ds_cpu_optimizer"] = True
+    if optimizer.name != OptimizerName.adamw and parallel.zero_stage > 0:
+        # DeepSpeed's ZeRO asserts on any optimizer outside its Adam list unless told; SGD is
+        # elementwise, so stepping it on a partition is stepping it on the whole.
+        config["zero_allow_untested_optimizer"] = True
     return config
