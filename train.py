@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from launchers.environment import from_environment, shared_run_dir
 from launchers.worker import exit_now
+from runner import hydra_files
 from runner.config import register_configs, to_train_config
 from runner.identity import RunIdentity
 from runner.layout import LayoutError
@@ -41,16 +42,22 @@ def _identity(run_dir: Path) -> RunIdentity:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Compose -> typed config -> runner; returns the final loss (the sweep's objective)."""
-    config = to_train_config(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    launched = from_environment(os.environ)
+    lead = launched is None or launched.rank == 0
     try:
-        summary = run(config, run_dir=run_dir, identity=_identity(run_dir))
+        summary = run(to_train_config(cfg), run_dir=run_dir, identity=_identity(run_dir))
     except (ConfigError, LayoutError) as error:
         print(f"ladder: refused before launch:\n{error}", file=sys.stderr)
+        if lead and hydra_files.put_back(run_dir):
+            print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
         sys.exit(2)
     except RunFailed as error:
         print(f"ladder: run failed: {error}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        if lead:
+            hydra_files.drop_copy(run_dir)  # this attempt ran: its config is the run's record
     loss = summary.get("final", {}).get("loss")
     return float(loss) if loss is not None else None
 

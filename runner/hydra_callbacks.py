@@ -2,7 +2,9 @@
 and refuse a sweep whose cells would train with different global batches.
 
 Hydra saves ``.hydra/config.yaml`` into the run directory before the task starts, so
-the check has to run earlier, in ``on_run_start`` / ``on_multirun_start``.
+the check has to run earlier, in ``on_run_start`` / ``on_multirun_start``. A resume
+re-enters its directory: the files Hydra is about to replace are set aside first
+(runner/hydra_files.py), for a refusal to put back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from runner.hydra_files import set_aside
 from runner.summary import SUMMARY_FILE
 
 RESUME_ENV = "LADDER_RESUME"  # set by a resumed (requeued) job that must re-enter its directory
@@ -32,18 +35,20 @@ class ProtectRunDirs(Callback):
     """Refuse an output directory that already holds a finished or running run."""
 
     def _check(self, key: str, directory: str, config: DictConfig) -> None:
-        # A resumed run (train.resume=auto, or a requeued job) re-enters its own directory.
+        from launchers.environment import from_environment
         from runner.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
 
-        resume = OmegaConf.select(config, "train.resume")
-        if requeued(os.environ) or getattr(resume, "value", resume) == "auto":
-            return
         # Under torchrun or srun every rank composes the config; rank 0 guards the directory,
         # the others would find the files rank 0 has already started writing there.
-        from launchers.environment import from_environment
-
         launched = from_environment(os.environ)
-        if launched is not None and launched.rank != 0:
+        lead = launched is None or launched.rank == 0
+        # A resumed run (train.resume=auto, or a requeued job) re-enters its own directory.
+        resume = OmegaConf.select(config, "train.resume")
+        if requeued(os.environ) or getattr(resume, "value", resume) == "auto":
+            if lead and key == "hydra.run.dir":
+                set_aside(Path(directory))  # put back if ladder refuses this attempt
+            return
+        if not lead:
             return
         held = _held_runs(Path(directory))
         if held:
