@@ -6,9 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import SMALL_EXPERIMENT, TrainResult, run_train
-
-REFERENCE_STEPS = 10
+from train_helpers import REFERENCE_STEPS, SMALL_EXPERIMENT, TrainResult, run_train
 
 
 @pytest.fixture
@@ -32,11 +30,27 @@ def train(tmp_path: Path):
 def one_rank_reference(tmp_path_factory) -> TrainResult:
     """The experiment the layout tests compare against: SMALL_EXPERIMENT on one plain rank, 10 steps.
 
-    Trained once per session; the tensor-parallel, pipeline and layout modules each read it.
+    Trained once per session; the tensor-parallel, pipeline, layout and resume modules read it.
     """
     run_dir = tmp_path_factory.mktemp("one_rank_reference") / "run"
     result = run_train(
         "parallel=ddp", "gpus=1", *SMALL_EXPERIMENT, f"train.steps={REFERENCE_STEPS}", run_dir=run_dir
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="session")
+def one_rank_untied_reference(tmp_path_factory) -> TrainResult:
+    """The same with untied embeddings (model.tie_embeddings=false), for the untied layout tests."""
+    run_dir = tmp_path_factory.mktemp("one_rank_untied_reference") / "run"
+    result = run_train(
+        "parallel=ddp",
+        "gpus=1",
+        "model.tie_embeddings=false",
+        *SMALL_EXPERIMENT,
+        f"train.steps={REFERENCE_STEPS}",
+        run_dir=run_dir,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result

@@ -15,10 +15,24 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The experiment the model-parallel tests train on every layout: tiny, fp32, global batch 16
-# as micro 4, lr 1e-3. Its fp32 layouts differ only in summation order: losses within 1e-5.
-SMALL_EXPERIMENT = ["batch.global_size=16", "batch.micro_size=4", "logger=none", "optimizer.lr=1e-3"]
+# The experiment the layout tests train on every layout: tiny, fp32, global batch 16 as
+# micro 4, sequences of 64 tokens, lr 1e-3. Its fp32 layouts differ only in summation
+# order: losses within 1e-5.
+SMALL_EXPERIMENT = [
+    "batch.global_size=16",
+    "batch.micro_size=4",
+    "data.seq_len=64",
+    "logger=none",
+    "optimizer.lr=1e-3",
+]
 FP32_TOLERANCE = 1e-5
+# Steps of the session's one-rank reference run (tests/conftest.py one_rank_reference).
+REFERENCE_STEPS = 10
+
+
+def without(overrides: list[str], *keys: str) -> list[str]:
+    """``overrides`` less those that set any of ``keys``: the caller sets them its own way."""
+    return [o for o in overrides if o.split("=", 1)[0] not in keys]
 
 
 @dataclass

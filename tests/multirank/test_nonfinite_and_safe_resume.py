@@ -12,7 +12,7 @@ from train_helpers import run_train
 
 pytestmark = pytest.mark.multirank
 
-COMMON = ["batch.global_size=16", "logger=none"]
+COMMON = ["batch.global_size=16", "logger=none", "data.seq_len=64"]
 
 
 def test_zero3_skips_a_nan_step_and_a_resume_keeps_the_count(tmp_path):

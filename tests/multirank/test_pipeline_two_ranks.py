@@ -11,13 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_helpers import FP32_TOLERANCE, SMALL_EXPERIMENT, TrainResult, run_in_legs, run_torchrun, run_train
+from train_helpers import (
+    FP32_TOLERANCE,
+    REFERENCE_STEPS,
+    SMALL_EXPERIMENT,
+    TrainResult,
+    run_in_legs,
+    run_torchrun,
+    run_train,
+    without,
+)
 
 from runner.phase_clock import PIPELINE_PHASES
 
 pytestmark = pytest.mark.multirank
 
-STEPS = 10
+STEPS = REFERENCE_STEPS
 COMMON = [*SMALL_EXPERIMENT, f"train.steps={STEPS}"]
 LAYOUTS = {"plain/1x4": ["gpus=1"], "pp2/2x4": ["gpus=2", "parallel.pp=2"]}
 
@@ -79,16 +88,12 @@ def test_summary_records_the_pipeline(runs):
     assert "model.tie_embeddings=false" in summary["noise_scale"]["unmeasured"]
 
 
-def test_untied_the_noise_scale_adds_up_over_the_stages(train):
+def test_untied_the_noise_scale_adds_up_over_the_stages(train, one_rank_untied_reference):
     """Each stage's per-micro-batch squares, summed over the pipeline: the one-rank B_simple."""
-    short = [o for o in COMMON if not o.startswith("train.steps")] + [
-        "train.steps=3",
-        "model.tie_embeddings=false",
-    ]
-    plain, pipe = (train(*layout, *short) for layout in LAYOUTS.values())
-    assert plain.returncode == 0 and pipe.returncode == 0, pipe.stderr[-3000:]
-    ours, theirs = pipe.summary["noise_scale"], plain.summary["noise_scale"]
-    assert ours["unmeasured"] is None and ours["updates"] == 3
+    pipe = train(*LAYOUTS["pp2/2x4"], *COMMON, "model.tie_embeddings=false")
+    assert pipe.returncode == 0, pipe.stderr[-3000:]
+    ours, theirs = pipe.summary["noise_scale"], one_rank_untied_reference.summary["noise_scale"]
+    assert ours["unmeasured"] is None and ours["updates"] == STEPS
     print(f"noise scale B_simple: pp2 {ours['simple']:.6f}, 1 rank {theirs['simple']:.6f}")
     assert ours["simple"] == pytest.approx(theirs["simple"], rel=1e-4)
 
@@ -140,7 +145,7 @@ def test_two_pipelines_side_by_side_give_the_losses_of_one_rank(runs, tmp_path):
         "gpus=4",
         "parallel.pp=2",
         "batch.micro_size=2",  # dp 2 x micro 2 x accum 4: the pipeline's 4 micro-batches
-        *[o for o in COMMON if not o.startswith("batch.micro_size")],
+        *without(COMMON, "batch.micro_size"),
         nproc=4,
         port=29531,
         run_dir=tmp_path / "pp2xdp2",
