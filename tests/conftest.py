@@ -26,31 +26,31 @@ def train(tmp_path: Path):
     return _run
 
 
-@pytest.fixture(scope="session")
-def one_rank_reference(tmp_path_factory) -> TrainResult:
-    """The experiment the layout tests compare against: SMALL_EXPERIMENT on one plain rank, 10 steps.
-
-    Trained once per session; the tensor-parallel, pipeline, layout and resume modules read it.
-    """
-    run_dir = tmp_path_factory.mktemp("one_rank_reference") / "run"
-    result = run_train(
-        "parallel=ddp", "gpus=1", *SMALL_EXPERIMENT, f"train.steps={REFERENCE_STEPS}", run_dir=run_dir
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
-
-
-@pytest.fixture(scope="session")
-def one_rank_untied_reference(tmp_path_factory) -> TrainResult:
-    """The same with untied embeddings (model.tie_embeddings=false), for the untied layout tests."""
-    run_dir = tmp_path_factory.mktemp("one_rank_untied_reference") / "run"
+def _one_rank_run(tmp_path_factory, name: str, *overrides: str) -> TrainResult:
+    """SMALL_EXPERIMENT on one plain rank for REFERENCE_STEPS steps, with ``overrides``."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
     result = run_train(
         "parallel=ddp",
         "gpus=1",
-        "model.tie_embeddings=false",
+        *overrides,
         *SMALL_EXPERIMENT,
         f"train.steps={REFERENCE_STEPS}",
         run_dir=run_dir,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+@pytest.fixture(scope="session")
+def one_rank_reference(tmp_path_factory) -> TrainResult:
+    """The experiment the layout tests compare against: SMALL_EXPERIMENT on one plain rank, 10 steps.
+
+    Trained once per session; the tensor-parallel, pipeline, layout and resume modules read it.
+    """
+    return _one_rank_run(tmp_path_factory, "one_rank_reference")
+
+
+@pytest.fixture(scope="session")
+def one_rank_untied_reference(tmp_path_factory) -> TrainResult:
+    """The same with untied embeddings (model.tie_embeddings=false), for the untied layout tests."""
+    return _one_rank_run(tmp_path_factory, "one_rank_untied_reference", "model.tie_embeddings=false")
