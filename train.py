@@ -42,12 +42,16 @@ def _identity(run_dir: Path) -> RunIdentity:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Compose -> typed config -> runner; returns the final loss (the sweep's objective)."""
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    sweep_dir = Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
     launched = from_environment(os.environ)
     lead = launched is None or launched.rank == 0
+    refused = False
     try:
         summary = run(to_train_config(cfg), run_dir=run_dir, identity=_identity(run_dir))
     except (ConfigError, LayoutError) as error:
+        refused = True
         print(f"ladder: refused before launch:\n{error}", file=sys.stderr)
         if lead and hydra_files.put_back(run_dir):
             print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
@@ -56,8 +60,8 @@ def main(cfg: DictConfig) -> float | None:
         print(f"ladder: run failed: {error}", file=sys.stderr)
         sys.exit(1)
     finally:
-        if lead:
-            hydra_files.drop_copy(run_dir)  # this attempt ran: its config is the run's record
+        if lead and not refused:  # this attempt ran: its config is the run's record
+            hydra_files.attempt_ran(run_dir, sweep_dir)
     loss = summary.get("final", {}).get("loss")
     return float(loss) if loss is not None else None
 

@@ -4,11 +4,13 @@ and refuse a sweep whose cells would train with different global batches.
 Hydra saves ``.hydra/config.yaml`` into the run directory before the task starts, so
 the check has to run earlier, in ``on_run_start`` / ``on_multirun_start``. A resume
 re-enters its directory: the files Hydra is about to replace are set aside first
-(runner/hydra_files.py), for a refusal to put back.
+(runner/hydra_files.py), for a refusal to put back; a resumed sweep restores, when it
+ends, the cells it did not run.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runner.hydra_files import set_aside
+from runner.hydra_files import put_back_sweep, set_aside, set_aside_sweep
 from runner.summary import SUMMARY_FILE
 
 RESUME_ENV = "LADDER_RESUME"  # set by a resumed (requeued) job that must re-enter its directory
@@ -31,22 +33,38 @@ def _held_runs(directory: Path) -> list[Path]:
     return sorted(p.parent for p in directory.glob(f"*/{SUMMARY_FILE}"))
 
 
+def _lead() -> bool:
+    """Under torchrun or srun every rank composes the config; rank 0 guards the directory,
+    the others would find the files rank 0 has already started writing there."""
+    from launchers.environment import from_environment
+
+    launched = from_environment(os.environ)
+    return launched is None or launched.rank == 0
+
+
+def _resumes(config: DictConfig) -> bool:
+    """A resumed run (train.resume=auto, or a requeued job) re-enters its own directory."""
+    from runner.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
+
+    resume = OmegaConf.select(config, "train.resume")
+    return requeued(os.environ) or getattr(resume, "value", resume) == "auto"
+
+
 class ProtectRunDirs(Callback):
     """Refuse an output directory that already holds a finished or running run."""
 
     def _check(self, key: str, directory: str, config: DictConfig) -> None:
-        from launchers.environment import from_environment
-        from runner.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
-
-        # Under torchrun or srun every rank composes the config; rank 0 guards the directory,
-        # the others would find the files rank 0 has already started writing there.
-        launched = from_environment(os.environ)
-        lead = launched is None or launched.rank == 0
-        # A resumed run (train.resume=auto, or a requeued job) re-enters its own directory.
-        resume = OmegaConf.select(config, "train.resume")
-        if requeued(os.environ) or getattr(resume, "value", resume) == "auto":
+        lead = _lead()
+        if _resumes(config):
             if lead and key == "hydra.run.dir":
                 set_aside(Path(directory))  # put back if ladder refuses this attempt
+            elif lead:
+                set_aside_sweep(Path(directory))
+                launcher = str(config.hydra.launcher.get("_target_", ""))
+                if launcher.endswith("BasicLauncher"):
+                    # Its cells run in this process, and a refused one exits it before
+                    # on_multirun_end: restore the cells the sweep did not reach at exit.
+                    atexit.register(put_back_sweep, Path(directory))
             return
         if not lead:
             return
@@ -67,6 +85,11 @@ class ProtectRunDirs(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Sweep: check ``hydra.sweep.dir`` and its cells."""
         self._check("hydra.sweep.dir", config.hydra.sweep.dir, config)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """A resumed sweep is over: restore the cells it did not run (runner/hydra_files.py)."""
+        if _resumes(config) and _lead():
+            put_back_sweep(Path(config.hydra.sweep.dir))
 
 
 class GuardSweepBatch(Callback):

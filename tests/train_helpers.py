@@ -5,6 +5,7 @@ A plain module on pytest's ``pythonpath`` (pyproject.toml), so every tier import
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -54,6 +55,15 @@ class TrainResult:
         """The run's metrics.jsonl, one dict per logged step."""
         lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
         return [json.loads(line) for line in lines]
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """Every file under ``root`` by its relative path, with a digest of its bytes."""
+    return {
+        str(path.relative_to(root)): hashlib.sha1(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -23,13 +23,17 @@ class LadderSlurmLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Refuse before submitting, or submit every cell and return its result."""
+        from pathlib import Path
+
         from launchers.slurm import launch_sweep
         from launchers.slurm_resources import SlurmRefused
+        from runner.hydra_files import put_back_sweep
 
         try:
             return launch_sweep(self, job_overrides, initial_job_idx)
         except SlurmRefused as error:
             print(f"ladder: refused before launch on SLURM; {error}", file=sys.stderr)
+            put_back_sweep(Path(str(self.config.hydra.sweep.dir)))  # a resumed sweep's files
             sys.exit(2)
 
     def __call__(

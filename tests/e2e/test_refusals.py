@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, clean_env
+from train_helpers import ROOT, clean_env, file_digests
 
 from runner.cuda_devices import gpu_driver_present
 
 pytestmark = pytest.mark.unit
-
-
-def _tree_digest(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 # (overrides, fragments the message must hold): key, value and the fix.
@@ -111,7 +101,7 @@ def test_refused_before_launch(train, tmp_path, overrides, fragments):
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "summary.json").write_text('{"status": "completed"}')
-    before = _tree_digest(earlier)
+    before = file_digests(earlier)
     result = train(*overrides, "logger=none", timeout=120)
     assert result.returncode != 0
     text = result.stderr + result.stdout
@@ -120,18 +110,18 @@ def test_refused_before_launch(train, tmp_path, overrides, fragments):
     assert "Traceback" not in result.stderr
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert not (result.run_dir / "deepspeed_config.json").exists()
-    assert _tree_digest(earlier) == before
+    assert file_digests(earlier) == before
 
 
 def test_an_existing_run_directory_is_never_reused(train, tmp_path):
     held = tmp_path / "run0"
     held.mkdir()
     (held / "summary.json").write_text('{"status": "completed"}')
-    before = _tree_digest(held)
+    before = file_digests(held)
     result = train("train.steps=1", timeout=120)
     assert result.returncode == 2
     assert "already holds a run" in result.stderr
-    assert _tree_digest(held) == before
+    assert file_digests(held) == before
 
 
 def test_a_refusal_answers_before_torch_is_imported(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from checkpoint_states import checkpoint_tensors, max_abs_diff
-from train_helpers import FP32_TOLERANCE, ROOT, SMALL_EXPERIMENT, TrainResult, run_train
+from train_helpers import FP32_TOLERANCE, ROOT, SMALL_EXPERIMENT, TrainResult, file_digests, run_train
 
 from runner import checkpoint
 from runner.layout import resolve_layout
@@ -99,12 +99,11 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_pat
     assert kept == ["step_00000006", "step_00000008"]  # train.keep_checkpoints=2
 
     # Another global batch is another experiment: refused before launch, nothing touched.
-    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    before = file_digests(run_dir)
     refused = run_train(*args, "train.steps=10", "train.resume=auto", "batch.global_size=32", run_dir=run_dir)
     assert refused.returncode == 2
     assert "batch.global_size=16" in refused.stderr and "different experiment" in refused.stderr
-    after = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
-    assert after == before
+    assert file_digests(run_dir) == before
 
 
 def test_resume_from_zero3_on_2_ranks_onto_zero2_on_1_gives_the_uninterrupted_losses(

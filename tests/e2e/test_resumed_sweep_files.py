@@ -1,0 +1,76 @@
+"""A resumed sweep leaves each cell's Hydra files as the latest attempt that ran left them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from train_helpers import ROOT, clean_env, file_digests
+
+pytestmark = pytest.mark.unit
+
+EARLIER_CONFIG = "train:\n  steps: 8\n"
+
+
+def _earlier_sweep(sweep_dir, cells):
+    """A sweep directory as an earlier attempt left it: multirun.yaml and cells that ran."""
+    sweep_dir.mkdir()
+    (sweep_dir / "multirun.yaml").write_text("hydra: {}\n")
+    for cell in cells:
+        hydra = sweep_dir / cell / ".hydra"
+        hydra.mkdir(parents=True)
+        for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+            (hydra / name).write_text(EARLIER_CONFIG if name == "config.yaml" else f"{name}: {cell}\n")
+        (sweep_dir / cell / "summary.json").write_text('{"status": "completed"}')
+        (sweep_dir / cell / "train.log").write_text("the earlier attempt's log\n")  # Hydra appends
+
+
+def _resume_sweep(sweep_dir, *overrides):
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            "train.resume=auto",
+            "logger=none",
+            "data=synthetic",
+            *overrides,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=sweep_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+    )
+
+
+def test_a_refused_sweep_resume_leaves_every_file_as_it_was(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    _earlier_sweep(sweep_dir, ["0", "1"])
+    before = file_digests(sweep_dir)
+    # Hydra writes cell 0's files, then ladder refuses the cell: the sweep stops there.
+    proc = _resume_sweep(sweep_dir, "train.steps=0")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "train.steps=0" in proc.stderr
+    assert file_digests(sweep_dir) == before  # cell 0 put back, cell 1 and multirun.yaml untouched
+
+
+def test_a_sweep_resume_keeps_the_files_of_the_cells_that_ran(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    _earlier_sweep(sweep_dir, ["0", "1", "2"])
+    before = file_digests(sweep_dir)
+    # Cell 0 trains a step (nothing to resume from: it starts afresh), cell 1 is refused,
+    # and cell 2 is not reached.
+    proc = _resume_sweep(sweep_dir, "train.steps=1,0")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    after = file_digests(sweep_dir)
+    assert "steps: 1" in (sweep_dir / "0/.hydra/config.yaml").read_text()
+    assert after["0/.hydra/config.yaml"] != before["0/.hydra/config.yaml"]
+    assert after["multirun.yaml"] != before["multirun.yaml"]  # a cell of this attempt ran
+    for cell in ("1", "2"):
+        assert {k: v for k, v in after.items() if k.startswith(f"{cell}/")} == {
+            k: v for k, v in before.items() if k.startswith(f"{cell}/")
+        }
+    assert not [path for path in sweep_dir.rglob(".before-this-attempt")]
