@@ -374,6 +374,8 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
 
 UNITS_NOTE = (
     "GB = 1e9 bytes; memory per term is estimated / measured (– where not recorded); "
+    "the measured total is the peak (CUDA's max_memory_allocated; on a CPU the high-water RSS, "
+    "which leaves out memory allocated and never written, so a residual buffer can exceed it); "
     "tokens/s/device and MFU are medians over the logged steps after the first; "
     "step % is each phase's seconds over the step's (same medians), comm the exposed communication "
     "inside them; "
