@@ -22,6 +22,8 @@ Every checkpoint file is unpickled weights-only (runner/safe_load.py).
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +97,8 @@ def save(
     client_state: dict[str, Any] = {"completed_steps": completed_steps}
     if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
         client_state[UNIVERSAL_CHECKPOINT_INFO] = {}
+    elif zero_stage == 3 and layout.tp > 1:
+        _record_whole_replicated_shapes(engine.module, tp=layout.tp)
     engine.save_checkpoint(str(root), tag=partial, client_state=client_state, save_latest=False)
     torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
     _barrier()
@@ -116,6 +120,31 @@ def save(
         )
         _prune(root, keep=keep, newest=tag)
     _barrier()
+
+
+def _record_whole_replicated_shapes(module: torch.nn.Module, *, tp: int) -> None:
+    """Describe each parameter AutoTP left whole (the norms) by its whole shape, not ZeRO-3's.
+
+    DeepSpeed 0.19.8's AutoTP records such a parameter's map from ``param.shape``, which
+    ZeRO-3 has already partitioned to nothing (``torch.Size([0])``); ``ds_to_universal`` then
+    refuses its shards ("Rank 0 supplied a shard of 256 elements, but the map describes 0").
+    ZeRO-3 keeps the whole shape as ``ds_shape``: the map is rebuilt from it, as AutoTP builds
+    it for an unpartitioned model (``replicated_map``: one piece, held by every tp rank).
+    """
+    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
+    from deepspeed.checkpoint.affine import replicated_map
+    from deepspeed.checkpoint.constants import AFFINE_MAP, AFFINE_MAP_PARAMS, TP_REPLICATED_PARAMETER_PATTERNS
+
+    info = getattr(module, UNIVERSAL_CHECKPOINT_INFO)
+    maps = info.get(AFFINE_MAP, {}).get(AFFINE_MAP_PARAMS, {})
+    replicated = set(info.get(TP_REPLICATED_PARAMETER_PATTERNS, []))
+    for name, param in module.named_parameters():
+        pattern = rf"^{re.escape(name)}$"
+        whole = getattr(param, "ds_shape", None)
+        if whole is None or pattern not in replicated or pattern not in maps:
+            continue
+        if math.prod(maps[pattern]["logical_shape"]) == 0 < whole.numel():
+            maps[pattern] = replicated_map(tuple(whole), tp).to_dict()
 
 
 def _prune(root: Path, *, keep: int, newest: str) -> None:
@@ -197,17 +226,6 @@ def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int)
             f"{record['zero_stage']}; DeepSpeed moves it to another layout at ZeRO stages 1-3 only, not "
             f"to parallel=ddp. Resume with parallel=zero1, zero2 or zero3 (any gpus)"
         )
-    if record["zero_stage"] == 3 and saved_tp > 1:
-        # Seen with DeepSpeed 0.19.8: AutoTP records each split from the parameters' shapes, which
-        # ZeRO-3 has already partitioned to nothing; ds_to_universal then refuses the shards
-        # ("Rank 0 supplied a shard of 256 elements, but the map describes 0").
-        raise ValueError(
-            f"train.resume=auto: the checkpoint was written at ZeRO stage 3 with tp {saved_tp} (dp "
-            f"{saved['dp']}); DeepSpeed cannot convert a ZeRO-3 tensor-parallel checkpoint to another "
-            f"layout, so it resumes on its own only: keep gpus={saved['gpus']} parallel.tp={saved_tp} "
-            f"parallel.zero_stage=3, or start a new run directory. (ZeRO 1-2 checkpoints at tp "
-            f"{saved_tp} move to any layout.)"
-        )
 
 
 def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
@@ -228,7 +246,7 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
     if not (root / tag).is_dir():
         partial = root / (PARTIAL_PREFIX + tag)
         shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run(
+        converted = subprocess.run(
             [
                 sys.executable,
                 "-m",
@@ -242,9 +260,12 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
                 "--num_merge_workers",
                 "1",
             ],
-            check=True,
             capture_output=True,
+            text=True,
         )
+        if converted.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise ValueError(_unconverted(record, converted.stderr))
         if record["layout"].get("pp", 1) > 1:
             _rename_parameters(partial / "zero", lambda name: pipeline_names.model_name(model, name))
         _loadable_at_every_stage(partial)
@@ -258,6 +279,18 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
         _link_as_pipeline(root / tag, partial, model)
         partial.rename(root / view)
     return view
+
+
+def _unconverted(record: dict[str, Any], stderr: str) -> str:
+    """The refusal when ds_to_universal fails: its last word, and how to resume all the same."""
+    saved = record["layout"]
+    split = [f"parallel.{key}={saved.get(key, 1)}" for key in ("tp", "pp") if saved.get(key, 1) > 1]
+    keep = " ".join([f"gpus={saved['gpus']}", *split, f"parallel.zero_stage={record['zero_stage']}"])
+    last = (stderr.strip().splitlines() or ["(it printed nothing)"])[-1]
+    return (
+        f"train.resume=auto: DeepSpeed's ds_to_universal could not convert {record['tag']} for this "
+        f"layout: {last}. Resume on the checkpoint's own layout ({keep}), or start a new run directory"
+    )
 
 
 def _rename_parameters(zero: Path, rename: Callable[[str], str]) -> None:

@@ -100,7 +100,10 @@ def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead:
     if lead:
         if universal:
             log.info("converting %s to a universal checkpoint for the new layout", record["tag"])
-            checkpoint.universal_tag(run_dir, record, layout=layout, model=config.model)
+            try:
+                checkpoint.universal_tag(run_dir, record, layout=layout, model=config.model)
+            except ValueError as error:  # the conversion failed: nothing of the run was changed
+                raise ConfigError(f"  - {error}") from None
         checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
     elif universal:
         checkpoint.wait_for(run_dir, checkpoint.universal_tag_for(record, layout))

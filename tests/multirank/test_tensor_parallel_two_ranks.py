@@ -82,17 +82,17 @@ def test_estimate_matches_the_measurement(runs):
 
 
 def test_a_run_moves_from_tp_2_to_one_rank_and_back_with_the_plain_runs_losses(runs, tmp_path):
-    """The checkpoint crosses tp both ways through DeepSpeed's universal checkpoint.
+    """The checkpoint crosses tp and ZeRO stages through DeepSpeed's universal checkpoint.
 
-    tp 2 at ZeRO-1 for 4 steps -> 1 rank at ZeRO-1 (the shards joined) to step 7 -> tp 2 at
-    ZeRO-3 (each rank loads its slice) to step 10: the plain run's losses throughout, the
+    tp 2 at ZeRO-1 for 4 steps -> tp 2 at ZeRO-3 (each rank loads its slice) to step 7 -> 1
+    rank at ZeRO-2 (ZeRO-3's shards joined) to step 10: the plain run's losses throughout, the
     Adam moments and step included (without them the gap is 1e-2 and more).
     """
     run_dir = tmp_path / "run"
     legs = [
         ["parallel=tp2", "gpus=2", "train.steps=4"],
-        ["parallel=zero1", "gpus=1", "train.steps=7"],
-        ["parallel=zero3", "parallel.tp=2", "gpus=2", f"train.steps={STEPS}"],
+        ["parallel=zero3", "parallel.tp=2", "gpus=2", "train.steps=7"],
+        ["parallel=zero2", "gpus=1", f"train.steps={STEPS}"],
     ]
     result, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
     assert resumed_from == [None, 4, 7]
@@ -101,7 +101,7 @@ def test_a_run_moves_from_tp_2_to_one_rank_and_back_with_the_plain_runs_losses(r
     plain = {m["step"]: m["loss"] for m in runs["plain"].metrics}
     assert sorted(losses) == list(range(STEPS))
     worst = max(abs(losses[step] - plain[step]) for step in range(STEPS))
-    print(f"tp 2 -> 1 rank -> tp 2 vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
+    print(f"tp 2 -> tp 2 at ZeRO-3 -> 1 rank vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
     assert worst <= FP32_TOLERANCE
 
 
