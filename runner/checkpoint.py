@@ -43,6 +43,9 @@ LATEST_FILE = "latest.json"
 PARTIAL_PREFIX = ".partial-"
 UNIVERSAL_SUFFIX = "_universal"
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
+# latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's
+# splits (_record_every_stages_splits); one without it resumes on its own layout only.
+STAGE_SPLITS = "every_stages_splits_recorded"
 
 
 def tag_for(completed_steps: int) -> str:
@@ -99,6 +102,8 @@ def save(
         client_state[UNIVERSAL_CHECKPOINT_INFO] = {}
     elif zero_stage == 3 and layout.tp > 1:
         _record_whole_replicated_shapes(engine.module, tp=layout.tp)
+    elif layout.pp > 1 and layout.tp > 1:
+        _record_every_stages_splits(engine.module)
     engine.save_checkpoint(str(root), tag=partial, client_state=client_state, save_latest=False)
     torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
     _barrier()
@@ -116,6 +121,7 @@ def save(
                 "zero_stage": zero_stage,
                 "skipped_steps": list(skipped_steps or []),
                 "noise_scale": noise_scale,
+                **({STAGE_SPLITS: True} if layout.pp > 1 and layout.tp > 1 else {}),
             },
         )
         _prune(root, keep=keep, newest=tag)
@@ -145,6 +151,42 @@ def _record_whole_replicated_shapes(module: torch.nn.Module, *, tp: int) -> None
             continue
         if math.prod(maps[pattern]["logical_shape"]) == 0 < whole.numel():
             maps[pattern] = replicated_map(tuple(whole), tp).to_dict()
+
+
+def _record_every_stages_splits(module: torch.nn.Module) -> None:
+    """Give every rank the splits of the whole model's tensors, each stage having recorded its own.
+
+    ds_to_universal reads ``UNIVERSAL_CHECKPOINT_INFO`` from the first model-states file
+    (the first stage's) only; without a stage's patterns its tensors would be joined along
+    dimension 0, which is wrong for the row-split ``wo`` and ``w2`` and the whole norms.
+    Collective: every rank calls it.
+    """
+    import torch.distributed as dist
+    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, getattr(module, UNIVERSAL_CHECKPOINT_INFO))
+    merged: dict[str, Any] = {}
+    for info in gathered:
+        merged = union_of_splits(merged, info)
+    setattr(module, UNIVERSAL_CHECKPOINT_INFO, merged)
+
+
+def union_of_splits(a: Any, b: Any) -> Any:
+    """Two stages' ``UNIVERSAL_CHECKPOINT_INFO`` as one: dicts by key, lists without repeats.
+
+    A scalar (the format's version, the vocabulary's size) is the same in every stage.
+    """
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {
+            key: union_of_splits(a[key], b[key]) if key in a and key in b else a.get(key, b.get(key))
+            for key in {**a, **b}
+        }
+    if isinstance(a, list) and isinstance(b, list):
+        return a + [item for item in b if item not in a]
+    if a != b:
+        raise ValueError(f"the pipeline's stages record different universal-checkpoint values: {a!r}, {b!r}")
+    return a
 
 
 def _prune(root: Path, *, keep: int, newest: str) -> None:
@@ -183,16 +225,15 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return
     _check_universal(record, layout=layout, zero_stage=zero_stage)
-    saved_pp, saved_tp = saved.get("pp", 1), saved.get("tp", 1)
-    if min(saved_pp, saved_tp) > 1 or min(layout.pp, layout.tp) > 1:
-        # The stages of a tensor-parallel pipeline are cut by ladder, not by DeepSpeed's
-        # engine (runner/pipeline_tensor_parallel.py): no conversion is known to join them.
+    if saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1 and not record.get(STAGE_SPLITS):
+        # Without every stage's splits ds_to_universal joins a stage's shards along dimension 0,
+        # wrong for the row-split and whole tensors: a checkpoint of an earlier ladder.
         raise ValueError(
-            f"train.resume=auto: the checkpoint was written at pp {saved_pp}, tp {saved_tp}, dp "
-            f"{saved['dp']}, ZeRO stage {record['zero_stage']}; this run asks pp {layout.pp}, tp "
-            f"{layout.tp}, dp {layout.dp}, stage {zero_stage}. With pp and tp together a checkpoint "
-            f"resumes on its own layout only: keep gpus={saved['gpus']} parallel.pp={saved_pp} "
-            f"parallel.tp={saved_tp} parallel.zero_stage={record['zero_stage']}, or start a new run directory"
+            f"train.resume=auto: the checkpoint {record['tag']} was written at pp {saved['pp']}, tp "
+            f"{saved['tp']} without the record of how every stage split its tensors, so it resumes on "
+            f"its own layout only: keep gpus={saved['gpus']} parallel.pp={saved['pp']} "
+            f"parallel.tp={saved['tp']} parallel.zero_stage={record['zero_stage']}, or start a new run "
+            f"directory"
         )
 
 

@@ -129,6 +129,12 @@ def split_stage(pipe: Any, *, embedding_type: type[nn.Embedding], head_type: typ
             head = split  # this stage computes the tied head from its slice
     if head is not None:
         pipe.loss_fn = VocabParallelLoss(head)
+    # How each of this stage's tensors is split, for DeepSpeed's universal checkpoint, as
+    # AutoTP's engine records it for a whole model; runner/checkpoint.py joins the stages'.
+    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
+    from deepspeed.module_inject.layers import collect_autotp_universal_checkpoint_info
+
+    setattr(pipe, UNIVERSAL_CHECKPOINT_INFO, collect_autotp_universal_checkpoint_info(pipe))
 
 
 def cut_pipeline_module(

@@ -111,17 +111,27 @@ def run_torchrun(*overrides: str, nproc: int, port: int, run_dir: Path, timeout:
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
-def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[TrainResult, list[int | None]]:
+def run_in_legs(
+    legs: list[list[str]], *common: str, run_dir: Path, port: int = 29560
+) -> tuple[TrainResult, list[int | None]]:
     """One run in ``legs``, each on its own layout and ending with ``train.steps=N``: each leg
     checkpoints at its last step and the next resumes from it in the same directory.
 
-    Returns the last leg's result and the step each leg resumed from (None: the first).
+    A leg with more ``gpus`` than this host's cores (which ladder's local launcher refuses)
+    is started by torchrun, on ``port`` + its index. Returns the last leg's result and the
+    step each leg resumed from (None: the first).
     """
     resumed_from: list[int | None] = []
     for number, leg in enumerate(legs):
         every = "train.checkpoint_every=" + leg[-1].removeprefix("train.steps=")
         resume = ["train.resume=auto"] if number else []
-        result = run_train(*leg, *common, every, *resume, run_dir=run_dir)
+        gpus = int(next((arg.removeprefix("gpus=") for arg in leg if arg.startswith("gpus=")), "1"))
+        if gpus > (os.cpu_count() or 1):
+            result = run_torchrun(
+                *leg, *common, every, *resume, nproc=gpus, port=port + number, run_dir=run_dir
+            )
+        else:
+            result = run_train(*leg, *common, every, *resume, run_dir=run_dir)
         assert result.returncode == 0, (leg, result.stderr[-3000:])
         resumed_from.append(result.summary.get("resumed_from_step"))
     return result, resumed_from

@@ -3,7 +3,8 @@
 fp32 on CPU, global batch 16 as micro 4 x accum 4: one rank against tp 2 x pp 2 on 4 ranks
 (dp 1), started by torchrun, which this 2-core host allows where ladder's local launcher
 keeps one rank per core. Tied embeddings at ZeRO-0 (ladder's own clipping over the stages
-and the tensor-parallel ranks); untied at ZeRO-1, stopped after 5 steps and resumed.
+and the tensor-parallel ranks); untied at ZeRO-1, stopped after 5 steps and resumed. And a
+run that moves from tp 2 x pp 2 to one rank and back.
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_helpers import FP32_TOLERANCE, REFERENCE_STEPS, SMALL_EXPERIMENT, TrainResult, run_torchrun
+from train_helpers import (
+    FP32_TOLERANCE,
+    REFERENCE_STEPS,
+    SMALL_EXPERIMENT,
+    TrainResult,
+    run_in_legs,
+    run_torchrun,
+)
 
 pytestmark = pytest.mark.multirank
 
@@ -86,3 +94,28 @@ def test_a_rank_builds_only_its_shard_of_its_stage(runs):
     # Rank 0: the first stage's half of the tied embedding and of its 2 blocks' matrices,
     # its norms whole (runner/pipeline_tensor_parallel.py cuts on the meta device).
     assert build["params"] == 824_320
+
+
+def test_a_run_moves_from_tp_x_pp_to_one_rank_and_back_with_the_plain_runs_losses(
+    tmp_path, one_rank_reference
+):
+    """The checkpoint leaves and re-enters tp 2 x pp 2 through DeepSpeed's universal checkpoint.
+
+    tp 2 x pp 2 at ZeRO-1 for 4 steps -> 1 rank at ZeRO-2 (every stage's shards joined, by the
+    splits each stage recorded) to step 7 -> tp 2 x pp 2 again (each rank loads its stage's
+    slices) to step 10: the plain run's losses throughout.
+    """
+    run_dir = tmp_path / "run"
+    legs = [
+        [*TP_PP, "parallel=zero1", "train.steps=4"],
+        ["gpus=1", "parallel=zero2", "train.steps=7"],
+        [*TP_PP, "parallel=zero1", f"train.steps={STEPS}"],
+    ]
+    result, resumed_from = run_in_legs(legs, *COMMON, run_dir=run_dir, port=29544)
+    assert resumed_from == [None, 4, 7]
+    losses = {m["step"]: m["loss"] for m in result.metrics}
+    plain = {m["step"]: m["loss"] for m in one_rank_reference.metrics}
+    assert sorted(losses) == list(range(STEPS))
+    worst = max(abs(losses[step] - plain[step]) for step in range(STEPS))
+    print(f"tp 2 x pp 2 -> 1 rank -> tp 2 x pp 2 vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
+    assert worst <= FP32_TOLERANCE

@@ -109,8 +109,48 @@ def test_a_zero_1_pipeline_checkpoint_moves_to_any_layout_and_a_stage_0_one_does
         )
 
     three_d = resolve_layout(gpus=4, tp=2, pp=2, global_size=16, micro_size=4)
-    with pytest.raises(ValueError, match=r"pp and tp together.*own layout only"):
-        checkpoint.check_resumable(zero1, layout=three_d, zero_stage=1)
+    checkpoint.check_resumable(zero1, layout=three_d, zero_stage=1)  # a pipeline onto tp x pp
+    assert checkpoint.universal_tag_for(zero1, three_d).endswith("_universal_pipeline")
+
+
+def test_a_tp_x_pp_checkpoint_moves_to_any_layout_once_it_records_every_stages_splits():
+    three_d = resolve_layout(gpus=4, tp=2, pp=2, global_size=16, micro_size=4)
+    plain = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
+    record = {
+        "tag": "step_00000004",
+        "layout": three_d.record(),
+        "zero_stage": 1,
+        checkpoint.STAGE_SPLITS: True,
+    }
+    for layout in (plain, resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)):
+        checkpoint.check_resumable(record, layout=layout, zero_stage=2)
+    earlier = {key: value for key, value in record.items() if key != checkpoint.STAGE_SPLITS}
+    checkpoint.check_resumable(earlier, layout=three_d, zero_stage=1)  # its own layout: DeepSpeed's files
+    with pytest.raises(ValueError, match=r"without the record.*own layout only: keep gpus=4 parallel\.pp=2"):
+        checkpoint.check_resumable(earlier, layout=plain, zero_stage=1)
+
+
+def test_the_stages_splits_join_without_repeats():
+    first = {
+        "universal_checkpoint_version": 0.4,
+        "tp_replicated_parameter_patterns": ["^1\\.block\\.ffn_norm\\.weight$"],
+        "affine_map": {"version": 1, "params": {"^1\\.block\\.wo\\.weight$": {"logical_shape": [8, 8]}}},
+    }
+    last = {
+        "universal_checkpoint_version": 0.4,
+        "tp_replicated_parameter_patterns": ["^1\\.block\\.ffn_norm\\.weight$", "^5\\.weight$"],
+        "affine_map": {"version": 1, "params": {"^4\\.block\\.wo\\.weight$": {"logical_shape": [8, 8]}}},
+        "original_vocab_size": 256,
+    }
+    joined = checkpoint.union_of_splits(first, last)
+    assert joined["tp_replicated_parameter_patterns"] == ["^1\\.block\\.ffn_norm\\.weight$", "^5\\.weight$"]
+    assert sorted(joined["affine_map"]["params"]) == [
+        "^1\\.block\\.wo\\.weight$",
+        "^4\\.block\\.wo\\.weight$",
+    ]
+    assert joined["original_vocab_size"] == 256 and joined["affine_map"]["version"] == 1
+    with pytest.raises(ValueError, match="different universal-checkpoint values"):
+        checkpoint.union_of_splits(first, {**last, "universal_checkpoint_version": 0.3})
 
 
 @pytest.mark.parametrize("tied", [True, False])
