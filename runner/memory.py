@@ -694,7 +694,14 @@ def activations_per_layer(block: BlockShape, recompute: RecomputeMode | str = "n
 
 
 # Items of activation_items_total that are not kept for backward but are live at a peak.
-TRANSIENT_ITEMS = frozenset({"transient.logits", "transient.logits_fp32", "transient.recompute_layer"})
+TRANSIENT_ITEMS = frozenset(
+    {"transient.logits", "transient.logits_fp32", "transient.loss_grads_fp32", "transient.recompute_layer"}
+)
+
+
+def at_the_loss(items: dict[str, int]) -> int:
+    """The larger of the loss's transients: the logits as forward ends, its gradients as backward starts."""
+    return max(items["transient.logits"] + items["transient.logits_fp32"], items["transient.loss_grads_fp32"])
 
 
 def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> dict[str, int]:
@@ -710,9 +717,13 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
       log_softmax saves its fp32 output (4 sbV). ``loss.targets``: int64 (8 sb).
 
     Live while the loss is formed, then freed (``transient.*``, not saved): the logits in the
-    compute dtype (p sbV; nothing saves them) and, in 16-bit, their fp32 copy (4 sbV). The
-    V-wide terms dominate for large vocabularies: Llama-3's V = 128256 at h = 2048 makes
-    4 sbV alone 250 sbh.
+    compute dtype (p sbV; nothing saves them) and, in 16-bit, their fp32 copy (4 sbV). Live
+    when backward starts, beside the saved log-probabilities: ``nll_loss``'s gradient (a
+    dense fp32 (sb, V) tensor) and ``log_softmax``'s, made from it (4 sbV each:
+    ``transient.loss_grads_fp32``); the forward's and the backward's transients do not
+    coincide, and the backward's are the larger (8 sbV against at most 6). The V-wide terms
+    dominate for large vocabularies: Llama-3's V = 128256 at h = 2048 makes 4 sbV alone
+    250 sbh.
 
     These stay eager under ``train.compile`` (only the blocks are compiled).
 
@@ -722,8 +733,10 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
     cross_entropy.py ``_VocabParallelCrossEntropy``) saves its fp32 exponentials (4 sbv),
     each token's sum of them (4 sb), the local targets (8 sb) and two boolean masks (2 sb).
     While it forms them the logits (p sbv), their fp32 copy in 16-bit (4 sbv) and the
-    max-shifted logits (4 sbv) are live. The embedding, split by vocabulary too, saves the
-    mask of the tokens outside its slice (1 sb) beside their indices.
+    max-shifted logits (4 sbv) are live. Its backward makes the gradient from the saved
+    exponentials (4 sbv) and, in 16-bit, casts it to the logits' dtype (p sbv). The
+    embedding, split by vocabulary too, saves the mask of the tokens outside its slice
+    (1 sb) beside their indices.
     """
     if vocab_size < 1:
         raise ValueError(f"vocab_size={vocab_size} must be >= 1")
@@ -743,6 +756,7 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
             "transient.logits": p * sb * vocab_size,
             # .float() of fp32 logits returns the same tensor: no copy.
             "transient.logits_fp32": FP32_BYTES * sb * vocab_size if p < FP32_BYTES else 0,
+            "transient.loss_grads_fp32": 2 * FP32_BYTES * sb * vocab_size,
         }
     local = -(-vocab_size // block.tp)  # runner.model_shape.vocab_rows
     copies = 2 if p < FP32_BYTES else 1  # the fp32 copy (16-bit only) and the shifted logits
@@ -755,6 +769,7 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
         "loss.target_masks": 2 * BOOL_BYTES * sb,
         "transient.logits": p * sb * local,
         "transient.logits_fp32": copies * FP32_BYTES * sb * local,
+        "transient.loss_grads_fp32": FP32_BYTES * sb * local + (p * sb * local if p < FP32_BYTES else 0),
     }
 
 
@@ -797,13 +812,12 @@ def activations_total(
 ) -> int:
     """Peak activation bytes per device: everything kept for backward plus the larger transient.
 
-    = sum of the kept items of :func:`activation_items_total` + max(logits transients at the
-    end of forward, the recompute working set in backward): the two peaks do not coincide.
+    = sum of the kept items of :func:`activation_items_total` + max(the loss's transients
+    (:func:`at_the_loss`), the recompute working set in backward): the peaks do not coincide.
     """
     items = activation_items_total(block, n_layers=n_layers, vocab_size=vocab_size, recompute=recompute)
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
-    at_loss = items["transient.logits"] + items["transient.logits_fp32"]
-    return kept + max(at_loss, items["transient.recompute_layer"])
+    return kept + max(at_the_loss(items), items["transient.recompute_layer"])
 
 
 def to_gb(num_bytes: float) -> float:

@@ -29,6 +29,7 @@ from runner.memory import (
     BlockShape,
     ModelStates,
     activation_items_total,
+    at_the_loss,
     block_graph,
     deepspeed_residuals,
     model_block_shape,
@@ -121,7 +122,7 @@ def activation_bytes(
     )
     recompute_set = items["transient.recompute_layer"]
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
-    last = kept + max(items["transient.logits"] + items["transient.logits_fp32"], recompute_set)
+    last = kept + max(at_the_loss(items), recompute_set)
     if pp == 1:
         return last, ""  # runner.memory.activations_total
     # Narayanan et al. 2021 (arXiv 2104.04473), Sec. 2.2.1: 1F1B keeps at most p

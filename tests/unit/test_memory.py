@@ -546,8 +546,8 @@ def test_model_activations_match_measurement(dtype: torch.dtype, recompute: str)
     if recompute == "none":
         # The forward's peak is at the loss: everything kept + the logits (+ their fp32 copy).
         # Other transients (a block's temporaries, the loss scalar) stay under 5% here.
-        total = activations_total(block, n_layers=cfg.n_layer, vocab_size=cfg.vocab_size)
-        assert total == pytest.approx(tracked["peak"], rel=0.05)
+        at_loss = items["transient.logits"] + items["transient.logits_fp32"]
+        assert estimate_kept + at_loss == pytest.approx(tracked["peak"], rel=0.05)
 
 
 def test_logits_dominate_for_a_large_vocabulary() -> None:
@@ -573,9 +573,12 @@ def test_recompute_transient_counts_one_rebuilt_layer() -> None:
 def test_total_is_close_to_measured_forward_backward_peak(dtype: torch.dtype, recompute: str) -> None:
     """activations_total vs the activation peak over forward + backward of a 4-layer model.
 
-    The measured peak also holds activation gradients in flight, which the estimate leaves
-    out: it reads a few percent low (2-7% here). Parameter gradients are excluded (their
-    buffers exist before the step, as DeepSpeed's do).
+    Without full recompute the peak is where backward starts: everything kept, with the
+    loss's two fp32 gradients (nll_loss's and log_softmax's). The estimate is within 0.03%
+    of it, over by the int64 targets, already freed then. With full recompute the peak is
+    in a rebuilt block, beside activation gradients in flight, which the estimate leaves
+    out: it reads low there (7% in fp32, 1% in bf16). Parameter gradients are excluded
+    (their buffers exist before the step, as DeepSpeed's do).
     """
     cfg = ModelConfig(
         n_layer=4,
@@ -599,7 +602,10 @@ def test_total_is_close_to_measured_forward_backward_peak(dtype: torch.dtype, re
     total = activations_total(
         _block_shape(cfg, dtype), n_layers=cfg.n_layer, vocab_size=cfg.vocab_size, recompute=recompute
     )
-    assert 0.90 * tracked["peak"] <= total <= tracked["peak"]
+    if recompute == "full":
+        assert 0.90 * tracked["peak"] <= total <= tracked["peak"]
+    else:
+        assert total == pytest.approx(tracked["peak"], rel=1e-3)
 
 
 def test_wholesale_bf16_cast_adds_the_rope_table_copies() -> None:
