@@ -22,8 +22,6 @@ Every checkpoint file is unpickled weights-only (runner/safe_load.py).
 from __future__ import annotations
 
 import json
-import math
-import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +31,7 @@ from typing import Any
 
 import torch
 
-from runner import pipeline_names, safe_load
+from runner import checkpoint_splits, pipeline_names, safe_load
 from runner.config import ModelConfig
 from runner.layout import Layout
 from runner.summary import write_json_atomic
@@ -44,7 +42,7 @@ PARTIAL_PREFIX = ".partial-"
 UNIVERSAL_SUFFIX = "_universal"
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
 # latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's
-# splits (_record_every_stages_splits); one without it resumes on its own layout only.
+# splits (runner/checkpoint_splits.py); one without it resumes on its own layout only.
 STAGE_SPLITS = "every_stages_splits_recorded"
 
 
@@ -101,9 +99,9 @@ def save(
     if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
         client_state[UNIVERSAL_CHECKPOINT_INFO] = {}
     elif zero_stage == 3 and layout.tp > 1:
-        _record_whole_replicated_shapes(engine.module, tp=layout.tp)
+        checkpoint_splits.record_whole_replicated_shapes(engine.module, tp=layout.tp)
     elif layout.pp > 1 and layout.tp > 1:
-        _record_every_stages_splits(engine.module)
+        checkpoint_splits.record_every_stages_splits(engine.module)
     engine.save_checkpoint(str(root), tag=partial, client_state=client_state, save_latest=False)
     torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
     _barrier()
@@ -126,67 +124,6 @@ def save(
         )
         _prune(root, keep=keep, newest=tag)
     _barrier()
-
-
-def _record_whole_replicated_shapes(module: torch.nn.Module, *, tp: int) -> None:
-    """Describe each parameter AutoTP left whole (the norms) by its whole shape, not ZeRO-3's.
-
-    DeepSpeed 0.19.8's AutoTP records such a parameter's map from ``param.shape``, which
-    ZeRO-3 has already partitioned to nothing (``torch.Size([0])``); ``ds_to_universal`` then
-    refuses its shards ("Rank 0 supplied a shard of 256 elements, but the map describes 0").
-    ZeRO-3 keeps the whole shape as ``ds_shape``: the map is rebuilt from it, as AutoTP builds
-    it for an unpartitioned model (``replicated_map``: one piece, held by every tp rank).
-    """
-    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
-    from deepspeed.checkpoint.affine import replicated_map
-    from deepspeed.checkpoint.constants import AFFINE_MAP, AFFINE_MAP_PARAMS, TP_REPLICATED_PARAMETER_PATTERNS
-
-    info = getattr(module, UNIVERSAL_CHECKPOINT_INFO)
-    maps = info.get(AFFINE_MAP, {}).get(AFFINE_MAP_PARAMS, {})
-    replicated = set(info.get(TP_REPLICATED_PARAMETER_PATTERNS, []))
-    for name, param in module.named_parameters():
-        pattern = rf"^{re.escape(name)}$"
-        whole = getattr(param, "ds_shape", None)
-        if whole is None or pattern not in replicated or pattern not in maps:
-            continue
-        if math.prod(maps[pattern]["logical_shape"]) == 0 < whole.numel():
-            maps[pattern] = replicated_map(tuple(whole), tp).to_dict()
-
-
-def _record_every_stages_splits(module: torch.nn.Module) -> None:
-    """Give every rank the splits of the whole model's tensors, each stage having recorded its own.
-
-    ds_to_universal reads ``UNIVERSAL_CHECKPOINT_INFO`` from the first model-states file
-    (the first stage's) only; without a stage's patterns its tensors would be joined along
-    dimension 0, which is wrong for the row-split ``wo`` and ``w2`` and the whole norms.
-    Collective: every rank calls it.
-    """
-    import torch.distributed as dist
-    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
-
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, getattr(module, UNIVERSAL_CHECKPOINT_INFO))
-    merged: dict[str, Any] = {}
-    for info in gathered:
-        merged = union_of_splits(merged, info)
-    setattr(module, UNIVERSAL_CHECKPOINT_INFO, merged)
-
-
-def union_of_splits(a: Any, b: Any) -> Any:
-    """Two stages' ``UNIVERSAL_CHECKPOINT_INFO`` as one: dicts by key, lists without repeats.
-
-    A scalar (the format's version, the vocabulary's size) is the same in every stage.
-    """
-    if isinstance(a, dict) and isinstance(b, dict):
-        return {
-            key: union_of_splits(a[key], b[key]) if key in a and key in b else a.get(key, b.get(key))
-            for key in {**a, **b}
-        }
-    if isinstance(a, list) and isinstance(b, list):
-        return a + [item for item in b if item not in a]
-    if a != b:
-        raise ValueError(f"the pipeline's stages record different universal-checkpoint values: {a!r}, {b!r}")
-    return a
 
 
 def _prune(root: Path, *, keep: int, newest: str) -> None:

@@ -131,6 +131,8 @@ def test_a_tp_x_pp_checkpoint_moves_to_any_layout_once_it_records_every_stages_s
 
 
 def test_the_stages_splits_join_without_repeats():
+    from runner.checkpoint_splits import union_of_splits
+
     first = {
         "universal_checkpoint_version": 0.4,
         "tp_replicated_parameter_patterns": ["^1\\.block\\.ffn_norm\\.weight$"],
@@ -142,7 +144,7 @@ def test_the_stages_splits_join_without_repeats():
         "affine_map": {"version": 1, "params": {"^4\\.block\\.wo\\.weight$": {"logical_shape": [8, 8]}}},
         "original_vocab_size": 256,
     }
-    joined = checkpoint.union_of_splits(first, last)
+    joined = union_of_splits(first, last)
     assert joined["tp_replicated_parameter_patterns"] == ["^1\\.block\\.ffn_norm\\.weight$", "^5\\.weight$"]
     assert sorted(joined["affine_map"]["params"]) == [
         "^1\\.block\\.wo\\.weight$",
@@ -150,7 +152,7 @@ def test_the_stages_splits_join_without_repeats():
     ]
     assert joined["original_vocab_size"] == 256 and joined["affine_map"]["version"] == 1
     with pytest.raises(ValueError, match="different universal-checkpoint values"):
-        checkpoint.union_of_splits(first, {**last, "universal_checkpoint_version": 0.3})
+        union_of_splits(first, {**last, "universal_checkpoint_version": 0.3})
 
 
 @pytest.mark.parametrize("tied", [True, False])
