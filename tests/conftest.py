@@ -2,47 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from train_helpers import REFERENCE_STEPS, SMALL_EXPERIMENT, TrainResult, run_train
-
-from runner.cuda_devices import gpu_driver_present
-
-# DeepSpeed builds its CPU ops on first use (torch's JIT, into TORCH_EXTENSIONS_DIR): on a
-# fresh machine about 1.5 min for CPU Adam and 1 min for the shared-memory collectives.
-# Started as the session begins, the build uses the core the single-process tests leave idle;
-# a rank that needs an op before it is built waits on torch's build lock, as it would anyway.
-BUILD_CPU_OPS = (
-    "from deepspeed.accelerator import get_accelerator\n"
-    "for name in ('ShareMemCommBuilder', 'CPUAdamBuilder'):\n"
-    "    get_accelerator().create_op_builder(name).load(verbose=False)\n"
-)
-_BUILD = pytest.StashKey[subprocess.Popen]()
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build DeepSpeed's CPU ops in the background when a multi-rank test will need them."""
-    needs_ops = any(item.get_closest_marker("multirank") for item in session.items)
-    if not needs_ops or gpu_driver_present():
-        return
-    session.config.stash[_BUILD] = subprocess.Popen(
-        [sys.executable, "-c", BUILD_CPU_OPS],
-        env={**os.environ, "DS_ACCELERATOR": "cpu"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Let a build still running finish, so that no half-written op is left behind."""
-    build = session.config.stash.get(_BUILD, None)
-    if build is not None:
-        build.wait()
 
 
 @pytest.fixture
