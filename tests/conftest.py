@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,25 @@ def _one_rank_run(tmp_path_factory, name: str, *overrides: str) -> TrainResult:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+@pytest.fixture(scope="session")
+def trained_once(tmp_path_factory) -> Callable[..., TrainResult]:
+    """Train with these overrides once per session: a later test asking for the same run reads it.
+
+    The ledger's bf16 runs on 2 ranks, for one, are also the layout tests' bf16 comparison.
+    """
+    root: Path = tmp_path_factory.mktemp("trained_once")
+    done: dict[tuple[str, ...], TrainResult] = {}
+
+    def _run(*overrides: str) -> TrainResult:
+        if overrides not in done:
+            result = run_train(*overrides, run_dir=root / f"run{len(done)}")
+            assert result.returncode == 0, (overrides, result.stderr[-3000:])
+            done[overrides] = result
+        return done[overrides]
+
+    return _run
 
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,10 @@ bf16, AdamW and (one case) SGD.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import TrainResult, run_train
+from train_helpers import TrainResult, short_run
 
 from runner.ledger import host_relative_errors
 
@@ -21,11 +19,6 @@ TOLERANCE = {"params": 0.02, "grads": 0.02, "optimizer": 0.02, "activations": 0.
 # ZeRO-Offload's host memory per rank (offloaded terms and DeepSpeed's own host buffers),
 # each line and the total: measured within 2e-4 (rank 0 holds a whole straddling tensor).
 HOST_TOLERANCE = 0.01
-
-# Two steps (the ledger measures the second) of 16 sequences of 64 tokens, micro 4: the
-# estimate is exact at any length and batch, and bf16 on a CPU is slow. Every case
-# accumulates (ZeRO-2 offload keeps its host accumulation buffer only then).
-SHORT_RUN = ["batch.global_size=16", "batch.micro_size=4", "train.steps=2", "logger=none", "data.seq_len=64"]
 
 CASES = [
     ("ddp", 2, "fp32", "adamw"),
@@ -40,35 +33,14 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ledger_run(tmp_path_factory) -> Callable[..., TrainResult]:
-    """Train with these overrides once per module: a later test asking for the same run reads it."""
-    root: Path = tmp_path_factory.mktemp("ledger")
-    done: dict[tuple[str, ...], TrainResult] = {}
-
-    def _run(*overrides: str) -> TrainResult:
-        if overrides not in done:
-            result = run_train(*overrides, run_dir=root / f"run{len(done)}")
-            assert result.returncode == 0, (overrides, result.stderr[-3000:])
-            done[overrides] = result
-        return done[overrides]
-
-    return _run
-
-
 def _gb(values: dict[str, Any]) -> dict[str, float]:
     """summary.json's ``<name>_gb`` numbers by name."""
     return {name.removesuffix("_gb"): value for name, value in values.items() if name.endswith("_gb")}
 
 
-def _case(parallel: str, gpus: int, precision: str = "fp32", optimizer: str = "adamw") -> tuple[str, ...]:
-    layout = (f"parallel={parallel}", f"gpus={gpus}", f"precision={precision}", f"optimizer={optimizer}")
-    return (*layout, *SHORT_RUN)
-
-
 @pytest.mark.parametrize(("parallel", "gpus", "precision", "optimizer"), CASES)
-def test_measured_terms_match_the_estimate(ledger_run, parallel, gpus, precision, optimizer):
-    _check_ledger(ledger_run(*_case(parallel, gpus, precision, optimizer)), parallel)
+def test_measured_terms_match_the_estimate(trained_once, parallel, gpus, precision, optimizer):
+    _check_ledger(trained_once(*short_run(parallel, gpus, precision, optimizer)), parallel)
 
 
 def _check_ledger(result: TrainResult, parallel: str) -> None:
@@ -104,12 +76,12 @@ def _check_ledger(result: TrainResult, parallel: str) -> None:
     assert host_memory["measured_per_rank_gb"] == metrics["memory/host_peak_gb"] > states
 
 
-def test_offload_without_accumulation_has_no_cpu_accumulation_buffer(ledger_run):
+def test_offload_without_accumulation_has_no_cpu_accumulation_buffer(trained_once):
     """ZeRO-2 offload keeps whole gradients on the host only to accumulate them: accum 1 has none.
 
     2 ranks, fp32, micro 8: the ledger's checks above hold here too.
     """
-    result = ledger_run(*_case("zero2_offload", 2), "batch.micro_size=8")
+    result = trained_once(*short_run("zero2_offload", 2), "batch.micro_size=8")
     _check_ledger(result, "zero2_offload")
     memory = result.summary["memory"]
     assert result.summary["layout"]["accum_steps"] == 1
@@ -117,10 +89,10 @@ def test_offload_without_accumulation_has_no_cpu_accumulation_buffer(ledger_run)
     assert "accumulated_grads_in_cpu_gb" not in memory["measured"]["residual"]
 
 
-def test_zero3_shards_what_ddp_replicates(ledger_run):
+def test_zero3_shards_what_ddp_replicates(trained_once):
     """On 2 ranks, stage 3 holds about half of DDP's params, grads and optimizer states."""
-    ddp = ledger_run(*_case("ddp", 2))
-    zero3 = ledger_run(*_case("zero3", 2), "parallel.param_persistence_threshold=0")
+    ddp = trained_once(*short_run("ddp", 2))
+    zero3 = trained_once(*short_run("zero3", 2), "parallel.param_persistence_threshold=0")
     full = ddp.summary["memory"]["measured"]
     shard = zero3.summary["memory"]["measured"]
     for term in ("params", "grads", "optimizer"):
