@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, clean_env, file_digests
+from train_helpers import ROOT, TrainResult, clean_env, file_digests, run_train
 
 from runner.cuda_devices import gpu_driver_present
 
@@ -96,13 +100,45 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("overrides", "fragments"), CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_refused_before_launch(train, tmp_path, overrides, fragments):
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    (earlier / "summary.json").write_text('{"status": "completed"}')
-    before = file_digests(earlier)
-    result = train(*overrides, "logger=none", timeout=120)
+@dataclass
+class Refusal:
+    """One case's run, and the neighbouring directory it must leave as it was."""
+
+    result: TrainResult
+    neighbour: Path
+    neighbour_before: dict[str, str]
+
+
+def _case_id(overrides: list[str]) -> str:
+    return " ".join(overrides)
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, Refusal]:
+    """Every case's ``python train.py``, as many at once as this host has cores: each is one process."""
+    root = tmp_path_factory.mktemp("refusals")
+
+    def refuse(number: int, overrides: list[str]) -> Refusal:
+        case_dir = root / f"case{number}"
+        neighbour = case_dir / "earlier"
+        neighbour.mkdir(parents=True)
+        (neighbour / "summary.json").write_text('{"status": "completed"}')
+        before = file_digests(neighbour)
+        result = run_train(*overrides, "logger=none", run_dir=case_dir / "run", timeout=120)
+        return Refusal(result, neighbour, before)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        runs = {
+            _case_id(overrides): pool.submit(refuse, number, overrides)
+            for number, (overrides, _) in enumerate(CASES)
+        }
+    return {case: run.result() for case, run in runs.items()}
+
+
+@pytest.mark.parametrize(("overrides", "fragments"), CASES, ids=[_case_id(c[0]) for c in CASES])
+def test_refused_before_launch(refusals, overrides, fragments):
+    refusal = refusals[_case_id(overrides)]
+    result = refusal.result
     assert result.returncode != 0
     text = result.stderr + result.stdout
     for fragment in fragments:
@@ -110,7 +146,7 @@ def test_refused_before_launch(train, tmp_path, overrides, fragments):
     assert "Traceback" not in result.stderr
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert not (result.run_dir / "deepspeed_config.json").exists()
-    assert file_digests(earlier) == before
+    assert file_digests(refusal.neighbour) == refusal.neighbour_before
 
 
 def test_an_existing_run_directory_is_never_reused(train, tmp_path):
