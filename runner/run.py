@@ -252,5 +252,24 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
             layout.dp,
         )
     if env is None:
-        return _run_local(config, layout, run_dir, identity)
-    return _run_external(config, layout, ds_config, run_dir, identity, env)
+        summary = _run_local(config, layout, run_dir, identity)
+    else:
+        summary = _run_external(config, layout, ds_config, run_dir, identity, env)
+    if lead and config.logger.progress:
+        _print_run_end(run_dir)
+    return summary
+
+
+def _print_run_end(run_dir: Path) -> None:
+    """The run's speed and memory tables on the console; a run that trained never fails here."""
+    from runner.report.run_end import print_run_end
+
+    try:
+        print_run_end(run_dir)
+    except Exception as error:  # the run's files are written; only the printout is lost
+        log.warning(
+            "could not print the run's tables (%s: %s); ladder report %s shows them",
+            type(error).__name__,
+            error,
+            run_dir,
+        )

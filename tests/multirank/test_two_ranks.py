@@ -86,6 +86,11 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
         assert phases["forward"] > 0 and phases["backward"] > phases["data"], phases
     if logger == "wandb":
         assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run missing"
+    # The console ends with the run's speed and its ledger, measured beside estimated.
+    tables = result.stdout[result.stdout.index("speed, medians over the steps after the first") :]
+    assert "completed" in tables and "memory per device" in tables
+    assert f"{summary['memory']['measured']['params_gb']:.3f}" in tables
+    assert f"ladder report {run_dir}" in tables
     # train.profile_step: each rank's trace of step 3 and its operator table.
     assert summary["profile"]["files"] == ["profile/rank0_step3.json", "profile/rank0_step3_ops.txt"]
     for rank in (0, 1):

@@ -1,0 +1,34 @@
+"""What a finished run prints last: its speed and its memory ledger, as ``ladder report`` shows them.
+
+The launching process prints it once every rank is done (rank 0 where torchrun or srun
+started the ranks), from the run's own files, so the console ends with where the memory
+and the time went rather than with the last step's line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from runner.report.collect import read_cell
+from runner.report.rows import row_of
+from runner.report.terminal import memory_table, rows_table
+
+SPEED_HEADERS = ("tokens/s/device", "MFU %", "step % fwd / bwd / opt / comm / p2p", "final loss", "status")
+
+
+def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
+    """The run's speed (medians after the first step) and memory per term, estimated and measured."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal and "COLUMNS" not in os.environ:
+            console = Console(width=120)  # a log file: no terminal to fit
+    row = row_of(read_cell(run_dir, cell_id=run_dir.name))
+    speed_title = "speed, medians over the steps after the first"
+    console.print(rows_table([row], headers=("cell", *SPEED_HEADERS), title=speed_title))
+    console.print(memory_table([row], title="memory per device, GB = 1e9 bytes"))
+    note = f"details: ladder report {run_dir} (--html report.html for charts; several runs to compare them)"
+    console.print(Text(note, style="dim"), soft_wrap=True)
