@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.config import (
+    ModelConfig,
     Offload,
     OptimizerConfig,
     OptimizerName,
@@ -19,6 +20,7 @@ from runner.config import (
     PrecisionConfig,
 )
 from runner.layout import Layout
+from runner.model_shape import num_params
 from runner.tensor_parallel import deepspeed_train_batch_size, tensor_parallel_section
 
 # DeepSpeed prints its own per-step lines every `steps_per_print` steps; the runner logs
@@ -60,13 +62,26 @@ def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str
     }
 
 
-def _zero_section(parallel: ParallelConfig) -> dict[str, Any]:
+def reduce_bucket_elements(parallel: ParallelConfig, model: ModelConfig) -> int:
+    """The gradient bucket DeepSpeed allocates: ``parallel.reduce_bucket_size``, at most the model's size.
+
+    ZeRO-3 allocates the bucket whole at initialize, ZeRO 1-2 at backward's first gradient
+    (stage3.py and stage_1_and_2.py ``setup_buckets``, DeepSpeed 0.19), and each fills it with
+    gradients until the next would overflow it, then reduces. A bucket of the whole model's
+    parameter count never overflows (a rank holds at most that many), so it reduces exactly
+    as any larger one: the cap changes no collective, only memory. DeepSpeed's default of
+    5e8 elements is 2 GB in fp32 whatever the model; the tiny model needs 13 MB of it.
+    """
+    return min(parallel.reduce_bucket_size, num_params(model))
+
+
+def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> dict[str, Any]:
     """DeepSpeed's ``zero_optimization`` section."""
     zero: dict[str, Any] = {
         "stage": parallel.zero_stage,
         "overlap_comm": parallel.overlap_comm,
         "contiguous_gradients": parallel.contiguous_gradients,
-        "reduce_bucket_size": parallel.reduce_bucket_size,
+        "reduce_bucket_size": reduce_bucket_elements(parallel, model),
         "allgather_bucket_size": parallel.allgather_bucket_size,
     }
     if parallel.zero_stage == 3:
@@ -91,6 +106,7 @@ def _precision_section(precision: PrecisionConfig) -> dict[str, Any]:
 def build_deepspeed_config(
     *,
     layout: Layout,
+    model: ModelConfig,
     parallel: ParallelConfig,
     precision: PrecisionConfig,
     optimizer: OptimizerConfig,
@@ -112,7 +128,7 @@ def build_deepspeed_config(
         "gradient_accumulation_steps": layout.accum_steps,
         "gradient_clipping": optimizer.grad_clip,
         "optimizer": _optimizer_section(optimizer, offload=offloaded),
-        "zero_optimization": _zero_section(parallel),
+        "zero_optimization": _zero_section(parallel, model),
         "steps_per_print": _QUIET_STEPS,
         "wall_clock_breakdown": False,
         **_precision_section(precision),

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute
+from runner.deepspeed_config import reduce_bucket_elements
 from runner.memory import (
     TRANSIENT_ITEMS,
     activation_items_total,
@@ -336,7 +337,7 @@ def deepspeed_estimate(
             precision=precision.value,
             optimizer=optimizer.value,
             offload=offload,
-            reduce_bucket_size=parallel.reduce_bucket_size,
+            reduce_bucket_size=reduce_bucket_elements(parallel, model),
             persistent_params=persistent if stage == 3 else 0,
             largest_param=max(numels),
         )

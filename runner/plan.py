@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import ModelConfig, Offload, Precision, TrainConfig
+from runner.deepspeed_config import reduce_bucket_elements
 from runner.layout import (
     PIPELINE_MICRO_BATCHES_PER_STAGE,
     Layout,
@@ -80,7 +81,9 @@ class Knobs:
     offload: str = "none"  # runner.memory.OffloadMode
     micro_size: int | None = None  # None: auto
     overlap_comm: bool = False
-    reduce_bucket_size: int = 500_000_000  # elements; ZeRO-3 allocates its gradient bucket up front
+    # Elements of DeepSpeed's gradient bucket (runner.deepspeed_config.reduce_bucket_elements);
+    # ZeRO-3 allocates it up front.
+    reduce_bucket_size: int = 500_000_000
 
     def describe(self) -> str:
         """Short words for the layout: 'zero3 + full recompute + offload optimizer, tp 2'."""
@@ -216,7 +219,7 @@ def knobs_from_config(config: TrainConfig) -> Knobs:
         offload=offload_mode(par.offload_optimizer, par.offload_param),
         micro_size=parse_micro_size(config.batch.micro_size),
         overlap_comm=par.overlap_comm,
-        reduce_bucket_size=par.reduce_bucket_size,
+        reduce_bucket_size=reduce_bucket_elements(par, config.model),
     )
 
 

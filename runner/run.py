@@ -73,6 +73,7 @@ def deepspeed_config_for(
     """DeepSpeed's config for this run, with the learning rate scaled to its global batch."""
     return build_deepspeed_config(
         layout=layout,
+        model=config.model,
         parallel=config.parallel,
         precision=config.precision,
         optimizer=config.optimizer,

@@ -3,8 +3,10 @@
 import itertools
 
 import pytest
+from train_helpers import compose_config
 
 from runner.config import (
+    ModelConfig,
     Offload,
     OptimizerConfig,
     OptimizerName,
@@ -12,7 +14,7 @@ from runner.config import (
     Precision,
     PrecisionConfig,
 )
-from runner.deepspeed_config import build_deepspeed_config
+from runner.deepspeed_config import build_deepspeed_config, reduce_bucket_elements
 from runner.layout import resolve_layout
 
 pytestmark = pytest.mark.unit
@@ -24,6 +26,7 @@ LAYOUT = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=4)
 def test_every_parallel_and_precision(stage, precision):
     config = build_deepspeed_config(
         layout=LAYOUT,
+        model=ModelConfig(),
         parallel=ParallelConfig(name=f"zero{stage}", zero_stage=stage),
         precision=PrecisionConfig(name=precision),
         optimizer=OptimizerConfig(),
@@ -48,6 +51,7 @@ def test_deepspeed_accepts_the_dict():
     for stage in range(4):
         config = build_deepspeed_config(
             layout=LAYOUT,
+            model=ModelConfig(),
             parallel=ParallelConfig(
                 zero_stage=stage, offload_optimizer=Offload.cpu if stage else Offload.none
             ),
@@ -61,6 +65,7 @@ def test_deepspeed_accepts_the_dict():
 def test_sgd_and_offload():
     config = build_deepspeed_config(
         layout=LAYOUT,
+        model=ModelConfig(),
         parallel=ParallelConfig(zero_stage=2, offload_optimizer=Offload.cpu),
         precision=PrecisionConfig(),
         optimizer=OptimizerConfig(name=OptimizerName.sgd, momentum=0.8),
@@ -73,3 +78,24 @@ def test_sgd_and_offload():
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     # ZeRO steps SGD only when told it may (DeepSpeed asserts on optimizers outside its Adam list).
     assert config["zero_allow_untested_optimizer"] is True
+
+
+def test_the_gradient_bucket_is_never_larger_than_the_model():
+    """DeepSpeed's 5e8-element bucket (2 GB in fp32) shrinks to a model that could never fill it."""
+    names = ("tiny", "gpt2_124m", "llama_1b")
+    tiny, gpt2, llama_1b = (compose_config(f"model={name}").model for name in names)
+    default = ParallelConfig(name="zero3", zero_stage=3)
+    assert reduce_bucket_elements(default, tiny) == 3_229_952  # the tiny model's parameters
+    assert reduce_bucket_elements(default, gpt2) == 123_551_232
+    assert reduce_bucket_elements(default, llama_1b) == 500_000_000  # larger models keep the default
+    small = ParallelConfig(name="zero2", zero_stage=2, reduce_bucket_size=200_000)
+    assert reduce_bucket_elements(small, tiny) == 200_000  # a smaller bucket is the user's choice
+    config = build_deepspeed_config(
+        layout=LAYOUT,
+        model=tiny,
+        parallel=default,
+        precision=PrecisionConfig(),
+        optimizer=OptimizerConfig(),
+        lr=1e-3,
+    )
+    assert config["zero_optimization"]["reduce_bucket_size"] == 3_229_952

@@ -17,7 +17,7 @@ import pytest
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from runner.config import OptimizerConfig, OptimizerName, ParallelConfig, PrecisionConfig
+from runner.config import ModelConfig, OptimizerConfig, OptimizerName, ParallelConfig, PrecisionConfig
 from runner.deepspeed_config import build_deepspeed_config
 from runner.layout import resolve_layout
 from runner.peak_memory import PeakMemory, host_peak_bytes
@@ -31,6 +31,7 @@ PARAM_BYTES = 4 * NUMEL  # 128 MiB
 def _ladder_optimizer_params(name: OptimizerName) -> dict[str, Any]:
     config = build_deepspeed_config(
         layout=resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4),
+        model=ModelConfig(),
         parallel=ParallelConfig(name="zero2", zero_stage=2),
         precision=PrecisionConfig(),
         optimizer=OptimizerConfig(name=name),

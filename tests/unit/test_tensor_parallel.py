@@ -56,6 +56,7 @@ def test_deepspeed_config_carries_autotp_and_its_batch_count():
     def build(stage: int) -> dict:
         return build_deepspeed_config(
             layout=layout,
+            model=ModelConfig(),
             parallel=ParallelConfig(zero_stage=stage, tp=2),
             precision=PrecisionConfig(),
             optimizer=OptimizerConfig(),
@@ -71,6 +72,7 @@ def test_deepspeed_config_carries_autotp_and_its_batch_count():
     plain = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=4)
     config = build_deepspeed_config(
         layout=plain,
+        model=ModelConfig(),
         parallel=ParallelConfig(),
         precision=PrecisionConfig(),
         optimizer=OptimizerConfig(),
@@ -87,6 +89,7 @@ def test_deepspeed_parses_the_section():
     layout = resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)
     config = build_deepspeed_config(
         layout=layout,
+        model=ModelConfig(),
         parallel=ParallelConfig(zero_stage=1, tp=2),
         precision=PrecisionConfig(),
         optimizer=OptimizerConfig(),
