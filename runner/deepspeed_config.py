@@ -62,7 +62,7 @@ def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str
     }
 
 
-def reduce_bucket_elements(parallel: ParallelConfig, model: ModelConfig) -> int:
+def reduce_bucket_elements(reduce_bucket_size: int, model: ModelConfig) -> int:
     """The gradient bucket DeepSpeed allocates: ``parallel.reduce_bucket_size``, at most the model's size.
 
     ZeRO-3 allocates the bucket whole at initialize, ZeRO 1-2 at backward's first gradient
@@ -72,7 +72,7 @@ def reduce_bucket_elements(parallel: ParallelConfig, model: ModelConfig) -> int:
     as any larger one: the cap changes no collective, only memory. DeepSpeed's default of
     5e8 elements is 2 GB in fp32 whatever the model; the tiny model needs 13 MB of it.
     """
-    return min(parallel.reduce_bucket_size, num_params(model))
+    return min(reduce_bucket_size, num_params(model))
 
 
 def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> dict[str, Any
         "stage": parallel.zero_stage,
         "overlap_comm": parallel.overlap_comm,
         "contiguous_gradients": parallel.contiguous_gradients,
-        "reduce_bucket_size": reduce_bucket_elements(parallel, model),
+        "reduce_bucket_size": reduce_bucket_elements(parallel.reduce_bucket_size, model),
         "allgather_bucket_size": parallel.allgather_bucket_size,
     }
     if parallel.zero_stage == 3:

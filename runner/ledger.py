@@ -337,7 +337,7 @@ def deepspeed_estimate(
             precision=precision.value,
             optimizer=optimizer.value,
             offload=offload,
-            reduce_bucket_size=reduce_bucket_elements(parallel, model),
+            reduce_bucket_size=reduce_bucket_elements(parallel.reduce_bucket_size, model),
             persistent_params=persistent if stage == 3 else 0,
             largest_param=max(numels),
         )

@@ -227,6 +227,38 @@ def deepspeed_residuals(
     return residuals
 
 
+def zero12_backward_buckets(
+    *,
+    zero_stage: int,
+    precision: Precision | str,
+    offload: OffloadMode | str = "none",
+    reduce_bucket_size: int,
+    overlap_comm: bool = False,
+    contiguous_gradients: bool = True,
+) -> dict[str, int]:
+    """Device bytes ZeRO 1-2 allocate during backward for the gradient bucket, named.
+
+    DeepSpeed 0.19's stage_1_and_2.py ``setup_buckets`` allocates ``reduce_bucket_size``
+    elements in the model dtype at a micro-batch's first gradient, a second one with
+    ``overlap_comm`` (double buffering), and ``_release_ipg_buffers`` frees them when
+    backward ends: they are on the device with the activations where backward starts, and
+    gone at the optimizer step, where the ledger measures (so not in
+    :func:`deepspeed_residuals`). Observed by wrapping ``torch.empty`` on a 1-rank engine:
+    one bf16 (fp32) bucket per backward in bf16 (fp32), two with overlap_comm, at ZeRO-1
+    and ZeRO-2 alike. Offload stages gradients through it whatever ``contiguous_gradients``
+    says (``contiguous_gradients or cpu_offload``). Pass the bucket DeepSpeed is given
+    (runner.deepspeed_config.reduce_bucket_elements).
+    """
+    if zero_stage not in (1, 2):
+        return {}
+    if not (contiguous_gradients or str(getattr(offload, "value", offload)) != "none"):
+        return {}
+    precision_name = str(getattr(precision, "value", precision))
+    model_bytes = FP32_BYTES if precision_name == "fp32" else 2
+    buffers = 2 if overlap_comm else 1
+    return {"reduce_bucket (in backward)": buffers * model_bytes * reduce_bucket_size}
+
+
 def offload_host_buffers(
     num_params: int,
     *,

@@ -81,6 +81,7 @@ class Knobs:
     offload: str = "none"  # runner.memory.OffloadMode
     micro_size: int | None = None  # None: auto
     overlap_comm: bool = False
+    contiguous_gradients: bool = True
     # Elements of DeepSpeed's gradient bucket (runner.deepspeed_config.reduce_bucket_elements);
     # ZeRO-3 allocates it up front.
     reduce_bucket_size: int = 500_000_000
@@ -219,7 +220,8 @@ def knobs_from_config(config: TrainConfig) -> Knobs:
         offload=offload_mode(par.offload_optimizer, par.offload_param),
         micro_size=parse_micro_size(config.batch.micro_size),
         overlap_comm=par.overlap_comm,
-        reduce_bucket_size=reduce_bucket_elements(par, config.model),
+        contiguous_gradients=par.contiguous_gradients,
+        reduce_bucket_size=par.reduce_bucket_size,
     )
 
 
@@ -278,7 +280,9 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
         pp=knobs.pp,
         accum_steps=accum_steps,
         host_is_device=workload.device.is_host,
-        reduce_bucket_size=knobs.reduce_bucket_size,
+        reduce_bucket_size=reduce_bucket_elements(knobs.reduce_bucket_size, workload.model),
+        overlap_comm=knobs.overlap_comm,
+        contiguous_gradients=knobs.contiguous_gradients,
         compiled=workload.compiled,
     )
 

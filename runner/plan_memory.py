@@ -35,6 +35,7 @@ from runner.memory import (
     model_block_shape,
     model_states,
     offload_host_buffers,
+    zero12_backward_buckets,
     zero12_held_elements,
 )
 from runner.pipeline_split import rank_param_numels
@@ -150,6 +151,8 @@ def memory_terms(
     accum_steps: int,
     host_is_device: bool = False,
     reduce_bucket_size: int = 500_000_000,
+    overlap_comm: bool = False,
+    contiguous_gradients: bool = True,
     compiled: bool = False,
 ) -> MemoryTerms:
     """Every memory term of one device for this layout (see the module docstring)."""
@@ -178,6 +181,19 @@ def memory_terms(
         reduce_bucket_size=reduce_bucket_size,
         largest_param=largest,
     )
+    if pp == 1:
+        # Under a pipeline DeepSpeed allocates it at the step's boundary instead, after the
+        # micro-batches' activations are freed (stage_1_and_2.py ``reduce_gradients``).
+        residuals.update(
+            zero12_backward_buckets(
+                zero_stage=zero_stage,
+                precision=precision,
+                offload=offload,
+                reduce_bucket_size=reduce_bucket_size,
+                overlap_comm=overlap_comm,
+                contiguous_gradients=contiguous_gradients,
+            )
+        )
     graph = block_graph(compiled, tp=tp, zero_stage=zero_stage)
     block = model_block_shape(
         model,

@@ -19,6 +19,9 @@ _OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms;
 
 _W = 38  # width of the label column
 
+# Residual lines computed outside runner.memory.deepspeed_residuals, by the function that does.
+_RESIDUAL_SOURCES = {"reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets"}
+
 
 def _row(label: str, num_bytes: float, note: str = "") -> str:
     # A label wider than its column (DeepSpeed's buffer names) gets a line of its own.
@@ -154,7 +157,7 @@ def format_plan(plan: Plan) -> str:
     ]
     if m.residuals:
         lines += [
-            _row(f"residual: {name}", size, "runner.memory.deepspeed_residuals")
+            _row(f"residual: {name}", size, _RESIDUAL_SOURCES.get(name, "runner.memory.deepspeed_residuals"))
             for name, size in m.residuals.items()
         ]
     else:
