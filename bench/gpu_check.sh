@@ -13,6 +13,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu_check}"
+# Its runs never reuse a run directory, so an earlier check's folder would leave its old
+# figures in the table: refuse it, and leave it as it is.
+if [ -e "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ]; then
+  echo "gpu_check: $out already holds an earlier check's results; give another folder" \
+    "(bench/gpu_check.sh OUT_DIR) or move that one away" >&2
+  exit 2
+fi
 mkdir -p "$out"
 # The project's .venv (make run / make test create it) unless PYTHON names another.
 default_python=python

@@ -20,7 +20,9 @@ _OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms;
 _W = 38  # width of the label column
 
 # Residual lines computed outside runner.memory.deepspeed_residuals, by the function that does.
-_RESIDUAL_SOURCES = {"reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets"}
+_RESIDUAL_SOURCES = {
+    "reduce_bucket (in backward)": "runner.plan_memory.bucket_beyond_activations (less what the loss frees)"
+}
 
 
 def _row(label: str, num_bytes: float, note: str = "") -> str:
