@@ -136,20 +136,26 @@ def activation_bytes(
 
 
 def bucket_beyond_activations(items: dict[str, int], *, bucket: int) -> int:
-    """Bytes ZeRO 1-2's backward gradient bucket adds to the activation peak (no pipeline).
+    """Bytes a gradient bucket allocated in backward adds to the activation peak (no pipeline).
 
     ``items``: runner.memory.activation_items_total. DeepSpeed allocates the bucket at the
     first parameter gradient (runner.memory.zero12_backward_buckets), after the output
     head's backward: the loss's tensors (its saved log-probabilities or exponentials, its
     gradients) are freed by then, and backward's recompute working set is not live yet. The
     step peaks at the larger of the activation peak and the kept activations less the
-    loss's plus the bucket. Measured as the allocator's high-water mark over one
-    micro-batch's forward and backward above its start (ZeRO-1, fp32, micro 8, seq 128, one
-    CPU rank, torch.profiler memory events): tiny 0.1119 GB against 0.1074 planned so
-    (0.0976 without the bucket, 0.1105 with all of it); gpt2_124m 1.4934 against 1.4456,
-    its loss freeing 0.62 GB before its 0.49 GB bucket (1.9398 with all of it). Not
-    counted: a tied output head's weight gradient, which autograd holds until the
-    embedding's joins it (V x h; 0.15 GB for gpt2_124m in fp32).
+    loss's plus the bucket. This is ZeRO-2's case, which frees the bucket as each backward
+    ends, and ZeRO-1's without accumulation; ZeRO-1 with accumulation keeps it to the step's
+    boundary, where the whole of it adds (memory_terms).
+
+    Measured as the allocator's high-water mark over one step above its start (torch.profiler
+    memory events, fp32, micro 8, seq 128, accum 2, one CPU rank), against the plan's
+    activations + gradients + this line: gpt2_124m at ZeRO-2 1.981 GB, planned 1.940 (its
+    loss frees 0.62 GB before its 0.49 GB bucket; 2.434 with all of it); tiny 0.1241 against
+    0.1203. ZeRO-1: gpt2_124m 2.434 against 2.434 with the whole bucket; tiny 0.1241 against
+    0.1234. One micro-batch alone at ZeRO-1 (the bucket's first backward): tiny 0.1119 against
+    0.1074, gpt2_124m 1.4934 against 1.4456. Not counted: a tied output head's weight
+    gradient, which autograd holds until the embedding's joins it (V x h; 0.15 GB for
+    gpt2_124m in fp32).
     """
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
     at_peak = kept + max(at_the_loss(items), items["transient.recompute_layer"])
@@ -235,8 +241,11 @@ def memory_terms(
             block, n_layers=model.n_layer, vocab_size=model.vocab_size, recompute=recompute
         )
         for name, size in buckets.items():
-            beyond = bucket_beyond_activations(items, bucket=size)
-            if beyond:
+            if zero_stage == 1 and accum_steps > 1:
+                # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
+                # allocates stays until then, live at every later micro-batch's loss.
+                residuals[name] = size
+            elif beyond := bucket_beyond_activations(items, bucket=size):
                 residuals[name] = beyond
     if graph != "eager":
         how = "compiled blocks" if graph == "whole" else "compiled blocks, split at collectives"

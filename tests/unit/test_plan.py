@@ -370,19 +370,25 @@ def test_zero3_with_tp_plans_the_build_where_it_holds_more_than_the_steps():
     assert plan_config(_70b("parallel=zero3", "gpus=8")).memory.build == 0  # no AutoTP: nothing to cut
 
 
-def test_zero12s_backward_bucket_counts_beyond_what_the_loss_frees():
+def test_zero12s_backward_bucket_counts_where_it_is_live():
     """The bucket comes at the first parameter gradient, after the loss's tensors are freed
     (runner.plan_memory.bucket_beyond_activations): the tiny model's 256-entry vocabulary
     frees little, so most of its 12.9 MB fp32 bucket adds to the peak; gpt2_124m's loss frees
-    0.62 GB at micro 8, more than its 0.49 GB bucket, which then adds nothing."""
+    0.62 GB at micro 8, more than its 0.49 GB bucket, which then adds nothing at ZeRO-2.
+    ZeRO-1 keeps the bucket to the step's boundary: with accumulation all of it adds."""
     name = "reduce_bucket (in backward)"
     tiny_bucket = 4 * 3_229_952
-    tiny = _terms(zero_stage=1, micro_size=8, reduce_bucket_size=3_229_952)
+    tiny = _terms(zero_stage=2, micro_size=8, reduce_bucket_size=3_229_952)
     assert 0.7 * tiny_bucket < tiny.residuals[name] < tiny_bucket
     doubled = _terms(zero_stage=2, micro_size=8, reduce_bucket_size=3_229_952, overlap_comm=True)
     assert doubled.residuals[name] == tiny.residuals[name] + tiny_bucket  # two with overlap_comm
+    no_accumulation = _terms(zero_stage=1, micro_size=8, accum_steps=1, reduce_bucket_size=3_229_952)
+    assert no_accumulation.residuals[name] == tiny.residuals[name]
+    assert _terms(zero_stage=1, micro_size=8, reduce_bucket_size=3_229_952).residuals[name] == tiny_bucket
     gpt2 = compose_config("model=gpt2_124m").model
-    assert name not in _terms(gpt2, zero_stage=1, micro_size=8, reduce_bucket_size=123_551_232).residuals
+    assert name not in _terms(gpt2, zero_stage=2, micro_size=8, reduce_bucket_size=123_551_232).residuals
+    gpt2_zero1 = _terms(gpt2, zero_stage=1, micro_size=8, reduce_bucket_size=123_551_232)
+    assert gpt2_zero1.residuals[name] == 4 * 123_551_232
     # ZeRO-3 holds its bucket from initialize on (ipg_buckets); a pipeline allocates it after backward.
     assert name not in _terms(zero_stage=3, micro_size=8, reduce_bucket_size=3_229_952).residuals
     assert name not in _terms(zero_stage=1, pp=2, micro_size=8, reduce_bucket_size=3_229_952).residuals
