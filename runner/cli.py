@@ -8,7 +8,6 @@ ladder report PATH... --html out.html      one self-contained page with charts
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,13 +16,12 @@ EXIT_USAGE = 2  # bad input: a missing path, a path with no run in it (argparse 
 
 
 def _report(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from runner.report.collect import ReportInputError, collect
     from runner.report.compare import loss_agreement
     from runner.report.html import render_html, write_html
     from runner.report.rows import build_rows
-    from runner.report.terminal import print_report
+    from runner.report.terminal import output_console, print_report
     from runner.report.text import render_text
 
     if args.html is not None and not args.html.parent.is_dir():
@@ -38,9 +36,7 @@ def _report(args: argparse.Namespace) -> int:
     agreements = loss_agreement(cells, tolerance=args.loss_tol)
     sources = [str(p) for p in args.paths]
     if args.format == "table":
-        console = Console()
-        if not console.is_terminal and "COLUMNS" not in os.environ:
-            console = Console(width=200)  # piped: no terminal to fit, so do not fold the table to 80
+        console = output_console(piped_width=200)
         print_report(rows, agreements, console=console, title=f"ladder report: {', '.join(sources)}")
     else:
         sys.stdout.write(render_text(rows, args.format))

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from runner.config import ModelConfig
 from runner.memory import (
     TRANSIENT_ITEMS,
-    BlockShape,
     ModelStates,
     activation_items_total,
     at_the_loss,
@@ -105,22 +104,11 @@ def layers_per_stage(n_layer: int, pp: int) -> int:
     return -(-n_layer // pp)
 
 
-def activation_bytes(
-    block: BlockShape,
-    *,
-    n_layer: int,
-    vocab_size: int,
-    pp: int,
-    accum_steps: int,
-    recompute: str,
-) -> tuple[int, str]:
-    """Peak activation bytes on the fullest device, and a note saying which stage and why."""
-    items = activation_items_total(
-        block,
-        n_layers=layers_per_stage(n_layer, pp),
-        vocab_size=vocab_size,
-        recompute=recompute,
-    )
+def activation_bytes(items: dict[str, int], *, pp: int, accum_steps: int) -> tuple[int, str]:
+    """Peak activation bytes on the fullest device, and a note saying which stage and why.
+
+    ``items``: runner.memory.activation_items_total of one stage's layers (layers_per_stage).
+    """
     recompute_set = items["transient.recompute_layer"]
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
     last = kept + max(at_the_loss(items), recompute_set)
@@ -218,14 +206,13 @@ def memory_terms(
         bytes_per_elem=4 if precision == "fp32" else 2,
         graph=graph,
     )
-    activations, note = activation_bytes(
+    items = activation_items_total(
         block,
-        n_layer=model.n_layer,
+        n_layers=layers_per_stage(model.n_layer, pp),
         vocab_size=model.vocab_size,
-        pp=pp,
-        accum_steps=accum_steps,
         recompute=recompute,
     )
+    activations, note = activation_bytes(items, pp=pp, accum_steps=accum_steps)
     if pp == 1:
         # Under a pipeline DeepSpeed allocates it at the step's boundary instead, after the
         # micro-batches' activations are freed (stage_1_and_2.py ``reduce_gradients``).
@@ -236,9 +223,6 @@ def memory_terms(
             reduce_bucket_size=reduce_bucket_size,
             overlap_comm=overlap_comm,
             contiguous_gradients=contiguous_gradients,
-        )
-        items = activation_items_total(
-            block, n_layers=model.n_layer, vocab_size=model.vocab_size, recompute=recompute
         )
         for name, size in buckets.items():
             if zero_stage == 1 and accum_steps > 1:

@@ -7,7 +7,6 @@ and the time went rather than with the last step's line.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from rich.console import Console
@@ -15,17 +14,14 @@ from rich.text import Text
 
 from runner.report.collect import read_cell
 from runner.report.rows import row_of
-from runner.report.terminal import memory_table, rows_table
+from runner.report.terminal import memory_table, output_console, rows_table
 
 SPEED_HEADERS = ("tokens/s/device", "MFU %", "step % fwd / bwd / opt / comm / p2p", "final loss", "status")
 
 
 def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     """The run's speed (medians after the first step) and memory per term, estimated and measured."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal and "COLUMNS" not in os.environ:
-            console = Console(width=120)  # a log file: no terminal to fit
+    console = console or output_console(piped_width=120)
     row = row_of(read_cell(run_dir, cell_id=run_dir.name))
     speed_title = "speed, medians over the steps after the first"
     console.print(rows_table([row], headers=("cell", *SPEED_HEADERS), title=speed_title))

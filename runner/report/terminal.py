@@ -6,6 +6,7 @@ two lines per cell, estimated and measured: each table fits an 80-column termina
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from rich import box
@@ -97,6 +98,15 @@ def memory_table(rows: Sequence[Row], *, title: str) -> Table:
         blank = () if one_device else ("",)
         table.add_row("", "meas", *measured, fmt_gb(row.residual()), peak, *blank, end_section=True)
     return table
+
+
+def output_console(*, piped_width: int) -> Console:
+    """A console for stdout: the terminal's width, or ``piped_width`` where stdout is a pipe or a
+    file (there is no terminal to fit, so tables are not folded to 80 columns); COLUMNS wins."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=piped_width)
+    return console
 
 
 def print_report(
