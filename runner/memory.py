@@ -241,11 +241,12 @@ def zero12_backward_buckets(
     DeepSpeed 0.19's stage_1_and_2.py ``setup_buckets`` allocates ``reduce_bucket_size``
     elements in the model dtype at a micro-batch's first gradient, a second one with
     ``overlap_comm`` (double buffering), and ``_release_ipg_buffers`` frees them when
-    backward ends: they are on the device with the activations where backward starts, and
-    gone at the optimizer step, where the ledger measures (so not in
-    :func:`deepspeed_residuals`). Observed by wrapping ``torch.empty`` on a 1-rank engine:
-    one bf16 (fp32) bucket per backward in bf16 (fp32), two with overlap_comm, at ZeRO-1
-    and ZeRO-2 alike. Offload stages gradients through it whatever ``contiguous_gradients``
+    backward ends at ZeRO-2, at the step's boundary at ZeRO-1 (which reduces only there):
+    they are gone at the optimizer step, where the ledger measures (so not in
+    :func:`deepspeed_residuals`); runner.plan_memory counts them where they are live.
+    Observed by wrapping ``torch.empty`` on a 1-rank engine: one bf16 (fp32) bucket in bf16
+    (fp32), two with overlap_comm, per backward at ZeRO-2 and per step at ZeRO-1.
+    Offload stages gradients through it whatever ``contiguous_gradients``
     says (``contiguous_gradients or cpu_offload``). Pass the bucket DeepSpeed is given
     (runner.deepspeed_config.reduce_bucket_elements).
     """

@@ -21,7 +21,7 @@ _W = 38  # width of the label column
 
 # Residual lines computed outside runner.memory.deepspeed_residuals, by the function that does.
 _RESIDUAL_SOURCES = {
-    "reduce_bucket (in backward)": "runner.plan_memory.bucket_beyond_activations (less what the loss frees)"
+    "reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets, where live (runner.plan_memory)"
 }
 
 
