@@ -163,6 +163,7 @@ class Plan:
                 "optimizer": m.optimizer,
                 "activations": m.activations,
                 "residuals": dict(m.residuals),
+                "grads_after_peak": m.grads_after_peak,
                 "total": m.total,
                 "build": m.build,
             },

@@ -37,7 +37,10 @@ from runner.memory import (
     zero12_backward_buckets,
     zero12_held_elements,
 )
+from runner.model_shape import embedding_numels
 from runner.pipeline_split import rank_param_numels
+
+TIED_HEAD_GRADIENT = "tied head grad (in backward)"
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class MemoryTerms:
     host_counts_on_device: bool = False  # CPU ranks: the host is the device
     activation_note: str = ""
     build: int = 0  # device bytes while the model is built, where it can hold more (zero3_tp_build_bytes)
+    grads_after_peak: int = 0  # gradient bytes made after the activation peak (grads_after_activation_peak)
 
     @property
     def model_states(self) -> int:
@@ -63,7 +67,8 @@ class MemoryTerms:
     def total(self) -> int:
         """All device bytes: model states, activations, residuals (and offloaded bytes on CPU ranks)."""
         extra = sum(self.host.values()) if self.host_counts_on_device else 0
-        return self.model_states + self.activations + sum(self.residuals.values()) + extra
+        terms = self.model_states + self.activations + sum(self.residuals.values()) + extra
+        return terms - self.grads_after_peak
 
     @property
     def peak(self) -> int:
@@ -123,32 +128,73 @@ def activation_bytes(items: dict[str, int], *, pp: int, accum_steps: int) -> tup
     return last, "last stage (loss and logits)"
 
 
-def bucket_beyond_activations(items: dict[str, int], *, bucket: int) -> int:
-    """Bytes a gradient bucket allocated in backward adds to the activation peak (no pipeline).
+def beyond_activations_after_head(items: dict[str, int], *, allocated: int) -> int:
+    """Bytes that tensors allocated at the output head's backward add to the activation peak.
 
-    ``items``: runner.memory.activation_items_total. DeepSpeed allocates the bucket at the
-    first parameter gradient (runner.memory.zero12_backward_buckets), after the output
-    head's backward: the loss's tensors (its saved log-probabilities or exponentials, its
-    gradients) are freed by then, and backward's recompute working set is not live yet. The
-    step peaks at the larger of the activation peak and the kept activations less the
-    loss's plus the bucket. This is ZeRO-2's case, which frees the bucket as each backward
-    ends, and ZeRO-1's without accumulation; ZeRO-1 with accumulation keeps it to the step's
-    boundary, where the whole of it adds (memory_terms).
+    No pipeline. ``items``: runner.memory.activation_items_total. After the output head's
+    backward the loss's tensors (its saved log-probabilities or exponentials, its gradients)
+    are freed, and backward's recompute working set is not live yet; what is allocated
+    there and held on adds to the kept activations less the loss's. The step peaks at the
+    larger of that and the activation peak. Two things come there: ZeRO 1-2's gradient
+    bucket, at the first parameter gradient (runner.memory.zero12_backward_buckets; ZeRO-2
+    frees it as each backward ends, ZeRO-1 without accumulation too; ZeRO-1 with
+    accumulation keeps it to the step's boundary, where the whole of it adds: memory_terms),
+    and a tied output head's weight gradient (:func:`tied_head_gradient_bytes`).
 
     Measured as the allocator's high-water mark over one step above its start (torch.profiler
     memory events, fp32, micro 8, seq 128, accum 2, one CPU rank), against the plan's
-    activations + gradients + this line: gpt2_124m at ZeRO-2 1.981 GB, planned 1.940 (its
-    loss frees 0.62 GB before its 0.49 GB bucket; 2.434 with all of it); tiny 0.1241 against
-    0.1203. ZeRO-1: gpt2_124m 2.434 against 2.434 with the whole bucket; tiny 0.1241 against
-    0.1234. One micro-batch alone at ZeRO-1 (the bucket's first backward): tiny 0.1119 against
-    0.1074, gpt2_124m 1.4934 against 1.4456. Not counted: a tied output head's weight
-    gradient, which autograd holds until the embedding's joins it (V x h; 0.15 GB for
-    gpt2_124m in fp32).
+    activations + gradients + these lines: gpt2_124m at ZeRO-2 1.981 GB, planned 1.971 with
+    both (1.940 without its tied head's 0.15 GB; its loss frees 0.62 GB, more than its
+    0.49 GB bucket alone; 2.434 with all of both); tiny 0.1241 against 0.1206. ZeRO-1:
+    gpt2_124m 2.434 against 2.434 with the whole bucket; tiny 0.1241 against 0.1234. One
+    micro-batch alone at ZeRO-1 (the bucket's first backward): tiny 0.1119 against 0.1077,
+    gpt2_124m 1.4934 against 1.4765.
     """
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
     at_peak = kept + max(at_the_loss(items), items["transient.recompute_layer"])
     loss_kept = sum(v for k, v in items.items() if k.startswith("loss."))
-    return max(0, kept - loss_kept + bucket - at_peak)
+    return max(0, kept - loss_kept + allocated - at_peak)
+
+
+def tied_head_gradient_bytes(model: ModelConfig, *, tp: int, pp: int, precision: str) -> int:
+    """Bytes of a tied output head's weight gradient, held through backward (no pipeline).
+
+    The output head and the embedding share one weight (``tie_embeddings``). Autograd gets
+    the head's gradient of it (V x h in the model dtype; ceil(V / t) x h under tensor
+    parallelism, split by vocabulary) at the head's backward, first in backward, and holds
+    it in the weight's input buffer until the embedding's joins it, last in backward; only
+    then does the summed gradient reach the parameter (and DeepSpeed's hooks). Under a
+    pipeline the two ends are separate copies on the first and last stages (DeepSpeed's
+    TiedLayerSpec), summed by an all-reduce after backward: nothing is held.
+    """
+    if not model.tie_embeddings or pp > 1:
+        return 0
+    _, head = embedding_numels(model, tp)
+    return (4 if precision == "fp32" else 2) * head
+
+
+def grads_after_activation_peak(
+    grads: int, *, at_activation_peak: int, buckets: int, zero_stage: int, accum_steps: int
+) -> int:
+    """Gradient bytes that are not yet made at the activation peak: the sum of terms counts them twice.
+
+    At one micro-batch per step (no pipeline) ZeRO 0-2 start each step without gradients:
+    stage 0 sets them to None after the step, ZeRO 1-2 free their gradient partitions. So
+    backward makes them layer by layer as it frees the activations, after the loss, where
+    the activations peak, and the step peaks at the larger of the activation peak (with what
+    backward adds there: ``at_activation_peak``) and the gradients with the buckets at
+    backward's end. ZeRO-3 keeps its gradient partitions from step to step, and with
+    accumulation the first micro-batch's gradients are live at the next one's loss: both
+    count whole.
+
+    Measured as the allocator's peak from build to two steps' end (bench/step_peak.py, fp32,
+    micro 8, seq 128, one CPU rank), planned against measured: gpt2_124m at ZeRO-0 with one
+    micro-batch per step 2.928 against 2.929 GB (3.422 counting its 0.49 GB of gradients
+    whole), ZeRO-2 3.454 against 3.464 (3.948); tiny in bf16 at ZeRO-0 0.100 against 0.102.
+    """
+    if accum_steps > 1 or zero_stage == 3:
+        return 0
+    return max(0, min(grads, at_activation_peak - buckets))
 
 
 def memory_terms(
@@ -213,6 +259,7 @@ def memory_terms(
         recompute=recompute,
     )
     activations, note = activation_bytes(items, pp=pp, accum_steps=accum_steps)
+    grads_after_peak = 0
     if pp == 1:
         # Under a pipeline DeepSpeed allocates it at the step's boundary instead, after the
         # micro-batches' activations are freed (stage_1_and_2.py ``reduce_gradients``).
@@ -224,13 +271,30 @@ def memory_terms(
             overlap_comm=overlap_comm,
             contiguous_gradients=contiguous_gradients,
         )
+        # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
+        # allocates stays until then, live at every later micro-batch's loss: all of it adds.
+        to_boundary = zero_stage == 1 and accum_steps > 1
         for name, size in buckets.items():
-            if zero_stage == 1 and accum_steps > 1:
-                # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
-                # allocates stays until then, live at every later micro-batch's loss.
+            if to_boundary:
                 residuals[name] = size
-            elif beyond := bucket_beyond_activations(items, bucket=size):
+            elif beyond := beyond_activations_after_head(items, allocated=size):
                 residuals[name] = beyond
+        # A tied head's gradient comes beside the bucket: its line is what it adds beyond the bucket's.
+        beside = 0 if to_boundary else sum(buckets.values())
+        tied = tied_head_gradient_bytes(model, tp=tp, pp=pp, precision=precision)
+        if tied and (
+            extra := beyond_activations_after_head(items, allocated=beside + tied)
+            - beyond_activations_after_head(items, allocated=beside)
+        ):
+            residuals[TIED_HEAD_GRADIENT] = extra
+        in_backward = sum(residuals.get(name, 0) for name in (*buckets, TIED_HEAD_GRADIENT))
+        grads_after_peak = grads_after_activation_peak(
+            grads,
+            at_activation_peak=activations + in_backward,
+            buckets=sum(buckets.values()),
+            zero_stage=zero_stage,
+            accum_steps=accum_steps,
+        )
     if graph != "eager":
         how = "compiled blocks" if graph == "whole" else "compiled blocks, split at collectives"
         note = f"{how}; {note}" if note else how
@@ -272,13 +336,18 @@ def memory_terms(
         host_counts_on_device=host_is_device,
         activation_note=note,
         build=build,
+        grads_after_peak=grads_after_peak,
     )
 
 
 __all__ = [
+    "TIED_HEAD_GRADIENT",
     "MemoryTerms",
     "activation_bytes",
+    "beyond_activations_after_head",
+    "grads_after_activation_peak",
     "layers_per_stage",
     "memory_terms",
+    "tied_head_gradient_bytes",
     "zero3_tp_build_bytes",
 ]

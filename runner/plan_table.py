@@ -14,6 +14,7 @@ from runner.pipeline_split import rank_param_numels
 from runner.plan import GB, Plan, gb
 from runner.plan_hardware import Figure
 from runner.plan_ladder import Ladder
+from runner.plan_memory import TIED_HEAD_GRADIENT
 
 _OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers
 
@@ -21,7 +22,8 @@ _W = 38  # width of the label column
 
 # Residual lines computed outside runner.memory.deepspeed_residuals, by the function that does.
 _RESIDUAL_SOURCES = {
-    "reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets, where live (runner.plan_memory)"
+    "reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets, where live (runner.plan_memory)",
+    TIED_HEAD_GRADIENT: "autograd holds it through backward (runner.plan_memory.tied_head_gradient_bytes)",
 }
 
 
@@ -176,6 +178,14 @@ def format_plan(plan: Plan) -> str:
             )
             for name, size in m.host.items()
         ]
+    if m.grads_after_peak:
+        lines.append(
+            _row(
+                "grads made after the activation peak",
+                -m.grads_after_peak,
+                "one micro-batch a step (runner.plan_memory.grads_after_activation_peak)",
+            )
+        )
     lines.append(_row("total", m.total))
     if m.build:
         lines.append(_row("building: zero.Init 1/dp + a weight", m.build, "before AutoTP cuts the shards"))

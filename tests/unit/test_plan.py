@@ -372,7 +372,7 @@ def test_zero3_with_tp_plans_the_build_where_it_holds_more_than_the_steps():
 
 def test_zero12s_backward_bucket_counts_where_it_is_live():
     """The bucket comes at the first parameter gradient, after the loss's tensors are freed
-    (runner.plan_memory.bucket_beyond_activations): the tiny model's 256-entry vocabulary
+    (runner.plan_memory.beyond_activations_after_head): the tiny model's 256-entry vocabulary
     frees little, so most of its 12.9 MB fp32 bucket adds to the peak; gpt2_124m's loss frees
     0.62 GB at micro 8, more than its 0.49 GB bucket, which then adds nothing at ZeRO-2.
     ZeRO-1 keeps the bucket to the step's boundary: with accumulation all of it adds."""
@@ -392,3 +392,62 @@ def test_zero12s_backward_bucket_counts_where_it_is_live():
     # ZeRO-3 holds its bucket from initialize on (ipg_buckets); a pipeline allocates it after backward.
     assert name not in _terms(zero_stage=3, micro_size=8, reduce_bucket_size=3_229_952).residuals
     assert name not in _terms(zero_stage=1, pp=2, micro_size=8, reduce_bucket_size=3_229_952).residuals
+
+
+def test_a_tied_heads_gradient_counts_where_it_outlasts_the_loss():
+    """Autograd holds a tied head's weight gradient (V x h) from the head's backward to the
+    embedding's (runner.plan_memory.tied_head_gradient_bytes). It adds to the peak only
+    beyond what the loss frees: gpt2_124m at ZeRO-2 (micro 8, seq 128), whose loss frees
+    more than its 0.49 GB bucket alone, but not more than the bucket and the 0.15 GB
+    gradient together (measured 1.981 GB above the step's start, planned 1.971)."""
+    import dataclasses
+
+    from runner.plan_memory import TIED_HEAD_GRADIENT, beyond_activations_after_head, tied_head_gradient_bytes
+
+    gpt2 = compose_config("model=gpt2_124m").model
+    tied = 4 * 50257 * 768
+    assert tied_head_gradient_bytes(gpt2, tp=1, pp=1, precision="fp32") == tied
+    assert tied_head_gradient_bytes(gpt2, tp=2, pp=1, precision="bf16") == 2 * 25129 * 768  # ceil(V/2) rows
+    assert tied_head_gradient_bytes(gpt2, tp=1, pp=2, precision="fp32") == 0  # two copies, one per end
+    untied = dataclasses.replace(gpt2, tie_embeddings=False)
+    assert tied_head_gradient_bytes(untied, tp=1, pp=1, precision="fp32") == 0
+
+    zero2 = _terms(gpt2, zero_stage=2, micro_size=8, reduce_bucket_size=123_551_232)
+    assert "reduce_bucket (in backward)" not in zero2.residuals
+    assert 0.02e9 < zero2.residuals[TIED_HEAD_GRADIENT] < 0.04e9
+    assert 1.96e9 < zero2.grads + zero2.activations + zero2.residuals[TIED_HEAD_GRADIENT] < 1.99e9
+    # Kept 13 (3 of them the loss's), 5 more at the loss: 10 stay after the head's backward.
+    items = {"blocks": 10, "loss.log_probs_fp32": 3, "transient.loss_grads_fp32": 5}
+    items.update({"transient.logits": 0, "transient.logits_fp32": 0, "transient.recompute_layer": 0})
+    assert [beyond_activations_after_head(items, allocated=a) for a in (8, 9, 12)] == [0, 1, 4]
+    # Without the bucket (ZeRO-0, ZeRO-3; ZeRO-1 with accumulation, whose bucket is counted
+    # whole) the loss frees more than the gradient alone: nothing adds.
+    for stage in (0, 1, 3):
+        assert TIED_HEAD_GRADIENT not in _terms(gpt2, zero_stage=stage, micro_size=8).residuals
+    assert TIED_HEAD_GRADIENT not in _terms(untied, zero_stage=2, micro_size=8).residuals
+
+
+def test_one_micro_batch_a_step_makes_its_gradients_after_the_activation_peak():
+    """ZeRO 0-2 start a step without gradients; backward makes them as it frees the
+    activations, so with one micro-batch a step the plan's peak holds the larger of the two
+    (runner.plan_memory.grads_after_activation_peak): gpt2_124m at micro 8, seq 128 drops its
+    0.49 GB of fp32 gradients from the total (measured 2.929 GB at ZeRO-0, planned 2.928).
+    ZeRO-3's gradient partitions persist, and with accumulation the first micro-batch's
+    gradients are live at the next one's loss: there all of them count."""
+    gpt2 = compose_config("model=gpt2_124m").model
+    grads = 4 * 123_551_232
+    for stage in (0, 1, 2):
+        one = _terms(gpt2, zero_stage=stage, micro_size=8, accum_steps=1, reduce_bucket_size=123_551_232)
+        two = _terms(gpt2, zero_stage=stage, micro_size=8, accum_steps=2, reduce_bucket_size=123_551_232)
+        assert one.grads == two.grads == grads
+        assert one.grads_after_peak == grads and two.grads_after_peak == 0
+        terms = one.model_states + one.activations + sum(one.residuals.values())
+        assert one.total == terms - grads
+    zero3 = _terms(gpt2, zero_stage=3, micro_size=8, accum_steps=1, reduce_bucket_size=123_551_232)
+    assert zero3.grads_after_peak == 0
+    assert 2.92e9 < _terms(gpt2, micro_size=8, accum_steps=1).total < 2.94e9
+    # Gradients that outgrow the activation peak (with its bucket and tied head lines) peak at
+    # backward's end, whole with the bucket: only what the activation peak hides drops out.
+    short = _terms(gpt2, zero_stage=2, micro_size=1, seq_len=8, accum_steps=1, reduce_bucket_size=123_551_232)
+    in_backward = sum(v for k, v in short.residuals.items() if k != "fp32_master_copy")
+    assert 0 < short.grads_after_peak == short.activations + in_backward - grads < grads

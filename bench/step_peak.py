@@ -1,0 +1,158 @@
+"""The peak of a run's tensor memory, measured, against ``plan=true``'s peak: one table, one run.
+
+``plan=true`` (runner/plan_memory.py) adds up the bytes a device holds at the step's
+peak: the weights, gradients and optimizer states, the activations, and DeepSpeed's
+residual lines, among them what comes and goes inside backward (ZeRO 1-2's gradient
+bucket, a tied output head's gradient). This measures the same peak on one CPU rank the
+way a GPU's allocator sees it (``torch.cuda.max_memory_allocated``), where the CPU's RSS
+hides it: every allocation and free from before the model is built to the end of the
+second step, in order, from torch.profiler's memory events; the peak is the largest sum.
+
+    python bench/step_peak.py [--models gpt2_124m,tiny] [--stages 0,1,2,3] [--accum 1,2]
+        [--precision fp32,bf16]
+
+Each case: the model built by runner.model, DeepSpeed's engine from ladder's own config
+(runner.deepspeed_config), AdamW in fp32 (or ``--precision bf16``), micro 8, seq 128,
+two optimizer steps (the first allocates the optimizer's states). The last line is ``max_rel_error=<x>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import deepspeed
+import torch
+from omegaconf import OmegaConf
+
+from runner.config import ModelConfig, OptimizerConfig, ParallelConfig, Precision, PrecisionConfig
+from runner.deepspeed_config import build_deepspeed_config
+from runner.distributed import skip_inference_shm_op
+from runner.layout import resolve_layout
+from runner.model import build_model, lm_loss
+from runner.plan_memory import TIED_HEAD_GRADIENT, memory_terms
+
+MICRO, SEQ = 8, 128
+IN_BACKWARD = ("reduce_bucket (in backward)", TIED_HEAD_GRADIENT)
+
+
+def model_config(name: str) -> ModelConfig:
+    """conf/model/<name>.yaml as a ModelConfig (its Hydra defaults list dropped)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "conf", "model", f"{name}.yaml")
+    fields = {k: v for k, v in OmegaConf.load(path).items() if k != "defaults"}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), fields))  # type: ignore[return-value]
+
+
+def measured_peak(model: ModelConfig, config: dict, accum: int, dtype: torch.dtype) -> int:
+    """The most tensor bytes live at once from building the model to the end of two steps."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        torch.manual_seed(0)
+        net = build_model(model, dtype=dtype)
+        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+        for _ in range(2 * accum):
+            tokens = torch.randint(0, model.vocab_size, (MICRO, SEQ + 1))
+            engine.backward(lm_loss(engine(tokens[:, :-1]), tokens[:, 1:]))
+            engine.step()
+        del engine, net
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()  # negative for a free
+        peak = max(peak, live)
+    return peak
+
+
+def planned(model: ModelConfig, *, precision: str, stage: int, accum: int, bucket: int) -> tuple[int, str]:
+    """plan=true's peak bytes on the device, and its in-backward lines."""
+    terms = memory_terms(
+        model,
+        precision=precision,
+        optimizer="adamw",
+        zero_stage=stage,
+        offload="none",
+        recompute="none",
+        seq_len=SEQ,
+        micro_size=MICRO,
+        dp=1,
+        tp=1,
+        pp=1,
+        accum_steps=accum,
+        reduce_bucket_size=bucket,
+    )
+    lines = {k: v for k, v in terms.residuals.items() if k in IN_BACKWARD}
+    words = ", ".join(f"{k.split(' (')[0]} {v / 1e9:.3f}" for k, v in lines.items()) or "-"
+    return terms.peak, words
+
+
+def one_case(name: str, precision: str, stage: int, accum: int) -> dict[str, Any]:
+    """Measure and plan one case in this process (a fresh one: nothing of another engine is live)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.setdefault("MASTER_PORT", "29643")
+    skip_inference_shm_op()
+    deepspeed.init_distributed(dist_backend="gloo")
+    model = model_config(name)
+    config = build_deepspeed_config(
+        layout=resolve_layout(gpus=1, tp=1, pp=1, global_size=MICRO * accum, micro_size=MICRO),
+        model=model,
+        parallel=ParallelConfig(name=f"zero{stage}", zero_stage=stage),
+        precision=PrecisionConfig(name=Precision(precision)),
+        optimizer=OptimizerConfig(),
+        lr=1e-3,
+    )
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    measured = measured_peak(model, config, accum, dtype)
+    bucket = config["zero_optimization"]["reduce_bucket_size"]
+    plan, lines = planned(model, precision=precision, stage=stage, accum=accum, bucket=bucket)
+    return {"measured": measured, "planned": plan, "lines": lines}
+
+
+def main() -> None:
+    """Measure every case, each in a process of its own, and print the table and the worst error."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gpt2_124m,tiny")
+    parser.add_argument("--stages", default="0,1,2,3")
+    parser.add_argument("--accum", default="1,2")
+    parser.add_argument("--precision", default="fp32")
+    one = ("MODEL", "PRECISION", "STAGE", "ACCUM")
+    parser.add_argument("--one", nargs=4, metavar=one, help=argparse.SUPPRESS)  # one case, in a child process
+    args = parser.parse_args()
+    if args.one:
+        name, precision, stage, accum = args.one
+        print(json.dumps(one_case(name, precision, int(stage), int(accum))))
+        return
+    cases = [
+        (name, precision, stage, accum)
+        for name in args.models.split(",")
+        for precision in args.precision.split(",")
+        for stage in args.stages.split(",")
+        for accum in args.accum.split(",")
+    ]
+    head = f"{'model':<10}{'prec':>5}{'zero':>5}{'accum':>6}{'measured GB':>13}{'planned GB':>12}{'ratio':>7}"
+    print(f"{head}  in-backward lines (GB)")
+    worst = 0.0
+    for index, (name, precision, stage, accum) in enumerate(cases):
+        proc = subprocess.run(
+            [sys.executable, __file__, "--one", name, precision, stage, accum],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "MASTER_PORT": str(29643 + index)},
+        )
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+        measured, plan = found["measured"], found["planned"]
+        worst = max(worst, abs(plan - measured) / measured)
+        print(
+            f"{name:<10}{precision:>5}{stage:>5}{accum:>6}{measured / 1e9:>13.4f}{plan / 1e9:>12.4f}"
+            f"{plan / measured:>7.3f}  {found['lines']}",
+            flush=True,
+        )
+    print(f"max_rel_error={worst:.4f}")
+
+
+if __name__ == "__main__":
+    main()

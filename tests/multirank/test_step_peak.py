@@ -1,0 +1,46 @@
+"""plan=true's peak against the allocator's peak of a real run (bench/step_peak.py).
+
+One DeepSpeed rank on the CPU, the tiny model in fp32, micro 8, seq 128: every allocation
+and free from the model's build to the end of two steps, from torch.profiler's memory
+events, the way a GPU's allocator counts them. The cases are the ones where what is live
+at the peak is not the sum of the terms: one micro-batch a step at ZeRO-0 and ZeRO-2
+(the gradients come after the activation peak; ZeRO-2's bucket and the tied head's
+gradient at the head's backward) and ZeRO-1 with accumulation (its bucket held to the
+step's boundary). Measured 0.988, 0.977 and 0.995 of the allocator's peak; counting the
+gradients whole, one micro-batch a step planned 1.082 and 1.056 of it. The peak can move by
+a stray tensor freed late (once in bf16 at ZeRO-0: its 6.5 MB of gradients still live at
+the next step's loss), hence 10% under, the plan's goal on a GPU too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from train_helpers import ROOT, clean_env
+
+pytestmark = pytest.mark.multirank
+
+CASES = [("0", "1"), ("2", "1"), ("1", "2")]  # (ZeRO stage, micro-batches a step)
+
+
+def test_the_planned_peak_is_within_10_percent_under_and_5_over_the_allocators():
+    script = ROOT / "bench" / "step_peak.py"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), "--one", "tiny", "fp32", stage, accum],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**clean_env(), "PYTHONPATH": str(ROOT), "MASTER_PORT": str(29671 + index)},
+        )
+        for index, (stage, accum) in enumerate(CASES)
+    ]
+    for (stage, accum), proc in zip(CASES, procs, strict=True):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        found = json.loads(out.strip().splitlines()[-1])
+        ratio = found["planned"] / found["measured"]
+        assert 0.9 < ratio < 1.05, (f"zero{stage} accum {accum}", found)
