@@ -189,6 +189,11 @@ def host_plan_record(plan: Plan) -> dict[str, Any]:
     }
 
 
+def device_plan_record(plan: Plan) -> dict[str, Any]:
+    """The peak the plan puts on each device (plan=true's total), for summary.json beside the measured."""
+    return {"planned_peak_gb": plan.memory.peak / 1e9, "fits": plan.fits}
+
+
 def memory_warnings(plan: Plan) -> list[str]:
     """What the plan of this run says will not fit, device or host, with the numbers (empty: it fits).
 
@@ -238,7 +243,12 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
         warnings = memory_warnings(plan)
         for warning in warnings:
             log.warning("plan: %s", warning)
-        update_summary(run_dir, plan_warnings=warnings, host_memory=host_plan_record(plan))
+        update_summary(
+            run_dir,
+            plan_warnings=warnings,
+            host_memory=host_plan_record(plan),
+            device_memory_plan=device_plan_record(plan),
+        )
         for line in clear_stale_build_locks():
             log.warning("%s", line)
         log.info(

@@ -66,6 +66,7 @@ class Row:
     measured_gb: dict[str, float] = field(default_factory=dict)  # TERMS
     residual_gb: dict[str, float] = field(default_factory=dict)  # measured, by name
     peak_gb: float | None = None
+    planned_peak_gb: float | None = None  # plan=true's total for this layout, made at launch
     device_memory_gb: float | None = None
     tokens_per_s_per_device: float | None = None
     mfu: float | None = None
@@ -113,6 +114,7 @@ class Row:
         out.update(
             {
                 "peak_gb": self.peak_gb,
+                "planned_peak_gb": self.planned_peak_gb,
                 "device_memory_gb": self.device_memory_gb,
                 "tokens_per_s_per_device": self.tokens_per_s_per_device,
                 "mfu": self.mfu,
@@ -223,6 +225,7 @@ def _memory(cell: Cell, row: Row) -> None:
     row.device_memory_gb = _first(
         _number(memory.get("device_memory_gb")), _number(cell.config_value("cluster.device_memory_gb"))
     )
+    row.planned_peak_gb = _number(_dict(cell.summary.get("device_memory_plan")).get("planned_peak_gb"))
 
 
 def row_of(cell: Cell, *, label: str = "") -> Row:

@@ -79,7 +79,8 @@ def rows_table(rows: Sequence[Row], *, headers: Sequence[str], title: str) -> Ta
 
 def memory_table(rows: Sequence[Row], *, title: str) -> Table:
     """Memory per term, two lines per cell: the estimate (with its total) and the measurement
-    (with the residual up to the measured peak, which is its total)."""
+    (with the residual up to the measured peak, which is its total); a third, ``plan``, where
+    the run recorded the peak its plan put on the device at launch (plan=true's total)."""
     devices = {r.device_memory_gb for r in rows if r.device_memory_gb is not None}
     one_device = len(devices) <= 1  # then the title says it, and a column would repeat it
     if devices and one_device:
@@ -96,7 +97,11 @@ def memory_table(rows: Sequence[Row], *, title: str) -> Table:
         measured = (fmt_gb(row.measured_gb.get(t)) for t in TERMS)
         peak = Text(fmt_gb(row.peak_gb), style="bold green" if BEST_PEAK in row.best else "")
         blank = () if one_device else ("",)
-        table.add_row("", "meas", *measured, fmt_gb(row.residual()), peak, *blank, end_section=True)
+        planned = row.planned_peak_gb is not None
+        table.add_row("", "meas", *measured, fmt_gb(row.residual()), peak, *blank, end_section=not planned)
+        if planned:
+            no_terms = [""] * (len(TERMS) + 1)  # the plan's terms are plan=true's table
+            table.add_row("", "plan", *no_terms, fmt_gb(row.planned_peak_gb), *blank, end_section=True)
     return table
 
 

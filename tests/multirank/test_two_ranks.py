@@ -9,6 +9,7 @@ import pytest
 from train_helpers import run_torchrun
 
 from runner.phase_clock import PHASES
+from runner.report.rows import fmt_gb
 
 pytestmark = pytest.mark.multirank
 
@@ -90,6 +91,10 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
     tables = result.stdout[result.stdout.index("speed, medians over the steps after the first") :]
     assert "completed" in tables and "memory per device" in tables
     assert f"{summary['memory']['measured']['params_gb']:.3f}" in tables
+    # ... and the peak its plan put on each device at launch, the plan=true total of its layout.
+    planned = summary["device_memory_plan"]["planned_peak_gb"]
+    assert summary["device_memory_plan"]["fits"] and 0 < planned < summary["memory"]["measured"]["peak_gb"]
+    assert any(line.split()[:2] == ["plan", fmt_gb(planned)] for line in tables.splitlines())
     assert f"ladder report {run_dir}" in tables
     # train.profile_step: each rank's trace of step 3 and its operator table.
     assert summary["profile"]["files"] == ["profile/rank0_step3.json", "profile/rank0_step3_ops.txt"]

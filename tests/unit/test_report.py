@@ -413,3 +413,19 @@ def test_axis_ticks_cover_the_data_in_round_steps(lo, hi):
     assert len(steps) == 1
     mantissa = f"{steps.pop():e}".split("e")[0]
     assert float(mantissa) in (1.0, 2.0, 2.5, 5.0)
+
+
+def test_the_peak_the_plan_put_on_the_device_shows_beside_the_measured(tmp_path, capsys):
+    """A run records its plan's device peak at launch (summary.json ``device_memory_plan``);
+    the memory table shows it as a third line, ``plan``, under the measured peak."""
+    planned = write_cell(tmp_path / "planned", peak_gb=12.0)
+    summary = json.loads((planned / "summary.json").read_text())
+    summary["device_memory_plan"] = {"planned_peak_gb": 11.5, "fits": True}
+    (planned / "summary.json").write_text(json.dumps(summary))
+    write_cell(tmp_path / "older", peak_gb=2.5)  # a run from before plans were recorded
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert rows["planned"]["planned_peak_gb"] == 11.5 and rows["older"]["planned_peak_gb"] is None
+    assert main(["report", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    plan_lines = [line.split() for line in lines if line.split()[:1] == ["plan"]]
+    assert plan_lines == [["plan", "11.5"]]
