@@ -34,6 +34,7 @@ from runner.deepspeed_config import build_deepspeed_config
 from runner.distributed import skip_inference_shm_op
 from runner.layout import resolve_layout
 from runner.model import build_model, lm_loss
+from runner.pipeline import build_pipeline
 from runner.plan_memory import TIED_HEAD_GRADIENT, memory_terms
 
 MICRO, SEQ = 8, 128
@@ -47,17 +48,29 @@ def model_config(name: str) -> ModelConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), fields))  # type: ignore[return-value]
 
 
-def measured_peak(model: ModelConfig, config: dict, accum: int, dtype: torch.dtype) -> int:
-    """The most tensor bytes live at once from building the model to the end of two steps."""
+def _steps(engine: Any, model: ModelConfig, accum: int, *, pipeline: bool) -> None:
+    """Two optimizer steps of random tokens: the plain loop, or DeepSpeed's pipeline schedule."""
+    for _ in range(2):
+        batches = []
+        for _ in range(accum):
+            tokens = torch.randint(0, model.vocab_size, (MICRO, SEQ + 1))
+            batches.append((tokens[:, :-1], tokens[:, 1:]))
+        if pipeline:
+            engine.train_batch(data_iter=iter(batches))
+            continue
+        for inputs, targets in batches:
+            engine.backward(lm_loss(engine(inputs), targets))
+            engine.step()
+
+
+def measured_peak(model: ModelConfig, config: dict, accum: int, dtype: torch.dtype, *, pp: int) -> int:
+    """The most tensor bytes live at once on this rank, from building the model to two steps' end."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         torch.manual_seed(0)
-        net = build_model(model, dtype=dtype)
-        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
-        for _ in range(2 * accum):
-            tokens = torch.randint(0, model.vocab_size, (MICRO, SEQ + 1))
-            engine.backward(lm_loss(engine(tokens[:, :-1]), tokens[:, 1:]))
-            engine.step()
+        net = build_pipeline(model, pp=pp, seed=0, dtype=dtype) if pp > 1 else build_model(model, dtype=dtype)
+        engine, *_ = deepspeed.initialize(model=net, model_parameters=list(net.parameters()), config=config)
+        _steps(engine, model, accum, pipeline=pp > 1)
         del engine, net
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     live = peak = 0
@@ -67,8 +80,10 @@ def measured_peak(model: ModelConfig, config: dict, accum: int, dtype: torch.dty
     return peak
 
 
-def planned(model: ModelConfig, *, precision: str, stage: int, accum: int, bucket: int) -> tuple[int, str]:
-    """plan=true's peak bytes on the device, and its in-backward lines."""
+def planned(
+    model: ModelConfig, *, precision: str, stage: int, accum: int, pp: int, bucket: int
+) -> tuple[int, str]:
+    """plan=true's peak bytes on the device (the fullest stage's), and its in-backward lines."""
     terms = memory_terms(
         model,
         precision=precision,
@@ -80,7 +95,7 @@ def planned(model: ModelConfig, *, precision: str, stage: int, accum: int, bucke
         micro_size=MICRO,
         dp=1,
         tp=1,
-        pp=1,
+        pp=pp,
         accum_steps=accum,
         reduce_bucket_size=bucket,
     )
@@ -89,25 +104,28 @@ def planned(model: ModelConfig, *, precision: str, stage: int, accum: int, bucke
     return terms.peak, words
 
 
-def one_case(name: str, precision: str, stage: int, accum: int) -> dict[str, Any]:
-    """Measure and plan one case in this process (a fresh one: nothing of another engine is live)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    os.environ.setdefault("MASTER_PORT", "29643")
+def one_case(name: str, precision: str, stage: int, accum: int, pp: int) -> dict[str, Any]:
+    """Measure and plan one case on this rank (a fresh process: nothing of another engine is live).
+
+    One rank, or under a pipeline one of ``pp`` ranks that torchrun started."""
+    if pp == 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.setdefault("MASTER_PORT", "29643")
     skip_inference_shm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     model = model_config(name)
     config = build_deepspeed_config(
-        layout=resolve_layout(gpus=1, tp=1, pp=1, global_size=MICRO * accum, micro_size=MICRO),
+        layout=resolve_layout(gpus=pp, tp=1, pp=pp, global_size=MICRO * accum, micro_size=MICRO),
         model=model,
-        parallel=ParallelConfig(name=f"zero{stage}", zero_stage=stage),
+        parallel=ParallelConfig(name=f"zero{stage}", zero_stage=stage, pp=pp),
         precision=PrecisionConfig(name=Precision(precision)),
         optimizer=OptimizerConfig(),
         lr=1e-3,
     )
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    measured = measured_peak(model, config, accum, dtype)
+    measured = measured_peak(model, config, accum, dtype, pp=pp)
     bucket = config["zero_optimization"]["reduce_bucket_size"]
-    plan, lines = planned(model, precision=precision, stage=stage, accum=accum, bucket=bucket)
+    plan, lines = planned(model, precision=precision, stage=stage, accum=accum, pp=pp, bucket=bucket)
     return {"measured": measured, "planned": plan, "lines": lines}
 
 
@@ -118,37 +136,46 @@ def main() -> None:
     parser.add_argument("--stages", default="0,1,2,3")
     parser.add_argument("--accum", default="1,2")
     parser.add_argument("--precision", default="fp32")
-    one = ("MODEL", "PRECISION", "STAGE", "ACCUM")
-    parser.add_argument("--one", nargs=4, metavar=one, help=argparse.SUPPRESS)  # one case, in a child process
+    parser.add_argument("--pp", default="1", help="pipeline stages: 1, 2 or 1,2 (2 runs ZeRO 0-1 on 2 ranks)")
+    one = ("MODEL", "PRECISION", "STAGE", "ACCUM", "PP")
+    parser.add_argument("--one", nargs=5, metavar=one, help=argparse.SUPPRESS)  # one case, in a child process
     args = parser.parse_args()
     if args.one:
-        name, precision, stage, accum = args.one
-        print(json.dumps(one_case(name, precision, int(stage), int(accum))))
+        name, precision, stage, accum, pp = args.one
+        print(json.dumps(one_case(name, precision, int(stage), int(accum), int(pp))))
         return
     cases = [
-        (name, precision, stage, accum)
+        (name, precision, stage, accum, pp)
         for name in args.models.split(",")
         for precision in args.precision.split(",")
+        for pp in args.pp.split(",")
         for stage in args.stages.split(",")
         for accum in args.accum.split(",")
+        if pp == "1" or stage in ("0", "1")  # DeepSpeed's pipeline engine takes ZeRO 0-1
     ]
-    head = f"{'model':<10}{'prec':>5}{'zero':>5}{'accum':>6}{'measured GB':>13}{'planned GB':>12}{'ratio':>7}"
+    head = f"{'model':<10}{'prec':>5}{'pp':>3}{'zero':>5}{'accum':>6}"
+    head += f"{'measured GB':>13}{'planned GB':>12}{'ratio':>7}"
     print(f"{head}  in-backward lines (GB)")
     worst = 0.0
-    for index, (name, precision, stage, accum) in enumerate(cases):
+    for index, (name, precision, stage, accum, pp) in enumerate(cases):
+        port = str(29643 + index)
+        one_rank = [sys.executable]
+        ranks = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={pp}"]
+        ranks.append(f"--master_port={port}")
         proc = subprocess.run(
-            [sys.executable, __file__, "--one", name, precision, stage, accum],
+            [*(one_rank if pp == "1" else ranks), __file__, "--one", name, precision, stage, accum, pp],
             capture_output=True,
             text=True,
             check=True,
-            env={**os.environ, "MASTER_PORT": str(29643 + index)},
+            env={**os.environ, "MASTER_PORT": port},
         )
-        found = json.loads(proc.stdout.strip().splitlines()[-1])
-        measured, plan = found["measured"], found["planned"]
+        # Under a pipeline each rank prints its own: the fullest one is the plan's.
+        found = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        measured, plan = max(f["measured"] for f in found), found[0]["planned"]
         worst = max(worst, abs(plan - measured) / measured)
         print(
-            f"{name:<10}{precision:>5}{stage:>5}{accum:>6}{measured / 1e9:>13.4f}{plan / 1e9:>12.4f}"
-            f"{plan / measured:>7.3f}  {found['lines']}",
+            f"{name:<10}{precision:>5}{pp:>3}{stage:>5}{accum:>6}{measured / 1e9:>13.4f}{plan / 1e9:>12.4f}"
+            f"{plan / measured:>7.3f}  {found[0]['lines']}",
             flush=True,
         )
     print(f"max_rel_error={worst:.4f}")

@@ -16,7 +16,8 @@ layout changes:
 - p gives each stage ceil(L / p) layers. Under the 1F1B schedule the first stage holds
   the activations of min(p, accum) micro-batches in flight (Narayanan et al. 2021,
   arXiv 2104.04473, Sec. 2.2.1: "at most p outstanding forward passes"); the last stage
-  holds one, plus the loss and logits. The plan takes the larger of the two stages.
+  holds one, plus the loss and logits, and its pipeline buffer keeps one more micro-batch's
+  logits (DeepSpeed's pipe_buffers). The plan takes the larger of the two stages.
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ def activation_bytes(items: dict[str, int], *, pp: int, accum_steps: int) -> tup
     # micro-batches in flight on the first stage (and never more than the m = accum).
     in_flight = min(pp, accum_steps)
     first = in_flight * (items["blocks"] + items["embedding.token_ids"]) + recompute_set
+    # The last stage's pipeline buffer keeps its micro-batch's logits (DeepSpeed 0.19.8
+    # pipe/engine.py ``_exec_forward_pass``: pipe_buffers['outputs']) past the loss and its
+    # backward, to the next forward, beside the next micro-batch's.
+    last += items["transient.logits"]
     if first >= last:
         return first, f"first stage, {in_flight} micro-batches in flight (1F1B)"
     return last, "last stage (loss and logits)"
@@ -259,18 +264,16 @@ def memory_terms(
         recompute=recompute,
     )
     activations, note = activation_bytes(items, pp=pp, accum_steps=accum_steps)
+    buckets = zero12_backward_buckets(
+        zero_stage=zero_stage,
+        precision=precision,
+        offload=offload,
+        reduce_bucket_size=reduce_bucket_size,
+        overlap_comm=overlap_comm,
+        contiguous_gradients=contiguous_gradients,
+    )
     grads_after_peak = 0
     if pp == 1:
-        # Under a pipeline DeepSpeed allocates it at the step's boundary instead, after the
-        # micro-batches' activations are freed (stage_1_and_2.py ``reduce_gradients``).
-        buckets = zero12_backward_buckets(
-            zero_stage=zero_stage,
-            precision=precision,
-            offload=offload,
-            reduce_bucket_size=reduce_bucket_size,
-            overlap_comm=overlap_comm,
-            contiguous_gradients=contiguous_gradients,
-        )
         # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
         # allocates stays until then, live at every later micro-batch's loss: all of it adds.
         to_boundary = zero_stage == 1 and accum_steps > 1
@@ -295,6 +298,16 @@ def memory_terms(
             zero_stage=zero_stage,
             accum_steps=accum_steps,
         )
+    elif zero_stage == 1 and buckets:
+        # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
+        # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one
+        # more (stage_1_and_2.py), after the micro-batches' activations are freed. Seen with
+        # allocator events on gpt2_124m's last stage (micro 4, seq 128, accum 4): 0.49 GB
+        # more after the first backward, to the boundary, and 0.49 GB more there.
+        residuals.update(buckets)
+        one = (4 if precision == "fp32" else 2) * reduce_bucket_size
+        if (beyond := one - activations) > 0:
+            residuals["reduce_bucket (at boundary)"] = beyond
     if graph != "eager":
         how = "compiled blocks" if graph == "whole" else "compiled blocks, split at collectives"
         note = f"{how}; {note}" if note else how

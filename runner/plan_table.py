@@ -24,6 +24,7 @@ _W = 38  # width of the label column
 _RESIDUAL_SOURCES = {
     "reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets, where live (runner.plan_memory)",
     TIED_HEAD_GRADIENT: "autograd holds it through backward (runner.plan_memory.tied_head_gradient_bytes)",
+    "reduce_bucket (at boundary)": "a pipeline's ZeRO-1 second bucket, beyond the freed activations",
 }
 
 

@@ -22,6 +22,7 @@ TERM_COLORS = {
     "activations": "#E69F00",
     "residual": "#B8B8B8",
 }
+PLANNED_PEAK_COLOR = "#CC79A7"  # the plan's peak at launch: one block, not split by term
 PHASE_COLORS = {
     "data": "#7F7F7F",
     "forward": "#0072B2",
@@ -86,7 +87,13 @@ def memory_chart(rows: Sequence[Row]) -> Chart:
             bars.append(Bar("est", row.cell_id, est, row.device_memory_gb))
         if measured:
             bars.append(Bar("meas", row.cell_id, measured, row.device_memory_gb))
+        if row.planned_peak_gb is not None:
+            tip = f"planned peak {fmt_gb(row.planned_peak_gb)} GB (plan=true's total, made at launch)"
+            planned = [Segment("planned peak", row.planned_peak_gb, PLANNED_PEAK_COLOR, tip)]
+            bars.append(Bar("plan", row.cell_id, planned, row.device_memory_gb))
     legend = [LegendItem(t, c, kind="box") for t, c in TERM_COLORS.items()]
+    if any(r.planned_peak_gb is not None for r in rows):
+        legend.append(LegendItem("planned peak", PLANNED_PEAK_COLOR, kind="box"))
     legend.append(LegendItem("device memory", "#c0392b", dash="6 4"))
     devices = {r.device_memory_gb for r in rows if r.device_memory_gb is not None}
     device_note = (
@@ -101,8 +108,9 @@ def memory_chart(rows: Sequence[Row]) -> Chart:
         svg=stacked_bar_chart(bars, title="Memory per device by term", y_label="GB per device", unit="GB"),
         legend=legend,
         caption=(
-            "For each cell, left bar (est): the estimate of the four terms; right bar (meas): the measured "
-            f"terms plus the residual up to the measured peak. {device_note}"
+            "For each cell, left bar (est): the estimate of the four terms; next (meas): the measured "
+            "terms plus the residual up to the measured peak; last (plan), where the run recorded it: "
+            f"the peak its plan put on the device at launch. {device_note}"
         ),
         empty=not bars,
     )

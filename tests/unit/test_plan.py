@@ -200,8 +200,10 @@ def test_compiled_blocks_are_planned_with_what_their_graphs_save():
     def saved(*layout: str) -> float:
         return 1 - activations(*layout, "train.compile=true") / activations(*layout)
 
-    for layout in (("parallel=zero1",), ("parallel=zero2",), ("parallel=ddp", "parallel.pp=2")):
+    for layout in (("parallel=zero1",), ("parallel=zero2",)):
         assert saved(*layout) > 0.1, layout
+    # A pipeline's last stage also holds a micro-batch's logits, which stay eager.
+    assert saved("parallel=ddp", "parallel.pp=2") > 0.05
     # Split graphs keep silu's output: less saved than in one graph, more than eager.
     assert 0 < saved("parallel=zero3") < saved("parallel=zero2")
     assert saved("parallel=zero1", "parallel.tp=2") > 0
@@ -389,9 +391,14 @@ def test_zero12s_backward_bucket_counts_where_it_is_live():
     assert name not in _terms(gpt2, zero_stage=2, micro_size=8, reduce_bucket_size=123_551_232).residuals
     gpt2_zero1 = _terms(gpt2, zero_stage=1, micro_size=8, reduce_bucket_size=123_551_232)
     assert gpt2_zero1.residuals[name] == 4 * 123_551_232
-    # ZeRO-3 holds its bucket from initialize on (ipg_buckets); a pipeline allocates it after backward.
+    # ZeRO-3 holds its bucket from initialize on (ipg_buckets).
     assert name not in _terms(zero_stage=3, micro_size=8, reduce_bucket_size=3_229_952).residuals
-    assert name not in _terms(zero_stage=1, pp=2, micro_size=8, reduce_bucket_size=3_229_952).residuals
+    # Under a pipeline ZeRO-1 holds it from the first backward to the boundary, where it
+    # allocates one more after the activations are freed: that one adds only beyond them.
+    piped = _terms(zero_stage=1, pp=2, micro_size=8, reduce_bucket_size=3_229_952)
+    assert piped.residuals[name] == tiny_bucket and "reduce_bucket (at boundary)" not in piped.residuals
+    short = _terms(zero_stage=1, pp=2, micro_size=1, seq_len=8, reduce_bucket_size=3_229_952)
+    assert short.residuals["reduce_bucket (at boundary)"] == tiny_bucket - short.activations > 0
 
 
 def test_a_tied_heads_gradient_counts_where_it_outlasts_the_loss():

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from runner.cli import main
-from runner.report.charts import time_chart
+from runner.report.charts import memory_chart, time_chart
 from runner.report.collect import collect, expected_sweep
 from runner.report.compare import config_diff, loss_agreement
 from runner.report.rows import build_rows
@@ -429,3 +429,7 @@ def test_the_peak_the_plan_put_on_the_device_shows_beside_the_measured(tmp_path,
     lines = capsys.readouterr().out.splitlines()
     plan_lines = [line.split() for line in lines if line.split()[:1] == ["plan"]]
     assert plan_lines == [["plan", "11.5"]]
+    # The page's memory chart: a third bar for the planned cell only.
+    chart = memory_chart(build_rows(collect([tmp_path])))
+    assert "planned peak" in {item.name for item in chart.legend}
+    assert chart.svg.count("planned peak 11.5 GB") == 1
