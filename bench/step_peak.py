@@ -12,7 +12,7 @@ second step, in order, from torch.profiler's memory events; the peak is the larg
         [--precision fp32,bf16]
 
 Each case: the model built by runner.model, DeepSpeed's engine from ladder's own config
-(runner.deepspeed_config), AdamW in fp32 (or ``--precision bf16``), micro 8, seq 128,
+(runner.deepspeed_config), AdamW in fp32 (or ``--precision bf16``), micro 8, seq 128 (``--micro``, ``--seq``),
 two optimizer steps (the first allocates the optimizer's states). The last line is ``max_rel_error=<x>``.
 """
 
@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import deepspeed
@@ -37,7 +38,16 @@ from runner.model import build_model, lm_loss
 from runner.pipeline import build_pipeline
 from runner.plan_memory import TIED_HEAD_GRADIENT, memory_terms
 
-MICRO, SEQ = 8, 128
+
+@dataclass(frozen=True)
+class Shape:
+    """Sequences per micro-batch, tokens per sequence, micro-batches per step."""
+
+    micro: int
+    seq: int
+    accum: int
+
+
 IN_BACKWARD = ("reduce_bucket (in backward)", TIED_HEAD_GRADIENT)
 
 
@@ -48,12 +58,12 @@ def model_config(name: str) -> ModelConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), fields))  # type: ignore[return-value]
 
 
-def _steps(engine: Any, model: ModelConfig, accum: int, *, pipeline: bool) -> None:
+def _steps(engine: Any, model: ModelConfig, shape: Shape, *, pipeline: bool) -> None:
     """Two optimizer steps of random tokens: the plain loop, or DeepSpeed's pipeline schedule."""
     for _ in range(2):
         batches = []
-        for _ in range(accum):
-            tokens = torch.randint(0, model.vocab_size, (MICRO, SEQ + 1))
+        for _ in range(shape.accum):
+            tokens = torch.randint(0, model.vocab_size, (shape.micro, shape.seq + 1))
             batches.append((tokens[:, :-1], tokens[:, 1:]))
         if pipeline:
             engine.train_batch(data_iter=iter(batches))
@@ -63,14 +73,14 @@ def _steps(engine: Any, model: ModelConfig, accum: int, *, pipeline: bool) -> No
             engine.step()
 
 
-def measured_peak(model: ModelConfig, config: dict, accum: int, dtype: torch.dtype, *, pp: int) -> int:
+def measured_peak(model: ModelConfig, config: dict, shape: Shape, dtype: torch.dtype, *, pp: int) -> int:
     """The most tensor bytes live at once on this rank, from building the model to two steps' end."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         torch.manual_seed(0)
         net = build_pipeline(model, pp=pp, seed=0, dtype=dtype) if pp > 1 else build_model(model, dtype=dtype)
         engine, *_ = deepspeed.initialize(model=net, model_parameters=list(net.parameters()), config=config)
-        _steps(engine, model, accum, pipeline=pp > 1)
+        _steps(engine, model, shape, pipeline=pp > 1)
         del engine, net
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     live = peak = 0
@@ -81,7 +91,7 @@ def measured_peak(model: ModelConfig, config: dict, accum: int, dtype: torch.dty
 
 
 def planned(
-    model: ModelConfig, *, precision: str, stage: int, accum: int, pp: int, bucket: int
+    model: ModelConfig, *, precision: str, stage: int, shape: Shape, pp: int, bucket: int
 ) -> tuple[int, str]:
     """plan=true's peak bytes on the device (the fullest stage's), and its in-backward lines."""
     terms = memory_terms(
@@ -91,12 +101,12 @@ def planned(
         zero_stage=stage,
         offload="none",
         recompute="none",
-        seq_len=SEQ,
-        micro_size=MICRO,
+        seq_len=shape.seq,
+        micro_size=shape.micro,
         dp=1,
         tp=1,
         pp=pp,
-        accum_steps=accum,
+        accum_steps=shape.accum,
         reduce_bucket_size=bucket,
     )
     lines = {k: v for k, v in terms.residuals.items() if k in IN_BACKWARD}
@@ -104,7 +114,7 @@ def planned(
     return terms.peak, words
 
 
-def one_case(name: str, precision: str, stage: int, accum: int, pp: int) -> dict[str, Any]:
+def one_case(name: str, precision: str, stage: int, shape: Shape, pp: int) -> dict[str, Any]:
     """Measure and plan one case on this rank (a fresh process: nothing of another engine is live).
 
     One rank, or under a pipeline one of ``pp`` ranks that torchrun started."""
@@ -115,7 +125,9 @@ def one_case(name: str, precision: str, stage: int, accum: int, pp: int) -> dict
     deepspeed.init_distributed(dist_backend="gloo")
     model = model_config(name)
     config = build_deepspeed_config(
-        layout=resolve_layout(gpus=pp, tp=1, pp=pp, global_size=MICRO * accum, micro_size=MICRO),
+        layout=resolve_layout(
+            gpus=pp, tp=1, pp=pp, global_size=shape.micro * shape.accum, micro_size=shape.micro
+        ),
         model=model,
         parallel=ParallelConfig(name=f"zero{stage}", zero_stage=stage, pp=pp),
         precision=PrecisionConfig(name=Precision(precision)),
@@ -123,9 +135,9 @@ def one_case(name: str, precision: str, stage: int, accum: int, pp: int) -> dict
         lr=1e-3,
     )
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    measured = measured_peak(model, config, accum, dtype, pp=pp)
+    measured = measured_peak(model, config, shape, dtype, pp=pp)
     bucket = config["zero_optimization"]["reduce_bucket_size"]
-    plan, lines = planned(model, precision=precision, stage=stage, accum=accum, pp=pp, bucket=bucket)
+    plan, lines = planned(model, precision=precision, stage=stage, shape=shape, pp=pp, bucket=bucket)
     return {"measured": measured, "planned": plan, "lines": lines}
 
 
@@ -137,12 +149,15 @@ def main() -> None:
     parser.add_argument("--accum", default="1,2")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--pp", default="1", help="pipeline stages: 1, 2 or 1,2 (2 runs ZeRO 0-1 on 2 ranks)")
+    parser.add_argument("--micro", type=int, default=8, help="sequences per micro-batch")
+    parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
     one = ("MODEL", "PRECISION", "STAGE", "ACCUM", "PP")
     parser.add_argument("--one", nargs=5, metavar=one, help=argparse.SUPPRESS)  # one case, in a child process
     args = parser.parse_args()
     if args.one:
         name, precision, stage, accum, pp = args.one
-        print(json.dumps(one_case(name, precision, int(stage), int(accum), int(pp))))
+        shape = Shape(micro=args.micro, seq=args.seq, accum=int(accum))
+        print(json.dumps(one_case(name, precision, int(stage), shape, int(pp))))
         return
     cases = [
         (name, precision, stage, accum, pp)
@@ -162,8 +177,9 @@ def main() -> None:
         one_rank = [sys.executable]
         ranks = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={pp}"]
         ranks.append(f"--master_port={port}")
+        case = ["--one", name, precision, stage, accum, pp, f"--micro={args.micro}", f"--seq={args.seq}"]
         proc = subprocess.run(
-            [*(one_rank if pp == "1" else ranks), __file__, "--one", name, precision, stage, accum, pp],
+            [*(one_rank if pp == "1" else ranks), __file__, *case],
             capture_output=True,
             text=True,
             check=True,

@@ -42,6 +42,8 @@ from runner.model_shape import embedding_numels
 from runner.pipeline_split import rank_param_numels
 
 TIED_HEAD_GRADIENT = "tied head grad (in backward)"
+ALLREDUCE_FLAT = "allreduce_flat (at boundary)"
+ALLREDUCE_FLAT_ELEMENTS = 500_000_000  # DeepSpeed 0.19.8 engine.py MEMORY_OPT_ALLREDUCE_SIZE
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,20 @@ def tied_head_gradient_bytes(model: ModelConfig, *, tp: int, pp: int, precision:
     return (4 if precision == "fp32" else 2) * head
 
 
+def allreduce_flat_bytes(local: int, *, largest: int, precision: str) -> int:
+    """Bytes of the flat copy ZeRO-0 all-reduces its gradients through at the boundary.
+
+    DeepSpeed 0.19.8 engine.py ``allreduce_no_retain`` gathers gradients until they pass
+    ``MEMORY_OPT_ALLREDUCE_SIZE`` (5e8) elements and ``allreduce_bucket`` flattens them
+    into one tensor (``torch.cat``) for the all-reduce, at any dp, 1 included: the whole
+    gradient of a rank up to 5e8 elements and one tensor, in the gradient dtype. It comes
+    after backward, when the micro-batches' activations are freed.
+    """
+    return (4 if precision == "fp32" else 2) * min(local, ALLREDUCE_FLAT_ELEMENTS + largest)
+
+
 def grads_after_activation_peak(
-    grads: int, *, at_activation_peak: int, buckets: int, zero_stage: int, accum_steps: int
+    grads: int, *, at_activation_peak: int, at_backward_end: int, zero_stage: int, accum_steps: int
 ) -> int:
     """Gradient bytes that are not yet made at the activation peak: the sum of terms counts them twice.
 
@@ -187,10 +201,11 @@ def grads_after_activation_peak(
     stage 0 sets them to None after the step, ZeRO 1-2 free their gradient partitions. So
     backward makes them layer by layer as it frees the activations, after the loss, where
     the activations peak, and the step peaks at the larger of the activation peak (with what
-    backward adds there: ``at_activation_peak``) and the gradients with the buckets at
-    backward's end. ZeRO-3 keeps its gradient partitions from step to step, and with
-    accumulation the first micro-batch's gradients are live at the next one's loss: both
-    count whole.
+    backward adds there: ``at_activation_peak``) and the gradients with what is live beside
+    them as backward ends (``at_backward_end``: ZeRO 1-2's buckets, ZeRO-0's flat all-reduce
+    copy), which the terms count as max(at_activation_peak, at_backward_end). ZeRO-3 keeps
+    its gradient partitions from step to step, and with accumulation the first micro-batch's
+    gradients are live at the next one's loss: both count whole.
 
     Measured as the allocator's peak from build to two steps' end (bench/step_peak.py, fp32,
     micro 8, seq 128, one CPU rank), planned against measured: gpt2_124m at ZeRO-0 with one
@@ -199,7 +214,8 @@ def grads_after_activation_peak(
     """
     if accum_steps > 1 or zero_stage == 3:
         return 0
-    return max(0, min(grads, at_activation_peak - buckets))
+    peak_a, end = at_activation_peak, at_backward_end
+    return grads + max(peak_a, end) - max(peak_a, grads + end)
 
 
 def memory_terms(
@@ -291,13 +307,20 @@ def memory_terms(
         ):
             residuals[TIED_HEAD_GRADIENT] = extra
         in_backward = sum(residuals.get(name, 0) for name in (*buckets, TIED_HEAD_GRADIENT))
+        flat = allreduce_flat_bytes(local, largest=largest, precision=precision) if zero_stage == 0 else 0
+        if zero_stage == 0 and grads and (beyond := flat - activations - in_backward) > 0:
+            residuals[ALLREDUCE_FLAT] = beyond
         grads_after_peak = grads_after_activation_peak(
             grads,
             at_activation_peak=activations + in_backward,
-            buckets=sum(buckets.values()),
+            at_backward_end=sum(buckets.values()) + flat,
             zero_stage=zero_stage,
             accum_steps=accum_steps,
         )
+    elif zero_stage == 0 and grads:
+        flat = allreduce_flat_bytes(local, largest=largest, precision=precision)
+        if (beyond := flat - activations) > 0:
+            residuals[ALLREDUCE_FLAT] = beyond
     elif zero_stage == 1 and buckets:
         # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
         # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one
@@ -354,9 +377,11 @@ def memory_terms(
 
 
 __all__ = [
+    "ALLREDUCE_FLAT",
     "TIED_HEAD_GRADIENT",
     "MemoryTerms",
     "activation_bytes",
+    "allreduce_flat_bytes",
     "beyond_activations_after_head",
     "grads_after_activation_peak",
     "layers_per_stage",

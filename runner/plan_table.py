@@ -14,7 +14,7 @@ from runner.pipeline_split import rank_param_numels
 from runner.plan import GB, Plan, gb
 from runner.plan_hardware import Figure
 from runner.plan_ladder import Ladder
-from runner.plan_memory import TIED_HEAD_GRADIENT
+from runner.plan_memory import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
 
 _OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers
 
@@ -25,6 +25,7 @@ _RESIDUAL_SOURCES = {
     "reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets, where live (runner.plan_memory)",
     TIED_HEAD_GRADIENT: "autograd holds it through backward (runner.plan_memory.tied_head_gradient_bytes)",
     "reduce_bucket (at boundary)": "a pipeline's ZeRO-1 second bucket, beyond the freed activations",
+    ALLREDUCE_FLAT: "ZeRO-0's flat gradient copy, beyond the freed activations (runner.plan_memory)",
 }
 
 

@@ -458,3 +458,24 @@ def test_one_micro_batch_a_step_makes_its_gradients_after_the_activation_peak():
     short = _terms(gpt2, zero_stage=2, micro_size=1, seq_len=8, accum_steps=1, reduce_bucket_size=123_551_232)
     in_backward = sum(v for k, v in short.residuals.items() if k != "fp32_master_copy")
     assert 0 < short.grads_after_peak == short.activations + in_backward - grads < grads
+
+
+def test_zero0s_flat_allreduce_copy_counts_where_it_outgrows_the_activations():
+    """ZeRO-0 all-reduces its gradients at the boundary through one flat copy (up to 5e8
+    elements and a tensor; runner.plan_memory.allreduce_flat_bytes), after the activations
+    are freed: at micro 8, seq 128 gpt2_124m's activations hide it; at micro 1, seq 16 the
+    plan adds what it needs beyond them, with one micro-batch a step or more."""
+    from runner.plan_memory import ALLREDUCE_FLAT, allreduce_flat_bytes
+
+    gpt2 = compose_config("model=gpt2_124m").model
+    grads = 4 * 123_551_232
+    assert allreduce_flat_bytes(123_551_232, largest=38_597_376, precision="fp32") == grads
+    assert allreduce_flat_bytes(10**9, largest=10**6, precision="bf16") == 2 * (500_000_000 + 10**6)
+    assert ALLREDUCE_FLAT not in _terms(gpt2, micro_size=8).residuals
+    for accum in (1, 2):
+        short = _terms(gpt2, micro_size=1, seq_len=16, accum_steps=accum)
+        in_backward = short.residuals.get("tied head grad (in backward)", 0)
+        assert short.residuals[ALLREDUCE_FLAT] == grads - short.activations - in_backward > 0
+        # At the boundary: the weights, the optimizer, the gradients and their flat copy.
+        assert short.total == short.params + short.optimizer + 2 * grads
+    assert ALLREDUCE_FLAT not in _terms(gpt2, zero_stage=1, micro_size=1, seq_len=16).residuals
