@@ -288,6 +288,9 @@ def memory_terms(
         overlap_comm=overlap_comm,
         contiguous_gradients=contiguous_gradients,
     )
+    flat = 0
+    if zero_stage == 0 and grads:  # ZeRO-0 all-reduces its gradients through one flat copy of them
+        flat = allreduce_flat_bytes(local, largest=largest, precision=precision)
     grads_after_peak = 0
     if pp == 1:
         # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
@@ -307,8 +310,7 @@ def memory_terms(
         ):
             residuals[TIED_HEAD_GRADIENT] = extra
         in_backward = sum(residuals.get(name, 0) for name in (*buckets, TIED_HEAD_GRADIENT))
-        flat = allreduce_flat_bytes(local, largest=largest, precision=precision) if zero_stage == 0 else 0
-        if zero_stage == 0 and grads and (beyond := flat - activations - in_backward) > 0:
+        if (beyond := flat - activations - in_backward) > 0:
             residuals[ALLREDUCE_FLAT] = beyond
         grads_after_peak = grads_after_activation_peak(
             grads,
@@ -317,20 +319,19 @@ def memory_terms(
             zero_stage=zero_stage,
             accum_steps=accum_steps,
         )
-    elif zero_stage == 0 and grads:
-        flat = allreduce_flat_bytes(local, largest=largest, precision=precision)
+    else:
         if (beyond := flat - activations) > 0:
             residuals[ALLREDUCE_FLAT] = beyond
-    elif zero_stage == 1 and buckets:
         # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
         # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one
         # more (stage_1_and_2.py), after the micro-batches' activations are freed. Seen with
         # allocator events on gpt2_124m's last stage (micro 4, seq 128, accum 4): 0.49 GB
         # more after the first backward, to the boundary, and 0.49 GB more there.
-        residuals.update(buckets)
-        one = (4 if precision == "fp32" else 2) * reduce_bucket_size
-        if (beyond := one - activations) > 0:
-            residuals["reduce_bucket (at boundary)"] = beyond
+        if zero_stage == 1 and buckets:
+            residuals.update(buckets)
+            one = (4 if precision == "fp32" else 2) * reduce_bucket_size
+            if (beyond := one - activations) > 0:
+                residuals["reduce_bucket (at boundary)"] = beyond
     if graph != "eager":
         how = "compiled blocks" if graph == "whole" else "compiled blocks, split at collectives"
         note = f"{how}; {note}" if note else how

@@ -479,3 +479,6 @@ def test_zero0s_flat_allreduce_copy_counts_where_it_outgrows_the_activations():
         # At the boundary: the weights, the optimizer, the gradients and their flat copy.
         assert short.total == short.params + short.optimizer + 2 * grads
     assert ALLREDUCE_FLAT not in _terms(gpt2, zero_stage=1, micro_size=1, seq_len=16).residuals
+    # Under a pipeline: the fullest stage's gradients, beyond its activations.
+    piped = _terms(gpt2, pp=2, micro_size=1, seq_len=16)
+    assert piped.residuals[ALLREDUCE_FLAT] == piped.grads - piped.activations > 0
