@@ -28,7 +28,6 @@ from typing import Any
 
 import deepspeed
 import torch
-from omegaconf import OmegaConf
 
 from runner.config import ModelConfig, OptimizerConfig, ParallelConfig, Precision, PrecisionConfig
 from runner.deepspeed_config import build_deepspeed_config
@@ -52,10 +51,15 @@ IN_BACKWARD = ("reduce_bucket (in backward)", TIED_HEAD_GRADIENT)
 
 
 def model_config(name: str) -> ModelConfig:
-    """conf/model/<name>.yaml as a ModelConfig (its Hydra defaults list dropped)."""
-    path = os.path.join(os.path.dirname(__file__), "..", "conf", "model", f"{name}.yaml")
-    fields = {k: v for k, v in OmegaConf.load(path).items() if k != "defaults"}
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), fields))  # type: ignore[return-value]
+    """The model group ``model=<name>`` as train.py composes it (conf/, through Hydra)."""
+    from hydra import compose, initialize_config_dir
+
+    from runner.config import register_configs, to_train_config
+
+    register_configs()
+    conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
+    with initialize_config_dir(config_dir=os.path.normpath(conf), version_base="1.3"):
+        return to_train_config(compose(config_name="config", overrides=[f"model={name}"])).model
 
 
 def _steps(engine: Any, model: ModelConfig, shape: Shape, *, pipeline: bool) -> None:
