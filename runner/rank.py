@@ -38,6 +38,8 @@ from runner.ledger import (
 )
 from runner.model import num_params
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
+from runner.optimizer_prestep import undo_prestep
+from runner.param_groups import param_groups
 from runner.peak import resolve_peak
 from runner.peak_memory import PeakMemory, host_peak_bytes
 from runner.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
@@ -52,21 +54,6 @@ from runner.tensor_parallel import grad_norm as tp_grad_norm
 from runner.throughput import FlopsBudget, throughput_metrics
 
 log = logging.getLogger("ladder")
-
-
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices and embeddings, not norm gains (nanoGPT's rule: decay params with dim >= 2)."""
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    for param in model.parameters():
-        if param.requires_grad:
-            # A ZeRO-3 parameter built by zero.Init holds an empty tensor: its shape is ds_shape.
-            shape = getattr(param, "ds_shape", param.shape)
-            (decay if len(shape) >= 2 else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
 
 
 def _quiet_deepspeed() -> None:
@@ -240,10 +227,11 @@ def _train(
 
     engine, _, _, _ = deepspeed.initialize(
         model=model,
-        model_parameters=_param_groups(model, opt.weight_decay),
+        model_parameters=param_groups(model, opt.weight_decay),
         config=ds_config,
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda),
     )
+    undo_prestep(engine.optimizer)  # stage 0 in 16 bits: DeepSpeed's step at construction
     start_step = 0
     record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:
