@@ -16,7 +16,10 @@ universal checkpoint (``deepspeed.checkpoint.ds_to_universal``), converted once 
 the original and completed so that ZeRO stages 1, 2 and 3 all load it, whichever stage
 wrote it (:func:`_loadable_at_every_stage`). Tensor-parallel shards are joined by the split
 AutoTP recorded in the checkpoint (``UNIVERSAL_CHECKPOINT_INFO``) and sliced again on load.
-Every checkpoint file is unpickled weights-only (runner/safe_load.py).
+Stage 0 (``parallel=ddp``) at tp 1, pp 1 crosses too, both ways: its checkpoint is written
+in the universal format by ladder, and a stage-0 run resumes from a stage-0 file written
+from the universal one (runner/checkpoint_stage0.py). Every checkpoint file is unpickled
+weights-only (runner/safe_load.py).
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from typing import Any
 
 import torch
 
-from runner import checkpoint_splits, pipeline_names, safe_load
-from runner.config import ModelConfig
+from runner import checkpoint_splits, checkpoint_stage0, pipeline_names, safe_load
+from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.summary import write_json_atomic
 
@@ -41,6 +44,7 @@ LATEST_FILE = "latest.json"
 PARTIAL_PREFIX = ".partial-"
 UNIVERSAL_SUFFIX = "_universal"
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
+STAGE0_SUFFIX = "_ddp"  # the universal checkpoint as a stage-0 engine's own file
 # latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's
 # splits (runner/checkpoint_splits.py); one without it resumes on its own layout only.
 STAGE_SPLITS = "every_stages_splits_recorded"
@@ -150,8 +154,10 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
     return (saved["dp"], *saved_split, record["zero_stage"]) != (layout.dp, layout.tp, layout.pp, zero_stage)
 
 
-def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
-    """Refuse a resume DeepSpeed cannot do, before any rank starts."""
+def check_resumable(
+    record: dict[str, Any], *, layout: Layout, zero_stage: int, precision: Precision = Precision.fp32
+) -> None:
+    """Refuse a resume ladder cannot do, before any rank starts."""
     saved = record["layout"]
     if saved["global_size"] != layout.global_size:
         raise ValueError(
@@ -161,7 +167,7 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
         )
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return
-    _check_universal(record, layout=layout, zero_stage=zero_stage)
+    _check_universal(record, layout=layout, zero_stage=zero_stage, precision=precision)
     if saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1 and not record.get(STAGE_SPLITS):
         # Without every stage's splits ds_to_universal joins a stage's shards along dimension 0,
         # wrong for the row-split and whole tensors: a checkpoint of an earlier ladder.
@@ -174,42 +180,93 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
         )
 
 
-def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
+def _check_universal(
+    record: dict[str, Any], *, layout: Layout, zero_stage: int, precision: Precision
+) -> None:
     """Refuse a move to another layout that the universal checkpoint cannot carry.
 
     ZeRO stages 1, 2 and 3 move to one another at any dp and tp: universal_tag completes
     DeepSpeed's conversion for every stage (_loadable_at_every_stage); the conversion joins
     the tensor-parallel shards by the split AutoTP recorded in the checkpoint
     (``UNIVERSAL_CHECKPOINT_INFO``), and each rank of the new layout loads its own slice.
+    Stage 0 joins them at tp 1, pp 1, where one file holds its whole state
+    (runner/checkpoint_stage0.py); a stage-0 shard of a tp or pp cut has no such record.
     """
     saved = record["layout"]
     saved_tp, saved_pp = saved.get("tp", 1), saved.get("pp", 1)
     split = {"dp": saved["dp"], "tp": saved_tp, "pp": saved_pp}
     at = ", ".join(f"{key} {value}" for key, value in split.items() if key == "dp" or value > 1)
-    if record["zero_stage"] == 0:
+    if record["zero_stage"] == 0 and (saved_tp, saved_pp) != (1, 1):
         keep = "".join(
             f"parallel.{key}={value} " for key, value in split.items() if key != "dp" and value > 1
         )
         raise ValueError(
             f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on {at}; "
-            f"DeepSpeed converts only ZeRO 1-3 checkpoints to another layout. Resume with parallel=ddp "
-            f"{keep}(any gpus), or from a ZeRO checkpoint"
+            f"a stage-0 checkpoint moves to another ZeRO stage, tp or pp from tp 1, pp 1 only. Resume "
+            f"with parallel=ddp {keep}(any gpus), or from a checkpoint written at tp 1, pp 1 or by ZeRO 1-3"
         )
-    if zero_stage == 0:
-        # Seen with DeepSpeed 0.19.8: a stage-0 engine loads no weights from a universal checkpoint
-        # and hands torch's optimizer the ZeRO checkpoint's empty "optimizer" entry (None):
-        # "AttributeError: 'NoneType' object has no attribute 'copy'".
+    if zero_stage == 0 and (layout.tp, layout.pp) != (1, 1):
         raise ValueError(
-            f"train.resume=auto: the checkpoint was written on {at} at ZeRO stage "
-            f"{record['zero_stage']}; DeepSpeed moves it to another layout at ZeRO stages 1-3 only, not "
-            f"to parallel=ddp. Resume with parallel=zero1, zero2 or zero3 (any gpus)"
+            f"train.resume=auto: the checkpoint was written on {at} at ZeRO stage {record['zero_stage']}; "
+            f"parallel=ddp takes a checkpoint of another layout at tp 1, pp 1 only, this run asks tp "
+            f"{layout.tp}, pp {layout.pp}. Resume with parallel.tp=1 parallel.pp=1, or with "
+            f"parallel=zero1, zero2 or zero3"
+        )
+    if zero_stage == 0 and precision == Precision.fp16:
+        raise ValueError(
+            f"train.resume=auto: the checkpoint was written on {at} at ZeRO stage {record['zero_stage']}; "
+            f"parallel=ddp in precision=fp16 keeps flat optimizer groups, which ladder does not write. "
+            f"Resume with precision=bf16 or fp32, or with parallel=zero1, zero2 or zero3"
         )
 
 
 def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
-    """The tag a rank of ``layout`` loads ``record`` from when it resumes through the universal one."""
+    """The tag a ZeRO rank of ``layout`` loads ``record`` from when it resumes through the universal one."""
     tag = record["tag"] + UNIVERSAL_SUFFIX
     return tag + PIPELINE_VIEW_SUFFIX if layout.pp > 1 else tag
+
+
+def resume_tag(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> str:
+    """The tag the ranks of ``layout`` at ``zero_stage`` load ``record`` from."""
+    if not needs_universal(record, layout=layout, zero_stage=zero_stage):
+        return str(record["tag"])
+    if zero_stage == 0:
+        return record["tag"] + UNIVERSAL_SUFFIX + STAGE0_SUFFIX
+    return universal_tag_for(record, layout)
+
+
+def loads_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> bool:
+    """Whether DeepSpeed reads the resume's files in the universal format (ZeRO 1-3 onto another layout)."""
+    return zero_stage != 0 and needs_universal(record, layout=layout, zero_stage=zero_stage)
+
+
+def convert_for(
+    run_dir: Path,
+    record: dict[str, Any],
+    *,
+    layout: Layout,
+    zero_stage: int,
+    model: ModelConfig,
+    precision: Precision,
+) -> str:
+    """Convert the checkpoint (once) for ``layout`` at ``zero_stage``; returns the tag its ranks load."""
+    tag = universal_tag(run_dir, record, layout=layout, model=model)
+    if zero_stage != 0:
+        return tag
+    root = run_dir / CHECKPOINT_DIR
+    view = resume_tag(record, layout=layout, zero_stage=zero_stage)
+    if not (root / view).is_dir():
+        partial = root / (PARTIAL_PREFIX + view)
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            checkpoint_stage0.from_universal(root / tag, partial, model, precision)
+        except ValueError as error:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise ValueError(
+                f"train.resume=auto: {record['tag']} cannot resume as parallel=ddp: {error}"
+            ) from None
+        partial.rename(root / view)
+    return view
 
 
 def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, model: ModelConfig) -> str:
@@ -224,26 +281,10 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
     if not (root / tag).is_dir():
         partial = root / (PARTIAL_PREFIX + tag)
         shutil.rmtree(partial, ignore_errors=True)
-        converted = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "runner.safe_load",  # deepspeed.checkpoint.ds_to_universal, weights-only loads
-                "--input_folder",
-                str(root / record["tag"]),
-                "--output_folder",
-                str(partial),
-                "--num_extract_workers",
-                "1",
-                "--num_merge_workers",
-                "1",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if converted.returncode != 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise ValueError(_unconverted(record, converted.stderr))
+        if record["zero_stage"] == 0:  # tp 1, pp 1 (check_resumable): one file holds it all
+            _stage0_to_universal(root / record["tag"], partial, record, model)
+        else:
+            _ds_to_universal(root / record["tag"], partial, record)
         if record["layout"].get("pp", 1) > 1:
             _rename_parameters(partial / "zero", lambda name: pipeline_names.model_name(model, name))
         _loadable_at_every_stage(partial)
@@ -257,6 +298,42 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
         _link_as_pipeline(root / tag, partial, model)
         partial.rename(root / view)
     return view
+
+
+def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any]) -> None:
+    """DeepSpeed's conversion of a ZeRO 1-3 checkpoint, in a subprocess; refused with its last word."""
+    converted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner.safe_load",  # deepspeed.checkpoint.ds_to_universal, weights-only loads
+            "--input_folder",
+            str(source),
+            "--output_folder",
+            str(partial),
+            "--num_extract_workers",
+            "1",
+            "--num_merge_workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if converted.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ValueError(_unconverted(record, converted.stderr))
+
+
+def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], model: ModelConfig) -> None:
+    """ladder's conversion of a stage-0 checkpoint (runner/checkpoint_stage0.py); refused with its reason."""
+    partial.mkdir(parents=True)
+    try:
+        checkpoint_stage0.to_universal(source, partial, model)
+    except ValueError as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ValueError(
+            f"train.resume=auto: {record['tag']} cannot move to another layout: {error}"
+        ) from None
 
 
 def _unconverted(record: dict[str, Any], stderr: str) -> str:

@@ -235,9 +235,8 @@ def _train(
     start_step = 0
     record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:
-        tag = record["tag"]
-        if checkpoint.needs_universal(record, layout=layout, zero_stage=config.parallel.zero_stage):
-            tag = checkpoint.universal_tag_for(record, layout)  # converted by the launching process
+        # Onto another layout: converted by the launching process (runner/run.py).
+        tag = checkpoint.resume_tag(record, layout=layout, zero_stage=config.parallel.zero_stage)
         start_step = checkpoint.load(engine, run_dir, tag=tag, rank=env.rank)
         if env.rank == 0:
             log.info("resumed from %s after %d completed steps", tag, start_step)

@@ -83,7 +83,8 @@ def deepspeed_config_for(
 
 
 def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool) -> bool:
-    """Check the checkpoint to resume from; convert it for another layout. True: load universal."""
+    """Check the checkpoint to resume from; convert it for another layout. True: DeepSpeed loads it
+    in the universal format (ZeRO 1-3; a stage-0 run loads a stage-0 file written from it)."""
     if not resumes(config):  # train.resume=auto, or a job SLURM requeued (runner/preemption.py)
         return False
     from runner import checkpoint  # torch and DeepSpeed: imported only when there is one to load
@@ -93,22 +94,25 @@ def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead:
         if lead:  # starting over: steps an earlier attempt logged are logged again
             checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=0)
         return False
+    stage, precision = config.parallel.zero_stage, config.precision.name
     try:
-        checkpoint.check_resumable(record, layout=layout, zero_stage=config.parallel.zero_stage)
+        checkpoint.check_resumable(record, layout=layout, zero_stage=stage, precision=precision)
     except ValueError as error:
         raise ConfigError(f"  - {error}") from None
-    universal = checkpoint.needs_universal(record, layout=layout, zero_stage=config.parallel.zero_stage)
+    converts = checkpoint.needs_universal(record, layout=layout, zero_stage=stage)
     if lead:
-        if universal:
-            log.info("converting %s to a universal checkpoint for the new layout", record["tag"])
+        if converts:
+            log.info("converting %s for the new layout", record["tag"])
             try:
-                checkpoint.universal_tag(run_dir, record, layout=layout, model=config.model)
+                checkpoint.convert_for(
+                    run_dir, record, layout=layout, zero_stage=stage, model=config.model, precision=precision
+                )
             except ValueError as error:  # the conversion failed: nothing of the run was changed
                 raise ConfigError(f"  - {error}") from None
         checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
-    elif universal:
-        checkpoint.wait_for(run_dir, checkpoint.universal_tag_for(record, layout))
-    return universal
+    elif converts:
+        checkpoint.wait_for(run_dir, checkpoint.resume_tag(record, layout=layout, zero_stage=stage))
+    return checkpoint.loads_universal(record, layout=layout, zero_stage=stage)
 
 
 def _start_summary(

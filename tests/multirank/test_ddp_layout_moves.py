@@ -1,0 +1,136 @@
+"""parallel=ddp changes layout as the ZeRO stages do: its checkpoint crosses to ZeRO 1-3 and back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import FP32_TOLERANCE, SHORT_RUN, TrainResult, compose_config, run_in_legs, run_train
+
+from runner import checkpoint_stage0, safe_load
+
+pytestmark = pytest.mark.multirank
+
+TAG = "step_00000002"
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {
+        m["step"]: m["loss"] for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    }
+
+
+def test_ddp_on_2_ranks_to_zero3_to_ddp_on_1_gives_the_uninterrupted_losses(
+    tmp_path, one_rank_reference: TrainResult
+):
+    """Weights, Adam moments and step, LR schedule and data position cross from stage 0 into
+    ZeRO-3 (ladder writes the universal checkpoint) and from ZeRO-3 back into stage 0 (ladder
+    writes the stage-0 file from the universal one), at another dp each time."""
+    run_dir = tmp_path / "run"
+    legs = [
+        ["gpus=2", "parallel=ddp", "train.steps=3"],
+        ["gpus=2", "parallel=zero3", "train.steps=6"],
+        ["gpus=1", "parallel=ddp", "train.steps=10"],
+    ]
+    last, resumed_from = run_in_legs(legs, "batch.micro_size=4", *_small(), run_dir=run_dir)
+    assert resumed_from == [None, 3, 6]
+    assert last.summary["status"] == "completed"
+    checkpoints = run_dir / "checkpoints"
+    # Step 3's checkpoint and its conversion are pruned by then (train.keep_checkpoints=2).
+    assert (checkpoints / "step_00000006_universal_ddp" / checkpoint_stage0.MODEL_STATES).is_file()
+    losses, expected = _losses(run_dir), _losses(one_rank_reference.run_dir)
+    assert sorted(losses) == sorted(expected)
+    for step in expected:  # without the Adam moments or step the gap is 1e-2 and more
+        assert losses[step] == pytest.approx(expected[step], abs=FP32_TOLERANCE), step
+
+
+def _small() -> list[str]:
+    from train_helpers import SMALL_EXPERIMENT
+
+    return [o for o in SMALL_EXPERIMENT if not o.startswith("batch.micro_size")]
+
+
+def _saved(tmp_path: Path, *overrides: str) -> Path:
+    """A 2-step run on 1 rank that checkpoints at its end; returns the checkpoint's folder."""
+    run_dir = tmp_path / "_".join(o.split("=")[1] for o in overrides)
+    result = run_train(*overrides, "gpus=1", "train.checkpoint_every=2", *SHORT_RUN, run_dir=run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir / "checkpoints" / TAG
+
+
+def _universal_by_deepspeed(source: Path, output: Path) -> None:
+    import subprocess
+    import sys
+
+    folders = ["--input_folder", str(source), "--output_folder", str(output)]
+    workers = ["--num_extract_workers", "1", "--num_merge_workers", "1"]
+    command = [sys.executable, "-m", "runner.safe_load", *folders, *workers]
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+
+
+def _files(universal: Path) -> dict[str, object]:
+    """Each per-parameter file of a universal checkpoint: its keys and its tensor."""
+    found: dict[str, object] = {}
+    for path in sorted((universal / "zero").glob("*/*.pt")):
+        loaded = safe_load.load(path)
+        found[f"{path.parent.name}/{path.name}"] = loaded
+    return found
+
+
+def test_ladders_stage0_conversion_writes_what_deepspeed_writes_for_zero1(tmp_path):
+    """The same experiment on 1 rank at stage 0 and at ZeRO-1, fp32: ladder's universal form of
+    the first has the files, keys and shapes of DeepSpeed's of the second, and their values
+    (1 rank: the same sums) within fp32 rounding; a parameter named for another's position
+    would be off by the whole weight."""
+    model = compose_config("model=tiny").model
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir()
+    checkpoint_stage0.to_universal(_saved(tmp_path, "parallel=ddp", "precision=fp32"), ours, model)
+    _universal_by_deepspeed(_saved(tmp_path, "parallel=zero1", "precision=fp32"), theirs)
+    mine, deepspeeds = _files(ours), _files(theirs)
+    assert mine.keys() == deepspeeds.keys()
+    for name, fragment in mine.items():
+        other = deepspeeds[name]
+        if torch.is_tensor(fragment):  # step.pt
+            assert torch.equal(fragment, other), name
+            continue
+        assert isinstance(fragment, dict) and isinstance(other, dict)
+        assert fragment.keys() == other.keys(), name
+        assert fragment["param"].shape == other["param"].shape, name
+        assert torch.allclose(fragment["param"], other["param"], rtol=0, atol=1e-6), name
+
+
+def test_a_bf16_stage0_checkpoint_crosses_the_universal_format_and_back_bit_for_bit(tmp_path):
+    """bf16 at stage 0 keeps fp32 masters beside the bf16 weights (FP16_UnfusedOptimizer): the
+    stage-0 file written back from ladder's universal form equals the original, every tensor."""
+    model = compose_config("model=tiny").model
+    source = _saved(tmp_path, "parallel=ddp", "precision=bf16")
+    universal, back = tmp_path / "universal", tmp_path / "back"
+    universal.mkdir()
+    checkpoint_stage0.to_universal(source, universal, model)
+    checkpoint_stage0.from_universal(universal, back, model, compose_config("precision=bf16").precision.name)
+    original = safe_load.load(source / checkpoint_stage0.MODEL_STATES)
+    written = safe_load.load(back / checkpoint_stage0.MODEL_STATES)
+    flat_original, flat_written = _flatten(original), _flatten(written)
+    assert flat_original.keys() == flat_written.keys()
+    for key, value in flat_original.items():
+        if torch.is_tensor(value):
+            assert value.dtype == flat_written[key].dtype and torch.equal(value, flat_written[key]), key
+        else:
+            assert value == flat_written[key], key
+
+
+def _flatten(obj: object, prefix: str = "") -> dict[str, object]:
+    items: list[tuple[object, object]] = []
+    if isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = list(enumerate(obj))
+    else:
+        return {prefix: obj}
+    found: dict[str, object] = {}
+    for key, value in items:
+        found.update(_flatten(value, f"{prefix}/{key}"))
+    return found

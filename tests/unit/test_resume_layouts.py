@@ -1,0 +1,61 @@
+"""Which layout changes a resume takes, and the refusals, before any rank starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner import checkpoint
+from runner.config import Precision
+from runner.layout import resolve_layout
+
+
+def _layout(gpus: int, tp: int = 1, pp: int = 1):
+    return resolve_layout(gpus=gpus, tp=tp, pp=pp, global_size=16, micro_size=4)
+
+
+def _record(zero_stage: int, gpus: int, tp: int = 1, pp: int = 1) -> dict:
+    return {"tag": "step_00000004", "layout": _layout(gpus, tp, pp).record(), "zero_stage": zero_stage}
+
+
+def test_stage0_at_tp1_pp1_moves_to_and_from_every_zero_stage_and_split():
+    ddp = _record(0, gpus=2)
+    for gpus, tp, pp, stage in ((1, 1, 1, 3), (2, 2, 1, 1), (2, 1, 2, 2), (4, 2, 2, 1)):
+        layout = _layout(gpus, tp, pp)
+        checkpoint.check_resumable(ddp, layout=layout, zero_stage=stage)
+        assert checkpoint.resume_tag(ddp, layout=layout, zero_stage=stage) == checkpoint.universal_tag_for(
+            ddp, layout
+        )
+        assert checkpoint.loads_universal(ddp, layout=layout, zero_stage=stage)
+    tp_pp = {**_record(1, gpus=4, tp=2, pp=2), checkpoint.STAGE_SPLITS: True}
+    for record in (_record(3, gpus=2), _record(1, gpus=4, tp=2), tp_pp):
+        checkpoint.check_resumable(record, layout=_layout(1), zero_stage=0)
+        assert checkpoint.resume_tag(record, layout=_layout(1), zero_stage=0) == "step_00000004_universal_ddp"
+        # DeepSpeed loads the stage-0 file ladder wrote as the engine's own, not as a universal one.
+        assert not checkpoint.loads_universal(record, layout=_layout(1), zero_stage=0)
+    # Stage 0 onto stage 0 at its own tp and pp: DeepSpeed's own files, at any dp.
+    assert checkpoint.resume_tag(ddp, layout=_layout(1), zero_stage=0) == "step_00000004"
+
+
+def test_a_stage0_shard_of_a_tp_cut_resumes_on_its_own_split_only():
+    ddp_tp2 = _record(0, gpus=2, tp=2)
+    with pytest.raises(
+        ValueError, match=r"zero_stage 0 on dp 1, tp 2.*tp 1, pp 1 only.*parallel=ddp parallel\.tp=2"
+    ):
+        checkpoint.check_resumable(ddp_tp2, layout=_layout(2), zero_stage=1)
+    checkpoint.check_resumable(ddp_tp2, layout=_layout(4, tp=2), zero_stage=0)  # any dp
+
+
+def test_ddp_takes_another_layouts_checkpoint_at_tp1_pp1_only():
+    zero1 = _record(1, gpus=2)
+    with pytest.raises(
+        ValueError, match=r"parallel=ddp takes .* tp 1, pp 1 only, this run asks tp 2.*parallel\.tp=1"
+    ):
+        checkpoint.check_resumable(zero1, layout=_layout(2, tp=2), zero_stage=0)
+
+
+def test_ddp_in_fp16_takes_no_checkpoint_of_another_layout():
+    with pytest.raises(ValueError, match=r"precision=fp16 .*precision=bf16 or fp32"):
+        checkpoint.check_resumable(
+            _record(2, gpus=2), layout=_layout(1), zero_stage=0, precision=Precision.fp16
+        )
+    checkpoint.check_resumable(_record(2, gpus=2), layout=_layout(1), zero_stage=0, precision=Precision.bf16)
