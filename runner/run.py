@@ -14,6 +14,7 @@ from typing import Any
 
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
+from runner import layout_history
 from runner.build_locks import clear_stale_build_locks
 from runner.config import TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
@@ -82,18 +83,21 @@ def deepspeed_config_for(
     )
 
 
-def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool) -> bool:
-    """Check the checkpoint to resume from; convert it for another layout. True: DeepSpeed loads it
-    in the universal format (ZeRO 1-3; a stage-0 run loads a stage-0 file written from it)."""
+def _prepare_resume(
+    config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool
+) -> tuple[bool, dict[str, Any] | None]:
+    """Check the checkpoint to resume from; convert it for another layout. Returns whether DeepSpeed
+    loads it in the universal format (ZeRO 1-3; a stage-0 run loads a stage-0 file written from
+    it), and the checkpoint's record (None: the run starts from scratch)."""
     if not resumes(config):  # train.resume=auto, or a job SLURM requeued (runner/preemption.py)
-        return False
+        return False, None
     from runner import checkpoint  # torch and DeepSpeed: imported only when there is one to load
 
     record = checkpoint.latest(run_dir)
     if record is None:
         if lead:  # starting over: steps an earlier attempt logged are logged again
             checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=0)
-        return False
+        return False, None
     stage, precision = config.parallel.zero_stage, config.precision.name
     try:
         checkpoint.check_resumable(record, layout=layout, zero_stage=stage, precision=precision)
@@ -112,12 +116,26 @@ def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead:
         checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
     elif converts:
         checkpoint.wait_for(run_dir, checkpoint.resume_tag(record, layout=layout, zero_stage=stage))
-    return checkpoint.loads_universal(record, layout=layout, zero_stage=stage)
+    return checkpoint.loads_universal(record, layout=layout, zero_stage=stage), record
 
 
 def _start_summary(
-    config: TrainConfig, layout: Layout, run_dir: Path, identity: RunIdentity, launcher: str
+    config: TrainConfig,
+    layout: Layout,
+    run_dir: Path,
+    identity: RunIdentity,
+    launcher: str,
+    *,
+    resumed: dict[str, Any] | None,
 ) -> None:
+    this = layout_history.segment(
+        from_step=resumed["completed_steps"] if resumed else 0,
+        parallel=config.parallel.name,
+        zero_stage=config.parallel.zero_stage,
+        precision=config.precision.name.value,
+        layout=layout,
+    )
+    history = layout_history.extended(read_summary(run_dir).get("layout_history"), resumed, this)
     update_summary(
         run_dir,
         status="running",
@@ -133,6 +151,7 @@ def _start_summary(
         num_params=num_params(config.model),
         lr=scaled_lr(config.optimizer, global_size=layout.global_size),
         slurm=slurm_job_record(os.environ),  # job id, nodes, tasks; None outside SLURM
+        layout_history=history,
     )
 
 
@@ -232,14 +251,13 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
             f"set gpus={env.world_size} (or start {config.gpus} ranks)"
         )
     lead = env is None or env.rank == 0
-    ds_config = deepspeed_config_for(
-        config, layout, load_universal=_prepare_resume(config, layout, run_dir, lead=lead)
-    )
+    load_universal, resumed = _prepare_resume(config, layout, run_dir, lead=lead)
+    ds_config = deepspeed_config_for(config, layout, load_universal=load_universal)
     if lead:
         # Nobody but the owner (and its group) may write into a run: drop "other" write bits.
         run_dir.chmod(run_dir.stat().st_mode & ~0o002)
         write_deepspeed_config(run_dir, ds_config)
-        _start_summary(config, layout, run_dir, identity, launcher)
+        _start_summary(config, layout, run_dir, identity, launcher, resumed=resumed)
         if micro_choice is not None:
             update_summary(run_dir, micro_size_choice=micro_choice)
             log.info("batch.micro_size=auto: %s", micro_choice)

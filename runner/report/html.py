@@ -162,6 +162,15 @@ def _errors(rows: Sequence[Row]) -> str:
     return f'<h3>Cells that did not complete</h3><ul class="errors">{items}</ul>'
 
 
+def _layout_changes(rows: Sequence[Row]) -> str:
+    moved = [r for r in rows if r.layouts]
+    if not moved:
+        return ""
+    items = "".join(f"<li><code>{escape(r.cell_id)}</code>: {escape(r.layouts or '')}</li>" for r in moved)
+    note = '<p class="note">Their figures are the last layout\'s.</p>'
+    return f"<h3>Cells resumed onto another layout</h3>{note}<ul>{items}</ul>"
+
+
 def _verdicts(agreements: Sequence[LossAgreement]) -> str:
     if not agreements:
         return '<p class="verdict none">No cell logged a loss: nothing to compare.</p>'
@@ -272,6 +281,7 @@ def render_html(
 {_best_summary(rows)}
 {_rows_table(rows)}
 {_errors(rows)}
+{_layout_changes(rows)}
 <h2>Charts</h2>
 <div class="charts">{figures}</div>
 <h2>What differs between the cells' configs</h2>

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.layout_history import describe
 from runner.report.collect import Cell, distinguishing_overrides, natural_key
 
 # The four memory terms of a training step (DESIGN.md: parameters, gradients, optimizer states,
@@ -74,6 +75,7 @@ class Row:
     final_loss: float | None = None
     steps: int | None = None
     best: list[str] = field(default_factory=list)
+    layouts: str | None = None  # a run resumed onto another layout: each layout from its step
 
     def residual(self) -> float | None:
         """Measured memory beyond the four terms: the named residuals, else peak - measured terms."""
@@ -122,6 +124,7 @@ class Row:
                 "final_loss": self.final_loss,
                 "steps": self.steps,
                 "best": ", ".join(self.best),
+                "layouts": self.layouts,
                 "error": self.error,
                 "path": self.path,
             }
@@ -262,6 +265,7 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
     steps = _integer(summary.get("steps_completed"))
     row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())
+    row.layouts = describe(summary.get("layout_history"))
     return row
 
 

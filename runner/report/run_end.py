@@ -12,9 +12,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from runner.layout_history import describe
 from runner.report.collect import read_cell
 from runner.report.rows import row_of
 from runner.report.terminal import memory_table, output_console, rows_table
+from runner.summary import read_summary
 
 SPEED_HEADERS = ("tokens/s/device", "MFU %", "step % fwd / bwd / opt / comm / p2p", "final loss", "status")
 
@@ -26,5 +28,8 @@ def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     speed_title = "speed, medians over the steps after the first"
     console.print(rows_table([row], headers=("cell", *SPEED_HEADERS), title=speed_title))
     console.print(memory_table([row], title="memory per device, GB = 1e9 bytes"))
+    changed = describe(read_summary(run_dir).get("layout_history"))
+    if changed is not None:  # resumed onto another layout: the tables are the last one's
+        console.print(Text(changed), soft_wrap=True)
     note = f"details: ladder report {run_dir} (--html report.html for charts; several runs to compare them)"
     console.print(Text(note, style="dim"), soft_wrap=True)

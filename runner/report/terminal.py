@@ -129,6 +129,11 @@ def print_report(
     for agreement in agreements:
         style = {True: "green", False: "bold red", None: "yellow"}[agreement.coincide]
         console.print(Text("loss curves: " + agreement.verdict(), style=style))
+    moved = [r for r in rows if r.layouts]
+    if moved:  # their figures are their last layout's
+        console.print(Text("cells resumed onto another layout:"))
+        for row in moved:
+            console.print(Text(f"  {row.cell_id}: {row.layouts}"), soft_wrap=True)
     errors = [r for r in rows if r.error]
     if errors:
         console.print(Text("cells that did not complete:", style="bold red"))

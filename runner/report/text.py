@@ -25,6 +25,10 @@ def to_markdown(rows: Sequence[Row]) -> str:
     ]
     lines += ["| " + " | ".join(_md_cell(c.show(r)) for c in DISPLAY_COLUMNS) + " |" for r in rows]
     lines += ["", UNITS_NOTE]
+    moved = [r for r in rows if r.layouts]
+    if moved:  # the row's figures are its last layout's
+        lines += ["", "Cells resumed onto another layout:", ""]
+        lines += [f"- `{r.cell_id}`: {_md_cell(r.layouts or '')}" for r in moved]
     errors = [r for r in rows if r.error]
     if errors:
         lines += ["", "Cells that did not complete:", ""]

@@ -37,6 +37,9 @@ def test_ddp_on_2_ranks_to_zero3_to_ddp_on_1_gives_the_uninterrupted_losses(
     last, resumed_from = run_in_legs(legs, "batch.micro_size=4", *_small(), run_dir=run_dir)
     assert resumed_from == [None, 3, 6]
     assert last.summary["status"] == "completed"
+    history = [(seg["from_step"], seg["parallel"], seg["dp"]) for seg in last.summary["layout_history"]]
+    assert history == [(0, "ddp", 2), (3, "zero3", 2), (6, "ddp", 1)]
+    assert "layouts: ddp on 2 (dp 2) from step 0 -> zero3 on 2 (dp 2) from step 3 -> ddp on 1" in last.stdout
     checkpoints = run_dir / "checkpoints"
     # Step 3's checkpoint and its conversion are pruned by then (train.keep_checkpoints=2).
     assert (checkpoints / "step_00000006_universal_ddp" / checkpoint_stage0.MODEL_STATES).is_file()

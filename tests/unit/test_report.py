@@ -433,3 +433,27 @@ def test_the_peak_the_plan_put_on_the_device_shows_beside_the_measured(tmp_path,
     chart = memory_chart(build_rows(collect([tmp_path])))
     assert "planned peak" in {item.name for item in chart.legend}
     assert chart.svg.count("planned peak 11.5 GB") == 1
+
+
+def test_a_run_resumed_onto_another_layout_says_which_layouts_it_trained_on(tmp_path, capsys):
+    """summary.json's ``layout_history``: the terminal, Markdown, JSON and the page name each
+    layout and the step it began at (the row's figures are the last layout's)."""
+    moved = write_cell(tmp_path / "moved", parallel="zero3", gpus=2)
+    summary = json.loads((moved / "summary.json").read_text())
+    layout = {"gpus": 2, "dp": 2, "tp": 1, "pp": 1, "micro_size": 4, "accum_steps": 2, "global_size": 16}
+    summary["layout_history"] = [
+        {"from_step": 0, "parallel": "ddp", "zero_stage": 0, "precision": "fp32", **layout},
+        {"from_step": 3, "parallel": "zero3", "zero_stage": 3, "precision": "fp32", **layout},
+    ]
+    (moved / "summary.json").write_text(json.dumps(summary))
+    write_cell(tmp_path / "stayed")
+    said = "layouts: ddp on 2 (dp 2) from step 0 -> zero3 on 2 (dp 2) from step 3"
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert rows["moved"]["layouts"] == said and rows["stayed"]["layouts"] is None
+    assert main(["report", str(tmp_path)]) == 0
+    assert f"moved: {said}" in capsys.readouterr().out
+    assert main(["report", str(tmp_path), "--format", "md"]) == 0
+    assert f"- `moved`: {said}" in capsys.readouterr().out
+    page = tmp_path / "report.html"
+    assert main(["report", str(tmp_path), "--html", str(page)]) == 0
+    assert "Cells resumed onto another layout" in page.read_text() and "-&gt; zero3 on 2" in page.read_text()

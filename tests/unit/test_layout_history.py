@@ -1,0 +1,35 @@
+"""summary.json's layout_history: the layouts a run trained on, from the step each began."""
+
+from __future__ import annotations
+
+from runner.layout import resolve_layout
+from runner.layout_history import describe, extended, segment
+
+
+def _segment(from_step: int, parallel: str, gpus: int, tp: int = 1) -> dict:
+    layout = resolve_layout(gpus=gpus, tp=tp, pp=1, global_size=16, micro_size=4)
+    return segment(from_step=from_step, parallel=parallel, zero_stage=0, precision="fp32", layout=layout)
+
+
+def test_a_resume_keeps_the_segments_before_its_checkpoint_and_adds_its_own():
+    first = _segment(0, "ddp", 2)
+    assert extended(None, None, first) == [first]  # a fresh start
+    second = _segment(4, "zero3", 4, tp=2)
+    record = {"completed_steps": 4, "zero_stage": 0, "layout": {}}
+    history = extended([first], record, second)
+    assert history == [first, second]
+    # Resumed again from step 4 (the zero3 attempt failed before its next checkpoint): replaced.
+    third = _segment(4, "zero1", 1)
+    assert extended(history, record, third) == [first, third]
+    assert describe(history) == (
+        "layouts: ddp on 2 (dp 2) from step 0 -> zero3 on 4 (dp 2 x tp 2) from step 4"
+    )
+    assert describe([first]) is None  # one layout: nothing to say
+
+
+def test_a_run_from_before_the_history_gets_its_first_segment_from_the_checkpoint():
+    saved = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=4)
+    record = {"completed_steps": 6, "zero_stage": 2, "layout": saved.record()}
+    history = extended(None, record, _segment(6, "ddp", 1))
+    assert [seg["from_step"] for seg in history] == [0, 6]
+    assert describe(history).startswith("layouts: zero_stage 2 on 2 (dp 2) from step 0 -> ddp on 1")
