@@ -1,8 +1,8 @@
 """Each technique of the ladder beside the plain layout: measured memory per term, tokens/s, losses.
 
-One run, one table. Every row trains the same experiment (tiny model, fp32, global
-batch 16, the same seed and data) on 2 CPU ranks with ``python train.py`` and reads
-its summary.json and metrics.jsonl:
+One run, one table. Every row trains the same experiment (tiny model, fp32 or with
+``--precision bf16`` bf16, global batch 16, the same seed and data) on 2 CPU ranks with
+``python train.py`` and reads its summary.json and metrics.jsonl:
 
 - the measured ledger per rank (params, grads, optimizer states, activations of one
   micro-batch) and what the ledger places in host memory (offload);
@@ -14,7 +14,7 @@ Each technique names the term it exists to shrink; the check is that the measure
 is below the plain layout's (offload: that the term moved to host memory) and that the
 losses agree within the tolerance. The last line is ``ok`` or the failed checks.
 
-    python bench/techniques.py [--steps 8] [--only plain,zero3,tp2]
+    python bench/techniques.py [--steps 8] [--only plain,zero3,tp2] [--precision bf16]
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ TERMS = ("params", "grads", "optimizer", "activations")
 COMMON = [
     "gpus=2",
     "model=tiny",
-    "precision=fp32",
     "data=synthetic",
     "batch.global_size=16",
     "batch.micro_size=4",
@@ -42,6 +41,9 @@ COMMON = [
 ]
 MODEL_STATES = ("params", "grads", "optimizer")
 LOSS_TOLERANCE = 1e-5  # fp32: reduction order only (tests/multirank/test_layout_invariance.py)
+# bf16: a layout's other reduction order moves a master weight across a bf16 rounding
+# boundary now and then (tests/multirank/test_layout_invariance.py BF16_TOLERANCE).
+BF16_LOSS_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -108,11 +110,12 @@ class Row:
     comm_ms: float = float("nan")
 
 
-def _run(technique: Technique, run_dir: Path, steps: int) -> Row:
+def _run(technique: Technique, run_dir: Path, steps: int, precision: str) -> Row:
     cmd = [
         sys.executable,
         str(ROOT / "train.py"),
         *COMMON,
+        f"precision={precision}",
         *technique.overrides,
         f"train.steps={steps}",
         f"hydra.run.dir={run_dir}",
@@ -137,7 +140,7 @@ def _run(technique: Technique, run_dir: Path, steps: int) -> Row:
     )
 
 
-def _checks(row: Row, plain: Row) -> list[str]:
+def _checks(row: Row, plain: Row, precision: str) -> list[str]:
     """The failed checks of one row against the plain layout."""
     name = row.technique.name
     if row.status != "ok":
@@ -153,8 +156,11 @@ def _checks(row: Row, plain: Row) -> list[str]:
         if not row.host.get(term, 0.0) > 0
     ]
     gap = max(abs(a - b) for a, b in zip(row.losses, plain.losses, strict=True))
-    if gap > row.technique.loss_tolerance:
-        failed.append(f"{name}: losses differ from plain's by {gap:.2e} > {row.technique.loss_tolerance:g}")
+    tolerance = row.technique.loss_tolerance
+    if precision == "bf16":
+        tolerance = max(tolerance, BF16_LOSS_TOLERANCE)
+    if gap > tolerance:
+        failed.append(f"{name}: losses differ from plain's by {gap:.2e} > {tolerance:g}")
     return failed
 
 
@@ -184,17 +190,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--only", default="", help="comma-separated technique names (plain always runs)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     args = parser.parse_args()
     wanted = set(args.only.split(",")) if args.only else {t.name for t in TECHNIQUES}
     chosen = [t for t in TECHNIQUES if t.name == "plain" or t.name in wanted]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [_run(t, Path(tmp) / t.name, args.steps) for t in chosen]
+        rows = [_run(t, Path(tmp) / t.name, args.steps, args.precision) for t in chosen]
     plain = rows[0]
     if plain.status != "ok":
         print(f"the plain layout did not run: {plain.error}")
         sys.exit(1)
     _print(rows, plain)
-    failed = [problem for row in rows[1:] for problem in _checks(row, plain)]
+    failed = [problem for row in rows[1:] for problem in _checks(row, plain, args.precision)]
     print("ok" if not failed else "FAILED\n" + "\n".join(failed))
     sys.exit(1 if failed else 0)
 
