@@ -7,9 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import FP32_TOLERANCE, SHORT_RUN, TrainResult, compose_config, run_in_legs, run_train
+from train_helpers import (
+    FP32_TOLERANCE,
+    SHORT_RUN,
+    SMALL_EXPERIMENT,
+    TrainResult,
+    compose_config,
+    run_in_legs,
+    run_train,
+)
 
-from runner import checkpoint_stage0, safe_load
+from runner import checkpoint, checkpoint_stage0, safe_load
 
 pytestmark = pytest.mark.multirank
 
@@ -34,7 +42,7 @@ def test_ddp_on_2_ranks_to_zero3_to_ddp_on_1_gives_the_uninterrupted_losses(
         ["gpus=2", "parallel=zero3", "train.steps=6"],
         ["gpus=1", "parallel=ddp", "train.steps=10"],
     ]
-    last, resumed_from = run_in_legs(legs, "batch.micro_size=4", *_small(), run_dir=run_dir)
+    last, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
     assert resumed_from == [None, 3, 6]
     assert last.summary["status"] == "completed"
     history = [(seg["from_step"], seg["parallel"], seg["dp"]) for seg in last.summary["layout_history"]]
@@ -49,28 +57,12 @@ def test_ddp_on_2_ranks_to_zero3_to_ddp_on_1_gives_the_uninterrupted_losses(
         assert losses[step] == pytest.approx(expected[step], abs=FP32_TOLERANCE), step
 
 
-def _small() -> list[str]:
-    from train_helpers import SMALL_EXPERIMENT
-
-    return [o for o in SMALL_EXPERIMENT if not o.startswith("batch.micro_size")]
-
-
 def _saved(tmp_path: Path, *overrides: str) -> Path:
     """A 2-step run on 1 rank that checkpoints at its end; returns the checkpoint's folder."""
     run_dir = tmp_path / "_".join(o.split("=")[1] for o in overrides)
     result = run_train(*overrides, "gpus=1", "train.checkpoint_every=2", *SHORT_RUN, run_dir=run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir / "checkpoints" / TAG
-
-
-def _universal_by_deepspeed(source: Path, output: Path) -> None:
-    import subprocess
-    import sys
-
-    folders = ["--input_folder", str(source), "--output_folder", str(output)]
-    workers = ["--num_extract_workers", "1", "--num_merge_workers", "1"]
-    command = [sys.executable, "-m", "runner.safe_load", *folders, *workers]
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
 
 
 def _files(universal: Path) -> dict[str, object]:
@@ -91,7 +83,8 @@ def test_ladders_stage0_conversion_writes_what_deepspeed_writes_for_zero1(tmp_pa
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     ours.mkdir()
     checkpoint_stage0.to_universal(_saved(tmp_path, "parallel=ddp", "precision=fp32"), ours, model)
-    _universal_by_deepspeed(_saved(tmp_path, "parallel=zero1", "precision=fp32"), theirs)
+    zero1 = {"tag": TAG, "layout": {"dp": 1, "gpus": 1}, "zero_stage": 1}  # named if it fails
+    checkpoint._ds_to_universal(_saved(tmp_path, "parallel=zero1", "precision=fp32"), theirs, zero1)
     mine, deepspeeds = _files(ours), _files(theirs)
     assert mine.keys() == deepspeeds.keys()
     for name, fragment in mine.items():
