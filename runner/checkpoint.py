@@ -319,6 +319,11 @@ def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any]) -> Non
         capture_output=True,
         text=True,
     )
+    # ds_to_universal points `latest_universal` beside its output at the folder it wrote, which
+    # ladder renames once complete: a pointer to a folder that never exists, so it goes.
+    pointer = partial.parent / "latest_universal"
+    if pointer.is_file() and pointer.read_text().strip() == partial.name:
+        pointer.unlink()
     if converted.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(_unconverted(record, converted.stderr))

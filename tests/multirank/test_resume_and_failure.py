@@ -127,6 +127,10 @@ def test_resume_from_zero3_on_2_ranks_onto_zero2_on_1_gives_the_uninterrupted_lo
     layout = second.summary["layout"]
     assert (layout["gpus"], layout["global_size"], layout["accum_steps"]) == (1, 16, 4)
     assert (run_dir / "checkpoints" / "step_00000004_universal").is_dir()
+    # DeepSpeed's pointers each name a folder that is there.
+    for pointer in ("latest", "latest_universal"):
+        named = run_dir / "checkpoints" / pointer
+        assert not named.exists() or (named.parent / named.read_text().strip()).is_dir(), pointer
     expected, losses = _losses(one_rank_reference.run_dir), _losses(run_dir)
     assert sorted(losses) == list(range(8))
     for step in range(4, 8):  # without the Adam moments or step the gap is 1e-2 and more
