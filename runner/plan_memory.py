@@ -16,8 +16,9 @@ layout changes:
 - p gives each stage ceil(L / p) layers. Under the 1F1B schedule the first stage holds
   the activations of min(p, accum) micro-batches in flight (Narayanan et al. 2021,
   arXiv 2104.04473, Sec. 2.2.1: "at most p outstanding forward passes"); the last stage
-  holds one, plus the loss and logits, and its pipeline buffer keeps one more micro-batch's
-  logits (DeepSpeed's pipe_buffers). The plan takes the larger of the two stages.
+  holds one, plus the loss and logits; DeepSpeed's pipeline buffers add the logits and the
+  received inputs of the micro-batches they keep, and the buffers activations and gradients
+  arrive in (``activation_bytes``). The plan takes the larger of the two stages.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from runner.config import ModelConfig
 from runner.memory import (
     TRANSIENT_ITEMS,
+    BlockShape,
     ModelStates,
     activation_items_total,
     at_the_loss,
@@ -112,27 +114,82 @@ def layers_per_stage(n_layer: int, pp: int) -> int:
     return -(-n_layer // pp)
 
 
-def activation_bytes(items: dict[str, int], *, pp: int, accum_steps: int) -> tuple[int, str]:
+def activation_bytes(
+    items: dict[str, int], *, pp: int, accum_steps: int, stage_input: int = 0, block_backward: int = 0
+) -> tuple[int, str]:
     """Peak activation bytes on the fullest device, and a note saying which stage and why.
 
     ``items``: runner.memory.activation_items_total of one stage's layers (layers_per_stage).
+    Under a pipeline, ``stage_input`` and ``block_backward`` as in :func:`pipeline_stage_bytes`.
+    """
+    if pp == 1:
+        recompute_set = items["transient.recompute_layer"]
+        kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
+        return kept + max(at_the_loss(items), recompute_set), ""  # runner.memory.activations_total
+    first, last = pipeline_stage_bytes(
+        items, pp=pp, accum_steps=accum_steps, stage_input=stage_input, block_backward=block_backward
+    )
+    if first >= last:
+        return first, f"first stage, {min(pp, accum_steps)} micro-batches in flight (1F1B)"
+    return last, "last stage (loss and logits)"
+
+
+def pipeline_stage_bytes(
+    items: dict[str, int], *, pp: int, accum_steps: int, stage_input: int, block_backward: int
+) -> tuple[int, int]:
+    """Peak activation bytes of a pipeline's first and last stage.
+
+    ``stage_input``: one micro-batch's hidden states as they pass between stages (b x s x h
+    in the compute dtype). ``block_backward``: what a block's backward holds beside the
+    saved tensors (:func:`mlp_backward_bytes`).
     """
     recompute_set = items["transient.recompute_layer"]
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
-    last = kept + max(at_the_loss(items), recompute_set)
-    if pp == 1:
-        return last, ""  # runner.memory.activations_total
     # Narayanan et al. 2021 (arXiv 2104.04473), Sec. 2.2.1: 1F1B keeps at most p
     # micro-batches in flight on the first stage (and never more than the m = accum).
-    in_flight = min(pp, accum_steps)
-    first = in_flight * (items["blocks"] + items["embedding.token_ids"]) + recompute_set
-    # The last stage's pipeline buffer keeps its micro-batch's logits (DeepSpeed 0.19.8
-    # pipe/engine.py ``_exec_forward_pass``: pipe_buffers['outputs']) past the loss and its
-    # backward, to the next forward, beside the next micro-batch's.
-    last += items["transient.logits"]
-    if first >= last:
-        return first, f"first stage, {in_flight} micro-batches in flight (1F1B)"
-    return last, "last stage (loss and logits)"
+    # Its peak comes inside a block's backward (the loss is on the other stage), with that
+    # block's gradient working set on top (measured: 0.937 of the allocator's peak without
+    # it, tiny, m = 4), and the one buffer the next stage's gradients arrive in (DeepSpeed
+    # 0.19.8 pipe/engine.py ``_recv_tensor_meta``/``_allocate_zeros``).
+    first = min(pp, accum_steps) * (items["blocks"] + items["embedding.token_ids"]) + recompute_set
+    first += block_backward + stage_input
+    # The last stage keeps two pipeline buffers (pipe/schedule.py TrainSchedule
+    # ``num_pipe_buffers``: max(2, ...)), of which m use at most two. Each keeps its
+    # micro-batch's logits (``_exec_forward_pass``: pipe_buffers['outputs'], never freed on
+    # the last stage) and its received input (``_exec_recv_activations``: a clone of the
+    # receive buffer, which is kept too). So at the loss's backward the current logits and,
+    # with m >= 2, the previous micro-batch's are both live. Measured (one CPU rank's
+    # allocator events at the last stage's peak, fp32, V = 3000, h = 256, micro 8, seq 128,
+    # m = 2 and 4): five V-wide tensors (two buffers' logits, the log-probabilities, the two
+    # loss gradients) and three h-wide ones beside the blocks.
+    buffers = min(2, accum_steps)
+    last = kept + max(at_the_loss(items), recompute_set)
+    last += buffers * items["transient.logits"] + (1 + buffers) * stage_input
+    return first, last
+
+
+def first_stage_grads_after_peak(items: dict[str, int], *, grads: int, pp: int, accum_steps: int) -> int:
+    """Gradient bytes not yet made at a pipeline's first-stage peak: the sum of terms counts them twice.
+
+    With m <= p micro-batches a step, 1F1B's first backward on the first stage comes with
+    all m in flight, before the step has made any gradient (ZeRO 0-1 start each step
+    without them); at each later backward the gradients are whole and one micro-batch
+    fewer is in flight. The stage peaks at the larger of the two. Measured (tiny, fp32,
+    m = 2 on 2 stages): 1.052 of the allocator's peak counting both whole.
+    """
+    if accum_steps > pp:
+        return 0
+    return min(grads, items["blocks"] + items["embedding.token_ids"])
+
+
+def mlp_backward_bytes(block: BlockShape) -> int:
+    """Bytes a SwiGLU MLP's backward holds at once: three b x s x f/t tensors in the compute dtype.
+
+    runner/model.py FeedForward, w2(silu(w1 x) * w3 x): the gradient of w2's input, then the
+    product's two input gradients (one per factor) made from it, before any is freed.
+    """
+    ffn = block.ffn_hidden or 4 * block.d_model
+    return 3 * block.bytes_per_elem * block.micro_size * block.seq_len * ffn // block.tp
 
 
 def beyond_activations_after_head(items: dict[str, int], *, allocated: int) -> int:
@@ -279,7 +336,11 @@ def memory_terms(
         vocab_size=model.vocab_size,
         recompute=recompute,
     )
-    activations, note = activation_bytes(items, pp=pp, accum_steps=accum_steps)
+    stage_input = block.bytes_per_elem * micro_size * seq_len * model.d_model
+    block_backward = mlp_backward_bytes(block)
+    activations, note = activation_bytes(
+        items, pp=pp, accum_steps=accum_steps, stage_input=stage_input, block_backward=block_backward
+    )
     buckets = zero12_backward_buckets(
         zero_stage=zero_stage,
         precision=precision,
@@ -322,6 +383,13 @@ def memory_terms(
     else:
         if (beyond := flat - activations) > 0:
             residuals[ALLREDUCE_FLAT] = beyond
+        first, last = pipeline_stage_bytes(
+            items, pp=pp, accum_steps=accum_steps, stage_input=stage_input, block_backward=block_backward
+        )
+        if first >= last:
+            grads_after_peak = first_stage_grads_after_peak(
+                items, grads=grads, pp=pp, accum_steps=accum_steps
+            )
         # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
         # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one
         # more (stage_1_and_2.py), after the micro-batches' activations are freed. Seen with

@@ -181,13 +181,10 @@ def format_plan(plan: Plan) -> str:
             for name, size in m.host.items()
         ]
     if m.grads_after_peak:
-        lines.append(
-            _row(
-                "grads made after the activation peak",
-                -m.grads_after_peak,
-                "one micro-batch a step (runner.plan_memory.grads_after_activation_peak)",
-            )
-        )
+        why = "one micro-batch a step (runner.plan_memory.grads_after_activation_peak)"
+        if m.activation_note:  # a pipeline's first stage
+            why = "first stage's first backward (runner.plan_memory.first_stage_grads_after_peak)"
+        lines.append(_row("grads made after the activation peak", -m.grads_after_peak, why))
     lines.append(_row("total", m.total))
     if m.build:
         lines.append(_row("building: zero.Init 1/dp + a weight", m.build, "before AutoTP cuts the shards"))
