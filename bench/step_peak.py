@@ -9,7 +9,7 @@ hides it: every allocation and free from before the model is built to the end of
 second step, in order, from torch.profiler's memory events; the peak is the largest sum.
 
     python bench/step_peak.py [--models gpt2_124m,tiny] [--stages 0,1,2,3] [--accum 1,2]
-        [--precision fp32,bf16]
+        [--precision fp32,bf16] [--set model.vocab_size=32000 ...]
 
 Each case: the model built by runner.model, DeepSpeed's engine from ladder's own config
 (runner.deepspeed_config), AdamW in fp32 (or ``--precision bf16``), micro 8, seq 128 (``--micro``, ``--seq``),
@@ -50,8 +50,8 @@ class Shape:
 IN_BACKWARD = ("reduce_bucket (in backward)", TIED_HEAD_GRADIENT)
 
 
-def model_config(name: str) -> ModelConfig:
-    """The model group ``model=<name>`` as train.py composes it (conf/, through Hydra)."""
+def model_config(name: str, overrides: tuple[str, ...] = ()) -> ModelConfig:
+    """The model group ``model=<name>`` as train.py composes it (conf/, through Hydra), with ``overrides``."""
     from hydra import compose, initialize_config_dir
 
     from runner.config import register_configs, to_train_config
@@ -59,7 +59,7 @@ def model_config(name: str) -> ModelConfig:
     register_configs()
     conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")
     with initialize_config_dir(config_dir=os.path.normpath(conf), version_base="1.3"):
-        return to_train_config(compose(config_name="config", overrides=[f"model={name}"])).model
+        return to_train_config(compose(config_name="config", overrides=[f"model={name}", *overrides])).model
 
 
 def _steps(engine: Any, model: ModelConfig, shape: Shape, *, pipeline: bool) -> None:
@@ -118,7 +118,9 @@ def planned(
     return terms.peak, words
 
 
-def one_case(name: str, precision: str, stage: int, shape: Shape, pp: int) -> dict[str, Any]:
+def one_case(
+    name: str, precision: str, stage: int, shape: Shape, pp: int, overrides: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Measure and plan one case on this rank (a fresh process: nothing of another engine is live).
 
     One rank, or under a pipeline one of ``pp`` ranks that torchrun started."""
@@ -127,7 +129,7 @@ def one_case(name: str, precision: str, stage: int, shape: Shape, pp: int) -> di
         os.environ.setdefault("MASTER_PORT", "29643")
     skip_inference_shm_op()
     deepspeed.init_distributed(dist_backend="gloo")
-    model = model_config(name)
+    model = model_config(name, overrides)
     config = build_deepspeed_config(
         layout=resolve_layout(
             gpus=pp, tp=1, pp=pp, global_size=shape.micro * shape.accum, micro_size=shape.micro
@@ -155,13 +157,14 @@ def main() -> None:
     parser.add_argument("--pp", default="1", help="pipeline stages: 1, 2 or 1,2 (2 runs ZeRO 0-1 on 2 ranks)")
     parser.add_argument("--micro", type=int, default=8, help="sequences per micro-batch")
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model override")
     one = ("MODEL", "PRECISION", "STAGE", "ACCUM", "PP")
     parser.add_argument("--one", nargs=5, metavar=one, help=argparse.SUPPRESS)  # one case, in a child process
     args = parser.parse_args()
     if args.one:
         name, precision, stage, accum, pp = args.one
         shape = Shape(micro=args.micro, seq=args.seq, accum=int(accum))
-        print(json.dumps(one_case(name, precision, int(stage), shape, int(pp))))
+        print(json.dumps(one_case(name, precision, int(stage), shape, int(pp), tuple(args.set))))
         return
     cases = [
         (name, precision, stage, accum, pp)
@@ -182,6 +185,7 @@ def main() -> None:
         ranks = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={pp}"]
         ranks.append(f"--master_port={port}")
         case = ["--one", name, precision, stage, accum, pp, f"--micro={args.micro}", f"--seq={args.seq}"]
+        case += [f"--set={override}" for override in args.set]
         proc = subprocess.run(
             [*(one_rank if pp == "1" else ranks), __file__, *case],
             capture_output=True,
