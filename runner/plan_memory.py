@@ -279,8 +279,9 @@ def grads_after_activation_peak(
     backward makes them layer by layer as it frees the activations, after the loss, where
     the activations peak, and the step peaks at the larger of the activation peak (with what
     backward adds there: ``at_activation_peak``) and the gradients with what is live beside
-    them as backward ends (``at_backward_end``: ZeRO 1-2's buckets, ZeRO-0's flat all-reduce
-    copy), which the terms count as max(at_activation_peak, at_backward_end). ZeRO-3 keeps
+    them as backward ends (``at_backward_end``: ZeRO 1-2's buckets, a tied weight's gradients
+    joining, ZeRO-0's flat all-reduce copy), which the terms count as max(at_activation_peak,
+    at_backward_end). ZeRO-3 keeps
     its gradient partitions from step to step, and with accumulation the first micro-batch's
     gradients are live at the next one's loss: both count whole.
 
@@ -394,7 +395,7 @@ def memory_terms(
         if (beyond := flat - activations - in_backward) > 0:
             residuals[ALLREDUCE_FLAT] = beyond
         # As backward ends, after the activations are freed: the buckets and the tied weight's
-        # gradients joining (ZeRO 0-1); ZeRO-0's flat copy comes after, at the boundary.
+        # gradients joining (ZeRO 0-2); ZeRO-0's flat copy comes after, at the boundary.
         bucketed = sum(buckets.values())
         at_end = bucketed + tied_gradient_join_bytes(tied, zero_stage=zero_stage, accum_steps=accum_steps)
         if zero_stage == 2 and accum_steps == 1 and reduce_bucket_size >= local:
