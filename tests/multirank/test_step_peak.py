@@ -32,60 +32,48 @@ from train_helpers import ROOT, clean_env
 pytestmark = pytest.mark.multirank
 
 CASES = [("0", "1"), ("2", "1"), ("1", "2")]  # (ZeRO stage, micro-batches a step)
+SCRIPT = ROOT / "bench" / "step_peak.py"
+
+
+def _start(*case: str, port: int, ranks: int = 1) -> subprocess.Popen[str]:
+    """bench/step_peak.py measuring one case (``--one ...``), on one rank or under torchrun."""
+    launch = [sys.executable]
+    if ranks > 1:
+        launch += ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={port}"]
+    return subprocess.Popen(
+        [*launch, str(SCRIPT), "--one", *case],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**clean_env(), "PYTHONPATH": str(ROOT), "MASTER_PORT": str(port)},
+    )
+
+
+def _found(proc: subprocess.Popen[str]) -> list[dict]:
+    """Each rank's measured and planned bytes, as it printed them."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 def test_the_planned_peak_is_within_10_percent_under_and_5_over_the_allocators():
-    script = ROOT / "bench" / "step_peak.py"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), "--one", "tiny", "fp32", stage, accum, "1"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**clean_env(), "PYTHONPATH": str(ROOT), "MASTER_PORT": str(29671 + index)},
-        )
-        for index, (stage, accum) in enumerate(CASES)
-    ]
+    procs = [_start("tiny", "fp32", *case, "1", port=29671 + index) for index, case in enumerate(CASES)]
     for (stage, accum), proc in zip(CASES, procs, strict=True):
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-        found = json.loads(out.strip().splitlines()[-1])
+        [found] = _found(proc)
         ratio = found["planned"] / found["measured"]
         assert 0.9 < ratio < 1.05, (f"zero{stage} accum {accum}", found)
 
 
 def test_a_pipelines_planned_peak_is_within_5_percent_of_its_fullest_ranks():
-    script = ROOT / "bench" / "step_peak.py"
-    ranks = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29681"]
-    proc = subprocess.run(
-        [*ranks, str(script), "--one", "tiny", "fp32", "0", "4", "2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**clean_env(), "PYTHONPATH": str(ROOT)},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(found) == 2, proc.stdout  # one line from each stage
+    found = _found(_start("tiny", "fp32", "0", "4", "2", port=29681, ranks=2))
+    assert len(found) == 2, found  # one line from each stage
     ratio = found[0]["planned"] / max(f["measured"] for f in found)
     assert 0.95 < ratio < 1.05, found
 
 
 def test_a_large_tied_vocabularys_gradients_joining_are_planned():
-    script = ROOT / "bench" / "step_peak.py"
-    shape = ["--micro=4", "--seq=64", "--set=model.vocab_size=32000"]
-    procs = {
-        stage: subprocess.Popen(
-            [sys.executable, str(script), "--one", "tiny", "fp32", stage, "1", "1", *shape],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**clean_env(), "PYTHONPATH": str(ROOT), "MASTER_PORT": str(29691 + int(stage))},
-        )
-        for stage in ("1", "2")
-    }
+    case = ("1", "1", "--micro=4", "--seq=64", "--set=model.vocab_size=32000")  # accum 1, pp 1
+    procs = {stage: _start("tiny", "fp32", stage, *case, port=29690 + int(stage)) for stage in "12"}
     for stage, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-        found = json.loads(out.strip().splitlines()[-1])
+        [found] = _found(proc)
         assert 0.97 < found["planned"] / found["measured"] < 1.03, (f"zero{stage}", found)
