@@ -39,10 +39,15 @@ class DistributedEnv:
         }
 
 
-def slurm_port(job_id: str) -> int:
-    """A port every task of a SLURM job derives alike from its job id (in 15000-29999)."""
+def slurm_port(job_id: str, restarts: int = 0) -> int:
+    """A port every task of a SLURM job derives alike from its job id (in 15000-29999).
+
+    A requeued job keeps its id; its ``restarts``-th run (SLURM_RESTART_COUNT) moves 10000
+    ports on, since the run before may still hold the old one while its ranks exit (seen:
+    EADDRINUSE at the requeued job's rendezvous on a loaded node).
+    """
     digits = re.sub(r"\D", "", job_id) or "0"
-    return 15000 + int(digits[-4:]) % 15000
+    return 15000 + (int(digits[-4:]) + 10000 * restarts) % 15000
 
 
 def first_host(nodelist: str) -> str:
@@ -91,7 +96,7 @@ def from_environment(environ: Mapping[str, str]) -> DistributedEnv | None:
             local_rank=int(environ.get("SLURM_LOCALID", "0")),
             local_world_size=world // max(1, nodes),
             master_addr=first_host(environ.get("SLURM_JOB_NODELIST", "127.0.0.1")),
-            master_port=slurm_port(job_id),
+            master_port=slurm_port(job_id, restarts=int(environ.get("SLURM_RESTART_COUNT") or 0)),
             source="slurm",
         )
     return None

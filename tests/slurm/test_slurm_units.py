@@ -255,6 +255,19 @@ def test_each_task_of_a_two_node_job_is_one_rank_with_the_same_master():
     assert (exports["RANK"], exports["LOCAL_RANK"], exports["WORLD_SIZE"]) == ("9", "1", "16")
 
 
+def test_a_requeued_jobs_tasks_meet_on_another_port_than_its_run_before():
+    """A requeued job keeps its id; the run before may still hold its port while its ranks exit."""
+    ports = []
+    for restarts in range(3):
+        run = {"SLURM_RESTART_COUNT": str(restarts)}
+        envs = [from_environment({**_task_env(procid), **run}) for procid in (0, 9)]
+        assert envs[0] is not None and envs[1] is not None
+        assert envs[0].master_port == envs[1].master_port  # still derived alike by every task
+        ports.append(envs[0].master_port)
+    assert ports[0] == slurm_port("4242")
+    assert len(set(ports)) == 3 and all(15000 <= port < 30000 for port in ports), ports
+
+
 def test_summary_records_the_job_nodes_and_tasks():
     record = slurm_job_record(_task_env(0))
     assert record is not None
