@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launchers.local import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The experiment the layout tests train on every layout: tiny, fp32, global batch 16 as
@@ -79,9 +81,11 @@ def file_digests(root: Path) -> dict[str, str]:
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment without a launcher's rank variables: the child starts as a user's command."""
+    """This environment without a launcher's rank variables: the child starts as a user's command
+    (piped: without a terminal size the calling shell may export)."""
     env = {**os.environ, "WANDB_SILENT": "true", **(extra or {})}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
+    ranks = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID")
+    for key in (*ranks, "COLUMNS", "LINES"):
         env.pop(key, None)
     return env
 
@@ -101,15 +105,18 @@ def run_train(
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
-def run_torchrun(*overrides: str, nproc: int, port: int, run_dir: Path, timeout: float = 600) -> TrainResult:
-    """``torchrun --nproc_per_node=N train.py overrides... hydra.run.dir=run_dir``: ranks torchrun starts."""
+def run_torchrun(*overrides: str, nproc: int, run_dir: Path, timeout: float = 600) -> TrainResult:
+    """``torchrun --nproc_per_node=N train.py overrides... hydra.run.dir=run_dir``: ranks torchrun starts.
+
+    On a free port: a fixed one may be held by another job on this machine.
+    """
     proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "torch.distributed.run",
             f"--nproc_per_node={nproc}",
-            f"--master_port={port}",
+            f"--master_port={free_port()}",
             str(ROOT / "train.py"),
             *overrides,
             f"hydra.run.dir={run_dir}",
@@ -123,14 +130,12 @@ def run_torchrun(*overrides: str, nproc: int, port: int, run_dir: Path, timeout:
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
-def run_in_legs(
-    legs: list[list[str]], *common: str, run_dir: Path, port: int = 29560
-) -> tuple[TrainResult, list[int | None]]:
+def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[TrainResult, list[int | None]]:
     """One run in ``legs``, each on its own layout and ending with ``train.steps=N``: each leg
     checkpoints at its last step and the next resumes from it in the same directory.
 
     A leg with more ``gpus`` than this host's cores (which ladder's local launcher refuses)
-    is started by torchrun, on ``port`` + its index. Returns the last leg's result and the
+    is started by torchrun. Returns the last leg's result and the
     step each leg resumed from (None: the first).
     """
     resumed_from: list[int | None] = []
@@ -139,9 +144,7 @@ def run_in_legs(
         resume = ["train.resume=auto"] if number else []
         gpus = int(next((arg.removeprefix("gpus=") for arg in leg if arg.startswith("gpus=")), "1"))
         if gpus > (os.cpu_count() or 1):
-            result = run_torchrun(
-                *leg, *common, every, *resume, nproc=gpus, port=port + number, run_dir=run_dir
-            )
+            result = run_torchrun(*leg, *common, every, *resume, nproc=gpus, run_dir=run_dir)
         else:
             result = run_train(*leg, *common, every, *resume, run_dir=run_dir)
         assert result.returncode == 0, (leg, result.stderr[-3000:])

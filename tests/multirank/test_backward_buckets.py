@@ -15,6 +15,7 @@ import pytest
 from backward_buckets import BUCKET
 from train_helpers import ROOT, clean_env
 
+from launchers.local import free_port
 from runner.memory import zero12_backward_buckets
 
 pytestmark = pytest.mark.multirank
@@ -32,7 +33,7 @@ def test_the_plan_counts_the_buckets_backward_allocates(tmp_path: Path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**clean_env(), "PYTHONPATH": str(ROOT)},
+        env={**clean_env(), "PYTHONPATH": str(ROOT), "MASTER_PORT": str(free_port())},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -147,7 +147,6 @@ def test_two_pipelines_side_by_side_give_the_losses_of_one_rank(runs, tmp_path):
         "batch.micro_size=2",  # dp 2 x micro 2 x accum 4: the pipeline's 4 micro-batches
         *without(COMMON, "batch.micro_size"),
         nproc=4,
-        port=29531,
         run_dir=tmp_path / "pp2xdp2",
     )
     assert result.returncode == 0, result.stderr[-3000:]

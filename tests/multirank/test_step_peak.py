@@ -29,15 +29,17 @@ import sys
 import pytest
 from train_helpers import ROOT, clean_env
 
+from launchers.local import free_port
+
 pytestmark = pytest.mark.multirank
 
 CASES = [("0", "1"), ("2", "1"), ("1", "2")]  # (ZeRO stage, micro-batches a step)
 SCRIPT = ROOT / "bench" / "step_peak.py"
 
 
-def _start(*case: str, port: int, ranks: int = 1) -> subprocess.Popen[str]:
+def _start(*case: str, ranks: int = 1) -> subprocess.Popen[str]:
     """bench/step_peak.py measuring one case (``--one ...``), on one rank or under torchrun."""
-    launch = [sys.executable]
+    launch, port = [sys.executable], free_port()
     if ranks > 1:
         launch += ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={port}"]
     return subprocess.Popen(
@@ -57,7 +59,7 @@ def _found(proc: subprocess.Popen[str]) -> list[dict]:
 
 
 def test_the_planned_peak_is_within_10_percent_under_and_5_over_the_allocators():
-    procs = [_start("tiny", "fp32", *case, "1", port=29671 + index) for index, case in enumerate(CASES)]
+    procs = [_start("tiny", "fp32", *case, "1") for case in CASES]
     for (stage, accum), proc in zip(CASES, procs, strict=True):
         [found] = _found(proc)
         ratio = found["planned"] / found["measured"]
@@ -65,7 +67,7 @@ def test_the_planned_peak_is_within_10_percent_under_and_5_over_the_allocators()
 
 
 def test_a_pipelines_planned_peak_is_within_5_percent_of_its_fullest_ranks():
-    found = _found(_start("tiny", "fp32", "0", "4", "2", port=29681, ranks=2))
+    found = _found(_start("tiny", "fp32", "0", "4", "2", ranks=2))
     assert len(found) == 2, found  # one line from each stage
     ratio = found[0]["planned"] / max(f["measured"] for f in found)
     assert 0.95 < ratio < 1.05, found
@@ -73,7 +75,7 @@ def test_a_pipelines_planned_peak_is_within_5_percent_of_its_fullest_ranks():
 
 def test_a_large_tied_vocabularys_gradients_joining_are_planned():
     case = ("1", "1", "--micro=4", "--seq=64", "--set=model.vocab_size=32000")  # accum 1, pp 1
-    procs = {stage: _start("tiny", "fp32", stage, *case, port=29690 + int(stage)) for stage in "12"}
+    procs = {stage: _start("tiny", "fp32", stage, *case) for stage in "12"}
     for stage, proc in procs.items():
         [found] = _found(proc)
         assert 0.97 < found["planned"] / found["measured"] < 1.03, (f"zero{stage}", found)

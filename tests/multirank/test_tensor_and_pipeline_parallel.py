@@ -35,7 +35,7 @@ def runs(tmp_path_factory, one_rank_reference, one_rank_untied_reference) -> dic
     # The tiny model ties its embeddings; the untied runs set model.tie_embeddings=false.
     results = {"plain/tied=true": one_rank_reference, "plain/tied=false": one_rank_untied_reference}
     tied_overrides = [*TP_PP, "parallel=ddp", f"train.steps={STEPS}", *COMMON]
-    tied = run_torchrun(*tied_overrides, nproc=4, port=29541, run_dir=root / "tp_pp_tied")
+    tied = run_torchrun(*tied_overrides, nproc=4, run_dir=root / "tp_pp_tied")
     assert tied.returncode == 0, tied.stderr[-3000:]
     results["tp_pp/tied=true"] = tied
     # Untied, the run leaves tp 2 x pp 2 and comes back: 4 steps on it at ZeRO-1, 3 on one
@@ -48,7 +48,7 @@ def runs(tmp_path_factory, one_rank_reference, one_rank_untied_reference) -> dic
         [*TP_PP, "parallel=zero1", f"train.steps={STEPS}"],
     ]
     untied = [*COMMON, "model.tie_embeddings=false"]
-    resumed, resumed_from = run_in_legs(legs, *untied, run_dir=root / "tp_pp_untied", port=29542)
+    resumed, resumed_from = run_in_legs(legs, *untied, run_dir=root / "tp_pp_untied")
     assert resumed_from == [None, 4, 7]
     results["tp_pp/tied=false"] = resumed
     return results

@@ -141,7 +141,6 @@ def test_zero3_with_tp_builds_partitions_over_the_data_parallel_group(runs, tmp_
         "batch.micro_size=2",  # dp 2 x micro 2 x accum 4: the plain run's 16 sequences a step
         *without(COMMON, "batch.micro_size"),
         nproc=4,
-        port=29533,
         run_dir=tmp_path / "zero3_tp2_dp2",
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -112,7 +112,7 @@ def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
     """``torchrun ... train.py hydra.run.dir=X``: every rank composes; rank 0 alone guards X."""
     run_dir = tmp_path / "run"
     result = run_torchrun(
-        "gpus=2", "train.steps=2", "logger=none", "data=synthetic", nproc=2, port=29517, run_dir=run_dir
+        "gpus=2", "train.steps=2", "logger=none", "data=synthetic", nproc=2, run_dir=run_dir
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -292,7 +292,8 @@ def test_markdown_and_csv_list_every_cell(tmp_path, capsys):
     assert "`2` (failed): rank 1: RuntimeError: CUDA out of memory" in markdown
 
 
-def test_the_terminal_table_marks_the_best_and_lists_errors(tmp_path, capsys):
+def test_the_terminal_table_marks_the_best_and_lists_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped, as to a file: tables keep their width
     assert main(["report", str(write_sweep(tmp_path))]) == 0
     out = capsys.readouterr().out
     assert "★ MFU, peak" in out
