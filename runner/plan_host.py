@@ -29,8 +29,9 @@ before any GPU does, in two phases that do not overlap:
   lives on a GPU; everything on CPU ranks, where the host is the device.
 
 Both phases count each rank's process as it stands before any tensor: Python with torch
-and DeepSpeed imported, 0.25 GB measured on a CPU (torch 2.13, DeepSpeed 0.19.8); CUDA's
-own host libraries are not counted. The node fits when the larger phase, times the ranks
+and DeepSpeed imported, 0.25 GB measured on a CPU (torch 2.13, DeepSpeed 0.19.8), and from
+the engine on also torch._dynamo, which torch.optim imports at the first optimizer: 0.33 GB;
+CUDA's own host libraries are not counted. The node fits when the larger phase, times the ranks
 per node, is at most ``planner.headroom`` x the node's RAM (the same headroom as the
 device check). Against the measured build rises of a 51M-parameter model on 2 CPU ranks
 (README: whole 0.21 GB, zero.Init, a stage and a tp 2 shard 0.11 GB each) the build lines
@@ -59,8 +60,12 @@ from runner.pipeline_split import rank_param_numels
 
 GB = 1e9  # decimal gigabyte, as runner/plan.py
 DRAWING = "drawing initial values (fp32)"
-# A rank's process before any tensor: the high-water RSS of `import torch, deepspeed` on a CPU.
+# A rank's process before any tensor: the high-water RSS of `import torch, deepspeed` on a CPU
+# while it builds the model, and once it has an optimizer, whose first construction imports
+# torch._dynamo (torch/optim/optimizer.py, through torch._disable_dynamo): measured 0.252
+# and 0.329 GB (torch 2.13, DeepSpeed 0.19.8).
 TORCH_RUNTIME_BYTES = 250_000_000
+TRAINING_RUNTIME_BYTES = 330_000_000
 
 
 def _gb(num_bytes: float) -> str:
@@ -282,7 +287,7 @@ def host_memory(
     )
     # CPU ranks hold every device byte in host memory; GPU ranks only what they offload.
     steady = {"device total (CPU ranks)": device_total} if host_is_device else dict(offloaded)
-    steady["torch runtime"] = TORCH_RUNTIME_BYTES
+    steady["torch runtime"] = TRAINING_RUNTIME_BYTES
     memory = HostMemory(ranks, method, steady, build, ram_bytes, ram_source, headroom)
     if memory.fits:
         return memory
@@ -301,6 +306,7 @@ __all__ = [
     "BY_STAGE",
     "PARTITIONED",
     "TORCH_RUNTIME_BYTES",
+    "TRAINING_RUNTIME_BYTES",
     "WHOLE",
     "HostMemory",
     "build_bytes",

@@ -14,7 +14,7 @@ from runner.model import num_params
 from runner.pipeline_split import rank_param_numels
 from runner.plan import GB, plan_config, plan_job, read_plan, workload_from_config
 from runner.plan_hardware import host_ram_bytes
-from runner.plan_host import DRAWING, TORCH_RUNTIME_BYTES, build_bytes
+from runner.plan_host import DRAWING, TORCH_RUNTIME_BYTES, TRAINING_RUNTIME_BYTES, build_bytes
 from runner.plan_ladder import recommend
 from runner.plan_table import format_plan
 from runner.run import choose_layout_explained
@@ -146,7 +146,7 @@ def test_zero3_builds_partitioned_on_the_gpus_and_fits_the_host():
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
     assert host.fits and host.build_per_node < 3 * GB
-    assert "host FITS, 1797.9 GB to spare" in format_plan(plan)
+    assert "host FITS, 1797.4 GB to spare: 8 ranks x 0.33 GB training (steady)" in format_plan(plan)
 
 
 def test_zero3_offload_keeps_8_ranks_offloaded_states_on_one_node():
@@ -156,21 +156,21 @@ def test_zero3_offload_keeps_8_ranks_offloaded_states_on_one_node():
     # fp32 Adam, params + optimizer offloaded: params 4, grads 4, m and v 8, fp32 master copy 4,
     # the stage-3 gradient partitions 4 bytes per element of the partition (runner/memory.py).
     assert sum(memory.host.values()) == 24 * partition
-    assert host.steady == {**memory.host, "torch runtime": TORCH_RUNTIME_BYTES}
-    assert host.steady_per_node == 8 * (24 * partition + TORCH_RUNTIME_BYTES)  # 1657.4 GB
+    assert host.steady == {**memory.host, "torch runtime": TRAINING_RUNTIME_BYTES}
+    assert host.steady_per_node == 8 * (24 * partition + TRAINING_RUNTIME_BYTES)  # 1658.1 GB
     # Building, the fp32 partitions land on the host too (offload_param), but no more than that.
     assert host.build["partitions (fp32, 1/8)"] == 4 * partition
     assert host.phase == "steady" and host.fits
     table = format_plan(plan)
     assert "steady: offloaded and host buffers        206.93" in table
-    assert "host FITS, 142.6 GB to spare: 8 ranks x 207.2 GB training (steady) = 1657.4 GB" in table
+    assert "host FITS, 141.9 GB to spare: 8 ranks x 207.3 GB training (steady) = 1658.1 GB" in table
 
 
 def test_offload_that_the_host_cannot_hold_names_the_fixes():
     plan = plan_config(_h200("parallel=zero3_offload", "gpus=8", "cluster.host_memory_gb=1000"))
     assert not plan.host.fits and plan.fits  # the device holds it; the node's RAM does not
     table = format_plan(plan)
-    assert "host DOES NOT FIT by 757.4 GB: 8 ranks x 207.2 GB training (steady)" in table
+    assert "host DOES NOT FIT by 758.1 GB: 8 ranks x 207.3 GB training (steady)" in table
     assert "fix: parallel.offload_param=none keeps the 16-bit parameters on the device" in table
     assert "fix: fewer ranks per node: 4 fit" in table
 
@@ -196,7 +196,7 @@ def test_the_default_tiny_run_on_this_host():
     ram, how = host_ram_bytes()
     assert host.ram_bytes == ram and how in host.ram_source
     assert host.ranks_per_node == 1 and host.build_method == WHOLE
-    runtime = TORCH_RUNTIME_BYTES
+    runtime = TRAINING_RUNTIME_BYTES
     assert host.steady == {"device total (CPU ranks)": plan.memory.total, "torch runtime": runtime}
     assert host.build["whole model in fp32"] == 4 * plan.workload.num_params
     assert host.fits
