@@ -80,6 +80,22 @@ def file_digests(root: Path) -> dict[str, str]:
     }
 
 
+EARLIER_CONFIG = "train:\n  steps: 8\n"
+
+
+def earlier_sweep(sweep_dir: Path, cells: list[str]) -> None:
+    """A sweep directory as an earlier attempt left it: multirun.yaml and cells that ran."""
+    sweep_dir.mkdir()
+    (sweep_dir / "multirun.yaml").write_text("hydra: {}\n")
+    for cell in cells:
+        hydra = sweep_dir / cell / ".hydra"
+        hydra.mkdir(parents=True)
+        for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+            (hydra / name).write_text(EARLIER_CONFIG if name == "config.yaml" else f"{name}: {cell}\n")
+        (sweep_dir / cell / "summary.json").write_text('{"status": "completed"}')
+        (sweep_dir / cell / "train.log").write_text("the earlier attempt's log\n")  # Hydra appends
+
+
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This environment without a launcher's rank variables: the child starts as a user's command
     (piped: without a terminal size the calling shell may export)."""

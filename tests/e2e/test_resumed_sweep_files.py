@@ -6,24 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from train_helpers import ROOT, clean_env, file_digests
+from train_helpers import ROOT, clean_env, earlier_sweep, file_digests
 
 pytestmark = pytest.mark.unit
-
-EARLIER_CONFIG = "train:\n  steps: 8\n"
-
-
-def _earlier_sweep(sweep_dir, cells):
-    """A sweep directory as an earlier attempt left it: multirun.yaml and cells that ran."""
-    sweep_dir.mkdir()
-    (sweep_dir / "multirun.yaml").write_text("hydra: {}\n")
-    for cell in cells:
-        hydra = sweep_dir / cell / ".hydra"
-        hydra.mkdir(parents=True)
-        for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
-            (hydra / name).write_text(EARLIER_CONFIG if name == "config.yaml" else f"{name}: {cell}\n")
-        (sweep_dir / cell / "summary.json").write_text('{"status": "completed"}')
-        (sweep_dir / cell / "train.log").write_text("the earlier attempt's log\n")  # Hydra appends
 
 
 def _resume_sweep(sweep_dir, *overrides):
@@ -48,7 +33,7 @@ def _resume_sweep(sweep_dir, *overrides):
 
 def test_a_refused_sweep_resume_leaves_every_file_as_it_was(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    _earlier_sweep(sweep_dir, ["0", "1"])
+    earlier_sweep(sweep_dir, ["0", "1"])
     before = file_digests(sweep_dir)
     # Hydra writes cell 0's files, then ladder refuses the cell: the sweep stops there.
     proc = _resume_sweep(sweep_dir, "train.steps=0")
@@ -59,7 +44,7 @@ def test_a_refused_sweep_resume_leaves_every_file_as_it_was(tmp_path):
 
 def test_a_sweep_resume_keeps_the_files_of_the_cells_that_ran(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    _earlier_sweep(sweep_dir, ["0", "1", "2"])
+    earlier_sweep(sweep_dir, ["0", "1", "2"])
     before = file_digests(sweep_dir)
     # Cell 0 trains a step (nothing to resume from: it starts afresh), cell 1 is refused,
     # and cell 2 is not reached.

@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from train_helpers import earlier_sweep, file_digests
 
 pytestmark = pytest.mark.slurm
 
@@ -120,3 +121,18 @@ def test_cells_with_different_gpus_get_their_own_tasks(sweep):
         by_gpus[summary["layout"]["gpus"]] = summary["slurm"]
     assert (by_gpus[1]["tasks"], by_gpus[2]["tasks"]) == (1, 2)
     assert by_gpus[1]["job_id"] != by_gpus[2]["job_id"]
+
+
+def test_a_refused_sweep_resume_on_slurm_leaves_every_file_as_it_was(sweep, slurm_cluster, tmp_path):
+    """tests/e2e/test_resumed_sweep_files.py under the SLURM launcher, which checks every cell before
+    it submits any: the second cell refused, the first is not submitted either, and nothing is touched."""
+    sweep_dir = tmp_path / "sweep"
+    earlier_sweep(sweep_dir, ["0", "1"])
+    before, jobs = file_digests(sweep_dir), set(slurm_cluster.job_ids())
+    result = sweep(
+        "train.resume=auto", "logger=none", "data=synthetic", "train.steps=1,0", sweep_dir=sweep_dir
+    )
+    assert result.returncode == 2, result.stderr[-4000:]
+    assert "train.steps=0" in result.stderr
+    assert file_digests(sweep_dir) == before
+    assert set(slurm_cluster.job_ids()) == jobs
