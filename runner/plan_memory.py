@@ -431,7 +431,7 @@ def memory_terms(
                 items, grads=grads, pp=pp, accum_steps=accum_steps
             )
         # The first stage peaks at its first backward with m <= p micro-batches a step, the
-        # last at any. Measured (tiny, 2 stages): m = 2 0.997 and m = 4 1.000 of the
+        # last at any. Measured (tiny, 2 stages): m = 2 0.997 and m = 4 1.001 of the
         # allocator's peak (were 0.956 and 0.962 discounting the buffer, without this line).
         if bf16_stage0 and (accum_steps > pp if first >= last else accum_steps > 1):
             residuals[BF16_PARAM_GRADS] = grads
