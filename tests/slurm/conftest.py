@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from cluster import ClusterStartError, SlurmCluster, cannot_start_reason, start_cluster
+from train_helpers import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,9 +65,7 @@ def sweep(slurm_cluster: SlurmCluster, tmp_path: Path):
         extra_env: dict[str, str] | None = None,
     ) -> SweepResult:
         directory = sweep_dir or tmp_path / "sweep"
-        env = {**os.environ, **slurm_cluster.env(), "WANDB_SILENT": "true", **(extra_env or {})}
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
-            env.pop(key, None)
+        env = clean_env({**slurm_cluster.env(), **(extra_env or {})})
         proc = subprocess.run(
             [
                 sys.executable,

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from train_helpers import run_train
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 # No periodic checkpoints: the only one is written when the signal arrives.
 ARGS = ["gpus=2", f"train.steps={STEPS}", "train.checkpoint_every=0", "logger=none"]
@@ -27,17 +24,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 def _reference(run_dir: Path) -> dict[int, float]:
     """The same run uninterrupted, by the local launcher: two gloo ranks, the same seed and data."""
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):
-        env.pop(key, None)
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *ARGS, f"hydra.run.dir={run_dir}"],
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    done = run_train(*ARGS, run_dir=run_dir, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return _losses(run_dir)
 
