@@ -16,9 +16,12 @@ universal checkpoint (``deepspeed.checkpoint.ds_to_universal``), converted once 
 the original and completed so that ZeRO stages 1, 2 and 3 all load it, whichever stage
 wrote it (:func:`_loadable_at_every_stage`). Tensor-parallel shards are joined by the split
 AutoTP recorded in the checkpoint (``UNIVERSAL_CHECKPOINT_INFO``) and sliced again on load.
-Stage 0 (``parallel=ddp``) at tp 1, pp 1 crosses too, both ways: its checkpoint is written
-in the universal format by ladder, and a stage-0 run resumes from a stage-0 file written
-from the universal one (runner/checkpoint_stage0.py). Every checkpoint file is unpickled
+Stage 0 (``parallel=ddp``) at tp 1 crosses too, both ways, with or without a pipeline: its
+checkpoint is written in the universal format by ladder, and a stage-0 run resumes from
+stage-0 files written from the universal one (runner/checkpoint_stage0.py, and
+runner/checkpoint_stage0_pipeline.py for a pipeline's stages), except in bf16 under a
+pipeline, where DeepSpeed's BF16_Optimizer reads the universal one itself once ladder hands
+it the folder (:func:`_load_bf16_stage0_optimizer`). Every checkpoint file is unpickled
 weights-only (runner/safe_load.py).
 """
 
@@ -34,7 +37,7 @@ from typing import Any
 
 import torch
 
-from runner import checkpoint_splits, checkpoint_stage0, pipeline_names, safe_load
+from runner import checkpoint_splits, checkpoint_stage0, checkpoint_stage0_pipeline, pipeline_names, safe_load
 from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.summary import write_json_atomic
@@ -121,6 +124,7 @@ def save(
                 "completed_steps": completed_steps,
                 "layout": layout.record(),
                 "zero_stage": zero_stage,
+                "precision": _precision(engine),
                 "skipped_steps": list(skipped_steps or []),
                 "noise_scale": noise_scale,
                 **({STAGE_SPLITS: True} if layout.pp > 1 and layout.tp > 1 else {}),
@@ -128,6 +132,13 @@ def save(
         )
         _prune(root, keep=keep, newest=tag)
     _barrier()
+
+
+def _precision(engine: Any) -> str:
+    """The engine's training precision, as precision.name says it."""
+    if engine.bfloat16_enabled():
+        return Precision.bf16.value
+    return Precision.fp16.value if engine.fp16_enabled() else Precision.fp32.value
 
 
 def _prune(root: Path, *, keep: int, newest: str) -> None:
@@ -149,8 +160,10 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
     if record["zero_stage"] == zero_stage == 0 and saved_split == (layout.tp, layout.pp):
         # Stage 0 saves the whole model and optimizer state once per model-parallel rank
         # (mp_rank_XX_model_states.pt, or a pipeline's layer_XX files), which DeepSpeed
-        # loads as it is at any dp.
-        return False
+        # loads as it is at any dp; but in bf16 under a pipeline its BF16_Optimizer cuts
+        # the optimizer state over the data-parallel ranks, like ZeRO-1.
+        bf16_pipeline = layout.pp > 1 and record.get("precision") == Precision.bf16.value
+        return bf16_pipeline and saved["dp"] != layout.dp
     return (saved["dp"], *saved_split, record["zero_stage"]) != (layout.dp, layout.tp, layout.pp, zero_stage)
 
 
@@ -189,28 +202,28 @@ def _check_universal(
     DeepSpeed's conversion for every stage (_loadable_at_every_stage); the conversion joins
     the tensor-parallel shards by the split AutoTP recorded in the checkpoint
     (``UNIVERSAL_CHECKPOINT_INFO``), and each rank of the new layout loads its own slice.
-    Stage 0 joins them at tp 1, pp 1, where one file holds its whole state
-    (runner/checkpoint_stage0.py); a stage-0 shard of a tp or pp cut has no such record.
+    Stage 0 converts at tp 1, where one file holds its whole state, or each pipeline stage's
+    files the stage's (runner/checkpoint_stage0.py, runner/checkpoint_stage0_pipeline.py); a
+    stage-0 shard of a tp cut has no record of its split.
     """
     saved = record["layout"]
     saved_tp, saved_pp = saved.get("tp", 1), saved.get("pp", 1)
     split = {"dp": saved["dp"], "tp": saved_tp, "pp": saved_pp}
     at = ", ".join(f"{key} {value}" for key, value in split.items() if key == "dp" or value > 1)
-    if record["zero_stage"] == 0 and (saved_tp, saved_pp) != (1, 1):
+    if record["zero_stage"] == 0 and saved_tp != 1:
         keep = "".join(
             f"parallel.{key}={value} " for key, value in split.items() if key != "dp" and value > 1
         )
         raise ValueError(
             f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on {at}; "
-            f"a stage-0 checkpoint moves to another ZeRO stage, tp or pp from tp 1, pp 1 only. Resume "
-            f"with parallel=ddp {keep}(any gpus), or from a checkpoint written at tp 1, pp 1 or by ZeRO 1-3"
+            f"a stage-0 checkpoint moves to another ZeRO stage, tp or pp from tp 1 only. Resume "
+            f"with parallel=ddp {keep}(any gpus), or from a checkpoint written at tp 1 or by ZeRO 1-3"
         )
-    if zero_stage == 0 and (layout.tp, layout.pp) != (1, 1):
+    if zero_stage == 0 and layout.tp != 1:
         raise ValueError(
             f"train.resume=auto: the checkpoint was written on {at} at ZeRO stage {record['zero_stage']}; "
-            f"parallel=ddp takes a checkpoint of another layout at tp 1, pp 1 only, this run asks tp "
-            f"{layout.tp}, pp {layout.pp}. Resume with parallel.tp=1 parallel.pp=1, or with "
-            f"parallel=zero1, zero2 or zero3"
+            f"parallel=ddp takes a checkpoint of another layout at tp 1 only, this run asks tp "
+            f"{layout.tp}. Resume with parallel.tp=1, or with parallel=zero1, zero2 or zero3"
         )
     if zero_stage == 0 and precision == Precision.fp16:
         raise ValueError(
@@ -226,18 +239,29 @@ def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
     return tag + PIPELINE_VIEW_SUFFIX if layout.pp > 1 else tag
 
 
-def resume_tag(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> str:
-    """The tag the ranks of ``layout`` at ``zero_stage`` load ``record`` from."""
+def _universal_engine(layout: Layout, zero_stage: int, precision: Precision) -> bool:
+    """Whether this layout's engine loads a universal checkpoint itself: ZeRO 1-3, and stage 0 in
+    bf16 under a pipeline (DeepSpeed's BF16_Optimizer, runner/checkpoint_stage0_pipeline.py)."""
+    return zero_stage != 0 or (layout.pp > 1 and precision == Precision.bf16)
+
+
+def resume_tag(
+    record: dict[str, Any], *, layout: Layout, zero_stage: int, precision: Precision = Precision.fp32
+) -> str:
+    """The tag the ranks of ``layout`` at ``zero_stage`` in ``precision`` load ``record`` from."""
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return str(record["tag"])
-    if zero_stage == 0:
+    if not _universal_engine(layout, zero_stage, precision):
         return record["tag"] + UNIVERSAL_SUFFIX + STAGE0_SUFFIX
     return universal_tag_for(record, layout)
 
 
-def loads_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> bool:
-    """Whether DeepSpeed reads the resume's files in the universal format (ZeRO 1-3 onto another layout)."""
-    return zero_stage != 0 and needs_universal(record, layout=layout, zero_stage=zero_stage)
+def loads_universal(
+    record: dict[str, Any], *, layout: Layout, zero_stage: int, precision: Precision = Precision.fp32
+) -> bool:
+    """Whether DeepSpeed reads the resume's files in the universal format (onto another layout)."""
+    universal = _universal_engine(layout, zero_stage, precision)
+    return universal and needs_universal(record, layout=layout, zero_stage=zero_stage)
 
 
 def convert_for(
@@ -250,16 +274,19 @@ def convert_for(
     precision: Precision,
 ) -> str:
     """Convert the checkpoint (once) for ``layout`` at ``zero_stage``; returns the tag its ranks load."""
-    tag = universal_tag(run_dir, record, layout=layout, model=model)
-    if zero_stage != 0:
-        return tag
+    if _universal_engine(layout, zero_stage, precision):
+        return universal_tag(run_dir, record, layout=layout, model=model)
     root = run_dir / CHECKPOINT_DIR
-    view = resume_tag(record, layout=layout, zero_stage=zero_stage)
+    universal = root / _converted(run_dir, record, model)
+    view = resume_tag(record, layout=layout, zero_stage=zero_stage, precision=precision)
     if not (root / view).is_dir():
         partial = root / (PARTIAL_PREFIX + view)
         shutil.rmtree(partial, ignore_errors=True)
         try:
-            checkpoint_stage0.from_universal(root / tag, partial, model, precision)
+            if layout.pp > 1:
+                checkpoint_stage0_pipeline.from_universal(universal, partial, model, pp=layout.pp)
+            else:
+                checkpoint_stage0.from_universal(universal, partial, model, precision)
         except ValueError as error:
             shutil.rmtree(partial, ignore_errors=True)
             raise ValueError(
@@ -277,18 +304,7 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
     reads it through a view under its own names (runner/pipeline_names.py).
     """
     root = run_dir / CHECKPOINT_DIR
-    tag = record["tag"] + UNIVERSAL_SUFFIX
-    if not (root / tag).is_dir():
-        partial = root / (PARTIAL_PREFIX + tag)
-        shutil.rmtree(partial, ignore_errors=True)
-        if record["zero_stage"] == 0:  # tp 1, pp 1 (check_resumable): one file holds it all
-            _stage0_to_universal(root / record["tag"], partial, record, model)
-        else:
-            _ds_to_universal(root / record["tag"], partial, record)
-        if record["layout"].get("pp", 1) > 1:
-            _rename_parameters(partial / "zero", lambda name: pipeline_names.model_name(model, name))
-        _loadable_at_every_stage(partial)
-        partial.rename(root / tag)
+    tag = _converted(run_dir, record, model)
     if layout.pp == 1:
         return tag
     view = universal_tag_for(record, layout)
@@ -298,6 +314,24 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
         _link_as_pipeline(root / tag, partial, model)
         partial.rename(root / view)
     return view
+
+
+def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str:
+    """Convert the checkpoint to the universal format under the model's names (once); returns its tag."""
+    root = run_dir / CHECKPOINT_DIR
+    tag = record["tag"] + UNIVERSAL_SUFFIX
+    if not (root / tag).is_dir():
+        partial = root / (PARTIAL_PREFIX + tag)
+        shutil.rmtree(partial, ignore_errors=True)
+        if record["zero_stage"] == 0:  # tp 1 (check_resumable): ladder writes the model's names
+            _stage0_to_universal(root / record["tag"], partial, record, model)
+        else:
+            _ds_to_universal(root / record["tag"], partial, record)
+            if record["layout"].get("pp", 1) > 1:
+                _rename_parameters(partial / "zero", lambda name: pipeline_names.model_name(model, name))
+        _loadable_at_every_stage(partial)
+        partial.rename(root / tag)
+    return tag
 
 
 def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any]) -> None:
@@ -333,7 +367,11 @@ def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], mo
     """ladder's conversion of a stage-0 checkpoint (runner/checkpoint_stage0.py); refused with its reason."""
     partial.mkdir(parents=True)
     try:
-        checkpoint_stage0.to_universal(source, partial, model)
+        pp = record["layout"].get("pp", 1)
+        if pp > 1:
+            checkpoint_stage0_pipeline.to_universal(source, partial, model, pp=pp)
+        else:
+            checkpoint_stage0.to_universal(source, partial, model)
     except ValueError as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(
@@ -427,6 +465,33 @@ def _complete_optimizer_state(folder: Path) -> None:
     torch.save(state, path)
 
 
+def _is_bf16_stage0(engine: Any) -> bool:
+    """Whether the engine's optimizer is BF16_Optimizer at ZeRO stage 0 (bf16 under a pipeline)."""
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+
+    return engine.zero_optimization_stage() == 0 and isinstance(engine.optimizer, BF16_Optimizer)
+
+
+def _load_bf16_stage0_optimizer(engine: Any, root: Path, tag: str) -> None:
+    """Load BF16_Optimizer's state as DeepSpeed 0.19.8's engine does not at stage 0.
+
+    The engine hands it the model-states file's one dict, which it indexes by data-parallel
+    rank (``_load_legacy_checkpoint``: KeyError 0), and never the universal folder it reads
+    in ``_load_universal_checkpoint``. Its own files are the ``bf16_zero_pp_rank_*`` ones,
+    one per data-parallel rank (``_get_all_zero_checkpoints``); from a universal checkpoint
+    the fp32 masters are loaded, then copied into the bf16 weights (the engine loads no
+    module from a universal checkpoint).
+    """
+    if engine.load_universal_checkpoint():
+        engine.optimizer.load_state_dict(None, checkpoint_folder=str(root / tag))
+        engine.optimizer.update_lp_params()
+        return
+    state_dicts = engine._get_all_zero_checkpoints(str(root), tag)
+    if state_dicts is None:
+        raise RuntimeError(f"{root / tag} holds no bf16_zero_pp_rank_* optimizer files of this stage")
+    engine.optimizer.load_state_dict(state_dicts, load_optimizer_states=True, load_from_fp32_weights=True)
+
+
 def wait_for(run_dir: Path, tag: str, *, timeout_s: float = 1800.0) -> None:
     """Wait until rank 0 has converted the checkpoint (ranks started by torchrun or srun)."""
     import time
@@ -446,8 +511,11 @@ def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
     safe_load.install(engine)
     # no_grad: a pipeline's load ends by broadcasting the tied embedding in place, which
     # autograd would otherwise record on the weight (see runner/pipeline.py's build).
+    bf16_stage0 = _is_bf16_stage0(engine)
     with safe_load.weights_only_loads(), torch.no_grad():
-        path, client_state = engine.load_checkpoint(str(root), tag=tag)
+        path, client_state = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=not bf16_stage0)
+        if path is not None and bf16_stage0:
+            _load_bf16_stage0_optimizer(engine, root, tag)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {root / tag}")
     if engine.load_universal_checkpoint() and engine.zero_optimization_stage() == 3:

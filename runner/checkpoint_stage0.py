@@ -13,7 +13,8 @@ by position in the optimizer's two groups (runner/param_groups.py):
 (``zero/<name>/{fp32,exp_avg,exp_avg_sq}.pt`` as ``{"param", "cat_dim"}``, ``step.pt``,
 ``zero/optimizer_state.pt``, the model-states file without its optimizer), so every path
 that loads a converted ZeRO checkpoint loads it. :func:`from_universal` writes, from any
-universal checkpoint, the file a stage-0 engine at tp 1, pp 1 loads as its own.
+universal checkpoint, the file a stage-0 engine at tp 1, pp 1 loads as its own. A
+pipeline's stages: runner/checkpoint_stage0_pipeline.py, with the helpers here.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from runner.param_groups import group_names, tied_names
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 OPTIMIZER_STATE = "optimizer_state.pt"
-_MOMENTS = ("exp_avg", "exp_avg_sq")
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-class _ModelNames:
+class ModelNames:
     """The model's parameter names in the optimizer's order, its tied names and every shape."""
 
     def __init__(self, model: ModelConfig) -> None:
@@ -66,23 +67,23 @@ def _stage0_parts(states: dict[str, Any]) -> tuple[dict[str, Any], list[torch.Te
     return optimizer, None
 
 
-def _check_positions(adam: dict[str, Any], names: _ModelNames) -> None:
-    """Adam's groups hold this model's parameters, position by position (shapes compared)."""
+def check_positions(adam: dict[str, Any], groups: list[list[str]], shapes: dict[str, torch.Size]) -> None:
+    """Adam's groups hold the parameters ``groups`` names, position by position (shapes compared)."""
     sizes = [len(group["params"]) for group in adam["param_groups"]]
-    expected = [len(group) for group in names.groups]
+    expected = [len(group) for group in groups]
     if sizes != expected:
         raise ValueError(
             f"the checkpoint's optimizer groups hold {sizes} parameters, this model's {expected}: "
             f"was it written by another model?"
         )
-    for index, name in enumerate(names.in_order):
+    for index, name in enumerate(name for group in groups for name in group):
         state = adam["state"].get(index)
         if state is None:
             raise ValueError(f"the checkpoint holds no Adam state for {name} (position {index})")
-        if state["exp_avg"].shape != names.shapes[name]:
+        if state["exp_avg"].shape != shapes[name]:
             raise ValueError(
                 f"the checkpoint's Adam state at position {index} has shape {tuple(state['exp_avg'].shape)}, "
-                f"this model's {name} {tuple(names.shapes[name])}: was it written by another model?"
+                f"this model's {name} {tuple(shapes[name])}: was it written by another model?"
             )
 
 
@@ -94,27 +95,44 @@ def _fragment(tensor: torch.Tensor) -> dict[str, Any]:
 
 def to_universal(source: Path, output: Path, model: ModelConfig) -> None:
     """Write the universal form of the stage-0, tp 1, pp 1 checkpoint in ``source`` into ``output``."""
+    from deepspeed.checkpoint.constants import PARAM_GROUPS
+
+    states: dict[str, Any] = safe_load.load(source / MODEL_STATES)
+    names = ModelNames(model)
+    adam, masters = _stage0_parts(states)
+    check_positions(adam, names.groups, names.shapes)
+    weights = dict(zip(names.in_order, masters, strict=True)) if masters is not None else states["module"]
+    moments = {name: adam["state"][index] for index, name in enumerate(names.in_order)}
+    write_universal(output, states, names, weights=weights, moments=moments, hyper=adam[PARAM_GROUPS])
+
+
+def write_universal(
+    output: Path,
+    states: dict[str, Any],
+    names: ModelNames,
+    *,
+    weights: dict[str, torch.Tensor],
+    moments: dict[str, dict[str, torch.Tensor]],
+    hyper: list[dict[str, Any]],
+) -> None:
+    """Write what ``ds_to_universal`` writes for a ZeRO-1 checkpoint at tp 1: each parameter's fp32
+    weight, Adam moments and step under the model's names, the optimizer's groups (``hyper``: their
+    hyperparameters) and ``states``, the model-states file, without its optimizer."""
     import deepspeed
     from deepspeed.checkpoint.constants import DS_VERSION, PARAM, PARAM_GROUPS, UNIVERSAL_CHECKPOINT_INFO
 
-    states: dict[str, Any] = safe_load.load(source / MODEL_STATES)
-    names = _ModelNames(model)
-    adam, masters = _stage0_parts(states)
-    _check_positions(adam, names)
-    weights = dict(zip(names.in_order, masters, strict=True)) if masters is not None else states["module"]
     zero = output / "zero"
-    for index, name in enumerate(names.in_order):
+    for name in names.in_order:
         folder = zero / name
         folder.mkdir(parents=True)
-        state = adam["state"][index]
         torch.save(_fragment(weights[name]), folder / "fp32.pt")
-        for key in _MOMENTS:
-            torch.save(_fragment(state[key]), folder / f"{key}.pt")
-        torch.save(state["step"].detach().clone(), folder / "step.pt")
+        for key in ADAM_MOMENTS:
+            torch.save(_fragment(moments[name][key]), folder / f"{key}.pt")
+        torch.save(torch.as_tensor(moments[name]["step"]).detach().clone(), folder / "step.pt")
     for alias, owner in names.tied.items():  # as ds_to_universal: the weight, under its second name
         (zero / alias).mkdir()
         torch.save({PARAM: weights[owner].detach().float().clone()}, zero / alias / "fp32.pt")
-    groups = [{**group, "params": [index]} for index, group in enumerate(adam[PARAM_GROUPS])]
+    groups = [{**group, "params": [index]} for index, group in enumerate(hyper)]
     torch.save(
         {
             "dynamic_loss_scale": False,
@@ -136,7 +154,7 @@ def to_universal(source: Path, output: Path, model: ModelConfig) -> None:
     torch.save(universal, output / MODEL_STATES)
 
 
-def _whole(path: Path, shape: torch.Size, name: str) -> torch.Tensor:
+def whole_tensor(path: Path, shape: torch.Size, name: str) -> torch.Tensor:
     """One parameter's whole fp32 tensor from a universal file (ZeRO-3's conversion stores it flat)."""
     from deepspeed.checkpoint.constants import PARAM
 
@@ -152,7 +170,7 @@ def _whole(path: Path, shape: torch.Size, name: str) -> torch.Tensor:
     return tensor.detach().reshape(shape).float().clone()
 
 
-def _saved_groups(zero: Path) -> list[dict[str, Any]]:
+def saved_groups(zero: Path) -> list[dict[str, Any]]:
     from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, PARAM_GROUPS
 
     state = safe_load.load(zero / OPTIMIZER_STATE)
@@ -162,36 +180,45 @@ def _saved_groups(zero: Path) -> list[dict[str, Any]]:
     return groups
 
 
+def saved_tensor(zero: Path, name: str, key: str, names: ModelNames) -> torch.Tensor:
+    """Parameter ``name``'s whole ``key`` (fp32, exp_avg or exp_avg_sq) from a universal ``zero`` folder."""
+    return whole_tensor(zero / name / f"{key}.pt", names.shapes[name], name)
+
+
+def read_adam(zero: Path, groups: list[list[str]], names: ModelNames) -> dict[str, Any]:
+    """Adam's state_dict for ``groups`` of the model's parameters from a universal checkpoint's
+    ``zero`` folder: each parameter's moments and step at its position, each group's hyperparameters."""
+    hyper = saved_groups(zero)
+    if len(hyper) != len(groups):
+        raise ValueError(
+            f"the universal checkpoint has {len(hyper)} optimizer groups, this model "
+            f"{len(groups)}: was it written by another model?"
+        )
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for index, name in enumerate(name for group in groups for name in group):
+        step = safe_load.load(zero / name / "step.pt")
+        state[index] = {
+            "step": torch.as_tensor(step, dtype=torch.float32).clone(),
+            **{key: saved_tensor(zero, name, key, names) for key in ADAM_MOMENTS},
+        }
+    param_groups, start = [], 0
+    for group, saved in zip(groups, hyper, strict=True):
+        values = {key: value for key, value in saved.items() if key != "params"}
+        param_groups.append({**values, "params": list(range(start, start + len(group)))})
+        start += len(group)
+    return {"state": state, "param_groups": param_groups}
+
+
 def from_universal(universal: Path, output: Path, model: ModelConfig, precision: Precision) -> None:
     """Write into ``output`` the stage-0, tp 1, pp 1 checkpoint of the universal one in ``universal``."""
     from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
 
     if precision == Precision.fp16:
         raise ValueError("parallel=ddp in fp16 keeps flat optimizer groups; ladder does not write them")
-    names = _ModelNames(model)
+    names = ModelNames(model)
     zero = universal / "zero"
-    saved_groups = _saved_groups(zero)
-    if len(saved_groups) != len(names.groups):
-        raise ValueError(
-            f"the universal checkpoint has {len(saved_groups)} optimizer groups, this model "
-            f"{len(names.groups)}: was it written by another model?"
-        )
-    masters: dict[str, torch.Tensor] = {}
-    adam_state: dict[int, dict[str, torch.Tensor]] = {}
-    for index, name in enumerate(names.in_order):
-        shape = names.shapes[name]
-        masters[name] = _whole(zero / name / "fp32.pt", shape, name)
-        step = safe_load.load(zero / name / "step.pt")
-        adam_state[index] = {
-            "step": torch.as_tensor(step, dtype=torch.float32).clone(),
-            **{key: _whole(zero / name / f"{key}.pt", shape, name) for key in _MOMENTS},
-        }
-    groups, start = [], 0
-    for group, saved in zip(names.groups, saved_groups, strict=True):
-        hyper = {key: value for key, value in saved.items() if key != "params"}
-        groups.append({**hyper, "params": list(range(start, start + len(group)))})
-        start += len(group)
-    adam = {"state": adam_state, "param_groups": groups}
+    masters = {name: saved_tensor(zero, name, "fp32", names) for name in names.in_order}
+    adam = read_adam(zero, names.groups, names)
     dtype = torch.bfloat16 if precision == Precision.bf16 else torch.float32
     module = OrderedDict((key, masters[names.tied.get(key, key)].to(dtype)) for key in names.state_dict_keys)
     states: dict[str, Any] = safe_load.load(universal / MODEL_STATES)

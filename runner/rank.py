@@ -236,7 +236,8 @@ def _train(
     record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:
         # Onto another layout: converted by the launching process (runner/run.py).
-        tag = checkpoint.resume_tag(record, layout=layout, zero_stage=config.parallel.zero_stage)
+        stage, precision = config.parallel.zero_stage, config.precision.name
+        tag = checkpoint.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
         start_step = checkpoint.load(engine, run_dir, tag=tag, rank=env.rank)
         if env.rank == 0:
             log.info("resumed from %s after %d completed steps", tag, start_step)

@@ -115,8 +115,11 @@ def _prepare_resume(
                 raise ConfigError(f"  - {error}") from None
         checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
     elif converts:
-        checkpoint.wait_for(run_dir, checkpoint.resume_tag(record, layout=layout, zero_stage=stage))
-    return checkpoint.loads_universal(record, layout=layout, zero_stage=stage), record
+        checkpoint.wait_for(
+            run_dir, checkpoint.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
+        )
+    universal = checkpoint.loads_universal(record, layout=layout, zero_stage=stage, precision=precision)
+    return universal, record
 
 
 def _start_summary(

@@ -15,6 +15,7 @@ from train_helpers import (
     compose_config,
     run_in_legs,
     run_train,
+    without,
 )
 
 from runner import checkpoint, checkpoint_stage0, safe_load
@@ -22,6 +23,8 @@ from runner import checkpoint, checkpoint_stage0, safe_load
 pytestmark = pytest.mark.multirank
 
 TAG = "step_00000002"
+# bf16 layouts agree to about this (tests/multirank/test_layout_invariance.py says why).
+BF16_TOLERANCE = 1e-3
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -55,6 +58,57 @@ def test_ddp_on_2_ranks_to_zero3_to_ddp_on_1_gives_the_uninterrupted_losses(
     assert sorted(losses) == sorted(expected)
     for step in expected:  # without the Adam moments or step the gap is 1e-2 and more
         assert losses[step] == pytest.approx(expected[step], abs=FP32_TOLERANCE), step
+
+
+def test_ddp_on_2_stages_to_zero2_on_1_and_back_gives_the_uninterrupted_losses(
+    tmp_path, one_rank_reference: TrainResult
+):
+    """A pipeline's stage-0 checkpoint (each stage's layer files and Adam state) crosses into the
+    universal format and back into the stages' own files: fp32, pp 2 to step 4, 1 rank at ZeRO-2
+    to step 7, pp 2 to step 10, one rank's uninterrupted losses throughout."""
+    run_dir = tmp_path / "run"
+    legs = [
+        ["gpus=2", "parallel=ddp", "parallel.pp=2", "train.steps=4"],
+        ["gpus=1", "parallel=zero2", "train.steps=7"],
+        ["gpus=2", "parallel=ddp", "parallel.pp=2", "train.steps=10"],
+    ]
+    _, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
+    assert resumed_from == [None, 4, 7]
+    stage_files = run_dir / "checkpoints" / "step_00000007_universal_ddp"
+    assert {path.name for path in stage_files.glob("mp_rank_*")} == {
+        "mp_rank_00_model_states.pt",
+        "mp_rank_01_model_states.pt",
+    }
+    losses, expected = _losses(run_dir), _losses(one_rank_reference.run_dir)
+    assert sorted(losses) == sorted(expected)
+    worst = max(abs(losses[step] - expected[step]) for step in expected)
+    print(f"ddp pp 2 -> zero2 on 1 -> ddp pp 2 vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
+    assert worst <= FP32_TOLERANCE
+
+
+def test_a_bf16_pipelines_stage0_checkpoint_resumes_and_moves(tmp_path):
+    """bf16 under a pipeline is DeepSpeed's BF16_Optimizer, which 0.19.8's engine cannot hand its
+    own state at stage 0 (ladder loads it): pp 2 resumes at step 2 with the uninterrupted run's
+    losses to the bit, moves to 1 rank at ZeRO-1 at step 4 and back to pp 2 at step 6."""
+    common = [*without(SHORT_RUN, "train.steps"), "precision=bf16"]
+    pp2 = ["gpus=2", "parallel=ddp", "parallel.pp=2"]
+    uninterrupted = run_train(*pp2, *common, "train.steps=8", run_dir=tmp_path / "uninterrupted")
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    legs = [
+        [*pp2, "train.steps=2"],
+        [*pp2, "train.steps=4"],
+        ["gpus=1", "parallel=zero1", "train.steps=6"],
+        [*pp2, "train.steps=8"],
+    ]
+    _, resumed_from = run_in_legs(legs, *common, run_dir=run_dir)
+    assert resumed_from == [None, 2, 4, 6]
+    losses, expected = _losses(run_dir), _losses(uninterrupted.run_dir)
+    assert sorted(losses) == sorted(expected) == list(range(8))
+    assert [losses[step] for step in range(4)] == [expected[step] for step in range(4)]
+    worst = max(abs(losses[step] - expected[step]) for step in range(4, 8))
+    print(f"bf16 pp 2 -> zero1 on 1 -> pp 2 vs pp 2 uninterrupted, steps 4-7: max |dloss| = {worst:.2e}")
+    assert worst <= BF16_TOLERANCE
 
 
 def _saved(tmp_path: Path, *overrides: str) -> Path:

@@ -90,15 +90,15 @@ def test_stage_activations_add_up_to_the_whole_model():
     assert per_stage[1] > per_stage[0]  # the last stage keeps the loss's log-probabilities
 
 
-def test_a_zero_1_pipeline_checkpoint_moves_to_any_layout_and_a_stage_0_one_does_not():
+def test_a_pipeline_checkpoint_moves_to_any_layout():
     pipelined = resolve_layout(gpus=2, tp=1, pp=2, global_size=16, micro_size=4)
     plain = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
     wider = resolve_layout(gpus=4, tp=1, pp=2, global_size=16, micro_size=4)
     record = {"tag": "step_00000002", "layout": pipelined.record(), "zero_stage": 0}
-    checkpoint.check_resumable(record, layout=pipelined, zero_stage=0)  # the same layout resumes
-    checkpoint.check_resumable(record, layout=wider, zero_stage=0)  # and stage 0 at any dp
-    with pytest.raises(ValueError, match=r"zero_stage 0 on dp 1, pp 2.*parallel=ddp parallel\.pp=2"):
-        checkpoint.check_resumable(record, layout=plain, zero_stage=0)
+    for layout in (pipelined, wider, plain):  # stage 0: its own files at any dp, converted onto pp 1
+        checkpoint.check_resumable(record, layout=layout, zero_stage=0)
+    assert not checkpoint.needs_universal(record, layout=wider, zero_stage=0)
+    assert checkpoint.needs_universal(record, layout=plain, zero_stage=0)
 
     zero1 = {**record, "zero_stage": 1}
     for layout, stage in ((plain, 1), (plain, 3), (wider, 1)):

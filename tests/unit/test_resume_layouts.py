@@ -36,20 +36,42 @@ def test_stage0_at_tp1_pp1_moves_to_and_from_every_zero_stage_and_split():
     assert checkpoint.resume_tag(ddp, layout=_layout(1), zero_stage=0) == "step_00000004"
 
 
+def test_a_pipelines_stage0_checkpoint_moves_both_ways():
+    """fp32: through stage-0 files ladder writes for each stage; bf16: DeepSpeed's BF16_Optimizer
+    reads the universal checkpoint itself, and its state is cut over dp, so a new dp converts too."""
+    pp2 = _record(0, gpus=2, pp=2)
+    for gpus, tp, stage in ((1, 1, 0), (1, 1, 2), (2, 2, 1)):
+        checkpoint.check_resumable(pp2, layout=_layout(gpus, tp), zero_stage=stage)
+        assert checkpoint.needs_universal(pp2, layout=_layout(gpus, tp), zero_stage=stage)
+    zero2 = _record(2, gpus=1)
+    fp32, bf16 = Precision.fp32, Precision.bf16
+    assert checkpoint.resume_tag(zero2, layout=_layout(2, pp=2), zero_stage=0, precision=fp32) == (
+        "step_00000004_universal_ddp"
+    )
+    assert not checkpoint.loads_universal(zero2, layout=_layout(2, pp=2), zero_stage=0, precision=fp32)
+    assert checkpoint.resume_tag(zero2, layout=_layout(2, pp=2), zero_stage=0, precision=bf16) == (
+        "step_00000004_universal_pipeline"
+    )
+    assert checkpoint.loads_universal(zero2, layout=_layout(2, pp=2), zero_stage=0, precision=bf16)
+    # Onto its own pp at another dp: fp32's optimizer is whole in each stage's file, bf16's cut over dp.
+    for precision, converts in (("fp32", False), ("bf16", True)):
+        record = {**pp2, "precision": precision}
+        assert checkpoint.needs_universal(record, layout=_layout(4, pp=2), zero_stage=0) is converts
+        assert not checkpoint.needs_universal(record, layout=_layout(2, pp=2), zero_stage=0)
+
+
 def test_a_stage0_shard_of_a_tp_cut_resumes_on_its_own_split_only():
     ddp_tp2 = _record(0, gpus=2, tp=2)
     with pytest.raises(
-        ValueError, match=r"zero_stage 0 on dp 1, tp 2.*tp 1, pp 1 only.*parallel=ddp parallel\.tp=2"
+        ValueError, match=r"zero_stage 0 on dp 1, tp 2.*from tp 1 only.*parallel=ddp parallel\.tp=2"
     ):
         checkpoint.check_resumable(ddp_tp2, layout=_layout(2), zero_stage=1)
     checkpoint.check_resumable(ddp_tp2, layout=_layout(4, tp=2), zero_stage=0)  # any dp
 
 
-def test_ddp_takes_another_layouts_checkpoint_at_tp1_pp1_only():
+def test_ddp_takes_another_layouts_checkpoint_at_tp1_only():
     zero1 = _record(1, gpus=2)
-    with pytest.raises(
-        ValueError, match=r"parallel=ddp takes .* tp 1, pp 1 only, this run asks tp 2.*parallel\.tp=1"
-    ):
+    with pytest.raises(ValueError, match=r"ddp takes .* tp 1 only, this run asks tp 2.*parallel\.tp=1"):
         checkpoint.check_resumable(zero1, layout=_layout(2, tp=2), zero_stage=0)
 
 

@@ -1,0 +1,185 @@
+"""A pipeline's stage-0 checkpoint (tp 1) to and from the universal format: ``parallel=ddp`` with ``pp`` > 1.
+
+DeepSpeed's PipelineEngine saves each stage apart: the weights of its layers in
+``layer_XX-model_states.pt`` (XX the layer's index in runner/pipeline.py's list; a tied
+output head has no file of its own) and its optimizer in ``mp_rank_<stage>_model_states.pt``:
+
+    fp32  torch's Adam state, numbered by position in the stage's two groups
+          (runner/param_groups.py), which hold the stage's parameters in the plain model's
+          order: a tied embedding first (DeepSpeed's ``tied_modules``), then layer by layer
+    bf16  BF16_Optimizer (DeepSpeed's stage-0 bf16 optimizer under a pipeline): each group's
+          fp32 masters and Adam moments flat, cut over the data-parallel ranks
+          (``bf16_zero_pp_rank_<d>_mp_rank_<stage>_optim_states.pt``), each parameter's piece
+          found by its pipeline name (``param_slice_mappings``)
+
+:func:`to_universal` joins the stages under runner/model.py's names (a tied embedding from
+the first stage; the last holds the same values) and writes what runner/checkpoint_stage0.py
+writes for the one file of a stage-0 checkpoint without a pipeline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runner import safe_load
+from runner.checkpoint_stage0 import (
+    ADAM_MOMENTS,
+    MODEL_STATES,
+    ModelNames,
+    check_positions,
+    read_adam,
+    saved_tensor,
+    write_universal,
+)
+from runner.config import ModelConfig
+from runner.pipeline_names import model_name, pipeline_name
+from runner.pipeline_split import stage_bounds
+
+Moments = dict[str, dict[str, torch.Tensor]]
+
+
+def stage_groups(names: ModelNames, model: ModelConfig, *, pp: int, stage: int) -> list[list[str]]:
+    """Each optimizer group's parameters on ``stage`` of ``pp``, by model name, in the stage's order."""
+    start, stop = stage_bounds(model.n_layer, pp)[stage]
+
+    def on_stage(name: str) -> bool:
+        layer = pipeline_name(model, name).partition(".")[0]
+        if layer == "tied_modules":  # the lookup on the first stage, the output head on the last
+            return stage in (0, pp - 1)
+        return start <= int(layer) < stop
+
+    return [[name for name in group if on_stage(name)] for group in names.groups]
+
+
+def _layer_weights(source: Path, model: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every layer file's weights, by model name."""
+    weights: dict[str, torch.Tensor] = {}
+    for path in sorted(source.glob("layer_*-model_states.pt")):
+        layer = int(path.name.split("-")[0].removeprefix("layer_"))
+        for key, tensor in safe_load.load(path).items():
+            weights.setdefault(model_name(model, f"{layer}.{key}"), tensor)
+    return weights
+
+
+def _bf16_stage(
+    source: Path, stage: int, model: ModelConfig, shapes: dict[str, torch.Size]
+) -> tuple[dict[str, torch.Tensor], Moments, list[dict[str, Any]]]:
+    """One stage's fp32 masters, Adam moments and group hyperparameters, joined over its dp ranks."""
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+
+    files = sorted(
+        source.glob(f"bf16_zero_pp_rank_*_mp_rank_{stage:02d}_optim_states.pt"),
+        key=lambda path: int(path.name.split("_")[4]),
+    )
+    if not files:
+        raise ValueError(f"stage {stage} left no bf16_zero_pp_rank_*_mp_rank_{stage:02d}_optim_states.pt")
+    parts = [safe_load.load(path)[OPTIMIZER_STATE_DICT] for path in files]
+    weights: dict[str, torch.Tensor] = {}
+    moments: Moments = {}
+    for group in range(len(parts[0]["single_partition_of_fp32_groups"])):
+        step = parts[0]["base_optimizer_state"]["state"][group]["step"]
+        pieces: dict[str, list[tuple[int, dict[str, torch.Tensor]]]] = {}
+        for dp_rank, part in enumerate(parts):
+            adam = part["base_optimizer_state"]["state"][group]
+            flat = {"fp32": part["single_partition_of_fp32_groups"][group]}
+            flat.update({key: adam[key] for key in ADAM_MOMENTS})
+            size = flat["fp32"].numel()
+            for name, address in part["param_slice_mappings"][group].items():
+                span = slice(address.start, address.start + address.numel)
+                piece = {key: tensor[span] for key, tensor in flat.items()}
+                pieces.setdefault(model_name(model, name), []).append((dp_rank * size + address.start, piece))
+        for name, found in pieces.items():
+            found.sort(key=lambda item: item[0])
+            whole = {key: torch.cat([piece[key] for _, piece in found]) for key in found[0][1]}
+            if whole["fp32"].numel() != shapes[name].numel():
+                raise ValueError(
+                    f"stage {stage} holds {whole['fp32'].numel()} elements of {name}, this model "
+                    f"{shapes[name].numel()}: was it written by another model?"
+                )
+            weights[name] = whole.pop("fp32").reshape(shapes[name])
+            moments[name] = {key: value.reshape(shapes[name]) for key, value in whole.items()}
+            moments[name]["step"] = step
+    return weights, moments, parts[0]["base_optimizer_state"]["param_groups"]
+
+
+def to_universal(source: Path, output: Path, model: ModelConfig, *, pp: int) -> None:
+    """Write into ``output`` the universal form of the stage-0 checkpoint in ``source`` (pp stages, tp 1)."""
+    names = ModelNames(model)
+    weights: dict[str, torch.Tensor] = {}
+    moments: Moments = {}
+    first: dict[str, Any] = {}
+    hyper: list[dict[str, Any]] = []
+    for stage in range(pp):
+        states: dict[str, Any] = safe_load.load(source / f"mp_rank_{stage:02d}_model_states.pt")
+        optimizer = states.get("optimizer")
+        if not isinstance(optimizer, dict):
+            raise ValueError(f"stage {stage}'s checkpoint holds no optimizer state")
+        if "param_slice_mappings" in optimizer:  # bf16: BF16_Optimizer
+            stage_weights, stage_moments, stage_hyper = _bf16_stage(source, stage, model, names.shapes)
+        elif "state" in optimizer and "param_groups" in optimizer:  # fp32: torch's Adam
+            groups = stage_groups(names, model, pp=pp, stage=stage)
+            check_positions(optimizer, groups, names.shapes)
+            in_order = [name for group in groups for name in group]
+            stage_moments = {name: optimizer["state"][index] for index, name in enumerate(in_order)}
+            stage_weights, stage_hyper = {}, optimizer["param_groups"]
+        else:
+            raise ValueError(
+                "the stage-0 checkpoint was written in fp16, whose optimizer keeps flat groups; ladder "
+                "moves fp32 and bf16 stage-0 checkpoints to another layout only"
+            )
+        for name, tensor in stage_weights.items():
+            weights.setdefault(name, tensor)
+        for name, state in stage_moments.items():
+            moments.setdefault(name, state)
+        if stage == 0:  # one model-states file, as a checkpoint of one model-parallel rank
+            first, hyper = {**states, "mp_world_size": 1}, stage_hyper
+    if not weights:  # fp32: the module's weights are the layer files'
+        weights = _layer_weights(source, model)
+    missing = [name for name in names.in_order if name not in moments or name not in weights]
+    if missing:
+        raise ValueError(f"the checkpoint's {pp} stages hold no state for {', '.join(missing[:3])}")
+    write_universal(output, first, names, weights=weights, moments=moments, hyper=hyper)
+
+
+def _layer_key(model: ModelConfig, name: str) -> tuple[int, str]:
+    """The layer file and key of the model's parameter ``name``."""
+    layer, _, key = pipeline_name(model, name).partition(".")
+    if layer == "tied_modules":
+        return 0, key.partition(".")[2]  # tied_modules.embed.weight: the lookup's file, layer 0
+    return int(layer), key
+
+
+def from_universal(universal: Path, output: Path, model: ModelConfig, *, pp: int) -> None:
+    """Write into ``output`` the fp32 stage-0 checkpoint of ``pp`` stages (tp 1) of the universal one.
+
+    Each stage's ``mp_rank_<stage>_model_states.pt`` holds its Adam state by position in its
+    groups; the ``layer_XX`` files hold the weights, as DeepSpeed's PipelineEngine loads them.
+    """
+    names = ModelNames(model)
+    zero = universal / "zero"
+    states: dict[str, Any] = safe_load.load(universal / MODEL_STATES)
+    output.mkdir(parents=True)
+    layers: dict[int, dict[str, torch.Tensor]] = {}
+    for name in names.in_order:
+        layer, key = _layer_key(model, name)
+        layers.setdefault(layer, {})[key] = saved_tensor(zero, name, "fp32", names)
+    for layer, weights in sorted(layers.items()):
+        torch.save(weights, output / f"layer_{layer:02d}-model_states.pt")
+    for stage in range(pp):
+        adam = read_adam(zero, stage_groups(names, model, pp=pp, stage=stage), names)
+        stage_states = {
+            **states,
+            "module": None,
+            "optimizer": adam,
+            "param_shapes": None,
+            "shared_params": None,
+            "dp_world_size": 1,
+            "mp_world_size": pp,
+        }
+        torch.save(stage_states, output / f"mp_rank_{stage:02d}_model_states.pt")
+
+
+__all__ = ["from_universal", "stage_groups", "to_universal"]
