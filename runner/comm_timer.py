@@ -17,7 +17,7 @@ slower rank to reach the same collective (load imbalance shows up here).
 This is exact for gloo on CPU, where a collective runs on the calling thread or on
 gloo's own threads and the caller blocks on it. NCCL on CUDA returns once the kernel
 is queued, so host-side time is not device-side exposure: there the runner reports
-NaN and says so (a profiler trace measures it).
+NaN and says so, and the profiled step's trace measures it (runner/trace_overlap.py).
 
 Point-to-point sends and receives (pipeline stages) are not counted: a blocked
 receive mostly waits for the other stage's compute, which is the pipeline bubble.
@@ -48,7 +48,8 @@ COLLECTIVES = (
 
 UNMEASURED_ON_CUDA = (
     "NCCL collectives return to the host once queued, so host-blocked time is not the "
-    "exposed time on CUDA; use a profiler trace (torch.profiler) there"
+    "exposed time on CUDA; train.profile_step=N measures it there from step N's kernels "
+    "(summary.json profile.comm_exposed_s)"
 )
 
 

@@ -7,8 +7,10 @@ directory's ``profile/``:
 
 - ``rank<r>_step<N>.json``: a Chrome trace (open it in https://ui.perfetto.dev or
   chrome://tracing). On CUDA it also holds the kernels on the device's streams, which is
-  where communication that overlaps compute can be seen (the exposed-communication
-  metric is measured on CPU only, see runner/comm_timer.py).
+  where communication that overlaps compute can be seen: the step's collective kernel
+  time and the part of it no compute kernel hid (runner/trace_overlap.py) go into
+  summary.json's ``profile`` (the per-step exposed-communication metric is measured on
+  CPU only, see runner/comm_timer.py).
 - ``rank<r>_step<N>_ops.txt``: torch's table of the operators that took the most time
   in that step, by self time (device time on CUDA), as ``key_averages().table`` prints it.
 
@@ -25,6 +27,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from runner.trace_overlap import device_comm
+
 PROFILE_DIR = "profile"
 OPS_SHOWN = 30  # rows of the operator table
 
@@ -39,6 +43,7 @@ class StepProfiler:
         self._cuda = device.type == "cuda"
         self._profile: Any = None
         self.written: list[Path] = []
+        self.comm_on_device: dict[str, float] | None = None  # CUDA: from the trace's kernels
 
     def step_started(self, step: int) -> None:
         if step != self.step:
@@ -64,6 +69,8 @@ class StepProfiler:
         ops.write_text(table + "\n")
         self.written = [trace, ops]
         self._profile = None
+        if self._cuda:
+            self.comm_on_device = device_comm(trace)
 
     def summary(self, run_dir: Path) -> dict[str, Any] | None:
         """summary.json's ``profile``: the step, and this rank's files relative to the run directory."""
@@ -73,4 +80,5 @@ class StepProfiler:
             "step": self.step,
             "files": [str(path.relative_to(run_dir)) for path in self.written],
             "every_rank": f"{PROFILE_DIR}/rank<r>_step{self.step}.json and _ops.txt",
+            **(self.comm_on_device or {}),
         }

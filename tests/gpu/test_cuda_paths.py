@@ -53,6 +53,9 @@ def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
     events = json.loads((result.run_dir / "profile" / "rank0_step2.json").read_text())["traceEvents"]
     assert any(event.get("cat") == "kernel" for event in events)
     assert "Self CUDA" in (result.run_dir / "profile" / "rank0_step2_ops.txt").read_text()
+    # Exposed communication, NaN per step on CUDA, is read from the profiled step's kernels.
+    profile = summary["profile"]
+    assert 0 <= profile["comm_exposed_s"] <= profile["comm_kernels_s"], profile
 
 
 def test_ddp_in_fp16_trains_the_experiment_zero1_trains(train):
