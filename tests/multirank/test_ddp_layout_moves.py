@@ -94,6 +94,12 @@ def test_a_bf16_pipelines_stage0_checkpoint_resumes_and_moves(tmp_path):
     pp2 = ["gpus=2", "parallel=ddp", "parallel.pp=2"]
     uninterrupted = run_train(*pp2, *common, "train.steps=8", run_dir=tmp_path / "uninterrupted")
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    # The ledger names the gradient buffer BF16_Optimizer keeps beside the parameters' gradients.
+    memory = uninterrupted.summary["memory"]
+    assert all(abs(error) <= 0.02 for error in memory["rel_error"].values()), memory["rel_error"]
+    buffer = "non_expert_gradients_gb"
+    measured, estimated = memory["measured"]["residual"][buffer], memory["estimated"]["residual"][buffer]
+    assert measured == pytest.approx(estimated, rel=0.02)
     run_dir = tmp_path / "run"
     legs = [
         [*pp2, "train.steps=2"],
