@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from launchers.environment import DistributedEnv
-from runner import checkpoint
+from runner import checkpoint, unfused_tp_norm
 from runner.build import build_measured
 from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import TrainConfig, to_dict
@@ -232,6 +232,7 @@ def _train(
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda),
     )
     undo_prestep(engine.optimizer)  # stage 0 in 16 bits: DeepSpeed's step at construction
+    unfused_tp_norm.install(engine, tp=layout.tp)  # stage 0 in 16 bits at tp > 1: the whole model's norm
     start_step = 0
     record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:

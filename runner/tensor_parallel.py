@@ -134,16 +134,22 @@ def is_sharded(param: torch.nn.Parameter) -> bool:
 
 
 def grad_norm(module: torch.nn.Module, *, tp: int) -> float:
-    """L2 norm of the full model's gradient from this rank's shards and replicated parameters.
+    """L2 norm of the full model's gradient from this rank's shards and replicated parameters."""
+    return params_grad_norm(list(module.parameters()), tp=tp)
+
+
+def params_grad_norm(params: list[torch.nn.Parameter], *, tp: int) -> float:
+    """L2 norm of these parameters' whole gradients, from this rank's shards and replicated ones.
 
     A sharded weight's squares are summed over the tensor-parallel group; a replicated
-    one's gradient is the same on every rank of the group, so it is counted once.
+    one's gradient is the same on every rank of the group, so it is counted once. Every
+    rank of the group calls it (a collective when tp > 1).
     """
     import torch
 
     sharded_sq = torch.zeros((), dtype=torch.float64)
     replicated_sq = torch.zeros((), dtype=torch.float64)
-    for param in module.parameters():
+    for param in params:
         if param.grad is None:
             continue
         sq = param.grad.detach().double().square().sum().cpu()
@@ -155,7 +161,7 @@ def grad_norm(module: torch.nn.Module, *, tp: int) -> float:
         import torch.distributed as dist
         from deepspeed.utils import groups
 
-        device = next(module.parameters()).device
+        device = params[0].device if params else torch.device("cpu")
         total = sharded_sq.to(device)
         dist.all_reduce(total, group=groups.get_tensor_model_parallel_group())
         sharded_sq = total.cpu()

@@ -20,6 +20,7 @@ from train_helpers import (
     run_in_legs,
     run_torchrun,
     run_train,
+    short_run,
     without,
 )
 
@@ -103,6 +104,19 @@ def test_a_run_moves_from_tp_2_to_one_rank_and_back_with_the_plain_runs_losses(r
     worst = max(abs(losses[step] - plain[step]) for step in range(STEPS))
     print(f"tp 2 -> tp 2 at ZeRO-3 -> 1 rank vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
     assert worst <= FP32_TOLERANCE
+
+
+def test_bf16_ddp_at_tp_2_clips_by_the_whole_models_gradient_norm(trained_once):
+    """bf16 at stage 0 is DeepSpeed's FP16_UnfusedOptimizer, whose own norm sees one rank's shards
+    (13.6 where the model's is 18.75, tiny, step 0): ladder hands it the whole model's
+    (runner/unfused_tp_norm.py). Against the memory ledger's bf16 run on one rank."""
+    tp2 = trained_once(*short_run("ddp", 2, "bf16"), "parallel.tp=2")
+    plain = trained_once(*short_run("ddp", 1, "bf16"))
+    assert tp2.summary["layout"]["tp"] == 2
+    for a, b in zip(plain.metrics, tp2.metrics, strict=True):
+        print(f"grad norm: 1 rank {a['grad_norm']:.4f}, tp 2 {b['grad_norm']:.4f}")
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-2)
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-3)  # bf16: layouts agree to about 1e-4
 
 
 def test_zero3_bf16_with_tp_keeps_the_ledger(train):
