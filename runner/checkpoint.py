@@ -202,22 +202,25 @@ def _check_universal(
     DeepSpeed's conversion for every stage (_loadable_at_every_stage); the conversion joins
     the tensor-parallel shards by the split AutoTP recorded in the checkpoint
     (``UNIVERSAL_CHECKPOINT_INFO``), and each rank of the new layout loads its own slice.
-    Stage 0 converts at tp 1, where one file holds its whole state, or each pipeline stage's
-    files the stage's (runner/checkpoint_stage0.py, runner/checkpoint_stage0_pipeline.py); a
-    stage-0 shard of a tp cut has no record of its split.
+    Stage 0 converts from tp 1, where one file holds its whole state or each pipeline stage's
+    files the stage's, and from pp 1, where each tensor-parallel rank's file holds its shards
+    (runner/checkpoint_stage0.py, runner/checkpoint_stage0_pipeline.py); not from both cuts at
+    once. A stage-0 run takes another layout's checkpoint at tp 1 only: ladder writes no
+    tensor-parallel shards.
     """
     saved = record["layout"]
     saved_tp, saved_pp = saved.get("tp", 1), saved.get("pp", 1)
     split = {"dp": saved["dp"], "tp": saved_tp, "pp": saved_pp}
     at = ", ".join(f"{key} {value}" for key, value in split.items() if key == "dp" or value > 1)
-    if record["zero_stage"] == 0 and saved_tp != 1:
+    if record["zero_stage"] == 0 and saved_tp > 1 and saved_pp > 1:
         keep = "".join(
             f"parallel.{key}={value} " for key, value in split.items() if key != "dp" and value > 1
         )
         raise ValueError(
             f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on {at}; "
-            f"a stage-0 checkpoint moves to another ZeRO stage, tp or pp from tp 1 only. Resume "
-            f"with parallel=ddp {keep}(any gpus), or from a checkpoint written at tp 1 or by ZeRO 1-3"
+            f"a stage-0 checkpoint moves to another ZeRO stage, tp or pp from tp 1 or pp 1 only. "
+            f"Resume with parallel=ddp {keep}(any gpus), or from a checkpoint written at tp 1, at pp 1 "
+            f"or by ZeRO 1-3"
         )
     if zero_stage == 0 and layout.tp != 1:
         raise ValueError(
@@ -323,7 +326,7 @@ def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str
     if not (root / tag).is_dir():
         partial = root / (PARTIAL_PREFIX + tag)
         shutil.rmtree(partial, ignore_errors=True)
-        if record["zero_stage"] == 0:  # tp 1 (check_resumable): ladder writes the model's names
+        if record["zero_stage"] == 0:  # tp 1 or pp 1 (check_resumable): ladder writes the model's names
             _stage0_to_universal(root / record["tag"], partial, record, model)
         else:
             _ds_to_universal(root / record["tag"], partial, record)
@@ -367,11 +370,11 @@ def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], mo
     """ladder's conversion of a stage-0 checkpoint (runner/checkpoint_stage0.py); refused with its reason."""
     partial.mkdir(parents=True)
     try:
-        pp = record["layout"].get("pp", 1)
+        pp, tp = record["layout"].get("pp", 1), record["layout"].get("tp", 1)
         if pp > 1:
             checkpoint_stage0_pipeline.to_universal(source, partial, model, pp=pp)
         else:
-            checkpoint_stage0.to_universal(source, partial, model)
+            checkpoint_stage0.to_universal(source, partial, model, tp=tp)
     except ValueError as error:
         shutil.rmtree(partial, ignore_errors=True)
         raise ValueError(

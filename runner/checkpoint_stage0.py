@@ -20,6 +20,7 @@ pipeline's stages: runner/checkpoint_stage0_pipeline.py, with the helpers here.
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 from runner import safe_load
 from runner.config import ModelConfig, Precision
 from runner.param_groups import group_names, tied_names
+from runner.tensor_parallel import ROW_PARALLEL
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 OPTIMIZER_STATE = "optimizer_state.pt"
@@ -67,8 +69,11 @@ def _stage0_parts(states: dict[str, Any]) -> tuple[dict[str, Any], list[torch.Te
     return optimizer, None
 
 
-def check_positions(adam: dict[str, Any], groups: list[list[str]], shapes: dict[str, torch.Size]) -> None:
-    """Adam's groups hold the parameters ``groups`` names, position by position (shapes compared)."""
+def check_positions(
+    adam: dict[str, Any], groups: list[list[str]], shapes: dict[str, torch.Size] | None
+) -> None:
+    """Adam's groups hold the parameters ``groups`` names, position by position (shapes compared,
+    where ``shapes`` are given: a tensor-parallel shard's are checked once joined)."""
     sizes = [len(group["params"]) for group in adam["param_groups"]]
     expected = [len(group) for group in groups]
     if sizes != expected:
@@ -80,7 +85,7 @@ def check_positions(adam: dict[str, Any], groups: list[list[str]], shapes: dict[
         state = adam["state"].get(index)
         if state is None:
             raise ValueError(f"the checkpoint holds no Adam state for {name} (position {index})")
-        if state["exp_avg"].shape != shapes[name]:
+        if shapes is not None and state["exp_avg"].shape != shapes[name]:
             raise ValueError(
                 f"the checkpoint's Adam state at position {index} has shape {tuple(state['exp_avg'].shape)}, "
                 f"this model's {name} {tuple(shapes[name])}: was it written by another model?"
@@ -93,17 +98,47 @@ def _fragment(tensor: torch.Tensor) -> dict[str, Any]:
     return {PARAM: tensor.detach().float().clone(), CAT_DIM: 0}
 
 
-def to_universal(source: Path, output: Path, model: ModelConfig) -> None:
-    """Write the universal form of the stage-0, tp 1, pp 1 checkpoint in ``source`` into ``output``."""
+def to_universal(source: Path, output: Path, model: ModelConfig, *, tp: int = 1) -> None:
+    """Write the universal form of the stage-0 checkpoint in ``source`` (pp 1, ``tp`` ranks) into ``output``.
+
+    Under tensor parallelism each rank's file holds its shards (runner/tensor_parallel.py's
+    cut), joined here: row-parallel weights along their input features, the rest of the
+    matrices along dimension 0, the norm gains whole on every rank.
+    """
     from deepspeed.checkpoint.constants import PARAM_GROUPS
 
-    states: dict[str, Any] = safe_load.load(source / MODEL_STATES)
+    ranks = [safe_load.load(source / f"mp_rank_{rank:02d}_model_states.pt") for rank in range(tp)]
     names = ModelNames(model)
-    adam, masters = _stage0_parts(states)
-    check_positions(adam, names.groups, names.shapes)
-    weights = dict(zip(names.in_order, masters, strict=True)) if masters is not None else states["module"]
-    moments = {name: adam["state"][index] for index, name in enumerate(names.in_order)}
-    write_universal(output, states, names, weights=weights, moments=moments, hyper=adam[PARAM_GROUPS])
+    parts = [_stage0_parts(states) for states in ranks]
+    for adam, _ in parts:
+        check_positions(adam, names.groups, names.shapes if tp == 1 else None)
+    held = [
+        dict(zip(names.in_order, masters, strict=True)) if masters is not None else states["module"]
+        for states, (_, masters) in zip(ranks, parts, strict=True)
+    ]
+    weights, moments = {}, {}
+    for index, name in enumerate(names.in_order):
+        shape = names.shapes[name]
+        weights[name] = join_tp_shards(name, [rank[name] for rank in held], shape)
+        states = [adam["state"][index] for adam, _ in parts]
+        moments[name] = {key: join_tp_shards(name, [s[key] for s in states], shape) for key in ADAM_MOMENTS}
+        moments[name]["step"] = states[0]["step"]
+    first = {**ranks[0], "mp_world_size": 1}  # one model-states file, as at tp 1
+    write_universal(output, first, names, weights=weights, moments=moments, hyper=parts[0][0][PARAM_GROUPS])
+
+
+def join_tp_shards(name: str, shards: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """Parameter ``name``'s whole tensor from its tensor-parallel shards, in rank order."""
+    if len(shards) == 1 or shards[0].shape == shape:  # tp 1, or a norm gain every rank holds whole
+        return shards[0]
+    row_parallel = any(re.match(pattern, name) for pattern in ROW_PARALLEL)
+    whole = torch.cat(shards, dim=1 if row_parallel else 0)
+    if whole.shape != shape:
+        raise ValueError(
+            f"{name}: the {len(shards)} tensor-parallel shards join into {tuple(whole.shape)}, this model "
+            f"holds {tuple(shape)}: was it written by another model?"
+        )
+    return whole
 
 
 def write_universal(

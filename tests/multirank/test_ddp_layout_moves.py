@@ -86,6 +86,24 @@ def test_ddp_on_2_stages_to_zero2_on_1_and_back_gives_the_uninterrupted_losses(
     assert worst <= FP32_TOLERANCE
 
 
+def test_ddp_at_tp_2_to_zero2_on_1_gives_the_uninterrupted_losses(tmp_path, one_rank_reference: TrainResult):
+    """Each tensor-parallel rank's stage-0 file holds its shards: ladder joins them (row-parallel
+    weights along their inputs, the rest along dimension 0, the norms whole). fp32, tp 2 to
+    step 4, then 1 rank at ZeRO-2 to step 7: one rank's uninterrupted losses."""
+    run_dir = tmp_path / "run"
+    legs = [
+        ["gpus=2", "parallel=ddp", "parallel.tp=2", "train.steps=4"],
+        ["gpus=1", "parallel=zero2", "train.steps=7"],
+    ]
+    _, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
+    assert resumed_from == [None, 4]
+    losses, expected = _losses(run_dir), _losses(one_rank_reference.run_dir)
+    assert sorted(losses) == list(range(7))
+    worst = max(abs(losses[step] - expected[step]) for step in losses)
+    print(f"ddp tp 2 -> zero2 on 1 vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
+    assert worst <= FP32_TOLERANCE
+
+
 def test_a_bf16_pipelines_stage0_checkpoint_resumes_and_moves(tmp_path):
     """bf16 under a pipeline is DeepSpeed's BF16_Optimizer, which 0.19.8's engine cannot hand its
     own state at stage 0 (ladder loads it): pp 2 resumes at step 2 with the uninterrupted run's

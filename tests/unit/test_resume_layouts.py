@@ -60,13 +60,16 @@ def test_a_pipelines_stage0_checkpoint_moves_both_ways():
         assert not checkpoint.needs_universal(record, layout=_layout(2, pp=2), zero_stage=0)
 
 
-def test_a_stage0_shard_of_a_tp_cut_resumes_on_its_own_split_only():
-    ddp_tp2 = _record(0, gpus=2, tp=2)
+def test_a_stage0_checkpoint_cut_by_tp_or_pp_moves_and_cut_by_both_resumes_on_its_own_split_only():
+    for record in (_record(0, gpus=2, tp=2), _record(0, gpus=2, pp=2)):
+        checkpoint.check_resumable(record, layout=_layout(2), zero_stage=1)
+        checkpoint.check_resumable(record, layout=_layout(1), zero_stage=0)
+    ddp_3d = _record(0, gpus=4, tp=2, pp=2)
     with pytest.raises(
-        ValueError, match=r"zero_stage 0 on dp 1, tp 2.*from tp 1 only.*parallel=ddp parallel\.tp=2"
+        ValueError, match=r"zero_stage 0 on dp 1, tp 2, pp 2.*tp 1 or pp 1 only.*parallel=ddp parallel\.tp=2"
     ):
-        checkpoint.check_resumable(ddp_tp2, layout=_layout(2), zero_stage=1)
-    checkpoint.check_resumable(ddp_tp2, layout=_layout(4, tp=2), zero_stage=0)  # any dp
+        checkpoint.check_resumable(ddp_3d, layout=_layout(2), zero_stage=1)
+    checkpoint.check_resumable(ddp_3d, layout=_layout(8, tp=2, pp=2), zero_stage=0)  # any dp
 
 
 def test_ddp_takes_another_layouts_checkpoint_at_tp1_only():
