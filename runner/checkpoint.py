@@ -16,17 +16,19 @@ universal checkpoint (``deepspeed.checkpoint.ds_to_universal``), converted once 
 the original and completed so that ZeRO stages 1, 2 and 3 all load it, whichever stage
 wrote it (:func:`_loadable_at_every_stage`). Tensor-parallel shards are joined by the split
 AutoTP recorded in the checkpoint (``UNIVERSAL_CHECKPOINT_INFO``) and sliced again on load.
-Stage 0 (``parallel=ddp``) at tp 1 crosses too, both ways, with or without a pipeline: its
-checkpoint is written in the universal format by ladder, and a stage-0 run resumes from
-stage-0 files written from the universal one (runner/checkpoint_stage0.py, and
+Stage 0 (``parallel=ddp``) crosses too, both ways, with tp or pp (not both): its checkpoint
+is written in the universal format by ladder, and a stage-0 run resumes from stage-0 files
+written from the universal one (runner/checkpoint_stage0.py, and
 runner/checkpoint_stage0_pipeline.py for a pipeline's stages), except in bf16 under a
 pipeline, where DeepSpeed's BF16_Optimizer reads the universal one itself once ladder hands
-it the folder (:func:`_load_bf16_stage0_optimizer`). Every checkpoint file is unpickled
+it the folder (:func:`_load_bf16_stage0_optimizer`), and under tensor parallelism, where each
+rank slices it by AutoTP's record (runner/checkpoint_stage0_tp.py). Every checkpoint file is unpickled
 weights-only (runner/safe_load.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -37,7 +39,14 @@ from typing import Any
 
 import torch
 
-from runner import checkpoint_splits, checkpoint_stage0, checkpoint_stage0_pipeline, pipeline_names, safe_load
+from runner import (
+    checkpoint_splits,
+    checkpoint_stage0,
+    checkpoint_stage0_pipeline,
+    checkpoint_stage0_tp,
+    pipeline_names,
+    safe_load,
+)
 from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.summary import write_json_atomic
@@ -205,8 +214,8 @@ def _check_universal(
     Stage 0 converts from tp 1, where one file holds its whole state or each pipeline stage's
     files the stage's, and from pp 1, where each tensor-parallel rank's file holds its shards
     (runner/checkpoint_stage0.py, runner/checkpoint_stage0_pipeline.py); not from both cuts at
-    once. A stage-0 run takes another layout's checkpoint at tp 1 only: ladder writes no
-    tensor-parallel shards.
+    once; and a stage-0 run takes another layout's checkpoint at tp 1 or at pp 1, where its
+    ranks slice the universal one (runner/checkpoint_stage0_tp.py).
     """
     saved = record["layout"]
     saved_tp, saved_pp = saved.get("tp", 1), saved.get("pp", 1)
@@ -222,11 +231,12 @@ def _check_universal(
             f"Resume with parallel=ddp {keep}(any gpus), or from a checkpoint written at tp 1, at pp 1 "
             f"or by ZeRO 1-3"
         )
-    if zero_stage == 0 and layout.tp != 1:
+    if zero_stage == 0 and layout.tp > 1 and layout.pp > 1:
         raise ValueError(
             f"train.resume=auto: the checkpoint was written on {at} at ZeRO stage {record['zero_stage']}; "
-            f"parallel=ddp takes a checkpoint of another layout at tp 1 only, this run asks tp "
-            f"{layout.tp}. Resume with parallel.tp=1, or with parallel=zero1, zero2 or zero3"
+            f"parallel=ddp takes a checkpoint of another layout at tp 1 or pp 1 only, this run asks tp "
+            f"{layout.tp}, pp {layout.pp}. Resume with parallel.tp=1 or parallel.pp=1, or with "
+            f"parallel=zero1, zero2 or zero3"
         )
     if zero_stage == 0 and precision == Precision.fp16:
         raise ValueError(
@@ -243,9 +253,10 @@ def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
 
 
 def _universal_engine(layout: Layout, zero_stage: int, precision: Precision) -> bool:
-    """Whether this layout's engine loads a universal checkpoint itself: ZeRO 1-3, and stage 0 in
-    bf16 under a pipeline (DeepSpeed's BF16_Optimizer, runner/checkpoint_stage0_pipeline.py)."""
-    return zero_stage != 0 or (layout.pp > 1 and precision == Precision.bf16)
+    """Whether this layout's engine loads a universal checkpoint itself: ZeRO 1-3; stage 0 in bf16
+    under a pipeline (DeepSpeed's BF16_Optimizer, runner/checkpoint_stage0_pipeline.py); stage 0
+    under tensor parallelism (its ranks slice it: runner/checkpoint_stage0_tp.py)."""
+    return zero_stage != 0 or (layout.pp > 1 and precision == Precision.bf16) or layout.tp > 1
 
 
 def resume_tag(
@@ -515,10 +526,17 @@ def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
     # no_grad: a pipeline's load ends by broadcasting the tied embedding in place, which
     # autograd would otherwise record on the weight (see runner/pipeline.py's build).
     bf16_stage0 = _is_bf16_stage0(engine)
-    with safe_load.weights_only_loads(), torch.no_grad():
-        path, client_state = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=not bf16_stage0)
+    # Stage 0 reads a universal checkpoint only under tensor parallelism (_universal_engine).
+    stage0 = engine.zero_optimization_stage() == 0
+    stage0_tp = stage0 and engine.load_universal_checkpoint() and not bf16_stage0
+    loading = checkpoint_stage0_tp.engine_loading(engine) if stage0_tp else contextlib.nullcontext()
+    with safe_load.weights_only_loads(), torch.no_grad(), loading:
+        only_states = bf16_stage0 or stage0_tp
+        path, client_state = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=not only_states)
         if path is not None and bf16_stage0:
             _load_bf16_stage0_optimizer(engine, root, tag)
+        elif path is not None and stage0_tp:
+            checkpoint_stage0_tp.load(engine, root / tag, tp=engine.autotp_size())
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {root / tag}")
     if engine.load_universal_checkpoint() and engine.zero_optimization_stage() == 3:

@@ -72,10 +72,15 @@ def test_a_stage0_checkpoint_cut_by_tp_or_pp_moves_and_cut_by_both_resumes_on_it
     checkpoint.check_resumable(ddp_3d, layout=_layout(8, tp=2, pp=2), zero_stage=0)  # any dp
 
 
-def test_ddp_takes_another_layouts_checkpoint_at_tp1_only():
+def test_ddp_takes_another_layouts_checkpoint_at_tp1_or_pp1_only():
     zero1 = _record(1, gpus=2)
-    with pytest.raises(ValueError, match=r"ddp takes .* tp 1 only, this run asks tp 2.*parallel\.tp=1"):
-        checkpoint.check_resumable(zero1, layout=_layout(2, tp=2), zero_stage=0)
+    for tp, pp in ((2, 1), (1, 2)):
+        checkpoint.check_resumable(zero1, layout=_layout(2, tp=tp, pp=pp), zero_stage=0)
+    # At tp 2 the ranks slice the universal checkpoint themselves (runner/checkpoint_stage0_tp.py).
+    assert checkpoint.loads_universal(zero1, layout=_layout(2, tp=2), zero_stage=0)
+    assert checkpoint.resume_tag(zero1, layout=_layout(2, tp=2), zero_stage=0) == "step_00000004_universal"
+    with pytest.raises(ValueError, match=r"ddp takes .* tp 1 or pp 1 only, this run asks tp 2, pp 2"):
+        checkpoint.check_resumable(zero1, layout=_layout(4, tp=2, pp=2), zero_stage=0)
 
 
 def test_ddp_in_fp16_takes_no_checkpoint_of_another_layout():
