@@ -60,30 +60,35 @@ def test_ddp_on_2_ranks_to_zero3_to_ddp_on_1_gives_the_uninterrupted_losses(
         assert losses[step] == pytest.approx(expected[step], abs=FP32_TOLERANCE), step
 
 
+def _ddp_there_and_back(run_dir: Path, split: str, reference: TrainResult) -> float:
+    """fp32 ``ddp`` on 2 ranks cut by ``split`` to step 4, 1 rank at ZeRO-2 to step 7, the split
+    again to step 10; returns the largest loss gap to one rank's uninterrupted run."""
+    legs = [
+        ["gpus=2", "parallel=ddp", split, "train.steps=4"],
+        ["gpus=1", "parallel=zero2", "train.steps=7"],
+        ["gpus=2", "parallel=ddp", split, "train.steps=10"],
+    ]
+    _, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
+    assert resumed_from == [None, 4, 7]
+    losses, expected = _losses(run_dir), _losses(reference.run_dir)
+    assert sorted(losses) == sorted(expected)
+    worst = max(abs(losses[step] - expected[step]) for step in expected)
+    print(f"ddp {split} -> zero2 on 1 -> ddp {split} vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
+    return worst
+
+
 def test_ddp_on_2_stages_to_zero2_on_1_and_back_gives_the_uninterrupted_losses(
     tmp_path, one_rank_reference: TrainResult
 ):
     """A pipeline's stage-0 checkpoint (each stage's layer files and Adam state) crosses into the
-    universal format and back into the stages' own files: fp32, pp 2 to step 4, 1 rank at ZeRO-2
-    to step 7, pp 2 to step 10, one rank's uninterrupted losses throughout."""
+    universal format and back into the stages' own files."""
     run_dir = tmp_path / "run"
-    legs = [
-        ["gpus=2", "parallel=ddp", "parallel.pp=2", "train.steps=4"],
-        ["gpus=1", "parallel=zero2", "train.steps=7"],
-        ["gpus=2", "parallel=ddp", "parallel.pp=2", "train.steps=10"],
-    ]
-    _, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
-    assert resumed_from == [None, 4, 7]
+    assert _ddp_there_and_back(run_dir, "parallel.pp=2", one_rank_reference) <= FP32_TOLERANCE
     stage_files = run_dir / "checkpoints" / "step_00000007_universal_ddp"
     assert {path.name for path in stage_files.glob("mp_rank_*")} == {
         "mp_rank_00_model_states.pt",
         "mp_rank_01_model_states.pt",
     }
-    losses, expected = _losses(run_dir), _losses(one_rank_reference.run_dir)
-    assert sorted(losses) == sorted(expected)
-    worst = max(abs(losses[step] - expected[step]) for step in expected)
-    print(f"ddp pp 2 -> zero2 on 1 -> ddp pp 2 vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
-    assert worst <= FP32_TOLERANCE
 
 
 def test_ddp_at_tp_2_to_zero2_on_1_and_back_gives_the_uninterrupted_losses(
@@ -91,21 +96,8 @@ def test_ddp_at_tp_2_to_zero2_on_1_and_back_gives_the_uninterrupted_losses(
 ):
     """Each tensor-parallel rank's stage-0 file holds its shards: ladder joins them (row-parallel
     weights along their inputs, the rest along dimension 0, the norms whole), and a stage-0 run
-    at tp 2 slices the universal checkpoint by AutoTP's record of each shard. fp32, tp 2 to
-    step 4, 1 rank at ZeRO-2 to step 7, tp 2 to step 10: one rank's uninterrupted losses."""
-    run_dir = tmp_path / "run"
-    legs = [
-        ["gpus=2", "parallel=ddp", "parallel.tp=2", "train.steps=4"],
-        ["gpus=1", "parallel=zero2", "train.steps=7"],
-        ["gpus=2", "parallel=ddp", "parallel.tp=2", "train.steps=10"],
-    ]
-    _, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
-    assert resumed_from == [None, 4, 7]
-    losses, expected = _losses(run_dir), _losses(one_rank_reference.run_dir)
-    assert sorted(losses) == sorted(expected)
-    worst = max(abs(losses[step] - expected[step]) for step in expected)
-    print(f"ddp tp 2 -> zero2 on 1 -> ddp tp 2 vs 1 rank uninterrupted: max |dloss| = {worst:.2e}")
-    assert worst <= FP32_TOLERANCE
+    at tp 2 slices the universal checkpoint by AutoTP's record of each shard."""
+    assert _ddp_there_and_back(tmp_path / "run", "parallel.tp=2", one_rank_reference) <= FP32_TOLERANCE
 
 
 def test_a_bf16_pipelines_stage0_checkpoint_resumes_and_moves(tmp_path):
