@@ -526,13 +526,16 @@ def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
     # no_grad: a pipeline's load ends by broadcasting the tied embedding in place, which
     # autograd would otherwise record on the weight (see runner/pipeline.py's build).
     bf16_stage0 = _is_bf16_stage0(engine)
-    # Stage 0 reads a universal checkpoint only under tensor parallelism (_universal_engine).
-    stage0 = engine.zero_optimization_stage() == 0
-    stage0_tp = stage0 and engine.load_universal_checkpoint() and not bf16_stage0
+    # Otherwise stage 0 reads a universal checkpoint only under tensor parallelism (_universal_engine).
+    stage0_tp = (
+        not bf16_stage0 and engine.zero_optimization_stage() == 0 and engine.load_universal_checkpoint()
+    )
+    ladder_loads_optimizer = bf16_stage0 or stage0_tp
     loading = checkpoint_stage0_tp.engine_loading(engine) if stage0_tp else contextlib.nullcontext()
     with safe_load.weights_only_loads(), torch.no_grad(), loading:
-        only_states = bf16_stage0 or stage0_tp
-        path, client_state = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=not only_states)
+        path, client_state = engine.load_checkpoint(
+            str(root), tag=tag, load_optimizer_states=not ladder_loads_optimizer
+        )
         if path is not None and bf16_stage0:
             _load_bf16_stage0_optimizer(engine, root, tag)
         elif path is not None and stage0_tp:
