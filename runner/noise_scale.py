@@ -120,7 +120,13 @@ class NoiseScale:
         return {"updates": self.updates, "grad_sq": self._grad_sq, "trace_sigma": self._trace_sigma}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Take up the EMAs ``state`` recorded (same ``ema``)."""
+        """Take up the EMAs ``state`` recorded (same ``ema``).
+
+        An EMA saved as null was not finite (an fp16 overflow's infinite norm folded in, before
+        runner/step_probes.py left such steps out): the EMAs start afresh instead.
+        """
+        if state.get("grad_sq") is None or state.get("trace_sigma") is None:
+            return
         self.updates = int(state["updates"])
         self._grad_sq = float(state["grad_sq"])
         self._trace_sigma = float(state["trace_sigma"])

@@ -8,8 +8,8 @@ that way (``TorchCheckpointEngine.load``; the universal checkpoint's
 Here every such load goes through :func:`load`: the weights-only unpickler, which allows
 tensors, containers and numbers, plus exactly the DeepSpeed types its checkpoints hold
 (:func:`deepspeed_globals`, found by listing the globals of the pickles that stages 0-3 in
-fp32 and bf16, and their universal conversions, write). Anything else is refused with
-:class:`UnsafeCheckpointError` before it runs.
+fp32, bf16 and fp16, with and without a pipeline, and their universal conversions, write).
+Anything else is refused with :class:`UnsafeCheckpointError` before it runs.
 
 Two hooks, because DeepSpeed routes some loads through its checkpoint engine and reads
 others with ``torch.load`` directly: :class:`SafeCheckpointEngine` replaces the engine's
@@ -38,13 +38,14 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
 
 def deepspeed_globals() -> list[Any]:
     """The non-tensor types DeepSpeed 0.19.8's checkpoints pickle (ZeRO 1-3, bf16, universal)."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    # LossScaler: the ZeRO optimizers' loss_scaler; ZeroStageEnum: zero_stage of the optimizer
-    # state; fragment_address: param_slice_mappings of ZeRO 1/2 and bf16.
-    return [LossScaler, ZeroStageEnum, fragment_address]
+    # LossScaler, DynamicLossScaler: the ZeRO optimizers' loss_scaler (static, or fp16's
+    # dynamic one); ZeroStageEnum: zero_stage of the optimizer state; fragment_address:
+    # param_slice_mappings of ZeRO 1/2 and bf16.
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
 def load(path: Any, map_location: Any = None) -> Any:

@@ -14,6 +14,7 @@ each backward, and :meth:`step_done` once the optimizer has stepped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -115,7 +116,9 @@ class StepProbes:
             self.comm_exposed_s = self._comm.take()
         if self._grads is not None:
             small_sq_norm = _whole_model_mean(self._grads.take_mean(), group=self._model_group)
-            if grad_norm is not None and not skipped:  # a skipped step's gradients are not finite
+            # A skipped step's gradients are not finite: ladder's non-finite loss, or an fp16
+            # overflow DeepSpeed's loss scaler skipped (its norm inf).
+            if grad_norm is not None and math.isfinite(grad_norm) and not skipped:
                 self.noise.update(
                     small_sq_norm=small_sq_norm,
                     small_batch=self.layout.micro_size,

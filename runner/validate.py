@@ -180,14 +180,28 @@ def pipeline_problems(config: TrainConfig) -> list[str]:
     return problems
 
 
+def fp16_supported() -> bool:
+    """Whether DeepSpeed trains in fp16 on this host: on CUDA, or where its CPU accelerator says so.
+
+    DeepSpeed 0.19.8's CPU accelerator (accelerator/cpu_accelerator.py ``is_fp16_supported``)
+    asks oneDNN for fp16 kernels: true on CPUs with AVX512-FP16 or AMX-FP16. Asked only for
+    ``precision=fp16`` on a host without CUDA (it imports DeepSpeed, about a second).
+    """
+    if cuda_available():
+        return True
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    return bool(CPU_Accelerator().is_fp16_supported())
+
+
 def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
     """Problems only a real launch has (planning skips them)."""
     problems = batch_contract_problems(config)
-    cuda = cuda_available()
-    if config.precision.name == Precision.fp16 and not cuda:
+    if config.precision.name == Precision.fp16 and not fp16_supported():
         problems.append(
-            "precision=fp16: this host has no CUDA device and DeepSpeed's CPU accelerator does not "
-            "support fp16; use precision=bf16 (same memory, fp32's range) or precision=fp32"
+            "precision=fp16: this host has no CUDA device and its CPU no fp16 kernels (DeepSpeed's CPU "
+            "accelerator needs AVX512-FP16 or AMX-FP16); use precision=bf16 (same memory, fp32's range) "
+            "or precision=fp32"
         )
     problems += pipeline_problems(config)
     if launcher == "local":

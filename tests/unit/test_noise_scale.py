@@ -133,6 +133,15 @@ def test_a_restored_state_goes_on_as_if_never_stopped() -> None:
     assert after.updates == 4
 
 
+def test_a_state_saved_not_finite_starts_afresh() -> None:
+    """latest.json holds a non-finite EMA as null (an fp16 overflow once folded in): the resumed
+    run measures anew instead of failing to start."""
+    noise = NoiseScale()
+    noise.restore({"updates": 3, "grad_sq": None, "trace_sigma": None})
+    assert (noise.updates, noise.value) == (0, None)
+    assert noise.update(small_sq_norm=5.0, small_batch=4, big_sq_norm=2.0, big_batch=16) is not None
+
+
 def test_none_until_gradient_estimate_positive() -> None:
     estimator = NoiseScale()
     assert estimator.value is None

@@ -48,13 +48,22 @@ def test_a_doctored_file_is_refused_before_its_code_runs(tmp_path):
 
 
 def test_deepspeed_types_and_tensors_load(tmp_path):
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
     path = tmp_path / "optim_states.pt"
-    state = {"zero_stage": ZeroStageEnum.gradients, "loss_scaler": LossScaler(1.0), "t": torch.ones(3)}
+    # ZeRO in fp16 pickles its DynamicLossScaler (a checkpoint of it was refused as doctored once).
+    dynamic = DynamicLossScaler(2.0**15, 1000, min_scale=1, delayed_shift=1, consecutive_hysteresis=False)
+    state = {
+        "zero_stage": ZeroStageEnum.gradients,
+        "loss_scaler": LossScaler(1.0),
+        "fp16_loss_scaler": dynamic,
+        "t": torch.ones(3),
+    }
     torch.save(state, path)
     state = safe_load.load(path)
     assert state["zero_stage"] == ZeroStageEnum.gradients
     assert isinstance(state["loss_scaler"], LossScaler)
+    assert isinstance(state["fp16_loss_scaler"], DynamicLossScaler)
+    assert state["fp16_loss_scaler"].cur_scale == 2.0**15
     assert torch.equal(state["t"], torch.ones(3))
