@@ -96,12 +96,14 @@ def save(
     keep: int,
     skipped_steps: list[int] | None = None,
     noise_scale: dict[str, Any] | None = None,
+    loss_scale: dict[str, float] | None = None,
 ) -> None:
     """Write a checkpoint of every rank's state; collective: every rank calls it.
 
     ``skipped_steps`` (train.on_nonfinite=skip, runner/nonfinite.py) go into ``latest.json``,
     so a resumed run counts them against train.max_skipped_steps; so does rank 0's noise
-    scale state (runner/noise_scale.py, the same on every rank), so its EMAs go on.
+    scale state (runner/noise_scale.py, the same on every rank), so its EMAs go on, and in
+    fp16 the dynamic loss scale's (runner/fp16_loss_scale.py), so it goes on on any layout.
     """
     root = run_dir / CHECKPOINT_DIR
     tag = tag_for(completed_steps)
@@ -136,6 +138,7 @@ def save(
                 "precision": _precision(engine),
                 "skipped_steps": list(skipped_steps or []),
                 "noise_scale": noise_scale,
+                **({"fp16_loss_scale": loss_scale} if loss_scale else {}),
                 **({STAGE_SPLITS: True} if layout.pp > 1 and layout.tp > 1 else {}),
             },
         )
@@ -176,9 +179,7 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
     return (saved["dp"], *saved_split, record["zero_stage"]) != (layout.dp, layout.tp, layout.pp, zero_stage)
 
 
-def check_resumable(
-    record: dict[str, Any], *, layout: Layout, zero_stage: int, precision: Precision = Precision.fp32
-) -> None:
+def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
     """Refuse a resume ladder cannot do, before any rank starts."""
     saved = record["layout"]
     if saved["global_size"] != layout.global_size:
@@ -189,7 +190,7 @@ def check_resumable(
         )
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return
-    _check_universal(record, layout=layout, zero_stage=zero_stage, precision=precision)
+    _check_universal(record, layout=layout, zero_stage=zero_stage)
     if saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1 and not record.get(STAGE_SPLITS):
         # Without every stage's splits ds_to_universal joins a stage's shards along dimension 0,
         # wrong for the row-split and whole tensors: a checkpoint of an earlier ladder.
@@ -202,9 +203,7 @@ def check_resumable(
         )
 
 
-def _check_universal(
-    record: dict[str, Any], *, layout: Layout, zero_stage: int, precision: Precision
-) -> None:
+def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
     """Refuse a move to another layout that the universal checkpoint cannot carry.
 
     ZeRO stages 1, 2 and 3 move to one another at any dp and tp: universal_tag completes
@@ -237,12 +236,6 @@ def _check_universal(
             f"parallel=ddp takes a checkpoint of another layout at tp 1 or pp 1 only, this run asks tp "
             f"{layout.tp}, pp {layout.pp}. Resume with parallel.tp=1 or parallel.pp=1, or with "
             f"parallel=zero1, zero2 or zero3"
-        )
-    if zero_stage == 0 and precision == Precision.fp16:
-        raise ValueError(
-            f"train.resume=auto: the checkpoint was written on {at} at ZeRO stage {record['zero_stage']}; "
-            f"parallel=ddp in precision=fp16 keeps flat optimizer groups, which ladder does not write. "
-            f"Resume with precision=bf16 or fp32, or with parallel=zero1, zero2 or zero3"
         )
 
 
@@ -298,7 +291,9 @@ def convert_for(
         shutil.rmtree(partial, ignore_errors=True)
         try:
             if layout.pp > 1:
-                checkpoint_stage0_pipeline.from_universal(universal, partial, model, pp=layout.pp)
+                checkpoint_stage0_pipeline.from_universal(
+                    universal, partial, model, pp=layout.pp, precision=precision
+                )
             else:
                 checkpoint_stage0.from_universal(universal, partial, model, precision)
         except ValueError as error:

@@ -5,9 +5,10 @@ optimizer partitions), and a stage-0 engine reads no universal checkpoint. At tp
 stage 0 saves the whole model and torch's Adam state in one file, Adam's state numbered
 by position in the optimizer's two groups (runner/param_groups.py):
 
-    fp32  optimizer: Adam's state_dict; the module holds the fp32 weights
-    bf16  optimizer: {optimizer_state_dict: Adam's, fp32_groups: the fp32 master weights,
-          loss-scale fields} (runtime/fp16/unfused_optimizer.py, stage 0's bf16 wrapper)
+    fp32        optimizer: Adam's state_dict; the module holds the fp32 weights
+    bf16, fp16  optimizer: {optimizer_state_dict: Adam's, fp32_groups: the fp32 master
+                weights, loss-scale fields} (runtime/fp16/unfused_optimizer.py, stage 0's
+                16-bit wrapper; ladder's torch AdamW keeps fp16 off the flat FP16_Optimizer)
 
 :func:`to_universal` writes what ``ds_to_universal`` writes for a ZeRO-1 checkpoint at tp 1
 (``zero/<name>/{fp32,exp_avg,exp_avg_sq}.pt`` as ``{"param", "cat_dim"}``, ``step.pt``,
@@ -33,6 +34,7 @@ from runner.param_groups import group_names, tied_names
 from runner.tensor_parallel import ROW_PARALLEL
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
+PARAM_DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 OPTIMIZER_STATE = "optimizer_state.pt"
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -51,7 +53,7 @@ class ModelNames:
         self.in_order = [name for group in self.groups for name in group]
 
 
-def _stage0_parts(states: dict[str, Any]) -> tuple[dict[str, Any], list[torch.Tensor] | None]:
+def stage0_parts(states: dict[str, Any]) -> tuple[dict[str, Any], list[torch.Tensor] | None]:
     """Adam's state_dict and the fp32 master weights (None: the module's weights are the masters)."""
     from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
 
@@ -109,7 +111,7 @@ def to_universal(source: Path, output: Path, model: ModelConfig, *, tp: int = 1)
 
     ranks = [safe_load.load(source / f"mp_rank_{rank:02d}_model_states.pt") for rank in range(tp)]
     names = ModelNames(model)
-    parts = [_stage0_parts(states) for states in ranks]
+    parts = [stage0_parts(states) for states in ranks]
     for adam, _ in parts:
         check_positions(adam, names.groups, names.shapes if tp == 1 else None)
     held = [
@@ -244,28 +246,45 @@ def read_adam(zero: Path, groups: list[list[str]], names: ModelNames) -> dict[st
     return {"state": state, "param_groups": param_groups}
 
 
-def from_universal(universal: Path, output: Path, model: ModelConfig, precision: Precision) -> None:
-    """Write into ``output`` the stage-0, tp 1, pp 1 checkpoint of the universal one in ``universal``."""
+def unfused_state(
+    adam: dict[str, Any], masters: list[list[torch.Tensor]], precision: Precision, *, cur_iter: int
+) -> dict[str, Any]:
+    """The optimizer state FP16_UnfusedOptimizer (stage 0 in bf16 and fp16) loads: Adam's, the
+    fp32 masters by group and the loss scale's fields (runtime/fp16/unfused_optimizer.py
+    ``load_state_dict``). In fp16 the scale starts as DeepSpeed's would; ladder then sets it
+    to where the run left it (runner/fp16_loss_scale.py ``restore_scaler``)."""
     from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
 
+    scale: dict[str, Any] = {"dynamic_loss_scale": False, "cur_scale": 1.0, "cur_iter": cur_iter}
     if precision == Precision.fp16:
-        raise ValueError("parallel=ddp in fp16 keeps flat optimizer groups; ladder does not write them")
+        from deepspeed.runtime.constants import FP16_LOSS_SCALE_WINDOW_DEFAULT
+        from deepspeed.runtime.fp16.loss_scaler import LOSS_SCALE_PROFILE_DEFAULTS, LossScaleProfile
+
+        defaults = LOSS_SCALE_PROFILE_DEFAULTS[LossScaleProfile.UNFUSED]
+        scale = {
+            "dynamic_loss_scale": True,
+            "cur_scale": defaults.initial_dynamic_scale,
+            "cur_iter": cur_iter,
+            "last_overflow_iter": -1,
+            "scale_factor": defaults.scale_factor,
+            "scale_window": FP16_LOSS_SCALE_WINDOW_DEFAULT,
+        }
+    return {**scale, OPTIMIZER_STATE_DICT: adam, "fp32_groups": masters}
+
+
+def from_universal(universal: Path, output: Path, model: ModelConfig, precision: Precision) -> None:
+    """Write into ``output`` the stage-0, tp 1, pp 1 checkpoint of the universal one in ``universal``."""
     names = ModelNames(model)
     zero = universal / "zero"
     masters = {name: saved_tensor(zero, name, "fp32", names) for name in names.in_order}
     adam = read_adam(zero, names.groups, names)
-    dtype = torch.bfloat16 if precision == Precision.bf16 else torch.float32
+    dtype = PARAM_DTYPES[precision]
     module = OrderedDict((key, masters[names.tied.get(key, key)].to(dtype)) for key in names.state_dict_keys)
     states: dict[str, Any] = safe_load.load(universal / MODEL_STATES)
     optimizer: dict[str, Any] = adam
-    if precision == Precision.bf16:
-        optimizer = {
-            "dynamic_loss_scale": False,
-            "cur_scale": 1.0,
-            "cur_iter": states.get("global_steps", 0),
-            OPTIMIZER_STATE_DICT: adam,
-            "fp32_groups": [[masters[name] for name in group] for group in names.groups],
-        }
+    if precision != Precision.fp32:
+        by_group = [[masters[name] for name in group] for group in names.groups]
+        optimizer = unfused_state(adam, by_group, precision, cur_iter=states.get("global_steps", 0))
     stage0 = {
         **states,
         "module": module,

@@ -7,6 +7,7 @@ output head has no file of its own) and its optimizer in ``mp_rank_<stage>_model
     fp32  torch's Adam state, numbered by position in the stage's two groups
           (runner/param_groups.py), which hold the stage's parameters in the plain model's
           order: a tied embedding first (DeepSpeed's ``tied_modules``), then layer by layer
+    fp16  the same inside FP16_UnfusedOptimizer's state, beside the fp32 masters by group
     bf16  BF16_Optimizer (DeepSpeed's stage-0 bf16 optimizer under a pipeline): each group's
           fp32 masters and Adam moments flat, cut over the data-parallel ranks
           (``bf16_zero_pp_rank_<d>_mp_rank_<stage>_optim_states.pt``), each parameter's piece
@@ -28,13 +29,16 @@ from runner import safe_load
 from runner.checkpoint_stage0 import (
     ADAM_MOMENTS,
     MODEL_STATES,
+    PARAM_DTYPES,
     ModelNames,
     check_positions,
     read_adam,
     saved_tensor,
+    stage0_parts,
+    unfused_state,
     write_universal,
 )
-from runner.config import ModelConfig
+from runner.config import ModelConfig, Precision
 from runner.pipeline_names import model_name, pipeline_name
 from runner.pipeline_split import stage_bounds
 
@@ -119,17 +123,14 @@ def to_universal(source: Path, output: Path, model: ModelConfig, *, pp: int) -> 
             raise ValueError(f"stage {stage}'s checkpoint holds no optimizer state")
         if "param_slice_mappings" in optimizer:  # bf16: BF16_Optimizer
             stage_weights, stage_moments, stage_hyper = _bf16_stage(source, stage, model, names.shapes)
-        elif "state" in optimizer and "param_groups" in optimizer:  # fp32: torch's Adam
+        else:  # torch's Adam by position in the stage's groups; in fp16 beside the fp32 masters
+            adam, masters = stage0_parts(states)
             groups = stage_groups(names, model, pp=pp, stage=stage)
-            check_positions(optimizer, groups, names.shapes)
+            check_positions(adam, groups, names.shapes)
             in_order = [name for group in groups for name in group]
-            stage_moments = {name: optimizer["state"][index] for index, name in enumerate(in_order)}
-            stage_weights, stage_hyper = {}, optimizer["param_groups"]
-        else:
-            raise ValueError(
-                "the stage-0 checkpoint was written in fp16, whose optimizer keeps flat groups; ladder "
-                "moves fp32 and bf16 stage-0 checkpoints to another layout only"
-            )
+            stage_moments = {name: adam["state"][index] for index, name in enumerate(in_order)}
+            stage_weights = {} if masters is None else dict(zip(in_order, masters, strict=True))
+            stage_hyper = adam["param_groups"]
         for name, tensor in stage_weights.items():
             weights.setdefault(name, tensor)
         for name, state in stage_moments.items():
@@ -152,28 +153,38 @@ def _layer_key(model: ModelConfig, name: str) -> tuple[int, str]:
     return int(layer), key
 
 
-def from_universal(universal: Path, output: Path, model: ModelConfig, *, pp: int) -> None:
-    """Write into ``output`` the fp32 stage-0 checkpoint of ``pp`` stages (tp 1) of the universal one.
+def from_universal(
+    universal: Path, output: Path, model: ModelConfig, *, pp: int, precision: Precision = Precision.fp32
+) -> None:
+    """Write into ``output`` the fp32 or fp16 stage-0 checkpoint of ``pp`` stages (tp 1) of the universal one.
 
     Each stage's ``mp_rank_<stage>_model_states.pt`` holds its Adam state by position in its
-    groups; the ``layer_XX`` files hold the weights, as DeepSpeed's PipelineEngine loads them.
+    groups (in fp16 inside FP16_UnfusedOptimizer's state, beside the fp32 masters); the
+    ``layer_XX`` files hold the weights in the parameters' dtype, as DeepSpeed's
+    PipelineEngine loads them. (bf16's BF16_Optimizer reads the universal checkpoint itself.)
     """
     names = ModelNames(model)
     zero = universal / "zero"
     states: dict[str, Any] = safe_load.load(universal / MODEL_STATES)
     output.mkdir(parents=True)
+    masters = {name: saved_tensor(zero, name, "fp32", names) for name in names.in_order}
     layers: dict[int, dict[str, torch.Tensor]] = {}
     for name in names.in_order:
         layer, key = _layer_key(model, name)
-        layers.setdefault(layer, {})[key] = saved_tensor(zero, name, "fp32", names)
+        layers.setdefault(layer, {})[key] = masters[name].to(PARAM_DTYPES[precision])
     for layer, weights in sorted(layers.items()):
         torch.save(weights, output / f"layer_{layer:02d}-model_states.pt")
     for stage in range(pp):
-        adam = read_adam(zero, stage_groups(names, model, pp=pp, stage=stage), names)
+        groups = stage_groups(names, model, pp=pp, stage=stage)
+        adam = read_adam(zero, groups, names)
+        optimizer = adam
+        if precision != Precision.fp32:
+            by_group = [[masters[name] for name in group] for group in groups]
+            optimizer = unfused_state(adam, by_group, precision, cur_iter=states.get("global_steps", 0))
         stage_states = {
             **states,
             "module": None,
-            "optimizer": adam,
+            "optimizer": optimizer,
             "param_shapes": None,
             "shared_params": None,
             "dp_world_size": 1,

@@ -98,8 +98,11 @@ def _precision_section(precision: PrecisionConfig) -> dict[str, Any]:
     if precision.name == Precision.bf16:
         return {"bf16": {"enabled": True}}
     if precision.name == Precision.fp16:
-        # Dynamic loss scaling (loss_scale 0), starting at 2**16 as Megatron-LM does.
-        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}
+        # Dynamic loss scaling (loss_scale 0), starting at 2**16 as Megatron-LM does, halved
+        # at every overflow: stage 0's FP16_UnfusedOptimizer knows no hysteresis
+        # (runtime/fp16/unfused_optimizer.py ``_update_scale``), ZeRO's DynamicLossScaler
+        # would wait for a second overflow (hysteresis 2 by default) and so skip other steps.
+        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "hysteresis": 1}}
     return {}
 
 
@@ -147,4 +150,11 @@ def build_deepspeed_config(
         # DeepSpeed's ZeRO asserts on any optimizer outside its Adam list unless told; SGD is
         # elementwise, so stepping it on a partition is stepping it on the whole.
         config["zero_allow_untested_optimizer"] = True
+    if precision.name == Precision.fp16 and parallel.zero_stage == 0:
+        # Stage 0 all-reduces fp16 gradients summed, then divides by dp (engine.py
+        # ``allreduce_bucket``): a sum of dp loss-scaled gradients overflows where their mean
+        # does not, and the step is skipped where one rank's run takes it (tiny, dp 2: an
+        # extra skipped step, another experiment). Dividing first keeps the mean in range,
+        # as ZeRO 1-2's reduction does (DeepSpeed's ``prescale_gradients``).
+        config["prescale_gradients"] = True
     return config

@@ -51,7 +51,7 @@ from runner.pipeline_names import EMBED_KEY, model_name
 from runner.pipeline_split import stage_blocks, stage_bounds
 from runner.pipeline_tensor_parallel import cut_pipeline_module, output_head
 from runner.shard_build import write_initial_weights
-from runner.tensor_parallel import is_sharded
+from runner.tensor_parallel import grid_grad_norm
 
 log = logging.getLogger("ladder")
 
@@ -198,33 +198,17 @@ def _clip_across_stages(engine: Any, max_norm: float) -> None:
     DeepSpeed 0.19 clips fp32 ZeRO-0 gradients with runtime/utils.py ``clip_grad_norm_``,
     whose Megatron rule counts a non-model-parallel parameter on model-parallel rank 0
     only; the pipeline grid's model-parallel group spans the stages, so only the first
-    stage's gradients enter the norm. Here each stage adds its own squared norm (the tied
-    embedding once: DeepSpeed marks the other copy ``ds_pipe_replicated``) over the
-    pipeline group, after the data-parallel all-reduce, as the plain layout sees it. With
-    tensor parallelism the group spans the stages' tensor-parallel ranks too: a shard's
-    squares are summed over them, a weight every rank of the group holds whole (the norms)
-    counted on its first rank only.
+    stage's gradients enter the norm. Here each stage adds its own squared norm over the
+    pipeline group, after the data-parallel all-reduce, as the plain layout sees it
+    (runner/tensor_parallel.py ``grid_grad_norm``, tensor-parallel shards included).
     """
-    import torch.distributed as dist
-
-    grid = engine.grid
-    group = grid.get_model_parallel_group()  # the ranks of one data-parallel index: pipe x tp
-    first_of_slice = grid.get_slice_parallel_rank() == 0
-
-    def counted(param: torch.nn.Parameter) -> bool:
-        if param.grad is None or getattr(param, "ds_pipe_replicated", False):
-            return False
-        return first_of_slice or is_sharded(param)
 
     def clip() -> None:
-        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-        own = [p.grad.detach().float().pow(2).sum() for p in engine.module.parameters() if counted(p)]
-        sq = torch.stack(own).sum() if own else torch.zeros((), device=engine.device)
-        dist.all_reduce(sq, group=group)
-        norm = sq.sqrt()
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        norm = grid_grad_norm(params, engine.grid)
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # as clip_grad_norm_ does
-        for grad in grads:
-            grad.mul_(coef)
+        for param in params:
+            param.grad.mul_(coef)
         engine._global_grad_norm = float(norm)
 
     engine.clip_fp32_gradients = clip

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from launchers.environment import DistributedEnv
-from runner import checkpoint, unfused_tp_norm
+from runner import checkpoint, fp16_loss_scale, unfused_norm
 from runner.build import build_measured
 from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import TrainConfig, to_dict
@@ -232,7 +232,8 @@ def _train(
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda),
     )
     undo_prestep(engine.optimizer)  # stage 0 in 16 bits: DeepSpeed's step at construction
-    unfused_tp_norm.install(engine, tp=layout.tp)  # stage 0 in 16 bits at tp > 1: the whole model's norm
+    unfused_norm.install(engine, tp=layout.tp, pp=layout.pp)  # stage 0 in 16 bits: the whole model's norm
+    fp16_loss_scale.install(engine)  # fp16 at stage 0: the loss scaled before backward
     start_step = 0
     record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:
@@ -240,6 +241,9 @@ def _train(
         stage, precision = config.parallel.zero_stage, config.precision.name
         tag = checkpoint.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
         start_step = checkpoint.load(engine, run_dir, tag=tag, rank=env.rank)
+        # fp16: the loss scale goes on where it was, on any layout (DeepSpeed's is in files only
+        # the same layout reads).
+        fp16_loss_scale.restore_scaler(engine, record.get("fp16_loss_scale"))
         if env.rank == 0:
             log.info("resumed from %s after %d completed steps", tag, start_step)
     peak = resolve_peak(config.cluster, config.precision.name, accelerator=accelerator)
@@ -333,6 +337,7 @@ def _train(
                 raise RuntimeError(f"fault injected by LADDER_INJECT_FAULT on rank {env.rank} at step {step}")
             lr = engine.get_lr()[0]
             probes.step_started()
+            loss_scale = fp16_loss_scale.current_scale(engine)  # what this step's backward multiplies by
             profiler.step_started(step)
             started = time.perf_counter()
             clock.start()
@@ -398,6 +403,7 @@ def _train(
                 **measured,
                 **clock.seconds(),
                 "train/skipped_steps": len(nonfinite.skipped),
+                **({"train/loss_scale": loss_scale} if loss_scale is not None else {}),
                 **throughput_metrics(
                     step_s=step_s,
                     tokens_per_step=tokens_per_step,
@@ -427,6 +433,7 @@ def _train(
                     keep=config.train.keep_checkpoints,
                     skipped_steps=nonfinite.skipped,
                     noise_scale=probes.noise.state(),
+                    loss_scale=fp16_loss_scale.scaler_state(engine),
                 )
             if asked and stop is not None:
                 raise _stopped(step + 1, asked, stop, rank=env.rank)

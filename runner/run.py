@@ -100,7 +100,7 @@ def _prepare_resume(
         return False, None
     stage, precision = config.parallel.zero_stage, config.precision.name
     try:
-        checkpoint.check_resumable(record, layout=layout, zero_stage=stage, precision=precision)
+        checkpoint.check_resumable(record, layout=layout, zero_stage=stage)
     except ValueError as error:
         raise ConfigError(f"  - {error}") from None
     converts = checkpoint.needs_universal(record, layout=layout, zero_stage=stage)

@@ -168,6 +168,34 @@ def params_grad_norm(params: list[torch.nn.Parameter], *, tp: int) -> float:
     return float((sharded_sq + replicated_sq).sqrt())
 
 
+def grid_grad_norm(params: list[torch.nn.Parameter], grid: Any) -> torch.Tensor:
+    """L2 norm of the whole model's gradient under a pipeline, from this rank's stage (and shard).
+
+    ``params``: this stage's parameters, or one optimizer group of them; ``grid``:
+    DeepSpeed's PipelineParallelGrid, whose model-parallel group is the ranks of one
+    data-parallel index (pipe x tp). Each stage adds its own squares over that group: a
+    tied embedding once (DeepSpeed marks the other copy ``ds_pipe_replicated``; its
+    gradient is the same after the tied all-reduce), a shard on every tensor-parallel rank,
+    a weight held whole by the group (the norms) on the group's first rank only. Every rank
+    of the group calls it (a collective).
+    """
+    import torch
+    import torch.distributed as dist
+
+    first_of_slice = grid.get_slice_parallel_rank() == 0
+    own = [
+        p.grad.detach().float().pow(2).sum()
+        for p in params
+        if p.grad is not None
+        and not getattr(p, "ds_pipe_replicated", False)
+        and (first_of_slice or is_sharded(p))
+    ]
+    device = params[0].device if params else torch.device("cpu")
+    sq = torch.stack(own).sum() if own else torch.zeros((), device=device)
+    dist.all_reduce(sq, group=grid.get_model_parallel_group())
+    return sq.sqrt()
+
+
 def split_token_embedding(model: Transformer, *, tp: int) -> None:
     """Split an untied token embedding by vocabulary over the tensor-parallel group, in place.
 

@@ -59,9 +59,10 @@ def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
 
 
 def test_ddp_in_fp16_trains_the_experiment_zero1_trains(train):
-    """Stage 0's 16-bit optimizer wrappers (FP16_UnfusedOptimizer for bf16, FP16_Optimizer for
-    fp16) step once when built; ladder undoes it (runner/optimizer_prestep.py). fp16 runs on
-    CUDA only: this is its proof (bf16's: tests/multirank/test_layout_invariance.py)."""
+    """Stage 0's 16-bit optimizer wrapper (DeepSpeed's FP16_UnfusedOptimizer, bf16 and fp16) steps
+    once when built (runner/optimizer_prestep.py), and in fp16 DeepSpeed neither scales the loss
+    before backward nor lets it clip (runner/fp16_loss_scale.py); ladder mends both. On a CPU:
+    tests/multirank/test_fp16_layouts.py; this is the proof on CUDA's fp16 kernels."""
     common = ("precision=fp16", "train.steps=4", "batch.micro_size=4", "logger=none")
     common = (*common, "data=synthetic")
     losses = {}

@@ -38,6 +38,10 @@ def test_every_parallel_and_precision(stage, precision):
     assert config["zero_optimization"]["stage"] == stage
     assert config.get("bf16", {}).get("enabled", False) == (precision == Precision.bf16)
     assert config.get("fp16", {}).get("enabled", False) == (precision == Precision.fp16)
+    # fp16: every stage halves the loss scale at each overflow (stage 0's optimizer knows no
+    # hysteresis), and stage 0 divides by dp before its all-reduce, as ZeRO does.
+    assert config.get("fp16", {}).get("hysteresis", 1) == 1
+    assert config.get("prescale_gradients", False) == (precision == Precision.fp16 and stage == 0)
     assert config["optimizer"]["type"] == "AdamW"
     assert config["optimizer"]["params"]["lr"] == 1e-3
     assert "auto" not in repr(config)

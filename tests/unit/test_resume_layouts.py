@@ -81,11 +81,3 @@ def test_ddp_takes_another_layouts_checkpoint_at_tp1_or_pp1_only():
     assert checkpoint.resume_tag(zero1, layout=_layout(2, tp=2), zero_stage=0) == "step_00000004_universal"
     with pytest.raises(ValueError, match=r"ddp takes .* tp 1 or pp 1 only, this run asks tp 2, pp 2"):
         checkpoint.check_resumable(zero1, layout=_layout(4, tp=2, pp=2), zero_stage=0)
-
-
-def test_ddp_in_fp16_takes_no_checkpoint_of_another_layout():
-    with pytest.raises(ValueError, match=r"precision=fp16 .*precision=bf16 or fp32"):
-        checkpoint.check_resumable(
-            _record(2, gpus=2), layout=_layout(1), zero_stage=0, precision=Precision.fp16
-        )
-    checkpoint.check_resumable(_record(2, gpus=2), layout=_layout(1), zero_stage=0, precision=Precision.bf16)

@@ -1,0 +1,123 @@
+"""fp16 at ZeRO stage 0 scales its loss before backward, as its optimizer's step expects.
+
+DeepSpeed 0.19.8's ``DeepSpeedEngine.backward`` (runtime/engine.py) scales the loss only
+for a ZeRO optimizer (``scale_if_loss``) or torch's autocast GradScaler. fp16 at stage 0,
+``parallel=ddp`` (ladder's torch AdamW makes it ``FP16_UnfusedOptimizer``,
+runtime/fp16/unfused_optimizer.py), falls through to a bare ``loss.backward()``, while
+that optimizer's step still divides the gradients by its loss scale (2^16 at first): the
+gradients are never scaled up against fp16's underflow, the update sees them 65,536x too
+small (Adam's eps then weighs as if 65,536x larger), and clipping never acts (the norm it
+compares is divided by the scale too). Measured, tiny on 1 rank, fp16: the losses with
+``optimizer.grad_clip=1.0`` and ``0`` are the same to the bit. An open DeepSpeed pull
+request (deepspeedai/DeepSpeed#8393) routes this case through the optimizer's own scaling.
+
+:func:`install` does that here: for an fp16 engine without ZeRO, the loss handed to
+``backward`` is multiplied by the optimizer's current scale first (its ``backward``'s
+``loss.float() * cur_scale``). Under a pipeline the last stage's backward goes through the
+same method (PipelineEngine ``_exec_backward_pass``: ``super().backward(self.loss)``),
+and the earlier stages receive gradients already scaled.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+
+def install(engine: Any) -> bool:
+    """Scale the loss of this fp16 stage-0 engine before its backward; whether it needed it."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    if not engine.fp16_enabled() or engine.zero_optimization():
+        return False
+    if not isinstance(engine.optimizer, FP16_UnfusedOptimizer | FP16_Optimizer):
+        return False
+    unscaled_backward = DeepSpeedEngine.backward
+
+    @functools.wraps(unscaled_backward)
+    def backward(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        if self is engine:
+            scale = engine.optimizer.loss_scale_config
+            if scale.use_grad_scaling:
+                loss = loss.float() * scale.cur_scale
+        return unscaled_backward(self, loss, *args, **kwargs)
+
+    # Patched on the class: a pipeline's last stage calls it through super(). One engine per rank.
+    DeepSpeedEngine.backward = backward  # type: ignore[method-assign]
+    _report_unscaled_norm(engine.optimizer)
+    return True
+
+
+def _report_unscaled_norm(optimizer: Any) -> None:
+    """After each step the optimizer's ``_global_grad_norm`` (the engine reports it) is the
+    gradients' own norm: the wrapper leaves the norm of the scaled gradients there, where
+    ZeRO's optimizers leave the unscaled one. Divided by the scale the backward used, read
+    before the step (which may change it); an overflow's inf stays."""
+    scaled_step = optimizer.step
+
+    @functools.wraps(scaled_step)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        scale = optimizer.loss_scale_config.cur_scale
+        result = scaled_step(*args, **kwargs)
+        norm = float(optimizer._global_grad_norm)
+        if math.isfinite(norm):
+            optimizer._global_grad_norm = norm / scale
+        return result
+
+    optimizer.step = step
+
+
+# The dynamic loss scale's state: the scale, the optimizer steps counted (skipped ones
+# included) and the last that overflowed, from which the scale grows again every
+# ``scale_window`` steps. The same three fields in stage 0's LossScaleConfig and ZeRO's
+# DynamicLossScaler (runtime/fp16/loss_scaler.py).
+SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter")
+
+
+def _scaler(engine: Any) -> Any:
+    """The object that holds this fp16 engine's dynamic loss scale (None: not fp16 or static)."""
+    if not engine.fp16_enabled():
+        return None
+    optimizer = engine.optimizer
+    scaler = getattr(optimizer, "loss_scaler", None)  # ZeRO 1-3
+    if scaler is None:
+        scaler = getattr(optimizer, "loss_scale_config", None)  # stage 0's FP16_UnfusedOptimizer
+    if scaler is None or not getattr(scaler, "dynamic", getattr(scaler, "dynamic_loss_scale", False)):
+        return None
+    return scaler
+
+
+def scaler_state(engine: Any) -> dict[str, float] | None:
+    """The dynamic loss scale's state for a checkpoint's record (None outside fp16).
+
+    DeepSpeed keeps it in the optimizer's own checkpoint files, which a resume on another
+    layout does not read (the universal checkpoint holds no loss scale): without it the
+    scale starts again at 2^16 and skips steps the uninterrupted run takes.
+    """
+    scaler = _scaler(engine)
+    if scaler is None:
+        return None
+    return {field: float(getattr(scaler, field)) for field in SCALER_FIELDS}
+
+
+def restore_scaler(engine: Any, state: dict[str, float] | None) -> bool:
+    """Take up the loss scale ``state`` recorded; whether there was one to take up."""
+    scaler = _scaler(engine)
+    if scaler is None or not state:
+        return False
+    scaler.cur_scale = float(state["cur_scale"])
+    scaler.cur_iter = int(state["cur_iter"])
+    scaler.last_overflow_iter = int(state["last_overflow_iter"])
+    return True
+
+
+def current_scale(engine: Any) -> float | None:
+    """The loss scale the next backward uses (None outside fp16), for the per-step metrics."""
+    scaler = _scaler(engine)
+    return None if scaler is None else float(scaler.cur_scale)
+
+
+__all__ = ["SCALER_FIELDS", "current_scale", "install", "restore_scaler", "scaler_state"]

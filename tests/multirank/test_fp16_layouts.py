@@ -1,0 +1,130 @@
+"""fp16 keeps the experiment across layouts: stage 0 scales its loss, clips by the whole model.
+
+DeepSpeed's fp16 paths on a CPU: tests/fp16_on_cpu tells its CPU accelerator that this CPU
+has fp16 kernels (torch computes fp16 on any CPU, more slowly), nothing else changed. tiny,
+global batch 16 as micro 4, sequences of 32, lr 1e-3, 5 steps; dynamic loss scale from
+2^16, so step 0 overflows and is skipped on every layout alike. Measured against `ddp` on
+one rank: ZeRO-1 on 2 ranks, `ddp` on 2 ranks and at pp 2 within 2.2e-5 in loss, at tp 2
+within 1.0e-4, and within 1e-4 (relative) in gradient norm. Before ladder's fixes (runner/fp16_loss_scale.py,
+runner/unfused_norm.py, the fp16 section of runner/deepspeed_config.py) `ddp` trained
+unscaled and unclipped (the same losses with `optimizer.grad_clip=0`; 0.29 below ZeRO-1 at step
+2), `ddp` at pp 2 clipped by
+18.97 where the model's norm is 17.96, and `ddp` on 2 ranks overflowed once more than one
+rank, skipping a step the others took.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+from train_helpers import ROOT, TrainResult, run_train
+
+pytestmark = pytest.mark.multirank
+
+STEPS = 5
+EXPERIMENT = (
+    "precision=fp16",
+    "batch.global_size=16",
+    "batch.micro_size=4",
+    "data.seq_len=32",
+    "optimizer.lr=1e-3",
+    "logger=none",
+)
+FP16 = (*EXPERIMENT, f"train.steps={STEPS}")
+LAYOUTS = {
+    "ddp on 1": ("parallel=ddp", "gpus=1"),
+    "zero1 on 2": ("parallel=zero1", "gpus=2"),
+    "ddp on 2": ("parallel=ddp", "gpus=2"),
+    "ddp at tp 2": ("parallel=ddp", "gpus=2", "parallel.tp=2"),
+    "ddp at pp 2": ("parallel=ddp", "gpus=2", "parallel.pp=2"),
+}
+# fp16's 10-bit mantissa: the layouts' different summation orders (and at tp 2 the split
+# matrices' own) put them 2e-5 (dp, pp, ZeRO-1) to 1.0e-4 (tp 2) apart here.
+FP16_TOLERANCE = 5e-4
+
+
+def fp16_env() -> dict[str, str]:
+    """PYTHONPATH with tests/fp16_on_cpu first: its sitecustomize runs in train.py and every rank."""
+    paths = [str(ROOT / "tests" / "fp16_on_cpu"), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(path for path in paths if path)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, TrainResult]:
+    root: Path = tmp_path_factory.mktemp("fp16")
+    results = {}
+    for index, (name, layout) in enumerate(LAYOUTS.items()):
+        result = run_train(*layout, *FP16, run_dir=root / f"run{index}", env=fp16_env())
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+        results[name] = result
+    return results
+
+
+def _norms(result: TrainResult) -> list[float]:
+    return [float(m["grad_norm"]) for m in result.metrics]
+
+
+def test_every_layout_skips_the_same_overflowing_steps(runs):
+    skipped = {name: [not math.isfinite(n) for n in _norms(result)] for name, result in runs.items()}
+    print(f"overflowing steps (skipped): {skipped}")
+    assert skipped["ddp on 1"] == [True] + [False] * (STEPS - 1)  # 2^16 overflows once, then halved
+    assert all(flags == skipped["ddp on 1"] for flags in skipped.values()), skipped
+
+
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "ddp on 1"])
+def test_each_layout_trains_one_ranks_experiment(runs, layout):
+    plain, other = runs["ddp on 1"].metrics, runs[layout].metrics
+    assert len(plain) == len(other) == STEPS
+    worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(plain, other, strict=True))
+    print(f"fp16, {layout} vs ddp on 1: max |dloss| over {STEPS} steps = {worst:.2e}")
+    assert worst <= FP16_TOLERANCE
+    for a, b in zip(_norms(runs["ddp on 1"]), _norms(runs[layout]), strict=True):
+        if math.isfinite(a):  # the reported norm is the gradients' own, not the loss-scaled one
+            assert b == pytest.approx(a, rel=1e-3)
+    assert plain[-1]["loss"] < plain[1]["loss"] - 0.5  # it trains
+
+
+def test_the_loss_scale_is_logged_and_the_same_on_every_layout(runs):
+    scales = {name: [m["train/loss_scale"] for m in result.metrics] for name, result in runs.items()}
+    assert scales["ddp on 1"] == [2.0**16] + [2.0**15] * (STEPS - 1)  # halved by step 0's overflow
+    assert all(values == scales["ddp on 1"] for values in scales.values()), scales
+
+
+def test_the_noise_scale_is_measured_past_the_overflow(runs):
+    """An overflowing step's infinite norm is left out of the noise scale's EMAs (it poisoned them)."""
+    plain = runs["ddp on 1"].summary["noise_scale"]
+    assert plain["simple"] is not None and plain["simple"] > 0, plain
+    assert plain["updates"] == STEPS - 1  # every step but the skipped one
+    for name in ("zero1 on 2", "ddp on 2", "ddp at tp 2"):
+        other = runs[name].summary["noise_scale"]["simple"]
+        print(f"noise scale B_simple: {name} {other:.5f}, ddp on 1 {plain['simple']:.5f}")
+        assert other == pytest.approx(plain["simple"], rel=1e-3)
+
+
+def test_a_run_moves_across_layouts_with_its_loss_scale(runs, tmp_path):
+    """ddp on 1 -> ZeRO-1 on 2 -> ddp at pp 2 -> ddp at tp 2 -> ddp on 1, one step each: the
+    uninterrupted losses, and the loss scale goes on where it was (the universal checkpoint
+    holds none: without ladder's record it was 2^16 again after each move)."""
+    run_dir = tmp_path / "run"
+    legs = [
+        ("parallel=ddp", "gpus=1"),
+        ("parallel=zero1", "gpus=2"),
+        ("parallel=ddp", "gpus=2", "parallel.pp=2"),
+        ("parallel=ddp", "gpus=2", "parallel.tp=2"),
+        ("parallel=ddp", "gpus=1"),
+    ]
+    for number, leg in enumerate(legs, start=1):
+        steps = (f"train.steps={number}", f"train.checkpoint_every={number}")
+        resume = ("train.resume=auto",) if number > 1 else ()
+        result = run_train(*leg, *EXPERIMENT, *steps, *resume, run_dir=run_dir, env=fp16_env())
+        assert result.returncode == 0, (leg, result.stderr[-3000:])
+    plain = runs["ddp on 1"].metrics
+    moved = result.metrics
+    assert [m["step"] for m in moved] == list(range(STEPS))
+    worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(plain, moved, strict=True))
+    print(f"fp16 across 5 layouts vs ddp on 1 uninterrupted: max |dloss| = {worst:.2e}")
+    assert worst <= FP16_TOLERANCE
+    assert [m["train/loss_scale"] for m in moved] == [m["train/loss_scale"] for m in plain]
