@@ -96,7 +96,7 @@ def save(
     keep: int,
     skipped_steps: list[int] | None = None,
     noise_scale: dict[str, Any] | None = None,
-    loss_scale: dict[str, float] | None = None,
+    loss_scale: dict[str, Any] | None = None,
 ) -> None:
     """Write a checkpoint of every rank's state; collective: every rank calls it.
 

@@ -114,10 +114,39 @@ def restore_scaler(engine: Any, state: dict[str, float] | None) -> bool:
     return True
 
 
+class OverflowLog:
+    """fp16's steps the loss scaler skipped for an overflow, across resumes, and the scale reached.
+
+    Such a step's reported norm is inf; one ladder skipped itself (train.on_nonfinite=skip,
+    runner/nonfinite.py) is counted there instead. Recorded in latest.json with the scale's
+    state and in summary.json as ``fp16_loss_scale``.
+    """
+
+    def __init__(self, engine: Any, record: dict[str, Any] | None) -> None:
+        self._engine = engine
+        self.steps: list[int] = list((record or {}).get("overflow_steps", []))
+
+    def step_done(self, step: int, *, grad_norm: float | None, skipped: bool) -> None:
+        """Note ``step`` if the loss scaler skipped it."""
+        overflowed = grad_norm is not None and not math.isfinite(grad_norm)
+        if overflowed and not skipped and _scaler(self._engine) is not None:
+            self.steps.append(step)
+
+    def state(self) -> dict[str, Any] | None:
+        """For latest.json: the scale's state (:func:`restore_scaler`) and the steps so far."""
+        state = scaler_state(self._engine)
+        return None if state is None else {**state, "overflow_steps": list(self.steps)}
+
+    def summary(self) -> dict[str, Any] | None:
+        """For summary.json (None outside fp16)."""
+        scale = current_scale(self._engine)
+        return None if scale is None else {"final_scale": scale, "overflow_steps": list(self.steps)}
+
+
 def current_scale(engine: Any) -> float | None:
     """The loss scale the next backward uses (None outside fp16), for the per-step metrics."""
     scaler = _scaler(engine)
     return None if scaler is None else float(scaler.cur_scale)
 
 
-__all__ = ["SCALER_FIELDS", "current_scale", "install", "restore_scaler", "scaler_state"]
+__all__ = ["SCALER_FIELDS", "OverflowLog", "current_scale", "install", "restore_scaler", "scaler_state"]

@@ -7,6 +7,7 @@ launcher or srun). Rank 0 also owns the metric sinks and writes ``summary.json``
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import warnings
@@ -300,9 +301,12 @@ def _train(
         accum_steps=layout.accum_steps,
         compiled=config.train.compile,
     )
-    # Model states are measured at the accumulation boundary of the second step, when the
-    # optimizer state exists; activations over the first micro-batch of the first step.
-    ledger_step = min(start_step + 1, config.train.steps - 1)
+    # Model states are measured at the accumulation boundary of the first step after one that
+    # updated the weights, when the optimizer state exists (the second step, unless fp16's
+    # loss scaler or train.on_nonfinite=skip skipped the first), or of the last step;
+    # activations over the first micro-batch of the first step.
+    ledger_step: int | None = None
+    updated = False  # some step of this run applied its update
     ledger: Ledger | None = None
     saved_bytes = 0
 
@@ -320,6 +324,7 @@ def _train(
     probes = StepProbes(engine, layout=layout, device=device, tied_embeddings=config.model.tie_embeddings)
     if record is not None and record.get("noise_scale"):
         probes.noise.restore(record["noise_scale"])  # its EMAs go on where the checkpoint left them
+    overflows = fp16_loss_scale.OverflowLog(engine, record.get("fp16_loss_scale") if record else None)
     # Where each step's time goes (runner/phase_clock.py); a pipeline marks its instructions.
     clock = PhaseClock(device, PHASES if pipe is None else PIPELINE_PHASES)
     if pipe is not None:
@@ -343,6 +348,8 @@ def _train(
             clock.start()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
             skip = False  # train.on_nonfinite=skip: this step's update is dropped (runner/nonfinite.py)
+            if ledger_step is None and (updated or step == config.train.steps - 1):
+                ledger_step = step
             if pipe is not None:
                 # Pipeline parallel (runner/pipeline.py): forward, backward and the optimizer
                 # step of all micro-batches, 1F1B; the micro-batch loop below runs no iteration.
@@ -396,6 +403,9 @@ def _train(
             if not own_grad_norm:
                 grad_norm = engine.get_global_grad_norm()
             measured = probes.step_done(grad_norm=grad_norm, skipped=skip)
+            overflows.step_done(step, grad_norm=grad_norm, skipped=skip)
+            # An fp16 overflow's step (its norm inf) is skipped by DeepSpeed's loss scaler.
+            updated = updated or not (skip or (grad_norm is not None and not math.isfinite(grad_norm)))
             metrics = {
                 "loss": loss_value,
                 "lr": lr,
@@ -433,7 +443,7 @@ def _train(
                     keep=config.train.keep_checkpoints,
                     skipped_steps=nonfinite.skipped,
                     noise_scale=probes.noise.state(),
-                    loss_scale=fp16_loss_scale.scaler_state(engine),
+                    loss_scale=overflows.state(),
                 )
             if asked and stop is not None:
                 raise _stopped(step + 1, asked, stop, rank=env.rank)
@@ -481,6 +491,7 @@ def _train(
                 if pipe is not None
                 else None,
                 skipped_steps=nonfinite.summary(),
+                fp16_loss_scale=overflows.summary(),
                 resumed_from_step=start_step or None,
                 profile=profiler.summary(run_dir),
             )

@@ -72,6 +72,8 @@ def test_every_layout_skips_the_same_overflowing_steps(runs):
     print(f"overflowing steps (skipped): {skipped}")
     assert skipped["ddp on 1"] == [True] + [False] * (STEPS - 1)  # 2^16 overflows once, then halved
     assert all(flags == skipped["ddp on 1"] for flags in skipped.values()), skipped
+    for result in runs.values():  # summary.json says which, and the scale reached
+        assert result.summary["fp16_loss_scale"] == {"final_scale": 2.0**15, "overflow_steps": [0]}
 
 
 @pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "ddp on 1"])
@@ -128,3 +130,16 @@ def test_a_run_moves_across_layouts_with_its_loss_scale(runs, tmp_path):
     print(f"fp16 across 5 layouts vs ddp on 1 uninterrupted: max |dloss| = {worst:.2e}")
     assert worst <= FP16_TOLERANCE
     assert [m["train/loss_scale"] for m in moved] == [m["train/loss_scale"] for m in plain]
+    assert result.summary["fp16_loss_scale"]["overflow_steps"] == [0]  # step 0 was the first leg's
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_memory_ledger_counts_fp16s_terms(runs, layout):
+    """Measured after the first step that updated (step 0 overflowed, so Adam's state is made at
+    step 1): each term as estimated. At step 1 ZeRO's optimizer term read 1/3 of it (the fp32
+    masters, no moments yet)."""
+    memory = runs[layout].summary["memory"]
+    assert "step 2 accumulation boundary" in memory["measured_at"]
+    for term in ("params", "grads", "optimizer", "activations"):
+        error = memory["rel_error"][term]
+        assert error is not None and abs(error) <= 0.02, (term, memory)
