@@ -16,7 +16,7 @@ universal checkpoint (``deepspeed.checkpoint.ds_to_universal``), converted once 
 the original and completed so that ZeRO stages 1, 2 and 3 all load it, whichever stage
 wrote it (:func:`_loadable_at_every_stage`). Tensor-parallel shards are joined by the split
 AutoTP recorded in the checkpoint (``UNIVERSAL_CHECKPOINT_INFO``) and sliced again on load.
-Stage 0 (``parallel=ddp``) crosses too, both ways, with tp or pp (not both): its checkpoint
+Stage 0 (``parallel=ddp``) crosses too, both ways, with tp, pp or both: its checkpoint
 is written in the universal format by ladder, and a stage-0 run resumes from stage-0 files
 written from the universal one (runner/checkpoint_stage0.py, and
 runner/checkpoint_stage0_pipeline.py for a pipeline's stages), except in bf16 under a
@@ -118,7 +118,7 @@ def save(
         client_state[UNIVERSAL_CHECKPOINT_INFO] = {}
     elif zero_stage == 3 and layout.tp > 1:
         checkpoint_splits.record_whole_replicated_shapes(engine.module, tp=layout.tp)
-    elif layout.pp > 1 and layout.tp > 1:
+    elif layout.pp > 1 and layout.tp > 1:  # for ds_to_universal (ZeRO 1); harmless at stage 0
         checkpoint_splits.record_every_stages_splits(engine.module)
     engine.save_checkpoint(str(root), tag=partial, client_state=client_state, save_latest=False)
     torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
@@ -190,52 +190,17 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
         )
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return
-    _check_universal(record, layout=layout, zero_stage=zero_stage)
-    if saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1 and not record.get(STAGE_SPLITS):
+    cut_both_ways = saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1
+    if cut_both_ways and record["zero_stage"] != 0 and not record.get(STAGE_SPLITS):
         # Without every stage's splits ds_to_universal joins a stage's shards along dimension 0,
-        # wrong for the row-split and whole tensors: a checkpoint of an earlier ladder.
+        # wrong for the row-split and whole tensors: a ZeRO checkpoint of an earlier ladder.
+        # (ladder joins a stage-0 checkpoint's shards itself: runner/checkpoint_stage0_pipeline.py.)
         raise ValueError(
             f"train.resume=auto: the checkpoint {record['tag']} was written at pp {saved['pp']}, tp "
             f"{saved['tp']} without the record of how every stage split its tensors, so it resumes on "
             f"its own layout only: keep gpus={saved['gpus']} parallel.pp={saved['pp']} "
             f"parallel.tp={saved['tp']} parallel.zero_stage={record['zero_stage']}, or start a new run "
             f"directory"
-        )
-
-
-def _check_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
-    """Refuse a move to another layout that the universal checkpoint cannot carry.
-
-    ZeRO stages 1, 2 and 3 move to one another at any dp and tp: universal_tag completes
-    DeepSpeed's conversion for every stage (_loadable_at_every_stage); the conversion joins
-    the tensor-parallel shards by the split AutoTP recorded in the checkpoint
-    (``UNIVERSAL_CHECKPOINT_INFO``), and each rank of the new layout loads its own slice.
-    Stage 0 converts from tp 1, where one file holds its whole state or each pipeline stage's
-    files the stage's, and from pp 1, where each tensor-parallel rank's file holds its shards
-    (runner/checkpoint_stage0.py, runner/checkpoint_stage0_pipeline.py); not from both cuts at
-    once; and a stage-0 run takes another layout's checkpoint at tp 1 or at pp 1, where its
-    ranks slice the universal one (runner/checkpoint_stage0_tp.py).
-    """
-    saved = record["layout"]
-    saved_tp, saved_pp = saved.get("tp", 1), saved.get("pp", 1)
-    split = {"dp": saved["dp"], "tp": saved_tp, "pp": saved_pp}
-    at = ", ".join(f"{key} {value}" for key, value in split.items() if key == "dp" or value > 1)
-    if record["zero_stage"] == 0 and saved_tp > 1 and saved_pp > 1:
-        keep = "".join(
-            f"parallel.{key}={value} " for key, value in split.items() if key != "dp" and value > 1
-        )
-        raise ValueError(
-            f"train.resume=auto: the checkpoint was written by parallel with zero_stage 0 on {at}; "
-            f"a stage-0 checkpoint moves to another ZeRO stage, tp or pp from tp 1 or pp 1 only. "
-            f"Resume with parallel=ddp {keep}(any gpus), or from a checkpoint written at tp 1, at pp 1 "
-            f"or by ZeRO 1-3"
-        )
-    if zero_stage == 0 and layout.tp > 1 and layout.pp > 1:
-        raise ValueError(
-            f"train.resume=auto: the checkpoint was written on {at} at ZeRO stage {record['zero_stage']}; "
-            f"parallel=ddp takes a checkpoint of another layout at tp 1 or pp 1 only, this run asks tp "
-            f"{layout.tp}, pp {layout.pp}. Resume with parallel.tp=1 or parallel.pp=1, or with "
-            f"parallel=zero1, zero2 or zero3"
         )
 
 
@@ -332,7 +297,7 @@ def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str
     if not (root / tag).is_dir():
         partial = root / (PARTIAL_PREFIX + tag)
         shutil.rmtree(partial, ignore_errors=True)
-        if record["zero_stage"] == 0:  # tp 1 or pp 1 (check_resumable): ladder writes the model's names
+        if record["zero_stage"] == 0:  # ladder joins stage 0's shards itself, under the model's names
             _stage0_to_universal(root / record["tag"], partial, record, model)
         else:
             _ds_to_universal(root / record["tag"], partial, record)
@@ -378,7 +343,7 @@ def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], mo
     try:
         pp, tp = record["layout"].get("pp", 1), record["layout"].get("tp", 1)
         if pp > 1:
-            checkpoint_stage0_pipeline.to_universal(source, partial, model, pp=pp)
+            checkpoint_stage0_pipeline.to_universal(source, partial, model, pp=pp, tp=tp)
         else:
             checkpoint_stage0.to_universal(source, partial, model, tp=tp)
     except ValueError as error:

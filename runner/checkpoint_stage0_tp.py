@@ -7,6 +7,8 @@ universal model-states file (it loads no module from a universal checkpoint and,
 not to, no optimizer): each parameter's whole fp32 weight and Adam moments from
 ``zero/<name>/``, sliced for this rank by the partition AutoTP recorded on the parameter
 (DeepSpeed's ``_resolve_autotp_partition``, which ZeRO's universal loading slices by too).
+Under a pipeline too (tp x pp): each stage's ranks read the universal checkpoint through the
+pipeline's view of it, under the stage's own parameter names (runner/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ def load(engine: Any, folder: Path, *, tp: int) -> None:
         pairs = [(param, param) for group in optimizer.param_groups for param in group["params"]]
         adam = optimizer
     names = {id(param): name for name, param in engine.module.named_parameters()}
-    rank = groups.get_tensor_model_parallel_rank()
+    # A pipeline's engine keeps its grid as its mpu (its tp rank: the grid's model axis);
+    # otherwise AutoTP registered the tensor-parallel group with DeepSpeed's groups.
+    rank = (engine.mpu or groups).get_tensor_model_parallel_rank()
     zero = folder / "zero"
     # Each group's hyperparameters as saved, the learning rate of the step reached included
     # (the schedule sets it again only at its next step), as ZeRO's universal loading does.

@@ -121,7 +121,9 @@ def run_train(
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
-def run_torchrun(*overrides: str, nproc: int, run_dir: Path, timeout: float = 600) -> TrainResult:
+def run_torchrun(
+    *overrides: str, nproc: int, run_dir: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> TrainResult:
     """``torchrun --nproc_per_node=N train.py overrides... hydra.run.dir=run_dir``: ranks torchrun starts.
 
     On a free port: a fixed one may be held by another job on this machine.
@@ -141,28 +143,32 @@ def run_torchrun(*overrides: str, nproc: int, run_dir: Path, timeout: float = 60
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=clean_env(),
+        env=clean_env(env),
     )
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+def run_on_any_gpus(*overrides: str, run_dir: Path, env: dict[str, str] | None = None) -> TrainResult:
+    """``run_train``, or ``run_torchrun`` where ``gpus`` exceeds this host's cores (which ladder's
+    local launcher refuses: it keeps one rank per core)."""
+    gpus = int(next((arg.removeprefix("gpus=") for arg in overrides if arg.startswith("gpus=")), "1"))
+    if gpus > (os.cpu_count() or 1):
+        return run_torchrun(*overrides, nproc=gpus, run_dir=run_dir, env=env)
+    return run_train(*overrides, run_dir=run_dir, env=env)
 
 
 def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[TrainResult, list[int | None]]:
     """One run in ``legs``, each on its own layout and ending with ``train.steps=N``: each leg
     checkpoints at its last step and the next resumes from it in the same directory.
 
-    A leg with more ``gpus`` than this host's cores (which ladder's local launcher refuses)
-    is started by torchrun. Returns the last leg's result and the
-    step each leg resumed from (None: the first).
+    A leg with more ``gpus`` than this host's cores is started by torchrun (run_on_any_gpus).
+    Returns the last leg's result and the step each leg resumed from (None: the first).
     """
     resumed_from: list[int | None] = []
     for number, leg in enumerate(legs):
         every = "train.checkpoint_every=" + leg[-1].removeprefix("train.steps=")
         resume = ["train.resume=auto"] if number else []
-        gpus = int(next((arg.removeprefix("gpus=") for arg in leg if arg.startswith("gpus=")), "1"))
-        if gpus > (os.cpu_count() or 1):
-            result = run_torchrun(*leg, *common, every, *resume, nproc=gpus, run_dir=run_dir)
-        else:
-            result = run_train(*leg, *common, every, *resume, run_dir=run_dir)
+        result = run_on_any_gpus(*leg, *common, every, *resume, run_dir=run_dir)
         assert result.returncode == 0, (leg, result.stderr[-3000:])
         resumed_from.append(result.summary.get("resumed_from_step"))
     return result, resumed_from

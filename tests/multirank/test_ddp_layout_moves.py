@@ -14,6 +14,7 @@ from train_helpers import (
     TrainResult,
     compose_config,
     run_in_legs,
+    run_on_any_gpus,
     run_train,
     without,
 )
@@ -60,13 +61,15 @@ def test_ddp_on_2_ranks_to_zero3_to_ddp_on_1_gives_the_uninterrupted_losses(
         assert losses[step] == pytest.approx(expected[step], abs=FP32_TOLERANCE), step
 
 
-def _ddp_there_and_back(run_dir: Path, split: str, reference: TrainResult) -> float:
-    """fp32 ``ddp`` on 2 ranks cut by ``split`` to step 4, 1 rank at ZeRO-2 to step 7, the split
-    again to step 10; returns the largest loss gap to one rank's uninterrupted run."""
+def _ddp_there_and_back(run_dir: Path, split: str, reference: TrainResult, *, gpus: int = 2) -> float:
+    """fp32 ``ddp`` on ``gpus`` ranks cut by ``split`` (overrides, space-separated) to step 4, 1
+    rank at ZeRO-2 to step 7, the split again to step 10; returns the largest loss gap to one
+    rank's uninterrupted run."""
+    cut = [f"gpus={gpus}", "parallel=ddp", *split.split()]
     legs = [
-        ["gpus=2", "parallel=ddp", split, "train.steps=4"],
+        [*cut, "train.steps=4"],
         ["gpus=1", "parallel=zero2", "train.steps=7"],
-        ["gpus=2", "parallel=ddp", split, "train.steps=10"],
+        [*cut, "train.steps=10"],
     ]
     _, resumed_from = run_in_legs(legs, *SMALL_EXPERIMENT, run_dir=run_dir)
     assert resumed_from == [None, 4, 7]
@@ -98,6 +101,34 @@ def test_ddp_at_tp_2_to_zero2_on_1_and_back_gives_the_uninterrupted_losses(
     weights along their inputs, the rest along dimension 0, the norms whole), and a stage-0 run
     at tp 2 slices the universal checkpoint by AutoTP's record of each shard."""
     assert _ddp_there_and_back(tmp_path / "run", "parallel.tp=2", one_rank_reference) <= FP32_TOLERANCE
+
+
+def test_ddp_at_tp_2_and_pp_2_to_zero2_on_1_and_back_gives_the_uninterrupted_losses(
+    tmp_path, one_rank_reference: TrainResult
+):
+    """Cut both ways, model-parallel rank ``stage * tp + tp_rank`` wrote each stage's shards:
+    ladder joins them stage by stage, and a stage-0 run at tp 2 x pp 2 slices the universal
+    checkpoint by AutoTP's record, under each stage's names (4 ranks, by torchrun)."""
+    gap = _ddp_there_and_back(tmp_path / "run", "parallel.tp=2 parallel.pp=2", one_rank_reference, gpus=4)
+    assert gap <= FP32_TOLERANCE
+
+
+def test_a_bf16_stage0_checkpoint_at_tp_2_and_pp_2_moves_and_comes_back(tmp_path):
+    """bf16 at tp 2 x pp 2 is BF16_Optimizer on each of 4 model-parallel ranks: to 1 rank at
+    ZeRO-1 after step 2 and back after step 3, within bf16's spread of the uninterrupted run."""
+    common = [*without(SHORT_RUN, "train.steps"), "precision=bf16"]
+    cut = ["gpus=4", "parallel=ddp", "parallel.tp=2", "parallel.pp=2"]
+    uninterrupted = run_on_any_gpus(*cut, *common, "train.steps=4", run_dir=tmp_path / "uninterrupted")
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    legs = [[*cut, "train.steps=2"], ["gpus=1", "parallel=zero1", "train.steps=3"], [*cut, "train.steps=4"]]
+    _, resumed_from = run_in_legs(legs, *common, run_dir=tmp_path / "run")
+    assert resumed_from == [None, 2, 3]
+    losses, expected = _losses(tmp_path / "run"), _losses(uninterrupted.run_dir)
+    assert sorted(losses) == sorted(expected) == list(range(4))
+    assert [losses[step] for step in range(2)] == [expected[step] for step in range(2)]
+    worst = max(abs(losses[step] - expected[step]) for step in range(2, 4))
+    print(f"bf16 tp 2 x pp 2 -> zero1 on 1 -> back vs uninterrupted, steps 2-3: max |dloss| = {worst:.2e}")
+    assert worst <= BF16_TOLERANCE
 
 
 def test_a_bf16_pipelines_stage0_checkpoint_resumes_and_moves(tmp_path):

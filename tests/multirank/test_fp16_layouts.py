@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, TrainResult, run_train
+from train_helpers import ROOT, TrainResult, run_on_any_gpus
 
 pytestmark = pytest.mark.multirank
 
@@ -40,6 +40,7 @@ LAYOUTS = {
     "ddp on 2": ("parallel=ddp", "gpus=2"),
     "ddp at tp 2": ("parallel=ddp", "gpus=2", "parallel.tp=2"),
     "ddp at pp 2": ("parallel=ddp", "gpus=2", "parallel.pp=2"),
+    "ddp at tp 2 x pp 2": ("parallel=ddp", "gpus=4", "parallel.tp=2", "parallel.pp=2"),  # by torchrun
 }
 # fp16's 10-bit mantissa: the layouts' different summation orders (and at tp 2 the split
 # matrices' own) put them 2e-5 (dp, pp, ZeRO-1) to 1.0e-4 (tp 2) apart here.
@@ -57,7 +58,7 @@ def runs(tmp_path_factory) -> dict[str, TrainResult]:
     root: Path = tmp_path_factory.mktemp("fp16")
     results = {}
     for index, (name, layout) in enumerate(LAYOUTS.items()):
-        result = run_train(*layout, *FP16, run_dir=root / f"run{index}", env=fp16_env())
+        result = run_on_any_gpus(*layout, *FP16, run_dir=root / f"run{index}", env=fp16_env())
         assert result.returncode == 0, (name, result.stderr[-3000:])
         results[name] = result
     return results
@@ -107,7 +108,7 @@ def test_the_noise_scale_is_measured_past_the_overflow(runs):
 
 
 def test_a_run_moves_across_layouts_with_its_loss_scale(runs, tmp_path):
-    """ddp on 1 -> ZeRO-1 on 2 -> ddp at pp 2 -> ddp at tp 2 -> ddp on 1, one step each: the
+    """ddp on 1 -> ZeRO-1 on 2 -> ddp at pp 2 -> ddp at tp 2 x pp 2 -> ddp on 1, one step each: the
     uninterrupted losses, and the loss scale goes on where it was (the universal checkpoint
     holds none: without ladder's record it was 2^16 again after each move)."""
     run_dir = tmp_path / "run"
@@ -115,13 +116,13 @@ def test_a_run_moves_across_layouts_with_its_loss_scale(runs, tmp_path):
         ("parallel=ddp", "gpus=1"),
         ("parallel=zero1", "gpus=2"),
         ("parallel=ddp", "gpus=2", "parallel.pp=2"),
-        ("parallel=ddp", "gpus=2", "parallel.tp=2"),
+        ("parallel=ddp", "gpus=4", "parallel.tp=2", "parallel.pp=2"),
         ("parallel=ddp", "gpus=1"),
     ]
     for number, leg in enumerate(legs, start=1):
         steps = (f"train.steps={number}", f"train.checkpoint_every={number}")
         resume = ("train.resume=auto",) if number > 1 else ()
-        result = run_train(*leg, *EXPERIMENT, *steps, *resume, run_dir=run_dir, env=fp16_env())
+        result = run_on_any_gpus(*leg, *EXPERIMENT, *steps, *resume, run_dir=run_dir, env=fp16_env())
         assert result.returncode == 0, (leg, result.stderr[-3000:])
     plain = runs["ddp on 1"].metrics
     moved = result.metrics

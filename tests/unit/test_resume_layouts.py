@@ -60,24 +60,30 @@ def test_a_pipelines_stage0_checkpoint_moves_both_ways():
         assert not checkpoint.needs_universal(record, layout=_layout(2, pp=2), zero_stage=0)
 
 
-def test_a_stage0_checkpoint_cut_by_tp_or_pp_moves_and_cut_by_both_resumes_on_its_own_split_only():
-    for record in (_record(0, gpus=2, tp=2), _record(0, gpus=2, pp=2)):
-        checkpoint.check_resumable(record, layout=_layout(2), zero_stage=1)
-        checkpoint.check_resumable(record, layout=_layout(1), zero_stage=0)
+def test_a_stage0_checkpoint_cut_by_tp_pp_or_both_moves_to_every_layout():
+    """ladder joins stage 0's shards itself, so a tp x pp one needs no record of AutoTP's splits
+    (a ZeRO one does: ds_to_universal joins by it)."""
+    for record in (_record(0, gpus=2, tp=2), _record(0, gpus=2, pp=2), _record(0, gpus=4, tp=2, pp=2)):
+        for layout, stage in ((_layout(2), 1), (_layout(1), 0), (_layout(4, tp=2, pp=2), 1)):
+            checkpoint.check_resumable(record, layout=layout, zero_stage=stage)
     ddp_3d = _record(0, gpus=4, tp=2, pp=2)
-    with pytest.raises(
-        ValueError, match=r"zero_stage 0 on dp 1, tp 2, pp 2.*tp 1 or pp 1 only.*parallel=ddp parallel\.tp=2"
-    ):
-        checkpoint.check_resumable(ddp_3d, layout=_layout(2), zero_stage=1)
+    assert checkpoint.resume_tag(ddp_3d, layout=_layout(1), zero_stage=0) == "step_00000004_universal_ddp"
     checkpoint.check_resumable(ddp_3d, layout=_layout(8, tp=2, pp=2), zero_stage=0)  # any dp
+    assert not checkpoint.needs_universal(ddp_3d, layout=_layout(8, tp=2, pp=2), zero_stage=0)
+    zero1_3d = _record(1, gpus=4, tp=2, pp=2)  # written before ladder recorded every stage's splits
+    with pytest.raises(ValueError, match=r"without the record of how every stage split its tensors"):
+        checkpoint.check_resumable(zero1_3d, layout=_layout(1), zero_stage=0)
 
 
-def test_ddp_takes_another_layouts_checkpoint_at_tp1_or_pp1_only():
+def test_ddp_takes_another_layouts_checkpoint_at_any_tp_and_pp():
     zero1 = _record(1, gpus=2)
-    for tp, pp in ((2, 1), (1, 2)):
-        checkpoint.check_resumable(zero1, layout=_layout(2, tp=tp, pp=pp), zero_stage=0)
-    # At tp 2 the ranks slice the universal checkpoint themselves (runner/checkpoint_stage0_tp.py).
+    for tp, pp in ((2, 1), (1, 2), (2, 2)):
+        checkpoint.check_resumable(zero1, layout=_layout(tp * pp, tp=tp, pp=pp), zero_stage=0)
+    # Under tensor parallelism the ranks slice the universal checkpoint themselves
+    # (runner/checkpoint_stage0_tp.py), under a pipeline through its view of it.
     assert checkpoint.loads_universal(zero1, layout=_layout(2, tp=2), zero_stage=0)
     assert checkpoint.resume_tag(zero1, layout=_layout(2, tp=2), zero_stage=0) == "step_00000004_universal"
-    with pytest.raises(ValueError, match=r"ddp takes .* tp 1 or pp 1 only, this run asks tp 2, pp 2"):
-        checkpoint.check_resumable(zero1, layout=_layout(4, tp=2, pp=2), zero_stage=0)
+    assert checkpoint.loads_universal(zero1, layout=_layout(4, tp=2, pp=2), zero_stage=0)
+    assert checkpoint.resume_tag(zero1, layout=_layout(4, tp=2, pp=2), zero_stage=0) == (
+        "step_00000004_universal_pipeline"
+    )
