@@ -123,6 +123,9 @@ class PrecisionConfig:
     """Compute precision of the run."""
 
     name: Precision = Precision.fp32
+    # fp16's dynamic loss scale doubles after this many steps without an overflow (DeepSpeed's
+    # and Megatron-LM's loss_scale_window); it halves at every overflow.
+    loss_scale_window: int = 1000
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,15 @@ def _precision_section(precision: PrecisionConfig) -> dict[str, Any]:
         # at every overflow: stage 0's FP16_UnfusedOptimizer knows no hysteresis
         # (runtime/fp16/unfused_optimizer.py ``_update_scale``), ZeRO's DynamicLossScaler
         # would wait for a second overflow (hysteresis 2 by default) and so skip other steps.
-        return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "hysteresis": 1}}
+        return {
+            "fp16": {
+                "enabled": True,
+                "loss_scale": 0,
+                "initial_scale_power": 16,
+                "hysteresis": 1,
+                "loss_scale_window": precision.loss_scale_window,
+            }
+        }
     return {}
 
 

@@ -70,6 +70,49 @@ def _report_unscaled_norm(optimizer: Any) -> None:
     optimizer.step = step
 
 
+def grow_after_step(engine: Any) -> bool:
+    """Let the dynamic loss scale grow only after the step that earned it; whether it can grow.
+
+    DeepSpeed 0.19.8 updates the scale before it unscales the step's gradients: stage 0's
+    FP16_UnfusedOptimizer ``step`` calls ``_update_scale(False)``, then
+    ``unscale_and_clip_grads`` with the scale now in force; ZeRO 1-2's ``step`` and ZeRO-3's
+    (``_loss_scale_update_and_overflow_cleanup``) do the same. On the step that doubles the
+    scale, the gradients, multiplied by the old scale in backward, are divided by the new one:
+    the step takes half its gradient, unless clipping rescales it (tiny, 1 rank, grad_clip 0,
+    precision.loss_scale_window=3: 2.2e-2 above the run whose scale never grows, at the step
+    after). torch's GradScaler and Megatron-LM update the scale after the step; so does this:
+    a growth is held back until the optimizer's step returns (an overflow's halving is not:
+    that step is skipped, its gradients never used).
+    """
+    if _scaler(engine) is None:
+        return False
+    optimizer = engine.optimizer
+    update_scale, step = optimizer._update_scale, optimizer.step
+    grown: list[float] = []
+
+    @functools.wraps(update_scale)
+    def update_after_unscaling(*args: Any, **kwargs: Any) -> Any:
+        scaler = _scaler(engine)  # looked up each time: a ZeRO resume replaces the object
+        before = scaler.cur_scale
+        result = update_scale(*args, **kwargs)
+        if scaler.cur_scale > before:
+            grown.append(scaler.cur_scale)
+            scaler.cur_scale = before
+        return result
+
+    @functools.wraps(step)
+    def step_then_grow(*args: Any, **kwargs: Any) -> Any:
+        result = step(*args, **kwargs)
+        if grown:
+            _scaler(engine).cur_scale = grown[-1]
+            grown.clear()
+        return result
+
+    optimizer._update_scale = update_after_unscaling
+    optimizer.step = step_then_grow
+    return True
+
+
 # The dynamic loss scale's state: the scale, the optimizer steps counted (skipped ones
 # included) and the last that overflowed, from which the scale grows again every
 # ``scale_window`` steps. The same three fields in stage 0's LossScaleConfig and ZeRO's
@@ -103,10 +146,18 @@ def scaler_state(engine: Any) -> dict[str, float] | None:
     return {field: float(getattr(scaler, field)) for field in SCALER_FIELDS}
 
 
-def restore_scaler(engine: Any, state: dict[str, float] | None) -> bool:
-    """Take up the loss scale ``state`` recorded; whether there was one to take up."""
+def restore_scaler(engine: Any, state: dict[str, float] | None, *, window: int) -> bool:
+    """Take up the loss scale ``state`` recorded; whether there was one to take up.
+
+    The scale grows every ``window`` steps (this run's precision.loss_scale_window): a
+    checkpoint carries its own (ZeRO pickles its scaler, stage 0 saves the field, and
+    runner/checkpoint_stage0.py writes DeepSpeed's default), which would otherwise win.
+    """
     scaler = _scaler(engine)
-    if scaler is None or not state:
+    if scaler is None:
+        return False
+    scaler.scale_window = window
+    if not state:
         return False
     scaler.cur_scale = float(state["cur_scale"])
     scaler.cur_iter = int(state["cur_iter"])
@@ -149,4 +200,12 @@ def current_scale(engine: Any) -> float | None:
     return None if scaler is None else float(scaler.cur_scale)
 
 
-__all__ = ["SCALER_FIELDS", "OverflowLog", "current_scale", "install", "restore_scaler", "scaler_state"]
+__all__ = [
+    "SCALER_FIELDS",
+    "OverflowLog",
+    "current_scale",
+    "grow_after_step",
+    "install",
+    "restore_scaler",
+    "scaler_state",
+]

@@ -235,6 +235,7 @@ def _train(
     undo_prestep(engine.optimizer)  # stage 0 in 16 bits: DeepSpeed's step at construction
     unfused_norm.install(engine, tp=layout.tp, pp=layout.pp)  # stage 0 in 16 bits: the whole model's norm
     fp16_loss_scale.install(engine)  # fp16 at stage 0: the loss scaled before backward
+    fp16_loss_scale.grow_after_step(engine)  # fp16: a step's gradients unscaled by the scale they had
     start_step = 0
     record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:
@@ -244,7 +245,8 @@ def _train(
         start_step = checkpoint.load(engine, run_dir, tag=tag, rank=env.rank)
         # fp16: the loss scale goes on where it was, on any layout (DeepSpeed's is in files only
         # the same layout reads).
-        fp16_loss_scale.restore_scaler(engine, record.get("fp16_loss_scale"))
+        window = config.precision.loss_scale_window
+        fp16_loss_scale.restore_scaler(engine, record.get("fp16_loss_scale"), window=window)
         if env.rank == 0:
             log.info("resumed from %s after %d completed steps", tag, start_step)
     peak = resolve_peak(config.cluster, config.precision.name, accelerator=accelerator)

@@ -50,6 +50,8 @@ def _problems(config: TrainConfig) -> list[str]:
         data.dtype in ("uint8", "uint16", "uint32"), f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32"
     )
     need(opt.lr > 0, f"optimizer.lr={opt.lr}: must be positive, e.g. optimizer.lr=3e-4")
+    window = config.precision.loss_scale_window
+    need(window >= 1, f"precision.loss_scale_window={window}: must be a step count, e.g. 1000 (the default)")
     need(opt.warmup_steps >= 0, f"optimizer.warmup_steps={opt.warmup_steps}: must be 0 or more")
     need(0 <= opt.min_lr_ratio <= 1, f"optimizer.min_lr_ratio={opt.min_lr_ratio}: must lie in [0, 1]")
     need(opt.grad_clip >= 0, f"optimizer.grad_clip={opt.grad_clip}: must be 0 (off) or positive")

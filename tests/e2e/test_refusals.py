@@ -37,6 +37,7 @@ CASES = [
     (["optimizer.warmup_steps=-5"], ["optimizer.warmup_steps=-5", "0 or more"]),
     (["optimizer.min_lr_ratio=2"], ["optimizer.min_lr_ratio=2", "[0, 1]"]),
     (["optimizer.reference_batch=0"], ["optimizer.reference_batch=0", "positive"]),
+    (["precision.loss_scale_window=0"], ["precision.loss_scale_window=0", "1000 (the default)"]),
     (["parallel.zero_stage=5"], ["parallel.zero_stage=5", "0, 1, 2 and 3"]),
     (["data.seq_len=1"], ["data.seq_len=1", "at least 2"]),
     (["data.seq_len=4096"], ["data.seq_len=4096", "model.max_seq_len=1024"]),

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, TrainResult, run_on_any_gpus
+from train_helpers import ROOT, TrainResult, run_on_any_gpus, run_train
 
 pytestmark = pytest.mark.multirank
 
@@ -144,3 +144,57 @@ def test_the_memory_ledger_counts_fp16s_terms(runs, layout):
     for term in ("params", "grads", "optimizer", "activations"):
         error = memory["rel_error"][term]
         assert error is not None and abs(error) <= 0.02, (term, memory)
+
+
+# Unclipped (clipping would rescale the gradients and hide a wrong unscaling), the scale
+# doubling 3 steps after step 0's overflow: 2^15 at steps 1-4, 2^16 from step 5.
+GROWING = (*EXPERIMENT, "optimizer.grad_clip=0", "precision.loss_scale_window=3")
+GROWN_STEPS = 7
+
+
+@pytest.fixture(scope="module")
+def growth_runs(tmp_path_factory) -> dict[str, TrainResult]:
+    root: Path = tmp_path_factory.mktemp("fp16_growth")
+    runs = {}
+    cases = {
+        "never grows": ("parallel=ddp", "gpus=1", *EXPERIMENT, "optimizer.grad_clip=0"),
+        "ddp on 1": ("parallel=ddp", "gpus=1", *GROWING),
+        "zero1 on 2": ("parallel=zero1", "gpus=2", *GROWING),
+    }
+    for name, overrides in cases.items():
+        result = run_train(*overrides, f"train.steps={GROWN_STEPS}", run_dir=root / name, env=fp16_env())
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+        runs[name] = result
+    # ZeRO-1 on 2 to step 3, then ddp on 1: the scale's count goes with it, and the window is
+    # the run's (the stage-0 file ladder writes from the universal one holds DeepSpeed's 1000).
+    for leg, steps in ((("parallel=zero1", "gpus=2"), 3), (("parallel=ddp", "gpus=1"), GROWN_STEPS)):
+        every = (f"train.steps={steps}", f"train.checkpoint_every={steps}", "train.resume=auto")
+        result = run_train(*leg, *GROWING, *every, run_dir=root / "moved", env=fp16_env())
+        assert result.returncode == 0, (leg, result.stderr[-3000:])
+    runs["moved"] = result
+    return runs
+
+
+def _scales(result: TrainResult) -> list[float]:
+    return [m["train/loss_scale"] for m in result.metrics]
+
+
+def test_the_loss_scale_grows_after_the_step_that_earned_it(growth_runs):
+    """The step that doubles the scale unscales its gradients by the scale they were made with:
+    the losses of a run whose scale never grows (DeepSpeed unscaled by the new one, half the
+    gradient: 2.2e-2 above it at step 5)."""
+    grows, never = growth_runs["ddp on 1"], growth_runs["never grows"]
+    assert _scales(grows) == [2.0**16] + [2.0**15] * 4 + [2.0**16] * 2
+    assert _scales(never) == [2.0**16] + [2.0**15] * (GROWN_STEPS - 1)
+    worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(grows.metrics, never.metrics, strict=True))
+    print(f"fp16, scale doubled at step 4 vs never: max |dloss| = {worst:.2e}")
+    assert worst <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["zero1 on 2", "moved"])
+def test_every_layout_grows_the_scale_at_the_same_step(growth_runs, name):
+    plain, other = growth_runs["ddp on 1"], growth_runs[name]
+    assert _scales(other) == _scales(plain)
+    worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(plain.metrics, other.metrics, strict=True))
+    print(f"fp16, scale growing, {name} vs ddp on 1: max |dloss| = {worst:.2e}")
+    assert worst <= FP16_TOLERANCE

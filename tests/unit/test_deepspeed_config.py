@@ -41,6 +41,7 @@ def test_every_parallel_and_precision(stage, precision):
     # fp16: every stage halves the loss scale at each overflow (stage 0's optimizer knows no
     # hysteresis), and stage 0 divides by dp before its all-reduce, as ZeRO does.
     assert config.get("fp16", {}).get("hysteresis", 1) == 1
+    assert config.get("fp16", {}).get("loss_scale_window", 1000) == 1000  # precision.loss_scale_window
     assert config.get("prescale_gradients", False) == (precision == Precision.fp16 and stage == 0)
     assert config["optimizer"]["type"] == "AdamW"
     assert config["optimizer"]["params"]["lr"] == 1e-3
