@@ -68,6 +68,8 @@ class Row:
     residual_gb: dict[str, float] = field(default_factory=dict)  # measured, by name
     peak_gb: float | None = None
     planned_peak_gb: float | None = None  # plan=true's total for this layout, made at launch
+    peak_is_host_rss: bool = False  # a CPU device: the peak is the process's high-water RSS
+    planned_host_gb: float | None = None  # plan=true's host memory for one rank (process included)
     device_memory_gb: float | None = None
     tokens_per_s_per_device: float | None = None
     mfu: float | None = None
@@ -229,6 +231,9 @@ def _memory(cell: Cell, row: Row) -> None:
         _number(memory.get("device_memory_gb")), _number(cell.config_value("cluster.device_memory_gb"))
     )
     row.planned_peak_gb = _number(_dict(cell.summary.get("device_memory_plan")).get("planned_peak_gb"))
+    measure = str(cell.summary.get("peak_memory_measure", ""))
+    row.peak_is_host_rss = measure.startswith("process high-water RSS")  # runner/peak_memory.py's label
+    row.planned_host_gb = _number(_dict(cell.summary.get("host_memory")).get("planned_per_rank_gb"))
 
 
 def row_of(cell: Cell, *, label: str = "") -> Row:

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from runner.layout_history import describe
 from runner.report.collect import read_cell
-from runner.report.rows import row_of
+from runner.report.rows import Row, fmt_gb, row_of
 from runner.report.terminal import memory_table, output_console, rows_table
 from runner.summary import read_summary
 
@@ -28,8 +28,21 @@ def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     speed_title = "speed, medians over the steps after the first"
     console.print(rows_table([row], headers=("cell", *SPEED_HEADERS), title=speed_title))
     console.print(memory_table([row], title="memory per device, GB = 1e9 bytes"))
+    if row.peak_is_host_rss:
+        console.print(Text(cpu_total_note(row), style="dim"), soft_wrap=True)
     changed = describe(read_summary(run_dir).get("layout_history"))
     if changed is not None:  # resumed onto another layout: the tables are the last one's
         console.print(Text(changed), soft_wrap=True)
     note = f"details: ladder report {run_dir} (--html report.html for charts; several runs to compare them)"
     console.print(Text(note, style="dim"), soft_wrap=True)
+
+
+def cpu_total_note(row: Row) -> str:
+    """What the measured total is where the CPU is the device: no allocator there reports a peak
+    of tensors, so it is the process's RSS, which the device plan (tensors only) leaves out."""
+    planned = row.planned_host_gb
+    host = "" if planned is None else f"; plan=true's host memory for a rank: {fmt_gb(planned)} GB"
+    return (
+        "on a CPU the measured total is the process's high-water RSS: the terms, plus torch and "
+        f"DeepSpeed's runtime and the allocator's slack, which the plan's device total leaves out{host}"
+    )

@@ -96,6 +96,10 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
     assert summary["device_memory_plan"]["fits"] and 0 < planned < summary["memory"]["measured"]["peak_gb"]
     assert any(line.split()[:2] == ["plan", fmt_gb(planned)] for line in tables.splitlines())
     assert f"ladder report {run_dir}" in tables
+    # On a CPU the measured total is the process's RSS, not a peak of tensors: the console says so.
+    host_plan = summary["host_memory"]["planned_per_rank_gb"]
+    assert "on a CPU the measured total is the process's high-water RSS" in tables
+    assert f"plan=true's host memory for a rank: {fmt_gb(host_plan)} GB" in tables
     # train.profile_step: each rank's trace of step 3 and its operator table.
     assert summary["profile"]["files"] == ["profile/rank0_step3.json", "profile/rank0_step3_ops.txt"]
     for rank in (0, 1):
