@@ -141,15 +141,23 @@ class RankState(NamedTuple):
 
 
 def _rank_state(
-    source: Path, model: ModelConfig, names: ModelNames, *, pp: int, stage: int, tp_rank: int, tp: int
+    source: Path,
+    model: ModelConfig,
+    names: ModelNames,
+    held: dict[str, torch.Tensor],
+    *,
+    pp: int,
+    stage: int,
+    tp_rank: int,
+    tp: int,
 ) -> RankState:
-    """What model-parallel rank (``stage``, ``tp_rank``) saved."""
+    """What model-parallel rank (``stage``, ``tp_rank``) saved; ``held``: the weights in its
+    tensor-parallel rank's layer files (16-bit in bf16 and fp16), by model name."""
     mp_rank = stage * tp + tp_rank  # the grid's axes are (pipe, data, model): runner/pipeline.py
     states: dict[str, Any] = safe_load.load(source / f"mp_rank_{mp_rank:02d}_model_states.pt")
     optimizer = states.get("optimizer")
     if not isinstance(optimizer, dict):
         raise ValueError(f"stage {stage}, tp rank {tp_rank}: its checkpoint holds no optimizer state")
-    held = _layer_weights(source, model, tp_rank=tp_rank, tp=tp)  # this rank's stored (16-bit) weights
     if "param_slice_mappings" in optimizer:  # bf16: BF16_Optimizer
         shapes = {name: tensor.shape for name, tensor in held.items()}
         return RankState(states, *_bf16_stage(source, mp_rank, model, shapes))
@@ -177,9 +185,10 @@ def to_universal(source: Path, output: Path, model: ModelConfig, *, pp: int, tp:
     moments: Moments = {}
     first: dict[str, Any] = {}
     hyper: list[dict[str, Any]] = []
+    held = [_layer_weights(source, model, tp_rank=tp_rank, tp=tp) for tp_rank in range(tp)]  # each file once
     for stage in range(pp):
         ranks = [
-            _rank_state(source, model, names, pp=pp, stage=stage, tp_rank=tp_rank, tp=tp)
+            _rank_state(source, model, names, held[tp_rank], pp=pp, stage=stage, tp_rank=tp_rank, tp=tp)
             for tp_rank in range(tp)
         ]
         on_stage = [name for group in stage_groups(names, model, pp=pp, stage=stage) for name in group]
