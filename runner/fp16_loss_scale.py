@@ -16,6 +16,10 @@ request (deepspeedai/DeepSpeed#8393) routes this case through the optimizer's ow
 ``loss.float() * cur_scale``). Under a pipeline the last stage's backward goes through the
 same method (PipelineEngine ``_exec_backward_pass``: ``super().backward(self.loss)``),
 and the earlier stages receive gradients already scaled.
+
+On every layout the scale grows only once the step that earned the growth has unscaled its
+gradients (:func:`grow_after_step`), and it goes on across a resume onto any layout
+(:func:`scaler_state`, :func:`restore_scaler`, recorded in the checkpoint's latest.json).
 """
 
 from __future__ import annotations
