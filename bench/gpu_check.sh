@@ -20,11 +20,18 @@ if [ -e "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ]; then
     "(bench/gpu_check.sh OUT_DIR) or move that one away" >&2
   exit 2
 fi
-mkdir -p "$out"
 # The project's .venv (make run / make test create it) unless PYTHON names another.
-default_python=python
+default_python=python3
 [ -x .venv/bin/python ] && default_python=.venv/bin/python
 python=${PYTHON:-$default_python}
+# Before any run: a missing requirement would fail every run below, one log at a time.
+if ! missing=$("$python" -c "import deepspeed, hydra, omegaconf, submitit, rich, psutil, yaml" 2>&1); then
+  echo "gpu_check: $python cannot run ladder: ${missing##*$'\n'}" >&2
+  echo "gpu_check: install ladder into it (pip install -e .), name another with PYTHON=, or, with no" \
+    "network, carry its wheels over (scripts/offline_wheels.py)" >&2
+  exit 2
+fi
+mkdir -p "$out"
 
 if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   mode=full model=llama_1b precision=bf16 steps=20 big_steps=10 extra="data.seq_len=2048 batch.global_size=16"

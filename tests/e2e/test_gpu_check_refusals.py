@@ -1,0 +1,41 @@
+"""bench/gpu_check.sh refuses, before it runs or writes anything, what would waste a GPU's time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.sh"
+
+
+def _check(out: Path, python: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env={**os.environ, "PYTHON": python}
+    )
+
+
+def test_an_interpreter_without_ladders_requirements_is_refused_with_the_fix(tmp_path):
+    bare = tmp_path / "python"  # this interpreter without its site-packages: torch, deepspeed, ... missing
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    out = tmp_path / "check"
+    result = _check(out, str(bare))
+    assert result.returncode == 2
+    assert f"{bare} cannot run ladder: ModuleNotFoundError: No module named 'deepspeed'" in result.stderr
+    assert "scripts/offline_wheels.py" in result.stderr
+    assert not out.exists()
+
+
+def test_a_folder_holding_an_earlier_check_is_left_as_it_is(tmp_path):
+    out = tmp_path / "check"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    result = _check(out, sys.executable)
+    assert result.returncode == 2 and "already holds an earlier check's results" in result.stderr
+    assert [path.name for path in out.iterdir()] == ["results.json"]
