@@ -39,15 +39,23 @@ class DistributedEnv:
         }
 
 
-def slurm_port(job_id: str, restarts: int = 0) -> int:
-    """A port every task of a SLURM job derives alike from its job id (in 15000-29999).
+# SLURM's ports: below Linux's default ephemeral range (net.ipv4.ip_local_port_range,
+# 32768-60999), where the kernel picks ports for outgoing connections that could take ours.
+SLURM_PORT_BASE = 15000
+SLURM_PORTS = 32768 - SLURM_PORT_BASE
 
-    A requeued job keeps its id; its ``restarts``-th run (SLURM_RESTART_COUNT) moves 10000
-    ports on, since the run before may still hold the old one while its ranks exit (seen:
+
+def slurm_port(job_id: str, restarts: int = 0) -> int:
+    """A port every task of a SLURM job derives alike from its job id (in 15000-32767).
+
+    The whole id modulo the range: jobs whose ids lie fewer than 17768 apart (those
+    submitted around the same time, an array's tasks) never share a port on a node. A
+    requeued job keeps its id; its ``restarts``-th run (SLURM_RESTART_COUNT) moves 10000
+    ports on, since the run before may still hold the old port while its ranks exit (seen:
     EADDRINUSE at the requeued job's rendezvous on a loaded node).
     """
     digits = re.sub(r"\D", "", job_id) or "0"
-    return 15000 + (int(digits[-4:]) + 10000 * restarts) % 15000
+    return SLURM_PORT_BASE + (int(digits) + restarts * 10000) % SLURM_PORTS
 
 
 def first_host(nodelist: str) -> str:

@@ -250,7 +250,7 @@ def test_each_task_of_a_two_node_job_is_one_rank_with_the_same_master():
     assert {(env.world_size, env.local_world_size) for env in envs if env} == {(16, 8)}
     # Every task derives the same rendezvous without talking: the first node, a port from the job id.
     assert {(env.master_addr, env.master_port) for env in envs if env} == {("gpu-017", slurm_port("4242"))}
-    assert 15000 <= slurm_port("4242") < 30000
+    assert 15000 <= slurm_port("4242") < 32768  # below Linux's ephemeral ports
     exports = envs[9].exports() if envs[9] else {}
     assert (exports["RANK"], exports["LOCAL_RANK"], exports["WORLD_SIZE"]) == ("9", "1", "16")
 
@@ -265,7 +265,14 @@ def test_a_requeued_jobs_tasks_meet_on_another_port_than_its_run_before():
         assert envs[0].master_port == envs[1].master_port  # still derived alike by every task
         ports.append(envs[0].master_port)
     assert ports[0] == slurm_port("4242")
-    assert len(set(ports)) == 3 and all(15000 <= port < 30000 for port in ports), ports
+    assert len(set(ports)) == 3 and all(15000 <= port < 32768 for port in ports), ports
+
+
+def test_jobs_submitted_around_the_same_time_meet_on_ports_of_their_own():
+    """Two jobs on one node that shared a port would meet at each other's rendezvous."""
+    assert slurm_port("4242") != slurm_port("14242")  # once the same: the port came from the last 4 digits
+    ports = {slurm_port(str(job_id)) for job_id in range(981_000, 981_000 + 17_768)}
+    assert len(ports) == 17_768 and min(ports) == 15000 and max(ports) == 32767
 
 
 def test_summary_records_the_job_nodes_and_tasks():
