@@ -54,25 +54,28 @@ for parallel in ddp zero1 zero3; do
   "$python" train.py $common parallel=$parallel plan=true "hydra.run.dir=$out/plan_$parallel" \
     > "$out/plan_$parallel.log" 2>&1 || echo "plan $parallel failed: see $out/plan_$parallel.log"
 done
-# The largest model the planner says fits on one device (ZeRO-1, micro-batch auto: the
-# largest that fits), its plan, then 10 steps of it.
-largest=""
+# The largest model the planner says fits on one device, under ZeRO-1, else ZeRO-3 (whose
+# optimizer step copies one sub-group's gradients at a time, not the whole partition's),
+# with micro-batch auto (the largest that fits); its plan, then 10 steps of it.
+largest="" largest_parallel=""
 for candidate in $candidates; do
-  # shellcheck disable=SC2086
-  "$python" train.py $base model=$candidate parallel=zero1 batch.micro_size=auto plan=true \
-    "hydra.run.dir=$out/plan_$candidate" > "$out/plan_$candidate.log" 2>&1 || continue
-  if "$python" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['fits'] else 1)" \
-    "$out/plan_$candidate/plan.json"; then
-    largest=$candidate
-    break
-  fi
+  for parallel in zero1 zero3; do
+    # shellcheck disable=SC2086
+    "$python" train.py $base model=$candidate parallel=$parallel batch.micro_size=auto plan=true \
+      "hydra.run.dir=$out/plan_${candidate}_$parallel" > "$out/plan_${candidate}_$parallel.log" 2>&1 || continue
+    if "$python" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['fits'] else 1)" \
+      "$out/plan_${candidate}_$parallel/plan.json"; then
+      largest=$candidate largest_parallel=$parallel
+      break 2
+    fi
+  done
 done
 if [ -n "$largest" ]; then
-  echo "gpu_check: largest model that plan says fits: $largest"
-  cp -r "$out/plan_$largest" "$out/plan_largest"
+  echo "gpu_check: largest model that plan says fits: $largest under $largest_parallel"
+  cp -r "$out/plan_${largest}_$largest_parallel" "$out/plan_largest"
   # shellcheck disable=SC2086
-  "$python" train.py $base model=$largest parallel=zero1 batch.micro_size=auto train.steps=$big_steps \
-    "hydra.run.dir=$out/run_largest" > "$out/run_largest.log" 2>&1 || echo "largest run failed"
+  "$python" train.py $base model=$largest parallel=$largest_parallel batch.micro_size=auto \
+    train.steps=$big_steps "hydra.run.dir=$out/run_largest" > "$out/run_largest.log" 2>&1 || echo "largest run failed"
 else
   echo "gpu_check: plan says none of $candidates fits"
 fi

@@ -35,6 +35,7 @@ def _row(out: Path, name: str) -> dict[str, Any]:
     return {
         "layout": name,
         "model": summary.get("model"),
+        "parallel": summary.get("parallel"),
         "status": summary.get("status", "missing"),
         "micro_size": summary.get("layout", {}).get("micro_size"),
         "tokens_per_s_per_device": _median([m["throughput/tokens_per_s_per_device"] for m in later]),
@@ -65,8 +66,14 @@ def _host_plan_and_run(host_memory: dict[str, Any]) -> str:
     return " / ".join("-" if gb is None else f"{gb:.2f}" for gb in (planned, measured))
 
 
+def _label(row: dict[str, Any]) -> str:
+    """The row's name; the largest model's with the layout it was planned and run under."""
+    return f"largest/{row['parallel']}" if row["layout"] == "largest" and row["parallel"] else row["layout"]
+
+
 def _planned_total_gb(planned: dict[str, Any]) -> float | None:
-    total = planned.get("memory_bytes", {}).get("total")
+    memory = planned.get("memory_bytes", {})
+    total = memory.get("peak", memory.get("total"))
     return None if total is None else total / 1e9
 
 
@@ -90,7 +97,7 @@ def main() -> None:
     for row in rows:
         planned = _planned_total_gb(row["planned"])
         cells = [
-            f"{row['layout']:<15}{row['model'] or '-':<11}{row['status']:<11}{row['micro_size'] or '-':>6}",
+            f"{_label(row):<15}{row['model'] or '-':<11}{row['status']:<11}{row['micro_size'] or '-':>6}",
             f"{row['tokens_per_s_per_device'] or 0:>12,.0f}",
             f"{(row['mfu'] or 0):>8.1%}",
             f"{row['peak_gb'] or 0:>9.2f}",

@@ -166,6 +166,8 @@ class Plan:
                 "grads_after_peak": m.grads_after_peak,
                 "total": m.total,
                 "build": m.build,
+                "step": m.step,
+                "peak": m.peak,
             },
             "host_memory_bytes_per_rank": dict(m.host),
             "fits": self.fits,  # the device; the host's verdict is host_memory.fits

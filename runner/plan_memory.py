@@ -48,6 +48,17 @@ ALLREDUCE_FLAT = "allreduce_flat (at boundary)"
 TIED_GRADIENT_JOIN = "tied grads joining (at backward end)"
 BF16_PARAM_GRADS = "bf16 param grads (BF16_Optimizer)"
 ALLREDUCE_FLAT_ELEMENTS = 500_000_000  # DeepSpeed 0.19.8 engine.py MEMORY_OPT_ALLREDUCE_SIZE
+SUB_GROUP_ELEMENTS = 1_000_000_000  # DeepSpeed 0.19.8 zero/config.py sub_group_size's default (ZeRO-3)
+OPTIMIZER_STEP = "optimizer step (fp32 copies of the gradients)"
+# The residual lines that live through the optimizer step; the others come and go in
+# backward or at its boundary, before the step (runner.memory.deepspeed_residuals).
+THROUGH_THE_STEP = (
+    "zero3_full_params (persistent or gathered)",
+    "ipg_buckets",
+    "fp32_master_copy",
+    "temp_grad_buffer_for_gpu_offload",
+    BF16_PARAM_GRADS,
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class MemoryTerms:
     activation_note: str = ""
     build: int = 0  # device bytes while the model is built, where it can hold more (zero3_tp_build_bytes)
     grads_after_peak: int = 0  # gradient bytes made after the activation peak (grads_after_activation_peak)
+    step: int = 0  # device bytes inside the optimizer step (optimizer_step_bytes), 0 where it adds none
 
     @property
     def model_states(self) -> int:
@@ -79,13 +91,15 @@ class MemoryTerms:
 
     @property
     def peak(self) -> int:
-        """The device bytes to fit: the steady total, or the build phase where it holds more."""
-        return max(self.total, self.build)
+        """The device bytes to fit: backward's total, or the step or the build where they hold more."""
+        return max(self.total, self.build, self.step)
 
     def largest(self) -> tuple[str, int]:
-        """The largest named term: what to shrink first (the build, where it is the peak)."""
-        if self.build > self.total:
+        """The largest named term: what to shrink first (the build or the step, where it is the peak)."""
+        if self.build > max(self.total, self.step):
             return "build (zero.Init's 1/dp of the whole model, before AutoTP)", self.build
+        if self.step > self.total:
+            return OPTIMIZER_STEP, self.step
         terms = {
             "params": self.params,
             "grads": self.grads,
@@ -268,6 +282,45 @@ def allreduce_flat_bytes(local: int, *, largest: int, precision: str) -> int:
     after backward, when the micro-batches' activations are freed.
     """
     return (4 if precision == "fp32" else 2) * min(local, ALLREDUCE_FLAT_ELEMENTS + largest)
+
+
+def optimizer_step_bytes(
+    local: int, *, zero_stage: int, dp: int, precision: str, offload: str, pp: int
+) -> int:
+    """Device bytes the optimizer step adds while it runs: the gradients copied for an fp32 optimizer.
+
+    Backward's activations are freed by then; the model states and these copies are live
+    (DeepSpeed 0.19.8):
+
+    - ZeRO 1-2 (stage_1_and_2.py ``step``): each group's gradient partition is flattened
+      into one tensor in its own dtype, and that cast to fp32 (``.to`` is no copy in fp32),
+      both live at the cast: (g + 4) B per element of the partition in 16-bit, 4 B in fp32.
+    - ZeRO-3 (stage3.py ``_prepare_fp32_grad_for_sub_group``): the same, one sub-group at a
+      time, at most ``sub_group_size`` (1e9) elements.
+    - ZeRO-0 in 16-bit (FP16_UnfusedOptimizer ``step``, bf16 and fp16): an fp32 copy of every
+      gradient before the step, 4 B per parameter; under a pipeline bf16 steps through
+      BF16_Optimizer, whose fp32 gradients are its standing buffer (the grads term): none.
+      fp32: torch's fused AdamW steps in place: none.
+    - An offloaded optimizer steps on the host: none on the device.
+
+    Measured with bench/step_peak.py (tiny, bf16, micro 1, seq 16, where the step outgrows
+    backward): ZeRO-1 and -2 peak at 22.07 B per parameter (2 + 2 + 12 of the states, 6 of
+    these), ZeRO-0 at 20.1 (16 + 4), ZeRO-3 at 24.5 (18 with its bucket + 6); before this
+    term the plan was 18-24% short there. A large model on few devices peaks here: llama_7b
+    under ZeRO-1 on one device holds 22 x 6.74e9 B = 148 GB at its step.
+    """
+    if offload != "none":
+        return 0
+    grad_bytes = 4 if precision == "fp32" else 2
+    copy = grad_bytes + (4 if grad_bytes != 4 else 0)  # the flat copy, and its fp32 cast in 16-bit
+    partition = -(-local // dp)
+    if zero_stage in (1, 2):
+        return copy * partition
+    if zero_stage == 3:
+        return copy * min(partition, SUB_GROUP_ELEMENTS)
+    if precision == "fp32" or (pp > 1 and precision == "bf16"):
+        return 0
+    return 4 * local
 
 
 def grads_after_activation_peak(
@@ -471,6 +524,12 @@ def memory_terms(
             accum_steps=accum_steps,
         )
     )
+    step = 0
+    if copies := optimizer_step_bytes(
+        local, zero_stage=zero_stage, dp=dp, precision=precision, offload=offload, pp=pp
+    ):
+        through = sum(size for name, size in residuals.items() if name in THROUGH_THE_STEP)
+        step = states.params + grads + states.optimizer + through + copies
     # zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
     # ranks the build is host memory (runner/plan_host.py).
     build = 0
@@ -487,11 +546,13 @@ def memory_terms(
         activation_note=note,
         build=build,
         grads_after_peak=grads_after_peak,
+        step=step,
     )
 
 
 __all__ = [
     "ALLREDUCE_FLAT",
+    "OPTIMIZER_STEP",
     "TIED_HEAD_GRADIENT",
     "MemoryTerms",
     "activation_bytes",
@@ -500,6 +561,7 @@ __all__ = [
     "grads_after_activation_peak",
     "layers_per_stage",
     "memory_terms",
+    "optimizer_step_bytes",
     "tied_head_gradient_bytes",
     "zero3_tp_build_bytes",
 ]

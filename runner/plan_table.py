@@ -186,6 +186,10 @@ def format_plan(plan: Plan) -> str:
             why = "first stage's first backward (runner.plan_memory.first_stage_grads_after_peak)"
         lines.append(_row("grads made after the activation peak", -m.grads_after_peak, why))
     lines.append(_row("total", m.total))
+    if m.step:
+        where = "the peak: " if m.step > m.total else ""
+        why = f"{where}states + fp32 grad copies (plan_memory.optimizer_step_bytes)"
+        lines.append(_row("in the optimizer step", m.step, why))
     if m.build:
         lines.append(_row("building: zero.Init 1/dp + a weight", m.build, "before AutoTP cuts the shards"))
     lines.append(_row(f"usable (headroom {w.headroom:g})", w.usable_bytes))

@@ -79,3 +79,16 @@ def test_a_large_tied_vocabularys_gradients_joining_are_planned():
     for stage, proc in procs.items():
         [found] = _found(proc)
         assert 0.97 < found["planned"] / found["measured"] < 1.03, (f"zero{stage}", found)
+
+
+def test_a_16_bit_optimizer_steps_gradient_copies_are_planned():
+    """Short sequences in bf16, where the optimizer step outgrows backward: ZeRO 1-2 flatten the
+    gradient partition and cast it to fp32, 22 B a parameter live. Measured 0.996 of the
+    allocator's peak at both (0.819 and 0.815 before the plan counted the step); 10% under
+    allowed, as above, for a stray tensor freed late (ZeRO-0's unfused wrapper, 20 B a
+    parameter at its step: 0.996, 0.896 before, is too close to that bound to test here)."""
+    case = ("1", "1", "--micro=1", "--seq=16")  # accum 1, pp 1
+    procs = {stage: _start("tiny", "bf16", stage, *case) for stage in "12"}
+    for stage, proc in procs.items():
+        [found] = _found(proc)
+        assert 0.9 < found["planned"] / found["measured"] < 1.05, (f"zero{stage}", found)

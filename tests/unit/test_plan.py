@@ -81,9 +81,12 @@ def test_ddp_on_8_gpus_does_not_fit_80_gb_and_says_by_how_much():
     usable = 0.9 * 80e9
     assert not plan.fits
     assert plan.memory.model_states == 16 * LLAMA_70B_PARAMS  # DDP: every rank holds all 16P
-    over = plan.memory.total - usable
+    # Its peak is the optimizer step: FP16_UnfusedOptimizer copies every bf16 gradient to fp32.
+    assert plan.memory.step == plan.memory.peak == 20 * LLAMA_70B_PARAMS
+    over = plan.memory.peak - usable
     table = format_plan(plan)
     assert f"DOES NOT FIT by {over / GB:.1f} GB" in table
+    assert "largest term optimizer step (fp32 copies of the gradients)" in table
     assert "72.0 GB usable" in table
     assert "intra-node" in table  # 8 gpus <= 8 per node
 
@@ -506,3 +509,29 @@ def test_zero0s_flat_allreduce_copy_counts_where_it_outgrows_the_activations():
     # Under a pipeline: the fullest stage's gradients, beyond its activations.
     piped = _terms(gpt2, pp=2, micro_size=1, seq_len=16)
     assert piped.residuals[ALLREDUCE_FLAT] == piped.grads - piped.activations > 0
+
+
+@pytest.mark.parametrize(
+    ("precision", "zero_stage", "per_param"),
+    [
+        # Measured with bench/step_peak.py, tiny, micro 1, seq 16, one CPU rank: 22.07, 20.1,
+        # 24.5 B per parameter in bf16; fp32 ZeRO 0-2 within 0.4% of the plan.
+        ("bf16", 1, 2 + 2 + 12 + 2 + 4),  # states, the partition's flat bf16 copy and its fp32 cast
+        ("bf16", 2, 2 + 2 + 12 + 2 + 4),
+        ("bf16", 0, 2 + 2 + 12 + 4),  # FP16_UnfusedOptimizer: an fp32 copy of every gradient
+        ("bf16", 3, 2 + 2 + 12 + 2 + 2 + 4),  # and ZeRO-3's gradient bucket (reduce_bucket_size P)
+        ("fp32", 1, 4 + 4 + 8 + 4 + 4),  # the fp32 master copy, and one flat copy: .to(fp32) copies nothing
+        ("fp32", 0, 0),  # torch's fused AdamW steps in place: no step line
+    ],
+)
+def test_the_optimizer_step_holds_the_states_and_the_gradients_copies(precision, zero_stage, per_param):
+    from runner.config import ModelConfig
+    from runner.pipeline_split import rank_param_numels
+
+    model = ModelConfig()
+    params = sum(rank_param_numels(model, tp=1, pp=1))
+    knobs = {"precision": precision, "zero_stage": zero_stage, "micro_size": 1, "seq_len": 16}
+    terms = _terms(model, **knobs, accum_steps=1, reduce_bucket_size=params)
+    assert terms.step == per_param * params
+    if precision == "bf16":  # a short sequence's activations are far below what its step holds
+        assert terms.peak == terms.step > terms.total
