@@ -400,6 +400,10 @@ def _train(
                 engine_step(engine, skip=skip)
                 clock.mark("optimizer")
             clock.mark("other")
+            if device.type == "cuda":
+                # The optimizer's kernels are still queued (bf16 ZeRO syncs nowhere in its step):
+                # they are this step's time. The metrics below would wait for them anyway.
+                torch.cuda.synchronize(device)
             step_s = time.perf_counter() - started
             profiler.step_done(step)
             if not own_grad_norm:

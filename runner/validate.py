@@ -196,6 +196,36 @@ def fp16_supported() -> bool:
     return bool(CPU_Accelerator().is_fp16_supported())
 
 
+def cuda_launch_problems(config: TrainConfig, environ: dict[str, str] | None = None) -> list[str]:
+    """On a host where CUDA is visible: what would fail every rank after it built its model.
+
+    DeepSpeed takes its accelerator from DS_ACCELERATOR when it is imported; ``cpu`` would
+    put the engine on the host beside the model's CUDA tensors. MFU divides by the device's
+    dense datasheet peak, known by name (runner/hardware.py) unless the cluster gives one.
+    """
+    if not cuda_available():
+        return []
+    problems = []
+    chosen = (os.environ if environ is None else environ).get("DS_ACCELERATOR", "")
+    if chosen not in ("", "cuda"):
+        problems.append(
+            f"DS_ACCELERATOR={chosen} but a CUDA device is visible, which ladder trains on: unset "
+            "DS_ACCELERATOR, or hide the devices (CUDA_VISIBLE_DEVICES=) to train on the CPU"
+        )
+    from runner.peak import planning_peak
+
+    if planning_peak(config.cluster, config.precision.name) is None:
+        import torch
+
+        from runner.hardware import UnknownDeviceError, peak_flops_for_cuda_device
+
+        try:
+            peak_flops_for_cuda_device(torch.cuda.get_device_name(), config.precision.name.value)
+        except UnknownDeviceError as error:
+            problems.append(str(error))
+    return problems
+
+
 def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
     """Problems only a real launch has (planning skips them)."""
     problems = batch_contract_problems(config)
@@ -206,6 +236,7 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
             "or precision=fp32"
         )
     problems += pipeline_problems(config)
+    problems += cuda_launch_problems(config)
     if launcher == "local":
         available, what = host_ranks_available()
         if config.gpus > available:
