@@ -41,17 +41,26 @@ else
   candidates="gpt2_124m tiny"
 fi
 echo "gpu_check: mode=$mode model=$model precision=$precision"
+# Each run's time limit: a hung run (a collective waits 10 minutes before it gives up) costs
+# its row, not the whole check. Full mode's runs take 1-2 minutes on one H100/H200-class GPU.
+if [ "$mode" = full ]; then run_limit=300 plan_limit=120; else run_limit=900 plan_limit=300; fi
+if ! "$python" -c "import pytest" 2>/dev/null; then
+  echo "gpu_check: WARNING: $python has no pytest: the gpu tests will not run (pip install pytest)" >&2
+fi
 
-"$python" -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" || true
+timeout -k 30 "$run_limit" "$python" -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 \
+  | tee "$out/pytest.log" || true
 
 base="precision=$precision data=synthetic logger=none $extra"
 common="model=$model $base"
 for parallel in ddp zero1 zero3; do
   # shellcheck disable=SC2086  # $common holds several overrides on purpose
-  "$python" train.py $common parallel=$parallel train.steps=$steps "hydra.run.dir=$out/run_$parallel" \
+  timeout -k 30 "$run_limit" "$python" train.py $common parallel=$parallel train.steps=$steps \
+    "hydra.run.dir=$out/run_$parallel" \
     > "$out/run_$parallel.log" 2>&1 || echo "run $parallel failed: see $out/run_$parallel.log"
   # shellcheck disable=SC2086
-  "$python" train.py $common parallel=$parallel plan=true "hydra.run.dir=$out/plan_$parallel" \
+  timeout -k 30 "$plan_limit" "$python" train.py $common parallel=$parallel plan=true \
+    "hydra.run.dir=$out/plan_$parallel" \
     > "$out/plan_$parallel.log" 2>&1 || echo "plan $parallel failed: see $out/plan_$parallel.log"
 done
 # The largest model the planner says fits on one device, under ZeRO-1, else ZeRO-3 (whose
@@ -61,8 +70,9 @@ largest="" largest_parallel=""
 for candidate in $candidates; do
   for parallel in zero1 zero3; do
     # shellcheck disable=SC2086
-    "$python" train.py $base model=$candidate parallel=$parallel batch.micro_size=auto plan=true \
-      "hydra.run.dir=$out/plan_${candidate}_$parallel" > "$out/plan_${candidate}_$parallel.log" 2>&1 || continue
+    timeout -k 30 "$plan_limit" "$python" train.py $base model=$candidate parallel=$parallel \
+      batch.micro_size=auto plan=true "hydra.run.dir=$out/plan_${candidate}_$parallel" \
+      > "$out/plan_${candidate}_$parallel.log" 2>&1 || continue
     if "$python" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['fits'] else 1)" \
       "$out/plan_${candidate}_$parallel/plan.json"; then
       largest=$candidate largest_parallel=$parallel
@@ -74,8 +84,9 @@ if [ -n "$largest" ]; then
   echo "gpu_check: largest model that plan says fits: $largest under $largest_parallel"
   cp -r "$out/plan_${largest}_$largest_parallel" "$out/plan_largest"
   # shellcheck disable=SC2086
-  "$python" train.py $base model=$largest parallel=$largest_parallel batch.micro_size=auto \
-    train.steps=$big_steps "hydra.run.dir=$out/run_largest" > "$out/run_largest.log" 2>&1 || echo "largest run failed"
+  timeout -k 30 "$run_limit" "$python" train.py $base model=$largest parallel=$largest_parallel \
+    batch.micro_size=auto train.steps=$big_steps "hydra.run.dir=$out/run_largest" \
+    > "$out/run_largest.log" 2>&1 || echo "largest run failed"
 else
   echo "gpu_check: plan says none of $candidates fits"
 fi
@@ -83,10 +94,10 @@ fi
 # Last, as it is the extra: zero1 again with each block compiled (train.compile=true), for
 # what torch.compile adds to the eager MFU above, and its plan (compiled blocks save less).
 # shellcheck disable=SC2086
-"$python" train.py $common parallel=zero1 train.compile=true train.steps=$steps \
+timeout -k 30 "$run_limit" "$python" train.py $common parallel=zero1 train.compile=true train.steps=$steps \
   "hydra.run.dir=$out/run_zero1_compiled" > "$out/run_zero1_compiled.log" 2>&1 || echo "compiled run failed"
 # shellcheck disable=SC2086
-"$python" train.py $common parallel=zero1 train.compile=true plan=true \
+timeout -k 30 "$plan_limit" "$python" train.py $common parallel=zero1 train.compile=true plan=true \
   "hydra.run.dir=$out/plan_zero1_compiled" > "$out/plan_zero1_compiled.log" 2>&1 || echo "compiled plan failed"
 
 "$python" bench/gpu_check_table.py "$out" --mode "$mode"
