@@ -46,6 +46,8 @@ def _row(out: Path, name: str) -> dict[str, Any]:
             for phase in PHASES
         },
         "peak_gb": summary.get("final", {}).get("memory/peak_gb"),
+        # CUDA's allocator: reserved bytes, retries and OOMs (fragmentation near the limit).
+        "cuda_allocator": summary.get("cuda_allocator", {}),
         "ledger_estimated_gb": memory.get("estimated", {}).get("total_gb"),
         "ledger_measured": memory.get("measured"),
         "planned": planned,

@@ -40,6 +40,18 @@ class PeakMemory:
             return int(torch.cuda.max_memory_allocated(self.device))
         return host_peak_bytes()
 
+    def allocator_record(self) -> dict[str, float | int]:
+        """CUDA's caching allocator beyond the peak: what it reserved, and the retries and OOMs
+        that fragmentation cost (a run near the device's limit shows them first); {} on CPU."""
+        if self.device.type != "cuda":
+            return {}
+        stats = torch.cuda.memory_stats(self.device)
+        return {
+            "max_reserved_gb": torch.cuda.max_memory_reserved(self.device) / 1e9,
+            "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+            "num_ooms": int(stats.get("num_ooms", 0)),
+        }
+
     def current(self) -> int:
         """Bytes held now: CUDA's allocated bytes, or the process RSS."""
         if self.device.type == "cuda":

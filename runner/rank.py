@@ -477,6 +477,7 @@ def _train(
                 peak_flops_per_device=peak_flops,
                 peak_flops_source=peak.source,
                 peak_memory_measure=peak_memory.label,
+                cuda_allocator=peak_memory.allocator_record(),
                 host_memory={
                     **(read_summary(run_dir).get("host_memory") or {}),
                     "measured_per_rank_gb": last.get("memory/host_peak_gb"),

@@ -37,6 +37,9 @@ def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
     summary = result.summary
     assert summary["accelerator"] == "cuda"
     assert summary["peak_memory_measure"] == "CUDA max_memory_allocated"
+    allocator = summary["cuda_allocator"]  # reserved >= allocated; a tiny run needs no retry
+    assert allocator["max_reserved_gb"] >= summary["final"]["memory/peak_gb"] - 1e-3
+    assert allocator["num_ooms"] == 0
     assert "datasheet" in summary["peak_flops_source"]
     assert 0 < summary["final"]["throughput/mfu"] < 1
     # Without tensor parallelism the whole model is built on the GPU, in bf16 (runner/build.py).
