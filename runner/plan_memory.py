@@ -57,7 +57,6 @@ THROUGH_THE_STEP = (
     "ipg_buckets",
     "fp32_master_copy",
     "temp_grad_buffer_for_gpu_offload",
-    BF16_PARAM_GRADS,
 )
 
 
@@ -298,16 +297,19 @@ def optimizer_step_bytes(
     - ZeRO-3 (stage3.py ``_prepare_fp32_grad_for_sub_group``): the same, one sub-group at a
       time, at most ``sub_group_size`` (1e9) elements.
     - ZeRO-0 in 16-bit (FP16_UnfusedOptimizer ``step``, bf16 and fp16): an fp32 copy of every
-      gradient before the step, 4 B per parameter; under a pipeline bf16 steps through
-      BF16_Optimizer, whose fp32 gradients are its standing buffer (the grads term): none.
+      gradient before the step, 4 B per parameter. Under a pipeline bf16 steps through
+      BF16_Optimizer (bf16_optimizer.py ``step``): its flat gradient buffer, in bf16 (the
+      grads term; DeepSpeed's grad_accum_dtype is the model's), cast to fp32, 4 B, beside
+      the parameters' own bf16 gradients it keeps to the step, 2 B.
       fp32: torch's fused AdamW steps in place: none.
     - An offloaded optimizer steps on the host: none on the device.
 
     Measured with bench/step_peak.py (tiny, bf16, micro 1, seq 16, where the step outgrows
     backward): ZeRO-1 and -2 peak at 22.07 B per parameter (2 + 2 + 12 of the states, 6 of
-    these), ZeRO-0 at 20.1 (16 + 4), ZeRO-3 at 24.5 (18 with its bucket + 6); before this
-    term the plan was 18-24% short there. A large model on few devices peaks here: llama_7b
-    under ZeRO-1 on one device holds 22 x 6.74e9 B = 148 GB at its step.
+    these), ZeRO-0 at 20.1 (16 + 4), ZeRO-3 at 24.5 (18 with its bucket + 6), a pipeline's
+    bf16 stage 0 at 22.2 (16 + 6); before this term the plan was 10-24% short there. A
+    large model on few devices peaks here: llama_7b under ZeRO-1 on one device holds
+    22 x 6.74e9 B = 148 GB at its step.
     """
     if offload != "none":
         return 0
@@ -318,9 +320,9 @@ def optimizer_step_bytes(
         return copy * partition
     if zero_stage == 3:
         return copy * min(partition, SUB_GROUP_ELEMENTS)
-    if precision == "fp32" or (pp > 1 and precision == "bf16"):
+    if precision == "fp32":
         return 0
-    return 4 * local
+    return (4 + 2) * local if pp > 1 and precision == "bf16" else 4 * local
 
 
 def grads_after_activation_peak(

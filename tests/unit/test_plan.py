@@ -535,3 +535,16 @@ def test_the_optimizer_step_holds_the_states_and_the_gradients_copies(precision,
     assert terms.step == per_param * params
     if precision == "bf16":  # a short sequence's activations are far below what its step holds
         assert terms.peak == terms.step > terms.total
+
+
+def test_a_pipelines_bf16_stage_0_steps_with_its_gradients_cast_to_fp32():
+    """BF16_Optimizer: its bf16 gradient buffer cast to fp32, beside the parameters' bf16 gradients
+    (measured 22.2 B a parameter of the stage, bench/step_peak.py --pp 2, micro 1, seq 16)."""
+    from runner.config import ModelConfig
+    from runner.pipeline_split import rank_param_numels
+
+    model = ModelConfig()
+    stage = sum(rank_param_numels(model, tp=1, pp=2))
+    for accum in (2, 4):
+        terms = _terms(model, precision="bf16", pp=2, micro_size=1, seq_len=16, accum_steps=accum)
+        assert terms.step == (2 + 2 + 12 + 2 + 4) * stage
