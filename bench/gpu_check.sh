@@ -44,22 +44,31 @@ echo "gpu_check: mode=$mode model=$model precision=$precision"
 # Each run's time limit: a hung run (a collective waits 10 minutes before it gives up) costs
 # its row, not the whole check. Full mode's runs take 1-2 minutes on one H100/H200-class GPU.
 if [ "$mode" = full ]; then run_limit=300 plan_limit=120; else run_limit=900 plan_limit=300; fi
+# Runs a command under its time limit and records its wall seconds and exit status in
+# timings.tsv: what each part of the check costs, to size the next one.
+timed() {
+  local name=$1 limit=$2 start=$SECONDS rc=0
+  shift 2
+  timeout -k 30 "$limit" "$@" || rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$((SECONDS - start))" "$rc" >> "$out/timings.tsv"
+  return "$rc"
+}
 if ! "$python" -c "import pytest" 2>/dev/null; then
   echo "gpu_check: WARNING: $python has no pytest: the gpu tests will not run (pip install pytest)" >&2
 fi
 
-timeout -k 30 "$run_limit" "$python" -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 \
+timed gpu_tests "$run_limit" "$python" -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 \
   | tee "$out/pytest.log" || true
 
 base="precision=$precision data=synthetic logger=none $extra"
 common="model=$model $base"
 for parallel in ddp zero1 zero3; do
   # shellcheck disable=SC2086  # $common holds several overrides on purpose
-  timeout -k 30 "$run_limit" "$python" train.py $common parallel=$parallel train.steps=$steps \
+  timed "run_$parallel" "$run_limit" "$python" train.py $common parallel=$parallel train.steps=$steps \
     "hydra.run.dir=$out/run_$parallel" \
     > "$out/run_$parallel.log" 2>&1 || echo "run $parallel failed: see $out/run_$parallel.log"
   # shellcheck disable=SC2086
-  timeout -k 30 "$plan_limit" "$python" train.py $common parallel=$parallel plan=true \
+  timed "plan_$parallel" "$plan_limit" "$python" train.py $common parallel=$parallel plan=true \
     "hydra.run.dir=$out/plan_$parallel" \
     > "$out/plan_$parallel.log" 2>&1 || echo "plan $parallel failed: see $out/plan_$parallel.log"
 done
@@ -70,8 +79,8 @@ largest="" largest_parallel=""
 for candidate in $candidates; do
   for parallel in zero1 zero3; do
     # shellcheck disable=SC2086
-    timeout -k 30 "$plan_limit" "$python" train.py $base model=$candidate parallel=$parallel \
-      batch.micro_size=auto plan=true "hydra.run.dir=$out/plan_${candidate}_$parallel" \
+    timed "plan_${candidate}_$parallel" "$plan_limit" "$python" train.py $base model=$candidate \
+      parallel=$parallel batch.micro_size=auto plan=true "hydra.run.dir=$out/plan_${candidate}_$parallel" \
       > "$out/plan_${candidate}_$parallel.log" 2>&1 || continue
     if "$python" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['fits'] else 1)" \
       "$out/plan_${candidate}_$parallel/plan.json"; then
@@ -84,7 +93,7 @@ if [ -n "$largest" ]; then
   echo "gpu_check: largest model that plan says fits: $largest under $largest_parallel"
   cp -r "$out/plan_${largest}_$largest_parallel" "$out/plan_largest"
   # shellcheck disable=SC2086
-  timeout -k 30 "$run_limit" "$python" train.py $base model=$largest parallel=$largest_parallel \
+  timed run_largest "$run_limit" "$python" train.py $base model=$largest parallel=$largest_parallel \
     batch.micro_size=auto train.steps=$big_steps "hydra.run.dir=$out/run_largest" \
     > "$out/run_largest.log" 2>&1 || echo "largest run failed"
 else
@@ -94,10 +103,12 @@ fi
 # Last, as it is the extra: zero1 again with each block compiled (train.compile=true), for
 # what torch.compile adds to the eager MFU above, and its plan (compiled blocks save less).
 # shellcheck disable=SC2086
-timeout -k 30 "$run_limit" "$python" train.py $common parallel=zero1 train.compile=true train.steps=$steps \
-  "hydra.run.dir=$out/run_zero1_compiled" > "$out/run_zero1_compiled.log" 2>&1 || echo "compiled run failed"
+timed run_zero1_compiled "$run_limit" "$python" train.py $common parallel=zero1 train.compile=true \
+  train.steps=$steps "hydra.run.dir=$out/run_zero1_compiled" \
+  > "$out/run_zero1_compiled.log" 2>&1 || echo "compiled run failed"
 # shellcheck disable=SC2086
-timeout -k 30 "$plan_limit" "$python" train.py $common parallel=zero1 train.compile=true plan=true \
-  "hydra.run.dir=$out/plan_zero1_compiled" > "$out/plan_zero1_compiled.log" 2>&1 || echo "compiled plan failed"
+timed plan_zero1_compiled "$plan_limit" "$python" train.py $common parallel=zero1 train.compile=true \
+  plan=true "hydra.run.dir=$out/plan_zero1_compiled" \
+  > "$out/plan_zero1_compiled.log" 2>&1 || echo "compiled plan failed"
 
 "$python" bench/gpu_check_table.py "$out" --mode "$mode"

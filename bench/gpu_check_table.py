@@ -68,6 +68,15 @@ def _host_plan_and_run(host_memory: dict[str, Any]) -> str:
     return " / ".join("-" if gb is None else f"{gb:.2f}" for gb in (planned, measured))
 
 
+def _timings(out: Path) -> list[dict[str, Any]]:
+    """Each part's wall seconds and exit status, as gpu_check.sh recorded them (timings.tsv)."""
+    path = out / "timings.tsv"
+    if not path.exists():
+        return []
+    parts = [line.split("\t") for line in path.read_text().splitlines() if line.count("\t") == 2]
+    return [{"part": name, "seconds": int(seconds), "exit_status": int(rc)} for name, seconds, rc in parts]
+
+
 def _label(row: dict[str, Any]) -> str:
     """The row's name; the largest model's with the layout it was planned and run under."""
     return f"largest/{row['parallel']}" if row["layout"] == "largest" and row["parallel"] else row["layout"]
@@ -110,6 +119,13 @@ def main() -> None:
             f"{_host_plan_and_run(row['host_memory']):>18}",
         ]
         print("".join(cells))
+    timings = _timings(args.out)
+    if timings:
+        slowest = sorted(timings, key=lambda t: -t["seconds"])[:3]
+        print(
+            f"wall seconds: {sum(t['seconds'] for t in timings)} in {len(timings)} parts; slowest "
+            + ", ".join(f"{t['part']} {t['seconds']}" for t in slowest)
+        )
     results = {
         "date": datetime.date.today().isoformat(),
         "mode": args.mode,
@@ -117,6 +133,7 @@ def main() -> None:
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "rows": rows,
+        "timings": timings,
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print(f"results: {args.out / 'results.json'}")

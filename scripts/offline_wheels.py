@@ -6,7 +6,7 @@ distribution ladder needs beyond torch, at the versions installed here (the vers
 tests ran with), built for the target's Python and platform. Copy the folder over, then
 ``install`` there puts in what that interpreter lacks and keeps what it has::
 
-    .venv/bin/python scripts/offline_wheels.py download wheels/ --python-version 3.12
+    .venv/bin/python scripts/offline_wheels.py download wheels/ --python-version 3.12 [--extra dev]
     # on the offline machine, in the checkout:
     python3 scripts/offline_wheels.py install wheels/ --target /tmp/ladder-site
     export PYTHONPATH=/tmp/ladder-site
@@ -77,7 +77,9 @@ def requirement_closure(
 
     environment = marker_environment(python_version)
     pins: dict[str, str] = {}
-    pending: list[tuple[str, frozenset[str], str]] = [(root, frozenset(), root) for root in roots]
+    pending: list[tuple[str, frozenset[str], str]] = [
+        (parsed.name, frozenset(parsed.extras), parsed.name) for parsed in map(Requirement, roots)
+    ]
     seen: set[tuple[str, frozenset[str]]] = set()
     while pending:
         name, extras, fallback = pending.pop()
@@ -103,11 +105,14 @@ def requirement_closure(
 
 
 def wheels_needed(roots: list[str], *, python_version: str, skip: list[str]) -> dict[str, str]:
-    """``roots``' closure less what the target brings (torch's own closure) and ``skip``'s."""
+    """``roots``' closure (requirements, extras allowed: ``ladder[dev]``) less what the target
+    brings (torch's own closure) and ``skip``'s."""
+    from packaging.requirements import Requirement
+
     stop = frozenset(canonical(name) for name in (*TARGET_PROVIDES, *skip))
     needed = requirement_closure(roots, python_version=python_version, stop=stop)
     provided = requirement_closure(list(TARGET_PROVIDES), python_version=python_version)
-    dropped = set(provided) | {canonical(root) for root in roots}
+    dropped = set(provided) | {canonical(Requirement(root).name) for root in roots}
     return {name: pin for name, pin in sorted(needed.items()) if name not in dropped}
 
 
@@ -192,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument(
         "--skip", action="append", default=[], help="a distribution not to fetch, e.g. wandb with logger=none"
     )
+    fetch.add_argument(
+        "--extra", action="append", default=[], help="one of ladder's extras too, e.g. dev (the tests' tools)"
+    )
     put = commands.add_parser("install", help="install what this interpreter lacks, on the target")
     put.add_argument("folder", type=Path)
     put.add_argument("--target", type=Path, help="a folder to install into (then put it on PYTHONPATH)")
@@ -204,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     if platform.machine() != "x86_64" and not args.platform:
         parser.error(f"this machine is {platform.machine()}: name the target's wheel tags with --platform")
     try:
-        pins = wheels_needed(["ladder"], python_version=args.python_version, skip=args.skip)
+        root = f"ladder[{','.join(args.extra)}]" if args.extra else "ladder"
+        pins = wheels_needed([root], python_version=args.python_version, skip=args.skip)
     except metadata.PackageNotFoundError:
         parser.error("ladder is not installed in this interpreter: run `make setup`, then .venv/bin/python")
     failed = download(

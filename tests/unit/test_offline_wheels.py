@@ -35,6 +35,13 @@ def test_the_wheels_are_ladders_requirements_at_the_tested_versions_less_torchs(
         assert name not in pins, pins
 
 
+def test_an_extra_brings_its_tools_along():
+    pins = offline_wheels.wheels_needed(["ladder[dev]"], python_version=HERE, skip=["wandb"])
+    for name in ("pytest", "ruff", "mypy", "deepspeed"):
+        assert pins[name] == f"{name}=={metadata.version(name)}", pins
+    assert "ladder" not in pins and "wandb" not in pins
+
+
 def test_a_skipped_distribution_takes_what_only_it_needs_along():
     full = offline_wheels.wheels_needed(["ladder"], python_version=HERE, skip=[])
     without = offline_wheels.wheels_needed(["ladder"], python_version=HERE, skip=["wandb"])
