@@ -313,8 +313,7 @@ def optimizer_step_bytes(
     """
     if offload != "none":
         return 0
-    grad_bytes = 4 if precision == "fp32" else 2
-    copy = grad_bytes + (4 if grad_bytes != 4 else 0)  # the flat copy, and its fp32 cast in 16-bit
+    copy = 4 if precision == "fp32" else 2 + 4  # the flat copy, and in 16-bit its fp32 cast
     partition = -(-local // dp)
     if zero_stage in (1, 2):
         return copy * partition
