@@ -728,13 +728,38 @@ def activations_per_layer(block: BlockShape, recompute: RecomputeMode | str = "n
 
 # Items of activation_items_total that are not kept for backward but are live at a peak.
 TRANSIENT_ITEMS = frozenset(
-    {"transient.logits", "transient.logits_fp32", "transient.loss_grads_fp32", "transient.recompute_layer"}
+    {
+        "transient.logits",
+        "transient.logits_fp32",
+        "transient.loss_grads_fp32",
+        "transient.final_norm_backward",
+        "transient.recompute_layer",
+    }
 )
 
 
 def at_the_loss(items: dict[str, int]) -> int:
     """The larger of the loss's transients: the logits as forward ends, its gradients as backward starts."""
     return max(items["transient.logits"] + items["transient.logits_fp32"], items["transient.loss_grads_fp32"])
+
+
+def after_the_head(items: dict[str, int]) -> int:
+    """What the final norm's backward holds beyond the kept items, less what is freed by then.
+
+    By then the loss's saved tensors, the head's input and the norm's output are freed;
+    the norm's fp32 working set is live (``transient.final_norm_backward``). Negative when
+    the freed outweigh it, as with any vocabulary over a few times h; the tiny model's
+    256 entries make it the activation peak.
+    """
+    freed = sum(v for k, v in items.items() if k.startswith("loss."))
+    freed += items["output.input"] + items["final_norm.normed"]
+    return items["transient.final_norm_backward"] - freed
+
+
+def transient_peak(items: dict[str, int]) -> int:
+    """The most the transients add to the kept items at once: the loss's, the final norm's
+    backward or a recomputed block's (their moments do not coincide)."""
+    return max(at_the_loss(items), after_the_head(items), items["transient.recompute_layer"])
 
 
 def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> dict[str, int]:
@@ -758,6 +783,15 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
     dominate for large vocabularies: Llama-3's V = 128256 at h = 2048 makes 4 sbV alone
     250 sbh.
 
+    Live in the final norm's backward, after the output head's (``transient.final_norm_backward``,
+    20 sbh in any dtype: its statistics are fp32): at the square's backward (PowBackward0:
+    ``grad * 2 * x``, three fp32 sbh tensors at once) the gradient through the rsqrt's
+    product and the mean's expanded gradient are live too. Seen in the allocator's events
+    of a bf16 step (tiny, micro 8, seq 128): five 1.05 MB tensors above what the loss and
+    the head's input had freed. It outgrows the loss's moment only for small vocabularies
+    (:func:`after_the_head`); runner.plan_memory adds it to what ZeRO 1-2's bucket and a tied
+    head's gradient allocate once the head's backward is done.
+
     These stay eager under ``train.compile`` (only the blocks are compiled).
 
     Under tensor parallelism (``block.tp`` = t > 1) the output head is split by vocabulary
@@ -780,6 +814,7 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
         "final_norm.rstd_fp32": FP32_BYTES * sb,
         "final_norm.normed": p * sb * h,
         "output.input": p * sb * h,
+        "transient.final_norm_backward": 5 * FP32_BYTES * sb * h,
     }
     if block.tp == 1:
         return {
@@ -845,12 +880,11 @@ def activations_total(
 ) -> int:
     """Peak activation bytes per device: everything kept for backward plus the larger transient.
 
-    = sum of the kept items of :func:`activation_items_total` + max(the loss's transients
-    (:func:`at_the_loss`), the recompute working set in backward): the peaks do not coincide.
+    = sum of the kept items of :func:`activation_items_total` + :func:`transient_peak`.
     """
     items = activation_items_total(block, n_layers=n_layers, vocab_size=vocab_size, recompute=recompute)
     kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
-    return kept + max(at_the_loss(items), items["transient.recompute_layer"])
+    return kept + transient_peak(items)
 
 
 def to_gb(num_bytes: float) -> float:
@@ -875,6 +909,7 @@ __all__ = [
     "activation_items_total",
     "activations_per_layer",
     "activations_total",
+    "after_the_head",
     "block_graph",
     "bytes_per_param",
     "deepspeed_residuals",
@@ -885,4 +920,5 @@ __all__ = [
     "offload_host_buffers",
     "to_gb",
     "to_gib",
+    "transient_peak",
 ]

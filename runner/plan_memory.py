@@ -31,12 +31,13 @@ from runner.memory import (
     BlockShape,
     ModelStates,
     activation_items_total,
-    at_the_loss,
+    after_the_head,
     block_graph,
     deepspeed_residuals,
     model_block_shape,
     model_states,
     offload_host_buffers,
+    transient_peak,
     zero12_backward_buckets,
     zero12_held_elements,
 )
@@ -138,9 +139,8 @@ def activation_bytes(
     Under a pipeline, ``stage_input`` and ``block_backward`` as in :func:`pipeline_stage_bytes`.
     """
     if pp == 1:
-        recompute_set = items["transient.recompute_layer"]
         kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
-        return kept + max(at_the_loss(items), recompute_set), ""  # runner.memory.activations_total
+        return kept + transient_peak(items), ""  # runner.memory.activations_total
     first, last = pipeline_stage_bytes(
         items, pp=pp, accum_steps=accum_steps, stage_input=stage_input, block_backward=block_backward
     )
@@ -178,7 +178,7 @@ def pipeline_stage_bytes(
     # m = 2 and 4): five V-wide tensors (two buffers' logits, the log-probabilities, the two
     # loss gradients) and three h-wide ones beside the blocks.
     buffers = min(2, accum_steps)
-    last = kept + max(at_the_loss(items), recompute_set)
+    last = kept + transient_peak(items)
     last += buffers * items["transient.logits"] + (1 + buffers) * stage_input
     return first, last
 
@@ -213,26 +213,22 @@ def beyond_activations_after_head(items: dict[str, int], *, allocated: int) -> i
     No pipeline. ``items``: runner.memory.activation_items_total. After the output head's
     backward the loss's tensors (its saved log-probabilities or exponentials, its gradients)
     are freed, and backward's recompute working set is not live yet; what is allocated
-    there and held on adds to the kept activations less the loss's. The step peaks at the
-    larger of that and the activation peak. Two things come there: ZeRO 1-2's gradient
-    bucket, at the first parameter gradient (runner.memory.zero12_backward_buckets; ZeRO-2
-    frees it as each backward ends, ZeRO-1 without accumulation too; ZeRO-1 with
-    accumulation keeps it to the step's boundary, where the whole of it adds: memory_terms),
-    and a tied output head's weight gradient (:func:`tied_head_gradient_bytes`).
+    there and held on adds to the kept activations less the loss's, and peaks with the final
+    norm's backward (``transient.final_norm_backward``). The step peaks at the larger of that
+    and the activation peak. Two things come there: ZeRO 1-2's gradient bucket, at the first
+    parameter gradient (runner.memory.zero12_backward_buckets; ZeRO-2 frees it as each
+    backward ends, ZeRO-1 without accumulation too; ZeRO-1 with accumulation keeps it to the
+    step's boundary, where the whole of it adds: memory_terms), and a tied output head's
+    weight gradient (:func:`tied_head_gradient_bytes`).
 
-    Measured as the allocator's high-water mark over one step above its start (torch.profiler
-    memory events, fp32, micro 8, seq 128, accum 2, one CPU rank), against the plan's
-    activations + gradients + these lines: gpt2_124m at ZeRO-2 1.981 GB, planned 1.971 with
-    both (1.940 without its tied head's 0.15 GB; its loss frees 0.62 GB, more than its
-    0.49 GB bucket alone; 2.434 with all of both); tiny 0.1241 against 0.1206. ZeRO-1:
-    gpt2_124m 2.434 against 2.434 with the whole bucket; tiny 0.1241 against 0.1234. One
-    micro-batch alone at ZeRO-1 (the bucket's first backward): tiny 0.1119 against 0.1077,
-    gpt2_124m 1.4934 against 1.4765.
+    Measured as the allocator's high-water mark (bench/step_peak.py: torch.profiler memory
+    events from the build to two steps' end, one CPU rank, micro 8, seq 128, accum 1 and 2),
+    planned over measured at ZeRO 1-2: tiny 0.989-0.998 in bf16 and 0.992-0.996 in fp32,
+    gpt2_124m 0.998-1.000 in both (its loss frees 0.62 GB in fp32, more than its 0.49 GB
+    bucket alone, but not more than the bucket and its tied head's 0.15 GB gradient). Without
+    the final norm's working set tiny's bf16 ZeRO-1 and -2 at one micro-batch were at 0.959.
     """
-    kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
-    at_peak = kept + max(at_the_loss(items), items["transient.recompute_layer"])
-    loss_kept = sum(v for k, v in items.items() if k.startswith("loss."))
-    return max(0, kept - loss_kept + allocated - at_peak)
+    return max(0, after_the_head(items) + allocated - transient_peak(items))
 
 
 def tied_head_gradient_bytes(model: ModelConfig, *, tp: int, pp: int, precision: str) -> int:
