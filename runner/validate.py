@@ -121,9 +121,9 @@ def _problems(config: TrainConfig) -> list[str]:
         f"run with train.on_nonfinite=skip allows before it stops), e.g. train.max_skipped_steps=10",
     )
     need(
-        -1 <= train.profile_step < train.steps,
+        train.profile_step == -1 or 0 <= train.profile_step < max(train.steps, 1),
         f"train.profile_step={train.profile_step}: must be a step of the run, 0 to "
-        f"train.steps - 1 = {train.steps - 1} (e.g. train.profile_step={min(2, train.steps - 1)}, "
+        f"train.steps - 1 = {train.steps - 1} (e.g. train.profile_step={min(2, max(train.steps - 1, 0))}, "
         f"after the first steps' warm-up), or -1 for none",
     )
     problems += tp_problems(config.model, tp=config.parallel.tp)

@@ -150,6 +150,12 @@ def test_refused_before_launch(refusals, overrides, fragments):
     assert file_digests(refusal.neighbour) == refusal.neighbour_before
 
 
+def test_a_bad_value_is_refused_alone_not_with_the_defaults_it_unsettles(refusals):
+    """train.steps=-1 is one mistake: train.profile_step's default (-1, none) is not a second."""
+    text = refusals[_case_id(["train.steps=-1"])].result.stderr
+    assert "train.steps=-1" in text and "profile_step" not in text, text[-2000:]
+
+
 def test_an_existing_run_directory_is_never_reused(train, tmp_path):
     held = tmp_path / "run0"
     held.mkdir()
