@@ -249,18 +249,6 @@ class TrainConfig:
     plan: bool = False
 
 
-# Group name -> schema. Each YAML in conf/<group>/ starts with `defaults: [<group>_schema]`.
-GROUP_SCHEMAS: dict[str, type] = {
-    "model": ModelConfig,
-    "optimizer": OptimizerConfig,
-    "precision": PrecisionConfig,
-    "parallel": ParallelConfig,
-    "data": DataConfig,
-    "cluster": ClusterConfig,
-    "logger": LoggerConfig,
-}
-
-
 def _unlock(node: Any) -> None:
     """Clear the read-only flag that frozen dataclasses put on every node."""
     node._set_flag("readonly", False)
@@ -277,13 +265,16 @@ def _unlocked_node(schema: type) -> DictConfig:
 
 
 def register_configs() -> None:
-    """Register the root schema and one schema per config group in Hydra's ConfigStore."""
+    """Register the root schema in Hydra's ConfigStore.
+
+    conf/config.yaml puts it first in its defaults, so each group's YAML merges into its
+    typed field (``parallel: ParallelConfig`` and so on): a key the schema lacks or a value
+    of the wrong type fails at composition with its path, and what a YAML leaves out takes
+    the schema's default. The groups list only their options (no schema beside them).
+    """
     from hydra.core.config_store import ConfigStore
 
-    store = ConfigStore.instance()
-    store.store(name="train_schema", node=_unlocked_node(TrainConfig))
-    for group, schema in GROUP_SCHEMAS.items():
-        store.store(group=group, name=f"{group}_schema", node=_unlocked_node(schema))
+    ConfigStore.instance().store(name="train_schema", node=_unlocked_node(TrainConfig))
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
