@@ -13,6 +13,7 @@ from runner.config import DataName, Offload, Precision, TrainConfig
 from runner.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.tensor_parallel import tp_node_problems, tp_problems
+from runner.token_file import TOKEN_DTYPES, token_file_problem
 
 
 class ConfigError(ValueError):
@@ -46,9 +47,7 @@ def _problems(config: TrainConfig) -> list[str]:
         f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len} of model "
         f"{model.name}; lower data.seq_len or raise model.max_seq_len",
     )
-    need(
-        data.dtype in ("uint8", "uint16", "uint32"), f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32"
-    )
+    need(data.dtype in TOKEN_DTYPES, f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32")
     need(opt.lr > 0, f"optimizer.lr={opt.lr}: must be positive, e.g. optimizer.lr=3e-4")
     window = config.precision.loss_scale_window
     need(window >= 1, f"precision.loss_scale_window={window}: must be a step count, e.g. 1000 (the default)")
@@ -91,11 +90,16 @@ def _problems(config: TrainConfig) -> list[str]:
             f"model.vocab_size=256 or more, or give your own tokens with data.path",
         )
     if data.name == DataName.text and data.path is not None:
+        found = Path(data.path).expanduser().is_file()
         need(
-            Path(data.path).is_file(),
+            found,
             f"data.path={data.path}: no such file; give a token file (a raw array of data.dtype) "
             f"or leave data.path unset for the built-in text",
         )
+        if found and data.dtype in TOKEN_DTYPES:
+            # Its size, its ids against model.vocab_size, its length against data.seq_len.
+            problem = token_file_problem(data.path, data.dtype, model.vocab_size, data.seq_len)
+            need(problem is None, problem or "")
     parallel = config.parallel
     if parallel.offload_optimizer == Offload.cpu:
         need(

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from train_helpers import ROOT, TrainResult, clean_env, file_digests, run_train
 
@@ -85,8 +86,11 @@ CASES = [
         ["parallel.tp=1024", "exceeds this host", "inside one node"],
     ),
     (["parallel.tp=2", "gpus=3"], ["gpus=3", "tp x pp = 2 x 1 = 2", "{2, 4, 6, 8}"]),
-    # missing files
+    # missing files, and token files that cannot be this run's tokens (TOKEN_FILES)
     (["data.path=/nonexistent/tokens.bin"], ["data.path=/nonexistent/tokens.bin", "no such file"]),
+    (["data.path={odd_bytes}"], ["odd_bytes.bin' holds 3 bytes", "multiple of 2", "check data.dtype"]),
+    (["data.path={large_ids}"], ["token id 999 >= model.vocab_size=256", "model.vocab_size > 999"]),
+    (["data.path={short}"], ["holds 10 tokens", "data.seq_len + 1 = 129", "lower data.seq_len"]),
     # wrong types, unknown keys and options (refused by the schemas during composition)
     (["gpus=two"], ["gpus", "two"]),
     (["optimizer.lr=fast"], ["optimizer.lr", "fast"]),
@@ -99,6 +103,14 @@ CASES = [
     (["train.resume=sometimes"], ["sometimes"]),
     (["train.on_nonfinite=ignore"], ["train.on_nonfinite", "ignore", "stop", "skip"]),
 ]
+
+
+# Token files the cases above name by {key}: written into the fixture's folder.
+TOKEN_FILES = {
+    "odd_bytes": b"abc",
+    "large_ids": np.array([1, 2, 999, 3] * 64, dtype=np.uint16).tobytes(),
+    "short": np.arange(10, dtype=np.uint16).tobytes(),
+}
 
 
 @dataclass
@@ -118,6 +130,10 @@ def _case_id(overrides: list[str]) -> str:
 def refusals(tmp_path_factory) -> dict[str, Refusal]:
     """Every case's ``python train.py``, as many at once as this host has cores: each is one process."""
     root = tmp_path_factory.mktemp("refusals")
+    files = {}
+    for name, content in TOKEN_FILES.items():
+        files[name] = root / f"{name}.bin"
+        files[name].write_bytes(content)
 
     def refuse(number: int, overrides: list[str]) -> Refusal:
         case_dir = root / f"case{number}"
@@ -125,7 +141,8 @@ def refusals(tmp_path_factory) -> dict[str, Refusal]:
         neighbour.mkdir(parents=True)
         (neighbour / "summary.json").write_text('{"status": "completed"}')
         before = file_digests(neighbour)
-        result = run_train(*overrides, "logger=none", run_dir=case_dir / "run", timeout=120)
+        named = [override.format(**files) for override in overrides]
+        result = run_train(*named, "logger=none", run_dir=case_dir / "run", timeout=120)
         return Refusal(result, neighbour, before)
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
