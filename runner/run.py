@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,26 @@ def _start_summary(
     )
 
 
+def rank_exit_words(returncode: int, *, plan_warnings: list[str]) -> str:
+    """How a rank that left no failure record ended, in words: its exit code or the signal.
+
+    A rank killed by SIGKILL that nobody stopped was most often killed by the kernel's
+    out-of-memory killer; the plan's memory warnings of the run, if any, say why.
+    """
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    words = f"killed by {name}"
+    if -returncode == signal.SIGKILL:
+        words += " (on Linux most often the out-of-memory killer; `dmesg` or the job's log says)"
+        if plan_warnings:
+            words += "; the plan had warned: " + "; ".join(plan_warnings)
+    return words
+
+
 def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
     from launchers.local import launch_local
 
@@ -165,8 +186,11 @@ def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: Run
     if result.failed_rank is None:
         return read_summary(run_dir)
     failures = read_failures(run_dir)
+    warned = read_summary(run_dir).get("plan_warnings") or []
     first = (
-        failures[0] if failures else {"rank": result.failed_rank, "error": f"exit code {result.returncode}"}
+        failures[0]
+        if failures
+        else {"rank": result.failed_rank, "error": rank_exit_words(result.returncode, plan_warnings=warned)}
     )
     update_summary(run_dir, status="failed", failed_rank=first["rank"], error=first["error"])
     raise RunFailed(f"rank {first['rank']} failed: {first['error']} (run directory {run_dir})")
