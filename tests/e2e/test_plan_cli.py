@@ -132,3 +132,12 @@ def test_tensor_parallel_builds_only_draw_on_the_host(train):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "model built as its tensor-parallel shard" in result.stdout
     assert "host FITS, 1795.9 GB to spare: 8 ranks x 0.52 GB building the model" in result.stdout
+
+
+def test_an_experiment_plans_on_a_cluster_with_its_own_batch(train):
+    """experiment=gpt2_124m_nanogpt on 32 H100s under ZeRO-3: nanoGPT's 480 sequences a step."""
+    layout = ("parallel=zero3", "gpus=32", "cluster=h100_sxm")
+    result = train("experiment=gpt2_124m_nanogpt", *layout, "plan=true", timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "gpt2_124m (123,551,232 params" in result.stdout and "seq 1024" in result.stdout
+    assert "global 480 = micro 15 x accum 1 x dp 32" in result.stdout

@@ -64,9 +64,38 @@ def test_help_lists_each_groups_options_and_the_next_commands():
     result = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    for group in GROUPS:
+    for group in (*GROUPS, "experiment"):
         listed = next(line for line in lines if line.startswith(f"{group}: "))
         assert listed == f"{group}: {', '.join(_options(group))}"
     assert lines[0].startswith("ladder: ")
     for command in ("plan=true", "-m parallel=", "ladder report"):
         assert command in result.stdout
+
+
+EXPERIMENTS = _options("experiment")
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_an_experiment_is_the_same_whatever_the_layout(experiment):
+    """experiment=<name> sets the experiment (model, precision, optimizer, data, batch, steps);
+    parallel= and gpus= change only the layout, and the command line wins over the experiment."""
+    on_8 = to_train_config(_compose([f"experiment={experiment}", "parallel=ddp", "gpus=8"]))
+    on_32 = to_train_config(_compose([f"experiment={experiment}", "parallel=zero3", "gpus=32"]))
+    default = to_train_config(_compose([]))
+    for part in ("model", "precision", "optimizer", "data", "batch", "train", "seed"):
+        assert getattr(on_8, part) == getattr(on_32, part), part
+    assert on_8.batch != default.batch or on_8.model != default.model  # it changes the experiment
+    assert (on_8.parallel.zero_stage, on_32.parallel.zero_stage) == (0, 3)
+    mine = to_train_config(_compose([f"experiment={experiment}", "model=tiny", "train.steps=5"]))
+    assert (mine.model.name, mine.train.steps, mine.batch) == ("tiny", 5, on_8.batch)
+
+
+def test_the_nanogpt_experiment_is_nanogpts_gpt2_run():
+    """karpathy/nanoGPT config/train_gpt2.py over train.py's defaults."""
+    config = to_train_config(_compose(["experiment=gpt2_124m_nanogpt"]))
+    assert (config.model.name, config.precision.name) == ("gpt2_124m", Precision.bf16)
+    assert config.batch.global_size * config.data.seq_len == 12 * 1024 * 5 * 8  # 491,520 tokens
+    optimizer = config.optimizer
+    assert (optimizer.lr, optimizer.lr * optimizer.min_lr_ratio) == pytest.approx((6e-4, 6e-5))
+    assert (optimizer.warmup_steps, optimizer.weight_decay, optimizer.grad_clip) == (2000, 0.1, 1.0)
+    assert (optimizer.beta1, optimizer.beta2, config.train.steps) == (0.9, 0.95, 600_000)
