@@ -263,6 +263,26 @@ def memory_warnings(plan: Plan) -> list[str]:
     return warnings
 
 
+def refuse_beyond_this_hosts_ram(plan: Plan) -> None:
+    """Refuse a local launch whose host memory the plan puts beyond all of this host's RAM.
+
+    Past the headroom the plan only warns (memory_warnings); past the RAM itself the kernel's
+    out-of-memory killer would end a rank, or first some other program of the user's. The
+    host plan is a floor on a GPU (CUDA's own host libraries are not in it) and within a few
+    percent of the measured RSS on a CPU (docs/benchmarks.md).
+    """
+    host = plan.host
+    if host.peak_per_node <= host.ram_bytes:
+        return
+    fixes = "; ".join(fix for fix in host.fixes if not fix.startswith(("more nodes", "a larger host")))
+    raise ConfigError(
+        f"  - this host has {gb(host.ram_bytes)} of RAM [{host.ram_source}] and the plan needs "
+        f"{gb(host.peak_per_node)} of it ({host.verdict()}): the out-of-memory killer would end a "
+        f"rank, or another program first. planner.recommend=true finds the cheapest layout that "
+        f"fits, plan=true shows every term{'; or ' + fixes if fixes else ''}"
+    )
+
+
 def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
     """Validate, then train (or plan) one Hydra job; returns the run's summary."""
     env = from_environment(os.environ)
@@ -278,6 +298,9 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
             f"set gpus={env.world_size} (or start {config.gpus} ranks)"
         )
     lead = env is None or env.rank == 0
+    plan = launch_plan(config) if lead else None
+    if env is None and plan is not None:
+        refuse_beyond_this_hosts_ram(plan)
     load_universal, resumed = _prepare_resume(config, layout, run_dir, lead=lead)
     ds_config = deepspeed_config_for(config, layout, load_universal=load_universal)
     if lead:
@@ -288,7 +311,7 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
         if micro_choice is not None:
             update_summary(run_dir, micro_size_choice=micro_choice)
             log.info("batch.micro_size=auto: %s", micro_choice)
-        plan = launch_plan(config)
+        assert plan is not None
         warnings = memory_warnings(plan)
         for warning in warnings:
             log.warning("plan: %s", warning)

@@ -43,6 +43,11 @@ CASES = [
     (["data.seq_len=1"], ["data.seq_len=1", "at least 2"]),
     (["data.seq_len=4096"], ["data.seq_len=4096", "model.max_seq_len=1024"]),
     (["planner.headroom=1.5"], ["planner.headroom=1.5", "(0, 1]"]),
+    # more than all of this host's RAM (the figure given here: a run within the headroom warns)
+    (
+        ["cluster.host_memory_gb=0.2"],
+        ["this host has 0.2 GB of RAM [config: cluster.host_memory_gb]", "planner.recommend=true"],
+    ),
     (["logger.log_every=0"], ["logger.log_every=0", "at least 1"]),
     (["train.checkpoint_every=-1"], ["train.checkpoint_every=-1"]),
     (["train.max_skipped_steps=-1"], ["train.max_skipped_steps=-1", "0 or more"]),
