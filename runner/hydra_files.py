@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 
 HYDRA_DIR = ".hydra"
+EARLIER_ATTEMPTS = "earlier_attempts"  # runner/run_files.py keep_earlier_attempt
 ASIDE = ".before-this-attempt"
 RUN_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # in <run dir>/.hydra/
 SWEEP_FILES = ("multirun.yaml",)  # in the sweep directory
@@ -66,8 +67,13 @@ def drop_copy(run_dir: Path) -> None:
 
 
 def _cells(sweep_dir: Path) -> list[Path]:
-    """The sweep's cells that hold Hydra files (``hydra.sweep.subdir`` may nest them)."""
-    return sorted(hydra.parent for hydra in sweep_dir.rglob(HYDRA_DIR) if hydra.is_dir())
+    """The sweep's cells that hold Hydra files (``hydra.sweep.subdir`` may nest them), not the
+    copies kept with an earlier attempt of a cell (runner/run_files.py keep_earlier_attempt)."""
+    return sorted(
+        hydra.parent
+        for hydra in sweep_dir.rglob(HYDRA_DIR)
+        if hydra.is_dir() and EARLIER_ATTEMPTS not in hydra.relative_to(sweep_dir).parts
+    )
 
 
 def set_aside_sweep(sweep_dir: Path) -> None:

@@ -32,7 +32,7 @@ from runner.plan import (
     workload_from_config,
 )
 from runner.preemption import Preempted, resumes
-from runner.run_files import read_failures, write_deepspeed_config
+from runner.run_files import keep_earlier_attempt, read_failures, write_deepspeed_config
 from runner.schedule import scaled_lr
 from runner.summary import read_summary, update_summary
 from runner.validate import ConfigError, validate
@@ -96,8 +96,8 @@ def _prepare_resume(
 
     record = checkpoint.latest(run_dir)
     if record is None:
-        if lead:  # starting over: steps an earlier attempt logged are logged again
-            checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=0)
+        if lead and (kept := keep_earlier_attempt(run_dir)) is not None:
+            log.info("no checkpoint to continue from: starting over; the earlier attempt is in %s", kept)
         return False, None
     stage, precision = config.parallel.zero_stage, config.precision.name
     try:

@@ -3,11 +3,13 @@
 .hydra/config.yaml       the composed config (Hydra writes it)
 deepspeed_config.json    build_deepspeed_config's output (the launcher writes it)
 failure_rank<N>.json     a failed rank's error (the rank writes it)
+earlier_attempts/<n>/    what an attempt that started over found there (keep_earlier_attempt)
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import traceback
 from pathlib import Path
@@ -78,3 +80,35 @@ def read_failures(run_dir: Path) -> list[dict[str, Any]]:
         with path.open() as handle:
             records.append(json.load(handle))
     return sorted(records, key=lambda r: (float(r.get("time", 0.0)), int(r["rank"])))
+
+
+# What an attempt leaves in its run directory, besides checkpoints (none, when it starts
+# over), Hydra's train.log (appended to) and wandb/ (one folder per wandb run).
+ATTEMPT_FILES = ("metrics.jsonl", "summary.json", DEEPSPEED_CONFIG_FILE, "profile")
+
+
+def keep_earlier_attempt(run_dir: Path) -> Path | None:
+    """Move an earlier attempt's results to ``earlier_attempts/<n>/`` before this one starts over.
+
+    ``train.resume=auto`` (or a requeued job) with no checkpoint to continue from trains from
+    step 0 in the same directory: the earlier attempt's metrics, summary, DeepSpeed config,
+    failure records and profile move aside with the Hydra config it ran with (set aside by
+    runner/hydra_files.py), so a finished run resumed by mistake is not replaced. Returns the
+    folder, or None when there was nothing to keep.
+    """
+    found = [run_dir / name for name in ATTEMPT_FILES if (run_dir / name).exists()]
+    found += sorted(run_dir.glob("failure_rank*.json"))
+    if not found:
+        return None
+    from runner.hydra_files import ASIDE, EARLIER_ATTEMPTS, HYDRA_DIR
+
+    earlier = run_dir / EARLIER_ATTEMPTS
+    number = 1 + sum(1 for path in earlier.iterdir() if path.is_dir()) if earlier.is_dir() else 1
+    folder = earlier / str(number)
+    folder.mkdir(parents=True)
+    for path in found:
+        path.rename(folder / path.name)
+    hydra = run_dir / HYDRA_DIR / ASIDE
+    if hydra.is_dir():
+        shutil.copytree(hydra, folder / HYDRA_DIR)
+    return folder

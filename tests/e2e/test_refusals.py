@@ -216,3 +216,22 @@ def test_a_refusal_answers_before_torch_is_imported(tmp_path):
     assert "deepspeed" not in imported
     if not gpu_driver_present():  # with a GPU driver, torch is asked how many devices there are
         assert "torch" not in imported
+
+
+def test_a_resume_with_nothing_to_continue_keeps_the_earlier_attempt(train, tmp_path):
+    """train.resume=auto where a run finished without checkpoints starts over, and the run it
+    would have replaced (metrics, summary, the config it ran with) moves to earlier_attempts/1/."""
+    finished = train("train.steps=1", "logger=none", "data=synthetic", timeout=120)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    run_dir = finished.run_dir
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    again = run_train(
+        "train.steps=2", "train.resume=auto", "logger=none", "data=synthetic", run_dir=run_dir, timeout=120
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    earlier = run_dir / "earlier_attempts" / "1"
+    assert (earlier / "metrics.jsonl").read_text() == metrics
+    assert '"status": "completed"' in (earlier / "summary.json").read_text()
+    assert "train.steps=1" in (earlier / ".hydra" / "overrides.yaml").read_text()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert "train.steps=2" in (run_dir / ".hydra" / "overrides.yaml").read_text()
