@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from runner.config import register_configs, to_train_config
 from runner.identity import RunIdentity
 from runner.layout import LayoutError
 from runner.preemption import EXIT_INTERRUPTED, Preempted
-from runner.run import RunFailed, run
+from runner.run import RunFailed, RunInterrupted, run
 from runner.validate import ConfigError
 
 register_configs()
@@ -56,14 +57,32 @@ def main(cfg: DictConfig) -> float | None:
         if lead and hydra_files.put_back(run_dir):
             print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C while validating or planning: no rank had started
+        refused = True
+        print("\nladder: interrupted before any rank started; nothing trained", file=sys.stderr)
+        if lead:
+            hydra_files.put_back(run_dir)
+        sys.exit(130)  # 128 + SIGINT, the shell's convention
     except RunFailed as error:
         print(f"ladder: run failed: {error}", file=sys.stderr)
         sys.exit(1)
+    except RunInterrupted as error:
+        print(f"ladder: run stopped: {error}", file=sys.stderr)
+        print(f"  continue with: {continue_command(sys.argv, run_dir, sweep_dir)}", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         if lead and not refused:  # this attempt ran: its config is the run's record
             hydra_files.attempt_ran(run_dir, sweep_dir)
     loss = summary.get("final", {}).get("loss")
     return float(loss) if loss is not None else None
+
+
+def continue_command(argv: list[str], run_dir: Path, sweep_dir: Path | None) -> str:
+    """The command that continues a stopped run (or, with -m, its sweep) where it was saved."""
+    dir_key = "hydra.run.dir" if sweep_dir is None else "hydra.sweep.dir"
+    kept = [arg for arg in argv[1:] if not arg.startswith(("train.resume=", f"{dir_key}="))]
+    where = run_dir if sweep_dir is None else sweep_dir
+    return shlex.join(["python", argv[0], *kept, "train.resume=auto", f"{dir_key}={where}"])
 
 
 def _agree_on_run_dir(argv: list[str]) -> None:

@@ -4,6 +4,13 @@ The user never types torchrun: each rank is ``python -m launchers.worker RUN_DIR
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set. When one rank fails the
 others are stopped after a short grace period, so a job never hangs on a collective
 that a dead rank will not join.
+
+Stopping a run: at SIGINT (Ctrl-C, which the terminal sends the ranks too), SIGTERM or
+SIGHUP this process passes SIGTERM on to the ranks, which finish their step, save a
+checkpoint together and exit 75 (runner/preemption.py); ``train.resume=auto`` continues
+the run from there. A second signal kills the ranks at once. Should this process die
+regardless, the kernel sends each rank SIGTERM (launchers/worker.py), so no rank trains on
+alone.
 """
 
 from __future__ import annotations
@@ -13,23 +20,54 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from launchers.environment import DistributedEnv
+from launchers.worker import LAUNCHER_PID_ENV
 from runner.identity import RunIdentity
+from runner.preemption import EXIT_INTERRUPTED
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish on their own
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
 class LaunchResult:
-    """How the ranks ended: the first failing rank and its exit code, if any."""
+    """How the ranks ended: the first failing rank and its exit code, if any, and what stopped them."""
 
     returncode: int
     failed_rank: int | None
+    stopped_by: str | None = None  # the first signal this process received, e.g. "SIGINT"
+    killed: bool = False  # a second signal: the ranks were killed without waiting for their checkpoint
+
+
+class StopRequests:
+    """The stop signals this process received, in order; installed only on the main thread."""
+
+    def __init__(self) -> None:
+        self.received: list[str] = []
+        self._previous: dict[int, Any] = {}
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signal.Signals(signum).name)
+
+    def install(self) -> None:
+        """Take over SIGINT, SIGTERM and SIGHUP until ``restore``."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._note)
+
+    def restore(self) -> None:
+        """Give the signals their previous handlers back."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
 
 
 def free_port() -> int:
@@ -40,17 +78,26 @@ def free_port() -> int:
         return port
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def _signal_all(procs: list[subprocess.Popen[bytes]], signum: int) -> None:
     for proc in procs:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
+            proc.send_signal(signum)
+
+
+def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Kill the ranks still running: they wait on a rank that is gone, or were told twice to stop."""
+    _signal_all(procs, signal.SIGKILL)
     for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.wait()
+
+
+def _announce(name: str) -> None:
+    print(
+        f"ladder: {name}: the ranks stop after this step and save a checkpoint "
+        f"(train.resume=auto continues the run); {name} again kills them now",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def launch_local(*, gpus: int, run_dir: Path, identity: RunIdentity) -> LaunchResult:
@@ -58,47 +105,72 @@ def launch_local(*, gpus: int, run_dir: Path, identity: RunIdentity) -> LaunchRe
     port = free_port()
     pythonpath = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
     procs: list[subprocess.Popen[bytes]] = []
-    for rank in range(gpus):
-        place = DistributedEnv(
-            rank=rank,
-            world_size=gpus,
-            local_rank=rank,
-            local_world_size=gpus,
-            master_addr="127.0.0.1",
-            master_port=port,
-            source="local",
-        )
-        env = {**os.environ, **place.exports(), **identity.exports(), "PYTHONPATH": pythonpath}
-        # `python -m` would put the user's working directory first on sys.path, where any folder
-        # named like a module torch imports if present (a run directory called z3, say) shadows
-        # it; the project is on PYTHONPATH, so the working directory is not needed (Python 3.11+).
-        env["PYTHONSAFEPATH"] = "1"
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "launchers.worker", str(run_dir)],
-                env=env,
-                cwd=os.getcwd(),
+    stops = StopRequests()
+    stops.install()  # before the first rank starts: a signal from here on is passed on to each
+    try:
+        for rank in range(gpus):
+            place = DistributedEnv(
+                rank=rank,
+                world_size=gpus,
+                local_rank=rank,
+                local_world_size=gpus,
+                master_addr="127.0.0.1",
+                master_port=port,
+                source="local",
             )
-        )
+            env = {
+                **os.environ,
+                **place.exports(),
+                **identity.exports(),
+                "PYTHONPATH": pythonpath,
+                LAUNCHER_PID_ENV: str(os.getpid()),
+            }
+            # `python -m` would put the user's working directory first on sys.path, where any folder
+            # named like a module torch imports if present (a run directory called z3, say) shadows
+            # it; the project is on PYTHONPATH, so the working directory is not needed (Python 3.11+).
+            env["PYTHONSAFEPATH"] = "1"
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "launchers.worker", str(run_dir)],
+                    env=env,
+                    cwd=os.getcwd(),
+                )
+            )
+        return _watch(procs, stops)
+    finally:
+        stops.restore()
+        _kill_all(procs)  # none is left after a normal end; after an error in this process, all
+
+
+def _watch(procs: list[subprocess.Popen[bytes]], stops: StopRequests) -> LaunchResult:
+    """Wait for the ranks: stop the rest when one fails, pass a stop signal on, kill at a second."""
     failed_rank: int | None = None
     returncode = 0
-    try:
-        while any(proc.poll() is None for proc in procs):
-            for rank, proc in enumerate(procs):
-                code = proc.poll()
-                if code not in (None, 0) and failed_rank is None:
-                    failed_rank, returncode = rank, code
-            if failed_rank is not None:
-                deadline = time.monotonic() + GRACE_S
-                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-                    time.sleep(0.1)
-                break
-            time.sleep(0.1)
-    finally:
-        _stop(procs)
+    passed_on = 0
+    while any(proc.poll() is None for proc in procs):
+        if len(stops.received) > passed_on:
+            if passed_on == 0:
+                _announce(stops.received[0])
+                _signal_all(procs, signal.SIGTERM)
+            else:
+                _kill_all(procs)
+                return LaunchResult(returncode, failed_rank, stopped_by=stops.received[0], killed=True)
+            passed_on = len(stops.received)
+        for rank, proc in enumerate(procs):
+            code = proc.poll()
+            if code not in (None, 0, EXIT_INTERRUPTED) and failed_rank is None:
+                failed_rank, returncode = rank, code
+        if failed_rank is not None:
+            deadline = time.monotonic() + GRACE_S
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.1)
+            _kill_all(procs)
+            break
+        time.sleep(0.1)
     if failed_rank is None:
         for rank, proc in enumerate(procs):
-            if proc.returncode != 0:
+            if proc.returncode not in (0, EXIT_INTERRUPTED):
                 failed_rank, returncode = rank, proc.returncode
                 break
-    return LaunchResult(returncode=returncode, failed_rank=failed_rank)
+    stopped_by = stops.received[0] if stops.received else None
+    return LaunchResult(returncode=returncode, failed_rank=failed_rank, stopped_by=stopped_by)

@@ -2,19 +2,44 @@
 
 It reads what the launching process decided and wrote (the composed config in
 ``.hydra/config.yaml`` and ``deepspeed_config.json``), so every rank runs exactly that.
-A rank that fails leaves ``failure_rank<N>.json`` with its error for the launcher.
+A rank that fails leaves ``failure_rank<N>.json`` with its error for the launcher; one
+stopped by a signal after its checkpoint (runner/preemption.py) exits 75 and leaves none.
+If the launching process dies, the kernel sends the rank SIGTERM (Linux's parent-death
+signal), so a rank never trains on alone: it stops after its step, as at Ctrl-C.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
 
 from launchers.environment import from_environment
 from runner.identity import RunIdentity
+from runner.preemption import EXIT_INTERRUPTED, Preempted
 from runner.run_files import load_run, write_failure
+
+LAUNCHER_PID_ENV = "LADDER_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def tie_to_launcher(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Have the kernel send this rank SIGTERM when its launcher dies; False if it is gone already.
+
+    prctl(2) PR_SET_PDEATHSIG; the parent is checked after the call, since a launcher that
+    died before it would never signal. Elsewhere than Linux (or without the launcher's pid)
+    nothing is tied and the rank runs on.
+    """
+    launcher = environ.get(LAUNCHER_PID_ENV)
+    if not launcher or not sys.platform.startswith("linux"):
+        return True
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    return os.getppid() == int(launcher)
 
 
 def main(argv: list[str]) -> int:
@@ -24,6 +49,10 @@ def main(argv: list[str]) -> int:
     if env is None:
         print("launchers.worker needs RANK and WORLD_SIZE (it is started by the local launcher)")
         return 2
+    env = dataclasses.replace(env, source="local")  # its variables look like torchrun's
+    if not tie_to_launcher(os.environ):
+        print(f"rank {env.rank}: its launcher exited before the rank started; not starting")
+        return EXIT_INTERRUPTED
     try:
         config, layout, ds_config = load_run(run_dir)
         from runner.rank import run_rank
@@ -36,6 +65,10 @@ def main(argv: list[str]) -> int:
             env=env,
             identity=RunIdentity.from_env(run_dir),
         )
+    except Preempted:  # every rank saved a checkpoint after the same step and stops: not a failure
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C before the rank watched for it (importing torch): nothing to save
+        return EXIT_INTERRUPTED
     except BaseException as error:
         write_failure(run_dir, rank=env.rank, error=error, trace=traceback.format_exc())
         traceback.print_exc()

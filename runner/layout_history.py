@@ -3,7 +3,8 @@
 summary.json's ``layout_history`` lists each segment from the step it started at; a run
 that never changed layout has one. A resume from step N keeps the segments that started
 before N (steps after N, logged by an attempt that did not checkpoint them, are trained
-again) and adds its own.
+again) and adds its own, unless it goes on in the layout the last one trained in (a
+stopped or requeued run resumed as it was).
 """
 
 from __future__ import annotations
@@ -35,7 +36,15 @@ def extended(
     kept = [seg for seg in earlier or [] if seg["from_step"] < new["from_step"]]
     if not kept:  # a run from before the history was kept: its checkpoint says where it trained
         kept = [{"from_step": 0, "zero_stage": record["zero_stage"], **record["layout"]}]
+    if _same_layout(kept[-1], new):
+        return kept
     return [*kept, new]
+
+
+def _same_layout(earlier: dict[str, Any], new: dict[str, Any]) -> bool:
+    return {k: v for k, v in earlier.items() if k != "from_step"} == {
+        k: v for k, v in new.items() if k != "from_step"
+    }
 
 
 def _label(seg: dict[str, Any]) -> str:

@@ -1,4 +1,9 @@
-"""Stopping at SLURM's signals: a checkpoint at the end of the step, then the job goes back to the queue.
+"""Stopping at a signal: a checkpoint at the end of the step, then SLURM's job goes back to the queue.
+
+A local run stops the same way: Ctrl-C sends SIGINT to the terminal's process group,
+ranks included, and the local launcher passes SIGINT, SIGTERM or SIGHUP on to the ranks as
+SIGTERM (launchers/local.py). Its ranks exit ``EXIT_INTERRUPTED`` after the checkpoint,
+and ``train.resume=auto`` continues the run.
 
 SLURM signals every task of a job before it ends it: SIGUSR2 ``signal_delay_s`` before
 the time limit (``sbatch --signal=USR2@N``, which submitit writes) or on request
@@ -40,7 +45,8 @@ EXIT_INTERRUPTED = 75
 RESTART_ENV = "SLURM_RESTART_COUNT"  # sbatch(1): times SLURM restarted the job (requeue, node failure)
 
 NONE, TERM, REQUEUE = 0, 1, 2  # what was asked, in increasing order: the ranks agree on the MAX
-_ASKS = {signal.SIGTERM: TERM, signal.SIGUSR2: REQUEUE}
+# SIGINT is Ctrl-C in the terminal of a local run, which reaches every rank of its process group.
+_ASKS = {signal.SIGTERM: TERM, signal.SIGINT: TERM, signal.SIGUSR2: REQUEUE}
 _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
@@ -75,17 +81,20 @@ class Preempted(BaseException):
 
 
 class StopSignals:
-    """SIGUSR2 and SIGTERM noted, not acted on: the training loop reads ``asked`` once per step."""
+    """SIGUSR2, SIGTERM and SIGINT noted, not acted on: the training loop reads ``asked`` once per step."""
 
     def __init__(self) -> None:
         self.asked = NONE
+        self.name = ""  # the signal behind ``asked`` as this rank received it, e.g. "SIGINT"
         self._previous: dict[int, _Handler] = {}
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        self.asked = max(self.asked, _ASKS.get(signal.Signals(signum), NONE))
+        ask = _ASKS.get(signal.Signals(signum), NONE)
+        if ask > self.asked:
+            self.asked, self.name = ask, signal.Signals(signum).name
 
     def install(self) -> bool:
-        """Take over SIGUSR2 and SIGTERM, keeping the handlers they had; False off the main thread."""
+        """Take over SIGUSR2, SIGTERM and SIGINT, keeping the handlers they had; False off the main thread."""
         if threading.current_thread() is not threading.main_thread():
             return False
         for signum in _ASKS:

@@ -177,12 +177,20 @@ def _max_over_ranks(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
-def _stopped(completed: int, asked: int, stop: StopSignals, *, rank: int) -> Preempted:
-    """What every rank raises once the ranks agreed to stop and saved ``completed`` steps."""
-    name = "SIGUSR2" if asked == REQUEUE else "SIGTERM"
+def _stopped(completed: int, asked: int, stop: StopSignals, *, rank: int, source: str) -> Preempted:
+    """What every rank raises once the ranks agreed to stop and saved ``completed`` steps.
+
+    The signal is named as this rank received it (Ctrl-C's SIGINT, the launcher's SIGTERM),
+    or by what the ranks agreed on where this rank received none.
+    """
+    name = stop.name if stop.asked == asked else ("SIGUSR2" if asked == REQUEUE else "SIGTERM")
     requeued: bool | None = None
-    outcome = "SLURM requeues or ends the job itself"
-    if asked == REQUEUE:
+    outcome = (
+        "SLURM requeues or ends the job itself"
+        if source == "slurm"
+        else "train.resume=auto in this run directory continues it"
+    )
+    if asked == REQUEUE and source == "slurm":
         requeued, outcome = stop.hand_back() if rank == 0 else (None, "rank 0 hands the job back")
     tag = checkpoint.tag_for(completed)
     return Preempted(
@@ -434,8 +442,8 @@ def _train(
             if step % config.logger.log_every == 0 or step == config.train.steps - 1:
                 for sink in sinks:
                     sink.log(step, metrics)
-            # Under SLURM the ranks agree, after every step but the last, whether a signal
-            # asks them to stop (runner/preemption.py): then they save here and leave.
+            # Under SLURM and the local launcher the ranks agree, after every step but the last,
+            # whether a signal asks them to stop (runner/preemption.py): then they save here and leave.
             last_step = step + 1 == config.train.steps
             asked = 0 if stop is None or last_step else int(_max_over_ranks(stop.asked, device))
             if (every and (step + 1) % every == 0) or asked:
@@ -452,7 +460,7 @@ def _train(
                     loss_scale=overflows.state(),
                 )
             if asked and stop is not None:
-                raise _stopped(step + 1, asked, stop, rank=env.rank)
+                raise _stopped(step + 1, asked, stop, rank=env.rank, source=env.source)
         status = {"status": "completed", "error": None}
     except Preempted as stopped:
         status = {"status": "interrupted", "error": stopped.record["reason"]}
@@ -517,9 +525,10 @@ def run_rank(
     identity: RunIdentity,
 ) -> dict[str, Any]:
     """Train on this rank and return rank 0's summary (empty on other ranks)."""
-    # A SLURM task stops at SIGUSR2 / SIGTERM after a checkpoint (runner/preemption.py).
+    # A SLURM task stops at SIGUSR2 / SIGTERM after a checkpoint (runner/preemption.py), and so
+    # does a rank of the local launcher at SIGINT (Ctrl-C) or SIGTERM (the launcher's, passed on).
     stop = StopSignals()
-    watching = env.source == "slurm" and stop.install()
+    watching = env.source in ("slurm", "local") and stop.install()
     accelerator = select_accelerator()
     device = init_distributed(env, accelerator=accelerator)
     ok = False

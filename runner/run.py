@@ -7,6 +7,7 @@ torchrun, the deepspeed launcher or srun) this process is itself one rank.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -42,6 +43,10 @@ log = logging.getLogger("ladder")
 
 class RunFailed(RuntimeError):
     """A rank failed; the message names it and its error."""
+
+
+class RunInterrupted(RuntimeError):
+    """The ranks stopped at a signal (Ctrl-C, SIGTERM); the message says what was saved."""
 
 
 def choose_layout_explained(config: TrainConfig) -> tuple[Layout, str | None]:
@@ -179,10 +184,38 @@ def rank_exit_words(returncode: int, *, plan_warnings: list[str]) -> str:
     return words
 
 
+def _interruption_words(run_dir: Path, stopped_by: str | None, *, killed: bool) -> str:
+    """What a stopped local run says: the ranks' own record, or, if they left none, what was kept.
+
+    Rank 0 records a stop after its checkpoint (status "interrupted"); ranks killed by a
+    second signal, or stopped before training began, leave the summary as it was: it is
+    marked interrupted here, with the newest checkpoint a resume would load.
+    """
+    summary = read_summary(run_dir)
+    if summary.get("status") == "interrupted":  # rank 0 wrote it after the checkpoint
+        return str(summary.get("error"))
+    latest_file = run_dir / "checkpoints" / "latest.json"
+    latest = json.loads(latest_file.read_text()) if latest_file.is_file() else None
+    how = f"killed at a second {stopped_by}" if killed else f"stopped by {stopped_by}"
+    kept = (
+        f"the newest is {latest['tag']} ({latest['completed_steps']} steps), "
+        "where train.resume=auto continues"
+        if latest
+        else "train.resume=auto starts it over, keeping this attempt's files"
+    )
+    words = f"{how} before the ranks saved a checkpoint; {kept}"
+    update_summary(run_dir, status="interrupted", error=words)
+    return words
+
+
 def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
     from launchers.local import launch_local
 
     result = launch_local(gpus=config.gpus, run_dir=run_dir, identity=identity)
+    if result.stopped_by is not None or (
+        result.failed_rank is None and read_summary(run_dir).get("status") == "interrupted"
+    ):
+        raise RunInterrupted(_interruption_words(run_dir, result.stopped_by, killed=result.killed))
     if result.failed_rank is None:
         return read_summary(run_dir)
     failures = read_failures(run_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -43,16 +44,40 @@ def reference(tmp_path_factory) -> dict[int, float]:
     return _losses(run_dir)
 
 
-def _start(run_dir: Path, *overrides: str) -> subprocess.Popen[bytes]:
+def _start(run_dir: Path, *overrides: str, stderr: Path | None = None) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
         cwd=run_dir.parent,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if stderr is None else stderr.open("w"),
         env=env,
-        start_new_session=True,  # its own process group: killed whole, ranks included
+        start_new_session=True,  # its own process group, as a terminal's job: a group signal reaches all
     )
+
+
+def _wait_for_steps(run_dir: Path, proc: subprocess.Popen[bytes], steps: int) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+            return
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        time.sleep(0.05)
+    raise AssertionError(f"no {steps} steps logged in 300 s")
+
+
+def _ranks_of(run_dir: Path) -> list[int]:
+    """The pids of rank processes still running for ``run_dir``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"launchers.worker" in cmdline and str(run_dir).encode() in cmdline:
+            found.append(int(proc.name))
+    return found
 
 
 def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_path, reference):
@@ -104,6 +129,62 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_pat
     assert refused.returncode == 2
     assert "batch.global_size=16" in refused.stderr and "different experiment" in refused.stderr
     assert file_digests(run_dir) == before
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_continues_to_the_same_losses(tmp_path, reference):
+    """Ctrl-C (SIGINT to the terminal's whole process group, ranks included): the ranks finish
+    their step, save together and stop; the run says how to continue, and that command ends
+    with the uninterrupted run's losses."""
+    run_dir = tmp_path / "run"
+    args = ["gpus=2", "parallel=zero2", "batch.micro_size=4", "train.steps=8", *COMMON]
+    stderr = tmp_path / "stderr.txt"
+    proc = _start(run_dir, *args, stderr=stderr)
+    _wait_for_steps(run_dir, proc, 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) == 75  # EX_TEMPFAIL: stopped, to be continued
+    said = stderr.read_text()
+    assert "Traceback" not in said, said[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    stopped_at = summary["steps_completed"]
+    assert 3 <= stopped_at < 8
+    assert summary["error"].startswith(f"stopped by SIGINT after {stopped_at} steps with checkpoint")
+    assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["completed_steps"] == stopped_at
+    assert not list(run_dir.glob("failure_rank*.json"))
+    (line,) = [line for line in said.splitlines() if "continue with:" in line]
+    command = shlex.split(line.split("continue with:", 1)[1])
+    assert command[-2:] == ["train.resume=auto", f"hydra.run.dir={run_dir}"]
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
+    resumed = subprocess.run(
+        [sys.executable, *command[1:]], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == stopped_at
+    assert [stop["signal"] for stop in summary["interruptions"]] == ["SIGINT"]
+    assert len(summary["layout_history"]) == 1  # resumed in the layout it stopped in
+    assert _losses(run_dir) == pytest.approx(reference, abs=0.0)
+
+
+def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_training_on(tmp_path):
+    """SIGKILL to the launching process alone (an out-of-memory kill, a lost terminal): the kernel
+    sends each rank SIGTERM, and the ranks checkpoint and stop rather than train on unwatched."""
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "gpus=2", "parallel=zero1", "batch.micro_size=4", "train.steps=500", *COMMON)
+    _wait_for_steps(run_dir, proc, 2)
+    assert len(_ranks_of(run_dir)) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 120
+    while _ranks_of(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ranks_of(run_dir) == []
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary["error"]
+    assert summary["error"].startswith("stopped by SIGTERM after")
+    latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert latest["completed_steps"] == summary["steps_completed"] < 500
 
 
 def test_resume_from_zero3_on_2_ranks_onto_zero2_on_1_gives_the_uninterrupted_losses(

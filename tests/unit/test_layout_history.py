@@ -33,3 +33,13 @@ def test_a_run_from_before_the_history_gets_its_first_segment_from_the_checkpoin
     history = extended(None, record, _segment(6, "ddp", 1))
     assert [seg["from_step"] for seg in history] == [0, 6]
     assert describe(history).startswith("layouts: zero_stage 2 on 2 (dp 2) from step 0 -> ddp on 1")
+
+
+def test_a_run_resumed_in_the_layout_it_stopped_in_keeps_one_segment():
+    """Stopped at Ctrl-C or requeued by SLURM, then resumed as it was: no layout change to report."""
+    first = _segment(0, "ddp", 2)
+    record = {"completed_steps": 11, "zero_stage": 0, "layout": {}}
+    assert extended([first], record, _segment(11, "ddp", 2)) == [first]
+    assert describe(extended([first], record, _segment(11, "ddp", 2))) is None
+    moved = extended([first], record, _segment(11, "ddp", 1))
+    assert [seg["from_step"] for seg in moved] == [0, 11]
