@@ -25,7 +25,7 @@ from runner.config import register_configs, to_train_config
 from runner.identity import RunIdentity
 from runner.layout import LayoutError
 from runner.preemption import EXIT_INTERRUPTED, Preempted
-from runner.run import RunFailed, RunInterrupted, run
+from runner.run import NothingToTrain, RunFailed, RunInterrupted, run
 from runner.validate import ConfigError
 
 register_configs()
@@ -48,21 +48,27 @@ def main(cfg: DictConfig) -> float | None:
     sweep_dir = Path(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
     launched = from_environment(os.environ)
     lead = launched is None or launched.rank == 0
-    refused = False
+    ran = True  # False: this attempt trained nothing, and the run's own .hydra/ stays its record
     try:
         summary = run(to_train_config(cfg), run_dir=run_dir, identity=_identity(run_dir))
     except (ConfigError, LayoutError) as error:
-        refused = True
+        ran = False
         print(f"ladder: refused before launch:\n{error}", file=sys.stderr)
         if lead and hydra_files.put_back(run_dir):
             print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C while validating or planning: no rank had started
-        refused = True
+        ran = False
         print("\nladder: interrupted before any rank started; nothing trained", file=sys.stderr)
         if lead:
             hydra_files.put_back(run_dir)
         sys.exit(130)  # 128 + SIGINT, the shell's convention
+    except NothingToTrain as done:  # resumed, already finished: the run stays as it was, .hydra/ too
+        ran = False
+        print(f"ladder: {run_dir}: {done}", file=sys.stderr)
+        if lead:
+            hydra_files.put_back(run_dir)
+        summary = done.summary
     except RunFailed as error:
         print(f"ladder: run failed: {error}", file=sys.stderr)
         sys.exit(1)
@@ -71,7 +77,7 @@ def main(cfg: DictConfig) -> float | None:
         print(f"  continue with: {continue_command(sys.argv, run_dir, sweep_dir)}", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     finally:
-        if lead and not refused:  # this attempt ran: its config is the run's record
+        if lead and ran:  # this attempt ran: its config is the run's record
             hydra_files.attempt_ran(run_dir, sweep_dir)
     loss = summary.get("final", {}).get("loss")
     return float(loss) if loss is not None else None

@@ -47,12 +47,12 @@ from runner import (
     pipeline_names,
     safe_load,
 )
+from runner.checkpoint_record import CHECKPOINT_DIR, LATEST_FILE, tag_for
+from runner.checkpoint_record import latest as latest  # re-exported: checkpoint.latest(run_dir)
 from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.summary import write_json_atomic
 
-CHECKPOINT_DIR = "checkpoints"
-LATEST_FILE = "latest.json"
 PARTIAL_PREFIX = ".partial-"
 UNIVERSAL_SUFFIX = "_universal"
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
@@ -60,22 +60,6 @@ STAGE0_SUFFIX = "_ddp"  # the universal checkpoint as a stage-0 engine's own fil
 # latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's
 # splits (runner/checkpoint_splits.py); one without it resumes on its own layout only.
 STAGE_SPLITS = "every_stages_splits_recorded"
-
-
-def tag_for(completed_steps: int) -> str:
-    """Directory name of the checkpoint taken after ``completed_steps`` optimizer steps."""
-    return f"step_{completed_steps:08d}"
-
-
-def latest(run_dir: Path) -> dict[str, Any] | None:
-    """The newest complete checkpoint's record, or None."""
-    path = run_dir / CHECKPOINT_DIR / LATEST_FILE
-    if not path.exists():
-        return None
-    record: dict[str, Any] = json.loads(path.read_text())
-    if not (run_dir / CHECKPOINT_DIR / record["tag"]).is_dir():
-        return None
-    return record
 
 
 def _barrier() -> None:

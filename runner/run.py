@@ -7,7 +7,6 @@ torchrun, the deepspeed launcher or srun) this process is itself one rank.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -16,7 +15,7 @@ from typing import Any
 
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
-from runner import layout_history
+from runner import checkpoint_record, layout_history
 from runner.build_locks import clear_stale_build_locks
 from runner.config import TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
@@ -47,6 +46,43 @@ class RunFailed(RuntimeError):
 
 class RunInterrupted(RuntimeError):
     """The ranks stopped at a signal (Ctrl-C, SIGTERM); the message says what was saved."""
+
+
+class NothingToTrain(Exception):
+    """A resumed run has trained its ``train.steps`` already; ``summary`` is the run's, as it was."""
+
+    def __init__(self, words: str, summary: dict[str, Any]) -> None:
+        super().__init__(words)
+        self.summary = summary
+
+
+def finished_already(config: TrainConfig, run_dir: Path) -> str | None:
+    """Why a resumed run has nothing left to train, or None.
+
+    A completed run (a sweep's finished cell resumed with the rest, a requeued job that had
+    ended) or a checkpoint at ``train.steps`` or beyond: launching would train no step and
+    rewrite the summary of the steps it did not train. Nothing is launched or written.
+    """
+    if not resumes(config):
+        return None
+    steps = config.train.steps
+    summary = read_summary(run_dir)
+    record = checkpoint_record.latest(run_dir)
+    more = (
+        f"a larger train.steps continues it from {record['tag']}"
+        if record is not None
+        else "it kept no checkpoint: a larger train.steps trains it again from step 0, "
+        "keeping this attempt under earlier_attempts/"
+    )
+    done = summary.get("steps_completed") or 0
+    if summary.get("status") == "completed" and done >= steps:
+        return f"the run completed {done} steps already (train.steps={steps}): nothing to train; {more}"
+    if record is not None and record["completed_steps"] >= steps:
+        return (
+            f"its checkpoint {record['tag']} holds {record['completed_steps']} steps already "
+            f"(train.steps={steps}): nothing to train; {more}"
+        )
+    return None
 
 
 def choose_layout_explained(config: TrainConfig) -> tuple[Layout, str | None]:
@@ -194,8 +230,7 @@ def _interruption_words(run_dir: Path, stopped_by: str | None, *, killed: bool) 
     summary = read_summary(run_dir)
     if summary.get("status") == "interrupted":  # rank 0 wrote it after the checkpoint
         return str(summary.get("error"))
-    latest_file = run_dir / "checkpoints" / "latest.json"
-    latest = json.loads(latest_file.read_text()) if latest_file.is_file() else None
+    latest = checkpoint_record.latest(run_dir)
     how = f"killed at a second {stopped_by}" if killed else f"stopped by {stopped_by}"
     kept = (
         f"the newest is {latest['tag']} ({latest['completed_steps']} steps), "
@@ -324,6 +359,8 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
     validate(config, launcher=None if planning else launcher)
     if planning:
         return plan_job(config, run_dir=run_dir)
+    if (finished := finished_already(config, run_dir)) is not None:
+        raise NothingToTrain(finished, read_summary(run_dir))
     layout, micro_choice = choose_layout_explained(config)
     if env is not None and env.world_size != config.gpus:
         raise ConfigError(

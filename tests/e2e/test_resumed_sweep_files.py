@@ -59,3 +59,20 @@ def test_a_sweep_resume_keeps_the_files_of_the_cells_that_ran(tmp_path):
             k: v for k, v in before.items() if k.startswith(f"{cell}/")
         }
     assert not [path for path in sweep_dir.rglob(".before-this-attempt")]
+
+
+def test_a_finished_sweep_resumed_trains_nothing_and_changes_nothing(tmp_path):
+    """Each finished cell says so and launches no rank; the sweep's files stay as they were."""
+    sweep_dir = tmp_path / "sweep"
+    first = _resume_sweep(sweep_dir, "parallel=ddp,zero1", "train.steps=2", "data.seq_len=32")
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = file_digests(sweep_dir)
+    again = _resume_sweep(sweep_dir, "parallel=ddp,zero1", "train.steps=2", "data.seq_len=32")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stderr.count("the run completed 2 steps already (train.steps=2): nothing to train") == 2
+    assert "layout: gpus" not in again.stderr + again.stdout  # no layout resolved, no rank started
+    after = file_digests(sweep_dir)
+    # Hydra appends each cell's log; every other file, the summaries and .hydra/ included, is as it was.
+    assert {k: v for k, v in after.items() if not k.endswith("train.log")} == {
+        k: v for k, v in before.items() if not k.endswith("train.log")
+    }

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from train_helpers import compose_config
 
 from runner import checkpoint
 from runner.config import Precision
 from runner.layout import resolve_layout
+from runner.run import finished_already
 
 
 def _layout(gpus: int, tp: int = 1, pp: int = 1):
@@ -87,3 +91,34 @@ def test_ddp_takes_another_layouts_checkpoint_at_any_tp_and_pp():
     assert checkpoint.resume_tag(zero1, layout=_layout(4, tp=2, pp=2), zero_stage=0) == (
         "step_00000004_universal_pipeline"
     )
+
+
+def _run_dir(tmp_path, *, status: str | None, steps_done: int | None, checkpoint_at: int | None):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True)
+    if status is not None:
+        (run_dir / "summary.json").write_text(json.dumps({"status": status, "steps_completed": steps_done}))
+    if checkpoint_at is not None:
+        tag = checkpoint.tag_for(checkpoint_at)
+        (run_dir / "checkpoints" / tag).mkdir(parents=True)
+        record = {"tag": tag, "completed_steps": checkpoint_at}
+        (run_dir / "checkpoints" / "latest.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def test_a_resumed_run_that_finished_its_steps_has_nothing_to_train(tmp_path):
+    """A sweep's finished cell resumed with the rest, or a run resumed twice: nothing is launched,
+    and the words say what a larger train.steps would do."""
+    resumed = compose_config("train.resume=auto", "train.steps=4")
+    done = _run_dir(tmp_path / "a", status="completed", steps_done=4, checkpoint_at=None)
+    words = finished_already(resumed, done)
+    assert words is not None and "completed 4 steps already (train.steps=4)" in words
+    assert "trains it again from step 0" in words  # no checkpoint to continue from
+    assert finished_already(compose_config("train.steps=4"), done) is None  # not a resume
+    assert finished_already(compose_config("train.resume=auto", "train.steps=5"), done) is None
+    # Its checkpoint at train.steps: finished, whatever its summary says (a rank killed after the save).
+    saved = _run_dir(tmp_path / "b", status="running", steps_done=None, checkpoint_at=4)
+    words = finished_already(resumed, saved)
+    assert words is not None and "step_00000004 holds 4 steps" in words and "continues it from" in words
+    stopped = _run_dir(tmp_path / "c", status="interrupted", steps_done=2, checkpoint_at=2)
+    assert finished_already(resumed, stopped) is None

@@ -1,0 +1,30 @@
+"""Which checkpoint a run directory holds, read without torch: ``checkpoints/latest.json``.
+
+The launching process asks this before it decides anything (is there a run to continue,
+is it finished?); runner/checkpoint.py writes the record and loads the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST_FILE = "latest.json"
+
+
+def tag_for(completed_steps: int) -> str:
+    """Directory name of the checkpoint taken after ``completed_steps`` optimizer steps."""
+    return f"step_{completed_steps:08d}"
+
+
+def latest(run_dir: Path) -> dict[str, Any] | None:
+    """The newest complete checkpoint's record, or None."""
+    path = run_dir / CHECKPOINT_DIR / LATEST_FILE
+    if not path.exists():
+        return None
+    record: dict[str, Any] = json.loads(path.read_text())
+    if not (run_dir / CHECKPOINT_DIR / record["tag"]).is_dir():
+        return None
+    return record
