@@ -144,6 +144,8 @@ def _problems(config: TrainConfig) -> list[str]:
 
 def batch_contract_problems(config: TrainConfig) -> list[str]:
     """The batch contract with every micro-batch allowed (auto's memory fit is checked later)."""
+    if config.gpus < 1:
+        return []  # no layout to speak of; the config's own check names gpus
     try:
         resolve_layout(
             gpus=config.gpus,

@@ -167,6 +167,8 @@ def test_refused_before_launch(refusals, overrides, fragments):
     for fragment in fragments:
         assert fragment in text, f"{fragment!r} not in:\n{text[-2000:]}"
     assert "Traceback" not in result.stderr
+    said = [line.split(":", 1)[0] for line in result.stderr.splitlines() if line.startswith("  - ")]
+    assert len(said) == len(set(said)), f"a problem said twice:\n{result.stderr[-2000:]}"
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert not (result.run_dir / "deepspeed_config.json").exists()
     assert file_digests(refusal.neighbour) == refusal.neighbour_before
