@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -157,14 +158,14 @@ def _describe(placement: Placement) -> str:
     return f"{placement.nodes} node(s) x {placement.tasks_per_node} tasks, {gpus} per node"
 
 
-def submit(launcher: Any, cells: list[Cell]) -> dict[int, Any]:
-    """One job array per group of like cells; on a refusal, cancel what was queued and refuse."""
+def submit(launcher: Any, cells: list[Cell], jobs: dict[int, Any]) -> None:
+    """One job array per group of like cells, each cell's job into ``jobs`` as it is queued; on a
+    refusal, cancel what was queued and refuse."""
     import submitit
 
     groups: dict[str, list[Cell]] = {}
     for cell in cells:
         groups.setdefault(_group_key(cell), []).append(cell)
-    jobs: dict[int, Any] = {}
     for members in groups.values():
         first = members[0]
         executor = submitit.SlurmExecutor(folder=first.folder, max_num_timeout=first.max_num_timeout)
@@ -188,7 +189,6 @@ def submit(launcher: Any, cells: list[Cell]) -> dict[int, Any]:
         log.info(
             "SLURM job(s) %s: %s (%s)", ids, ", ".join(c.label for c in members), _describe(first.placement)
         )
-    return jobs
 
 
 def launch_sweep(
@@ -199,6 +199,25 @@ def launch_sweep(
     cells = plan_sweep(launcher, job_overrides, initial_job_idx)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     log.info("SLURM sweep of %d cell(s) into %s", len(cells), sweep_dir)
-    jobs = submit(launcher, cells)
-    never = wait(jobs)
+    jobs: dict[int, Any] = {}
+    try:
+        submit(launcher, cells, jobs)
+        never = wait(jobs)
+    except KeyboardInterrupt:  # Ctrl-C stops this process watching; the jobs queued are SLURM's now
+        print(stopped_watching(sweep_dir, [job.job_id for job in jobs.values()]), file=sys.stderr, flush=True)
+        sys.exit(130)  # 128 + SIGINT, the shell's convention
     return collect(cells, jobs, never)
+
+
+def stopped_watching(sweep_dir: Path, job_ids: list[str]) -> str:
+    """What Ctrl-C on a SLURM sweep's launching process leaves: its jobs, and how to follow or stop them."""
+    if not job_ids:
+        return "\nladder: stopped while submitting, before sbatch named a job (squeue --me shows any queued)"
+    ids = ",".join(job_ids)
+    return (
+        f"\nladder: stopped watching; the sweep's {len(job_ids)} job(s) go on in SLURM: {ids}\n"
+        f"  follow them: squeue -j {ids}\n"
+        f"  stop them: scancel {ids.replace(',', ' ')} (each rank saves a checkpoint at the SIGTERM, "
+        f"within SLURM's KillWait)\n"
+        f"  when they end: ladder report {sweep_dir}"
+    )

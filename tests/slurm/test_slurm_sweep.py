@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
-from train_helpers import earlier_sweep, file_digests
+from train_helpers import ROOT, clean_env, earlier_sweep, file_digests
 
 pytestmark = pytest.mark.slurm
 
@@ -136,3 +140,41 @@ def test_a_refused_sweep_resume_on_slurm_leaves_every_file_as_it_was(sweep, slur
     assert "train.steps=0" in result.stderr
     assert file_digests(sweep_dir) == before
     assert set(slurm_cluster.job_ids()) == jobs
+
+
+def test_ctrl_c_stops_watching_and_leaves_the_jobs_running_with_how_to_follow_them(slurm_cluster, tmp_path):
+    """Ctrl-C on the launching process (SIGINT to its terminal's group): no traceback, the job ids
+    with how to follow and stop them, and the sweep's job runs on to its end in SLURM."""
+    sweep_dir = tmp_path / "sweep"
+    before = set(slurm_cluster.job_ids())
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            "hydra/launcher=slurm",
+            "gpus=1",
+            "train.steps=3",
+            "logger=none",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(slurm_cluster.env()),
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not set(slurm_cluster.job_ids()) - before:
+        assert proc.poll() is None and time.monotonic() < deadline, "no job was submitted"
+        time.sleep(0.2)
+    (job_id,) = set(slurm_cluster.job_ids()) - before
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert f"go on in SLURM: {job_id}" in stderr and f"scancel {job_id}" in stderr
+    assert f"ladder report {sweep_dir}" in stderr
+    assert _final_state(slurm_cluster, job_id, timeout=240) == "COMPLETED"
+    assert json.loads((sweep_dir / "0" / "summary.json").read_text())["status"] == "completed"
