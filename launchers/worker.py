@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -42,6 +43,22 @@ def tie_to_launcher(environ: dict[str, str] | os._Environ[str]) -> bool:
     return os.getppid() == int(launcher)
 
 
+def log_like_the_launcher(run_dir: Path, rank: int) -> None:
+    """Rank 0's ``ladder`` lines (a resume, each checkpoint's size and time) go where the launching
+    process's go: the console and the run's train.log, in Hydra's format (conf/config.yaml's
+    job_logging). The other ranks keep warnings only; without this every INFO line was dropped."""
+    formatter = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if rank == 0:
+        handlers.append(logging.FileHandler(run_dir / "train.log"))  # appends, as Hydra's handler does
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    logging.getLogger("ladder").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
 def main(argv: list[str]) -> int:
     """Run this process's rank; exit non-zero on failure."""
     run_dir = Path(argv[1])
@@ -50,6 +67,7 @@ def main(argv: list[str]) -> int:
         print("launchers.worker needs RANK and WORLD_SIZE (it is started by the local launcher)")
         return 2
     env = dataclasses.replace(env, source="local")  # its variables look like torchrun's
+    log_like_the_launcher(run_dir, env.rank)
     if not tie_to_launcher(os.environ):
         print(f"rank {env.rank}: its launcher exited before the rank started; not starting")
         return EXIT_INTERRUPTED

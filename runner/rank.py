@@ -53,6 +53,7 @@ from runner.step_profiler import StepProfiler
 from runner.summary import read_summary, update_summary
 from runner.tensor_parallel import grad_norm as tp_grad_norm
 from runner.throughput import FlopsBudget, throughput_metrics
+from runner.wall_clock import WallClock, folder_bytes
 
 log = logging.getLogger("ladder")
 
@@ -219,10 +220,13 @@ def _train(
 ) -> dict[str, Any]:
     import deepspeed
 
+    wall = WallClock()  # where this attempt's wall time goes (runner/wall_clock.py)
+    wall.mark("launch")
     _quiet_deepspeed()
     torch.manual_seed(config.seed)
     model, model_build = build_measured(config, layout=layout, ds_config=ds_config, device=device)
     compiled_blocks = compile_blocks(model) if config.train.compile else 0
+    wall.mark("build")
     opt = config.optimizer
     schedule = dict(
         warmup_steps=opt.warmup_steps,
@@ -244,6 +248,7 @@ def _train(
     unfused_norm.install(engine, tp=layout.tp, pp=layout.pp)  # stage 0 in 16 bits: the whole model's norm
     fp16_loss_scale.install(engine)  # fp16 at stage 0: the loss scaled before backward
     fp16_loss_scale.grow_after_step(engine)  # fp16: a step's gradients unscaled by the scale they had
+    wall.mark("engine")
     start_step = 0
     record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:
@@ -257,6 +262,7 @@ def _train(
         fp16_loss_scale.restore_scaler(engine, record.get("fp16_loss_scale"), window=window)
         if env.rank == 0:
             log.info("resumed from %s after %d completed steps", tag, start_step)
+    wall.mark("resume")
     peak = resolve_peak(config.cluster, config.precision.name, accelerator=accelerator)
     peak_flops = _mean_over_ranks(torch.tensor([peak.flops], dtype=torch.float64, device=device))
     flops = _flops_budget(config)
@@ -344,6 +350,7 @@ def _train(
     profiler = StepProfiler(config.train.profile_step, run_dir=run_dir, rank=env.rank, device=device)
     every = config.train.checkpoint_every
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
+    wall.mark("setup")
     interruption: dict[str, Any] | None = None
     step = start_step
     try:
@@ -413,6 +420,7 @@ def _train(
                 # they are this step's time. The metrics below would wait for them anyway.
                 torch.cuda.synchronize(device)
             step_s = time.perf_counter() - started
+            wall.step(step_s)
             profiler.step_done(step)
             if not own_grad_norm:
                 grad_norm = engine.get_global_grad_norm()
@@ -447,6 +455,7 @@ def _train(
             last_step = step + 1 == config.train.steps
             asked = 0 if stop is None or last_step else int(_max_over_ranks(stop.asked, device))
             if (every and (step + 1) % every == 0) or asked:
+                saving = time.perf_counter()
                 checkpoint.save(
                     engine,
                     run_dir,
@@ -459,6 +468,10 @@ def _train(
                     noise_scale=probes.noise.state(),
                     loss_scale=overflows.state(),
                 )
+                written = run_dir / checkpoint.CHECKPOINT_DIR / checkpoint.tag_for(step + 1)
+                wall.checkpoint(time.perf_counter() - saving, folder_bytes(written) if env.rank == 0 else 0)
+                if env.rank == 0:
+                    log.info("%s", wall.last_save(checkpoint.tag_for(step + 1)))
             if asked and stop is not None:
                 raise _stopped(step + 1, asked, stop, rank=env.rank, source=env.source)
         status = {"status": "completed", "error": None}
@@ -509,6 +522,7 @@ def _train(
                 fp16_loss_scale=overflows.summary(),
                 resumed_from_step=start_step or None,
                 profile=profiler.summary(run_dir),
+                wall_time=wall.summary(),
             )
         for sink in sinks:
             sink.close(summary)

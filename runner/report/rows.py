@@ -78,6 +78,7 @@ class Row:
     steps: int | None = None
     best: list[str] = field(default_factory=list)
     layouts: str | None = None  # a run resumed onto another layout: each layout from its step
+    wall: dict[str, Any] = field(default_factory=dict)  # summary.json's wall_time (runner/wall_clock.py)
 
     def residual(self) -> float | None:
         """Measured memory beyond the four terms: the named residuals, else peak - measured terms."""
@@ -125,6 +126,7 @@ class Row:
                 **{f"time_{name}_pct": _percent(self.time_share(name)) for name in TIME_SHARES},
                 "final_loss": self.final_loss,
                 "steps": self.steps,
+                **{f"wall_{key}": self.wall.get(key) for key in WALL_FIELDS},
                 "best": ", ".join(self.best),
                 "layouts": self.layouts,
                 "error": self.error,
@@ -271,6 +273,7 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     steps = _integer(summary.get("steps_completed"))
     row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())
     row.layouts = describe(summary.get("layout_history"))
+    row.wall = _dict(summary.get("wall_time"))
     return row
 
 
@@ -362,6 +365,29 @@ class Column:
 
 
 MEMORY_GROUP = "memory per device, GB: estimated / measured"
+# summary.json's wall_time fields the flat row (CSV, JSON) carries, as wall_<field>.
+WALL_FIELDS = (
+    "total_s",
+    "steps_share",
+    "launch_s",
+    "build_s",
+    "engine_s",
+    "resume_s",
+    "setup_s",
+    "steps_s",
+    "checkpoint_s",
+    "checkpoints",
+    "checkpoint_gb",
+    "checkpoint_gb_per_s",
+    "other_s",
+)
+
+
+def _wall_and_steps(row: Row) -> str:
+    total, share = _number(row.wall.get("total_s")), _number(row.wall.get("steps_share"))
+    if total is None:
+        return "–"
+    return f"{total:,.1f}" + (f" ({100 * share:.0f}%)" if share is not None else "")
 
 
 DISPLAY_COLUMNS: tuple[Column, ...] = (
@@ -380,6 +406,7 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("MFU %", lambda r: _fmt(None if r.mfu is None else 100 * r.mfu, ".1f")),
     Column("step % fwd / bwd / opt / comm / p2p", _time_shares, numeric=False),
     Column("final loss", lambda r: _fmt(r.final_loss, ".4f")),
+    Column("wall s (steps %)", _wall_and_steps),
     Column("status", lambda r: r.status, numeric=False),
     Column("best", lambda r: ", ".join(r.best), numeric=False),
 )
@@ -391,5 +418,7 @@ UNITS_NOTE = (
     "tokens/s/device and MFU are medians over the logged steps after the first; "
     "step % is each phase's seconds over the step's (same medians), comm the exposed communication "
     "inside them; "
+    "wall s is the latest attempt's wall time on rank 0 from its process's start, steps % the share "
+    "its optimizer steps took (the rest: launch, build, engine, setup, checkpoints, logging); "
     "best marks the completed cells with the highest MFU, the lowest peak memory, the lowest final loss."
 )

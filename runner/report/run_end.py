@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from runner import wall_clock
 from runner.layout_history import describe
 from runner.report.collect import read_cell
 from runner.report.rows import Row, fmt_gb, row_of
@@ -30,9 +31,13 @@ def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     console.print(memory_table([row], title="memory per device, GB = 1e9 bytes"))
     if row.peak_is_host_rss:
         console.print(Text(cpu_total_note(row), style="dim"), soft_wrap=True)
-    changed = describe(read_summary(run_dir).get("layout_history"))
+    summary = read_summary(run_dir)
+    changed = describe(summary.get("layout_history"))
     if changed is not None:  # resumed onto another layout: the tables are the last one's
         console.print(Text(changed), soft_wrap=True)
+    wall = wall_clock.describe(summary.get("wall_time"))
+    if wall is not None:
+        console.print(Text(wall), soft_wrap=True)
     note = f"details: ladder report {run_dir} (--html report.html for charts; several runs to compare them)"
     console.print(Text(note, style="dim"), soft_wrap=True)
 

@@ -105,6 +105,47 @@ def memory_table(rows: Sequence[Row], *, title: str) -> Table:
     return table
 
 
+WALL_PARTS = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "other")
+_WALL_SHORT = {"checkpoint": "ckpt"}
+
+
+def wall_table(rows: Sequence[Row], *, title: str) -> Table:
+    """Where each cell's wall time went, in seconds (runner/wall_clock.py): its parts, which add up
+    to the total, the steps' share, and the checkpoints' count and write speed. ``resume`` shows
+    only where some cell loaded a checkpoint, so the table fits 80 columns."""
+    shown = [r for r in rows if r.wall]
+    resumed = any((r.wall.get("resume_s") or 0) >= 0.05 for r in shown)
+    parts = [p for p in WALL_PARTS if p != "resume" or resumed]
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        header_style="bold",
+        title_justify="left",
+        pad_edge=False,
+        padding=0,  # the box's own space between columns: 12 of them fit 80 columns
+    )
+    table.add_column("cell", no_wrap=True)
+    for header in ("total", *(_WALL_SHORT.get(p, p) for p in parts), "steps%", "saves", "GB/s"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in shown:
+        wall = row.wall
+        share = wall.get("steps_share")
+        rate = wall.get("checkpoint_gb_per_s")
+        table.add_row(
+            row.cell_id,
+            _seconds(wall.get("total_s")),
+            *(_seconds(wall.get(f"{part}_s")) for part in parts),
+            "–" if share is None else f"{100 * share:.0f}",
+            str(wall.get("checkpoints") or 0),
+            "–" if rate is None else f"{rate:.2f}",
+        )
+    return table
+
+
+def _seconds(value: object) -> str:
+    return f"{value:,.1f}" if isinstance(value, int | float) else "–"
+
+
 def output_console(*, piped_width: int) -> Console:
     """A console for stdout: the terminal's width, or ``piped_width`` where stdout is a pipe or a
     file (there is no terminal to fit, so tables are not folded to 80 columns); COLUMNS wins."""
@@ -125,6 +166,8 @@ def print_report(
         console.print(rows_table(rows, headers=LAYOUT_COLUMNS, title=f"{title}: layout"))
         console.print(rows_table(rows, headers=("cell", *SPEED_COLUMNS), title="speed and loss"))
     console.print(memory_table(rows, title="memory per device, GB = 1e9 bytes"))
+    if any(row.wall for row in rows):
+        console.print(wall_table(rows, title="wall time per cell, s (rank 0, latest attempt)"))
     console.print(Text(UNITS_NOTE, style="dim"))
     for agreement in agreements:
         style = {True: "green", False: "bold red", None: "yellow"}[agreement.coincide]

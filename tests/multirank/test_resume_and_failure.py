@@ -122,6 +122,14 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_pat
     assert losses == pytest.approx(reference, abs=0.0)  # fp32 on CPU: bit-identical
     kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert kept == ["step_00000006", "step_00000008"]  # train.keep_checkpoints=2
+    # Where the resumed attempt's wall time went: its parts add up, the load and each save counted.
+    wall = resumed.summary["wall_time"]
+    parts = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "other")
+    assert sum(wall[f"{part}_s"] for part in parts) == pytest.approx(wall["total_s"], rel=1e-6)
+    assert wall["steps"] == 8 - latest["completed_steps"] and wall["resume_s"] > 0
+    assert wall["checkpoints"] == (8 - latest["completed_steps"]) // 2
+    one = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "step_00000008").rglob("*") if f.is_file())
+    assert wall["checkpoint_gb"] * 1e9 == pytest.approx(one * wall["checkpoints"], rel=0.01)
 
     # Another global batch is another experiment: refused before launch, nothing touched.
     before = file_digests(run_dir)

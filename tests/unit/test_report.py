@@ -458,3 +458,37 @@ def test_a_run_resumed_onto_another_layout_says_which_layouts_it_trained_on(tmp_
     page = tmp_path / "report.html"
     assert main(["report", str(tmp_path), "--html", str(page)]) == 0
     assert "Cells resumed onto another layout" in page.read_text() and "-&gt; zero3 on 2" in page.read_text()
+
+
+def test_each_cell_shows_where_its_wall_time_went(tmp_path, capsys):
+    """summary.json's ``wall_time``: the wall column (total and the steps' share), the flat fields,
+    and the terminal's table of parts; a run from before it was recorded shows a dash."""
+    timed = write_cell(tmp_path / "timed")
+    summary = json.loads((timed / "summary.json").read_text())
+    summary["wall_time"] = {
+        "total_s": 20.0,
+        "launch_s": 4.0,
+        "build_s": 1.0,
+        "engine_s": 2.0,
+        "resume_s": 0.0,
+        "setup_s": 1.0,
+        "steps_s": 10.0,
+        "checkpoint_s": 1.5,
+        "checkpoints": 3,
+        "checkpoint_gb": 0.3,
+        "checkpoint_gb_per_s": 0.2,
+        "other_s": 0.5,
+        "steps_share": 0.5,
+    }
+    (timed / "summary.json").write_text(json.dumps(summary))
+    write_cell(tmp_path / "older")
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert (rows["timed"]["wall_total_s"], rows["timed"]["wall_steps_share"]) == (20.0, 0.5)
+    assert rows["timed"]["wall_checkpoints"] == 3 and rows["older"]["wall_total_s"] is None
+    assert main(["report", str(tmp_path), "--format", "md"]) == 0
+    assert "| 20.0 (50%) |" in capsys.readouterr().out
+    assert main(["report", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (timed_line,) = [line.split() for line in lines if line.split()[:2] == ["timed", "20.0"]]
+    # total, launch, build, engine, setup, steps, ckpt, other (no resume: none loaded), steps%, saves, GB/s
+    assert timed_line[1:] == ["20.0", "4.0", "1.0", "2.0", "1.0", "10.0", "1.5", "0.5", "50", "3", "0.20"]

@@ -1,0 +1,122 @@
+"""Where one attempt's wall time went, on rank 0: from its process's start to its summary.
+
+The per-step phases (runner/phase_clock.py) say where a step's time goes; this says where
+the run's goes, the accounting behind "goodput" (the share of wall time spent training),
+in parts a user can act on:
+
+    launch       the interpreter, torch and DeepSpeed's imports, the process group
+    build        the model, on the layout (runner/build.py), and its compilation set-up
+    engine       deepspeed.initialize and ladder's hooks on it
+    resume       loading the checkpoint a resumed run continues from
+    setup        the rest before the first step: peak FLOP/s, data, metric sinks, estimates
+    steps        every optimizer step, the first one's one-time costs included (first_step_s)
+    checkpoints  each save, with the wait for every rank's files (count, bytes, GB/s)
+    other        between the steps: metric reductions and logging, the stop check
+
+The parts add up to ``total_s``. Marks are ``time.time()``; the process's start is the
+kernel's (psutil), so a rank's launch includes the imports before any ladder code ran.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+SETUP_PHASES = ("launch", "build", "engine", "resume", "setup")
+
+
+def process_start() -> float:
+    """When this process started, in seconds since the epoch."""
+    return float(psutil.Process(os.getpid()).create_time())
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of every file under ``folder`` (a saved checkpoint)."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+class WallClock:
+    """The attempt's parts: ``mark`` ends a setup phase; steps and saves are added as they end."""
+
+    def __init__(self, started: float | None = None) -> None:
+        self.started = process_start() if started is None else started
+        self._last = self.started
+        self.setup: dict[str, float] = dict.fromkeys(SETUP_PHASES, 0.0)
+        self.steps_s = 0.0
+        self.steps = 0
+        self.first_step_s: float | None = None
+        self.checkpoint_s = 0.0
+        self.checkpoint_bytes = 0
+        self.checkpoints = 0
+        self._last_save = (0.0, 0)
+
+    def mark(self, phase: str) -> None:
+        """The time since the previous mark (or the process's start) was ``phase``."""
+        now = time.time()
+        self.setup[phase] += now - self._last
+        self._last = now
+
+    def step(self, seconds: float) -> None:
+        """One optimizer step took ``seconds`` (its time/step_s)."""
+        if self.first_step_s is None:
+            self.first_step_s = seconds
+        self.steps_s += seconds
+        self.steps += 1
+
+    def checkpoint(self, seconds: float, nbytes: int) -> None:
+        """One save took ``seconds`` on this rank and left ``nbytes`` on disk."""
+        self.checkpoint_s += seconds
+        self.checkpoint_bytes += nbytes
+        self.checkpoints += 1
+        self._last_save = (seconds, nbytes)
+
+    def last_save(self, tag: str) -> str:
+        """The log line of the latest save, e.g. ``checkpoint step_00000004: 0.05 GB in 0.21 s``."""
+        seconds, nbytes = self._last_save
+        rate = f" ({nbytes / seconds / 1e9:.2f} GB/s)" if seconds > 0 else ""
+        return f"checkpoint {tag}: {nbytes / 1e9:.3f} GB in {seconds:.2f} s{rate}"
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json's ``wall_time``: every part in seconds, and the steps' share of the total."""
+        now = time.time()
+        total = now - self.started
+        training = now - self._last  # since the last setup mark: steps, saves and what lies between
+        rate = self.checkpoint_bytes / self.checkpoint_s / 1e9 if self.checkpoint_s > 0 else None
+        return {
+            "total_s": total,
+            **{f"{phase}_s": seconds for phase, seconds in self.setup.items()},
+            "steps_s": self.steps_s,
+            "steps": self.steps,
+            "first_step_s": self.first_step_s,
+            "checkpoint_s": self.checkpoint_s,
+            "checkpoints": self.checkpoints,
+            "checkpoint_gb": self.checkpoint_bytes / 1e9,
+            "checkpoint_gb_per_s": rate,
+            "other_s": max(0.0, training - self.steps_s - self.checkpoint_s),
+            "steps_share": self.steps_s / total if total > 0 else None,
+            "measured": "rank 0, this attempt, from its process's start",
+        }
+
+
+def describe(wall: dict[str, Any] | None) -> str | None:
+    """One line for the run's end, e.g. ``wall time 31.2 s: steps 24.1 s (77%), launch 4.0 s, ...``."""
+    if not wall or not wall.get("total_s"):
+        return None
+    parts = [f"steps {wall['steps_s']:.1f} s ({100 * (wall.get('steps_share') or 0):.0f}%)"]
+    for phase in SETUP_PHASES:
+        seconds = wall.get(f"{phase}_s") or 0.0
+        if phase != "resume" or seconds >= 0.05:  # resume: only where a checkpoint was loaded
+            parts.append(f"{phase} {seconds:.1f} s")
+    if wall.get("checkpoints"):
+        rate = wall.get("checkpoint_gb_per_s")
+        speed = f", {rate:.2f} GB/s" if rate else ""
+        parts.append(
+            f"checkpoints {wall['checkpoints']} x {wall['checkpoint_s'] / wall['checkpoints']:.2f} s "
+            f"({wall['checkpoint_gb']:.2f} GB{speed})"
+        )
+    parts.append(f"other {wall.get('other_s') or 0.0:.1f} s")
+    return f"wall time {wall['total_s']:.1f} s: " + ", ".join(parts)

@@ -1,0 +1,46 @@
+"""Where a run's wall time went (runner/wall_clock.py): parts that add up to the total."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from runner.wall_clock import WallClock, describe, folder_bytes, process_start
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_parts_add_up_to_the_total_and_the_steps_share_is_theirs():
+    clock = WallClock(started=time.time() - 2.0)  # a process that started 2 s ago
+    clock.mark("launch")
+    time.sleep(0.02)
+    clock.mark("build")
+    clock.mark("engine")
+    clock.mark("resume")
+    clock.mark("setup")
+    for _ in range(3):
+        time.sleep(0.03)
+        clock.step(0.03)
+    time.sleep(0.01)
+    clock.checkpoint(0.01, 50_000_000)
+    wall = clock.summary()
+    parts = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "other")
+    assert sum(wall[f"{part}_s"] for part in parts) == pytest.approx(wall["total_s"], rel=1e-6)
+    assert wall["launch_s"] == pytest.approx(2.0, abs=0.1) and wall["build_s"] >= 0.02
+    assert (wall["steps"], wall["first_step_s"], wall["checkpoints"]) == (3, 0.03, 1)
+    assert wall["checkpoint_gb_per_s"] == pytest.approx(5.0)
+    assert wall["steps_share"] == pytest.approx(0.09 / wall["total_s"])
+    line = describe(wall)
+    assert line is not None and line.startswith(f"wall time {wall['total_s']:.1f} s: steps 0.1 s (")
+    assert "checkpoints 1 x 0.01 s (0.05 GB, 5.00 GB/s)" in line
+    assert "resume" not in line  # nothing was loaded
+    assert describe(None) is None
+
+
+def test_the_process_start_is_the_kernels_and_a_checkpoints_bytes_are_its_files(tmp_path):
+    assert 0 <= time.time() - process_start() < 24 * 3600
+    (tmp_path / "step_00000004" / "sub").mkdir(parents=True)
+    (tmp_path / "step_00000004" / "a.pt").write_bytes(b"x" * 100)
+    (tmp_path / "step_00000004" / "sub" / "b.pt").write_bytes(b"y" * 23)
+    assert folder_bytes(tmp_path / "step_00000004") == 123
