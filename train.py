@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from launchers import local_sweep
 from launchers.environment import from_environment, shared_run_dir
 from launchers.worker import exit_now
 from runner import hydra_files
@@ -71,6 +72,8 @@ def main(cfg: DictConfig) -> float | None:
         summary = done.summary
     except RunFailed as error:
         print(f"ladder: run failed: {error}", file=sys.stderr)
+        if sweep_dir is not None and launched is None:
+            raise  # a cell of a sweep on this host: recorded as failed, and the next cell runs
         sys.exit(1)
     except RunInterrupted as error:
         print(f"ladder: run stopped: {error}", file=sys.stderr)
@@ -106,6 +109,8 @@ if __name__ == "__main__":
         main()
     except Preempted:  # stopped at SLURM's signal after a checkpoint (runner/preemption.py)
         exit_now(EXIT_INTERRUPTED)
+    if local_sweep.FAILED_CELLS:  # a sweep on this host ran every cell; some failed (named above)
+        sys.exit(1)
     if from_environment(os.environ) is not None:
         # One rank of torchrun or srun: skip teardown destructors that may abort (see
         # launchers.worker.exit_now); everything is written by now.

@@ -61,7 +61,7 @@ class ProtectRunDirs(Callback):
             elif lead:
                 set_aside_sweep(Path(directory))
                 launcher = str(config.hydra.launcher.get("_target_", ""))
-                if launcher.endswith("BasicLauncher"):
+                if launcher.endswith(("BasicLauncher", "LadderLocalLauncher")):
                     # Its cells run in this process, and a refused one exits it before
                     # on_multirun_end: restore the cells the sweep did not reach at exit.
                     atexit.register(put_back_sweep, Path(directory))

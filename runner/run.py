@@ -351,6 +351,24 @@ def refuse_beyond_this_hosts_ram(plan: Plan) -> None:
     )
 
 
+def local_launch_problems(config: TrainConfig) -> list[str]:
+    """What ``run`` would refuse before starting this config's ranks on this host, one line each.
+
+    A local sweep checks every cell with it before the first one trains
+    (launchers/local_sweep.py). A run directory's own refusals (a resume onto another
+    global batch) are not here: they depend on what the cell's directory holds then.
+    """
+    planning = config.plan or config.planner.recommend
+    try:
+        validate(config, launcher=None if planning else "local")
+        if not planning:
+            choose_layout_explained(config)
+            refuse_beyond_this_hosts_ram(launch_plan(config))
+    except (ConfigError, LayoutError) as error:
+        return [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
+    return []
+
+
 def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
     """Validate, then train (or plan) one Hydra job; returns the run's summary."""
     env = from_environment(os.environ)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -45,13 +46,21 @@ def test_a_refused_sweep_resume_leaves_every_file_as_it_was(tmp_path):
 def test_a_sweep_resume_keeps_the_files_of_the_cells_that_ran(tmp_path):
     sweep_dir = tmp_path / "sweep"
     earlier_sweep(sweep_dir, ["0", "1", "2"])
+    # Cell 1 holds a checkpoint of another experiment (global batch 32): its resume is refused
+    # when the cell starts, which only its own directory can tell.
+    tag = sweep_dir / "1" / "checkpoints" / "step_00000001"
+    tag.mkdir(parents=True)
+    layout = {"gpus": 1, "dp": 1, "tp": 1, "pp": 1, "micro_size": 16, "accum_steps": 2, "global_size": 32}
+    record = {"tag": tag.name, "completed_steps": 1, "layout": layout, "zero_stage": 0, "precision": "fp32"}
+    (tag.parent / "latest.json").write_text(json.dumps(record))
     before = file_digests(sweep_dir)
-    # Cell 0 trains a step (nothing to resume from: it starts afresh), cell 1 is refused,
-    # and cell 2 is not reached.
-    proc = _resume_sweep(sweep_dir, "train.steps=1,0")
+    # Cell 0 trains (nothing to resume from: it starts afresh), cell 1 is refused, and cell 2 is
+    # not reached.
+    proc = _resume_sweep(sweep_dir, "seed=0,1,2", "train.steps=2")
     assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "global_size" in proc.stderr and "different experiment" in proc.stderr
     after = file_digests(sweep_dir)
-    assert "steps: 1" in (sweep_dir / "0/.hydra/config.yaml").read_text()
+    assert "steps: 2" in (sweep_dir / "0/.hydra/config.yaml").read_text()
     assert after["0/.hydra/config.yaml"] != before["0/.hydra/config.yaml"]
     assert after["multirun.yaml"] != before["multirun.yaml"]  # a cell of this attempt ran
     for cell in ("1", "2"):
