@@ -27,8 +27,9 @@ Token sources:
   concatenated as bytes (byte-level tokens, ids 0..255, so model.vocab_size
   must be >= 256). Real text, offline, on every machine; the same Python
   version gives the same corpus.
-- a user's token file (`data.path`): a raw binary array of token ids of
-  `data.dtype` (e.g. `np.array(ids, np.uint16).tofile(path)`), memory-mapped.
+- a user's token files (`data.path`): a raw binary array of token ids of
+  `data.dtype` (e.g. `np.array(ids, np.uint16).tofile(path)`), a `.npy`, an llm.c
+  shard, or a glob of shards read as one corpus (runner/token_file.py), memory-mapped.
 - synthetic: uniform random ids in [0, vocab_size); for throughput runs.
 """
 
@@ -43,7 +44,7 @@ import numpy as np
 import torch
 
 from runner.config import DataConfig, DataName
-from runner.token_file import open_token_file
+from runner.token_file import TokenShards, open_token_file
 
 # Tests and vendored packages are skipped: the former hold odd byte strings
 # and generated data, the latter are not the standard library.
@@ -106,7 +107,7 @@ class BatchSource:
         self.vocab_size = vocab_size
         self.seed = seed
         self.global_size = global_size
-        self.tokens: np.ndarray | None = None  # None: synthetic
+        self.tokens: np.ndarray | TokenShards | None = None  # None: synthetic
         if data_cfg.name == DataName.synthetic:
             return
         if data_cfg.path is not None:

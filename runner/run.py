@@ -17,7 +17,7 @@ from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
 from runner import checkpoint_record, layout_history
 from runner.build_locks import clear_stale_build_locks
-from runner.config import TrainConfig
+from runner.config import DataName, TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
 from runner.identity import RunIdentity
 from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
@@ -35,6 +35,7 @@ from runner.preemption import Preempted, resumes
 from runner.run_files import keep_earlier_attempt, read_failures, write_deepspeed_config
 from runner.schedule import scaled_lr
 from runner.summary import read_summary, update_summary
+from runner.token_file import token_source_words
 from runner.validate import ConfigError, validate
 
 log = logging.getLogger("ladder")
@@ -411,6 +412,8 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
         )
         for line in clear_stale_build_locks():
             log.warning("%s", line)
+        if config.data.path is not None and config.data.name == DataName.text:
+            log.info("data.path: %s", token_source_words(config.data.path, config.data.dtype))
         log.info(
             "layout: gpus %d = dp %d x tp %d x pp %d; global %d = micro %d x accum %d x dp %d",
             layout.gpus,

@@ -7,13 +7,12 @@ run directory gets any file of the runner's.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from runner.config import DataName, Offload, Precision, TrainConfig
 from runner.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.tensor_parallel import tp_node_problems, tp_problems
-from runner.token_file import TOKEN_DTYPES, token_file_problem
+from runner.token_file import TOKEN_DTYPES, token_file_problem, token_files
 
 
 class ConfigError(ValueError):
@@ -90,11 +89,13 @@ def _problems(config: TrainConfig) -> list[str]:
             f"model.vocab_size=256 or more, or give your own tokens with data.path",
         )
     if data.name == DataName.text and data.path is not None:
-        found = Path(data.path).expanduser().is_file()
+        files = token_files(data.path)
+        found = bool(files) and all(file.is_file() for file in files)
         need(
             found,
-            f"data.path={data.path}: no such file; give a token file (a raw array of data.dtype) "
-            f"or leave data.path unset for the built-in text",
+            f"data.path={data.path}: {'matches no file' if not files else 'no such file'}; give a token "
+            f"file (a raw array of data.dtype, a .npy, an llm.c shard) or a glob of them, or leave "
+            f"data.path unset for the built-in text",
         )
         if found and data.dtype in TOKEN_DTYPES:
             # Its size, its ids against model.vocab_size, its length against data.seq_len.

@@ -12,6 +12,7 @@ import torch
 
 from runner.config import DataConfig, DataName
 from runner.data import BatchSource, builtin_text, rank_slice
+from runner.token_file import TokenShards, open_tokens, token_file_problem
 
 pytestmark = pytest.mark.unit
 
@@ -172,3 +173,64 @@ def test_large_token_file_is_sampled_then_checked_per_batch(
     source = BatchSource(data_cfg, 256, 0, GLOBAL)
     with pytest.raises(ValueError, match=r"step 0 read token id 999 >= model\.vocab_size=256"):
         source.micro_batch(0, 0, 1)
+
+
+def _llmc_shard(path: Path, ids: np.ndarray, magic: int = 20240520, version: int = 1) -> None:
+    """A shard as llm.c's dev/data/data_common.py writes it: 256 int32 of header, then the ids."""
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = magic, version, len(ids)
+    path.write_bytes(header.tobytes() + ids.tobytes())
+
+
+def test_npy_llmc_shards_and_a_glob_give_the_raw_files_batches(tmp_path: Path) -> None:
+    """The same ids as a raw uint16 file, a .npy of int64, an llm.c shard (uint16 and Llama 3's
+    uint32) and three raw shards named by a glob: every step's batch is the raw file's."""
+    ids = (np.arange(1000) * 7 % 1999).astype(np.uint16)
+    raw = tmp_path / "raw.bin"
+    ids.tofile(raw)
+    np.save(tmp_path / "ids.npy", ids.astype(np.int64))
+    _llmc_shard(tmp_path / "gpt2.bin", ids)
+    _llmc_shard(tmp_path / "llama3.bin", ids.astype(np.uint32), magic=20240801, version=7)
+    for index, part in enumerate(np.split(ids, [300, 301])):  # one shard of a single token
+        part.tofile(tmp_path / f"shard_{index:03d}.bin")
+    paths = ["ids.npy", "gpt2.bin", "llama3.bin", "shard_*.bin"]
+
+    def batches(path: Path | str) -> list[torch.Tensor]:
+        source = BatchSource(dataclasses.replace(TEXT, path=str(path)), 2000, 0, GLOBAL)
+        return [source.global_batch(step)[0] for step in range(3)]
+
+    expected = batches(raw)
+    for path in paths:
+        assert all(torch.equal(a, b) for a, b in zip(batches(tmp_path / path), expected, strict=True)), path
+    words = {path: open_tokens(str(tmp_path / path), "uint16", 2000)[1] for path in paths}
+    assert words == {
+        "ids.npy": "1,000 tokens in 1 file(s), .npy of int64",
+        "gpt2.bin": "1,000 tokens in 1 file(s), llm.c shard of uint16",
+        "llama3.bin": "1,000 tokens in 1 file(s), llm.c shard of uint32",
+        "shard_*.bin": "1,000 tokens in 3 file(s), raw uint16",
+    }
+
+
+def test_token_shards_slice_across_their_boundaries() -> None:
+    shards = TokenShards([np.arange(0, 3), np.arange(3, 4), np.arange(4, 10)])
+    assert len(shards) == 10
+    for start in range(10):
+        for stop in range(start + 1, 11):
+            assert shards[start:stop].tolist() == list(range(start, stop))
+
+
+def test_npy_and_glob_refusals_name_the_file_and_the_fix(tmp_path: Path) -> None:
+    np.save(tmp_path / "matrix.npy", np.zeros((4, 4), dtype=np.int32))
+    problem = token_file_problem(str(tmp_path / "matrix.npy"), "uint16", 256, 2)
+    assert problem is not None and "shape (4, 4)" in problem and "one dimension" in problem
+    np.save(tmp_path / "negative.npy", np.array([1, -5, 3, 4], dtype=np.int64))
+    problem = token_file_problem(str(tmp_path / "negative.npy"), "uint16", 256, 2)
+    assert problem is not None and "token id -5 < 0" in problem
+    problem = token_file_problem(str(tmp_path / "none_*.bin"), "uint16", 256, 2)
+    assert problem is not None and "matches no file" in problem
+    # A raw file whose first bytes only look like an llm.c header (its size disagrees) stays raw.
+    looks = tmp_path / "looks.bin"
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = 20240520, 1, 5
+    looks.write_bytes(header.tobytes()[:12] + bytes(20))
+    assert open_tokens(str(looks), "uint16", 65536)[1] == "16 tokens in 1 file(s), raw uint16"
