@@ -1,4 +1,5 @@
-"""The report's charts: memory per term per cell, the step's time per phase per cell, MFU and
+"""The report's charts: memory per term per cell, the step's time per phase per cell, the run's
+wall time by part per cell, MFU and
 tokens/s per device against gpus for each parallel mode, the loss curves of all cells overlaid,
 and their spread against the tolerance."""
 
@@ -145,6 +146,50 @@ def time_chart(rows: Sequence[Row]) -> Chart:
             "for the neighbouring stage (the bubble). The global batch is the experiment, so cells "
             "compare step for step. Exposed communication lies inside the phases (ZeRO's reductions in "
             "backward) and is given in each bar's tooltip."
+        ),
+        empty=not bars,
+    )
+
+
+# Where a run's wall time goes (runner/wall_clock.py), in the order the chart stacks them.
+WALL_COLORS = {
+    "launch": "#56B4E9",
+    "build": "#E69F00",
+    "engine": "#CC79A7",
+    "resume": "#8C564B",
+    "setup": "#7F7F7F",
+    "steps": "#0072B2",
+    "checkpoint": "#D55E00",
+    "other": "#B8B8B8",
+}
+
+
+def wall_chart(rows: Sequence[Row]) -> Chart:
+    """Per cell, the latest attempt's wall time stacked by part: start-up, steps, checkpoints, the rest."""
+    bars: list[Bar] = []
+    for row in rows:
+        wall = row.wall
+        parts = [(p, wall.get(f"{p}_s")) for p in WALL_COLORS]
+        shown = [(p, float(v)) for p, v in parts if isinstance(v, int | float) and v > 0]
+        if not shown:
+            continue
+        total = wall.get("total_s") or sum(v for _, v in shown)
+        segments = [
+            Segment(p, v, WALL_COLORS[p], f"{p} {v:.3g} s, {100 * v / total:.0f}% of {total:.3g} s")
+            for p, v in shown
+        ]
+        bars.append(Bar("", row.cell_id, segments))
+    drawn = {segment.name for bar in bars for segment in bar.segments}
+    return Chart(
+        key="wall",
+        title="Wall time of the run by part (seconds)",
+        svg=stacked_bar_chart(bars, title="Wall time of the run by part", y_label="seconds", unit="s"),
+        legend=[LegendItem(p, c, kind="box") for p, c in WALL_COLORS.items() if p in drawn],
+        caption=(
+            "For each cell, the latest attempt's wall time on rank 0 from its process's start: launch "
+            "(interpreter, imports, process group), build (the model), engine (deepspeed.initialize), "
+            "resume (loading a checkpoint), setup (the rest before the first step), the optimizer steps, "
+            "the checkpoint saves and what lies between the steps. The steps' share is the run's goodput."
         ),
         empty=not bars,
     )

@@ -22,6 +22,7 @@ from runner.report.charts import (
     scaling_chart,
     spread_chart,
     time_chart,
+    wall_chart,
 )
 from runner.report.collect import Cell
 from runner.report.compare import ConfigDiff, LossAgreement, config_diff
@@ -254,6 +255,7 @@ def render_html(
     charts = [
         memory_chart(rows),
         time_chart(rows),
+        wall_chart(rows),
         scaling_chart(rows, metric="mfu"),
         scaling_chart(rows, metric="tokens"),
         loss_chart(cells, order, labels),

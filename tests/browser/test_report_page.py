@@ -125,6 +125,20 @@ def write_cell(
         },
         "device_memory_plan": {"planned_peak_gb": sum(est.values()) * 1.05, "fits": True},
         "peak_flops_source": "H100 SXM dense bf16 989 TFLOP/s",
+        # Where the run's wall time went: start-up, steps, checkpoint saves (runner/wall_clock.py).
+        "wall_time": {
+            "total_s": 60.0 + 4.0 * zero,
+            "launch_s": 6.0,
+            "build_s": 4.0,
+            "engine_s": 4.0 + 2.0 * zero,
+            "resume_s": 0.0,
+            "setup_s": 3.0,
+            "steps_s": 36.0,
+            "checkpoint_s": 5.0 + 2.0 * zero,
+            "checkpoints": 2,
+            "other_s": 2.0,
+            "steps_share": 36.0 / (60.0 + 4.0 * zero),
+        },
         **extra,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary))
@@ -382,7 +396,7 @@ def color_counts(rows: list[bytes], colors: set[str]) -> dict[str, int]:
 
 # -- the test ------------------------------------------------------------------------------------
 
-CHARTS = ("memory", "time", "mfu", "tokens", "loss", "spread")
+CHARTS = ("memory", "time", "wall", "mfu", "tokens", "loss", "spread")
 
 # Each chart's marks: their fill or stroke colours, and their box on the page.
 CHART_FACTS = """

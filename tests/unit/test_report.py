@@ -389,6 +389,7 @@ def test_the_page_is_self_contained_and_has_every_chart(tmp_path, capsys):
     assert charts == [
         ("memory", "false"),
         ("time", "false"),
+        ("wall", "true"),  # these cells are from before wall_time was recorded
         ("mfu", "false"),
         ("tokens", "false"),
         ("loss", "false"),
