@@ -31,7 +31,7 @@ TIME_SHARES = ("forward", "backward", "optimizer", "comm_exposed", "p2p")
 PEAK = "memory/peak_gb"
 
 # Sort order: finished cells first, then the ones that may still finish, then the broken ones.
-STATUS_RANK = {"completed": 0, "running": 1, "unfinished": 2, "failed": 3, "missing": 4}
+STATUS_RANK = {"completed": 0, "running": 1, "interrupted": 2, "unfinished": 2, "failed": 3, "missing": 4}
 
 # Marks in a row's "best" column, and what each one means.
 BEST_MFU, BEST_PEAK, BEST_LOSS = "MFU", "peak", "loss"

@@ -27,7 +27,8 @@ from runner.report.rows import (
     fmt_gb,
 )
 
-_STATUS_STYLE = {"completed": "green", "running": "yellow", "unfinished": "yellow"}
+# Yellow: may still finish (interrupted: stopped at a signal after a checkpoint, to be resumed).
+_STATUS_STYLE = {"completed": "green", "running": "yellow", "unfinished": "yellow", "interrupted": "yellow"}
 _BY_HEADER = {c.header: c for c in DISPLAY_COLUMNS}
 LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro", "accum", "global")
 SPEED_COLUMNS = (
