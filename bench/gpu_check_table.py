@@ -56,6 +56,8 @@ def _row(out: Path, name: str) -> dict[str, Any]:
         "model_build": summary.get("model_build", {}),
         # A rank's host memory: the plan's per-rank figure and the process's high-water mark.
         "host_memory": summary.get("host_memory", {}),
+        # Where the run's wall time went: CUDA's start-up, the engine, the steps (runner/wall_clock.py).
+        "wall_time": summary.get("wall_time", {}),
     }
 
 
