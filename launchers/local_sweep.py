@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 
 def _labels(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[str]:
@@ -55,7 +55,14 @@ def cell_problems(launcher: Any, overrides: Sequence[str]) -> list[str]:
 
 
 def cells_refusal(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> str | None:
-    """Every problem of the sweep's cells, each with the cells it concerns; None when all can start."""
+    """Every problem of the sweep's cells, each with the cells it concerns; None when all can start.
+
+    A sweep of plans (``plan=true`` or ``planner.recommend=true`` for every cell) is not checked
+    ahead: a plan costs no more than the check, and each cell's plan says what is wrong.
+    """
+    config = launcher.config
+    if OmegaConf.select(config, "plan") is True or OmegaConf.select(config, "planner.recommend") is True:
+        return None
     found: dict[str, list[str]] = {}
     for overrides, label in zip(job_overrides, _labels(job_overrides, initial_job_idx), strict=True):
         for problem in cell_problems(launcher, overrides):
