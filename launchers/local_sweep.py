@@ -13,14 +13,15 @@ stops the cells after it (the others' results stay comparable in ``ladder report
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import OmegaConf
+
+from launchers.cell_config import task_config
 
 
 def _labels(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[str]:
@@ -33,14 +34,6 @@ def _labels(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> lis
     ]
 
 
-def _task_config(cell_cfg: DictConfig) -> DictConfig:
-    """The cell's config without its ``hydra`` node, as Hydra hands it to the task function."""
-    task_cfg = copy.deepcopy(cell_cfg)
-    with read_write(task_cfg), open_dict(task_cfg):
-        del task_cfg["hydra"]
-    return task_cfg
-
-
 def cell_problems(launcher: Any, overrides: Sequence[str]) -> list[str]:
     """What would refuse this cell before its ranks start, composed as its job will be."""
     from runner.config import to_train_config
@@ -48,7 +41,7 @@ def cell_problems(launcher: Any, overrides: Sequence[str]) -> list[str]:
 
     try:
         cell_cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
-        config = to_train_config(_task_config(cell_cfg))
+        config = to_train_config(task_config(cell_cfg))
     except Exception as error:  # a composition error: the cell's override names a bad key or value
         return [" ".join(str(error).split())]
     return local_launch_problems(config)

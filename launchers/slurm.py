@@ -26,7 +26,6 @@ makes it resume from the latest checkpoint. Meanwhile ``wait`` sees the job pend
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import sys
@@ -36,8 +35,9 @@ from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from launchers.cell_config import task_config
 from launchers.slurm_partition import read_partition
 from launchers.slurm_resources import (
     Partition,
@@ -53,14 +53,6 @@ from launchers.slurm_watch import cancel, collect, wait
 
 log = logging.getLogger("ladder.slurm")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _task_config(cell_cfg: DictConfig) -> DictConfig:
-    """The cell's config without its ``hydra`` node, as Hydra hands it to the task function."""
-    task_cfg = copy.deepcopy(cell_cfg)
-    with read_write(task_cfg), open_dict(task_cfg):
-        del task_cfg["hydra"]
-    return task_cfg
 
 
 def _runner_problems(task_cfg: DictConfig) -> list[str]:
@@ -90,7 +82,7 @@ def plan_cell(
     launcher = {str(key): value for key, value in container.items()}
     gpus = int(cell_cfg.gpus)
     cluster = cell_cfg.cluster
-    problems = _runner_problems(_task_config(cell_cfg))
+    problems = _runner_problems(task_config(cell_cfg))
     name = launcher.get("partition")
     if name not in partitions:
         partitions[name] = read_partition(name)
