@@ -248,6 +248,8 @@ def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: Run
     from launchers.local import launch_local
 
     result = launch_local(gpus=config.gpus, run_dir=run_dir, identity=identity)
+    if result.failed_rank is None and read_summary(run_dir).get("status") == "completed":
+        return read_summary(run_dir)  # every step done: a stop signal came during the last one
     if result.stopped_by is not None or (
         result.failed_rank is None and read_summary(run_dir).get("status") == "interrupted"
     ):

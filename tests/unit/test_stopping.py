@@ -1,0 +1,70 @@
+"""What a stopped local run says and keeps (runner/run.py, train.py), without starting ranks."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from train_helpers import ROOT, compose_config
+
+import launchers.local
+from launchers.local import LaunchResult
+from runner import run as run_module
+from runner.identity import RunIdentity
+from runner.layout import resolve_layout
+from runner.summary import read_summary, update_summary
+
+pytestmark = pytest.mark.unit
+
+
+def _stopped_run(tmp_path, monkeypatch, result: LaunchResult, *, status: str, checkpoint_at: int | None):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    update_summary(run_dir, status=status, error=None)
+    if checkpoint_at is not None:
+        tag = f"step_{checkpoint_at:08d}"
+        (run_dir / "checkpoints" / tag).mkdir(parents=True)
+        latest = {"tag": tag, "completed_steps": checkpoint_at}
+        (run_dir / "checkpoints" / "latest.json").write_text(json.dumps(latest))
+    monkeypatch.setattr(launchers.local, "launch_local", lambda **_: result)
+    config = compose_config("gpus=2")
+    layout = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=8)
+    identity = RunIdentity.for_run_dir(run_dir, name="test", group=None)
+    return run_dir, lambda: run_module._run_local(config, layout, run_dir, identity)
+
+
+def test_a_run_that_completed_as_the_signal_came_is_completed(tmp_path, monkeypatch):
+    """Ctrl-C during the last step: the ranks finished it and wrote "completed"; so it stays."""
+    run_dir, launch = _stopped_run(
+        tmp_path,
+        monkeypatch,
+        LaunchResult(0, None, stopped_by="SIGINT"),
+        status="completed",
+        checkpoint_at=None,
+    )
+    assert launch()["status"] == "completed"
+    assert read_summary(run_dir)["status"] == "completed"
+
+
+def test_ranks_killed_at_a_second_signal_name_the_checkpoint_a_resume_loads(tmp_path, monkeypatch):
+    result = LaunchResult(0, None, stopped_by="SIGINT", killed=True)
+    run_dir, launch = _stopped_run(tmp_path, monkeypatch, result, status="running", checkpoint_at=4)
+    with pytest.raises(run_module.RunInterrupted, match="killed at a second SIGINT") as stopped:
+        launch()
+    assert "the newest is step_00000004 (4 steps), where train.resume=auto continues" in str(stopped.value)
+    assert read_summary(run_dir)["status"] == "interrupted"
+
+
+def test_the_continue_command_keeps_the_overrides_and_names_the_directory(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from train import continue_command
+
+    argv = ["train.py", "gpus=2", "train.resume=never", "hydra.run.dir=old", "optimizer.lr=1e-3"]
+    assert continue_command(argv, tmp_path / "run", None) == (
+        f"python train.py gpus=2 optimizer.lr=1e-3 train.resume=auto hydra.run.dir={tmp_path / 'run'}"
+    )
+    sweep = ["train.py", "-m", "parallel=ddp,zero1", "hydra.sweep.dir=s"]
+    assert continue_command(sweep, tmp_path / "s" / "0", tmp_path / "s") == (
+        f"python train.py -m parallel=ddp,zero1 train.resume=auto hydra.sweep.dir={tmp_path / 's'}"
+    )
