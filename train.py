@@ -51,7 +51,12 @@ def main(cfg: DictConfig) -> float | None:
     lead = launched is None or launched.rank == 0
     ran = True  # False: this attempt trained nothing, and the run's own .hydra/ stays its record
     try:
-        summary = run(to_train_config(cfg), run_dir=run_dir, identity=_identity(run_dir))
+        summary = run(
+            to_train_config(cfg),
+            run_dir=run_dir,
+            identity=_identity(run_dir),
+            experiment=hydra_cfg.runtime.choices.get("experiment"),
+        )
     except (ConfigError, LayoutError) as error:
         ran = False
         print(f"ladder: refused before launch:\n{error}", file=sys.stderr)

@@ -173,6 +173,7 @@ def _start_summary(
     launcher: str,
     *,
     resumed: dict[str, Any] | None,
+    experiment: str | None = None,
 ) -> None:
     this = layout_history.segment(
         from_step=resumed["completed_steps"] if resumed else 0,
@@ -188,6 +189,7 @@ def _start_summary(
         error=None,
         name=identity.name,
         group=identity.group,
+        experiment=experiment,
         model=config.model.name,
         parallel=config.parallel.name,
         zero_stage=config.parallel.zero_stage,
@@ -372,8 +374,14 @@ def local_launch_problems(config: TrainConfig) -> list[str]:
     return []
 
 
-def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
-    """Validate, then train (or plan) one Hydra job; returns the run's summary."""
+def run(
+    config: TrainConfig, *, run_dir: Path, identity: RunIdentity, experiment: str | None = None
+) -> dict[str, Any]:
+    """Validate, then train (or plan) one Hydra job; returns the run's summary.
+
+    ``experiment`` is the conf/experiment/ option the config was composed with, if any (Hydra's
+    choice: the composed config holds its values, not its name); summary.json records it.
+    """
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
     planning = config.plan or config.planner.recommend  # recommend implies plan
@@ -398,7 +406,7 @@ def run(config: TrainConfig, *, run_dir: Path, identity: RunIdentity) -> dict[st
         # Nobody but the owner (and its group) may write into a run: drop "other" write bits.
         run_dir.chmod(run_dir.stat().st_mode & ~0o002)
         write_deepspeed_config(run_dir, ds_config)
-        _start_summary(config, layout, run_dir, identity, launcher, resumed=resumed)
+        _start_summary(config, layout, run_dir, identity, launcher, resumed=resumed, experiment=experiment)
         if micro_choice is not None:
             update_summary(run_dir, micro_size_choice=micro_choice)
             log.info("batch.micro_size=auto: %s", micro_choice)

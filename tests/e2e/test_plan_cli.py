@@ -141,3 +141,16 @@ def test_an_experiment_plans_on_a_cluster_with_its_own_batch(train):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "gpt2_124m (123,551,232 params" in result.stdout and "seq 1024" in result.stdout
     assert "global 480 = micro 15 x accum 1 x dp 32" in result.stdout
+
+
+def test_a_run_records_the_experiment_it_was_composed_with(train):
+    """summary.json names the experiment (the composed config holds only its values); a run
+    without one records null. The experiment made small here: one step of tiny in fp32."""
+    small = ("model=tiny", "precision=fp32", "batch.global_size=16", "data.seq_len=64", "train.steps=1")
+    result = train("experiment=gpt2_124m_nanogpt", *small, "train.checkpoint_every=0", "logger=none")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.summary["experiment"] == "gpt2_124m_nanogpt"
+    assert result.summary["status"] == "completed" and result.summary["lr"] == 6e-4
+    plain = train(*small, "logger=none")
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert plain.summary["experiment"] is None
