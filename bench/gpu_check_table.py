@@ -79,6 +79,14 @@ def _timings(out: Path) -> list[dict[str, Any]]:
     return [{"part": name, "seconds": int(seconds), "exit_status": int(rc)} for name, seconds, rc in parts]
 
 
+def _wall(wall: dict[str, Any]) -> str:
+    """The run's wall seconds and the steps' share of them, e.g. ``41 (62%)``."""
+    total, share = wall.get("total_s"), wall.get("steps_share")
+    if total is None:
+        return "-"
+    return f"{total:.0f}" + ("" if share is None else f" ({100 * share:.0f}%)")
+
+
 def _label(row: dict[str, Any]) -> str:
     """The row's name; the largest model's with the layout it was planned and run under."""
     return f"largest/{row['parallel']}" if row["layout"] == "largest" and row["parallel"] else row["layout"]
@@ -105,7 +113,7 @@ def main() -> None:
     print(
         header
         + f"{'ledger est GB':>15}{'plan GB':>9}{'fwd/bwd/opt %':>16}{'build host GB':>15}"
-        + f"{'host GB plan/run':>18}"
+        + f"{'host GB plan/run':>18}{'wall s (steps)':>16}"
     )
     for row in rows:
         planned = _planned_total_gb(row["planned"])
@@ -119,6 +127,7 @@ def main() -> None:
             f"{_shares(row['step_share']):>16}",
             f"{row['model_build'].get('host_peak_gb', float('nan')):>15.2f}",
             f"{_host_plan_and_run(row['host_memory']):>18}",
+            f"{_wall(row['wall_time']):>16}",
         ]
         print("".join(cells))
     timings = _timings(args.out)
