@@ -19,7 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from runner.hydra_files import put_back_sweep, set_aside, set_aside_sweep
+from runner.hydra_files import note_new_sweep_dir, put_back_sweep, set_aside, set_aside_sweep
 from runner.summary import SUMMARY_FILE
 
 RESUME_ENV = "LADDER_RESUME"  # set by a resumed (requeued) job that must re-enter its directory
@@ -68,6 +68,8 @@ class ProtectRunDirs(Callback):
             return
         if not lead:
             return
+        if key == "hydra.sweep.dir":
+            note_new_sweep_dir(Path(directory))  # removed again if the sweep is refused before a cell
         held = _held_runs(Path(directory))
         if held:
             print(

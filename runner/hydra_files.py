@@ -95,3 +95,31 @@ def put_back_sweep(sweep_dir: Path) -> None:
     for cell in _cells(sweep_dir):
         put_back(cell)
     _put_back(sweep_dir, SWEEP_FILES)
+
+
+# Sweep directories that did not exist when the sweep began (this process's sweeps).
+_NEW_SWEEP_DIRS: set[Path] = set()
+
+
+def note_new_sweep_dir(sweep_dir: Path) -> None:
+    """Before Hydra creates it: the sweep's directory is this sweep's own, if it does not exist."""
+    if not sweep_dir.exists():
+        _NEW_SWEEP_DIRS.add(sweep_dir.resolve())
+
+
+def remove_refused_sweep_dir(sweep_dir: Path) -> bool:
+    """A sweep refused before any cell ran: remove the directory it created for nothing.
+
+    Only a directory this sweep created (``note_new_sweep_dir``), and only the ``multirun.yaml``
+    Hydra wrote into it before the launcher refused; it stays if anything else is there.
+    Returns whether it was removed.
+    """
+    if sweep_dir.resolve() not in _NEW_SWEEP_DIRS:
+        return False
+    for name in SWEEP_FILES:
+        (sweep_dir / name).unlink(missing_ok=True)
+    try:
+        sweep_dir.rmdir()
+    except OSError:  # something else was written there: leave it
+        return False
+    return True

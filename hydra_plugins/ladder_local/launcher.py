@@ -25,7 +25,7 @@ class LadderLocalLauncher(BasicLauncher):
         from pathlib import Path
 
         from launchers.local_sweep import cells_refusal, name_failed_cells
-        from runner.hydra_files import put_back_sweep
+        from runner.hydra_files import put_back_sweep, remove_refused_sweep_dir
 
         assert self.config is not None  # Hydra calls setup() before launch()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -33,6 +33,7 @@ class LadderLocalLauncher(BasicLauncher):
         if refusal is not None:
             print(f"ladder: refused before launch; {refusal}", file=sys.stderr)
             put_back_sweep(sweep_dir)  # a resumed sweep's files
+            remove_refused_sweep_dir(sweep_dir)  # a new sweep's directory, made for nothing
             sys.exit(2)
         results = super().launch(job_overrides, initial_job_idx)
         return name_failed_cells(results, job_overrides, initial_job_idx, sweep_dir)

@@ -27,13 +27,15 @@ class LadderSlurmLauncher(SlurmLauncher):
 
         from launchers.slurm import launch_sweep
         from launchers.slurm_resources import SlurmRefused
-        from runner.hydra_files import put_back_sweep
+        from runner.hydra_files import put_back_sweep, remove_refused_sweep_dir
 
         try:
             return launch_sweep(self, job_overrides, initial_job_idx)
         except SlurmRefused as error:
             print(f"ladder: refused before launch on SLURM; {error}", file=sys.stderr)
-            put_back_sweep(Path(str(self.config.hydra.sweep.dir)))  # a resumed sweep's files
+            sweep_dir = Path(str(self.config.hydra.sweep.dir))
+            put_back_sweep(sweep_dir)  # a resumed sweep's files
+            remove_refused_sweep_dir(sweep_dir)  # a new sweep's directory, made for nothing
             sys.exit(2)
 
     def __call__(

@@ -82,6 +82,7 @@ def test_sweep_larger_than_the_cluster_is_refused_before_submission(sweep, slurm
     assert "partition 'debug' has 1 node x" in result.stderr
     assert "try gpus in {1, 2}" in result.stderr
     assert set(slurm_cluster.job_ids()) == before, "no job may be queued, not even the cell that fits"
+    assert not result.sweep_dir.exists()  # nothing of the refused sweep is left behind
 
 
 def test_gpus_that_do_not_split_over_nodes_are_refused_with_nearest_values(sweep, slurm_cluster):
