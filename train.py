@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launchers import local_sweep
-from launchers.environment import from_environment, shared_run_dir
+from launchers.environment import from_environment, shared_run_dir, take_local_rank_argument
 from launchers.worker import exit_now
 from runner import hydra_files
 from runner.config import register_configs, to_train_config
@@ -80,6 +80,15 @@ def main(cfg: DictConfig) -> float | None:
         if sweep_dir is not None and launched is None:
             raise  # a cell of a sweep on this host: recorded as failed, and the next cell runs
         sys.exit(1)
+    except Preempted as stopped:  # a rank of torchrun or srun, stopped at a signal after a checkpoint
+        if launched is not None and launched.rank == 0 and launched.source == "torchrun":
+            print(f"ladder: run stopped: {stopped}", file=sys.stderr)
+            print(
+                "  continue with: the same torchrun (or deepspeed) command, ending in "
+                f"train.resume=auto hydra.run.dir={run_dir}",
+                file=sys.stderr,
+            )
+        raise
     except RunInterrupted as error:
         print(f"ladder: run stopped: {error}", file=sys.stderr)
         print(f"  continue with: {continue_command(sys.argv, run_dir, sweep_dir)}", file=sys.stderr)
@@ -109,6 +118,7 @@ def _agree_on_run_dir(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    take_local_rank_argument(sys.argv, os.environ)
     _agree_on_run_dir(sys.argv)
     try:
         main()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 
@@ -108,6 +108,24 @@ def from_environment(environ: Mapping[str, str]) -> DistributedEnv | None:
             source="slurm",
         )
     return None
+
+
+def take_local_rank_argument(argv: list[str], environ: MutableMapping[str, str]) -> None:
+    """Remove ``--local_rank=N`` (or ``--local-rank N``) from ``argv``, keeping N in LOCAL_RANK.
+
+    The ``deepspeed`` launcher passes it to every rank unless given ``--no_local_rank``, as
+    torch's deprecated ``torch.distributed.launch`` did; Hydra's command line would refuse it.
+    """
+    kept: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        flag, equals, value = arg.partition("=")
+        if flag in ("--local_rank", "--local-rank"):
+            value = value if equals else next(args, "")
+            environ.setdefault("LOCAL_RANK", value)
+            continue
+        kept.append(arg)
+    argv[:] = kept
 
 
 def shared_run_dir(environ: Mapping[str, str], *, today: str) -> str | None:

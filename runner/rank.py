@@ -542,7 +542,7 @@ def run_rank(
     # A SLURM task stops at SIGUSR2 / SIGTERM after a checkpoint (runner/preemption.py), and so
     # does a rank of the local launcher at SIGINT (Ctrl-C) or SIGTERM (the launcher's, passed on).
     stop = StopSignals()
-    watching = env.source in ("slurm", "local") and stop.install()
+    watching = env.source in ("slurm", "local", "torchrun") and stop.install()
     accelerator = select_accelerator()
     device = init_distributed(env, accelerator=accelerator)
     ok = False

@@ -8,6 +8,7 @@ that knows them.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runner.config import LoggerConfig, WandbMode
+
+log = logging.getLogger("ladder")
 
 
 class MetricSink(Protocol):
@@ -85,17 +88,44 @@ class WandbSink:
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )
 
+        self._lost_at: int | None = None  # the step at which wandb stopped taking metrics
+
+    def _lost(self, step: int, error: Exception) -> None:
+        """A logger must not end a run: say once what wandb missed, and write to it no more.
+
+        E.g. its service process was killed: the ``deepspeed`` launcher ends each rank's
+        process tree at Ctrl-C, wandb's service first. metrics.jsonl and summary.json are whole.
+        """
+        self._lost_at = step
+        log.warning(
+            "wandb stopped taking metrics at step %d (%s: %s); metrics.jsonl and summary.json "
+            "hold the whole run, and the wandb run ends at the last step it took",
+            step,
+            type(error).__name__,
+            error,
+        )
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Send the step's metrics."""
-        self._run.log(metrics, step=step)
+        if self._lost_at is not None:
+            return
+        try:
+            self._run.log(metrics, step=step)
+        except Exception as error:
+            self._lost(step, error)
 
     def close(self, summary: dict[str, Any]) -> None:
         """Mirror summary.json into the run's summary and finish."""
-        for key, value in _flatten(summary).items():
-            self._run.summary[key] = value
-        if summary.get("status") == "interrupted":  # stopped at SLURM's signal; resumes into this run
-            self._run.mark_preempting()
-        self._run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+        if self._lost_at is not None:
+            return
+        try:
+            for key, value in _flatten(summary).items():
+                self._run.summary[key] = value
+            if summary.get("status") == "interrupted":  # stopped at a signal; resumes into this run
+                self._run.mark_preempting()
+            self._run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+        except Exception as error:
+            self._lost(int(summary.get("steps_completed") or 0), error)
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 from checkpoint_states import checkpoint_tensors, max_abs_diff
-from train_helpers import FP32_TOLERANCE, ROOT, SMALL_EXPERIMENT, TrainResult, file_digests, run_train
+from train_helpers import (
+    FP32_TOLERANCE,
+    ROOT,
+    SMALL_EXPERIMENT,
+    TrainResult,
+    file_digests,
+    free_port,
+    run_torchrun,
+    run_train,
+)
 
 from runner import checkpoint
 from runner.layout import resolve_layout
@@ -172,6 +181,100 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_continues_to_the_same
     assert summary["status"] == "completed" and summary["resumed_from_step"] == stopped_at
     assert [stop["signal"] for stop in summary["interruptions"]] == ["SIGINT"]
     assert len(summary["layout_history"]) == 1  # resumed in the layout it stopped in
+    assert _losses(run_dir) == pytest.approx(reference, abs=0.0)
+
+
+def test_ranks_under_torchrun_save_a_checkpoint_when_torchrun_is_stopped(tmp_path, reference):
+    """SIGTERM to torchrun alone: torchrun passes it to its ranks and waits 30 s before SIGKILL;
+    the ranks save after the step and stop, rank 0 says how to continue, and the same torchrun
+    command with train.resume=auto ends with the uninterrupted run's losses."""
+    run_dir = tmp_path / "run"
+    args = ["gpus=2", "parallel=zero2", "batch.micro_size=4", "train.steps=8", *COMMON]
+    stderr = tmp_path / "stderr.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    proc = subprocess.Popen(
+        [
+            *torchrun,
+            f"--master_port={free_port()}",
+            str(ROOT / "train.py"),
+            *args,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr.open("w"),
+        env=env,
+        start_new_session=True,
+    )
+    _wait_for_steps(run_dir, proc, 3)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary.get("error")
+    stopped_at = summary["steps_completed"]
+    assert 3 <= stopped_at < 8
+    assert summary["error"].startswith(f"stopped by SIGTERM after {stopped_at} steps with checkpoint")
+    assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["completed_steps"] == stopped_at
+    said = stderr.read_text()
+    assert f"train.resume=auto hydra.run.dir={run_dir}" in said, said[-3000:]
+
+    resumed = run_torchrun(*args, "train.resume=auto", nproc=2, run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == stopped_at
+    assert _losses(run_dir) == pytest.approx(reference, abs=0.0)
+
+
+def test_the_deepspeed_launcher_starts_stops_and_resumes_a_run(tmp_path, reference):
+    """``deepspeed train.py``: the launcher's ``--local_rank=N`` argument does not reach Hydra;
+    at Ctrl-C it ends each rank's process tree, wandb's service first, and the ranks still save
+    and stop (wandb's loss is said once); the same command with train.resume=auto ends with the
+    uninterrupted run's losses."""
+    run_dir = tmp_path / "run"
+    args = ["gpus=2", "parallel=zero2", "batch.micro_size=4", "train.steps=8", "batch.global_size=16"]
+    args += ["data.seq_len=64", "logger=wandb", "logger.mode=offline"]  # COMMON, with wandb
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
+    deepspeed = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus=2"]
+    stderr = tmp_path / "stderr.txt"
+    proc = subprocess.Popen(
+        [
+            *deepspeed,
+            f"--master_port={free_port()}",
+            str(ROOT / "train.py"),
+            *args,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=stderr.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    _wait_for_steps(run_dir, proc, 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    said = stderr.read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted", said[-3000:]
+    assert summary["launcher"] == "torchrun"  # the same variables: RANK, WORLD_SIZE, LOCAL_RANK
+    stopped_at = summary["steps_completed"]
+    assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["completed_steps"] == stopped_at
+    assert not list(run_dir.glob("failure_rank*.json")), said[-3000:]
+    assert said.count("wandb stopped taking metrics") <= 1
+
+    resume = ["train.resume=auto", f"hydra.run.dir={run_dir}"]
+    resumed = subprocess.run(
+        [*deepspeed, f"--master_port={free_port()}", str(ROOT / "train.py"), *args, *resume],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from_step"] == stopped_at
     assert _losses(run_dir) == pytest.approx(reference, abs=0.0)
 
 
