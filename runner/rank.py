@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from launchers.environment import DistributedEnv
-from runner import checkpoint, fp16_loss_scale, unfused_norm
+from runner import checkpoint, fp16_loss_scale, goodput, unfused_norm
 from runner.build import build_measured
 from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import TrainConfig, to_dict
@@ -353,6 +353,12 @@ def _train(
     wall.mark("setup")
     interruption: dict[str, Any] | None = None
     step = start_step
+    # Every attempt in this run directory, for goodput across restarts (runner/goodput.py).
+    attempt = (
+        goodput.AttemptLog(run_dir, started=wall.started, from_step=start_step, launcher=env.source)
+        if env.rank == 0
+        else None
+    )
     try:
         for step in range(start_step, config.train.steps):
             if step == fault_step:
@@ -447,14 +453,16 @@ def _train(
                 **_memory_metrics(estimate, ledger),
             }
             last = metrics
-            if step % config.logger.log_every == 0 or step == config.train.steps - 1:
+            logged = step % config.logger.log_every == 0 or step == config.train.steps - 1
+            if logged:
                 for sink in sinks:
                     sink.log(step, metrics)
             # Under SLURM and the local launcher the ranks agree, after every step but the last,
             # whether a signal asks them to stop (runner/preemption.py): then they save here and leave.
             last_step = step + 1 == config.train.steps
             asked = 0 if stop is None or last_step else int(_max_over_ranks(stop.asked, device))
-            if (every and (step + 1) % every == 0) or asked:
+            saving_now = bool((every and (step + 1) % every == 0) or asked)
+            if saving_now:
                 saving = time.perf_counter()
                 checkpoint.save(
                     engine,
@@ -472,6 +480,8 @@ def _train(
                 wall.checkpoint(time.perf_counter() - saving, folder_bytes(written) if env.rank == 0 else 0)
                 if env.rank == 0:
                     log.info("%s", wall.last_save(checkpoint.tag_for(step + 1)))
+            if attempt is not None:
+                attempt.progress(step + 1, wall.steps_s, saved=saving_now, logged=logged)
             if asked and stop is not None:
                 raise _stopped(step + 1, asked, stop, rank=env.rank, source=env.source)
         status = {"status": "completed", "error": None}
@@ -490,10 +500,15 @@ def _train(
             if interruption is not None:  # each stop at a signal, across requeues
                 earlier = read_summary(run_dir).get("interruptions") or []
                 status["interruptions"] = [*earlier, interruption]
+            completed = (step + 1) if status.get("status") in ("completed", "interrupted") else step
+            wall_time = wall.summary()
+            ended = status.get("status") or "failed"  # {}: another rank failed first
+            if attempt is not None:
+                attempt.end(status=ended, steps_completed=completed, steps_s=wall.steps_s)
             summary = update_summary(
                 run_dir,
                 **status,
-                steps_completed=(step + 1) if status.get("status") in ("completed", "interrupted") else step,
+                steps_completed=completed,
                 final=last,
                 peak_flops_per_device=peak_flops,
                 peak_flops_source=peak.source,
@@ -522,7 +537,8 @@ def _train(
                 fp16_loss_scale=overflows.summary(),
                 resumed_from_step=start_step or None,
                 profile=profiler.summary(run_dir),
-                wall_time=wall.summary(),
+                wall_time=wall_time,
+                goodput=goodput.account(run_dir),
             )
         for sink in sinks:
             sink.close(summary)

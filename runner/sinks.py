@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,6 +41,9 @@ def _json_safe(value: Any) -> Any:
 class JsonlSink:
     """``metrics.jsonl``: one JSON object per logged step, each written whole and flushed.
 
+    Each line holds the step, when it was written (``timestamp``, seconds since the epoch:
+    runner/goodput.py dates an attempt killed outright by it) and the step's metrics.
+
     One ``write`` per line on an unbuffered file: a process killed mid-run leaves
     complete lines only (the kernel holds what was written).
     """
@@ -49,7 +53,7 @@ class JsonlSink:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one line."""
-        record = {"step": step, **{k: _json_safe(v) for k, v in metrics.items()}}
+        record = {"step": step, "timestamp": time.time(), **{k: _json_safe(v) for k, v in metrics.items()}}
         os.write(self._fd, (json.dumps(record) + "\n").encode())
 
     def close(self, summary: dict[str, Any]) -> None:

@@ -79,6 +79,7 @@ class Row:
     best: list[str] = field(default_factory=list)
     layouts: str | None = None  # a run resumed onto another layout: each layout from its step
     wall: dict[str, Any] = field(default_factory=dict)  # summary.json's wall_time (runner/wall_clock.py)
+    goodput: dict[str, Any] = field(default_factory=dict)  # summary.json's goodput (runner/goodput.py)
 
     def residual(self) -> float | None:
         """Measured memory beyond the four terms: the named residuals, else peak - measured terms."""
@@ -127,6 +128,8 @@ class Row:
                 "final_loss": self.final_loss,
                 "steps": self.steps,
                 **{f"wall_{key}": self.wall.get(key) for key in WALL_FIELDS},
+                "attempts": len(self.goodput.get("attempts") or []) or None,
+                **{key: self.goodput.get(key) for key in GOODPUT_FIELDS},
                 "best": ", ".join(self.best),
                 "layouts": self.layouts,
                 "error": self.error,
@@ -274,6 +277,7 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())
     row.layouts = describe(summary.get("layout_history"))
     row.wall = _dict(summary.get("wall_time"))
+    row.goodput = _dict(summary.get("goodput"))
     return row
 
 
@@ -381,6 +385,9 @@ WALL_FIELDS = (
     "checkpoint_gb_per_s",
     "other_s",
 )
+
+# summary.json's goodput fields (runner/goodput.py: every attempt of the run) the flat row carries.
+GOODPUT_FIELDS = ("goodput", "goodput_elapsed", "steps_lost", "lost_s", "between_attempts_s")
 
 
 def _wall_and_steps(row: Row) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from runner import wall_clock
+from runner import goodput, wall_clock
 from runner.layout_history import describe
 from runner.report.collect import read_cell
 from runner.report.rows import Row, fmt_gb, row_of
@@ -38,6 +38,9 @@ def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     wall = wall_clock.describe(summary.get("wall_time"))
     if wall is not None:
         console.print(Text(wall), soft_wrap=True)
+    across = goodput.describe(summary.get("goodput"))
+    if across is not None:  # resumed: the time of every attempt, and what restarts cost
+        console.print(Text(across), soft_wrap=True)
     note = f"details: ladder report {run_dir} (--html report.html for charts; several runs to compare them)"
     console.print(Text(note, style="dim"), soft_wrap=True)
 

@@ -15,6 +15,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from runner import goodput
 from runner.report.compare import LossAgreement
 from runner.report.rows import (
     BEST_PEAK,
@@ -113,10 +114,12 @@ _WALL_SHORT = {"checkpoint": "ckpt"}
 def wall_table(rows: Sequence[Row], *, title: str) -> Table:
     """Where each cell's wall time went, in seconds (runner/wall_clock.py): its parts, which add up
     to the total, the steps' share, and the checkpoints' count and write speed. ``resume`` shows
-    only where some cell loaded a checkpoint, so the table fits 80 columns."""
+    only where some cell loaded a checkpoint, so the table fits 80 columns. Below it, a cell that took
+    more than one attempt has its goodput across them (runner/goodput.py)."""
     shown = [r for r in rows if r.wall]
     resumed = any((r.wall.get("resume_s") or 0) >= 0.05 for r in shown)
     parts = [p for p in WALL_PARTS if p != "resume" or resumed]
+    restarted = [f"{r.cell_id}: {line}" for r in shown if (line := goodput.describe(r.goodput))]
     table = Table(
         title=title,
         box=box.SIMPLE_HEAD,
@@ -124,6 +127,8 @@ def wall_table(rows: Sequence[Row], *, title: str) -> Table:
         title_justify="left",
         pad_edge=False,
         padding=0,  # the box's own space between columns: 12 of them fit 80 columns
+        caption="\n".join(restarted) or None,
+        caption_justify="left",
     )
     table.add_column("cell", no_wrap=True)
     for header in ("total", *(_WALL_SHORT.get(p, p) for p in parts), "steps%", "saves", "GB/s"):

@@ -24,7 +24,7 @@ from train_helpers import (
     run_train,
 )
 
-from runner import checkpoint
+from runner import checkpoint, goodput
 from runner.layout import resolve_layout
 
 pytestmark = pytest.mark.multirank
@@ -111,6 +111,7 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_pat
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    logged_when_killed = len(metrics.read_text().splitlines())
     # What SIGKILL left is valid: JSON lines only, and a complete checkpoint named in latest.json.
     for line in metrics.read_text().splitlines():
         json.loads(line)
@@ -139,6 +140,16 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_pat
     assert wall["checkpoints"] == (8 - latest["completed_steps"]) // 2
     one = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "step_00000008").rglob("*") if f.is_file())
     assert wall["checkpoint_gb"] * 1e9 == pytest.approx(one * wall["checkpoints"], rel=0.01)
+    # Across both attempts: the killed one's steps after its last checkpoint were trained again.
+    across = resumed.summary["goodput"]
+    killed, finished = across["attempts"]
+    assert killed["status"] == goodput.NO_END and finished["status"] == "completed"
+    assert latest["completed_steps"] <= killed["to_step"] <= logged_when_killed
+    assert killed["steps_kept"] == latest["completed_steps"] == finished["from_step"]
+    assert across["steps_lost"] == killed["steps_lost"] == killed["to_step"] - latest["completed_steps"]
+    assert finished["steps_kept"] == 8 - latest["completed_steps"] and finished["steps_s"] == wall["steps_s"]
+    assert across["kept_s"] + across["lost_s"] == pytest.approx(killed["steps_s"] + finished["steps_s"])
+    assert 0 < across["goodput_elapsed"] < across["goodput"] < 1
 
     # Another global batch is another experiment: refused before launch, nothing touched.
     before = file_digests(run_dir)
@@ -181,6 +192,13 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_continues_to_the_same
     assert summary["status"] == "completed" and summary["resumed_from_step"] == stopped_at
     assert [stop["signal"] for stop in summary["interruptions"]] == ["SIGINT"]
     assert len(summary["layout_history"]) == 1  # resumed in the layout it stopped in
+    stopped, finished = summary["goodput"]["attempts"]  # nothing trained twice
+    assert (stopped["status"], stopped["to_step"], stopped["steps_lost"]) == ("interrupted", stopped_at, 0)
+    assert (finished["from_step"], finished["to_step"], summary["goodput"]["steps_lost"]) == (
+        stopped_at,
+        8,
+        0,
+    )
     assert _losses(run_dir) == pytest.approx(reference, abs=0.0)
 
 

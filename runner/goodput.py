@@ -1,0 +1,149 @@
+"""A run's time across its attempts: how much of it trained the model that came out.
+
+A run stopped and resumed (Ctrl-C, a SLURM time limit or preemption, a crash, a node lost)
+is several attempts in one run directory. Each attempt's own wall time is
+runner/wall_clock.py's; this adds them up. Rank 0 appends to ``attempts.jsonl`` when an
+attempt starts its first step (its process's start time and the step it resumed from),
+after each checkpoint, after each step it logs (at most once every ``PROGRESS_EVERY_S``),
+and when it ends. An attempt
+killed outright (SIGKILL, the kernel's OOM killer, a lost node) writes no end: its last line
+is the latest it is known to have lived.
+
+Goodput is "the fraction of time spent making productive progress" on the model (Google
+Cloud, "ML Goodput measurement", 2024: productive training time over the job's time).
+Here the productive time is that of the steps the final model descends from: the steps of
+attempt i from its ``from_step`` up to the step a later attempt resumed from; the steps
+after that checkpoint were trained again (``lost``). ``goodput`` divides by the attempts'
+wall time, ``goodput_elapsed`` by the time from the first attempt's start to the last one's
+end, which adds the time between attempts (queueing, restarts, conversions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+ATTEMPTS_FILE = "attempts.jsonl"
+NO_END = "no end recorded (killed outright)"
+PROGRESS_EVERY_S = 1.0  # at most one progress line a second: a killed attempt is known to within it
+
+
+def _append(run_dir: Path, record: dict[str, Any]) -> None:
+    """One line, written whole (one write on an O_APPEND file, as metrics.jsonl)."""
+    fd = os.open(run_dir / ATTEMPTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a full disk: the rest still count
+            continue
+    return records
+
+
+class AttemptLog:
+    """Rank 0's lines in ``attempts.jsonl`` for this attempt: its start, progress and end."""
+
+    def __init__(self, run_dir: Path, *, started: float, from_step: int, launcher: str) -> None:
+        self.run_dir = run_dir
+        self.number = 1 + max((int(r["attempt"]) for r in _lines(run_dir / ATTEMPTS_FILE)), default=-1)
+        self._written = time.time()
+        self._write("start", started=started, from_step=from_step, launcher=launcher)
+
+    def _write(self, event: str, **fields: Any) -> None:
+        self._written = time.time()
+        _append(self.run_dir, {"attempt": self.number, "event": event, "time": self._written, **fields})
+
+    def progress(self, completed_steps: int, steps_s: float, *, saved: bool, logged: bool) -> None:
+        """After a step: a line at each checkpoint, and at a logged step PROGRESS_EVERY_S after the last."""
+        if saved or (logged and time.time() - self._written >= PROGRESS_EVERY_S):
+            self._write("checkpoint" if saved else "progress", step=completed_steps, steps_s=steps_s)
+
+    def end(self, *, status: str, steps_completed: int, steps_s: float) -> None:
+        """How the attempt ended, the steps it completed and its steps' wall time."""
+        self._write("end", status=status, step=steps_completed, steps_s=steps_s)
+
+
+def _attempt(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One attempt's times and steps from its lines; a killed one's from its last progress."""
+    start = next((e for e in events if e["event"] == "start"), None)
+    if start is None:
+        return None
+    began, from_step = float(start["started"]), int(start["from_step"])
+    last = events[-1]
+    ended = last["event"] == "end"
+    return {
+        "attempt": int(start["attempt"]),
+        "status": str(last["status"]) if ended else NO_END,
+        "launcher": start.get("launcher"),
+        "started": began,
+        "ended": float(last["time"]),
+        "wall_s": max(0.0, float(last["time"]) - began),
+        "from_step": from_step,
+        "to_step": int(last.get("step", from_step)),
+        "steps_s": float(last.get("steps_s", 0.0)),
+    }
+
+
+def account(run_dir: Path) -> dict[str, Any] | None:
+    """summary.json's ``goodput``: each attempt, the steps and time kept and lost, and the ratios."""
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for event in _lines(run_dir / ATTEMPTS_FILE):
+        by_attempt.setdefault(int(event["attempt"]), []).append(event)
+    attempts = [a for a in (_attempt(by_attempt[n]) for n in sorted(by_attempt)) if a is not None]
+    if not attempts:
+        return None
+    # The final model descends from the last attempt's steps, the steps of the one before up to
+    # where the last resumed, and so on back: each earlier attempt's steps count below every
+    # later attempt's from_step.
+    frontier = math.inf
+    for attempt in reversed(attempts):
+        done = attempt["to_step"] - attempt["from_step"]
+        kept = max(0, min(attempt["to_step"], frontier) - attempt["from_step"])
+        per_step = attempt["steps_s"] / done if done > 0 else 0.0
+        attempt |= {"steps_kept": kept, "steps_lost": max(0, done - kept)}
+        attempt |= {"kept_s": per_step * kept, "lost_s": per_step * max(0, done - kept)}
+        frontier = min(frontier, attempt["from_step"])
+    wall = sum(a["wall_s"] for a in attempts)
+    elapsed = attempts[-1]["ended"] - attempts[0]["started"]
+    kept_s = sum(a["kept_s"] for a in attempts)
+    return {
+        "attempts": attempts,
+        "wall_s": wall,
+        "between_attempts_s": max(0.0, elapsed - wall),
+        "kept_s": kept_s,
+        "lost_s": sum(a["lost_s"] for a in attempts),
+        "steps_lost": sum(a["steps_lost"] for a in attempts),
+        "goodput": kept_s / wall if wall > 0 else None,
+        "goodput_elapsed": kept_s / elapsed if elapsed > 0 else None,
+        "measured": "rank 0, every attempt in this run directory (attempts.jsonl)",
+    }
+
+
+def describe(goodput: dict[str, Any] | None) -> str | None:
+    """One line for the run's end, where it took more than one attempt."""
+    if not goodput or len(goodput.get("attempts") or []) < 2:
+        return None
+    share = goodput.get("goodput")
+    words = [
+        f"goodput over {len(goodput['attempts'])} attempts: "
+        + (f"{share:.0%}" if share is not None else "n/a")
+        + f" ({goodput['kept_s']:.1f} s of kept steps in {goodput['wall_s']:.1f} s of attempts)"
+    ]
+    if goodput.get("steps_lost"):
+        words.append(f"{goodput['steps_lost']} steps trained again ({goodput['lost_s']:.1f} s)")
+    if goodput.get("between_attempts_s", 0.0) >= 0.05:
+        words.append(f"{goodput['between_attempts_s']:.1f} s between attempts")
+    return "; ".join(words)

@@ -1,0 +1,103 @@
+"""Goodput across a run's attempts: the steps the final model kept, and the time lost to restarts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runner import goodput
+
+pytestmark = pytest.mark.unit
+
+
+def _write(run_dir: Path, *events: dict) -> None:
+    (run_dir / goodput.ATTEMPTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def _start(attempt: int, at: float, from_step: int) -> dict:
+    return {"attempt": attempt, "event": "start", "started": at, "time": at + 5, "from_step": from_step}
+
+
+def _line(attempt: int, event: str, at: float, step: int, steps_s: float, **more) -> dict:
+    return {"attempt": attempt, "event": event, "time": at, "step": step, "steps_s": steps_s, **more}
+
+
+def test_a_killed_attempt_counts_to_its_last_line_and_loses_the_steps_after_the_resumed_checkpoint(tmp_path):
+    _write(
+        tmp_path,
+        _start(0, 100.0, 0),
+        _line(0, "checkpoint", 120.0, 10, 10.0),
+        _line(0, "progress", 128.0, 18, 18.0),  # then SIGKILL: no end
+        _start(1, 140.0, 10),
+        _line(1, "end", 170.0, 30, 20.0, status="completed"),
+    )
+    account = goodput.account(tmp_path)
+    assert account is not None
+    killed, finished = account["attempts"]
+    assert (killed["status"], killed["wall_s"], killed["to_step"]) == (goodput.NO_END, 28.0, 18)
+    assert (killed["steps_kept"], killed["steps_lost"]) == (10, 8)
+    assert (killed["kept_s"], killed["lost_s"]) == pytest.approx((10.0, 8.0))
+    assert (finished["steps_kept"], finished["kept_s"]) == (20, 20.0)
+    assert account["wall_s"] == 58.0 and account["between_attempts_s"] == pytest.approx(12.0)
+    assert account["goodput"] == pytest.approx(30.0 / 58.0)
+    assert account["goodput_elapsed"] == pytest.approx(30.0 / 70.0)
+    line = goodput.describe(account)
+    assert line == (
+        "goodput over 2 attempts: 52% (30.0 s of kept steps in 58.0 s of attempts); "
+        "8 steps trained again (8.0 s); 12.0 s between attempts"
+    )
+
+
+def test_a_restart_from_step_0_loses_all_the_earlier_attempt_trained(tmp_path):
+    _write(
+        tmp_path,
+        _start(0, 0.0, 0),
+        _line(0, "end", 10.0, 5, 8.0, status="failed"),
+        _start(1, 20.0, 0),  # no checkpoint: trained again from the start
+        _line(1, "end", 40.0, 10, 16.0, status="completed"),
+    )
+    first, second = goodput.account(tmp_path)["attempts"]  # type: ignore[index]
+    assert (first["steps_kept"], first["steps_lost"], first["lost_s"]) == (0, 5, 8.0)
+    assert (second["steps_kept"], second["steps_lost"]) == (10, 0)
+
+
+def test_a_resume_from_an_older_checkpoint_drops_every_later_step(tmp_path):
+    """Attempt 2 resumed from step 4 although attempt 1 went on from 8: attempt 1's steps are lost,
+    and attempt 0 keeps only its first 4."""
+    _write(
+        tmp_path,
+        _start(0, 0.0, 0),
+        _line(0, "end", 10.0, 8, 8.0, status="interrupted"),
+        _start(1, 20.0, 8),
+        _line(1, "end", 30.0, 12, 4.0, status="interrupted"),
+        _start(2, 40.0, 4),
+        _line(2, "end", 50.0, 12, 8.0, status="completed"),
+    )
+    attempts = goodput.account(tmp_path)["attempts"]  # type: ignore[index]
+    assert [(a["steps_kept"], a["steps_lost"]) for a in attempts] == [(4, 4), (0, 4), (8, 0)]
+
+
+def test_one_attempt_or_no_file_says_nothing_at_the_run_end(tmp_path):
+    assert goodput.account(tmp_path) is None
+    _write(tmp_path, _start(0, 0.0, 0), _line(0, "end", 10.0, 5, 8.0, status="completed"))
+    account = goodput.account(tmp_path)
+    assert account is not None and account["goodput"] == pytest.approx(0.8)
+    assert goodput.describe(account) is None
+
+
+def test_the_attempt_log_numbers_attempts_and_writes_progress_at_most_once_a_second(tmp_path):
+    first = goodput.AttemptLog(tmp_path, started=1.0, from_step=0, launcher="local")
+    first.progress(1, 0.1, saved=False, logged=True)  # within the second: not written
+    first.progress(2, 0.2, saved=True, logged=False)  # a checkpoint: written
+    first.end(status="interrupted", steps_completed=2, steps_s=0.2)
+    second = goodput.AttemptLog(tmp_path, started=2.0, from_step=2, launcher="local")
+    events = [json.loads(line) for line in (tmp_path / goodput.ATTEMPTS_FILE).read_text().splitlines()]
+    assert [(e["attempt"], e["event"]) for e in events] == [
+        (0, "start"),
+        (0, "checkpoint"),
+        (0, "end"),
+        (1, "start"),
+    ]
+    assert second.number == 1
