@@ -16,6 +16,8 @@ Two parts:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -355,16 +357,17 @@ def zero12_held_elements(numels: list[int], dp: int) -> int:
     """
     if dp < 1:
         raise ValueError(f"dp={dp} must be at least 1")
+    if not numels:
+        return 0
     partition = -(-sum(numels) // dp)
+    ends = list(itertools.accumulate(numels))  # tensor k spans [ends[k] - numels[k], ends[k])
+    starts = [end - numel for end, numel in zip(ends, numels, strict=True)]
     fullest = 0
-    for rank in range(dp):
-        low, high = rank * partition, (rank + 1) * partition
-        start, held = 0, 0
-        for numel in numels:
-            if start < high and start + numel > low:
-                held += numel
-            start += numel
-        fullest = max(fullest, held)
+    for rank in range(dp):  # the tensors that end after the partition starts and start before it ends
+        first = bisect.bisect_right(ends, rank * partition)
+        after = bisect.bisect_left(starts, (rank + 1) * partition)
+        if after > first:
+            fullest = max(fullest, ends[after - 1] - starts[first])
     return fullest
 
 

@@ -78,6 +78,12 @@ def test_a_signalled_job_checkpoints_requeues_and_ends_with_the_uninterrupted_lo
     assert summary["slurm"]["job_id"] == first["job_id"]
     assert summary["slurm"]["restarts"] == 1
     assert _final_state(slurm_cluster, job_id) == "COMPLETED"
+    # Both runs of the job are one run's attempts: the time in the queue between them, no step lost.
+    stopped, finished = summary["goodput"]["attempts"]
+    assert [a["launcher"] for a in (stopped, finished)] == ["slurm", "slurm"]
+    assert (stopped["status"], stopped["to_step"]) == ("interrupted", stop["completed_steps"])
+    assert (finished["from_step"], finished["to_step"]) == (stop["completed_steps"], STEPS)
+    assert summary["goodput"]["steps_lost"] == 0 and summary["goodput"]["between_attempts_s"] > 0
 
     losses = _losses(run_dir)
     assert sorted(losses) == list(range(STEPS)), "each step logged once"

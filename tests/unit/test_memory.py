@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -139,6 +140,22 @@ def test_zero12_gradients_are_held_whole_for_every_tensor_a_partition_touches() 
     # The tiny model on 2 ranks, measured on DeepSpeed 0.19.8: rank 0 held 1,647,616
     # gradient elements, rank 1 1,758,464 (P/dp is 1,614,976).
     assert zero12_held_elements(param_numels(ModelConfig()), dp=2) == 1_758_464
+    # The definition tensor by tensor, rank by rank, against the counting by bisection.
+    draw = random.Random(0)
+    for _ in range(300):
+        numels = [draw.choice((0, 1, 2, 3, 7, 64, 1000)) for _ in range(draw.randint(1, 30))]
+        dp = draw.randint(1, 40)
+        partition = -(-sum(numels) // dp)
+        starts = [sum(numels[:k]) for k in range(len(numels))]
+        by_rank = [
+            sum(
+                n
+                for s, n in zip(starts, numels, strict=True)
+                if s < (r + 1) * partition and s + n > r * partition
+            )
+            for r in range(dp)
+        ]
+        assert zero12_held_elements(numels, dp=dp) == max(by_rank), (numels, dp)
 
 
 def test_offload_host_buffers_are_deepspeeds_allocations() -> None:
