@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from runner import goodput
 from runner.report.collect import Cell
 from runner.report.compare import LossAgreement
 from runner.report.rows import STEP_PHASES, TERMS, Row, fmt_gb
@@ -189,7 +190,8 @@ def wall_chart(rows: Sequence[Row]) -> Chart:
             "For each cell, the latest attempt's wall time on rank 0 from its process's start: launch "
             "(interpreter, imports, process group), build (the model), engine (deepspeed.initialize), "
             "resume (loading a checkpoint), setup (the rest before the first step), the optimizer steps, "
-            "the checkpoint saves and what lies between the steps. The steps' share is the run's goodput."
+            "the checkpoint saves and what lies between the steps. The steps' share is the attempt's goodput."
+            + "".join(f" Cell {r.cell_id}, {line}." for r in rows if (line := goodput.describe(r.goodput)))
         ),
         empty=not bars,
     )

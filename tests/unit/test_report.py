@@ -493,3 +493,45 @@ def test_each_cell_shows_where_its_wall_time_went(tmp_path, capsys):
     (timed_line,) = [line.split() for line in lines if line.split()[:2] == ["timed", "20.0"]]
     # total, launch, build, engine, setup, steps, ckpt, other (no resume: none loaded), steps%, saves, GB/s
     assert timed_line[1:] == ["20.0", "4.0", "1.0", "2.0", "1.0", "10.0", "1.5", "0.5", "50", "3", "0.20"]
+
+
+def test_a_cell_of_several_attempts_shows_its_goodput_across_them(tmp_path, capsys):
+    """summary.json's ``goodput`` (runner/goodput.py): the flat fields, a line under the terminal's
+    wall-time table and in the HTML chart's caption; a cell of one attempt shows no such line."""
+    restarted = write_cell(tmp_path / "restarted")
+    summary = json.loads((restarted / "summary.json").read_text())
+    summary["wall_time"] = {"total_s": 20.0, "steps_s": 10.0, "steps_share": 0.5}
+    attempt = {"status": "completed", "from_step": 0, "to_step": 8}
+    summary["goodput"] = {
+        "attempts": [attempt, attempt],
+        "wall_s": 40.0,
+        "between_attempts_s": 5.0,
+        "kept_s": 18.0,
+        "lost_s": 2.0,
+        "steps_lost": 3,
+        "goodput": 0.45,
+        "goodput_elapsed": 0.4,
+    }
+    (restarted / "summary.json").write_text(json.dumps(summary))
+    once = write_cell(tmp_path / "once")
+    summary = json.loads((once / "summary.json").read_text())
+    summary["wall_time"] = {"total_s": 9.0, "steps_s": 6.0, "steps_share": 0.67}
+    summary["goodput"] = {"attempts": [attempt], "wall_s": 9.0, "kept_s": 6.0, "goodput": 0.67}
+    (once / "summary.json").write_text(json.dumps(summary))
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert (rows["restarted"]["attempts"], rows["restarted"]["goodput"], rows["restarted"]["steps_lost"]) == (
+        2,
+        0.45,
+        3,
+    )
+    assert rows["once"]["attempts"] == 1
+    said = (
+        "restarted: goodput over 2 attempts: 45% (18.0 s of kept steps in 40.0 s of attempts); "
+        "3 steps trained again (2.0 s); 5.0 s between attempts"
+    )
+    assert main(["report", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert said in out and "once: goodput" not in out
+    page = tmp_path / "report.html"
+    assert main(["report", str(tmp_path), "--html", str(page)]) == 0
+    assert "Cell restarted, goodput over 2 attempts: 45%" in page.read_text()
