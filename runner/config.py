@@ -153,6 +153,7 @@ class DataConfig:
     seq_len: int = 128
     path: str | None = None  # a user's token file, memory-mapped; None = built-in text
     dtype: str = "uint16"  # dtype of that file: uint8, uint16 or uint32
+    val_path: str | None = None  # held-out tokens for train.eval_every (same forms as path); None = built-in
     max_bytes: int = 16_000_000  # cap on the built-in text corpus
 
 
@@ -220,6 +221,8 @@ class TrainLoopConfig:
     max_skipped_steps: int = 10  # with skip: the run stops at the next non-finite loss after this many
     compile: bool = False  # torch.compile each transformer block (runner/compile_blocks.py)
     profile_step: int = -1  # trace this step with torch.profiler (runner/step_profiler.py); -1: none
+    eval_every: int = 0  # optimizer steps between held-out evaluations, and one after the last; 0: none
+    eval_batches: int = 4  # global batches of held-out sequences per evaluation, the same ones each time
 
 
 @dataclass(frozen=True)

@@ -31,56 +31,22 @@ Token sources:
   `data.dtype` (e.g. `np.array(ids, np.uint16).tofile(path)`), a `.npy`, an llm.c
   shard, or a glob of shards read as one corpus (runner/token_file.py), memory-mapped.
 - synthetic: uniform random ids in [0, vocab_size); for throughput runs.
+
+Evaluation (``train.eval_every``) reads held-out tokens: ``data.val_path`` in the forms
+``data.path`` takes, else the built-in text's held-out corpus, the standard library's test
+suites (runner/text_corpus.py). Its batches b = 0 .. eval_batches-1 are drawn as a step's
+are, from ``np.random.default_rng([seed, EVAL_STREAM, b])``, and cut over the ranks as a
+step's: every evaluation of every layout reads the same sequences.
 """
 
 from __future__ import annotations
-
-import functools
-import os
-import sysconfig
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from runner.config import DataConfig, DataName
+from runner.text_corpus import EVAL_STREAM, builtin_held_out_text, builtin_text
 from runner.token_file import TokenShards, open_token_file
-
-# Tests and vendored packages are skipped: the former hold odd byte strings
-# and generated data, the latter are not the standard library.
-_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"})
-
-
-@functools.lru_cache(maxsize=4)
-def builtin_text(max_bytes: int) -> np.ndarray:
-    """The standard library's .py sources as one read-only uint8 array, <= max_bytes."""
-    if max_bytes < 1:
-        raise ValueError(f"data.max_bytes={max_bytes} must be >= 1")
-    root = sysconfig.get_paths()["stdlib"]
-    chunks: list[bytes] = []
-    total = 0
-    # Sorted walk: the corpus (and so every batch) is the same on every call.
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for name in sorted(filenames):
-            if not name.endswith(".py"):
-                continue
-            try:
-                data = Path(dirpath, name).read_bytes()
-            except OSError:  # unreadable file in an odd install: skip it
-                continue
-            chunks.append(data[: max_bytes - total])
-            total += len(chunks[-1])
-            if total >= max_bytes:
-                break
-        if total >= max_bytes:
-            break
-    if total == 0:
-        raise ValueError(
-            f"no .py files found under the standard library at {root!r}; "
-            "set data.path to a token file or use data=synthetic"
-        )
-    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
 
 
 def rank_slice(dp_rank: int, micro_index: int, micro_size: int, accum_steps: int) -> int:
@@ -95,9 +61,16 @@ def rank_slice(dp_rank: int, micro_index: int, micro_size: int, accum_steps: int
 
 
 class BatchSource:
-    """Any slice of any step's global batch, computed from (seed, step) alone."""
+    """Any slice of any step's global batch, computed from (seed, step) alone.
 
-    def __init__(self, data_cfg: DataConfig, vocab_size: int, seed: int, global_size: int) -> None:
+    ``held_out=True``: the evaluation's batches instead, numbered 0, 1, ... and drawn from the
+    held-out tokens (``data.val_path``, else the built-in text's held-out corpus) by a random
+    stream of their own, so every evaluation of every layout reads the same sequences.
+    """
+
+    def __init__(
+        self, data_cfg: DataConfig, vocab_size: int, seed: int, global_size: int, *, held_out: bool = False
+    ) -> None:
         if data_cfg.seq_len < 1 or global_size < 1 or seed < 0:
             raise ValueError(
                 f"need data.seq_len >= 1, global_size >= 1 and seed >= 0; got "
@@ -107,10 +80,17 @@ class BatchSource:
         self.vocab_size = vocab_size
         self.seed = seed
         self.global_size = global_size
+        self._stream = (EVAL_STREAM,) if held_out else ()
         self.tokens: np.ndarray | TokenShards | None = None  # None: synthetic
         if data_cfg.name == DataName.synthetic:
             return
-        if data_cfg.path is not None:
+        if held_out:
+            self.tokens = (
+                open_token_file(data_cfg.val_path, data_cfg.dtype, vocab_size)
+                if data_cfg.val_path is not None
+                else builtin_held_out_text()
+            )
+        elif data_cfg.path is not None:
             self.tokens = open_token_file(data_cfg.path, data_cfg.dtype, vocab_size)
         else:
             self.tokens = builtin_text(data_cfg.max_bytes)
@@ -132,7 +112,7 @@ class BatchSource:
         """Start offsets of all global_size sequences of step `step` (real tokens)."""
         if self.tokens is None:
             raise ValueError("synthetic data has no offsets")
-        rng = np.random.default_rng([self.seed, step])
+        rng = np.random.default_rng([self.seed, *self._stream, step])
         # The last start that still leaves seq_len + 1 tokens is len - seq_len - 1.
         high = len(self.tokens) - self.seq_len
         return rng.integers(0, high, size=self.global_size)
@@ -147,7 +127,9 @@ class BatchSource:
         L = self.seq_len + 1
         if self.tokens is None:
             rows = [
-                np.random.default_rng([self.seed, step, p]).integers(0, self.vocab_size, size=L)
+                np.random.default_rng([self.seed, *self._stream, step, p]).integers(
+                    0, self.vocab_size, size=L
+                )
                 for p in range(start, start + size)
             ]
         else:

@@ -345,13 +345,25 @@ class PipelineSteps:
                 instructions[kind] = backward_then
         self.engine._INSTRUCTION_MAP = instructions
 
-    def _micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _micro_batches(
+        self, step: int, source: BatchSource | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This step's micro-batches of this pipeline's dp rank: the sequences every layout sees."""
         lay = self.layout
+        source = self.batches if source is None else source
         for micro in range(lay.accum_steps):
             start = rank_slice(self.dp_rank, micro, lay.micro_size, lay.accum_steps)
-            inputs, targets = self.batches.micro_batch(step, start, lay.micro_size)
+            inputs, targets = source.micro_batch(step, start, lay.micro_size)
             yield inputs.to(self.engine.device), targets.to(self.engine.device)
+
+    def eval_loss(self, held_out: BatchSource, *, batches: int) -> float:
+        """The mean held-out loss over ``batches`` global batches (runner/evaluation.py), on every
+        rank: DeepSpeed's ``eval_batch`` averages each over its micro-batches and the pipelines
+        and broadcasts it from the last stage."""
+        total = 0.0
+        for batch in range(batches):
+            total += float(self.engine.eval_batch(data_iter=self._micro_batches(batch, held_out)))
+        return total / batches
 
     def _measure_first_micro_batch(self) -> None:
         """Count the tensors this stage saves for backward over its first forward (and loss)."""

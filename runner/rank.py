@@ -23,6 +23,7 @@ from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
 from runner.distributed import init_distributed, select_accelerator, teardown
+from runner.evaluation import evaluation_summary, held_out_loss
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
 from runner.identity import RunIdentity
 from runner.layout import Layout
@@ -267,6 +268,12 @@ def _train(
     peak_flops = _mean_over_ranks(torch.tensor([peak.flops], dtype=torch.float64, device=device))
     flops = _flops_budget(config)
     batches = BatchSource(config.data, config.model.vocab_size, config.seed, layout.global_size)
+    eval_every = config.train.eval_every
+    held_out = (
+        BatchSource(config.data, config.model.vocab_size, config.seed, layout.global_size, held_out=True)
+        if eval_every > 0
+        else None
+    )
     dp_rank = env.rank // (layout.tp * layout.pp)
     nan_steps = injected_nan_steps(env.rank)
     nonfinite = NonFiniteGuard(
@@ -352,6 +359,7 @@ def _train(
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
     wall.mark("setup")
     interruption: dict[str, Any] | None = None
+    evaluated: dict[str, Any] | None = None  # the latest held-out evaluation of this attempt
     step = start_step
     # Every attempt in this run directory, for goodput across restarts (runner/goodput.py).
     attempt = (
@@ -452,6 +460,22 @@ def _train(
                 **_peaks_over_ranks(peak_memory.read(), host_high_water, device),
                 **_memory_metrics(estimate, ledger),
             }
+            if held_out is not None and ((step + 1) % eval_every == 0 or step + 1 == config.train.steps):
+                evaluating = time.perf_counter()
+                metrics["eval/loss"] = (
+                    pipe.eval_loss(held_out, batches=config.train.eval_batches)
+                    if pipe is not None
+                    else held_out_loss(
+                        engine,
+                        held_out,
+                        batches=config.train.eval_batches,
+                        layout=layout,
+                        dp_rank=dp_rank,
+                        device=device,
+                    )
+                )
+                wall.evaluation(time.perf_counter() - evaluating)
+                evaluated = {"loss": metrics["eval/loss"], "step": step + 1}
             last = metrics
             logged = step % config.logger.log_every == 0 or step == config.train.steps - 1
             if logged:
@@ -538,6 +562,9 @@ def _train(
                 resumed_from_step=start_step or None,
                 profile=profiler.summary(run_dir),
                 wall_time=wall_time,
+                eval=evaluation_summary(config, evaluated, layout.global_size)
+                if held_out is not None
+                else None,
                 goodput=goodput.account(run_dir),
             )
         for sink in sinks:

@@ -148,6 +148,7 @@ class ConsoleSink:
 
     _FIELDS = (
         ("loss", "loss {:.4f}"),
+        ("eval/loss", "eval {:.4f}"),
         ("throughput/tokens_per_s", "{:,.0f} tok/s"),
         ("throughput/mfu", "MFU {:.1%}"),
         ("memory/peak_gb", "peak {:.2f} GB"),

@@ -7,11 +7,13 @@ run directory gets any file of the runner's.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from runner.config import DataName, Offload, Precision, TrainConfig
 from runner.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.tensor_parallel import tp_node_problems, tp_problems
+from runner.text_corpus import builtin_held_out_text
 from runner.token_file import TOKEN_DTYPES, token_file_problem, token_files
 
 
@@ -101,6 +103,7 @@ def _problems(config: TrainConfig) -> list[str]:
             # Its size, its ids against model.vocab_size, its length against data.seq_len.
             problem = token_file_problem(data.path, data.dtype, model.vocab_size, data.seq_len)
             need(problem is None, problem or "")
+    _check_evaluation(config, need)
     parallel = config.parallel
     if parallel.offload_optimizer == Offload.cpu:
         need(
@@ -141,6 +144,51 @@ def _problems(config: TrainConfig) -> list[str]:
     need(config.logger.log_every >= 1, f"logger.log_every={config.logger.log_every}: must be at least 1")
     need(0 < config.planner.headroom <= 1, f"planner.headroom={config.planner.headroom}: must lie in (0, 1]")
     return problems
+
+
+def _check_evaluation(config: TrainConfig, need: Callable[[bool, str], None]) -> None:
+    """train.eval_every's held-out tokens: data.val_path, or the built-in text's held-out corpus."""
+    train, data = config.train, config.data
+    need(
+        train.eval_every >= 0,
+        f"train.eval_every={train.eval_every}: must be 0 (no evaluation) or a step count",
+    )
+    need(
+        train.eval_batches >= 1,
+        f"train.eval_batches={train.eval_batches}: an evaluation reads at least 1 global batch",
+    )
+    if data.val_path is not None and data.name != DataName.text:
+        need(False, f"data.val_path={data.val_path}: held-out tokens are for data=text; unset it")
+        return
+    if train.eval_every <= 0 or data.name != DataName.text:
+        return  # synthetic data is evaluated on synthetic tokens of its own stream
+    if data.val_path is None:
+        need(
+            data.path is None,
+            f"train.eval_every={train.eval_every} with data.path={data.path}: give the held-out "
+            f"tokens as data.val_path (e.g. llm.c's fineweb_val_000000.bin), in the same forms as "
+            f"data.path; ladder holds none of your tokens out itself",
+        )
+        held_out = len(builtin_held_out_text()) if data.path is None else data.seq_len + 1
+        need(
+            held_out >= data.seq_len + 1,
+            f"train.eval_every={train.eval_every}: this Python has no test-suite sources to hold out of "
+            f"the built-in text ({held_out} bytes; Debian ships them as libpython3.X-testsuite); give "
+            f"held-out tokens as data.val_path, or set train.eval_every=0",
+        )
+        return
+    files = token_files(data.val_path)
+    if not files or not all(file.is_file() for file in files):
+        need(
+            False,
+            f"data.val_path={data.val_path}: {'matches no file' if not files else 'no such file'}; give "
+            f"held-out tokens in the forms data.path takes (a raw array of data.dtype, a .npy, an llm.c "
+            f"shard, or a glob of them), or unset it",
+        )
+    elif data.dtype in TOKEN_DTYPES:
+        # The same checks as data.path's (size, ids against model.vocab_size, length), said of this key.
+        problem = token_file_problem(data.val_path, data.dtype, config.model.vocab_size, data.seq_len)
+        need(problem is None, (problem or "").replace("data.path=", "data.val_path="))
 
 
 def batch_contract_problems(config: TrainConfig) -> list[str]:

@@ -11,6 +11,7 @@ in parts a user can act on:
     setup        the rest before the first step: peak FLOP/s, data, metric sinks, estimates
     steps        every optimizer step, the first one's one-time costs included (first_step_s)
     checkpoints  each save, with the wait for every rank's files (count, bytes, GB/s)
+    eval         the held-out evaluations (train.eval_every)
     other        between the steps: metric reductions and logging, the stop check
 
 The parts add up to ``total_s``. Marks are ``time.time()``; the process's start is the
@@ -53,6 +54,8 @@ class WallClock:
         self.checkpoint_bytes = 0
         self.checkpoints = 0
         self._last_save = (0.0, 0)
+        self.eval_s = 0.0
+        self.evaluations = 0
 
     def mark(self, phase: str) -> None:
         """The time since the previous mark (or the process's start) was ``phase``."""
@@ -73,6 +76,11 @@ class WallClock:
         self.checkpoint_bytes += nbytes
         self.checkpoints += 1
         self._last_save = (seconds, nbytes)
+
+    def evaluation(self, seconds: float) -> None:
+        """One held-out evaluation took ``seconds``."""
+        self.eval_s += seconds
+        self.evaluations += 1
 
     def last_save(self, tag: str) -> str:
         """The log line of the latest save, e.g. ``checkpoint step_00000004: 0.05 GB in 0.21 s``."""
@@ -96,7 +104,9 @@ class WallClock:
             "checkpoints": self.checkpoints,
             "checkpoint_gb": self.checkpoint_bytes / 1e9,
             "checkpoint_gb_per_s": rate,
-            "other_s": max(0.0, training - self.steps_s - self.checkpoint_s),
+            "eval_s": self.eval_s,
+            "evaluations": self.evaluations,
+            "other_s": max(0.0, training - self.steps_s - self.checkpoint_s - self.eval_s),
             "steps_share": self.steps_s / total if total > 0 else None,
             "measured": "rank 0, this attempt, from its process's start",
         }
@@ -118,5 +128,7 @@ def describe(wall: dict[str, Any] | None) -> str | None:
             f"checkpoints {wall['checkpoints']} x {wall['checkpoint_s'] / wall['checkpoints']:.2f} s "
             f"({wall['checkpoint_gb']:.2f} GB{speed})"
         )
+    if wall.get("evaluations"):
+        parts.append(f"eval {wall['evaluations']} x {wall['eval_s'] / wall['evaluations']:.2f} s")
     parts.append(f"other {wall.get('other_s') or 0.0:.1f} s")
     return f"wall time {wall['total_s']:.1f} s: " + ", ".join(parts)

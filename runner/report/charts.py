@@ -161,6 +161,7 @@ WALL_COLORS = {
     "setup": "#7F7F7F",
     "steps": "#0072B2",
     "checkpoint": "#D55E00",
+    "eval": "#009E73",
     "other": "#B8B8B8",
 }
 
@@ -190,7 +191,8 @@ def wall_chart(rows: Sequence[Row]) -> Chart:
             "For each cell, the latest attempt's wall time on rank 0 from its process's start: launch "
             "(interpreter, imports, process group), build (the model), engine (deepspeed.initialize), "
             "resume (loading a checkpoint), setup (the rest before the first step), the optimizer steps, "
-            "the checkpoint saves and what lies between the steps. The steps' share is the attempt's goodput."
+            "the checkpoint saves, the held-out evaluations and what lies between the steps. "
+            "The steps' share is the attempt's goodput."
             + "".join(f" Cell {r.cell_id}, {line}." for r in rows if (line := goodput.describe(r.goodput)))
         ),
         empty=not bars,

@@ -75,6 +75,7 @@ class Row:
     mfu: float | None = None
     time_s: dict[str, float] = field(default_factory=dict)  # "step", STEP_PHASES, "comm_exposed" -> seconds
     final_loss: float | None = None
+    eval_loss: float | None = None  # the latest held-out loss (runner/evaluation.py), where evaluated
     steps: int | None = None
     best: list[str] = field(default_factory=list)
     layouts: str | None = None  # a run resumed onto another layout: each layout from its step
@@ -126,6 +127,7 @@ class Row:
                 "mfu": self.mfu,
                 **{f"time_{name}_pct": _percent(self.time_share(name)) for name in TIME_SHARES},
                 "final_loss": self.final_loss,
+                "eval_loss": self.eval_loss,
                 "steps": self.steps,
                 **{f"wall_{key}": self.wall.get(key) for key in WALL_FIELDS},
                 "attempts": len(self.goodput.get("attempts") or []) or None,
@@ -273,6 +275,7 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     row.mfu = _first(_median_after_first(cell, MFU), _number(final.get(MFU)))
     row.time_s = _time_seconds(cell)
     row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
+    row.eval_loss = _first(_number(_dict(summary.get("eval")).get("loss")), _last_logged(cell, "eval/loss"))
     steps = _integer(summary.get("steps_completed"))
     row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())
     row.layouts = describe(summary.get("layout_history"))
@@ -383,6 +386,8 @@ WALL_FIELDS = (
     "checkpoints",
     "checkpoint_gb",
     "checkpoint_gb_per_s",
+    "eval_s",
+    "evaluations",
     "other_s",
 )
 
@@ -413,6 +418,7 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("MFU %", lambda r: _fmt(None if r.mfu is None else 100 * r.mfu, ".1f")),
     Column("step % fwd / bwd / opt / comm / p2p", _time_shares, numeric=False),
     Column("final loss", lambda r: _fmt(r.final_loss, ".4f")),
+    Column("eval loss", lambda r: _fmt(r.eval_loss, ".4f")),
     Column("wall s (steps %)", _wall_and_steps),
     Column("status", lambda r: r.status, numeric=False),
     Column("best", lambda r: ", ".join(r.best), numeric=False),

@@ -16,7 +16,7 @@ from runner import goodput, wall_clock
 from runner.layout_history import describe
 from runner.report.collect import read_cell
 from runner.report.rows import Row, fmt_gb, row_of
-from runner.report.terminal import memory_table, output_console, rows_table
+from runner.report.terminal import memory_table, output_console, rows_table, with_eval_loss
 from runner.summary import read_summary
 
 SPEED_HEADERS = ("tokens/s/device", "MFU %", "step % fwd / bwd / opt / comm / p2p", "final loss", "status")
@@ -27,7 +27,9 @@ def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     console = console or output_console(piped_width=120)
     row = row_of(read_cell(run_dir, cell_id=run_dir.name))
     speed_title = "speed, medians over the steps after the first"
-    console.print(rows_table([row], headers=("cell", *SPEED_HEADERS), title=speed_title))
+    console.print(
+        rows_table([row], headers=("cell", *with_eval_loss(SPEED_HEADERS, [row])), title=speed_title)
+    )
     console.print(memory_table([row], title="memory per device, GB = 1e9 bytes"))
     if row.peak_is_host_rss:
         console.print(Text(cpu_total_note(row), style="dim"), soft_wrap=True)

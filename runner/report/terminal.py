@@ -40,8 +40,19 @@ SPEED_COLUMNS = (
     "status",
     "best",
 )
+
+
+def with_eval_loss(headers: Sequence[str], rows: Sequence[Row]) -> tuple[str, ...]:
+    """``headers`` with the held-out loss after the final loss, where some row was evaluated."""
+    if not any(row.eval_loss is not None for row in rows):
+        return tuple(headers)
+    at = list(headers).index("final loss") + 1
+    return (*headers[:at], "eval loss", *headers[at:])
+
+
 # Shorter headers where the table's title already gives the unit.
 _SHORT = {
+    "eval loss": "eval",
     "tokens/s/device": "tok/s/dev",
     "final loss": "loss",
     "step % fwd / bwd / opt / comm / p2p": "fwd/bwd/opt/comm/p2p %",
@@ -107,18 +118,20 @@ def memory_table(rows: Sequence[Row], *, title: str) -> Table:
     return table
 
 
-WALL_PARTS = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "other")
+WALL_PARTS = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "eval", "other")
 _WALL_SHORT = {"checkpoint": "ckpt"}
 
 
 def wall_table(rows: Sequence[Row], *, title: str) -> Table:
     """Where each cell's wall time went, in seconds (runner/wall_clock.py): its parts, which add up
     to the total, the steps' share, and the checkpoints' count and write speed. ``resume`` shows
-    only where some cell loaded a checkpoint, so the table fits 80 columns. Below it, a cell that took
+    only where some cell loaded a checkpoint and ``eval`` where some cell evaluated, so the table
+    fits 80 columns. Below it, a cell that took
     more than one attempt has its goodput across them (runner/goodput.py)."""
     shown = [r for r in rows if r.wall]
     resumed = any((r.wall.get("resume_s") or 0) >= 0.05 for r in shown)
-    parts = [p for p in WALL_PARTS if p != "resume" or resumed]
+    evaluated = any(r.wall.get("evaluations") for r in shown)
+    parts = [p for p in WALL_PARTS if (p != "resume" or resumed) and (p != "eval" or evaluated)]
     restarted = [f"{r.cell_id}: {line}" for r in shown if (line := goodput.describe(r.goodput))]
     table = Table(
         title=title,
@@ -165,12 +178,13 @@ def print_report(
     rows: Sequence[Row], agreements: Sequence[LossAgreement], *, console: Console, title: str
 ) -> None:
     """Print the tables, units, loss-curve verdicts and the error of each cell that did not complete."""
-    wide = rows_table(rows, headers=LAYOUT_COLUMNS + SPEED_COLUMNS, title=f"{title}: layout and speed")
+    speed = with_eval_loss(SPEED_COLUMNS, rows)
+    wide = rows_table(rows, headers=LAYOUT_COLUMNS + speed, title=f"{title}: layout and speed")
     if Measurement.get(console, console.options.update_width(1 << 16), wide).maximum <= console.width:
         console.print(wide)
     else:  # a narrow terminal: two tables rather than truncated numbers
         console.print(rows_table(rows, headers=LAYOUT_COLUMNS, title=f"{title}: layout"))
-        console.print(rows_table(rows, headers=("cell", *SPEED_COLUMNS), title="speed and loss"))
+        console.print(rows_table(rows, headers=("cell", *speed), title="speed and loss"))
     console.print(memory_table(rows, title="memory per device, GB = 1e9 bytes"))
     if any(row.wall for row in rows):
         console.print(wall_table(rows, title="wall time per cell, s (rank 0, latest attempt)"))

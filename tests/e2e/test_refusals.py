@@ -96,6 +96,19 @@ CASES = [
     (["data.path={odd_bytes}"], ["odd_bytes.bin' holds 3 bytes", "multiple of 2", "check data.dtype"]),
     (["data.path={large_ids}"], ["token id 999 >= model.vocab_size=256", "model.vocab_size > 999"]),
     (["data.path={short}"], ["holds 10 tokens", "data.seq_len + 1 = 129", "lower data.seq_len"]),
+    # Evaluation reads held-out tokens: never a silent slice of the user's own.
+    (
+        ["train.eval_every=5", "data.path={good}"],
+        ["train.eval_every=5", "data.val_path", "none of your tokens"],
+    ),
+    (["train.eval_every=5", "data.val_path=/nonexistent/val.bin"], ["data.val_path=/nonexistent/val.bin"]),
+    (
+        ["train.eval_every=5", "data.val_path={large_ids}"],
+        ["data.val_path=", "token id 999 >= model.vocab_size"],
+    ),
+    (["train.eval_every=-1"], ["train.eval_every=-1", "0 (no evaluation)"]),
+    (["train.eval_batches=0"], ["train.eval_batches=0", "at least 1"]),
+    (["data=synthetic", "data.val_path=/x.bin"], ["data.val_path=/x.bin", "for data=text"]),
     # wrong types, unknown keys and options (refused by the schemas during composition)
     (["gpus=two"], ["gpus", "two"]),
     (["optimizer.lr=fast"], ["optimizer.lr", "fast"]),
@@ -115,6 +128,7 @@ TOKEN_FILES = {
     "odd_bytes": b"abc",
     "large_ids": np.array([1, 2, 999, 3] * 64, dtype=np.uint16).tobytes(),
     "short": np.arange(10, dtype=np.uint16).tobytes(),
+    "good": (np.arange(1000) % 256).astype(np.uint16).tobytes(),
 }
 
 

@@ -99,3 +99,5 @@ def test_the_nanogpt_experiment_is_nanogpts_gpt2_run():
     assert (optimizer.lr, optimizer.lr * optimizer.min_lr_ratio) == pytest.approx((6e-4, 6e-5))
     assert (optimizer.warmup_steps, optimizer.weight_decay, optimizer.grad_clip) == (2000, 0.1, 1.0)
     assert (optimizer.beta1, optimizer.beta2, config.train.steps) == (0.9, 0.95, 600_000)
+    # eval_interval 1000, eval_iters 200 of 12 sequences a rank: 2,400, here 5 global batches of 480
+    assert (config.train.eval_every, config.train.eval_batches * config.batch.global_size) == (1000, 2400)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runner.config import DataConfig, DataName
-from runner.data import BatchSource, builtin_text, rank_slice
+from runner.data import BatchSource, builtin_held_out_text, builtin_text, rank_slice
 from runner.token_file import TokenShards, open_tokens, token_file_problem
 
 pytestmark = pytest.mark.unit
@@ -234,3 +234,26 @@ def test_npy_and_glob_refusals_name_the_file_and_the_fix(tmp_path: Path) -> None
     header[:3] = 20240520, 1, 5
     looks.write_bytes(header.tobytes()[:12] + bytes(20))
     assert open_tokens(str(looks), "uint16", 65536)[1] == "16 tokens in 1 file(s), raw uint16"
+
+
+def test_held_out_batches_are_python_text_the_training_corpus_never_holds() -> None:
+    """The evaluation's batches: the standard library's test suites, drawn by their own stream,
+    the same at every evaluation and however the ranks cut them."""
+    held_out_corpus = builtin_held_out_text()
+    assert 100_000 < len(held_out_corpus) <= 2_000_000
+    training = builtin_text(DataConfig().max_bytes).tobytes()
+    for start in (0, len(held_out_corpus) // 2):
+        assert held_out_corpus[start : start + 2000].tobytes() not in training
+    cfg = DataConfig(seq_len=32)
+    held_out = BatchSource(cfg, 256, seed=0, global_size=8, held_out=True)
+    train = BatchSource(cfg, 256, seed=0, global_size=8)
+    inputs, _ = held_out.global_batch(0)
+    assert not torch.equal(inputs, train.global_batch(0)[0])
+    again = BatchSource(cfg, 256, seed=0, global_size=8, held_out=True)
+    halves = torch.cat([again.micro_batch(0, 0, 4)[0], again.micro_batch(0, 4, 4)[0]])
+    assert torch.equal(inputs, halves)
+    synthetic = DataConfig(name=DataName.synthetic, seq_len=32)
+    assert not torch.equal(
+        BatchSource(synthetic, 256, 0, 8, held_out=True).global_batch(0)[0],
+        BatchSource(synthetic, 256, 0, 8).global_batch(0)[0],
+    )

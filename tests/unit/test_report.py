@@ -535,3 +535,25 @@ def test_a_cell_of_several_attempts_shows_its_goodput_across_them(tmp_path, caps
     page = tmp_path / "report.html"
     assert main(["report", str(tmp_path), "--html", str(page)]) == 0
     assert "Cell restarted, goodput over 2 attempts: 45%" in page.read_text()
+
+
+def test_an_evaluated_cell_shows_its_held_out_loss_and_evaluation_time(tmp_path, capsys):
+    """summary.json's ``eval`` (runner/evaluation.py): the flat field, an ``eval`` column beside the
+    final loss, and an ``eval`` part in the wall-time table; cells without stay as they were."""
+    evaluated = write_cell(tmp_path / "evaluated")
+    summary = json.loads((evaluated / "summary.json").read_text())
+    summary["eval"] = {"loss": 3.25, "step": 8, "every": 4, "sequences": 64}
+    wall = {"total_s": 20.0, "steps_s": 10.0, "eval_s": 2.5, "evaluations": 2, "other_s": 0.5}
+    summary["wall_time"] = {**wall, "steps_share": 0.5}
+    (evaluated / "summary.json").write_text(json.dumps(summary))
+    write_cell(tmp_path / "plain")
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert (rows["evaluated"]["eval_loss"], rows["plain"]["eval_loss"]) == (3.25, None)
+    assert rows["evaluated"]["wall_eval_s"] == 2.5
+    assert main(["report", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("3.2500" in line for line in lines)
+    (header,) = [line.split() for line in lines if line.split()[:2] == ["cell", "total"]]
+    assert header[header.index("steps") + 2] == "eval"  # steps, ckpt, eval, other
+    assert main(["report", str(tmp_path / "plain")]) == 0
+    assert " eval " not in capsys.readouterr().out
