@@ -18,7 +18,7 @@ EXIT_USAGE = 2  # bad input: a missing path, a path with no run in it (argparse 
 def _report(args: argparse.Namespace) -> int:
 
     from runner.report.collect import ReportInputError, collect
-    from runner.report.compare import loss_agreement
+    from runner.report.compare import EVAL_LOSS, loss_agreement
     from runner.report.html import render_html, write_html
     from runner.report.rows import build_rows
     from runner.report.terminal import output_console, print_report
@@ -34,6 +34,7 @@ def _report(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     rows = build_rows(cells)
     agreements = loss_agreement(cells, tolerance=args.loss_tol)
+    agreements += loss_agreement(cells, tolerance=args.loss_tol, metric=EVAL_LOSS)
     sources = [str(p) for p in args.paths]
     if args.format == "table":
         console = output_console(piped_width=200)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from runner import goodput
 from runner.report.collect import Cell
-from runner.report.compare import LossAgreement
+from runner.report.compare import EVAL_LOSS, LossAgreement
 from runner.report.rows import STEP_PHASES, TERMS, Row, fmt_gb
 from runner.report.svg import Bar, HLine, Segment, Series, line_chart, stacked_bar_chart
 
@@ -281,6 +281,7 @@ def spread_chart(agreements: Sequence[LossAgreement]) -> Chart:
     hlines = []
     for i, agreement in enumerate(compared):
         name = f"model {agreement.model}, global {agreement.global_size}"
+        name += ", held-out" if agreement.metric == EVAL_LOSS else ""
         series.append(
             Series(
                 name,
@@ -301,6 +302,7 @@ def spread_chart(agreements: Sequence[LossAgreement]) -> Chart:
         title="Do the loss curves coincide?",
         svg=svg,
         legend=[LegendItem(s.name, s.color) for s in series] + [LegendItem("tolerance", "#c0392b", "6 4")],
-        caption="At each step logged by at least two cells of a group (same model, same global batch).",
+        caption="At each step logged by at least two cells of a group (same model, same global batch; "
+        "for the held-out loss, the same held-out batches), of the loss and of the held-out loss.",
         empty=not series,
     )

@@ -95,11 +95,12 @@ class Cell:
             node = node[part]
         return node
 
-    def loss_curve(self) -> dict[int, float]:
-        """Loss by step, from metrics.jsonl (later records win when a step repeats)."""
+    def loss_curve(self, metric: str = "loss") -> dict[int, float]:
+        """Loss (or ``metric``, e.g. the held-out ``eval/loss``) by step, from metrics.jsonl (later
+        records win when a step repeats)."""
         curve: dict[int, float] = {}
         for record in self.metrics:
-            step, loss = record.get("step"), record.get("loss")
+            step, loss = record.get("step"), record.get(metric)
             if isinstance(step, int | float) and isinstance(loss, int | float):
                 curve[int(step)] = float(loss)
         return curve

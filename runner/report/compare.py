@@ -20,6 +20,7 @@ from runner.report.collect import Cell
 # ~3 nats differ by ~1e-2 and drift further; 5e-2 separates that from a real difference.
 TOLERANCE_FP32 = 1e-3
 TOLERANCE_16BIT = 5e-2
+EVAL_LOSS = "eval/loss"  # the held-out loss, logged at evaluations only (runner/evaluation.py)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,13 @@ class LossAgreement:
     spread: list[float]  # max - min loss across the cells at each of those steps
     tolerance: float
     tolerance_source: str
+    metric: str = "loss"  # or "eval/loss": the held-out loss (runner/evaluation.py)
+    held_out: str = ""  # for eval/loss: what the group's cells evaluated on
+
+    @property
+    def label(self) -> str:
+        """What is compared, e.g. ``loss curves`` or ``held-out loss curves``."""
+        return "held-out loss curves" if self.metric == EVAL_LOSS else "loss curves"
 
     @property
     def max_spread(self) -> float | None:
@@ -52,11 +60,12 @@ class LossAgreement:
     def verdict(self) -> str:
         """One sentence saying whether the curves coincide, with the numbers."""
         group = f"model {self.model or '?'}, global batch {self.global_size or '?'}"
+        group += f", held out: {self.held_out}" if self.held_out else ""
         if self.max_spread is None:
             return f"{group}: fewer than two cells logged a common step; nothing to compare"
         word = "coincide" if self.coincide else "DIFFER"
         return (
-            f"{group}: the loss curves of {len(self.cell_ids)} cells {word}: max |Δloss| "
+            f"{group}: the {self.label} of {len(self.cell_ids)} cells {word}: max |Δloss| "
             f"{self.max_spread:.2e} at step {self.worst_step} over {len(self.steps)} common steps "
             f"(tolerance {self.tolerance:.0e}, {self.tolerance_source})"
         )
@@ -69,11 +78,21 @@ def _default_tolerance(cells: Sequence[Cell]) -> tuple[float, str]:
     return TOLERANCE_16BIT, "default when a cell trains in 16-bit"
 
 
-def loss_agreement(cells: Sequence[Cell], *, tolerance: float | None = None) -> list[LossAgreement]:
-    """One agreement per (model, global batch) group of cells that logged a loss."""
-    groups: dict[tuple[str | None, int | None], list[Cell]] = {}
+def _held_out(cell: Cell) -> str:
+    """What a cell's held-out loss was measured on: its batches and tokens (they must match)."""
+    batches = cell.config_value("train.eval_batches")
+    source = cell.config_value("data.val_path") or "built-in"
+    return f"{batches} batches of {source}"
+
+
+def loss_agreement(
+    cells: Sequence[Cell], *, tolerance: float | None = None, metric: str = "loss"
+) -> list[LossAgreement]:
+    """One agreement per (model, global batch) group of cells that logged ``metric``; for the
+    held-out ``eval/loss``, per group that also evaluated the same batches of the same tokens."""
+    groups: dict[tuple[str | None, int | None, str], list[Cell]] = {}
     for cell in cells:
-        if not cell.loss_curve():
+        if not cell.loss_curve(metric):
             continue
         layout = cell.summary.get("layout")
         layout = layout if isinstance(layout, dict) else {}
@@ -82,11 +101,12 @@ def loss_agreement(cells: Sequence[Cell], *, tolerance: float | None = None) -> 
         key = (
             str(model) if model is not None else None,
             global_size if isinstance(global_size, int) else None,
+            _held_out(cell) if metric == EVAL_LOSS else "",
         )
         groups.setdefault(key, []).append(cell)
     out = []
-    for (model, global_size), members in groups.items():
-        curves = [c.loss_curve() for c in members]
+    for (model, global_size, held_out), members in groups.items():
+        curves = [c.loss_curve(metric) for c in members]
         all_steps = sorted(set().union(*curves))
         steps, spread = [], []
         for step in all_steps:
@@ -104,6 +124,8 @@ def loss_agreement(cells: Sequence[Cell], *, tolerance: float | None = None) -> 
                 spread=spread,
                 tolerance=tol,
                 tolerance_source=source,
+                metric=metric,
+                held_out=held_out,
             )
         )
     return out

@@ -191,7 +191,7 @@ def print_report(
     console.print(Text(UNITS_NOTE, style="dim"))
     for agreement in agreements:
         style = {True: "green", False: "bold red", None: "yellow"}[agreement.coincide]
-        console.print(Text("loss curves: " + agreement.verdict(), style=style))
+        console.print(Text(f"{agreement.label}: {agreement.verdict()}", style=style))
     moved = [r for r in rows if r.layouts]
     if moved:  # their figures are their last layout's
         console.print(Text("cells resumed onto another layout:"))

@@ -557,3 +557,31 @@ def test_an_evaluated_cell_shows_its_held_out_loss_and_evaluation_time(tmp_path,
     assert header[header.index("steps") + 2] == "eval"  # steps, ckpt, eval, other
     assert main(["report", str(tmp_path / "plain")]) == 0
     assert " eval " not in capsys.readouterr().out
+
+
+def test_held_out_loss_curves_are_compared_among_cells_that_evaluated_the_same_batches(tmp_path, capsys):
+    """The held-out loss is compared as the loss is, within a group that also read the same held-out
+    batches of the same tokens: a cell evaluated on more batches is another comparison."""
+
+    def evaluated(name: str, eval_loss: float, eval_batches: int = 4, **kwargs: Any) -> None:
+        run_dir = write_cell(tmp_path / name, extra_metrics={"eval/loss": eval_loss}, **kwargs)
+        config_file = run_dir / ".hydra" / "config.yaml"
+        config = yaml.safe_load(config_file.read_text())
+        config["train"] = {"eval_batches": eval_batches}
+        config_file.write_text(yaml.safe_dump(config))
+
+    evaluated("a", 3.0)
+    evaluated("b", 3.0 + 2e-6, gpus=2, parallel="zero3")
+    evaluated("c", 3.5, gpus=2, eval_batches=8)
+    write_cell(tmp_path / "plain")  # never evaluated: compared on its training loss only
+    cells = collect([tmp_path])
+    groups = {a.held_out: a for a in loss_agreement(cells, metric="eval/loss")}
+    assert set(groups) == {"4 batches of built-in", "8 batches of built-in"}
+    same = groups["4 batches of built-in"]
+    assert (same.cell_ids, same.coincide) == (["a", "b"], True)
+    assert same.max_spread == pytest.approx(2e-6)
+    assert groups["8 batches of built-in"].coincide is None
+    assert main(["report", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "held-out loss curves: model tiny, global batch 16, held out: 4 batches of built-in: " in out
+    assert "the held-out loss curves of 2 cells coincide" in out
