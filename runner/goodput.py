@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.wall_clock import SETUP_PHASES
+
 ATTEMPTS_FILE = "attempts.jsonl"
 NO_END = "no end recorded (killed outright)"
 PROGRESS_EVERY_S = 1.0  # at most one progress line a second: a killed attempt is known to within it
@@ -71,9 +73,10 @@ class AttemptLog:
         if saved or (logged and time.time() - self._written >= PROGRESS_EVERY_S):
             self._write("checkpoint" if saved else "progress", step=completed_steps, steps_s=steps_s)
 
-    def end(self, *, status: str, steps_completed: int, steps_s: float) -> None:
-        """How the attempt ended, the steps it completed and its steps' wall time."""
-        self._write("end", status=status, step=steps_completed, steps_s=steps_s)
+    def end(self, *, status: str, steps_completed: int, steps_s: float, parts: dict[str, float]) -> None:
+        """How the attempt ended, the steps it completed, its steps' wall time and its other parts
+        (runner/wall_clock.py's start-up phases, checkpoints, evaluations: ``<part>_s``)."""
+        self._write("end", status=status, step=steps_completed, steps_s=steps_s, parts=parts)
 
 
 def _attempt(events: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -94,6 +97,7 @@ def _attempt(events: list[dict[str, Any]]) -> dict[str, Any] | None:
         "from_step": from_step,
         "to_step": int(last.get("step", from_step)),
         "steps_s": float(last.get("steps_s", 0.0)),
+        "parts": dict(last.get("parts") or {}) if ended else {},
     }
 
 
@@ -119,9 +123,20 @@ def account(run_dir: Path) -> dict[str, Any] | None:
     wall = sum(a["wall_s"] for a in attempts)
     elapsed = attempts[-1]["ended"] - attempts[0]["started"]
     kept_s = sum(a["kept_s"] for a in attempts)
+    # Each part summed over the attempts that recorded theirs; a killed attempt's time beyond
+    # its steps is unrecorded.
+    parts: dict[str, float] = {}
+    for attempt in attempts:
+        for part, seconds in attempt["parts"].items():
+            parts[part] = parts.get(part, 0.0) + float(seconds or 0.0)
+    startup = sum(parts.get(f"{phase}_s", 0.0) for phase in SETUP_PHASES)
+    unrecorded = sum(a["wall_s"] - a["steps_s"] for a in attempts if a["status"] == NO_END)
     return {
         "attempts": attempts,
         "wall_s": wall,
+        "parts_s": parts,
+        "startup_s": startup,
+        "unrecorded_s": max(0.0, unrecorded),
         "between_attempts_s": max(0.0, elapsed - wall),
         "kept_s": kept_s,
         "lost_s": sum(a["lost_s"] for a in attempts),
@@ -144,6 +159,10 @@ def describe(goodput: dict[str, Any] | None) -> str | None:
     ]
     if goodput.get("steps_lost"):
         words.append(f"{goodput['steps_lost']} steps trained again ({goodput['lost_s']:.1f} s)")
+    if goodput.get("startup_s"):
+        words.append(f"start-up {goodput['startup_s']:.1f} s")
+    if goodput.get("unrecorded_s", 0.0) >= 0.05:
+        words.append(f"{goodput['unrecorded_s']:.1f} s beyond the steps of attempts killed outright")
     if goodput.get("between_attempts_s", 0.0) >= 0.05:
         words.append(f"{goodput['between_attempts_s']:.1f} s between attempts")
     return "; ".join(words)

@@ -528,7 +528,8 @@ def _train(
             wall_time = wall.summary()
             ended = status.get("status") or "failed"  # {}: another rank failed first
             if attempt is not None:
-                attempt.end(status=ended, steps_completed=completed, steps_s=wall.steps_s)
+                parts = {key: value for key, value in wall_time.items() if key.endswith("_s")}
+                attempt.end(status=ended, steps_completed=completed, steps_s=wall.steps_s, parts=parts)
             summary = update_summary(
                 run_dir,
                 **status,

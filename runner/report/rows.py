@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner import goodput
 from runner.layout_history import describe
 from runner.report.collect import Cell, distinguishing_overrides, natural_key
 
@@ -280,7 +281,9 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())
     row.layouts = describe(summary.get("layout_history"))
     row.wall = _dict(summary.get("wall_time"))
-    row.goodput = _dict(summary.get("goodput"))
+    # From attempts.jsonl where it is there: it holds an attempt killed outright, which the
+    # summary (written at an attempt's end) cannot.
+    row.goodput = goodput.account(cell.run_dir) or _dict(summary.get("goodput"))
     return row
 
 

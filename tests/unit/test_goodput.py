@@ -31,7 +31,7 @@ def test_a_killed_attempt_counts_to_its_last_line_and_loses_the_steps_after_the_
         _line(0, "checkpoint", 120.0, 10, 10.0),
         _line(0, "progress", 128.0, 18, 18.0),  # then SIGKILL: no end
         _start(1, 140.0, 10),
-        _line(1, "end", 170.0, 30, 20.0, status="completed"),
+        _line(1, "end", 170.0, 30, 20.0, status="completed", parts={"launch_s": 3.0, "engine_s": 2.0}),
     )
     account = goodput.account(tmp_path)
     assert account is not None
@@ -46,8 +46,10 @@ def test_a_killed_attempt_counts_to_its_last_line_and_loses_the_steps_after_the_
     line = goodput.describe(account)
     assert line == (
         "goodput over 2 attempts: 52% (30.0 s of kept steps in 58.0 s of attempts); "
-        "8 steps trained again (8.0 s); 12.0 s between attempts"
+        "8 steps trained again (8.0 s); start-up 5.0 s; "
+        "10.0 s beyond the steps of attempts killed outright; 12.0 s between attempts"
     )
+    assert account["parts_s"] == {"launch_s": 3.0, "engine_s": 2.0} and account["unrecorded_s"] == 10.0
 
 
 def test_a_restart_from_step_0_loses_all_the_earlier_attempt_trained(tmp_path):
@@ -91,7 +93,7 @@ def test_the_attempt_log_numbers_attempts_and_writes_progress_at_most_once_a_sec
     first = goodput.AttemptLog(tmp_path, started=1.0, from_step=0, launcher="local")
     first.progress(1, 0.1, saved=False, logged=True)  # within the second: not written
     first.progress(2, 0.2, saved=True, logged=False)  # a checkpoint: written
-    first.end(status="interrupted", steps_completed=2, steps_s=0.2)
+    first.end(status="interrupted", steps_completed=2, steps_s=0.2, parts={"launch_s": 1.0})
     second = goodput.AttemptLog(tmp_path, started=2.0, from_step=2, launcher="local")
     events = [json.loads(line) for line in (tmp_path / goodput.ATTEMPTS_FILE).read_text().splitlines()]
     assert [(e["attempt"], e["event"]) for e in events] == [

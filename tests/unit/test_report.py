@@ -585,3 +585,19 @@ def test_held_out_loss_curves_are_compared_among_cells_that_evaluated_the_same_b
     out = " ".join(capsys.readouterr().out.split())
     assert "held-out loss curves: model tiny, global batch 16, held out: 4 batches of built-in: " in out
     assert "the held-out loss curves of 2 cells coincide" in out
+
+
+def test_goodput_comes_from_attempts_jsonl_where_the_last_attempt_was_killed(tmp_path, capsys):
+    """A run whose latest attempt was killed outright has a summary from the attempt before; the
+    report reads attempts.jsonl, which holds both."""
+    run_dir = write_cell(tmp_path / "killed", status="running")
+    events = [
+        {"attempt": 0, "event": "start", "started": 0.0, "time": 3.0, "from_step": 0},
+        {"attempt": 0, "event": "end", "time": 20.0, "status": "interrupted", "step": 10, "steps_s": 12.0},
+        {"attempt": 1, "event": "start", "started": 30.0, "time": 33.0, "from_step": 10},
+        {"attempt": 1, "event": "progress", "time": 40.0, "step": 14, "steps_s": 5.0},
+    ]
+    (run_dir / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
+    assert (rows["killed"]["attempts"], rows["killed"]["steps_lost"]) == (2, 0)
+    assert rows["killed"]["goodput"] == pytest.approx(17.0 / 30.0)
