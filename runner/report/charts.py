@@ -248,10 +248,17 @@ def scaling_chart(rows: Sequence[Row], *, metric: str) -> Chart:
     )
 
 
-def loss_chart(cells: Sequence[Cell], order: Sequence[str], labels: dict[str, str]) -> Chart:
-    """Loss against step for every cell that logged one, overlaid; line widths differ so equal curves show."""
+def loss_chart(
+    cells: Sequence[Cell], order: Sequence[str], labels: dict[str, str], *, metric: str = "loss"
+) -> Chart:
+    """Loss (or the held-out ``eval/loss``) against step for every cell that logged it, overlaid;
+    line widths differ so equal curves show."""
     by_id = {c.cell_id: c for c in cells}
-    curves = [(cid, by_id[cid].loss_curve()) for cid in order if cid in by_id and by_id[cid].loss_curve()]
+    curves = [
+        (cid, by_id[cid].loss_curve(metric))
+        for cid in order
+        if cid in by_id and by_id[cid].loss_curve(metric)
+    ]
     n = len(curves)
     series = [
         Series(
@@ -264,12 +271,18 @@ def loss_chart(cells: Sequence[Cell], order: Sequence[str], labels: dict[str, st
         )
         for i, (cid, curve) in enumerate(curves)
     ]
+    held_out = metric == EVAL_LOSS
+    what = "held-out loss" if held_out else "loss"
     return Chart(
-        key="loss",
-        title="Loss curves of all cells",
-        svg=line_chart(series, title="Loss against step", x_label="step", y_label="loss", y_from_zero=False),
+        key="eval_loss" if held_out else "loss",
+        title=f"{what.capitalize()} curves of all cells",
+        svg=line_chart(
+            series, title=f"{what.capitalize()} against step", x_label="step", y_label=what, y_from_zero=False
+        ),
         legend=[LegendItem(f"{s.name} {labels.get(s.name, '')}".strip(), s.color, s.dash) for s in series],
-        caption="Each cell's loss per logged step; coinciding curves show as nested lines of unequal widths.",
+        caption=f"Each cell's {what} per "
+        + ("evaluation (train.eval_every)" if held_out else "logged step")
+        + "; coinciding curves show as nested lines of unequal widths.",
         empty=not series,
     )
 

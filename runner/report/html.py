@@ -25,7 +25,7 @@ from runner.report.charts import (
     wall_chart,
 )
 from runner.report.collect import Cell
-from runner.report.compare import ConfigDiff, LossAgreement, config_diff
+from runner.report.compare import EVAL_LOSS, ConfigDiff, LossAgreement, config_diff
 from runner.report.rows import BEST_MEANING, DISPLAY_COLUMNS, MARKED_COLUMN, UNITS_NOTE, Row
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -261,6 +261,9 @@ def render_html(
         loss_chart(cells, order, labels),
         spread_chart(agreements),
     ]
+    held_out = loss_chart(cells, order, labels, metric=EVAL_LOSS)
+    if not held_out.empty:  # some cell was evaluated (train.eval_every)
+        charts.insert(-1, held_out)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.status] = counts.get(row.status, 0) + 1

@@ -585,6 +585,11 @@ def test_held_out_loss_curves_are_compared_among_cells_that_evaluated_the_same_b
     out = " ".join(capsys.readouterr().out.split())
     assert "held-out loss curves: model tiny, global batch 16, held out: 4 batches of built-in: " in out
     assert "the held-out loss curves of 2 cells coincide" in out
+    page = tmp_path / "report.html"
+    assert main(["report", str(tmp_path), "--html", str(page)]) == 0
+    assert "Held-out loss curves of all cells" in page.read_text()
+    assert main(["report", str(tmp_path / "plain"), "--html", str(page)]) == 0
+    assert "Held-out loss" not in page.read_text()  # no cell evaluated: no such chart
 
 
 def test_goodput_comes_from_attempts_jsonl_where_the_last_attempt_was_killed(tmp_path, capsys):
