@@ -59,7 +59,8 @@ def main(cfg: DictConfig) -> float | None:
         )
     except (ConfigError, LayoutError) as error:
         ran = False
-        print(f"ladder: refused before launch:\n{error}", file=sys.stderr)
+        if lead:  # under torchrun or srun every rank refuses alike; rank 0 says why
+            print(f"ladder: refused before launch:\n{error}", file=sys.stderr)
         if lead and hydra_files.put_back(run_dir):
             print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
         sys.exit(2)
