@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from train_helpers import ROOT, TrainResult, clean_env, file_digests, run_train
+from train_helpers import ROOT, TrainResult, clean_env, file_digests, run_torchrun, run_train
 
 from runner.cuda_devices import gpu_driver_present
 
@@ -251,3 +251,14 @@ def test_a_resume_with_nothing_to_continue_keeps_the_earlier_attempt(train, tmp_
     assert "train.steps=1" in (earlier / ".hydra" / "overrides.yaml").read_text()
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert "train.steps=2" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_ranks_started_by_torchrun_refuse_once_not_once_a_rank(tmp_path):
+    """Every rank refuses alike; rank 0 says why, once, and nothing is written."""
+    run_dir = tmp_path / "run"
+    result = run_torchrun("logger=none", nproc=2, run_dir=run_dir, timeout=300)
+    assert result.returncode != 0
+    said = result.stdout + result.stderr
+    assert said.count("ladder: refused before launch:") == 1, said[-3000:]
+    assert "gpus=1 but the torchrun launcher started 2 ranks; set gpus=2" in said
+    assert not (run_dir / "summary.json").exists()
