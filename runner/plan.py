@@ -37,7 +37,7 @@ from runner.model_shape import param_numels
 from runner.plan_hardware import Device, resolve_device
 from runner.plan_host import HostMemory, host_memory
 from runner.plan_memory import MemoryTerms, memory_terms
-from runner.plan_time import StepTime, Traffic, step_time, traffic
+from runner.plan_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.summary import write_json_atomic
 from runner.validate import ConfigError
 
@@ -62,6 +62,8 @@ class Workload:
     device: Device
     cluster: str
     compiled: bool = False  # train.compile: the blocks' activations as a compiled graph saves them
+    eval_every: int = 0  # train.eval_every: steps between held-out evaluations (0: none)
+    eval_batches: int = 0  # train.eval_batches: global batches an evaluation reads
 
     @property
     def usable_bytes(self) -> float:
@@ -116,6 +118,15 @@ class Plan:
     plan_only: list[str]  # why the runner cannot run it yet (empty: it can)
     host: HostMemory  # a node's host memory (runner/plan_host.py)
     contract_error: str | None = None  # the configured global batch could not be split
+    eval_s: float | None = None  # one held-out evaluation, predicted (train.eval_every; plan_time.eval_time)
+
+    @property
+    def eval_share(self) -> float | None:
+        """The evaluations' time over the steps' (one evaluation every eval_every steps)."""
+        step_s, every = self.time.step_s, self.workload.eval_every
+        if self.eval_s is None or not step_s or every <= 0:
+            return None
+        return self.eval_s / (every * step_s)
 
     @property
     def runnable(self) -> bool:
@@ -187,6 +198,8 @@ class Plan:
                 "mfu": self.time.mfu,
                 "tokens_per_s": self.time.tokens_per_s,
                 "not_modelled": ["offload transfers and CPU optimizer step"] if k.offload != "none" else [],
+                "eval_s": self.eval_s,
+                "eval_share": self.eval_share,
             },
         }
 
@@ -242,6 +255,8 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
         device=resolve_device(config.cluster, config.precision.name, gpus=config.gpus, with_peak=with_peak),
         cluster=config.cluster.name,
         compiled=config.train.compile,
+        eval_every=config.train.eval_every,
+        eval_batches=config.train.eval_batches,
     )
 
 
@@ -477,6 +492,20 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
         groups=groups,
         peak_flops=workload.device.peak_flops.value,
     )
+    evaluation = (
+        eval_time(
+            workload.model,
+            num_params=workload.num_params,
+            recompute=knobs.recompute,
+            seq_len=workload.seq_len,
+            step=time,
+            pp=layout.pp,
+            accum_steps=layout.accum_steps,
+            batches=workload.eval_batches,
+        )
+        if workload.eval_every > 0
+        else None
+    )
     return Plan(
         workload=workload,
         knobs=knobs,
@@ -489,6 +518,7 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
         plan_only=plan_only_reasons(knobs),
         host=host_at(workload, knobs, layout, memory),
         contract_error=contract_error,
+        eval_s=evaluation,
     )
 
 

@@ -235,6 +235,11 @@ def format_plan(plan: Plan) -> str:
             lines.append(
                 f"  step >= {t.step_s:.3g} s, MFU <= {100 * t.mfu:.1f}% (communication time unknown)"
             )
+    if plan.eval_s is not None and plan.eval_share is not None:
+        lines.append(
+            f"  held-out evaluation every {w.eval_every} steps: {w.eval_batches} global batches forward "
+            f"only, {plan.eval_s:.3g} s each, {100 * plan.eval_share:.1f}% on top of the steps' time"
+        )
     if k.offload != "none":
         lines.append(
             "  not in this time: offload's host<->device copies and the CPU optimizer step "

@@ -199,3 +199,34 @@ def step_time(
 
 
 __all__ = ["StepTime", "Traffic", "model_flops_per_token", "step_time", "traffic"]
+
+
+def eval_time(
+    model: ModelConfig,
+    *,
+    num_params: int,
+    recompute: str,
+    seq_len: int,
+    step: StepTime,
+    pp: int,
+    accum_steps: int,
+    batches: int,
+) -> float | None:
+    """Predicted seconds of one held-out evaluation (runner/evaluation.py): ``batches`` global batches,
+    forward only, at peak, with a pipeline's inference bubble; None where the step's compute is unknown.
+
+    A forward pass is one third of a step's model FLOPs (2N of 6N per token: Kaplan et al. 2020,
+    Sec. 2.1) and recomputes nothing, so it takes compute x (model/3) / (model + recomputed) of the
+    step's compute. The bubble fraction (p - 1) / m is the step's (Narayanan et al. 2021).
+    """
+    if step.compute_s is None:
+        return None
+    model_fpt = model_flops_per_token(model, num_params=num_params, seq_len=seq_len)
+    n = non_embedding_params(
+        num_params, vocab_size=model.vocab_size, d_model=model.d_model, tie_embeddings=model.tie_embeddings
+    )
+    redo = recompute_flops_per_token(
+        num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len, recompute=recompute
+    )
+    forward = step.compute_s * (model_fpt / 3) / (model_fpt + redo)
+    return batches * forward * (1 + (pp - 1) / accum_steps)
