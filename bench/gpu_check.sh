@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU evidence in one run: the gpu-marked tests, llama_1b in bf16 under ddp/zero1/zero3 for
 # 20 steps (tokens/s, MFU against the detected device's dense peak, peak memory against the
-# ledger and its estimate), the largest model (and its largest micro-batch) plan says fits on
-# one device, run for 10 steps, the plans beside the measurements, and zero1 again with
-# each block compiled. Results land in one folder (default gpu_check/), with a table on
+# ledger and its estimate, the held-out loss after the last step), the largest model (and its
+# largest micro-batch) plan says fits on one device, run for 10 steps, the plans beside the
+# measurements, and zero1 again with each block compiled. Results land in one folder (default gpu_check/), with a table on
 # stdout and results.json.
 #
 #   bench/gpu_check.sh [OUT_DIR]
@@ -65,7 +65,7 @@ common="model=$model $base"
 for parallel in ddp zero1 zero3; do
   # shellcheck disable=SC2086  # $common holds several overrides on purpose
   timed "run_$parallel" "$run_limit" "$python" train.py $common parallel=$parallel train.steps=$steps \
-    "hydra.run.dir=$out/run_$parallel" \
+    train.eval_every=$steps train.eval_batches=1 "hydra.run.dir=$out/run_$parallel" \
     > "$out/run_$parallel.log" 2>&1 || echo "run $parallel failed: see $out/run_$parallel.log"
   # shellcheck disable=SC2086
   timed "plan_$parallel" "$plan_limit" "$python" train.py $common parallel=$parallel plan=true \

@@ -58,6 +58,8 @@ def _row(out: Path, name: str) -> dict[str, Any]:
         "host_memory": summary.get("host_memory", {}),
         # Where the run's wall time went: CUDA's start-up, the engine, the steps (runner/wall_clock.py).
         "wall_time": summary.get("wall_time", {}),
+        # The held-out loss after the last step (ddp, zero1, zero3 only): one experiment, one number.
+        "eval_loss": (summary.get("eval") or {}).get("loss"),
     }
 
 
@@ -113,7 +115,7 @@ def main() -> None:
     print(
         header
         + f"{'ledger est GB':>15}{'plan GB':>9}{'fwd/bwd/opt %':>16}{'build host GB':>15}"
-        + f"{'host GB plan/run':>18}{'wall s (steps)':>16}"
+        + f"{'host GB plan/run':>18}{'wall s (steps)':>16}{'eval loss':>11}"
     )
     for row in rows:
         planned = _planned_total_gb(row["planned"])
@@ -128,6 +130,7 @@ def main() -> None:
             f"{row['model_build'].get('host_peak_gb', float('nan')):>15.2f}",
             f"{_host_plan_and_run(row['host_memory']):>18}",
             f"{_wall(row['wall_time']):>16}",
+            f"{row['eval_loss']:>11.5f}" if row["eval_loss"] is not None else f"{'-':>11}",
         ]
         print("".join(cells))
     timings = _timings(args.out)
