@@ -3,8 +3,8 @@
 # 20 steps (tokens/s, MFU against the detected device's dense peak, peak memory against the
 # ledger and its estimate, the held-out loss after the last step), the largest model (and its
 # largest micro-batch) plan says fits on one device, run for 10 steps, the plans beside the
-# measurements, and zero1 again with each block compiled. Results land in one folder (default gpu_check/), with a table on
-# stdout and results.json.
+# measurements, and zero1 again with each block compiled. Results land in one folder (default
+# gpu_check/), with a table on stdout and results.json.
 #
 #   bench/gpu_check.sh [OUT_DIR]
 #
