@@ -179,6 +179,23 @@ def _max_over_ranks(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
+# torchrun and the deepspeed launcher send SIGKILL this long after their SIGTERM
+# (torch.distributed.elastic's PContext.close, deepspeed/launcher/launch.py's wait_procs).
+LAUNCHER_KILL_AFTER_S = 30.0
+
+
+def slow_save_warning(save_s: float, *, source: str, warned: bool) -> None:
+    """Once: a save that takes over half the grace torchrun gives ranks after its SIGTERM."""
+    if source == "torchrun" and not warned and save_s > LAUNCHER_KILL_AFTER_S / 2:
+        log.warning(
+            "a checkpoint took %.0f s; torchrun (or the deepspeed launcher) kills its ranks %.0f s after "
+            "its SIGTERM, so a save at a stop may be cut off (the one before stays the latest); ladder's "
+            "own launcher (python train.py gpus=N) waits for it",
+            save_s,
+            LAUNCHER_KILL_AFTER_S,
+        )
+
+
 def _stopped(completed: int, asked: int, stop: StopSignals, *, rank: int, source: str) -> Preempted:
     """What every rank raises once the ranks agreed to stop and saved ``completed`` steps.
 
@@ -504,6 +521,7 @@ def _train(
                 wall.checkpoint(time.perf_counter() - saving, folder_bytes(written) if env.rank == 0 else 0)
                 if env.rank == 0:
                     log.info("%s", wall.last_save(checkpoint.tag_for(step + 1)))
+                    slow_save_warning(wall.last_save_s, source=env.source, warned=wall.checkpoints > 1)
             if attempt is not None:
                 attempt.progress(step + 1, wall.steps_s, saved=saving_now, logged=logged)
             if asked and stop is not None:

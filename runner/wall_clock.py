@@ -82,6 +82,11 @@ class WallClock:
         self.eval_s += seconds
         self.evaluations += 1
 
+    @property
+    def last_save_s(self) -> float:
+        """Seconds the latest save took."""
+        return self._last_save[0]
+
     def last_save(self, tag: str) -> str:
         """The log line of the latest save, e.g. ``checkpoint step_00000004: 0.05 GB in 0.21 s``."""
         seconds, nbytes = self._last_save

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import pytest
@@ -68,3 +69,17 @@ def test_the_continue_command_keeps_the_overrides_and_names_the_directory(tmp_pa
     assert continue_command(sweep, tmp_path / "s" / "0", tmp_path / "s") == (
         f"python train.py -m parallel=ddp,zero1 train.resume=auto hydra.sweep.dir={tmp_path / 's'}"
     )
+
+
+def test_a_save_too_slow_for_torchruns_grace_is_said_once(caplog):
+    from runner.rank import LAUNCHER_KILL_AFTER_S, slow_save_warning
+
+    with caplog.at_level(logging.WARNING, logger="ladder"):
+        slow_save_warning(LAUNCHER_KILL_AFTER_S / 4, source="torchrun", warned=False)
+        slow_save_warning(LAUNCHER_KILL_AFTER_S, source="local", warned=False)  # ladder's launcher waits
+        slow_save_warning(LAUNCHER_KILL_AFTER_S, source="torchrun", warned=True)
+        assert not caplog.records
+        slow_save_warning(LAUNCHER_KILL_AFTER_S * 0.6, source="torchrun", warned=False)
+    (record,) = caplog.records
+    assert "a checkpoint took 18 s; torchrun" in record.getMessage()
+    assert "kills its ranks 30 s after its SIGTERM" in record.getMessage()
