@@ -86,7 +86,7 @@ class BatchSource:
             return
         if held_out:
             self.tokens = (
-                open_token_file(data_cfg.val_path, data_cfg.dtype, vocab_size)
+                open_token_file(data_cfg.val_path, data_cfg.dtype, vocab_size, key="data.val_path")
                 if data_cfg.val_path is not None
                 else builtin_held_out_text()
             )

@@ -81,8 +81,8 @@ def _llmc_dtype(head: bytes, n_bytes: int) -> str | None:
     return dtype
 
 
-def _open_one(file: Path, dtype: str, shown: str) -> tuple[np.ndarray, str]:
-    """One file's tokens, memory-mapped, and its format in words."""
+def _open_one(file: Path, dtype: str, shown: str, key: str = "data.path") -> tuple[np.ndarray, str]:
+    """One file's tokens, memory-mapped, and its format in words (``key``: the config key named)."""
     n_bytes = file.stat().st_size
     with file.open("rb") as handle:
         head = handle.read(12)
@@ -90,7 +90,7 @@ def _open_one(file: Path, dtype: str, shown: str) -> tuple[np.ndarray, str]:
         array = np.load(file, mmap_mode="r", allow_pickle=False)
         if array.ndim != 1 or array.dtype.kind not in "ui":
             raise ValueError(
-                f"data.path={shown!r} is a .npy array of {array.dtype} with shape {array.shape}; "
+                f"{key}={shown!r} is a .npy array of {array.dtype} with shape {array.shape}; "
                 "save the token ids as one dimension of an integer dtype (np.save(path, ids))"
             )
         return array, f".npy of {array.dtype}"
@@ -102,7 +102,7 @@ def _open_one(file: Path, dtype: str, shown: str) -> tuple[np.ndarray, str]:
     itemsize = np.dtype(dtype).itemsize
     if n_bytes == 0 or n_bytes % itemsize != 0:
         raise ValueError(
-            f"data.path={shown!r} holds {n_bytes} bytes, which is not a positive "
+            f"{key}={shown!r} holds {n_bytes} bytes, which is not a positive "
             f"multiple of {itemsize} (data.dtype={dtype!r}); check data.dtype"
         )
     return np.memmap(file, dtype=dtype, mode="r"), f"raw {dtype}"
@@ -115,8 +115,11 @@ def token_files(path: str) -> list[Path]:
     return [Path(path).expanduser()]
 
 
-def open_tokens(path: str, dtype: str, vocab_size: int) -> tuple[np.ndarray | TokenShards, str]:
-    """Memory-map ``data.path`` read-only, every id checked against model.vocab_size; and it in words."""
+def open_tokens(
+    path: str, dtype: str, vocab_size: int, *, key: str = "data.path"
+) -> tuple[np.ndarray | TokenShards, str]:
+    """Memory-map ``data.path`` (or the ``key`` given, e.g. data.val_path) read-only, every id
+    checked against model.vocab_size; and it in words."""
     if dtype not in TOKEN_DTYPES:
         raise ValueError(
             f"data.dtype={dtype!r} is not one of {', '.join(TOKEN_DTYPES)}; "
@@ -124,27 +127,27 @@ def open_tokens(path: str, dtype: str, vocab_size: int) -> tuple[np.ndarray | To
         )
     files = token_files(path)
     if glob.has_magic(path) and not files:
-        raise ValueError(f"data.path={path!r} matches no file; check the pattern")
+        raise ValueError(f"{key}={path!r} matches no file; check the pattern")
     shards, formats = [], set()
     for file in files:
         shown = path if len(files) == 1 and not glob.has_magic(path) else str(file)
         if not file.is_file():
             raise ValueError(
-                f"data.path={shown!r} does not exist or is not a file; point it at a "
+                f"{key}={shown!r} does not exist or is not a file; point it at a "
                 f"raw {dtype} token file (e.g. np.array(ids, np.{dtype}).tofile(path)), a .npy, "
-                "an llm.c shard, or a glob of them; or leave data.path unset for the built-in text"
+                f"an llm.c shard, or a glob of them; or leave {key} unset for the built-in text"
             )
-        tokens, fmt = _open_one(file, dtype, shown)
+        tokens, fmt = _open_one(file, dtype, shown, key)
         low, high = _id_range(tokens)
         if high >= vocab_size:
             raise ValueError(
-                f"data.path={shown!r} holds token id {high} >= model.vocab_size={vocab_size}; set "
+                f"{key}={shown!r} holds token id {high} >= model.vocab_size={vocab_size}; set "
                 f"model.vocab_size > {high} (the tokenizer's vocabulary size) or check "
                 f"data.dtype={dtype!r} (read as {fmt})"
             )
         if low < 0:
             raise ValueError(
-                f"data.path={shown!r} holds token id {low} < 0 (read as {fmt}); token ids are "
+                f"{key}={shown!r} holds token id {low} < 0 (read as {fmt}); token ids are "
                 "never negative: check how the file was written"
             )
         shards.append(tokens)
@@ -162,20 +165,25 @@ def token_source_words(path: str, dtype: str) -> str:
     return f"{count:,} tokens in {len(opened)} file(s), {', '.join(sorted({fmt for _, fmt in opened}))}"
 
 
-def open_token_file(path: str, dtype: str, vocab_size: int) -> np.ndarray | TokenShards:
-    """The tokens of ``data.path`` (see ``open_tokens``)."""
-    return open_tokens(path, dtype, vocab_size)[0]
+def open_token_file(
+    path: str, dtype: str, vocab_size: int, *, key: str = "data.path"
+) -> np.ndarray | TokenShards:
+    """The tokens of ``data.path`` (or ``key``; see ``open_tokens``)."""
+    return open_tokens(path, dtype, vocab_size, key=key)[0]
 
 
-def token_file_problem(path: str, dtype: str, vocab_size: int, seq_len: int) -> str | None:
-    """What is wrong with ``path`` as this run's tokens, said with the key and the fix; None if nothing."""
+def token_file_problem(
+    path: str, dtype: str, vocab_size: int, seq_len: int, *, key: str = "data.path"
+) -> str | None:
+    """What is wrong with ``path`` as this run's tokens (``key``: data.path, or data.val_path),
+    said with the key and the fix; None if nothing."""
     try:
-        tokens, words = open_tokens(path, dtype, vocab_size)
+        tokens, words = open_tokens(path, dtype, vocab_size, key=key)
     except ValueError as error:
         return str(error)
     if len(tokens) < seq_len + 1:
         return (
-            f"data.path={path!r} holds {words}, fewer than data.seq_len + 1 = "
+            f"{key}={path!r} holds {words}, fewer than data.seq_len + 1 = "
             f"{seq_len + 1}; lower data.seq_len or give more data"
         )
     return None

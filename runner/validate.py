@@ -91,18 +91,10 @@ def _problems(config: TrainConfig) -> list[str]:
             f"model.vocab_size=256 or more, or give your own tokens with data.path",
         )
     if data.name == DataName.text and data.path is not None:
-        files = token_files(data.path)
-        found = bool(files) and all(file.is_file() for file in files)
-        need(
-            found,
-            f"data.path={data.path}: {'matches no file' if not files else 'no such file'}; give a token "
-            f"file (a raw array of data.dtype, a .npy, an llm.c shard) or a glob of them, or leave "
-            f"data.path unset for the built-in text",
+        problem = _token_path_problem(
+            config, "data.path", data.path, "leave data.path unset for the built-in text"
         )
-        if found and data.dtype in TOKEN_DTYPES:
-            # Its size, its ids against model.vocab_size, its length against data.seq_len.
-            problem = token_file_problem(data.path, data.dtype, model.vocab_size, data.seq_len)
-            need(problem is None, problem or "")
+        need(problem is None, problem or "")
     _check_evaluation(config, need)
     parallel = config.parallel
     if parallel.offload_optimizer == Offload.cpu:
@@ -177,18 +169,23 @@ def _check_evaluation(config: TrainConfig, need: Callable[[bool, str], None]) ->
             f"held-out tokens as data.val_path, or set train.eval_every=0",
         )
         return
-    files = token_files(data.val_path)
+    problem = _token_path_problem(config, "data.val_path", data.val_path, "unset data.val_path")
+    need(problem is None, problem or "")
+
+
+def _token_path_problem(config: TrainConfig, key: str, path: str, otherwise: str) -> str | None:
+    """What is wrong with the token files ``key`` names (data.path, data.val_path): none there, or
+    their size, ids against model.vocab_size and length against data.seq_len; None if nothing."""
+    files = token_files(path)
     if not files or not all(file.is_file() for file in files):
-        need(
-            False,
-            f"data.val_path={data.val_path}: {'matches no file' if not files else 'no such file'}; give "
-            f"held-out tokens in the forms data.path takes (a raw array of data.dtype, a .npy, an llm.c "
-            f"shard, or a glob of them), or unset it",
+        return (
+            f"{key}={path}: {'matches no file' if not files else 'no such file'}; give a token file (a raw "
+            f"array of data.dtype, a .npy, an llm.c shard) or a glob of them, or {otherwise}"
         )
-    elif data.dtype in TOKEN_DTYPES:
-        # The same checks as data.path's (size, ids against model.vocab_size, length), said of this key.
-        problem = token_file_problem(data.val_path, data.dtype, config.model.vocab_size, data.seq_len)
-        need(problem is None, (problem or "").replace("data.path=", "data.val_path="))
+    if config.data.dtype not in TOKEN_DTYPES:
+        return None  # said once, of data.dtype
+    data = config.data
+    return token_file_problem(path, data.dtype, config.model.vocab_size, data.seq_len, key=key)
 
 
 def batch_contract_problems(config: TrainConfig) -> list[str]:
