@@ -22,6 +22,8 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf
 
 from launchers.cell_config import task_config
+from runner.checkpoint_size import sweep_disk_problem
+from runner.config import Resume, TrainConfig
 
 
 def _labels(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[str]:
@@ -34,8 +36,9 @@ def _labels(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> lis
     ]
 
 
-def cell_problems(launcher: Any, overrides: Sequence[str]) -> list[str]:
-    """What would refuse this cell before its ranks start, composed as its job will be."""
+def cell_problems(launcher: Any, overrides: Sequence[str]) -> tuple[TrainConfig | None, list[str]]:
+    """This cell's config, composed as its job will be, and what would refuse it before its ranks
+    start (no config: it did not compose)."""
     from runner.config import to_train_config
     from runner.run import local_launch_problems
 
@@ -43,8 +46,8 @@ def cell_problems(launcher: Any, overrides: Sequence[str]) -> list[str]:
         cell_cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
         config = to_train_config(task_config(cell_cfg))
     except Exception as error:  # a composition error: the cell's override names a bad key or value
-        return [" ".join(str(error).split())]
-    return local_launch_problems(config)
+        return None, [" ".join(str(error).split())]
+    return config, local_launch_problems(config)
 
 
 def cells_refusal(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> str | None:
@@ -57,9 +60,15 @@ def cells_refusal(launcher: Any, job_overrides: Sequence[Sequence[str]], initial
     if OmegaConf.select(config, "plan") is True or OmegaConf.select(config, "planner.recommend") is True:
         return None
     found: dict[str, list[str]] = {}
+    fresh: list[TrainConfig] = []  # the cells that start over: a resumed cell checks its own disk
     for overrides, label in zip(job_overrides, _labels(job_overrides, initial_job_idx), strict=True):
-        for problem in cell_problems(launcher, overrides):
+        cell, problems = cell_problems(launcher, overrides)
+        for problem in problems:
             found.setdefault(problem, []).append(label)
+        if cell is not None and not problems and cell.train.resume != Resume.auto:
+            fresh.append(cell)
+    if not found and (disk := sweep_disk_problem(fresh, Path(str(config.hydra.sweep.dir)))) is not None:
+        found[disk] = ["all of them"]
     if not found:
         return None
     lines = [f"  - {problem}\n      cells: {', '.join(labels)}" for problem, labels in found.items()]

@@ -50,16 +50,20 @@ from launchers.slurm_resources import (
 )
 from launchers.slurm_submission import Cell, sbatch_parameters, unsafe_values
 from launchers.slurm_watch import cancel, collect, wait
+from runner.checkpoint_size import disk_need, disk_problem, sweep_disk_problem
+from runner.config import Resume, TrainConfig
 
 log = logging.getLogger("ladder.slurm")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _runner_problems(task_cfg: DictConfig) -> list[str]:
-    """What the runner would refuse whatever host it runs on: config values, the batch contract.
+def _runner_problems(task_cfg: DictConfig) -> tuple[TrainConfig | None, list[str]]:
+    """The cell's config and what the runner would refuse whatever host it runs on: config
+    values, the batch contract (no config: it did not validate).
 
     Checks that read the host (CUDA devices, device memory for ``micro_size=auto`` under
-    cluster=local) are left to the ranks: this process runs on the login node.
+    cluster=local) are left to the ranks: this process runs on the login node. The disk of
+    the run directory is the cluster's shared one: :func:`plan_cell` checks it from here.
     """
     from runner.config import to_train_config
     from runner.layout import LayoutError
@@ -69,8 +73,8 @@ def _runner_problems(task_cfg: DictConfig) -> list[str]:
         config = to_train_config(task_cfg)
         validate(config, launcher=None)
     except (ConfigError, LayoutError) as error:
-        return [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
-    return batch_contract_problems(config)
+        return None, [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
+    return config, batch_contract_problems(config)
 
 
 def plan_cell(
@@ -82,7 +86,7 @@ def plan_cell(
     launcher = {str(key): value for key, value in container.items()}
     gpus = int(cell_cfg.gpus)
     cluster = cell_cfg.cluster
-    problems = _runner_problems(task_config(cell_cfg))
+    config, problems = _runner_problems(task_config(cell_cfg))
     name = launcher.get("partition")
     if name not in partitions:
         partitions[name] = read_partition(name)
@@ -117,7 +121,9 @@ def plan_cell(
     with open_dict(cell_cfg.hydra.job):
         cell_cfg.hydra.job.num = num  # as the task sets it; the sweep subdir is named after it
     run_dir = Path(str(cell_cfg.hydra.sweep.dir)) / str(cell_cfg.hydra.sweep.subdir)
-    cell = Cell(num, overrides, run_dir, placement, folder, int(launcher["max_num_timeout"]), params)
+    if config is not None and config.train.resume != Resume.auto:
+        problems += filter(None, [disk_problem(disk_need(config, run_dir), config)])
+    cell = Cell(num, overrides, run_dir, placement, folder, int(launcher["max_num_timeout"]), params, config)
     return (None if problems else cell), problems
 
 
@@ -135,6 +141,12 @@ def plan_sweep(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_jo
         label = f"#{num} ({' '.join(filter_overrides(overrides)) or 'defaults'})"
         for problem in problems:
             found.setdefault(problem, []).append(label)
+    fresh = [
+        cell.config for cell in cells if cell.config is not None and cell.config.train.resume != Resume.auto
+    ]
+    sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
+    if not found and (disk := sweep_disk_problem(fresh, sweep_dir, at_once=True)) is not None:
+        found[disk] = ["all of them"]
     if found:
         lines = [f"  - {problem}\n      cells: {', '.join(labels)}" for problem, labels in found.items()]
         raise SlurmRefused("nothing was submitted:\n" + "\n".join(lines))

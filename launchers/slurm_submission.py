@@ -22,6 +22,7 @@ from typing import Any
 from hydra.core.utils import filter_overrides
 
 from launchers.slurm_resources import Placement
+from runner.config import TrainConfig
 
 # hydra.launcher fields that become sbatch options, by submitit's SlurmExecutor name
 # (the keyword arguments of submitit/slurm/slurm.py `_make_sbatch_string`).
@@ -41,6 +42,7 @@ class Cell:
     folder: str
     max_num_timeout: int
     params: dict[str, Any]
+    config: TrainConfig | None = None  # the cell's typed config, for the sweep's disk check
 
     @property
     def label(self) -> str:

@@ -29,10 +29,13 @@ weights-only (runner/safe_load.py).
 from __future__ import annotations
 
 import contextlib
+import errno
+import gc
 import json
 import shutil
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,14 +50,19 @@ from runner import (
     pipeline_names,
     safe_load,
 )
-from runner.checkpoint_record import CHECKPOINT_DIR, LATEST_FILE, tag_for
+from runner.checkpoint_record import (
+    CHECKPOINT_DIR,
+    LATEST_FILE,
+    UNIVERSAL_SUFFIX,
+    complete_checkpoints,
+    tag_for,
+)
 from runner.checkpoint_record import latest as latest  # re-exported: checkpoint.latest(run_dir)
 from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.summary import write_json_atomic
 
 PARTIAL_PREFIX = ".partial-"
-UNIVERSAL_SUFFIX = "_universal"
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
 STAGE0_SUFFIX = "_ddp"  # the universal checkpoint as a stage-0 engine's own file
 # latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's
@@ -81,8 +89,14 @@ def save(
     skipped_steps: list[int] | None = None,
     noise_scale: dict[str, Any] | None = None,
     loss_scale: dict[str, Any] | None = None,
+    expected_bytes: int = 0,
 ) -> None:
     """Write a checkpoint of every rank's state; collective: every rank calls it.
+
+    A rank that cannot write its files (a full disk, a quota) removes the save in progress,
+    so the space goes back and the run's failure can be recorded, and raises
+    :class:`CheckpointWriteError`; ``latest.json`` still names the checkpoint before.
+    ``expected_bytes``: the whole checkpoint's size (runner/checkpoint_size.py), for that error.
 
     ``skipped_steps`` (train.on_nonfinite=skip, runner/nonfinite.py) go into ``latest.json``,
     so a resumed run counts them against train.max_skipped_steps; so does rank 0's noise
@@ -104,8 +118,11 @@ def save(
         checkpoint_splits.record_whole_replicated_shapes(engine.module, tp=layout.tp)
     elif layout.pp > 1 and layout.tp > 1:  # for ds_to_universal (ZeRO 1); harmless at stage 0
         checkpoint_splits.record_every_stages_splits(engine.module)
-    engine.save_checkpoint(str(root), tag=partial, client_state=client_state, save_latest=False)
-    torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
+    try:
+        engine.save_checkpoint(str(root), tag=partial, client_state=client_state, save_latest=False)
+        torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
+    except Exception as error:
+        raise _unwritten(root, tag, error, expected_bytes=expected_bytes) from error
     _barrier()
     if rank == 0:
         final = root / tag
@@ -130,6 +147,39 @@ def save(
     _barrier()
 
 
+class CheckpointWriteError(RuntimeError):
+    """A rank could not write its part of a checkpoint."""
+
+
+def _unwritten(root: Path, tag: str, error: Exception, *, expected_bytes: int) -> CheckpointWriteError:
+    """Remove the save in progress; say why it failed, the free space, and what continues the run."""
+    # The failed writer's frames still hold its open file: the space comes back once they let go.
+    cause: BaseException | None = error
+    while cause is not None:
+        traceback.clear_frames(cause.__traceback__)
+        cause = cause.__context__
+    gc.collect()
+    shutil.rmtree(root / (PARTIAL_PREFIX + tag), ignore_errors=True)
+    free = shutil.disk_usage(root).free
+    lacking = expected_bytes > free or getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+    room = (
+        f"no room: the checkpoint is about {expected_bytes / 1e9:.3f} GB and {free / 1e9:.3f} GB is free"
+        if lacking
+        else f"{free / 1e9:.3f} GB is free"
+    )
+    record = latest(root.parent)
+    after = (
+        f"train.resume=auto continues the run from {record['tag']}"
+        if record is not None
+        else "the run has no checkpoint to continue from"
+    )
+    return CheckpointWriteError(
+        f"checkpoint {tag} was not written ({type(error).__name__}: {str(error).strip()[:200]}); "
+        f"its partial files are removed; on the filesystem of {root} {room}; {after}"
+        + (" once there is room" if lacking and record is not None else "")
+    )
+
+
 def _precision(engine: Any) -> str:
     """The engine's training precision, as precision.name says it."""
     if engine.bfloat16_enabled():
@@ -139,7 +189,7 @@ def _precision(engine: Any) -> str:
 
 def _prune(root: Path, *, keep: int, newest: str) -> None:
     """Keep the ``keep`` newest complete checkpoints; drop the rest and any partial save."""
-    complete = sorted(p for p in root.glob("step_*") if p.is_dir() and UNIVERSAL_SUFFIX not in p.name)
+    complete = complete_checkpoints(root)
     for old in complete[: max(0, len(complete) - max(keep, 1))]:
         if old.name != newest:
             shutil.rmtree(old, ignore_errors=True)

@@ -12,11 +12,18 @@ from typing import Any
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST_FILE = "latest.json"
+UNIVERSAL_SUFFIX = "_universal"  # a checkpoint converted for another layout: <tag>_universal*
 
 
 def tag_for(completed_steps: int) -> str:
     """Directory name of the checkpoint taken after ``completed_steps`` optimizer steps."""
     return f"step_{completed_steps:08d}"
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The complete checkpoints under ``root`` (``<run_dir>/checkpoints``), oldest first: not a
+    save in progress (``.partial-*``), not a universal conversion of one."""
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and UNIVERSAL_SUFFIX not in p.name)
 
 
 def latest(run_dir: Path) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.checkpoint_size import checkpoint_bytes, disk_need
 from runner.config import ModelConfig, Offload, Precision, TrainConfig
 from runner.deepspeed_config import reduce_bucket_elements
 from runner.layout import (
@@ -129,6 +130,19 @@ class Plan:
         return self.eval_s / (every * step_s)
 
     @property
+    def checkpoint_bytes(self) -> int:
+        """One checkpoint on disk, every rank's files (runner/checkpoint_size.py)."""
+        w, k = self.workload, self.knobs
+        return checkpoint_bytes(
+            w.model,
+            precision=w.precision.value,
+            optimizer=w.optimizer,
+            zero_stage=k.zero_stage,
+            tp=k.tp,
+            pp=k.pp,
+        )
+
+    @property
     def runnable(self) -> bool:
         """Fits the device and the host, holds the configured global batch, and the runner can run it."""
         return self.fits and self.host.fits and not self.plan_only and self.contract_error is None
@@ -201,6 +215,7 @@ class Plan:
                 "eval_s": self.eval_s,
                 "eval_share": self.eval_share,
             },
+            "checkpoint_bytes": self.checkpoint_bytes,
         }
 
 
@@ -543,11 +558,14 @@ def plan_config(config: TrainConfig) -> Plan:
 def plan_job(config: TrainConfig, *, run_dir: Path) -> dict[str, Any]:
     """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record."""
     from runner.plan_ladder import recommend, recommendation_record
-    from runner.plan_table import format_ladder, format_plan
+    from runner.plan_table import checkpoint_disk_line, format_ladder, format_plan
 
     plan = plan_config(config)
     record = plan.record()
     text = format_plan(plan)
+    disk = disk_need(config, run_dir)
+    record["checkpoint_disk"] = disk.record()
+    text += "\n" + checkpoint_disk_line(disk, config)
     if config.planner.recommend:
         ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm)
         record["recommendation"] = recommendation_record(ladder)

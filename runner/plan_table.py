@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from runner.checkpoint_size import DiskNeed, saved_bytes_per_param
+from runner.config import TrainConfig
 from runner.memory import GiB, bytes_per_param
 from runner.pipeline_split import rank_param_numels
 from runner.plan import GB, Plan, gb
@@ -247,7 +249,32 @@ def format_plan(plan: Plan) -> str:
         )
     for reason in plan.plan_only:
         lines.append(f"  plan only: {reason}")
+    weight, state = saved_bytes_per_param(w.precision.value, w.optimizer, k.zero_stage, pp=lay.pp)
+    copies = []
+    if lay.tp > 1:
+        copies.append(f"the norm gains on each of tp {lay.tp}")
+    if lay.pp > 1 and w.model.tie_embeddings:
+        copies.append("the tied embedding's state on both ends of the pipeline")
+    saved = f"{weight} B of {w.precision.value} weights + " if weight else ""
+    extra = f"; beyond it, {' and '.join(copies)}" if copies else ""
+    lines += [
+        "checkpoint on disk (every rank's files; runner/checkpoint_size.py)",
+        f"  one checkpoint {plan.checkpoint_bytes / GB:.2f} GB = {saved}{state} B of fp32 optimizer state "
+        f"per parameter{extra}",
+    ]
     return "\n".join(lines)
+
+
+def checkpoint_disk_line(need: DiskNeed, config: TrainConfig) -> str:
+    """Whether the run's checkpoints fit on its directory's filesystem, in one line."""
+    every = config.train.checkpoint_every
+    verdict = "FITS" if need.fits else "DOES NOT FIT"
+    if not every:
+        return (
+            f"  train.checkpoint_every=0: one checkpoint at a stop; {need.free / GB:.2f} GB free on the "
+            f"filesystem of {need.where} => {verdict}"
+        )
+    return f"  train.checkpoint_every={every}: {need.arithmetic()} => {verdict}"
 
 
 def format_ladder(ladder: Ladder) -> str:

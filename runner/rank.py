@@ -19,6 +19,7 @@ import torch
 from launchers.environment import DistributedEnv
 from runner import checkpoint, fp16_loss_scale, goodput, unfused_norm
 from runner.build import build_measured
+from runner.checkpoint_size import config_checkpoint_bytes
 from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
@@ -373,6 +374,7 @@ def _train(
     fault_step = _injected_fault(env.rank)
     profiler = StepProfiler(config.train.profile_step, run_dir=run_dir, rank=env.rank, device=device)
     every = config.train.checkpoint_every
+    checkpoint_bytes = config_checkpoint_bytes(config)
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
     wall.mark("setup")
     interruption: dict[str, Any] | None = None
@@ -516,6 +518,7 @@ def _train(
                     skipped_steps=nonfinite.skipped,
                     noise_scale=probes.noise.state(),
                     loss_scale=overflows.state(),
+                    expected_bytes=checkpoint_bytes,
                 )
                 written = run_dir / checkpoint.CHECKPOINT_DIR / checkpoint.tag_for(step + 1)
                 wall.checkpoint(time.perf_counter() - saving, folder_bytes(written) if env.rank == 0 else 0)

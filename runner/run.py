@@ -15,7 +15,7 @@ from typing import Any
 
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
-from runner import checkpoint_record, layout_history
+from runner import checkpoint_record, checkpoint_size, layout_history
 from runner.build_locks import clear_stale_build_locks
 from runner.config import DataName, TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
@@ -241,7 +241,14 @@ def _interruption_words(run_dir: Path, stopped_by: str | None, *, killed: bool) 
         if latest
         else "train.resume=auto starts it over, keeping this attempt's files"
     )
-    words = f"{how} before the ranks saved a checkpoint; {kept}"
+    failures = read_failures(run_dir)
+    if failures:  # a rank failed at the stop, its checkpoint most likely (a full disk)
+        words = (
+            f"{how}; rank {failures[0]['rank']} failed before a checkpoint was saved: {failures[0]['error']}"
+        )
+        words = words if "train.resume=auto" in words else f"{words}; {kept}"
+    else:
+        words = f"{how} before the ranks saved a checkpoint; {kept}"
     update_summary(run_dir, status="interrupted", error=words)
     return words
 
@@ -356,6 +363,22 @@ def refuse_beyond_this_hosts_ram(plan: Plan) -> None:
     )
 
 
+def checkpoint_space(config: TrainConfig, run_dir: Path) -> tuple[checkpoint_size.DiskNeed, str | None]:
+    """Refuse a run whose checkpoints cannot fit on its directory's filesystem; else the need,
+    and the warning for one that saves only at a stop and could not then
+    (runner/checkpoint_size.py)."""
+    record = checkpoint_record.latest(run_dir) if resumes(config) else None
+    need = checkpoint_size.disk_need(
+        config,
+        run_dir,
+        done_steps=record["completed_steps"] if record else 0,
+        on_disk=len(checkpoint_record.complete_checkpoints(run_dir / checkpoint_record.CHECKPOINT_DIR)),
+    )
+    if (problem := checkpoint_size.disk_problem(need, config)) is not None:
+        raise ConfigError(f"  - {problem}")
+    return need, checkpoint_size.stop_save_warning(need, config)
+
+
 def local_launch_problems(config: TrainConfig) -> list[str]:
     """What ``run`` would refuse before starting this config's ranks on this host, one line each.
 
@@ -400,6 +423,7 @@ def run(
     plan = launch_plan(config) if lead else None
     if env is None and plan is not None:
         refuse_beyond_this_hosts_ram(plan)
+    disk, disk_warning = checkpoint_space(config, run_dir)  # every rank: each refuses alike
     load_universal, resumed = _prepare_resume(config, layout, run_dir, lead=lead)
     ds_config = deepspeed_config_for(config, layout, load_universal=load_universal)
     if lead:
@@ -414,11 +438,15 @@ def run(
         warnings = memory_warnings(plan)
         for warning in warnings:
             log.warning("plan: %s", warning)
+        if disk_warning is not None:
+            log.warning("disk: %s", disk_warning)
+            warnings.append(disk_warning)
         update_summary(
             run_dir,
             plan_warnings=warnings,
             host_memory=host_plan_record(plan),
             device_memory_plan=device_plan_record(plan),
+            checkpoint_disk=disk.record(),
         )
         for line in clear_stale_build_locks():
             log.warning("%s", line)

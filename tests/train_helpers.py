@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from launchers.local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,15 +164,25 @@ def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[Tra
     checkpoints at its last step and the next resumes from it in the same directory.
 
     A leg with more ``gpus`` than this host's cores is started by torchrun (run_on_any_gpus).
+    Each leg's checkpoint weighs what runner/checkpoint_size.py says, within 2% (the pickled
+    records of each tensor, a few hundred bytes apiece, are 1.4% of tiny at half width).
     Returns the last leg's result and the step each leg resumed from (None: the first).
     """
+    from runner.checkpoint_size import config_checkpoint_bytes
+    from runner.wall_clock import folder_bytes
+
     resumed_from: list[int | None] = []
     for number, leg in enumerate(legs):
-        every = "train.checkpoint_every=" + leg[-1].removeprefix("train.steps=")
+        steps = int(leg[-1].removeprefix("train.steps="))
+        every = f"train.checkpoint_every={steps}"
         resume = ["train.resume=auto"] if number else []
         result = run_on_any_gpus(*leg, *common, every, *resume, run_dir=run_dir)
         assert result.returncode == 0, (leg, result.stderr[-3000:])
         resumed_from.append(result.summary.get("resumed_from_step"))
+        written = folder_bytes(run_dir / "checkpoints" / f"step_{steps:08d}")
+        planned = config_checkpoint_bytes(compose_config(*leg, *common))
+        print(f"{' '.join(leg)}: checkpoint {written:,} bytes, planned {planned:,} ({planned / written:.4f})")
+        assert planned == pytest.approx(written, rel=0.02), leg
     return result, resumed_from
 
 

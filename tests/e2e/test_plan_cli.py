@@ -32,10 +32,15 @@ def test_the_seed_example_plans_without_launching(train):
         "batch contract NOT met",  # the default global batch 16 cannot be split over 64 ranks
         "inter-node at 50 GB/s",
         "MFU",
+        # ZeRO-3 saves its fp32 partitions (master, Adam's m and v) and no 16-bit weights
+        "one checkpoint 827.72 GB = 12 B of fp32 optimizer state per parameter",
+        "train.checkpoint_every=0: one checkpoint at a stop;",
     ):
         assert fragment in out, f"{fragment!r} not in:\n{out}"
     plan = json.loads((result.run_dir / "plan.json").read_text())
     assert set(plan["layout"]) == LAYOUT_KEYS
+    assert plan["checkpoint_bytes"] == 12 * 68_976_648_192
+    assert plan["checkpoint_disk"]["peak_bytes_to_write"] == plan["checkpoint_bytes"]  # the stop's one
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert not (result.run_dir / "deepspeed_config.json").exists()
     assert elapsed < 60  # mostly the interpreter importing torch; the plan itself takes milliseconds

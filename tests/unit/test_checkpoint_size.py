@@ -1,0 +1,149 @@
+"""A checkpoint's size by arithmetic, and the refusals of runs and sweeps whose checkpoints cannot fit."""
+
+from __future__ import annotations
+
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+from train_helpers import compose_config
+
+from runner import checkpoint_size
+from runner.checkpoint_size import DiskNeed, checkpoint_bytes, config_checkpoint_bytes, saved_elements
+from runner.model_shape import num_params
+
+pytestmark = pytest.mark.unit
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def _llama_7b():
+    return compose_config("model=llama_7b").model
+
+
+@pytest.mark.parametrize(
+    ("precision", "zero_stage", "per_param"),
+    [
+        ("fp32", 0, 4 + 8),  # the weights, Adam's m and v (the weights are the masters)
+        ("fp32", 1, 4 + 12),  # ZeRO keeps an fp32 master partition of its own
+        ("fp32", 3, 12),  # ZeRO-3 saves no weights beside its partitions
+        ("bf16", 0, 2 + 12),  # FP16_UnfusedOptimizer's fp32 masters, m, v beside the bf16 module
+        ("bf16", 2, 2 + 12),
+        ("bf16", 3, 12),
+        ("fp16", 1, 2 + 12),
+    ],
+)
+def test_one_checkpoint_is_the_weights_and_the_fp32_optimizer_state(precision, zero_stage, per_param):
+    model = _llama_7b()
+    got = checkpoint_bytes(model, precision=precision, optimizer="adamw", zero_stage=zero_stage)
+    assert got == per_param * num_params(model)
+
+
+def test_bf16_at_stage_0_under_a_pipeline_saves_its_bf16_optimizers_state_twice():
+    model = _llama_7b()
+    got = checkpoint_bytes(model, precision="bf16", optimizer="adamw", zero_stage=0, pp=2)
+    weights, with_state = saved_elements(model, tp=1, pp=2)
+    assert got == 2 * weights + 2 * 12 * with_state
+    fp16 = checkpoint_bytes(model, precision="fp16", optimizer="adamw", zero_stage=0, pp=2)
+    assert fp16 == 2 * weights + 12 * with_state  # FP16_UnfusedOptimizer's: once
+
+
+def test_sgd_saves_one_momentum_buffer_where_adam_saves_two():
+    model = _llama_7b()
+    adam = checkpoint_bytes(model, precision="bf16", optimizer="adamw", zero_stage=1)
+    sgd = checkpoint_bytes(model, precision="bf16", optimizer="sgd", zero_stage=1)
+    assert adam - sgd == 4 * num_params(model)
+
+
+def test_tensor_parallel_saves_the_norms_on_each_rank_and_a_tied_pipeline_the_heads_state_twice():
+    tiny = compose_config().model
+    assert tiny.tie_embeddings
+    norms = (2 * tiny.n_layer + 1) * tiny.d_model
+    assert saved_elements(tiny, tp=1, pp=1) == (num_params(tiny), num_params(tiny))
+    assert saved_elements(tiny, tp=2, pp=1) == (num_params(tiny) + norms,) * 2
+    head = tiny.vocab_size * tiny.d_model
+    assert saved_elements(tiny, tp=1, pp=2) == (num_params(tiny), num_params(tiny) + head)
+    untied = compose_config("model.tie_embeddings=false").model
+    assert saved_elements(untied, tp=1, pp=2) == (num_params(untied),) * 2
+
+
+def _need(**changes) -> DiskNeed:
+    fields = {"each": 10, "kept": 2, "saves": 5, "on_disk": 0, "free": 1000, "where": Path("/x")}
+    return DiskNeed(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(
+    ("kept", "saves", "on_disk", "to_write", "stays"),
+    [
+        (2, 5, 0, 3, 2),  # keeps 2, writes a third before it drops the oldest
+        (2, 1, 0, 1, 1),  # one save in the run: one checkpoint
+        (2, 2, 0, 2, 2),
+        (1, 5, 0, 2, 1),
+        (2, 5, 2, 1, 0),  # resumed beside its 2: one more at each save, then the oldest goes
+        (1, 5, 3, 1, 0),  # fewer kept than there are: the first save prunes to 1
+        (3, 5, 1, 3, 2),
+    ],
+)
+def test_a_run_peaks_at_one_checkpoint_beyond_those_it_keeps(kept, saves, on_disk, to_write, stays):
+    need = _need(kept=kept, saves=saves, on_disk=on_disk)
+    assert need.to_write == to_write
+    assert need.needed == 10 * to_write
+    assert need.stays == 10 * stays
+
+
+def test_a_run_whose_checkpoints_cannot_fit_is_refused_with_the_arithmetic_and_the_fixes(
+    monkeypatch, tmp_path
+):
+    config = compose_config("train.checkpoint_every=10", "train.steps=100")
+    each = config_checkpoint_bytes(config)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, int(2.5 * each)))
+    need = checkpoint_size.disk_need(config, tmp_path / "not" / "made" / "yet")
+    assert need.where == tmp_path  # the nearest folder that exists: where the files land
+    problem = checkpoint_size.disk_problem(need, config)
+    assert problem is not None
+    for words in (
+        "train.checkpoint_every=10",
+        f"3 x {each / 1e9:.3f} GB",
+        "train.keep_checkpoints=2, and one written before the oldest goes",
+        f"{2.5 * each / 1e9:.3f} GB free on the filesystem of {tmp_path}",
+        "train.keep_checkpoints=1 needs",  # 2 of them fit
+        "hydra.run.dir=",
+        "train.checkpoint_every=0",
+    ):
+        assert words in problem, words
+    # Without periodic checkpoints only the stop's one is at stake: a warning, not a refusal.
+    quiet = compose_config("train.steps=100")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, each // 2))
+    need = checkpoint_size.disk_need(quiet, tmp_path)
+    assert checkpoint_size.disk_problem(need, quiet) is None
+    warning = checkpoint_size.stop_save_warning(need, quiet)
+    assert warning is not None and "a stopped run could not be continued" in warning
+
+
+def test_a_run_that_saves_less_often_than_it_keeps_needs_only_its_saves(monkeypatch, tmp_path):
+    config = compose_config("train.checkpoint_every=60", "train.steps=100", "train.keep_checkpoints=5")
+    each = config_checkpoint_bytes(config)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, int(1.5 * each)))
+    need = checkpoint_size.disk_need(config, tmp_path)
+    assert need.saves == 1 and need.fits
+    resumed = checkpoint_size.disk_need(config, tmp_path, done_steps=90)
+    assert resumed.saves == 1  # no periodic save left: the one a stop would write
+
+
+def test_a_sweep_needs_what_its_cells_keep_one_after_another_or_all_at_once(monkeypatch, tmp_path):
+    cells = [
+        compose_config("train.checkpoint_every=10", "train.steps=100", f"parallel={p}")
+        for p in ("ddp", "zero1")
+    ]
+    ddp, zero1 = (config_checkpoint_bytes(c) for c in cells)
+    in_turn = 2 * ddp + 2 * zero1 + zero1  # what each keeps, and one more at the fullest save
+    at_once = 3 * ddp + 3 * zero1
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, in_turn))
+    assert checkpoint_size.sweep_disk_problem(cells, tmp_path) is None
+    problem = checkpoint_size.sweep_disk_problem(cells, tmp_path, at_once=True)
+    assert problem is not None and f"need {at_once / 1e9:.3f} GB" in problem and "hydra.sweep.dir" in problem
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, in_turn - 1))
+    problem = checkpoint_size.sweep_disk_problem(cells, tmp_path)
+    assert problem is not None and f"need {in_turn / 1e9:.3f} GB" in problem
+    assert checkpoint_size.sweep_disk_problem(cells[:1], tmp_path) is None  # one cell: its own check
