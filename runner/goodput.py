@@ -5,9 +5,10 @@ is several attempts in one run directory. Each attempt's own wall time is
 runner/wall_clock.py's; this adds them up. Rank 0 appends to ``attempts.jsonl`` when an
 attempt starts its first step (its process's start time and the step it resumed from),
 after each checkpoint, after each step it logs (at most once every ``PROGRESS_EVERY_S``),
-and when it ends. An attempt
-killed outright (SIGKILL, the kernel's OOM killer, a lost node) writes no end: its last line
-is the latest it is known to have lived.
+and when it ends; each line after the start carries its wall time's parts so far (start-up
+phases, steps, checkpoints, evaluations). An attempt killed outright (SIGKILL, the kernel's OOM
+killer, a lost node) writes no end: its last line is the latest it is known to have lived, and
+its parts are those of that line.
 
 Goodput is "the fraction of time spent making productive progress" on the model (Google
 Cloud, "ML Goodput measurement", 2024: productive training time over the job's time).
@@ -24,6 +25,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +70,20 @@ class AttemptLog:
         self._written = time.time()
         _append(self.run_dir, {"attempt": self.number, "event": event, "time": self._written, **fields})
 
-    def progress(self, completed_steps: int, steps_s: float, *, saved: bool, logged: bool) -> None:
-        """After a step: a line at each checkpoint, and at a logged step PROGRESS_EVERY_S after the last."""
+    def progress(
+        self,
+        completed_steps: int,
+        steps_s: float,
+        *,
+        saved: bool,
+        logged: bool,
+        parts: Callable[[], dict[str, float]],
+    ) -> None:
+        """After a step: a line at each checkpoint, and at a logged step PROGRESS_EVERY_S after the last,
+        with the wall time's parts so far (``parts()``, asked only when a line is written)."""
         if saved or (logged and time.time() - self._written >= PROGRESS_EVERY_S):
-            self._write("checkpoint" if saved else "progress", step=completed_steps, steps_s=steps_s)
+            event = "checkpoint" if saved else "progress"
+            self._write(event, step=completed_steps, steps_s=steps_s, parts=parts())
 
     def end(self, *, status: str, steps_completed: int, steps_s: float, parts: dict[str, float]) -> None:
         """How the attempt ended, the steps it completed, its steps' wall time and its other parts
@@ -87,17 +99,22 @@ def _attempt(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     began, from_step = float(start["started"]), int(start["from_step"])
     last = events[-1]
     ended = last["event"] == "end"
+    # The parts of its last line that has them (older files' progress lines have none).
+    parts = next((dict(e["parts"]) for e in reversed(events) if e.get("parts")), {})
+    wall_s = max(0.0, float(last["time"]) - began)
+    recorded = float(parts["total_s"]) if "total_s" in parts else float(last.get("steps_s", 0.0))
     return {
         "attempt": int(start["attempt"]),
         "status": str(last["status"]) if ended else NO_END,
         "launcher": start.get("launcher"),
         "started": began,
         "ended": float(last["time"]),
-        "wall_s": max(0.0, float(last["time"]) - began),
+        "wall_s": wall_s,
         "from_step": from_step,
         "to_step": int(last.get("step", from_step)),
         "steps_s": float(last.get("steps_s", 0.0)),
-        "parts": dict(last.get("parts") or {}) if ended else {},
+        "parts": parts,
+        "unrecorded_s": 0.0 if ended else max(0.0, wall_s - recorded),
     }
 
 
@@ -123,14 +140,14 @@ def account(run_dir: Path) -> dict[str, Any] | None:
     wall = sum(a["wall_s"] for a in attempts)
     elapsed = attempts[-1]["ended"] - attempts[0]["started"]
     kept_s = sum(a["kept_s"] for a in attempts)
-    # Each part summed over the attempts that recorded theirs; a killed attempt's time beyond
-    # its steps is unrecorded.
+    # Each part summed over the attempts; of an attempt killed outright, what its last line with
+    # parts recorded (the rest of its span, or all but its steps without such a line, is unrecorded).
     parts: dict[str, float] = {}
     for attempt in attempts:
         for part, seconds in attempt["parts"].items():
             parts[part] = parts.get(part, 0.0) + float(seconds or 0.0)
     startup = sum(parts.get(f"{phase}_s", 0.0) for phase in SETUP_PHASES)
-    unrecorded = sum(a["wall_s"] - a["steps_s"] for a in attempts if a["status"] == NO_END)
+    unrecorded = sum(a["unrecorded_s"] for a in attempts)
     return {
         "attempts": attempts,
         "wall_s": wall,

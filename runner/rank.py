@@ -55,7 +55,7 @@ from runner.step_profiler import StepProfiler
 from runner.summary import read_summary, update_summary
 from runner.tensor_parallel import grad_norm as tp_grad_norm
 from runner.throughput import FlopsBudget, throughput_metrics
-from runner.wall_clock import WallClock, folder_bytes
+from runner.wall_clock import WallClock, folder_bytes, wall_parts
 
 log = logging.getLogger("ladder")
 
@@ -526,7 +526,9 @@ def _train(
                     log.info("%s", wall.last_save(checkpoint.tag_for(step + 1)))
                     slow_save_warning(wall.last_save_s, source=env.source, warned=wall.checkpoints > 1)
             if attempt is not None:
-                attempt.progress(step + 1, wall.steps_s, saved=saving_now, logged=logged)
+                attempt.progress(
+                    step + 1, wall.steps_s, saved=saving_now, logged=logged, parts=lambda: wall_parts(wall)
+                )
             if asked and stop is not None:
                 raise _stopped(step + 1, asked, stop, rank=env.rank, source=env.source)
         status = {"status": "completed", "error": None}
@@ -549,7 +551,7 @@ def _train(
             wall_time = wall.summary()
             ended = status.get("status") or "failed"  # {}: another rank failed first
             if attempt is not None:
-                parts = {key: value for key, value in wall_time.items() if key.endswith("_s")}
+                parts = wall_parts(wall, wall_time)
                 attempt.end(status=ended, steps_completed=completed, steps_s=wall.steps_s, parts=parts)
             summary = update_summary(
                 run_dir,

@@ -117,6 +117,13 @@ class WallClock:
         }
 
 
+def wall_parts(wall: WallClock, summary: dict[str, Any] | None = None) -> dict[str, float]:
+    """The seconds of ``wall``'s summary (``<part>_s``; not the save rate, ``..._per_s``), for
+    runner/goodput.py's attempt lines."""
+    summary = wall.summary() if summary is None else summary
+    return {key: value for key, value in summary.items() if key.endswith("_s") and not key.endswith("_per_s")}
+
+
 def describe(wall: dict[str, Any] | None) -> str | None:
     """One line for the run's end, e.g. ``wall time 31.2 s: steps 24.1 s (77%), launch 4.0 s, ...``."""
     if not wall or not wall.get("total_s"):

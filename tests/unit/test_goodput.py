@@ -52,6 +52,28 @@ def test_a_killed_attempt_counts_to_its_last_line_and_loses_the_steps_after_the_
     assert account["parts_s"] == {"launch_s": 3.0, "engine_s": 2.0} and account["unrecorded_s"] == 10.0
 
 
+def test_a_killed_attempt_has_the_parts_of_its_last_line(tmp_path):
+    """Each line carries the wall time's parts so far: an attempt killed outright is known to its
+    last line, start-up and checkpoints included; only a line without parts leaves them unrecorded."""
+    so_far = {"total_s": 28.0, "launch_s": 4.0, "engine_s": 3.0, "steps_s": 18.0, "checkpoint_s": 1.5}
+    _write(
+        tmp_path,
+        _start(0, 100.0, 0),
+        _line(0, "checkpoint", 120.0, 10, 10.0, parts={**so_far, "total_s": 20.0, "steps_s": 10.0}),
+        _line(0, "progress", 128.0, 18, 18.0, parts=so_far),  # then SIGKILL: no end
+        _start(1, 140.0, 10),
+        _line(1, "end", 170.0, 30, 20.0, status="completed", parts={"launch_s": 3.0, "engine_s": 2.0}),
+    )
+    account = goodput.account(tmp_path)
+    assert account is not None
+    killed = account["attempts"][0]
+    assert killed["parts"] == so_far and killed["unrecorded_s"] == 0.0
+    assert account["startup_s"] == 4.0 + 3.0 + 3.0 + 2.0  # both attempts' launch and engine
+    assert account["parts_s"]["checkpoint_s"] == 1.5
+    assert account["unrecorded_s"] == 0.0
+    assert "killed outright" not in (goodput.describe(account) or "")
+
+
 def test_a_restart_from_step_0_loses_all_the_earlier_attempt_trained(tmp_path):
     _write(
         tmp_path,
@@ -91,8 +113,15 @@ def test_one_attempt_or_no_file_says_nothing_at_the_run_end(tmp_path):
 
 def test_the_attempt_log_numbers_attempts_and_writes_progress_at_most_once_a_second(tmp_path):
     first = goodput.AttemptLog(tmp_path, started=1.0, from_step=0, launcher="local")
-    first.progress(1, 0.1, saved=False, logged=True)  # within the second: not written
-    first.progress(2, 0.2, saved=True, logged=False)  # a checkpoint: written
+    asked: list[int] = []
+
+    def parts() -> dict[str, float]:
+        asked.append(1)
+        return {"total_s": 2.0, "steps_s": 0.2}
+
+    first.progress(1, 0.1, saved=False, logged=True, parts=parts)  # within the second: not written
+    assert not asked  # the parts are asked for only when a line is written
+    first.progress(2, 0.2, saved=True, logged=False, parts=parts)  # a checkpoint: written, with them
     first.end(status="interrupted", steps_completed=2, steps_s=0.2, parts={"launch_s": 1.0})
     second = goodput.AttemptLog(tmp_path, started=2.0, from_step=2, launcher="local")
     events = [json.loads(line) for line in (tmp_path / goodput.ATTEMPTS_FILE).read_text().splitlines()]
@@ -102,4 +131,5 @@ def test_the_attempt_log_numbers_attempts_and_writes_progress_at_most_once_a_sec
         (0, "end"),
         (1, "start"),
     ]
+    assert events[1]["parts"] == {"total_s": 2.0, "steps_s": 0.2}
     assert second.number == 1

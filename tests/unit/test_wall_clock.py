@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from runner.wall_clock import WallClock, describe, folder_bytes, process_start
+from runner.wall_clock import WallClock, describe, folder_bytes, process_start, wall_parts
 
 pytestmark = pytest.mark.unit
 
@@ -36,6 +36,8 @@ def test_the_parts_add_up_to_the_total_and_the_steps_share_is_theirs():
     assert "checkpoints 1 x 0.01 s (0.05 GB, 5.00 GB/s)" in line
     assert "resume" not in line  # nothing was loaded
     assert describe(None) is None
+    # An attempt's line carries the seconds, not the save rate, which no sum over attempts means.
+    assert set(wall_parts(clock)) == {f"{part}_s" for part in parts} | {"total_s", "first_step_s", "eval_s"}
 
 
 def test_the_process_start_is_the_kernels_and_a_checkpoints_bytes_are_its_files(tmp_path):
