@@ -18,7 +18,7 @@ bytes of it). Tensor
 parallelism saves the norm gains once per tp rank; a pipeline with tied embeddings keeps
 the optimizer state of the embedding on its first stage and of the output head on its
 last. Against the files DeepSpeed writes (tiny on 1 and 2 ranks: ZeRO 0-3, tp, pp, bf16,
-offload, SGD; bench/checkpoint_size.py) it lies within 0.2% below them: what it leaves out is
+offload, SGD; bench/checkpoint_size.py) it lies within 0.4% below them: what it leaves out is
 each rank's RNG file, ZeRO-3's partition metadata and each tensor's pickled record, a few
 hundred bytes apiece (1.4% of tiny at half width). Every leg of tests/train_helpers.py
 ``run_in_legs`` checks it within 2%.
