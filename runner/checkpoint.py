@@ -61,6 +61,7 @@ from runner.checkpoint_record import latest as latest  # re-exported: checkpoint
 from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.summary import write_json_atomic
+from runner.wall_clock import folder_bytes
 
 PARTIAL_PREFIX = ".partial-"
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
@@ -368,7 +369,7 @@ def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any]) -> Non
         pointer.unlink()
     if converted.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise ValueError(_unconverted(record, converted.stderr))
+        raise ValueError(_unconverted(record, converted.stderr, source))
 
 
 def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], model: ModelConfig) -> None:
@@ -387,15 +388,21 @@ def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], mo
         ) from None
 
 
-def _unconverted(record: dict[str, Any], stderr: str) -> str:
-    """The refusal when ds_to_universal fails: its last word, and how to resume all the same."""
+def _unconverted(record: dict[str, Any], stderr: str, source: Path) -> str:
+    """The refusal when ds_to_universal fails: its last word, the room it had, and how to resume
+    all the same."""
     saved = record["layout"]
     split = [f"parallel.{key}={saved.get(key, 1)}" for key in ("tp", "pp") if saved.get(key, 1) > 1]
     keep = " ".join([f"gpus={saved['gpus']}", *split, f"parallel.zero_stage={record['zero_stage']}"])
     last = (stderr.strip().splitlines() or ["(it printed nothing)"])[-1]
+    room = (
+        f"the universal copy goes beside the checkpoint ({folder_bytes(source) / 1e9:.3f} GB) on a "
+        f"filesystem with {shutil.disk_usage(source).free / 1e9:.3f} GB free"
+    )
     return (
         f"train.resume=auto: DeepSpeed's ds_to_universal could not convert {record['tag']} for this "
-        f"layout: {last}. Resume on the checkpoint's own layout ({keep}), or start a new run directory"
+        f"layout: {last} ({room}). Resume on the checkpoint's own layout ({keep}), or start a new run "
+        f"directory"
     )
 
 

@@ -199,12 +199,15 @@ def test_a_zero_tensor_parallel_checkpoint_moves_to_any_layout_through_the_unive
     assert needs_universal(ddp, layout=one, zero_stage=0)
 
 
-def test_a_failed_conversion_is_refused_with_deepspeeds_word_and_the_checkpoints_own_layout():
+def test_a_failed_conversion_is_refused_with_deepspeeds_word_and_the_checkpoints_own_layout(tmp_path):
     from runner.checkpoint import _unconverted
 
     saved = resolve_layout(gpus=4, tp=2, pp=1, global_size=16, micro_size=4)
     record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 3}
-    message = _unconverted(record, "Traceback ...\nValueError: Rank 0 supplied a shard of 256 elements\n")
+    (tmp_path / "mp_rank_00_model_states.pt").write_bytes(b"x" * 2_000_000)
+    stderr = "Traceback ...\nValueError: Rank 0 supplied a shard of 256 elements\n"
+    message = _unconverted(record, stderr, tmp_path)
     assert "could not convert step_00000004" in message
-    assert "ValueError: Rank 0 supplied a shard of 256 elements." in message
+    assert "ValueError: Rank 0 supplied a shard of 256 elements (" in message
+    assert "the universal copy goes beside the checkpoint (0.002 GB) on a filesystem with" in message
     assert "(gpus=4 parallel.tp=2 parallel.zero_stage=3)" in message
