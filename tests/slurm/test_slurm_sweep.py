@@ -85,6 +85,38 @@ def test_sweep_larger_than_the_cluster_is_refused_before_submission(sweep, slurm
     assert not result.sweep_dir.exists()  # nothing of the refused sweep is left behind
 
 
+def test_checkpoints_that_cannot_fit_the_sweeps_filesystem_are_refused_before_submission(
+    sweep, slurm_cluster, tmp_path
+):
+    """Cells of a job array may save at once: each cell's peak, summed, must fit (a tmpfs here)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100m", "tmpfs", str(small)], check=True)
+    try:
+        before = set(slurm_cluster.job_ids())
+        common = ["train.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=1", "logger=none"]
+        # tiny fp32: ddp 38.8 MB and ZeRO-3 38.8 MB a checkpoint, 2 each at their peak: 155 MB
+        result = sweep("parallel=ddp,zero3", *common, sweep_dir=small / "sweep")
+        assert result.returncode == 2, result.stderr[-4000:]
+        assert "nothing was submitted" in result.stderr
+        assert "the sweep's 2 cells with train.checkpoint_every need 0.155 GB" in result.stderr
+        assert "if they all save at once" in result.stderr
+        assert set(slurm_cluster.job_ids()) == before
+        # One cell alone: its own 3 x 38.8 MB do not fit either, and it is named.
+        result = sweep(
+            "parallel=ddp",
+            "train.steps=6",
+            "train.checkpoint_every=2",
+            "logger=none",
+            sweep_dir=small / "one",
+        )
+        assert result.returncode == 2, result.stderr[-4000:]
+        assert "train.checkpoint_every=2: the run's checkpoints need 3 x 0.039 GB" in result.stderr
+        assert set(slurm_cluster.job_ids()) == before
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
 def test_gpus_that_do_not_split_over_nodes_are_refused_with_nearest_values(sweep, slurm_cluster):
     before = set(slurm_cluster.job_ids())
     result = sweep("cluster=a100_80g", "gpus=9", "batch.global_size=72", "train.steps=3", "logger=none")
