@@ -88,8 +88,12 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the rank watched for it (importing torch): nothing to save
         return EXIT_INTERRUPTED
     except BaseException as error:
-        write_failure(run_dir, rank=env.rank, error=error, trace=traceback.format_exc())
-        traceback.print_exc()
+        trace = traceback.format_exc()
+        try:
+            write_failure(run_dir, rank=env.rank, error=error, trace=trace)
+        except OSError as unwritten:  # a full disk: the record fails as the run did
+            print(f"ladder: rank {env.rank} could not record its failure: {unwritten}", file=sys.stderr)
+        print(trace, file=sys.stderr, end="")
         return 1
     return 0
 

@@ -29,7 +29,6 @@ weights-only (runner/safe_load.py).
 from __future__ import annotations
 
 import contextlib
-import errno
 import gc
 import json
 import shutil
@@ -47,6 +46,7 @@ from runner import (
     checkpoint_stage0,
     checkpoint_stage0_pipeline,
     checkpoint_stage0_tp,
+    disk_room,
     pipeline_names,
     safe_load,
 )
@@ -162,22 +162,16 @@ def _unwritten(root: Path, tag: str, error: Exception, *, expected_bytes: int) -
     gc.collect()
     shutil.rmtree(root / (PARTIAL_PREFIX + tag), ignore_errors=True)
     free = shutil.disk_usage(root).free
-    lacking = expected_bytes > free or getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+    lacking = expected_bytes > free or disk_room.out_of_room(error)
     room = (
         f"no room: the checkpoint is about {expected_bytes / 1e9:.3f} GB and {free / 1e9:.3f} GB is free"
         if lacking
         else f"{free / 1e9:.3f} GB is free"
     )
-    record = latest(root.parent)
-    after = (
-        f"train.resume=auto continues the run from {record['tag']}"
-        if record is not None
-        else "the run has no checkpoint to continue from"
-    )
     return CheckpointWriteError(
         f"checkpoint {tag} was not written ({type(error).__name__}: {str(error).strip()[:200]}); "
-        f"its partial files are removed; on the filesystem of {root} {room}; {after}"
-        + (" once there is room" if lacking and record is not None else "")
+        f"its partial files are removed; on the filesystem of {root} {room}; "
+        + disk_room.continue_words(root.parent, needs_room=lacking)
     )
 
 

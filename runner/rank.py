@@ -6,11 +6,13 @@ launcher or srun). Rank 0 also owns the metric sinks and writes ``summary.json``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from runner.checkpoint_size import config_checkpoint_bytes
 from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import TrainConfig, to_dict
 from runner.data import BatchSource, rank_slice
+from runner.disk_room import no_room_words, out_of_room
 from runner.distributed import init_distributed, select_accelerator, teardown
 from runner.evaluation import evaluation_summary, held_out_loss
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
@@ -537,63 +540,77 @@ def _train(
         interruption = stopped.record
         raise
     except BaseException as error:
-        status = {"status": "failed", "error": f"{type(error).__name__}: {error}"}
+        words = no_room_words(error, run_dir) if out_of_room(error) else f"{type(error).__name__}: {error}"
+        status = {"status": "failed", "error": words}
         raise
     finally:
         summary: dict[str, Any] = {}
         if status["status"] == "failed" and read_summary(run_dir).get("status") == "failed":
             status = {}  # another rank failed first and recorded why: keep its cause
         if env.rank == 0:
-            if interruption is not None:  # each stop at a signal, across requeues
-                earlier = read_summary(run_dir).get("interruptions") or []
-                status["interruptions"] = [*earlier, interruption]
-            completed = (step + 1) if status.get("status") in ("completed", "interrupted") else step
-            wall_time = wall.summary()
-            ended = status.get("status") or "failed"  # {}: another rank failed first
-            if attempt is not None:
-                parts = wall_parts(wall, wall_time)
-                attempt.end(status=ended, steps_completed=completed, steps_s=wall.steps_s, parts=parts)
-            summary = update_summary(
-                run_dir,
-                **status,
-                steps_completed=completed,
-                final=last,
-                peak_flops_per_device=peak_flops,
-                peak_flops_source=peak.source,
-                peak_memory_measure=peak_memory.label,
-                cuda_allocator=peak_memory.allocator_record(),
-                host_memory={
-                    **(read_summary(run_dir).get("host_memory") or {}),
-                    "measured_per_rank_gb": last.get("memory/host_peak_gb"),
-                    "measured": "the process's high-water RSS since it started, the most over ranks",
-                },
-                memory=_memory_summary(
-                    estimate,
-                    ledger,
-                    peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
-                    measured_at=f"each term at its most over ranks, step {ledger_step} accumulation "
-                    "boundary (before the optimizer step)",
-                ),
-                accelerator=accelerator,
-                model_build={"rank": 0, **model_build},
-                compile=compile_summary(compiled_blocks) if compiled_blocks else None,
-                **probes.summary(seq_len=config.data.seq_len),
-                pipeline=pipe.summary(step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s"))
-                if pipe is not None
-                else None,
-                skipped_steps=nonfinite.summary(),
-                fp16_loss_scale=overflows.summary(),
-                resumed_from_step=start_step or None,
-                profile=profiler.summary(run_dir),
-                wall_time=wall_time,
-                eval=evaluation_summary(config, evaluated, layout.global_size)
-                if held_out is not None
-                else None,
-                goodput=goodput.account(run_dir),
-            )
+            with _recorded_unless_out_of_room(status, run_dir):
+                if interruption is not None:  # each stop at a signal, across requeues
+                    earlier = read_summary(run_dir).get("interruptions") or []
+                    status["interruptions"] = [*earlier, interruption]
+                completed = (step + 1) if status.get("status") in ("completed", "interrupted") else step
+                wall_time = wall.summary()
+                ended = status.get("status") or "failed"  # {}: another rank failed first
+                if attempt is not None:
+                    parts = wall_parts(wall, wall_time)
+                    attempt.end(status=ended, steps_completed=completed, steps_s=wall.steps_s, parts=parts)
+                summary = update_summary(
+                    run_dir,
+                    **status,
+                    steps_completed=completed,
+                    final=last,
+                    peak_flops_per_device=peak_flops,
+                    peak_flops_source=peak.source,
+                    peak_memory_measure=peak_memory.label,
+                    cuda_allocator=peak_memory.allocator_record(),
+                    host_memory={
+                        **(read_summary(run_dir).get("host_memory") or {}),
+                        "measured_per_rank_gb": last.get("memory/host_peak_gb"),
+                        "measured": "the process's high-water RSS since it started, the most over ranks",
+                    },
+                    memory=_memory_summary(
+                        estimate,
+                        ledger,
+                        peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
+                        measured_at=f"each term at its most over ranks, step {ledger_step} accumulation "
+                        "boundary (before the optimizer step)",
+                    ),
+                    accelerator=accelerator,
+                    model_build={"rank": 0, **model_build},
+                    compile=compile_summary(compiled_blocks) if compiled_blocks else None,
+                    **probes.summary(seq_len=config.data.seq_len),
+                    pipeline=pipe.summary(step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s"))
+                    if pipe is not None
+                    else None,
+                    skipped_steps=nonfinite.summary(),
+                    fp16_loss_scale=overflows.summary(),
+                    resumed_from_step=start_step or None,
+                    profile=profiler.summary(run_dir),
+                    wall_time=wall_time,
+                    eval=evaluation_summary(config, evaluated, layout.global_size)
+                    if held_out is not None
+                    else None,
+                    goodput=goodput.account(run_dir),
+                )
         for sink in sinks:
             sink.close(summary)
     return summary
+
+
+@contextlib.contextmanager
+def _recorded_unless_out_of_room(status: dict[str, Any], run_dir: Path) -> Iterator[None]:
+    """Rank 0's records of a run that failed for want of room may fail the same way: then the
+    failure is said on stderr, and the error that ended the run is the one raised."""
+    try:
+        yield
+    except OSError as error:
+        if status.get("status") != "failed" or not out_of_room(error):
+            raise
+        log.error("the run's end could not be recorded in summary.json: %s", no_room_words(error, run_dir))
 
 
 def run_rank(

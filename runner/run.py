@@ -15,7 +15,7 @@ from typing import Any
 
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
-from runner import checkpoint_record, checkpoint_size, layout_history
+from runner import checkpoint_record, checkpoint_size, disk_room, layout_history
 from runner.build_locks import clear_stale_build_locks
 from runner.config import DataName, TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
@@ -267,13 +267,19 @@ def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: Run
         return read_summary(run_dir)
     failures = read_failures(run_dir)
     warned = read_summary(run_dir).get("plan_warnings") or []
-    first = (
-        failures[0]
-        if failures
-        else {"rank": result.failed_rank, "error": rank_exit_words(result.returncode, plan_warnings=warned)}
-    )
-    update_summary(run_dir, status="failed", failed_rank=first["rank"], error=first["error"])
-    raise RunFailed(f"rank {first['rank']} failed: {first['error']} (run directory {run_dir})")
+    words = rank_exit_words(result.returncode, plan_warnings=warned)
+    if result.returncode == 1:  # ladder's own exit: its record could not be written (its output says why)
+        words += " (it could not record why; its output above says)"
+    rank, cause = (result.failed_rank, words)
+    if failures:
+        rank, cause = failures[0]["rank"], str(failures[0]["error"])
+    try:
+        update_summary(run_dir, status="failed", failed_rank=rank, error=cause)
+    except OSError as error:
+        if not disk_room.out_of_room(error):
+            raise
+        cause += f"; summary.json could not be updated: {disk_room.no_room_words(error, run_dir)}"
+    raise RunFailed(f"rank {rank} failed: {cause} (run directory {run_dir})")
 
 
 def _run_external(

@@ -154,3 +154,28 @@ def test_a_sweep_whose_cells_checkpoints_cannot_all_fit_is_refused_before_its_fi
     assert "the sweep's 2 cells with train.checkpoint_every need 0.116 GB" in sweep.stderr
     assert "cells: all of them" in sweep.stderr
     assert not (disk / "sweep").exists()  # made for nothing, removed
+
+
+def test_a_disk_that_fills_to_the_last_byte_ends_the_run_saying_so(small_disk):
+    """The next write (a metrics line or a checkpoint) finds no room, and every record of the
+    failure then fails too: the run says so, where, with the free space and the checkpoint it
+    continues from."""
+    disk = small_disk(100)
+    run_dir = disk / "run"
+    stderr = disk.parent / "stderr.txt"
+    saving = ["train.checkpoint_every=2", "train.keep_checkpoints=1"]
+    proc = _start(run_dir, *RUN, "train.steps=400", *saving, stderr=stderr)
+    _wait_for(run_dir / "checkpoints" / "latest.json", proc)
+    filler = disk / "filler"
+    filler.write_bytes(b"\0" * shutil.disk_usage(disk).free)  # nothing left
+    assert proc.wait(timeout=300) == 1
+    said = stderr.read_text()
+    assert "ladder: rank 0 could not record its failure: [Errno 28] No space left on device" in said
+    line = next(line for line in said.splitlines() if line.startswith("ladder: run failed: rank 0 failed:"))
+    assert "No space left on device" in line
+    assert f"the filesystem of {run_dir} has 0.000 GB free" in line
+    assert "train.resume=auto continues the run from step_" in line and "once there is room" in line
+    filler.unlink()
+    resumed = run_train(*RUN, "train.steps=8", *saving, "train.resume=auto", run_dir=run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.summary["status"] == "completed"
