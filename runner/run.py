@@ -300,12 +300,21 @@ def _run_external(
     except Preempted:
         raise  # stopped at a signal after a checkpoint: not a failure (runner/preemption.py)
     except BaseException as error:
-        write_failure(run_dir, rank=env.rank, error=error)
         # The failing rank records it, whichever it is: its launcher (torchrun, srun
         # --kill-on-bad-exit) stops the others, rank 0 included, before they could.
-        if read_summary(run_dir).get("status") != "failed":
-            update_summary(
-                run_dir, status="failed", failed_rank=env.rank, error=f"{type(error).__name__}: {error}"
+        try:
+            write_failure(run_dir, rank=env.rank, error=error)
+            if read_summary(run_dir).get("status") != "failed":
+                update_summary(
+                    run_dir, status="failed", failed_rank=env.rank, error=f"{type(error).__name__}: {error}"
+                )
+        except OSError as unwritten:  # a full disk fails the records as it failed the run
+            if not disk_room.out_of_room(unwritten):
+                raise
+            log.error(
+                "rank %d could not record its failure: %s",
+                env.rank,
+                disk_room.no_room_words(unwritten, run_dir),
             )
         raise
 
