@@ -123,6 +123,19 @@ def run_train(
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
+def start_train(run_dir: Path, *overrides: str, stderr: Path | None = None) -> subprocess.Popen[bytes]:
+    """``python train.py overrides... hydra.run.dir=run_dir`` started, not waited for: in its own
+    process group, as a terminal's job, so a signal to the group reaches its ranks too."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if stderr is None else stderr.open("w"),
+        env=clean_env(),
+        start_new_session=True,
+    )
+
+
 def run_torchrun(
     *overrides: str, nproc: int, run_dir: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> TrainResult:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, clean_env, compose_config, run_train
+from train_helpers import ROOT, clean_env, compose_config, run_train, start_train
 
 from runner.checkpoint_size import config_checkpoint_bytes
 
@@ -45,17 +45,6 @@ def small_disk(tmp_path):
     yield mount
     for where in mounted:
         subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def _start(run_dir: Path, *overrides: str, stderr: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
-        cwd=run_dir.parent,
-        stdout=subprocess.DEVNULL,
-        stderr=stderr.open("w"),
-        env=clean_env(),
-        start_new_session=True,
-    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], *, lines: int = 0) -> None:
@@ -90,7 +79,7 @@ def test_a_save_that_runs_out_of_room_is_removed_and_the_run_continues_once_ther
     run_dir = disk / "run"
     args = [*RUN, "train.steps=12", "train.checkpoint_every=4", "train.keep_checkpoints=1"]
     stderr = disk.parent / "stderr.txt"
-    proc = _start(run_dir, *args, stderr=stderr)
+    proc = start_train(run_dir, *args, stderr=stderr)
     _wait_for(run_dir / "checkpoints" / "step_00000004", proc)
     filler = disk / "filler"  # another program fills the disk: 16 MB stay free, less than a checkpoint
     filler.write_bytes(b"\0" * (shutil.disk_usage(disk).free - 16 * MB))
@@ -116,7 +105,7 @@ def test_a_stop_whose_checkpoint_cannot_fit_is_warned_of_and_says_why_it_was_not
     disk = small_disk(30)  # less than one checkpoint
     run_dir = disk / "run"
     stderr = disk.parent / "stderr.txt"
-    proc = _start(run_dir, *RUN, "train.steps=200", stderr=stderr)
+    proc = start_train(run_dir, *RUN, "train.steps=200", stderr=stderr)
     _wait_for(run_dir / "metrics.jsonl", proc, lines=2)
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=300) == 75
@@ -164,7 +153,7 @@ def test_a_disk_that_fills_to_the_last_byte_ends_the_run_saying_so(small_disk):
     run_dir = disk / "run"
     stderr = disk.parent / "stderr.txt"
     saving = ["train.checkpoint_every=2", "train.keep_checkpoints=1"]
-    proc = _start(run_dir, *RUN, "train.steps=400", *saving, stderr=stderr)
+    proc = start_train(run_dir, *RUN, "train.steps=400", *saving, stderr=stderr)
     _wait_for(run_dir / "checkpoints" / "latest.json", proc)
     filler = disk / "filler"
     filler.write_bytes(b"\0" * shutil.disk_usage(disk).free)  # nothing left

@@ -22,6 +22,7 @@ from train_helpers import (
     free_port,
     run_torchrun,
     run_train,
+    start_train,
 )
 
 from runner import checkpoint, goodput
@@ -51,18 +52,6 @@ def reference(tmp_path_factory) -> dict[int, float]:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return _losses(run_dir)
-
-
-def _start(run_dir: Path, *overrides: str, stderr: Path | None = None) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
-        cwd=run_dir.parent,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL if stderr is None else stderr.open("w"),
-        env=env,
-        start_new_session=True,  # its own process group, as a terminal's job: a group signal reaches all
-    )
 
 
 def _wait_for_steps(run_dir: Path, proc: subprocess.Popen[bytes], steps: int) -> None:
@@ -101,7 +90,7 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_pat
         "train.checkpoint_every=2",
         *COMMON,
     ]
-    proc = _start(run_dir, *args)
+    proc = start_train(run_dir, *args)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -166,7 +155,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_continues_to_the_same
     run_dir = tmp_path / "run"
     args = ["gpus=2", "parallel=zero2", "batch.micro_size=4", "train.steps=8", *COMMON]
     stderr = tmp_path / "stderr.txt"
-    proc = _start(run_dir, *args, stderr=stderr)
+    proc = start_train(run_dir, *args, stderr=stderr)
     _wait_for_steps(run_dir, proc, 3)
     os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=120) == 75  # EX_TEMPFAIL: stopped, to be continued
@@ -300,7 +289,7 @@ def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_training_on(tmp
     """SIGKILL to the launching process alone (an out-of-memory kill, a lost terminal): the kernel
     sends each rank SIGTERM, and the ranks checkpoint and stop rather than train on unwatched."""
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, "gpus=2", "parallel=zero1", "batch.micro_size=4", "train.steps=500", *COMMON)
+    proc = start_train(run_dir, "gpus=2", "parallel=zero1", "batch.micro_size=4", "train.steps=500", *COMMON)
     _wait_for_steps(run_dir, proc, 2)
     assert len(_ranks_of(run_dir)) == 2
     os.kill(proc.pid, signal.SIGKILL)
