@@ -271,8 +271,12 @@ def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: Run
     if result.returncode == 1:  # ladder's own exit: its record could not be written (its output says why)
         words += " (it could not record why; its output above says)"
     rank, cause = (result.failed_rank, words)
+    recorded = read_summary(run_dir)
     if failures:
         rank, cause = failures[0]["rank"], str(failures[0]["error"])
+    elif recorded.get("status") == "failed" and recorded.get("error"):
+        # No failure record (a full disk): rank 0's summary, written over its old bytes, says why.
+        rank, cause = 0, str(recorded["error"])
     try:
         update_summary(run_dir, status="failed", failed_rank=rank, error=cause)
     except OSError as error:
@@ -302,21 +306,28 @@ def _run_external(
     except BaseException as error:
         # The failing rank records it, whichever it is: its launcher (torchrun, srun
         # --kill-on-bad-exit) stops the others, rank 0 included, before they could.
+        words = (
+            disk_room.no_room_words(error, run_dir)
+            if disk_room.out_of_room(error)
+            else f"{type(error).__name__}: {error}"
+        )
         try:
             write_failure(run_dir, rank=env.rank, error=error)
-            if read_summary(run_dir).get("status") != "failed":
-                update_summary(
-                    run_dir, status="failed", failed_rank=env.rank, error=f"{type(error).__name__}: {error}"
-                )
         except OSError as unwritten:  # a full disk fails the records as it failed the run
-            if not disk_room.out_of_room(unwritten):
-                raise
-            log.error(
-                "rank %d could not record its failure: %s",
-                env.rank,
-                disk_room.no_room_words(unwritten, run_dir),
-            )
+            _unrecorded(unwritten, env.rank, run_dir)
+        try:
+            if read_summary(run_dir).get("status") != "failed":
+                update_summary(run_dir, status="failed", failed_rank=env.rank, error=words)
+        except OSError as unwritten:
+            _unrecorded(unwritten, env.rank, run_dir)
         raise
+
+
+def _unrecorded(error: OSError, rank: int, run_dir: Path) -> None:
+    """A failure record that found no room is said on stderr; any other write error is raised."""
+    if not disk_room.out_of_room(error):
+        raise error
+    log.error("rank %d could not record its failure: %s", rank, disk_room.no_room_words(error, run_dir))
 
 
 def launch_plan(config: TrainConfig) -> Plan:

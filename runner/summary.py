@@ -1,7 +1,13 @@
-"""``summary.json``: the run's status, layout, parameter count and final metrics, written atomically."""
+"""``summary.json``: the run's status, layout, parameter count and final metrics, written atomically.
+
+A run whose filesystem is full cannot write a new file beside summary.json, so its end would stay
+``running``: then the end is written over the old file's own bytes instead, compact, the whole
+summary when it fits and the status and error alone when it does not.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -10,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 SUMMARY_FILE = "summary.json"
+# What a run's end records when the full summary cannot be written for want of room.
+ESSENTIAL_FIELDS = ("status", "error", "failed_rank", "steps_completed")
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _strict(value: Any) -> Any:
@@ -48,9 +57,47 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def overwrite_in_place(path: Path, data: Any) -> bool:
+    """Write ``data`` as compact JSON over ``path``'s own bytes, padded with spaces to its old
+    length, when it fits in the space the file holds already (no new block: a full filesystem
+    allows it). Not atomic: the last resort of a full disk. Returns whether it was written."""
+    text = json.dumps(_strict(data), separators=(",", ":"), default=str, allow_nan=False) + "\n"
+    encoded = text.encode()
+    try:
+        held = path.stat()
+    except FileNotFoundError:
+        return False
+    room = max(held.st_size, held.st_blocks * 512)  # a file's last block is held whole
+    if len(encoded) > room:
+        return False
+    padded = encoded + b" " * (held.st_size - len(encoded))  # trailing spaces are valid JSON
+    with path.open("r+b") as handle:
+        handle.write(padded)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return True
+
+
 def update_summary(run_dir: Path, **fields: Any) -> dict[str, Any]:
-    """Merge ``fields`` into summary.json (created if absent) and return the result."""
+    """Merge ``fields`` into summary.json (created if absent) and return the result.
+
+    With no room for a new file, the result is written over the old one (the status and error
+    alone when the whole does not fit there); with no room for that either, the error is raised."""
+    path = run_dir / SUMMARY_FILE
     summary = read_summary(run_dir)
+    before = dict(summary)
     summary.update(fields)
-    write_json_atomic(run_dir / SUMMARY_FILE, summary)
+    try:
+        write_json_atomic(path, summary)
+    except OSError as error:
+        if error.errno not in NO_ROOM:
+            raise
+        essential = {key: summary[key] for key in ESSENTIAL_FIELDS if key in summary}
+        cut = {
+            **before,
+            **essential,
+            "summary_cut": f"the filesystem was full ({error.strerror}): only the run's status was recorded",
+        }
+        if not (overwrite_in_place(path, summary) or overwrite_in_place(path, cut)):
+            raise
     return summary

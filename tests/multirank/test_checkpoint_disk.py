@@ -146,9 +146,9 @@ def test_a_sweep_whose_cells_checkpoints_cannot_all_fit_is_refused_before_its_fi
 
 
 def test_a_disk_that_fills_to_the_last_byte_ends_the_run_saying_so(small_disk):
-    """The next write (a metrics line or a checkpoint) finds no room, and every record of the
-    failure then fails too: the run says so, where, with the free space and the checkpoint it
-    continues from."""
+    """The next write (a metrics line or a checkpoint) finds no room, and so does every new file
+    that would record the failure: summary.json's end is written over its old bytes, and the run
+    says why, where, with the free space and the checkpoint it continues from."""
     disk = small_disk(100)
     run_dir = disk / "run"
     stderr = disk.parent / "stderr.txt"
@@ -161,9 +161,13 @@ def test_a_disk_that_fills_to_the_last_byte_ends_the_run_saying_so(small_disk):
     said = stderr.read_text()
     assert "ladder: rank 0 could not record its failure: [Errno 28] No space left on device" in said
     line = next(line for line in said.splitlines() if line.startswith("ladder: run failed: rank 0 failed:"))
-    assert "No space left on device" in line
-    assert f"the filesystem of {run_dir} has 0.000 GB free" in line
+    # The write that found no room: a checkpoint's, or a metrics line's (as the step falls).
+    assert "no room: the checkpoint is about" in line or "No space left on device" in line
+    assert f"the filesystem of {run_dir}" in line and "0.000 GB" in line
     assert "train.resume=auto continues the run from step_" in line and "once there is room" in line
+    # No new file fits, so summary.json's end is written over its own bytes: not left `running`.
+    ended = json.loads((run_dir / "summary.json").read_text())
+    assert ended["status"] == "failed" and ended["error"] in line
     filler.unlink()
     resumed = run_train(*RUN, "train.steps=8", *saving, "train.resume=auto", run_dir=run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
