@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -427,6 +428,7 @@ def _loadable_at_every_stage(folder: Path) -> None:
     """
     _name_model_states_for_every_stage(folder)
     _complete_optimizer_state(folder)
+    _compact_weight_copies(folder / "zero")
 
 
 def _name_model_states_for_every_stage(folder: Path) -> None:
@@ -434,15 +436,24 @@ def _name_model_states_for_every_stage(folder: Path) -> None:
 
     ``engine._get_all_ckpt_names`` looks for ``mp_rank_XX_model_states.pt`` at stages 1-2
     and ``zero_pp_rank_0_mp_rank_XX_model_states.pt`` at stage 3; a universal load takes
-    no weights from it (they come from ``zero/``), so one file serves both.
+    no weights from it (they come from ``zero/``), so one file serves both: a hard link,
+    which costs no room (the weights it holds would otherwise be on disk twice more).
     """
     stage3_prefix = "zero_pp_rank_0_"
     for path in folder.glob("mp_rank_*_model_states.pt"):
         if not (folder / (stage3_prefix + path.name)).exists():
-            shutil.copy2(path, folder / (stage3_prefix + path.name))
+            _link_or_copy(path, folder / (stage3_prefix + path.name))
     for path in folder.glob(stage3_prefix + "mp_rank_*_model_states.pt"):
         if not (folder / path.name.removeprefix(stage3_prefix)).exists():
-            shutil.copy2(path, folder / path.name.removeprefix(stage3_prefix))
+            _link_or_copy(path, folder / path.name.removeprefix(stage3_prefix))
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source``; a copy where the filesystem has no hard links."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def _complete_optimizer_state(folder: Path) -> None:
@@ -464,6 +475,12 @@ def _complete_optimizer_state(folder: Path) -> None:
     step_files = sorted(zero.glob("*/step.pt"))
     if OPTIMIZER_STATE_DICT in state:  # written from stage 3: one step for every parameter
         step = state[OPTIMIZER_STATE_DICT]["state"][0]["step"]
+        # It is rank 0's optimizer file whole: its fp32 partition and moments, which no loader
+        # reads from here (they come from zero/<name>/), 12 B a parameter / dp on disk.
+        state.pop("fp32_flat_groups", None)
+        state[OPTIMIZER_STATE_DICT]["state"] = {
+            index: {"step": entry["step"]} for index, entry in state[OPTIMIZER_STATE_DICT]["state"].items()
+        }
         for param_dir in sorted(p.parent for p in zero.glob("*/fp32.pt")):
             _wrap_stage3_fragments(param_dir)
             if not (param_dir / "step.pt").exists():
@@ -472,6 +489,26 @@ def _complete_optimizer_state(folder: Path) -> None:
         step = safe_load.load(step_files[0])
         state[OPTIMIZER_STATE_DICT] = {"state": {0: {"step": step}}, PARAM_GROUPS: state[PARAM_GROUPS]}
     torch.save(state, path)
+
+
+def _compact_weight_copies(zero: Path) -> None:
+    """Save again, alone, each ``fp32.pt`` that holds more than its tensor.
+
+    ``ds_to_universal`` writes a parameter with no optimizer fragment (a tied weight's second
+    name) from the model-states file, ``tensor.float()``: in fp32 the tensor itself, a view
+    whose whole storage (every weight of the model, as torch.load shares it) torch.save writes.
+    Read memory-mapped, a file's tensors cost nothing until copied.
+    """
+    from deepspeed.checkpoint.constants import PARAM
+
+    for path in zero.glob("*/fp32.pt"):
+        held = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        tensor = held.get(PARAM) if isinstance(held, dict) else None
+        if tensor is None or tensor.untyped_storage().nbytes() <= tensor.numel() * tensor.element_size():
+            continue
+        fresh = path.with_name(".fp32.pt.tmp")
+        torch.save({**held, PARAM: tensor.clone()}, fresh)
+        os.replace(fresh, path)  # a new file: the memory map of the old one stays valid until let go
 
 
 def _is_bf16_stage0(engine: Any) -> bool:

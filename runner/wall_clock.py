@@ -36,8 +36,14 @@ def process_start() -> float:
 
 
 def folder_bytes(folder: Path) -> int:
-    """The bytes of every file under ``folder`` (a saved checkpoint)."""
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+    """The bytes of every file under ``folder`` (a saved checkpoint), a file under two names
+    (a hard link) once; links to other folders (a pipeline's view) not at all."""
+    sizes: dict[tuple[int, int], int] = {}
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            held = path.stat()
+            sizes[(held.st_dev, held.st_ino)] = held.st_size
+    return sum(sizes.values())
 
 
 class WallClock:

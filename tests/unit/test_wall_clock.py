@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -45,4 +46,8 @@ def test_the_process_start_is_the_kernels_and_a_checkpoints_bytes_are_its_files(
     (tmp_path / "step_00000004" / "sub").mkdir(parents=True)
     (tmp_path / "step_00000004" / "a.pt").write_bytes(b"x" * 100)
     (tmp_path / "step_00000004" / "sub" / "b.pt").write_bytes(b"y" * 23)
+    assert folder_bytes(tmp_path / "step_00000004") == 123
+    # A second name of the same file (a hard link) holds no more room; nor does a link elsewhere.
+    os.link(tmp_path / "step_00000004" / "a.pt", tmp_path / "step_00000004" / "a_again.pt")
+    (tmp_path / "step_00000004" / "view.pt").symlink_to(tmp_path / "step_00000004" / "sub" / "b.pt")
     assert folder_bytes(tmp_path / "step_00000004") == 123
