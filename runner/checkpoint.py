@@ -209,7 +209,9 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
     return (saved["dp"], *saved_split, record["zero_stage"]) != (layout.dp, layout.tp, layout.pp, zero_stage)
 
 
-def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> None:
+def check_resumable(
+    record: dict[str, Any], *, layout: Layout, zero_stage: int, optimizer: str = "adamw"
+) -> None:
     """Refuse a resume ladder cannot do, before any rank starts."""
     saved = record["layout"]
     if saved["global_size"] != layout.global_size:
@@ -220,6 +222,14 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
         )
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return
+    if optimizer != "adamw":
+        # ds_to_universal (and ladder's stage-0 conversion) carry Adam's exp_avg and exp_avg_sq.
+        raise ValueError(
+            f"train.resume=auto: {record['tag']} would move to another layout through DeepSpeed's "
+            f"universal format, which carries Adam's state only (optimizer={optimizer} has none of "
+            f"it): resume on the checkpoint's own layout ({_own_layout(record)}), or start a new run "
+            f"directory"
+        )
     cut_both_ways = saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1
     if cut_both_ways and record["zero_stage"] != 0 and not record.get(STAGE_SPLITS):
         # Without every stage's splits ds_to_universal joins a stage's shards along dimension 0,
@@ -232,6 +242,13 @@ def check_resumable(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
             f"parallel.tp={saved['tp']} parallel.zero_stage={record['zero_stage']}, or start a new run "
             f"directory"
         )
+
+
+def _own_layout(record: dict[str, Any]) -> str:
+    """``gpus=2 parallel.tp=2 parallel.zero_stage=1``: the overrides that resume ``record`` unmoved."""
+    saved = record["layout"]
+    split = [f"parallel.{key}={saved.get(key, 1)}" for key in ("tp", "pp") if saved.get(key, 1) > 1]
+    return " ".join([f"gpus={saved['gpus']}", *split, f"parallel.zero_stage={record['zero_stage']}"])
 
 
 def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
@@ -386,9 +403,7 @@ def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], mo
 def _unconverted(record: dict[str, Any], stderr: str, source: Path) -> str:
     """The refusal when ds_to_universal fails: its last word, the room it had, and how to resume
     all the same."""
-    saved = record["layout"]
-    split = [f"parallel.{key}={saved.get(key, 1)}" for key in ("tp", "pp") if saved.get(key, 1) > 1]
-    keep = " ".join([f"gpus={saved['gpus']}", *split, f"parallel.zero_stage={record['zero_stage']}"])
+    keep = _own_layout(record)
     last = (stderr.strip().splitlines() or ["(it printed nothing)"])[-1]
     room = (
         f"the universal copy goes beside the checkpoint ({folder_bytes(source) / 1e9:.3f} GB) on a "

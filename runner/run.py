@@ -143,7 +143,9 @@ def _prepare_resume(
         return False, None
     stage, precision = config.parallel.zero_stage, config.precision.name
     try:
-        checkpoint.check_resumable(record, layout=layout, zero_stage=stage)
+        checkpoint.check_resumable(
+            record, layout=layout, zero_stage=stage, optimizer=config.optimizer.name.value
+        )
     except ValueError as error:
         raise ConfigError(f"  - {error}") from None
     converts = checkpoint.needs_universal(record, layout=layout, zero_stage=stage)

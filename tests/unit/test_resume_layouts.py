@@ -79,6 +79,15 @@ def test_a_stage0_checkpoint_cut_by_tp_pp_or_both_moves_to_every_layout():
         checkpoint.check_resumable(zero1_3d, layout=_layout(1), zero_stage=0)
 
 
+def test_an_sgd_checkpoint_resumes_on_its_own_layout_and_is_refused_a_move():
+    zero1 = _record(1, gpus=2)
+    checkpoint.check_resumable(zero1, layout=_layout(2), zero_stage=1, optimizer="sgd")  # no move
+    with pytest.raises(ValueError) as refused:
+        checkpoint.check_resumable(zero1, layout=_layout(1), zero_stage=1, optimizer="sgd")
+    for words in ("carries Adam's state only (optimizer=sgd", "gpus=2 parallel.zero_stage=1"):
+        assert words in str(refused.value)
+
+
 def test_ddp_takes_another_layouts_checkpoint_at_any_tp_and_pp():
     zero1 = _record(1, gpus=2)
     for tp, pp in ((2, 1), (1, 2), (2, 2)):
