@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from runner import (
+    checkpoint_size,
     checkpoint_splits,
     checkpoint_stage0,
     checkpoint_stage0_pipeline,
@@ -281,6 +282,46 @@ def loads_universal(
     """Whether DeepSpeed reads the resume's files in the universal format (onto another layout)."""
     universal = _universal_engine(layout, zero_stage, precision)
     return universal and needs_universal(record, layout=layout, zero_stage=zero_stage)
+
+
+def conversion(
+    run_dir: Path,
+    record: dict[str, Any],
+    *,
+    layout: Layout,
+    zero_stage: int,
+    model: ModelConfig,
+    precision: Precision,
+    optimizer: str,
+) -> checkpoint_size.Conversion | None:
+    """What :func:`convert_for` will write beside ``record`` for ``layout`` (None: nothing, or done
+    already), by runner/checkpoint_size.py's arithmetic."""
+    if optimizer != "adamw" or not needs_universal(record, layout=layout, zero_stage=zero_stage):
+        return None  # nothing to convert (or refused by check_resumable)
+    root = run_dir / CHECKPOINT_DIR
+    stays = peak = 0
+    if not (root / (record["tag"] + UNIVERSAL_SUFFIX)).is_dir():
+        saved = record["layout"]
+        stays, peak = checkpoint_size.universal_bytes(
+            model,
+            optimizer=optimizer,
+            zero_stage=record["zero_stage"],
+            precision=record.get("precision", Precision.fp32.value),
+            tp=saved.get("tp", 1),
+            pp=saved.get("pp", 1),
+            dp=saved.get("dp", 1),
+        )
+    view = resume_tag(record, layout=layout, zero_stage=zero_stage, precision=precision)
+    if not _universal_engine(layout, zero_stage, precision) and not (root / view).is_dir():
+        stays += checkpoint_size.checkpoint_bytes(
+            model, precision=precision.value, optimizer=optimizer, zero_stage=0, pp=layout.pp
+        )
+        peak = max(peak, stays)
+    if not stays:
+        return None
+    return checkpoint_size.Conversion(
+        tag=record["tag"], stays=stays, peak=peak, own_layout=_own_layout(record)
+    )
 
 
 def convert_for(

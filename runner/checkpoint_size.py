@@ -26,6 +26,16 @@ hundred bytes apiece (1.4% of tiny at half width). Every leg of tests/train_help
 A checkpoint is written beside the ones kept (runner/checkpoint.py writes
 ``.partial-<tag>``, then drops the oldest), so a run keeping K of them holds K + 1 at its
 peak.
+
+A resume onto another layout first converts its checkpoint, beside it, to DeepSpeed's
+universal format (``deepspeed.checkpoint.ds_to_universal``; ladder's own for stage 0): every
+parameter whole in fp32 with its optimizer state in fp32 (``zero/<name>/fp32.pt``,
+``exp_avg.pt``, ``exp_avg_sq.pt``; a tied weight's second name gets its fp32 copy), and the
+source's model-states files (its weights in their working dtype at ZeRO 1-2 and, from stage 0,
+rank 0's). ``ds_to_universal`` first extracts each rank's fragments into a temporary folder,
+the same bytes again, removed once merged: its peak. A stage-0 target that does not load the
+universal format itself gets a stage-0 checkpoint of its own layout written from it. The
+copies stay until the checkpoint they came from is pruned.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from pathlib import Path
 
 from runner.config import ModelConfig, TrainConfig
 from runner.memory import FP32_BYTES, bytes_per_param
-from runner.model_shape import num_params
+from runner.model_shape import num_params, param_numels
 
 
 def saved_elements(model: ModelConfig, *, tp: int, pp: int) -> tuple[int, int]:
@@ -88,6 +98,66 @@ def config_checkpoint_bytes(config: TrainConfig) -> int:
     )
 
 
+# The zip records torch.save writes around one small tensor's bytes (torch 2.13: 1.5-1.7 kB),
+# which the universal format's thousands of one-tensor files add up (0.26 MB of tiny's 52 MB).
+SAVED_FILE_RECORDS = 1_600
+
+
+def universal_bytes(
+    model: ModelConfig,
+    *,
+    optimizer: str,
+    zero_stage: int,
+    precision: str,
+    tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+) -> tuple[int, int]:
+    """(bytes of the universal copy of a checkpoint saved so, the most on disk while it is written).
+
+    See the module docstring; ``precision`` and the layout are the saved checkpoint's. While
+    ``ds_to_universal`` runs, beside its temporary fragments, two files hold more than they
+    keep (ladder trims both after it, runner/checkpoint.py ``_loadable_at_every_stage``): from
+    ZeRO-3, ``zero/optimizer_state.pt`` is rank 0's whole optimizer file (its fp32 partition
+    and moments); from ZeRO 1-2 in fp32, a tied weight's second name is saved as a view of
+    the model-states file's storage, so with every weight of that file.
+    """
+    state = bytes_per_param("fp32", optimizer)[2]
+    tied = model.vocab_size * model.d_model if model.tie_embeddings else 0
+    # One file a tensor per key (fp32, each optimizer state, step), and the tied weight's fp32.
+    files = len(param_numels(model)) * (2 + state // FP32_BYTES) + (1 if tied else 0)
+    whole = num_params(model) * (FP32_BYTES + state) + tied * FP32_BYTES + files * SAVED_FILE_RECORDS
+    weights, _ = saved_elements(model, tp=tp, pp=pp)
+    weight = bytes_per_param(precision, optimizer)[0]
+    if pp > 1 or zero_stage == 3:
+        model_states = 0  # the weights are in the layer files (not copied), or nowhere (ZeRO-3)
+    elif zero_stage == 0:
+        model_states = weights // tp * weight  # rank 0's file, the optimizer left out
+    else:
+        model_states = weights * weight  # every tp rank's file, copied
+    if zero_stage == 0:  # ladder's own conversion: no temporary files
+        return whole + model_states, whole + model_states
+    fragments = num_params(model) * (FP32_BYTES + state)  # ds_to_universal's temporary folder
+    if zero_stage == 3:
+        fragments += num_params(model) // dp * (FP32_BYTES + state)
+    elif precision == "fp32" and tied and pp == 1:
+        fragments += weights // tp * weight
+    return whole + model_states, whole + max(fragments, model_states)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """What a resume onto another layout writes beside its checkpoint before the first step."""
+
+    tag: str  # the checkpoint converted
+    stays: int  # bytes of the copies, on disk until that checkpoint is pruned
+    peak: int  # the most they take while being written
+    own_layout: str  # the overrides that resume it unmoved: ``gpus=2 parallel.zero_stage=1``
+
+    def words(self) -> str:
+        return f"{self.stays / 1e9:.3f} GB of {self.tag} converted for this layout"
+
+
 @dataclass(frozen=True)
 class DiskNeed:
     """What a run's checkpoints will add to the filesystem of its directory."""
@@ -98,6 +168,7 @@ class DiskNeed:
     on_disk: int  # complete checkpoints the run directory holds already
     free: int  # bytes free on its filesystem now
     where: Path  # the directory whose filesystem was asked
+    conversion: Conversion | None = None  # a resume onto another layout
 
     @property
     def to_write(self) -> int:
@@ -119,7 +190,11 @@ class DiskNeed:
 
     @property
     def needed(self) -> int:
-        return self.to_write * self.each
+        """The most the run adds: its checkpoints at their peak, beside the copies a move converts."""
+        saves = self.to_write * self.each
+        if self.conversion is None:
+            return saves
+        return max(self.conversion.peak, self.conversion.stays + saves)
 
     @property
     def fits(self) -> bool:
@@ -132,9 +207,24 @@ class DiskNeed:
         else:
             why = f"{self.saves} save{'s' if self.saves > 1 else ''} in the run"
         held = f"; {self.on_disk} there already" if self.on_disk else ""
+        saves = f"{self.to_write} x {self.each / 1e9:.3f} GB"
+        if self.conversion is not None:
+            saves = f"{saves} + {self.conversion.words()}"
         return (
-            f"{self.to_write} x {self.each / 1e9:.3f} GB = {self.needed / 1e9:.3f} GB ({why}{held}), "
+            f"{saves} = {self.needed / 1e9:.3f} GB ({why}{held}), "
             f"{self.free / 1e9:.3f} GB free on the filesystem of {self.where}"
+        )
+
+    def conversion_problem(self) -> str | None:
+        """The refusal of a move whose conversion alone cannot fit, or None."""
+        if self.conversion is None or self.conversion.peak <= self.free:
+            return None
+        return (
+            f"train.resume=auto: moving {self.conversion.tag} to this layout writes a converted copy "
+            f"beside it (DeepSpeed's universal format): {self.conversion.peak / 1e9:.3f} GB at the most "
+            f"while it is written, {self.free / 1e9:.3f} GB free on the filesystem of {self.where}: free "
+            f"space there, or resume on the checkpoint's own layout ({self.conversion.own_layout}), "
+            f"which needs no copy"
         )
 
     def record(self) -> dict[str, object]:
@@ -148,6 +238,13 @@ class DiskNeed:
             "free_bytes": self.free,
             "filesystem_of": str(self.where),
             "fits": self.fits,
+            "conversion": None
+            if self.conversion is None
+            else {
+                "tag": self.conversion.tag,
+                "bytes": self.conversion.stays,
+                "peak_bytes": self.conversion.peak,
+            },
         }
 
 
@@ -159,11 +256,18 @@ def _existing_folder(path: Path) -> Path:
     return path
 
 
-def disk_need(config: TrainConfig, run_dir: Path, *, done_steps: int = 0, on_disk: int = 0) -> DiskNeed:
+def disk_need(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    done_steps: int = 0,
+    on_disk: int = 0,
+    conversion: Conversion | None = None,
+) -> DiskNeed:
     """The run's checkpoints against the free space of ``run_dir``'s filesystem, now.
 
     ``done_steps``: the steps a resumed run has behind it; ``on_disk``: the complete
-    checkpoints its directory holds.
+    checkpoints its directory holds; ``conversion``: what its move to this layout writes.
     """
     where = _existing_folder(run_dir)
     every, left = config.train.checkpoint_every, max(0, config.train.steps - done_steps)
@@ -174,11 +278,15 @@ def disk_need(config: TrainConfig, run_dir: Path, *, done_steps: int = 0, on_dis
         on_disk=on_disk,
         free=shutil.disk_usage(where).free,
         where=where,
+        conversion=conversion,
     )
 
 
 def disk_problem(need: DiskNeed, config: TrainConfig) -> str | None:
-    """The refusal of a run whose periodic checkpoints cannot fit on its filesystem, or None."""
+    """The refusal of a run whose move to this layout or periodic checkpoints cannot fit on its
+    filesystem, or None."""
+    if (moving := need.conversion_problem()) is not None:
+        return moving
     if need.fits or not config.train.checkpoint_every:
         return None
     fewer = ""
@@ -232,6 +340,7 @@ def stop_save_warning(need: DiskNeed, config: TrainConfig) -> str | None:
 
 
 __all__ = [
+    "Conversion",
     "DiskNeed",
     "checkpoint_bytes",
     "config_checkpoint_bytes",
@@ -241,4 +350,5 @@ __all__ = [
     "saved_elements",
     "stop_save_warning",
     "sweep_disk_problem",
+    "universal_bytes",
 ]

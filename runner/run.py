@@ -396,11 +396,25 @@ def checkpoint_space(config: TrainConfig, run_dir: Path) -> tuple[checkpoint_siz
     and the warning for one that saves only at a stop and could not then
     (runner/checkpoint_size.py)."""
     record = checkpoint_record.latest(run_dir) if resumes(config) else None
+    conversion = None
+    if record is not None:
+        from runner import checkpoint  # torch and DeepSpeed: imported only when there is one to load
+
+        conversion = checkpoint.conversion(
+            run_dir,
+            record,
+            layout=choose_layout(config),
+            zero_stage=config.parallel.zero_stage,
+            model=config.model,
+            precision=config.precision.name,
+            optimizer=config.optimizer.name.value,
+        )
     need = checkpoint_size.disk_need(
         config,
         run_dir,
         done_steps=record["completed_steps"] if record else 0,
         on_disk=len(checkpoint_record.complete_checkpoints(run_dir / checkpoint_record.CHECKPOINT_DIR)),
+        conversion=conversion,
     )
     if (problem := checkpoint_size.disk_problem(need, config)) is not None:
         raise ConfigError(f"  - {problem}")

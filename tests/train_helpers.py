@@ -178,7 +178,8 @@ def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[Tra
 
     A leg with more ``gpus`` than this host's cores is started by torchrun (run_on_any_gpus).
     Each leg's checkpoint weighs what runner/checkpoint_size.py says, within 2% (the pickled
-    records of each tensor, a few hundred bytes apiece, are 1.4% of tiny at half width).
+    records of each tensor, a few hundred bytes apiece, are 1.4% of tiny at half width), and
+    so do the copies a leg's move converts.
     Returns the last leg's result and the step each leg resumed from (None: the first).
     """
     from runner.checkpoint_size import config_checkpoint_bytes
@@ -196,6 +197,15 @@ def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[Tra
         planned = config_checkpoint_bytes(compose_config(*leg, *common))
         print(f"{' '.join(leg)}: checkpoint {written:,} bytes, planned {planned:,} ({planned / written:.4f})")
         assert planned == pytest.approx(written, rel=0.02), leg
+        # The copies its move to this layout converted, as planned before it started.
+        if (moved := result.summary["checkpoint_disk"]["conversion"]) is not None:
+            copies = sum(
+                folder_bytes(folder)
+                for folder in (run_dir / "checkpoints").glob(f"{moved['tag']}_*")
+                if folder.is_dir()
+            )
+            print(f"  converted {copies:,} bytes, planned {moved['bytes']:,} ({moved['bytes'] / copies:.4f})")
+            assert moved["bytes"] == pytest.approx(copies, rel=0.02), leg
     return result, resumed_from
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, clean_env, compose_config, run_train, start_train
+from train_helpers import ROOT, clean_env, compose_config, file_digests, run_train, start_train
 
 from runner.checkpoint_size import config_checkpoint_bytes
 
@@ -72,6 +72,26 @@ def test_checkpoints_that_cannot_fit_are_refused_before_launch(small_disk):
     )
     assert kept_one.returncode == 0, kept_one.stderr[-3000:]
     assert [p.name for p in (disk / "run" / "checkpoints").glob("step_*")] == ["step_00000006"]
+
+
+def test_a_move_whose_conversion_cannot_fit_is_refused_before_anything_is_written(small_disk):
+    """ddp's 38.8 MB checkpoint converted for ZeRO-1: 51.9 MB of universal copy beside it, on a
+    disk with about 41 MB left; on its own layout the run needs no copy and continues."""
+    disk = small_disk(80)
+    run_dir = disk / "run"
+    saving = ["train.checkpoint_every=2", "train.keep_checkpoints=1"]
+    first = run_train(*RUN, "train.steps=2", *saving, run_dir=run_dir)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = file_digests(run_dir / "checkpoints")
+    moved = run_train(*RUN, "parallel=zero1", "train.steps=4", *saving, "train.resume=auto", run_dir=run_dir)
+    assert moved.returncode != 0
+    said = "train.resume=auto: moving step_00000002 to this layout writes a converted copy beside it"
+    assert said in moved.stderr, moved.stderr[-3000:]
+    assert "resume on the checkpoint's own layout (gpus=1 parallel.zero_stage=0)" in moved.stderr
+    assert file_digests(run_dir / "checkpoints") == before  # nothing converted, nothing half-written
+    same = run_train(*RUN, "train.steps=4", *saving, "train.resume=auto", run_dir=run_dir)
+    assert same.returncode == 0, same.stderr[-3000:]
+    assert same.summary["resumed_from_step"] == 2
 
 
 def test_a_save_that_runs_out_of_room_is_removed_and_the_run_continues_once_there_is_room(small_disk):

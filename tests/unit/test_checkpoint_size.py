@@ -10,8 +10,16 @@ import pytest
 from train_helpers import compose_config
 
 from runner import checkpoint_size
-from runner.checkpoint_size import DiskNeed, checkpoint_bytes, config_checkpoint_bytes, saved_elements
-from runner.model_shape import num_params
+from runner.checkpoint_size import (
+    SAVED_FILE_RECORDS,
+    Conversion,
+    DiskNeed,
+    checkpoint_bytes,
+    config_checkpoint_bytes,
+    saved_elements,
+    universal_bytes,
+)
+from runner.model_shape import num_params, param_numels
 
 pytestmark = pytest.mark.unit
 
@@ -147,3 +155,48 @@ def test_a_sweep_needs_what_its_cells_keep_one_after_another_or_all_at_once(monk
     problem = checkpoint_size.sweep_disk_problem(cells, tmp_path)
     assert problem is not None and f"need {in_turn / 1e9:.3f} GB" in problem
     assert checkpoint_size.sweep_disk_problem(cells[:1], tmp_path) is None  # one cell: its own check
+
+
+def test_a_universal_copy_is_every_parameter_in_fp32_with_its_state_beside_the_model_states():
+    tiny = compose_config().model
+    params, tied = num_params(tiny), tiny.vocab_size * tiny.d_model  # tiny ties its embeddings
+    files = len(param_numels(tiny)) * 4 + 1  # fp32, m, v, step a tensor; the tied one's fp32
+    # fp32 weight, m, v; the tied weight's second name in fp32; each file's zip records.
+    whole = params * 12 + tied * 4 + files * SAVED_FILE_RECORDS
+
+    def universal(zero_stage, precision="fp32", **split):
+        return universal_bytes(tiny, optimizer="adamw", zero_stage=zero_stage, precision=precision, **split)
+
+    # ZeRO-3 saves no weights; ds_to_universal's fragments take the same room again until merged,
+    # beside rank 0's optimizer file (its fp32 partition and moments, trimmed after).
+    fragments = params * 12
+    assert universal(3, dp=2) == (whole, whole + fragments + params // 2 * 12)
+    # ZeRO 1-2 copy the model-states file's weights; in fp32 a tied weight's second name is
+    # written with that file's whole storage until trimmed.
+    assert universal(1) == (whole + params * 4, whole + fragments + params * 4)
+    assert universal(2, "bf16") == (whole + params * 2, whole + fragments)
+    assert universal(1, pp=2)[0] == whole  # a pipeline's weights are in its layer files, not copied
+    # ladder's own conversion of stage 0: rank 0's model-states file, no temporary fragments.
+    norms = (2 * tiny.n_layer + 1) * tiny.d_model
+    assert universal(0, tp=2) == (whole + (params + norms) // 2 * 4,) * 2
+    sgd = universal_bytes(tiny, optimizer="sgd", zero_stage=3, precision="fp32")
+    assert sgd[0] == params * 8 + tied * 4 + (len(param_numels(tiny)) * 3 + 1) * SAVED_FILE_RECORDS
+
+
+def test_a_move_needs_its_conversion_beside_the_checkpoints_it_will_write(tmp_path):
+    conversion = Conversion(tag="step_00000004", stays=25, peak=40, own_layout="gpus=2 parallel.zero_stage=1")
+    need = _need(kept=1, saves=5, conversion=conversion)
+    assert need.needed == max(40, 25 + 2 * 10)  # the copies stay until their checkpoint is pruned
+    assert "+ 0.000 GB of step_00000004 converted for this layout" in need.arithmetic()
+    assert need.record()["conversion"] == {"tag": "step_00000004", "bytes": 25, "peak_bytes": 40}
+    assert need.conversion_problem() is None
+    config = compose_config("train.checkpoint_every=0")
+    cramped = _need(free=39, conversion=conversion)
+    problem = checkpoint_size.disk_problem(cramped, config)  # refused even without periodic saves
+    assert problem is not None
+    for words in (
+        "train.resume=auto: moving step_00000004 to this layout writes a converted copy beside it",
+        "free on the filesystem of /x",
+        "own layout (gpus=2 parallel.zero_stage=1), which needs no copy",
+    ):
+        assert words in problem, words
