@@ -170,6 +170,8 @@ class ClusterConfig:
     peak_tflops: float | None = None  # overrides the peak for the run's precision
     intra_node_gbps: float | None = None  # GB/s per device, one direction
     inter_node_gbps: float | None = None  # GB/s per device, one direction
+    # The checkpoint filesystem's write speed, every rank's writes together; None: unknown.
+    storage_gb_per_s: float | None = None
     source: str = ""
 
 

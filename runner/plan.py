@@ -65,6 +65,8 @@ class Workload:
     compiled: bool = False  # train.compile: the blocks' activations as a compiled graph saves them
     eval_every: int = 0  # train.eval_every: steps between held-out evaluations (0: none)
     eval_batches: int = 0  # train.eval_batches: global batches an evaluation reads
+    checkpoint_every: int = 0  # train.checkpoint_every: steps between saves (0: only at a stop)
+    storage_bytes_per_s: float | None = None  # cluster.storage_gb_per_s (None: unknown)
 
     @property
     def usable_bytes(self) -> float:
@@ -143,6 +145,20 @@ class Plan:
         )
 
     @property
+    def checkpoint_s(self) -> float | None:
+        """One save's time at the cluster's storage write speed (None: unknown)."""
+        speed = self.workload.storage_bytes_per_s
+        return None if not speed else self.checkpoint_bytes / speed
+
+    @property
+    def checkpoint_share(self) -> float | None:
+        """The saves' time over the steps' (one save every train.checkpoint_every steps)."""
+        step_s, every = self.time.step_s, self.workload.checkpoint_every
+        if self.checkpoint_s is None or not step_s or every <= 0:
+            return None
+        return self.checkpoint_s / (every * step_s)
+
+    @property
     def runnable(self) -> bool:
         """Fits the device and the host, holds the configured global batch, and the runner can run it."""
         return self.fits and self.host.fits and not self.plan_only and self.contract_error is None
@@ -216,6 +232,8 @@ class Plan:
                 "eval_share": self.eval_share,
             },
             "checkpoint_bytes": self.checkpoint_bytes,
+            "checkpoint_s": self.checkpoint_s,
+            "checkpoint_share": self.checkpoint_share,
         }
 
 
@@ -272,6 +290,10 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
         compiled=config.train.compile,
         eval_every=config.train.eval_every,
         eval_batches=config.train.eval_batches,
+        checkpoint_every=config.train.checkpoint_every,
+        storage_bytes_per_s=None
+        if config.cluster.storage_gb_per_s is None
+        else config.cluster.storage_gb_per_s * 1e9,
     )
 
 

@@ -261,8 +261,21 @@ def format_plan(plan: Plan) -> str:
         "checkpoint on disk (every rank's files; runner/checkpoint_size.py)",
         f"  one checkpoint {plan.checkpoint_bytes / GB:.2f} GB = {saved}{state} B of fp32 optimizer state "
         f"per parameter{extra}",
+        _save_time_line(plan),
     ]
     return "\n".join(lines)
+
+
+def _save_time_line(plan: Plan) -> str:
+    """One save's time at the storage's write speed, and its share of the steps' time."""
+    if plan.checkpoint_s is None:
+        return "  its save time: unknown (set cluster.storage_gb_per_s, the filesystem's write speed)"
+    speed = plan.checkpoint_bytes / plan.checkpoint_s / GB
+    line = f"  one save {plan.checkpoint_s:.3g} s at cluster.storage_gb_per_s={speed:g}"
+    every = plan.workload.checkpoint_every
+    if plan.checkpoint_share is not None:
+        line += f"; every {every} steps: {100 * plan.checkpoint_share:.1f}% on top of the steps' time"
+    return line
 
 
 def checkpoint_disk_line(need: DiskNeed, config: TrainConfig) -> str:

@@ -50,6 +50,13 @@ def _problems(config: TrainConfig) -> list[str]:
     )
     need(data.dtype in TOKEN_DTYPES, f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32")
     need(opt.lr > 0, f"optimizer.lr={opt.lr}: must be positive, e.g. optimizer.lr=3e-4")
+    storage = config.cluster.storage_gb_per_s
+    if storage is not None:
+        need(
+            storage > 0,
+            f"cluster.storage_gb_per_s={storage:g}: the checkpoint filesystem's write speed in GB/s must "
+            f"be positive (e.g. cluster.storage_gb_per_s=2), or null when unknown",
+        )
     window = config.precision.loss_scale_window
     need(window >= 1, f"precision.loss_scale_window={window}: must be a step count, e.g. 1000 (the default)")
     need(opt.warmup_steps >= 0, f"optimizer.warmup_steps={opt.warmup_steps}: must be 0 or more")

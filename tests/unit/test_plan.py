@@ -24,7 +24,7 @@ from runner.plan_hardware import resolve_device
 from runner.plan_ladder import recommend
 from runner.plan_table import format_plan, nominal_params
 from runner.run import choose_layout, choose_layout_explained
-from runner.validate import ConfigError
+from runner.validate import ConfigError, validate
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
@@ -575,3 +575,21 @@ def test_the_plan_prices_the_held_out_evaluation_as_forward_passes():
     assert recomputed.eval_s == pytest.approx(evaluated.eval_s)
     piped = plan_config(_config(*common, "parallel=pp2", "batch.micro_size=2", *every))
     assert piped.eval_s == pytest.approx(6 * compute / 3 * (1 + 1 / piped.layout.accum_steps))
+
+
+def test_the_plan_times_a_save_at_the_storages_write_speed():
+    """cluster.storage_gb_per_s: one checkpoint's bytes at that speed, and the saves' share of the
+    steps' time at train.checkpoint_every; unknown (and said so) without it."""
+    common = ("model=llama_70b", "cluster=h100_sxm", "precision=bf16", "gpus=64", "parallel=zero3")
+    common += ("batch.global_size=256", "model.activation_checkpointing=full")
+    unknown = plan_config(_config(*common, "train.checkpoint_every=100"))
+    assert unknown.checkpoint_s is None and unknown.record()["checkpoint_s"] is None
+    assert "its save time: unknown (set cluster.storage_gb_per_s" in format_plan(unknown)
+    timed = plan_config(_config(*common, "train.checkpoint_every=100", "cluster.storage_gb_per_s=2"))
+    assert timed.checkpoint_s == pytest.approx(timed.checkpoint_bytes / 2e9)  # 827.72 GB: 414 s
+    assert timed.time.step_s is not None
+    assert timed.checkpoint_share == pytest.approx(timed.checkpoint_s / (100 * timed.time.step_s))
+    assert timed.record()["checkpoint_share"] == timed.checkpoint_share
+    assert "one save 414 s at cluster.storage_gb_per_s=2; every 100 steps:" in format_plan(timed)
+    with pytest.raises(ConfigError, match=r"cluster.storage_gb_per_s=0: .* must be positive"):
+        validate(_config(*common, "cluster.storage_gb_per_s=0"), launcher=None)
