@@ -123,13 +123,17 @@ class Plan:
     contract_error: str | None = None  # the configured global batch could not be split
     eval_s: float | None = None  # one held-out evaluation, predicted (train.eval_every; plan_time.eval_time)
 
+    def _share_of_steps(self, seconds: float | None, every: int) -> float | None:
+        """``seconds`` spent once every ``every`` steps, over those steps' time (None: unknown)."""
+        step_s = self.time.step_s
+        if seconds is None or not step_s or every <= 0:
+            return None
+        return seconds / (every * step_s)
+
     @property
     def eval_share(self) -> float | None:
         """The evaluations' time over the steps' (one evaluation every eval_every steps)."""
-        step_s, every = self.time.step_s, self.workload.eval_every
-        if self.eval_s is None or not step_s or every <= 0:
-            return None
-        return self.eval_s / (every * step_s)
+        return self._share_of_steps(self.eval_s, self.workload.eval_every)
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -153,10 +157,7 @@ class Plan:
     @property
     def checkpoint_share(self) -> float | None:
         """The saves' time over the steps' (one save every train.checkpoint_every steps)."""
-        step_s, every = self.time.step_s, self.workload.checkpoint_every
-        if self.checkpoint_s is None or not step_s or every <= 0:
-            return None
-        return self.checkpoint_s / (every * step_s)
+        return self._share_of_steps(self.checkpoint_s, self.workload.checkpoint_every)
 
     @property
     def runnable(self) -> bool:
