@@ -1,0 +1,50 @@
+"""The CPU peak MFU divides by: the best calibration per CPU, threads and precision, then reused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runner import peak
+from runner.config import Precision
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def calibrations(monkeypatch, tmp_path: Path) -> Iterator[list[float]]:
+    """Each calibration pops its figure from the front of the list; the cache lives in tmp_path."""
+    figures: list[float] = []
+    monkeypatch.setenv("LADDER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(peak, "calibrate_cpu_peak", lambda dtype: figures.pop(0))
+    yield figures
+
+
+def test_the_best_of_the_first_calibrations_is_kept_then_reused_unmeasured(calibrations) -> None:
+    calibrations.extend([5e9, 9e9, 7e9])  # the second run measured on a free core
+    seen = [peak.best_cpu_peak(Precision.fp32).flops for _ in range(peak.CALIBRATIONS_KEPT)]
+    assert seen == [5e9, 9e9, 9e9]
+    reused = peak.best_cpu_peak(Precision.fp32)  # no figure left: a measurement would fail
+    assert reused.flops == 9e9
+    assert "best of 3 matmul calibrations" in reused.source and "remove it to measure again" in reused.source
+
+
+def test_each_precision_has_its_own_calibrations(calibrations) -> None:
+    calibrations.extend([4e9, 1e9])
+    assert peak.best_cpu_peak(Precision.fp32).flops == 4e9
+    assert peak.best_cpu_peak(Precision.bf16).flops == 1e9
+
+
+def test_an_unreadable_cache_measures_again_and_an_earlier_format_counts_once(calibrations, tmp_path) -> None:
+    (tmp_path / "cpu_peak.json").write_text("{not json")
+    calibrations.append(3e9)
+    assert peak.best_cpu_peak(Precision.fp32).flops == 3e9
+    key = next(iter(json.loads((tmp_path / "cpu_peak.json").read_text())))
+    (tmp_path / "cpu_peak.json").write_text(json.dumps({key: 8e9}))  # a bare best figure
+    calibrations.extend([2e9, 2e9])
+    assert [peak.best_cpu_peak(Precision.fp32).flops for _ in range(3)] == [8e9, 8e9, 8e9]
+    kept = json.loads((tmp_path / "cpu_peak.json").read_text())
+    assert (kept[key], kept["calibrations"][key]) == (8e9, 3)
