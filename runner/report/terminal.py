@@ -74,19 +74,22 @@ def rows_table(rows: Sequence[Row], *, headers: Sequence[str], title: str) -> Ta
     table = Table(
         title=title, box=box.SIMPLE_HEAD, header_style="bold", title_justify="left", collapse_padding=True
     )
-    for header in headers:
+    cells = [[_cell(_BY_HEADER[h], row) for h in headers] for row in rows]
+    for at, header in enumerate(headers):
         column = _BY_HEADER[header]
-        flexible = header == "overrides"  # the one column that may wrap; numbers never split
+        flexible = header == "overrides"  # the one column that may wrap
+        widest = max((len(line[at]) for line in cells), default=0)
         table.add_column(
             _SHORT.get(header, header),
             justify="right" if column.numeric else "left",
             no_wrap=not flexible,
             overflow="fold" if flexible else "ellipsis",
             ratio=1 if flexible else None,
-            min_width=12 if flexible else None,
+            # Numbers are never cut: a narrow terminal shortens the names and headers instead.
+            min_width=12 if flexible else widest if column.numeric else None,
         )
-    for row in rows:
-        table.add_row(*(_cell(_BY_HEADER[h], row) for h in headers))
+    for line in cells:
+        table.add_row(*line)
     return table
 
 

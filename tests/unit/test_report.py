@@ -537,9 +537,10 @@ def test_a_cell_of_several_attempts_shows_its_goodput_across_them(tmp_path, caps
     assert "Cell restarted, goodput over 2 attempts: 45%" in page.read_text()
 
 
-def test_an_evaluated_cell_shows_its_held_out_loss_and_evaluation_time(tmp_path, capsys):
+def test_an_evaluated_cell_shows_its_held_out_loss_and_evaluation_time(tmp_path, capsys, monkeypatch):
     """summary.json's ``eval`` (runner/evaluation.py): the flat field, an ``eval`` column beside the
     final loss, and an ``eval`` part in the wall-time table; cells without stay as they were."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped, as to a file: tables keep their width
     evaluated = write_cell(tmp_path / "evaluated")
     summary = json.loads((evaluated / "summary.json").read_text())
     summary["eval"] = {"loss": 3.25, "step": 8, "every": 4, "sequences": 64}
@@ -557,6 +558,12 @@ def test_an_evaluated_cell_shows_its_held_out_loss_and_evaluation_time(tmp_path,
     assert header[header.index("steps") + 2] == "eval"  # steps, ckpt, eval, other
     assert main(["report", str(tmp_path / "plain")]) == 0
     assert " eval " not in capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", "80")  # a narrow terminal shortens names and headers, never numbers
+    assert main(["report", str(tmp_path)]) == 0
+    narrow = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in narrow) <= 80
+    losses = [line.split()[-3:-1] for line in narrow if "3.2500" in line]
+    assert losses == [["3.2500", "3.2500"], ["3.2500", "–"]]  # the final loss, the eval loss if any
 
 
 def test_held_out_loss_curves_are_compared_among_cells_that_evaluated_the_same_batches(tmp_path, capsys):
