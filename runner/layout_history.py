@@ -4,7 +4,8 @@ summary.json's ``layout_history`` lists each segment from the step it started at
 that never changed layout has one. A resume from step N keeps the segments that started
 before N (steps after N, logged by an attempt that did not checkpoint them, are trained
 again) and adds its own, unless it goes on in the layout the last one trained in (a
-stopped or requeued run resumed as it was).
+stopped or requeued run resumed as it was). A segment whose attempt converted the
+checkpoint for its layout records the conversion: its seconds and the bytes it wrote.
 """
 
 from __future__ import annotations
@@ -15,15 +16,23 @@ from runner.layout import Layout
 
 
 def segment(
-    *, from_step: int, parallel: str, zero_stage: int, precision: str, layout: Layout
+    *,
+    from_step: int,
+    parallel: str,
+    zero_stage: int,
+    precision: str,
+    layout: Layout,
+    conversion: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """One segment: the step it starts at, the parallel config and the layout it trains on."""
+    """One segment: the step it starts at, the parallel config and the layout it trains on, and
+    the conversion that moved the checkpoint onto it (``seconds``, ``bytes``), if one ran."""
     return {
         "from_step": from_step,
         "parallel": parallel,
         "zero_stage": zero_stage,
         "precision": precision,
         **layout.record(),
+        **({"conversion": conversion} if conversion is not None else {}),
     }
 
 
@@ -42,9 +51,10 @@ def extended(
 
 
 def _same_layout(earlier: dict[str, Any], new: dict[str, Any]) -> bool:
-    return {k: v for k, v in earlier.items() if k != "from_step"} == {
-        k: v for k, v in new.items() if k != "from_step"
-    }
+    def where(seg: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in seg.items() if k not in ("from_step", "conversion")}
+
+    return where(earlier) == where(new)
 
 
 def _label(seg: dict[str, Any]) -> str:
@@ -55,8 +65,17 @@ def _label(seg: dict[str, Any]) -> str:
     return f"{name} on {seg['gpus']} ({split})"
 
 
+def _moved(seg: dict[str, Any]) -> str:
+    converted = seg.get("conversion")
+    if not converted:
+        return ""
+    return f" (converted in {converted['seconds']:.1f} s, {converted['bytes'] / 1e6:,.1f} MB)"
+
+
 def describe(history: list[dict[str, Any]] | None) -> str | None:
     """One line for a run that changed layout, e.g. ``ddp on 2 (dp 2) from step 0, zero3 on 1 ...``."""
     if not history or len(history) < 2:
         return None
-    return "layouts: " + " -> ".join(f"{_label(seg)} from step {seg['from_step']}" for seg in history)
+    return "layouts: " + " -> ".join(
+        f"{_label(seg)} from step {seg['from_step']}{_moved(seg)}" for seg in history
+    )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from runner.schedule import scaled_lr
 from runner.summary import read_summary, update_summary
 from runner.token_file import token_source_words
 from runner.validate import ConfigError, validate
+from runner.wall_clock import folder_bytes
 
 log = logging.getLogger("ladder")
 
@@ -126,21 +129,28 @@ def deepspeed_config_for(
     )
 
 
-def _prepare_resume(
-    config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool
-) -> tuple[bool, dict[str, Any] | None]:
-    """Check the checkpoint to resume from; convert it for another layout. Returns whether DeepSpeed
+@dataclass(frozen=True)
+class Resume:
+    """What a run continues from: the checkpoint's record (None: from scratch), whether DeepSpeed
     loads it in the universal format (ZeRO 1-3; a stage-0 run loads a stage-0 file written from
-    it), and the checkpoint's record (None: the run starts from scratch)."""
+    it), and, where this attempt converted it for its layout, the conversion's seconds and bytes."""
+
+    record: dict[str, Any] | None = None
+    universal: bool = False
+    conversion: dict[str, float] | None = None
+
+
+def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool) -> Resume:
+    """Check the checkpoint to resume from; convert it for another layout (the lead process)."""
     if not resumes(config):  # train.resume=auto, or a job SLURM requeued (runner/preemption.py)
-        return False, None
+        return Resume()
     from runner import checkpoint  # torch and DeepSpeed: imported only when there is one to load
 
     record = checkpoint.latest(run_dir)
     if record is None:
         if lead and (kept := keep_earlier_attempt(run_dir)) is not None:
             log.info("no checkpoint to continue from: starting over; the earlier attempt is in %s", kept)
-        return False, None
+        return Resume()
     stage, precision = config.parallel.zero_stage, config.precision.name
     try:
         checkpoint.check_resumable(
@@ -149,22 +159,32 @@ def _prepare_resume(
     except ValueError as error:
         raise ConfigError(f"  - {error}") from None
     converts = checkpoint.needs_universal(record, layout=layout, zero_stage=stage)
+    conversion = None
     if lead:
         if converts:
             log.info("converting %s for the new layout", record["tag"])
+            root = run_dir / checkpoint_record.CHECKPOINT_DIR
+            there = {folder.name for folder in root.iterdir()}
+            started = time.perf_counter()
             try:
                 checkpoint.convert_for(
                     run_dir, record, layout=layout, zero_stage=stage, model=config.model, precision=precision
                 )
             except ValueError as error:  # the conversion failed: nothing of the run was changed
                 raise ConfigError(f"  - {error}") from None
+            written = [root / name for name in {folder.name for folder in root.iterdir()} - there]
+            if written:  # else an earlier attempt had converted it for this layout
+                seconds = time.perf_counter() - started
+                size = sum(folder_bytes(folder) for folder in written if folder.is_dir())
+                conversion = {"seconds": seconds, "bytes": size}
+                log.info("converted %s in %.1f s (%.1f MB written)", record["tag"], seconds, size / 1e6)
         checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
     elif converts:
         checkpoint.wait_for(
             run_dir, checkpoint.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
         )
     universal = checkpoint.loads_universal(record, layout=layout, zero_stage=stage, precision=precision)
-    return universal, record
+    return Resume(record, universal, conversion)
 
 
 def _start_summary(
@@ -174,15 +194,17 @@ def _start_summary(
     identity: RunIdentity,
     launcher: str,
     *,
-    resumed: dict[str, Any] | None,
+    resume: Resume,
     experiment: str | None = None,
 ) -> None:
+    resumed = resume.record
     this = layout_history.segment(
         from_step=resumed["completed_steps"] if resumed else 0,
         parallel=config.parallel.name,
         zero_stage=config.parallel.zero_stage,
         precision=config.precision.name.value,
         layout=layout,
+        conversion=resume.conversion,
     )
     history = layout_history.extended(read_summary(run_dir).get("layout_history"), resumed, this)
     update_summary(
@@ -466,13 +488,13 @@ def run(
     if env is None and plan is not None:
         refuse_beyond_this_hosts_ram(plan)
     disk, disk_warning = checkpoint_space(config, run_dir)  # every rank: each refuses alike
-    load_universal, resumed = _prepare_resume(config, layout, run_dir, lead=lead)
-    ds_config = deepspeed_config_for(config, layout, load_universal=load_universal)
+    resume = _prepare_resume(config, layout, run_dir, lead=lead)
+    ds_config = deepspeed_config_for(config, layout, load_universal=resume.universal)
     if lead:
         # Nobody but the owner (and its group) may write into a run: drop "other" write bits.
         run_dir.chmod(run_dir.stat().st_mode & ~0o002)
         write_deepspeed_config(run_dir, ds_config)
-        _start_summary(config, layout, run_dir, identity, launcher, resumed=resumed, experiment=experiment)
+        _start_summary(config, layout, run_dir, identity, launcher, resume=resume, experiment=experiment)
         if micro_choice is not None:
             update_summary(run_dir, micro_size_choice=micro_choice)
             log.info("batch.micro_size=auto: %s", micro_choice)

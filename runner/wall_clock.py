@@ -4,7 +4,9 @@ The per-step phases (runner/phase_clock.py) say where a step's time goes; this s
 the run's goes, the accounting behind "goodput" (the share of wall time spent training),
 in parts a user can act on:
 
-    launch       the interpreter, torch and DeepSpeed's imports, the process group
+    launch       the interpreter, torch and DeepSpeed's imports, the process group; under
+                 torchrun or srun also the conversion of a checkpoint moved onto this
+                 layout (rank 0 converts; layout_history records its seconds)
     build        the model, on the layout (runner/build.py), and its compilation set-up
     engine       deepspeed.initialize and ladder's hooks on it
     resume       loading the checkpoint a resumed run continues from

@@ -206,6 +206,9 @@ def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[Tra
             )
             print(f"  converted {copies:,} bytes, planned {moved['bytes']:,} ({moved['bytes'] / copies:.4f})")
             assert moved["bytes"] == pytest.approx(copies, rel=0.02), leg
+            # The segment the move began says how long the conversion took and what it wrote.
+            measured = result.summary["layout_history"][-1]["conversion"]
+            assert measured["bytes"] == copies and measured["seconds"] > 0, (leg, measured)
     return result, resumed_from
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,12 @@ def test_ddp_on_2_ranks_to_zero3_to_ddp_on_1_gives_the_uninterrupted_losses(
     assert last.summary["status"] == "completed"
     history = [(seg["from_step"], seg["parallel"], seg["dp"]) for seg in last.summary["layout_history"]]
     assert history == [(0, "ddp", 2), (3, "zero3", 2), (6, "ddp", 1)]
-    assert "layouts: ddp on 2 (dp 2) from step 0 -> zero3 on 2 (dp 2) from step 3 -> ddp on 1" in last.stdout
+    said = re.search(
+        r"layouts: ddp on 2 \(dp 2\) from step 0 -> zero3 on 2 \(dp 2\) from step 3 (.*) -> ddp on 1",
+        last.stdout,
+    )
+    assert said is not None, last.stdout
+    assert re.fullmatch(r"\(converted in \d+\.\d s, [\d.,]+ MB\)", said.group(1)), said.group(1)
     checkpoints = run_dir / "checkpoints"
     # Step 3's checkpoint and its conversion are pruned by then (train.keep_checkpoints=2).
     assert (checkpoints / "step_00000006_universal_ddp" / checkpoint_stage0.MODEL_STATES).is_file()

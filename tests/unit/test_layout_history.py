@@ -43,3 +43,22 @@ def test_a_run_resumed_in_the_layout_it_stopped_in_keeps_one_segment():
     assert describe(extended([first], record, _segment(11, "ddp", 2))) is None
     moved = extended([first], record, _segment(11, "ddp", 1))
     assert [seg["from_step"] for seg in moved] == [0, 11]
+
+
+def test_a_segment_reached_by_a_conversion_says_how_long_it_took_and_what_it_wrote():
+    first = _segment(0, "zero1", 2)
+    layout = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
+    converted = {"seconds": 4.25, "bytes": 52_200_000}
+    moved = segment(
+        from_step=4, parallel="zero2", zero_stage=2, precision="fp32", layout=layout, conversion=converted
+    )
+    record = {"completed_steps": 4, "zero_stage": 1, "layout": {}}
+    history = extended([first], record, moved)
+    assert history[-1]["conversion"] == converted
+    assert describe(history) == (
+        "layouts: zero1 on 2 (dp 2) from step 0 -> "
+        "zero2 on 1 (dp 1) from step 4 (converted in 4.2 s, 52.2 MB)"
+    )
+    # Stopped, then resumed on the layout it had moved to: the same segment, its conversion kept.
+    again = segment(from_step=6, parallel="zero2", zero_stage=2, precision="fp32", layout=layout)
+    assert extended(history, {"completed_steps": 6, "zero_stage": 2, "layout": {}}, again) == history
