@@ -7,10 +7,12 @@ torchrun, the deepspeed launcher or srun) this process is itself one rank.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,20 +165,23 @@ def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead:
     if lead:
         if converts:
             log.info("converting %s for the new layout", record["tag"])
-            root = run_dir / checkpoint_record.CHECKPOINT_DIR
-            there = {folder.name for folder in root.iterdir()}
-            started = time.perf_counter()
             try:
-                checkpoint.convert_for(
-                    run_dir, record, layout=layout, zero_stage=stage, model=config.model, precision=precision
+                conversion = _measured(
+                    run_dir / checkpoint_record.CHECKPOINT_DIR,
+                    functools.partial(
+                        checkpoint.convert_for,
+                        run_dir,
+                        record,
+                        layout=layout,
+                        zero_stage=stage,
+                        model=config.model,
+                        precision=precision,
+                    ),
                 )
             except ValueError as error:  # the conversion failed: nothing of the run was changed
                 raise ConfigError(f"  - {error}") from None
-            written = [root / name for name in {folder.name for folder in root.iterdir()} - there]
-            if written:  # else an earlier attempt had converted it for this layout
-                seconds = time.perf_counter() - started
-                size = sum(folder_bytes(folder) for folder in written if folder.is_dir())
-                conversion = {"seconds": seconds, "bytes": size}
+            if conversion is not None:  # None: an earlier attempt had converted it for this layout
+                seconds, size = conversion["seconds"], conversion["bytes"]
                 log.info("converted %s in %.1f s (%.1f MB written)", record["tag"], seconds, size / 1e6)
         checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
     elif converts:
@@ -185,6 +190,19 @@ def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead:
         )
     universal = checkpoint.loads_universal(record, layout=layout, zero_stage=stage, precision=precision)
     return Resume(record, universal, conversion)
+
+
+def _measured(root: Path, convert: Callable[[], object]) -> dict[str, float] | None:
+    """Run a conversion that writes its folders under ``root``: its seconds and the bytes of the
+    folders it wrote (None when it wrote none: done already)."""
+    there = {entry.name for entry in root.iterdir()}
+    started = time.perf_counter()
+    convert()
+    seconds = time.perf_counter() - started
+    written = [entry for entry in root.iterdir() if entry.name not in there and entry.is_dir()]
+    if not written:
+        return None
+    return {"seconds": seconds, "bytes": sum(folder_bytes(folder) for folder in written)}
 
 
 def _start_summary(

@@ -10,7 +10,7 @@ from train_helpers import compose_config
 from runner import checkpoint
 from runner.config import Precision
 from runner.layout import resolve_layout
-from runner.run import finished_already
+from runner.run import _measured, finished_already
 
 
 def _layout(gpus: int, tp: int = 1, pp: int = 1):
@@ -131,3 +131,18 @@ def test_a_resumed_run_that_finished_its_steps_has_nothing_to_train(tmp_path):
     assert words is not None and "step_00000004 holds 4 steps" in words and "continues it from" in words
     stopped = _run_dir(tmp_path / "c", status="interrupted", steps_done=2, checkpoint_at=2)
     assert finished_already(resumed, stopped) is None
+
+
+def test_a_conversion_is_measured_by_the_folders_it_writes_and_one_done_already_by_none(tmp_path):
+    (tmp_path / "step_00000004").mkdir()
+    (tmp_path / "latest.json").write_text("{}")
+
+    def convert() -> None:
+        folder = tmp_path / "step_00000004_universal"
+        folder.mkdir(exist_ok=True)
+        (folder / "zero.pt").write_bytes(b"x" * 1000)
+        (tmp_path / "latest_universal").write_text("pointer")  # a file beside: not the copy
+
+    measured = _measured(tmp_path, convert)
+    assert measured is not None and measured["bytes"] == 1000 and measured["seconds"] >= 0
+    assert _measured(tmp_path, convert) is None  # converted by an earlier attempt: nothing new
