@@ -28,6 +28,7 @@ class Peak:
 
     flops: float
     source: str
+    calibrated: bool = False  # this CPU's matmul calibration (best_cpu_peak), not a figure given
 
 
 def resolve_peak(cluster: ClusterConfig, precision: Precision, *, accelerator: str) -> Peak:
@@ -105,6 +106,7 @@ def best_cpu_peak(precision: Precision) -> Peak:
             cache.best[key],
             f"measured: best of {cache.calibrations[key]} matmul calibrations on this CPU with "
             f"{threads} threads (kept in {path}; remove it to measure again)",
+            calibrated=True,
         )
     now = calibrate_cpu_peak(torch_dtype(precision))
     cache = _CpuPeakCache.read(path)  # again: another rank or run may have written since
@@ -115,6 +117,26 @@ def best_cpu_peak(precision: Precision) -> Peak:
         cache.best[key],
         f"measured: best matmul calibration seen on this CPU with {threads} threads "
         f"({now / 1e9:.1f} GFLOP/s this run; best kept in {path})",
+        calibrated=True,
+    )
+
+
+def above_calibrated_peak(peak: Peak, mfu: float | None, precision: Precision) -> str | None:
+    """Where a run's MFU over a calibrated CPU peak is above 1, the calibrations ran on busy cores:
+    the next runs at this key calibrate again (the best kept stays a floor: a new figure is kept
+    only if higher). Returns the warning to log, or None."""
+    if not peak.calibrated or mfu is None or not mfu > 1:
+        return None
+    path = _cache_path()
+    cache = _CpuPeakCache.read(path)
+    key = f"{_cpu_name()}|threads={torch.get_num_threads()}|{precision.value}"
+    if key in cache.best:
+        cache.calibrations[key] = 0
+        cache.write(path)
+    return (
+        f"MFU {mfu:.2f} is above 1: this CPU did more than the peak calibrated earlier "
+        f"({peak.flops / 1e9:.1f} GFLOP/s, on cores other processes held); the next runs calibrate "
+        f"again ({path})"
     )
 
 

@@ -46,7 +46,7 @@ from runner.model import num_params
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.optimizer_prestep import undo_prestep
 from runner.param_groups import param_groups
-from runner.peak import resolve_peak
+from runner.peak import above_calibrated_peak, resolve_peak
 from runner.peak_memory import PeakMemory, host_peak_bytes
 from runner.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 from runner.pipeline import PipelineSteps
@@ -535,6 +535,9 @@ def _train(
             if asked and stop is not None:
                 raise _stopped(step + 1, asked, stop, rank=env.rank, source=env.source)
         status = {"status": "completed", "error": None}
+        mfu = last.get("throughput/mfu")
+        if env.rank == 0 and (overrun := above_calibrated_peak(peak, mfu, config.precision.name)):
+            log.warning("%s", overrun)
     except Preempted as stopped:
         status = {"status": "interrupted", "error": stopped.record["reason"]}
         interruption = stopped.record

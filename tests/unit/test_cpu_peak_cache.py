@@ -48,3 +48,18 @@ def test_an_unreadable_cache_measures_again_and_an_earlier_format_counts_once(ca
     assert [peak.best_cpu_peak(Precision.fp32).flops for _ in range(3)] == [8e9, 8e9, 8e9]
     kept = json.loads((tmp_path / "cpu_peak.json").read_text())
     assert (kept[key], kept["calibrations"][key]) == (8e9, 3)
+
+
+def test_a_run_above_the_kept_peak_makes_the_next_runs_calibrate_again(calibrations, tmp_path) -> None:
+    calibrations.extend([1e9, 1e9, 1e9])  # three calibrations on cores other processes held
+    for _ in range(peak.CALIBRATIONS_KEPT):
+        peak.best_cpu_peak(Precision.fp32)
+    kept = peak.best_cpu_peak(Precision.fp32)  # reused
+    assert peak.above_calibrated_peak(kept, 0.8, Precision.fp32) is None
+    assert peak.above_calibrated_peak(peak.Peak(1e9, "cluster.peak_tflops"), 3.0, Precision.fp32) is None
+    warning = peak.above_calibrated_peak(kept, 3.0, Precision.fp32)
+    assert warning is not None and "MFU 3.00 is above 1" in warning and "calibrate again" in warning
+    calibrations.append(3e9)  # the next run measures on free cores, and its figure is kept
+    assert peak.best_cpu_peak(Precision.fp32).flops == 3e9
+    key = next(k for k in json.loads((tmp_path / "cpu_peak.json").read_text()) if k != "calibrations")
+    assert json.loads((tmp_path / "cpu_peak.json").read_text())["calibrations"][key] == 1
