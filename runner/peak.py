@@ -88,6 +88,11 @@ class _CpuPeakCache:
             write_json_atomic(path, {**self.best, "calibrations": self.calibrations})
 
 
+def _cache_key(precision: Precision) -> str:
+    """This CPU, this process's thread count and the precision: one calibration's conditions."""
+    return f"{_cpu_name()}|threads={torch.get_num_threads()}|{precision.value}"
+
+
 def best_cpu_peak(precision: Precision) -> Peak:
     """The best matmul FLOP/s measured on this CPU at this thread count, now or in an earlier run.
 
@@ -98,7 +103,7 @@ def best_cpu_peak(precision: Precision) -> Peak:
     measurement (about half a second per process); removing the file measures again.
     """
     threads = torch.get_num_threads()
-    key = f"{_cpu_name()}|threads={threads}|{precision.value}"
+    key = _cache_key(precision)
     path = _cache_path()
     cache = _CpuPeakCache.read(path)
     if cache.calibrations.get(key, 0) >= CALIBRATIONS_KEPT:
@@ -129,7 +134,7 @@ def above_calibrated_peak(peak: Peak, mfu: float | None, precision: Precision) -
         return None
     path = _cache_path()
     cache = _CpuPeakCache.read(path)
-    key = f"{_cpu_name()}|threads={torch.get_num_threads()}|{precision.value}"
+    key = _cache_key(precision)
     if key in cache.best:
         cache.calibrations[key] = 0
         cache.write(path)
