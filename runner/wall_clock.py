@@ -6,7 +6,7 @@ in parts a user can act on:
 
     launch       the interpreter, torch and DeepSpeed's imports, the process group; under
                  torchrun or srun also the conversion of a checkpoint moved onto this
-                 layout (rank 0 converts; layout_history records its seconds)
+                 layout (rank 0 converts; layout_history and goodput name its seconds)
     build        the model, on the layout (runner/build.py), and its compilation set-up
     engine       deepspeed.initialize and ladder's hooks on it
     resume       loading the checkpoint a resumed run continues from
@@ -17,7 +17,7 @@ in parts a user can act on:
     other        between the steps: metric reductions and logging, the stop check
 
 The parts add up to ``total_s``. Marks are ``time.time()``; the process's start is the
-kernel's (psutil), so a rank's launch includes the imports before any ladder code ran.
+kernel's (``process_start``), so a rank's launch includes the imports before any ladder code ran.
 """
 
 from __future__ import annotations
@@ -33,8 +33,23 @@ SETUP_PHASES = ("launch", "build", "engine", "resume", "setup")
 
 
 def process_start() -> float:
-    """When this process started, in seconds since the epoch."""
-    return float(psutil.Process(os.getpid()).create_time())
+    """When this process started, in seconds since the epoch.
+
+    psutil adds the process's start in clock ticks since boot to the boot time, which Linux's
+    /proc/stat gives in whole seconds: its figure is early by up to a second (0.6 s seen), all
+    of which a run's ``launch`` would count. Now less the time since the start (/proc/uptime,
+    to 10 ms) has no such error; it is used where it agrees with psutil's to within that second
+    (a container whose /proc/uptime is its own, not the kernel's, would not).
+    """
+    coarse = float(psutil.Process(os.getpid()).create_time())
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        # Field 22 of /proc/<pid>/stat, after the command's closing parenthesis: clock ticks since boot.
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        fine = time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return coarse
+    return fine if coarse - 0.05 <= fine <= coarse + 1.05 else coarse
 
 
 def folder_bytes(folder: Path) -> int:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +42,25 @@ def test_the_parts_add_up_to_the_total_and_the_steps_share_is_theirs():
     assert describe(None) is None
     # An attempt's line carries the seconds, not the save rate, which no sum over attempts means.
     assert set(wall_parts(clock)) == {f"{part}_s" for part in parts} | {"total_s", "first_step_s", "eval_s"}
+
+
+def test_the_process_start_is_when_the_interpreter_began_not_up_to_a_second_before():
+    """psutil's create_time is early by the fraction of a second Linux's boot time drops: a run's
+    launch would count it. The start is at most the interpreter's start-up before its first line."""
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time; first = time.time()\n"
+            "from runner.wall_clock import process_start; print(first, process_start())",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[2],
+    )
+    first, started = map(float, child.stdout.split())
+    assert first - 0.5 < started <= first, (first, started)
 
 
 def test_the_process_start_is_the_kernels_and_a_checkpoints_bytes_are_its_files(tmp_path):
