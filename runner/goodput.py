@@ -16,7 +16,13 @@ Here the productive time is that of the steps the final model descends from: the
 attempt i from its ``from_step`` up to the step a later attempt resumed from; the steps
 after that checkpoint were trained again (``lost``). ``goodput`` divides by the attempts'
 wall time, ``goodput_elapsed`` by the time from the first attempt's start to the last one's
-end, which adds the time between attempts (queueing, restarts, conversions).
+end, which adds the time between attempts (queueing, restarts).
+
+A resume onto another layout converts the checkpoint first (runner/run.py); the process that
+converts appends a ``conversion`` line (its end, seconds and bytes; no attempt number: it comes
+before the attempt's start line). ladder's own launcher converts before it starts the ranks, so
+between attempts; torchrun's and srun's rank 0 converts in its start-up (wall_clock's
+``launch``). ``conversion_s`` names that time, and where it fell.
 """
 
 from __future__ import annotations
@@ -57,12 +63,19 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def record_conversion(run_dir: Path, *, seconds: float, size: int, tag: str) -> None:
+    """The line of a checkpoint converted for this attempt's layout, written as it ends."""
+    line = {"event": "conversion", "time": time.time(), "seconds": seconds, "bytes": size, "tag": tag}
+    _append(run_dir, line)
+
+
 class AttemptLog:
     """Rank 0's lines in ``attempts.jsonl`` for this attempt: its start, progress and end."""
 
     def __init__(self, run_dir: Path, *, started: float, from_step: int, launcher: str) -> None:
         self.run_dir = run_dir
-        self.number = 1 + max((int(r["attempt"]) for r in _lines(run_dir / ATTEMPTS_FILE)), default=-1)
+        numbers = (int(r["attempt"]) for r in _lines(run_dir / ATTEMPTS_FILE) if "attempt" in r)
+        self.number = 1 + max(numbers, default=-1)
         self._written = time.time()
         self._write("start", started=started, from_step=from_step, launcher=launcher)
 
@@ -121,8 +134,12 @@ def _attempt(events: list[dict[str, Any]]) -> dict[str, Any] | None:
 def account(run_dir: Path) -> dict[str, Any] | None:
     """summary.json's ``goodput``: each attempt, the steps and time kept and lost, and the ratios."""
     by_attempt: dict[int, list[dict[str, Any]]] = {}
+    conversions = []
     for event in _lines(run_dir / ATTEMPTS_FILE):
-        by_attempt.setdefault(int(event["attempt"]), []).append(event)
+        if event["event"] == "conversion":
+            conversions.append(event)
+        elif "attempt" in event:
+            by_attempt.setdefault(int(event["attempt"]), []).append(event)
     attempts = [a for a in (_attempt(by_attempt[n]) for n in sorted(by_attempt)) if a is not None]
     if not attempts:
         return None
@@ -155,12 +172,27 @@ def account(run_dir: Path) -> dict[str, Any] | None:
         "startup_s": startup,
         "unrecorded_s": max(0.0, unrecorded),
         "between_attempts_s": max(0.0, elapsed - wall),
+        **_conversions(conversions, attempts),
         "kept_s": kept_s,
         "lost_s": sum(a["lost_s"] for a in attempts),
         "steps_lost": sum(a["steps_lost"] for a in attempts),
         "goodput": kept_s / wall if wall > 0 else None,
         "goodput_elapsed": kept_s / elapsed if elapsed > 0 else None,
         "measured": "rank 0, every attempt in this run directory (attempts.jsonl)",
+    }
+
+
+def _conversions(lines: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> dict[str, float]:
+    """The seconds spent converting checkpoints for a new layout, all told, and those between
+    attempts: a conversion that ended while no attempt's process was running (torchrun's rank 0
+    converts in its own start-up, so within its attempt's span)."""
+
+    def between(line: dict[str, Any]) -> bool:
+        return not any(a["started"] <= float(line["time"]) <= a["ended"] for a in attempts)
+
+    return {
+        "conversion_s": sum(float(line["seconds"]) for line in lines),
+        "conversion_between_attempts_s": sum(float(line["seconds"]) for line in lines if between(line)),
     }
 
 
@@ -176,10 +208,16 @@ def describe(goodput: dict[str, Any] | None) -> str | None:
     ]
     if goodput.get("steps_lost"):
         words.append(f"{goodput['steps_lost']} steps trained again ({goodput['lost_s']:.1f} s)")
+    among = goodput.get("conversion_between_attempts_s", 0.0)
+    within = goodput.get("conversion_s", 0.0) - among  # converted in a rank's start-up
     if goodput.get("startup_s"):
-        words.append(f"start-up {goodput['startup_s']:.1f} s")
+        words.append(f"start-up {goodput['startup_s']:.1f} s" + _converting(within))
     if goodput.get("unrecorded_s", 0.0) >= 0.05:
         words.append(f"{goodput['unrecorded_s']:.1f} s beyond the steps of attempts killed outright")
     if goodput.get("between_attempts_s", 0.0) >= 0.05:
-        words.append(f"{goodput['between_attempts_s']:.1f} s between attempts")
+        words.append(f"{goodput['between_attempts_s']:.1f} s between attempts" + _converting(among))
     return "; ".join(words)
+
+
+def _converting(seconds: float) -> str:
+    return f" ({seconds:.1f} s of it converting the checkpoint to a new layout)" if seconds >= 0.05 else ""

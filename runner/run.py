@@ -19,7 +19,7 @@ from typing import Any
 
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
-from runner import checkpoint_record, checkpoint_size, disk_room, layout_history
+from runner import checkpoint_record, checkpoint_size, disk_room, goodput, layout_history
 from runner.build_locks import clear_stale_build_locks
 from runner.config import DataName, TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
@@ -183,6 +183,7 @@ def _prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead:
             if conversion is not None:  # None: an earlier attempt had converted it for this layout
                 seconds, size = conversion["seconds"], conversion["bytes"]
                 log.info("converted %s in %.1f s (%.1f MB written)", record["tag"], seconds, size / 1e6)
+                goodput.record_conversion(run_dir, seconds=seconds, size=int(size), tag=record["tag"])
         checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
     elif converts:
         checkpoint.wait_for(

@@ -209,6 +209,10 @@ def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[Tra
             # The segment the move began says how long the conversion took and what it wrote.
             measured = result.summary["layout_history"][-1]["conversion"]
             assert measured["bytes"] == copies and measured["seconds"] > 0, (leg, measured)
+        # Goodput names the time the moves spent converting (runner/goodput.py).
+        history = result.summary["layout_history"]
+        converted = sum(seg["conversion"]["seconds"] for seg in history if seg.get("conversion"))
+        assert result.summary["goodput"]["conversion_s"] == pytest.approx(converted), leg
     return result, resumed_from
 
 

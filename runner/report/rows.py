@@ -395,7 +395,7 @@ WALL_FIELDS = (
 )
 
 # summary.json's goodput fields (runner/goodput.py: every attempt of the run) the flat row carries.
-GOODPUT_FIELDS = ("goodput", "goodput_elapsed", "steps_lost", "lost_s", "between_attempts_s")
+GOODPUT_FIELDS = ("goodput", "goodput_elapsed", "steps_lost", "lost_s", "between_attempts_s", "conversion_s")
 
 
 def _wall_and_steps(row: Row) -> str:

@@ -133,3 +133,48 @@ def test_the_attempt_log_numbers_attempts_and_writes_progress_at_most_once_a_sec
     ]
     assert events[1]["parts"] == {"total_s": 2.0, "steps_s": 0.2}
     assert second.number == 1
+
+
+def _conversion(at: float, seconds: float) -> dict:
+    return {"event": "conversion", "time": at, "seconds": seconds, "bytes": 52_000_000, "tag": "step_10"}
+
+
+def test_a_conversion_before_the_ranks_started_is_named_within_the_time_between_attempts(tmp_path):
+    """ladder's own launcher converts a moved checkpoint before it starts the ranks: the gap."""
+    _write(
+        tmp_path,
+        _start(0, 100.0, 0),
+        _line(0, "end", 120.0, 10, 10.0, status="interrupted", parts={"launch_s": 3.0}),
+        _conversion(131.0, 3.0),
+        _start(1, 132.0, 10),
+        _line(1, "end", 160.0, 30, 20.0, status="completed", parts={"launch_s": 3.0}),
+    )
+    account = goodput.account(tmp_path)
+    assert account is not None and [a["attempt"] for a in account["attempts"]] == [0, 1]
+    assert (account["conversion_s"], account["conversion_between_attempts_s"]) == (3.0, 3.0)
+    assert account["between_attempts_s"] == pytest.approx(12.0)
+    assert goodput.describe(account) == (
+        "goodput over 2 attempts: 62% (30.0 s of kept steps in 48.0 s of attempts); start-up 6.0 s; "
+        "12.0 s between attempts (3.0 s of it converting the checkpoint to a new layout)"
+    )
+    # The next attempt is numbered after the last attempt, not after the conversion's line.
+    assert goodput.AttemptLog(tmp_path, started=170.0, from_step=30, launcher="local").number == 2
+
+
+def test_a_conversion_in_rank_0s_start_up_is_named_within_the_start_up(tmp_path):
+    """Under torchrun or srun, rank 0 converts in its own start-up (wall_clock's launch)."""
+    _write(
+        tmp_path,
+        _start(0, 100.0, 0),
+        _line(0, "end", 120.0, 10, 10.0, status="interrupted", parts={"launch_s": 3.0}),
+        _conversion(133.0, 2.5),
+        _start(1, 130.0, 10),
+        _line(1, "end", 160.0, 30, 20.0, status="completed", parts={"launch_s": 5.5}),
+    )
+    account = goodput.account(tmp_path)
+    assert account is not None
+    assert (account["conversion_s"], account["conversion_between_attempts_s"]) == (2.5, 0.0)
+    assert goodput.describe(account) == (
+        "goodput over 2 attempts: 60% (30.0 s of kept steps in 50.0 s of attempts); "
+        "start-up 8.5 s (2.5 s of it converting the checkpoint to a new layout); 10.0 s between attempts"
+    )
