@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from launchers.environment import DistributedEnv
-from runner import checkpoint, fp16_loss_scale, goodput, unfused_norm
+from runner import checkpoint, fp16_loss_scale, goodput, out_of_memory, unfused_norm
 from runner.build import build_measured
 from runner.checkpoint_size import config_checkpoint_bytes
 from runner.compile_blocks import compile_blocks, compile_summary
@@ -649,6 +649,9 @@ def run_rank(
         return summary
     except Preempted:
         ok = True  # every rank saved and stopped after the same step: leave together
+        raise
+    except BaseException as error:
+        out_of_memory.explain(error, config, run_dir)  # where it ran out, and the plan's terms
         raise
     finally:
         teardown(ok=ok)

@@ -36,7 +36,7 @@ from runner.plan import (
     workload_from_config,
 )
 from runner.preemption import Preempted, resumes
-from runner.run_files import keep_earlier_attempt, read_failures, write_deepspeed_config
+from runner.run_files import keep_earlier_attempt, read_failures, with_notes, write_deepspeed_config
 from runner.schedule import scaled_lr
 from runner.summary import read_summary, update_summary
 from runner.token_file import token_source_words
@@ -349,11 +349,7 @@ def _run_external(
     except BaseException as error:
         # The failing rank records it, whichever it is: its launcher (torchrun, srun
         # --kill-on-bad-exit) stops the others, rank 0 included, before they could.
-        words = (
-            disk_room.no_room_words(error, run_dir)
-            if disk_room.out_of_room(error)
-            else f"{type(error).__name__}: {error}"
-        )
+        words = disk_room.no_room_words(error, run_dir) if disk_room.out_of_room(error) else with_notes(error)
         try:
             write_failure(run_dir, rank=env.rank, error=error)
         except OSError as unwritten:  # a full disk fails the records as it failed the run

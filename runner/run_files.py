@@ -56,6 +56,12 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Layout, dict[str, Any]]:
     return config, layout_of(config, ds_config, gpus=config.gpus), ds_config
 
 
+def with_notes(error: BaseException) -> str:
+    """``Type: message``, then the error's notes (PEP 678; runner/out_of_memory.py adds one)."""
+    notes = getattr(error, "__notes__", None) or []
+    return "; ".join([f"{type(error).__name__}: {error}", *notes])
+
+
 def write_failure(run_dir: Path, *, rank: int, error: BaseException, trace: str | None = None) -> None:
     """Record why a rank failed, for the launcher's summary."""
     write_json_atomic(
@@ -63,7 +69,7 @@ def write_failure(run_dir: Path, *, rank: int, error: BaseException, trace: str 
         {
             "rank": rank,
             "time": time.time(),
-            "error": f"{type(error).__name__}: {error}",
+            "error": with_notes(error),
             "traceback": trace or "".join(traceback.format_exception(error)),
         },
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -71,3 +72,32 @@ def test_a_rank_killed_like_the_oom_killer_does_is_named_with_the_plans_warning(
     assert error.startswith("killed by SIGKILL (on Linux most often the out-of-memory killer"), error
     assert "the plan had warned: the plan puts 0.1 GB on each device" in error
     assert f"rank 0 failed: {error}" in stderr
+
+
+def test_a_rank_out_of_memory_says_where_with_the_plans_terms_and_the_fixes(tmp_path):
+    """A real allocator refusal: the rank's address space capped (``ulimit -v``) below what the
+    step's activations take (3.1 GB at micro 64 of 512 tokens, planned). The error says so before
+    the first step ended, with the plan's terms, the cap, and what shrinks the activations."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}"]
+    command += ["batch.global_size=64", "batch.micro_size=64", "data.seq_len=512", "train.steps=2"]
+    command += ["logger=none", "data=synthetic"]
+    cap = 3 * 10**9  # torch and DeepSpeed map about 1.5 GB; the step needs 3.2 GB more
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    # Two malloc arenas: a host with many cores would otherwise reserve 64 MB of address space
+    # for each thread's own, which is no memory at all.
+    env = clean_env({"MALLOC_ARENA_MAX": "2"})
+    proc = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, preexec_fn=capped
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    error = json.loads((run_dir / "summary.json").read_text())["error"]
+    assert "DefaultCPUAllocator: can't allocate memory" in error, error
+    assert "out of memory before its first step ended" in error
+    assert "the plan puts 3.16 GB on each device" in error and "activations 3.12 GB at micro 64" in error
+    assert "capped at 3.00 GB (ulimit -v)" in error
+    assert "model.activation_checkpointing=full or a smaller batch.micro_size" in error
+    assert f"rank 0 failed: {error}" in proc.stderr

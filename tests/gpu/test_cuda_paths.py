@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from runner.hardware import peak_flops_for_cuda_device
+from runner.out_of_memory import is_out_of_memory
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,6 +23,13 @@ def test_the_peak_comes_from_the_device_name():
     name = torch.cuda.get_device_name()
     peak = peak_flops_for_cuda_device(name, "bf16")
     assert 1e14 < peak < 2e15, (name, peak)  # dense bf16: 312 (A100) .. 989 (H100/H200) TFLOP/s
+
+
+def test_a_cuda_allocation_beyond_the_device_is_told_as_out_of_memory():
+    total = torch.cuda.get_device_properties(0).total_memory
+    with pytest.raises(RuntimeError) as refused:
+        torch.empty(total + 2**30, dtype=torch.uint8, device="cuda")
+    assert is_out_of_memory(refused.value), refused.value
 
 
 def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
