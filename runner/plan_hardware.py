@@ -4,8 +4,8 @@ A named cluster (``conf/cluster/<name>.yaml``) gives datasheet figures. Any figu
 cluster leaves unset (``null``, as ``cluster=local`` does) is detected on this host:
 
 - device memory: CUDA's total memory of device 0 ("detected"); on a CPU host, the host
-  RAM (the smaller of physical RAM and the cgroup limit) split evenly over the ranks that
-  would run on this host ("detected").
+  RAM (the smaller of physical RAM and the cgroup limit, runner/cgroup_memory.py) split
+  evenly over the ranks that would run on this host ("detected").
 - peak FLOP/s: on CUDA the dense datasheet figure for the detected device name
   (runner.hardware; "datasheet"); on CPU a short matmul calibration
   (runner.hardware.calibrate_cpu_peak, "measured"), cached per process and precision.
@@ -25,13 +25,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.cgroup_memory import cgroup_memory_limit
 from runner.config import ClusterConfig, Precision
 from runner.cuda_devices import cuda_available
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
-
-# cgroup v2, then v1: a container's memory limit can be far below the physical RAM.
-_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
 @dataclass(frozen=True)
@@ -61,23 +59,12 @@ class Device:
         return int(self.gpus_per_node.value or 1)
 
 
-def _cgroup_limit() -> int | None:
-    for path in _CGROUP_LIMITS:
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
-            return int(text)
-    return None
-
-
 def host_ram_bytes() -> tuple[int, str]:
     """This host's RAM in bytes (the cgroup limit when lower) and how it was found."""
     import psutil
 
     physical = int(psutil.virtual_memory().total)
-    limit = _cgroup_limit()
+    limit = cgroup_memory_limit()
     if limit is not None and limit < physical:
         return limit, "cgroup memory limit"
     return physical, "physical RAM"
