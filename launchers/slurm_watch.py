@@ -135,6 +135,16 @@ def _reason(error: Exception) -> str:
     return (raised or lines or [type(error).__name__])[-1]
 
 
+def _recorded_error(cell: Cell) -> str | None:
+    """The error the failing rank wrote to the cell's summary.json, in its own words (an out of
+    memory one with where and the plan's terms, runner/out_of_memory.py), or None."""
+    from runner.summary import read_summary
+
+    recorded = read_summary(cell.run_dir)
+    error = recorded.get("error") if recorded.get("status") == "failed" else None
+    return str(error) if error else None
+
+
 def _telling_log(cell: Cell, job_id: str) -> Path:
     """The log of the first task that says why it failed (the failing rank), else task 0's."""
     from submitit.core.utils import JobPaths
@@ -170,7 +180,12 @@ def collect(cells: list[Cell], jobs: dict[int, Any], never: dict[int, str]) -> l
             path = _telling_log(cell, job.job_id)
             state = job.state  # submitit's last look, often older than the result file
             ended = f" ({state})" if state not in ("RUNNING", "PENDING", "COMPLETING", "UNKNOWN") else ""
-            message = f"SLURM job {job.job_id} failed{ended}: {_reason(error)}"
+            message = f"SLURM job {job.job_id} failed{ended}: {_recorded_error(cell) or _reason(error)}"
+            if state == "OUT_OF_MEMORY":
+                message += (
+                    "; SLURM's memory cap (--mem, --mem-per-gpu) ended it: raise the cap, or plan=true "
+                    "shows the host memory a node needs"
+                )
             log.error("%s: %s", cell.label, message)
             returns.append(_failed(cell, f"{message}\nlast lines of {path}:\n{log_tail(path)}"))
             continue

@@ -6,7 +6,9 @@ says why; in CI (CI=true) the same condition fails them, so the tier cannot go q
 
 from __future__ import annotations
 
+import functools
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,6 +56,11 @@ class SweepResult:
     sweep_dir: Path
 
 
+def _cap_address_space(cap: int) -> None:
+    """``ulimit -v``: sbatch passes its caller's limits on to the job (PropagateResourceLimits=ALL)."""
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
 @pytest.fixture
 def sweep(slurm_cluster: SlurmCluster, tmp_path: Path):
     """Run ``python train.py -m hydra/launcher=slurm ...`` against the cluster from ``tmp_path``."""
@@ -63,9 +70,11 @@ def sweep(slurm_cluster: SlurmCluster, tmp_path: Path):
         sweep_dir: Path | None = None,
         timeout: float = 300,
         extra_env: dict[str, str] | None = None,
+        address_space: int | None = None,
     ) -> SweepResult:
         directory = sweep_dir or tmp_path / "sweep"
         env = clean_env({**slurm_cluster.env(), **(extra_env or {})})
+        capped = None if address_space is None else functools.partial(_cap_address_space, address_space)
         proc = subprocess.run(
             [
                 sys.executable,
@@ -80,6 +89,7 @@ def sweep(slurm_cluster: SlurmCluster, tmp_path: Path):
             text=True,
             timeout=timeout,
             env=env,
+            preexec_fn=capped,
         )
         return SweepResult(proc.returncode, proc.stdout, proc.stderr, directory)
 

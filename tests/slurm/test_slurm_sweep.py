@@ -148,6 +148,29 @@ def test_a_cell_that_fails_on_its_ranks_fails_the_sweep_with_its_reason(sweep, t
     assert summary["slurm"]["tasks"] == 2
 
 
+def test_a_rank_out_of_memory_under_slurm_says_where_with_the_plans_terms(sweep):
+    """A real allocator refusal in a SLURM task: the job's address space capped (``ulimit -v``,
+    passed on by sbatch) below the step's 3.1 GB of planned activations. The sweep's last lines
+    and the cell's summary carry the rank's own words: where, the plan's terms, the cap."""
+    result = sweep(
+        "batch.global_size=64",
+        "batch.micro_size=64",
+        "data.seq_len=512",
+        "train.steps=2",
+        "logger=none",
+        "data=synthetic",
+        extra_env={"MALLOC_ARENA_MAX": "2"},  # no 64 MB of address space per thread for its own arena
+        address_space=3 * 10**9,
+    )
+    assert result.returncode == 1, result.stderr[-4000:]
+    error = json.loads((result.sweep_dir / "0" / "summary.json").read_text())["error"]
+    assert "can't allocate memory" in error and "out of memory before its first step ended" in error
+    assert "activations 3.12 GB at micro 64" in error and "capped at 3.00 GB (ulimit -v)" in error
+    # The sweep's own line for the cell, not only the task log's tail below it.
+    said = [line for line in result.stderr.splitlines() if "SlurmJobFailed: cell #0" in line]
+    assert said and error in said[-1], result.stderr[-4000:]
+
+
 def test_cells_with_different_gpus_get_their_own_tasks(sweep):
     result = sweep("gpus=1,2", "train.steps=2", "logger=none")
     assert result.returncode == 0, result.stderr[-4000:]
