@@ -108,6 +108,32 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# A step past a rank's memory cap: tiny at micro 64 of 512 tokens plans 3.12 GB of activations.
+OUT_OF_MEMORY_RUN = [
+    "batch.global_size=64",
+    "batch.micro_size=64",
+    "data.seq_len=512",
+    "train.steps=2",
+    "logger=none",
+    "data=synthetic",
+]
+# Two malloc arenas: a host with many cores would otherwise reserve 64 MB of address space for
+# each thread's own arena, which is no memory at all.
+CAPPED_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+
+def address_space_cap_for_out_of_memory() -> int:
+    """An address-space cap (``ulimit -v``) a rank starts, builds and sets up under, but that its
+    first step of OUT_OF_MEMORY_RUN exceeds: what torch and DeepSpeed map once imported (0.74 GB
+    with CPU torch; more with a CUDA build's libraries), plus 1.6 GB, half the step's need."""
+    code = "import torch, deepspeed, torch._dynamo; print(open('/proc/self/status').read())"
+    status = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=clean_env(CAPPED_ENV)
+    ).stdout
+    (peak_kb,) = (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmPeak:"))
+    return peak_kb * 1024 + 1_600_000_000
+
+
 def run_train(
     *overrides: str, run_dir: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> TrainResult:

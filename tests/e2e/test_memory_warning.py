@@ -12,7 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, clean_env
+from train_helpers import (
+    CAPPED_ENV,
+    OUT_OF_MEMORY_RUN,
+    ROOT,
+    address_space_cap_for_out_of_memory,
+    clean_env,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -79,17 +85,13 @@ def test_a_rank_out_of_memory_says_where_with_the_plans_terms_and_the_fixes(tmp_
     step's activations take (3.1 GB at micro 64 of 512 tokens, planned). The error says so before
     the first step ended, with the plan's terms, the cap, and what shrinks the activations."""
     run_dir = tmp_path / "run"
-    command = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}"]
-    command += ["batch.global_size=64", "batch.micro_size=64", "data.seq_len=512", "train.steps=2"]
-    command += ["logger=none", "data=synthetic"]
-    cap = 3 * 10**9  # torch and DeepSpeed map about 1.5 GB; the step needs 3.2 GB more
+    command = [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *OUT_OF_MEMORY_RUN]
+    cap = address_space_cap_for_out_of_memory()
 
     def capped() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    # Two malloc arenas: a host with many cores would otherwise reserve 64 MB of address space
-    # for each thread's own, which is no memory at all.
-    env = clean_env({"MALLOC_ARENA_MAX": "2"})
+    env = clean_env(CAPPED_ENV)
     proc = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, preexec_fn=capped
     )
@@ -98,6 +100,6 @@ def test_a_rank_out_of_memory_says_where_with_the_plans_terms_and_the_fixes(tmp_
     assert "DefaultCPUAllocator: can't allocate memory" in error, error
     assert "out of memory before its first step ended" in error
     assert "the plan puts 3.16 GB on each device" in error and "activations 3.12 GB at micro 64" in error
-    assert "capped at 3.00 GB (ulimit -v)" in error
+    assert f"capped at {cap / 1e9:.2f} GB (ulimit -v)" in error
     assert "model.activation_checkpointing=full or a smaller batch.micro_size" in error
     assert f"rank 0 failed: {error}" in proc.stderr

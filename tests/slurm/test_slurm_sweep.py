@@ -10,7 +10,15 @@ import sys
 import time
 
 import pytest
-from train_helpers import ROOT, clean_env, earlier_sweep, file_digests
+from train_helpers import (
+    CAPPED_ENV,
+    OUT_OF_MEMORY_RUN,
+    ROOT,
+    address_space_cap_for_out_of_memory,
+    clean_env,
+    earlier_sweep,
+    file_digests,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -152,20 +160,12 @@ def test_a_rank_out_of_memory_under_slurm_says_where_with_the_plans_terms(sweep)
     """A real allocator refusal in a SLURM task: the job's address space capped (``ulimit -v``,
     passed on by sbatch) below the step's 3.1 GB of planned activations. The sweep's last lines
     and the cell's summary carry the rank's own words: where, the plan's terms, the cap."""
-    result = sweep(
-        "batch.global_size=64",
-        "batch.micro_size=64",
-        "data.seq_len=512",
-        "train.steps=2",
-        "logger=none",
-        "data=synthetic",
-        extra_env={"MALLOC_ARENA_MAX": "2"},  # no 64 MB of address space per thread for its own arena
-        address_space=3 * 10**9,
-    )
+    cap = address_space_cap_for_out_of_memory()
+    result = sweep(*OUT_OF_MEMORY_RUN, extra_env=CAPPED_ENV, address_space=cap)
     assert result.returncode == 1, result.stderr[-4000:]
     error = json.loads((result.sweep_dir / "0" / "summary.json").read_text())["error"]
     assert "can't allocate memory" in error and "out of memory before its first step ended" in error
-    assert "activations 3.12 GB at micro 64" in error and "capped at 3.00 GB (ulimit -v)" in error
+    assert "activations 3.12 GB at micro 64" in error and f"capped at {cap / 1e9:.2f} GB (ulimit -v)" in error
     # The sweep's own line for the cell, not only the task log's tail below it.
     said = [line for line in result.stderr.splitlines() if "SlurmJobFailed: cell #0" in line]
     assert said and error in said[-1], result.stderr[-4000:]
