@@ -17,7 +17,7 @@ import resource
 from pathlib import Path
 
 from runner.config import TrainConfig
-from runner.plan import Plan, knobs_from_config, plan_layout, workload_from_config
+from runner.plan import Plan, gb, knobs_from_config, plan_layout, workload_from_config
 
 CPU_ALLOCATOR_WORDS = "can't allocate memory"  # c10/core/impl/alloc_cpu.cpp, DefaultCPUAllocator
 
@@ -49,10 +49,6 @@ def last_measured(run_dir: Path) -> tuple[int, float] | None:
     return last
 
 
-def gb(num_bytes: float) -> str:
-    return f"{num_bytes / 1e9:.2f} GB"
-
-
 def address_space_limit() -> int | None:
     """This process's address-space cap in bytes (``ulimit -v``, RLIMIT_AS), or None if uncapped."""
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
@@ -62,13 +58,13 @@ def address_space_limit() -> int | None:
 def _terms(plan: Plan) -> str:
     m = plan.memory
     terms = [
-        f"parameters {gb(m.params)}",
-        f"gradients {gb(m.grads)}",
-        f"optimizer states {gb(m.optimizer)}",
-        f"activations {gb(m.activations)} at micro {plan.layout.micro_size}",
+        f"parameters {gb(m.params, 2)}",
+        f"gradients {gb(m.grads, 2)}",
+        f"optimizer states {gb(m.optimizer, 2)}",
+        f"activations {gb(m.activations, 2)} at micro {plan.layout.micro_size}",
     ]
     if residuals := sum(m.residuals.values()):
-        terms.append(f"DeepSpeed's buffers {gb(residuals)}")
+        terms.append(f"DeepSpeed's buffers {gb(residuals, 2)}")
     return ", ".join(terms)
 
 
@@ -83,7 +79,9 @@ def out_of_memory_words(plan: Plan, measured: tuple[int, float] | None) -> str:
         seen = f"; step {step} measured a peak of {peak_gb:.2f} GB"
     usable = plan.workload.usable_bytes
     if (cap := address_space_limit()) is not None:
-        verdict = f"this process's address space is capped at {gb(cap)} (ulimit -v): raise or remove the cap"
+        verdict = (
+            f"this process's address space is capped at {gb(cap, 2)} (ulimit -v): raise or remove the cap"
+        )
     elif plan.fits:
         verdict = (
             "the plan said it fits, so the device had less than planned: another process on it, "
@@ -92,8 +90,8 @@ def out_of_memory_words(plan: Plan, measured: tuple[int, float] | None) -> str:
     else:
         verdict = "the plan had warned that it would not fit"
     return (
-        f"out of memory {where}: the plan puts {gb(plan.memory.peak)} on each device "
-        f"({_terms(plan)}), of its {gb(usable)} usable{seen}; {verdict}. "
+        f"out of memory {where}: the plan puts {gb(plan.memory.peak, 2)} on each device "
+        f"({_terms(plan)}), of its {gb(usable, 2)} usable{seen}; {verdict}. "
         "planner.recommend=true finds the cheapest layout that fits; plan=true shows every term"
         f"{_activation_fix(plan)}"
     )

@@ -367,9 +367,9 @@ def host_at(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerm
     )
 
 
-def gb(num_bytes: float) -> str:
-    """Bytes as decimal GB with the unit: '61.2 GB'."""
-    return f"{num_bytes / GB:.1f} GB"
+def gb(num_bytes: float, digits: int = 1) -> str:
+    """Bytes as decimal GB with the unit: '61.2 GB' (``digits=2``: '61.23 GB')."""
+    return f"{num_bytes / GB:.{digits}f} GB"
 
 
 class MicroFit:
