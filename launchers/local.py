@@ -45,6 +45,7 @@ class LaunchResult:
     failed_rank: int | None
     stopped_by: str | None = None  # the first signal this process received, e.g. "SIGINT"
     killed: bool = False  # a second signal: the ranks were killed without waiting for their checkpoint
+    pids: tuple[int, ...] = ()  # each rank's process id, by rank
 
 
 class StopRequests:
@@ -154,12 +155,17 @@ def _watch(procs: list[subprocess.Popen[bytes]], stops: StopRequests) -> LaunchR
                 _signal_all(procs, signal.SIGTERM)
             else:
                 _kill_all(procs)
-                return LaunchResult(returncode, failed_rank, stopped_by=stops.received[0], killed=True)
+                return LaunchResult(
+                    returncode, failed_rank, stopped_by=stops.received[0], killed=True, pids=_pids(procs)
+                )
             passed_on = len(stops.received)
-        for rank, proc in enumerate(procs):
-            code = proc.poll()
-            if code not in (None, 0, EXIT_INTERRUPTED) and failed_rank is None:
-                failed_rank, returncode = rank, code
+        ended = [(rank, proc.poll()) for rank, proc in enumerate(procs)]
+        failed = [(rank, code) for rank, code in ended if code not in (None, 0, EXIT_INTERRUPTED)]
+        # Of ranks found dead at once, one killed by a signal went first: the others' errors at
+        # their next collective (gloo's "Connection closed by peer") follow from its death.
+        failed.sort(key=lambda ended_rank: (ended_rank[1] or 0) >= 0)
+        if failed and failed_rank is None:
+            failed_rank, returncode = failed[0]
         if failed_rank is not None:
             deadline = time.monotonic() + GRACE_S
             while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -173,4 +179,8 @@ def _watch(procs: list[subprocess.Popen[bytes]], stops: StopRequests) -> LaunchR
                 failed_rank, returncode = rank, proc.returncode
                 break
     stopped_by = stops.received[0] if stops.received else None
-    return LaunchResult(returncode=returncode, failed_rank=failed_rank, stopped_by=stopped_by)
+    return LaunchResult(returncode, failed_rank, stopped_by=stopped_by, pids=_pids(procs))
+
+
+def _pids(procs: list[subprocess.Popen[bytes]]) -> tuple[int, ...]:
+    return tuple(proc.pid for proc in procs)

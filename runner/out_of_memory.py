@@ -4,7 +4,8 @@ torch raises ``torch.OutOfMemoryError`` when the CUDA caching allocator cannot s
 (c10/cuda/CUDACachingAllocator.cpp), and a RuntimeError whose text holds "can't allocate memory"
 when the host allocator's request fails (c10/core/impl/alloc_cpu.cpp): a memory limit such as
 ``ulimit -v``, or ``vm.overcommit_memory=2``. Python's MemoryError is the same want. A rank the
-kernel's out-of-memory killer ends raises nothing: runner/run.py ``rank_exit_words`` names that.
+kernel's out-of-memory killer ends raises nothing: runner/oom_killer.py tells it from the
+kernel's counts and log, and :func:`killed_words` says what the plan put on the host.
 
 The words go on the error as a note (PEP 678), so the failure record, summary.json's
 ``error`` and the launching process's last line carry them.
@@ -94,6 +95,26 @@ def out_of_memory_words(plan: Plan, measured: tuple[int, float] | None) -> str:
         f"({_terms(plan)}), of its {gb(usable, 2)} usable{seen}; {verdict}. "
         "planner.recommend=true finds the cheapest layout that fits; plan=true shows every term"
         f"{_activation_fix(plan)}"
+    )
+
+
+def killed_words(plan: Plan, measured: tuple[int, float] | None) -> str:
+    """After the kernel's out-of-memory killer ended a rank: the plan's host memory, the last
+    measured peak, and what to do."""
+    host = plan.host
+    seen = "before its first step ended" if measured is None else f"step {measured[0]} measured a peak "
+    seen += "" if measured is None else f"of {measured[1]:.2f} GB on rank 0"
+    verdict = (
+        "the plan said it fits, so the memory went to what the plan does not count: another process "
+        "in the run's memory cgroup or on this host, or a term the plan misses"
+        if host.fits and plan.fits
+        else "the plan had said it would not fit"
+    )
+    device = _activation_fix(plan) if plan.workload.device.is_host else ""
+    return (
+        f"the plan: {host.verdict()} [{host.ram_source}]; {seen}; {verdict}. planner.recommend=true "
+        f"finds the cheapest layout that fits; fewer ranks on this host or ZeRO-3 shrink each rank's "
+        f"share{device}"
     )
 
 

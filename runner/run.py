@@ -15,11 +15,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launchers.environment import DistributedEnv, from_environment
 from launchers.slurm_job import slurm_job_record
-from runner import checkpoint_record, checkpoint_size, disk_room, goodput, layout_history
+from runner import (
+    checkpoint_record,
+    checkpoint_size,
+    disk_room,
+    goodput,
+    layout_history,
+    oom_killer,
+    out_of_memory,
+)
 from runner.build_locks import clear_stale_build_locks
 from runner.config import DataName, TrainConfig
 from runner.deepspeed_config import build_deepspeed_config
@@ -42,6 +50,9 @@ from runner.summary import read_summary, update_summary
 from runner.token_file import token_source_words
 from runner.validate import ConfigError, validate
 from runner.wall_clock import folder_bytes
+
+if TYPE_CHECKING:
+    from launchers.local import LaunchResult
 
 log = logging.getLogger("ladder")
 
@@ -246,11 +257,19 @@ def _start_summary(
     )
 
 
-def rank_exit_words(returncode: int, *, plan_warnings: list[str]) -> str:
+def rank_exit_words(
+    returncode: int,
+    *,
+    plan_warnings: list[str],
+    killer: oom_killer.KillVerdict | None = None,
+    memory: str = "",
+) -> str:
     """How a rank that left no failure record ended, in words: its exit code or the signal.
 
     A rank killed by SIGKILL that nobody stopped was most often killed by the kernel's
-    out-of-memory killer; the plan's memory warnings of the run, if any, say why.
+    out-of-memory killer: ``killer`` (runner/oom_killer.py) says whether it was, where the
+    kernel's counts or log tell; the plan's memory warnings of the run, if any, say why, else
+    ``memory`` (runner/out_of_memory.py ``killed_words``) what the plan put on the host.
     """
     if returncode >= 0:
         return f"exit code {returncode}"
@@ -259,10 +278,16 @@ def rank_exit_words(returncode: int, *, plan_warnings: list[str]) -> str:
     except ValueError:
         name = f"signal {-returncode}"
     words = f"killed by {name}"
-    if -returncode == signal.SIGKILL:
+    if -returncode != signal.SIGKILL:
+        return words
+    if killer is None:
         words += " (on Linux most often the out-of-memory killer; `dmesg` or the job's log says)"
-        if plan_warnings:
-            words += "; the plan had warned: " + "; ".join(plan_warnings)
+    else:
+        words += f" ({killer.words})"
+    if plan_warnings and (killer is None or killer.by_oom_killer):
+        words += "; the plan had warned: " + "; ".join(plan_warnings)
+    elif memory and killer is not None and killer.by_oom_killer:
+        words += "; " + memory
     return words
 
 
@@ -296,9 +321,35 @@ def _interruption_words(run_dir: Path, stopped_by: str | None, *, killed: bool) 
     return words
 
 
+def _first_words(error: str, limit: int = 200) -> str:
+    """An error's first line, cut at ``limit`` characters."""
+    line = error.strip().splitlines()[0] if error.strip() else error
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _kill_evidence(
+    result: LaunchResult, before: oom_killer.OomCounts, config: TrainConfig, run_dir: Path
+) -> dict[str, Any]:
+    """For a rank that died of SIGKILL: whether the out-of-memory killer ended it, and the plan's
+    host memory beside the last measured peak (``rank_exit_words``'s ``killer`` and ``memory``)."""
+    if result.returncode != -signal.SIGKILL or result.failed_rank is None:
+        return {}
+    pid = result.pids[result.failed_rank] if result.failed_rank < len(result.pids) else None
+    killer = oom_killer.killer_verdict(before, pid)
+    if killer is None or not killer.by_oom_killer:
+        return {"killer": killer}
+    try:
+        plan = plan_layout(workload_from_config(config, with_peak=False), knobs_from_config(config))
+        memory = out_of_memory.killed_words(plan, out_of_memory.last_measured(run_dir))
+    except Exception as unplanned:  # the words help; they must not hide the failure itself
+        memory = f"the plan could not be made to say more: {unplanned}"
+    return {"killer": killer, "memory": memory}
+
+
 def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
     from launchers.local import launch_local
 
+    oom_counts = oom_killer.read_counts()  # the kernel's, before the ranks start
     result = launch_local(gpus=config.gpus, run_dir=run_dir, identity=identity)
     if result.failed_rank is None and read_summary(run_dir).get("status") == "completed":
         return read_summary(run_dir)  # every step done: a stop signal came during the last one
@@ -310,12 +361,15 @@ def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: Run
         return read_summary(run_dir)
     failures = read_failures(run_dir)
     warned = read_summary(run_dir).get("plan_warnings") or []
-    words = rank_exit_words(result.returncode, plan_warnings=warned)
+    evidence = _kill_evidence(result, oom_counts, config, run_dir)
+    words = rank_exit_words(result.returncode, plan_warnings=warned, **evidence)
     if result.returncode == 1:  # ladder's own exit: its record could not be written (its output says why)
         words += " (it could not record why; its output above says)"
     rank, cause = (result.failed_rank, words)
     recorded = read_summary(run_dir)
-    if failures:
+    if failures and result.returncode < 0:  # the others' errors followed from the killed rank's death
+        cause += f"; then rank {failures[0]['rank']} failed: {_first_words(str(failures[0]['error']))}"
+    elif failures:
         rank, cause = failures[0]["rank"], str(failures[0]["error"])
     elif recorded.get("status") == "failed" and recorded.get("error"):
         # No failure record (a full disk): rank 0's summary, written over its old bytes, says why.

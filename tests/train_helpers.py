@@ -5,11 +5,14 @@ A plain module on pytest's ``pythonpath`` (pyproject.toml), so every tier import
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from typing import Any
 import pytest
 
 from launchers.local import free_port
+from runner.cgroup_memory import memory_cgroup_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,6 +136,33 @@ def address_space_cap_for_out_of_memory() -> int:
     ).stdout
     (peak_kb,) = (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmPeak:"))
     return peak_kb * 1024 + 1_600_000_000
+
+
+@contextlib.contextmanager
+def capped_cgroup(cap_bytes: int) -> Iterator[tuple[Path, Callable[[], None]]]:
+    """A new memory cgroup under this process's own, capped at ``cap_bytes``: its folder, and a
+    ``preexec_fn`` that moves a child process into it. Skips where none can be made (not root,
+    no memory hierarchy, the controller not enabled for children); removed afterwards."""
+    dirs = memory_cgroup_dirs()
+    if not dirs:
+        pytest.skip("no memory cgroup hierarchy is mounted")
+    parent, limit_file = dirs[0]
+    child = parent / f"ladder-test-{uuid.uuid4().hex[:8]}"
+    try:
+        child.mkdir()
+    except OSError as error:
+        pytest.skip(f"this user may not make a cgroup under {parent}: {error}")
+    try:
+        if not (child / limit_file).exists():
+            pytest.skip(f"the memory controller is not enabled for {parent}'s children")
+        (child / limit_file).write_text(str(cap_bytes))
+
+        def join() -> None:
+            (child / "cgroup.procs").write_text("0")  # "0": the writing process itself
+
+        yield child, join
+    finally:
+        child.rmdir()
 
 
 def run_train(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
+from train_helpers import capped_cgroup
 
 from runner.cgroup_memory import cgroup_memory_limit, memory_cgroup_dirs
 
@@ -60,30 +60,12 @@ def test_a_v1_memory_hierarchy_is_found_beside_the_others_and_no_cap_is_none(tmp
 
 def test_a_process_in_a_capped_cgroup_plans_with_its_cap_not_the_physical_ram():
     """A real child cgroup with a 3 GB cap: a process moved into it counts 3 GB of host RAM."""
-    dirs = memory_cgroup_dirs()
-    if not dirs:
-        pytest.skip("no memory cgroup hierarchy is mounted")
-    parent, name = dirs[0]  # this process's own memory cgroup
-    child = parent / f"ladder-test-{uuid.uuid4().hex[:8]}"
-    try:
-        child.mkdir()
-    except OSError as error:
-        pytest.skip(f"this user may not make a cgroup under {parent}: {error}")
-    try:
-        if not (child / name).exists():
-            pytest.skip(f"the memory controller is not enabled for {parent}'s children")
-        (child / name).write_text(str(3 * 2**30))
-        cap = int((child / name).read_text())  # the kernel rounds it to a page
-
-        def join() -> None:
-            (child / "cgroup.procs").write_text("0")  # "0": the writing process itself
-
+    with capped_cgroup(3 * 2**30) as (child, join):
+        cap = int((child / memory_cgroup_dirs()[0][1]).read_text())  # the kernel rounds it to a page
         code = "from runner.plan_hardware import host_ram_bytes; print(*host_ram_bytes())"
         child_run = subprocess.run(
             [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, preexec_fn=join
         )
-        assert child_run.returncode == 0, child_run.stderr
-        printed = child_run.stdout.split(maxsplit=1)
-        assert (int(printed[0]), printed[1].strip()) == (cap, "cgroup memory limit")
-    finally:
-        child.rmdir()
+    assert child_run.returncode == 0, child_run.stderr
+    printed = child_run.stdout.split(maxsplit=1)
+    assert (int(printed[0]), printed[1].strip()) == (cap, "cgroup memory limit")
