@@ -19,6 +19,7 @@ from pathlib import Path
 
 from runner.config import TrainConfig
 from runner.plan import Plan, gb, knobs_from_config, plan_layout, workload_from_config
+from runner.run_files import add_note
 
 CPU_ALLOCATOR_WORDS = "can't allocate memory"  # c10/core/impl/alloc_cpu.cpp, DefaultCPUAllocator
 
@@ -135,8 +136,4 @@ def explain(error: BaseException, config: TrainConfig, run_dir: Path) -> None:
         words = out_of_memory_words(plan, last_measured(run_dir))
     except Exception as unplanned:  # the words help; they must not hide the error itself
         words = f"out of memory (the plan could not be made to say where: {unplanned})"
-    notes = getattr(error, "__notes__", None)
-    if notes is None:
-        notes = []
-        error.__notes__ = notes  # type: ignore[attr-defined]  # PEP 678 by hand: add_note is 3.11+
-    notes.append(words)
+    add_note(error, words)

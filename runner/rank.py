@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from launchers.environment import DistributedEnv
-from runner import checkpoint, fp16_loss_scale, goodput, out_of_memory, unfused_norm
+from runner import checkpoint, fp16_loss_scale, goodput, oom_killer, out_of_memory, peer_loss, unfused_norm
 from runner.build import build_measured
 from runner.checkpoint_size import config_checkpoint_bytes
 from runner.compile_blocks import compile_blocks, compile_summary
@@ -630,6 +630,7 @@ def run_rank(
     # does a rank of the local launcher at SIGINT (Ctrl-C) or SIGTERM (the launcher's, passed on).
     stop = StopSignals()
     watching = env.source in ("slurm", "local", "torchrun") and stop.install()
+    oom_counts = oom_killer.read_counts()  # the kernel's, as this rank starts (runner/peer_loss.py)
     accelerator = select_accelerator()
     device = init_distributed(env, accelerator=accelerator)
     ok = False
@@ -652,6 +653,7 @@ def run_rank(
         raise
     except BaseException as error:
         out_of_memory.explain(error, config, run_dir)  # where it ran out, and the plan's terms
+        peer_loss.explain(error, oom_counts)  # another rank's process ended first
         raise
     finally:
         teardown(ok=ok)

@@ -409,7 +409,9 @@ def _run_external(
         except OSError as unwritten:  # a full disk fails the records as it failed the run
             _unrecorded(unwritten, env.rank, run_dir)
         try:
-            if read_summary(run_dir).get("status") != "failed":
+            recorded = read_summary(run_dir)
+            # Rank 0's own record (no failed_rank) lacks the error's notes; another rank's stays.
+            if recorded.get("status") != "failed" or recorded.get("failed_rank") in (None, env.rank):
                 update_summary(run_dir, status="failed", failed_rank=env.rank, error=words)
         except OSError as unwritten:
             _unrecorded(unwritten, env.rank, run_dir)

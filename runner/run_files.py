@@ -56,8 +56,17 @@ def load_run(run_dir: Path) -> tuple[TrainConfig, Layout, dict[str, Any]]:
     return config, layout_of(config, ds_config, gpus=config.gpus), ds_config
 
 
+def add_note(error: BaseException, words: str) -> None:
+    """``error.add_note(words)`` (PEP 678) by hand: ``add_note`` itself is Python 3.11+."""
+    notes = getattr(error, "__notes__", None)
+    if notes is None:
+        notes = []
+        error.__notes__ = notes  # type: ignore[attr-defined]
+    notes.append(words)
+
+
 def with_notes(error: BaseException) -> str:
-    """``Type: message``, then the error's notes (PEP 678; runner/out_of_memory.py adds one)."""
+    """``Type: message``, then the error's notes (PEP 678: runner/out_of_memory.py, runner/peer_loss.py)."""
     notes = getattr(error, "__notes__", None) or []
     return "; ".join([f"{type(error).__name__}: {error}", *notes])
 

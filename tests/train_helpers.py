@@ -138,6 +138,24 @@ def address_space_cap_for_out_of_memory() -> int:
     return peak_kb * 1024 + 1_600_000_000
 
 
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    """The running rank processes of ``run_dir`` by rank, from /proc: those that name the
+    directory on their command line (``launchers.worker RUN_DIR``, or torchrun's
+    ``train.py ... hydra.run.dir=RUN_DIR``) with RANK in their environment."""
+    pids = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # not a process, or it ended while we read
+            continue
+        named = str(run_dir).encode() in words or f"hydra.run.dir={run_dir}".encode() in words
+        ranks = [int(item[5:]) for item in environ if item.startswith(b"RANK=")]
+        if named and ranks:
+            pids[ranks[0]] = int(entry.name)
+    return pids
+
+
 @contextlib.contextmanager
 def capped_cgroup(cap_bytes: int) -> Iterator[tuple[Path, Callable[[], None]]]:
     """A new memory cgroup under this process's own, capped at ``cap_bytes``: its folder, and a

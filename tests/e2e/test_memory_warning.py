@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from train_helpers import (
@@ -19,6 +18,7 @@ from train_helpers import (
     address_space_cap_for_out_of_memory,
     capped_cgroup,
     clean_env,
+    rank_pids,
 )
 
 from runner.oom_killer import KILLED, kernel_log, read_counts
@@ -47,21 +47,6 @@ def test_a_run_that_fits_has_no_warning(train):
     assert result.summary["plan_warnings"] == []
 
 
-def _rank_pids(run_dir: Path) -> dict[int, int]:
-    """The rank processes (``python -m launchers.worker RUN_DIR``) of this run by rank, from /proc."""
-    pids = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:  # not a process, or it ended while we read
-            continue
-        if b"launchers.worker" in words and str(run_dir).encode() in words:
-            (rank,) = (int(item[5:]) for item in environ if item.startswith(b"RANK="))
-            pids[rank] = int(entry.name)
-    return pids
-
-
 def test_a_rank_killed_by_another_process_is_named_first_and_not_blamed_on_memory(tmp_path):
     """Rank 1 of 2 dies of SIGKILL and leaves no failure record; rank 0 then fails at its next
     collective (gloo: "Connection closed by peer") and records that. The run's error names
@@ -78,7 +63,7 @@ def test_a_rank_killed_by_another_process_is_named_first_and_not_blamed_on_memor
     while not (metrics.exists() and metrics.read_text().strip()):
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before a step"
         time.sleep(0.05)
-    ranks = _rank_pids(run_dir)
+    ranks = rank_pids(run_dir)
     assert sorted(ranks) == [0, 1]
     os.kill(ranks[1], signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
@@ -87,6 +72,8 @@ def test_a_rank_killed_by_another_process_is_named_first_and_not_blamed_on_memor
     error = summary["error"]
     assert summary["failed_rank"] == 1 and f"rank 1 failed: {error}" in stderr
     assert "; then rank 0 failed: RuntimeError: " in error, error
+    rank_0 = json.loads((run_dir / "failure_rank0.json").read_text())["error"]
+    assert "; another rank's process ended first and this rank learned of it at its next collective" in rank_0
     if read_counts().host is None:  # a kernel before 4.13 counts no kills: the usual cause, the plan's word
         assert error.startswith("killed by SIGKILL (on Linux most often the out-of-memory killer"), error
         assert "the plan had warned: the plan puts 0.1 GB on each device" in error

@@ -18,8 +18,10 @@ from train_helpers import (
     ROOT,
     SMALL_EXPERIMENT,
     TrainResult,
+    clean_env,
     file_digests,
     free_port,
+    rank_pids,
     run_torchrun,
     run_train,
     start_train,
@@ -27,6 +29,7 @@ from train_helpers import (
 
 from runner import checkpoint, goodput
 from runner.layout import resolve_layout
+from runner.oom_killer import read_counts
 
 pytestmark = pytest.mark.multirank
 
@@ -373,6 +376,44 @@ def test_a_rank_that_raises_brings_the_job_down(tmp_path):
     assert summary["failed_rank"] == 1
     assert "fault injected" in summary["error"]
     assert "rank 1 failed" in result.stderr
+
+
+def test_under_torchrun_a_rank_whose_peer_is_killed_says_another_rank_ended_first(tmp_path):
+    """Rank 1 of torchrun's 2 dies of SIGKILL; rank 0 fails at its next collective, and its
+    error (summary.json's, and its failure record's) says another rank's process ended first,
+    where the launcher names it, and that the kernel's out-of-memory killer was not at work."""
+    run_dir = tmp_path / "run"
+    stderr = tmp_path / "stderr.txt"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+    ]
+    command += [str(ROOT / "train.py"), "gpus=2", "train.steps=1000", *COMMON, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr.open("w"), env=clean_env()
+    )
+    _wait_for_steps(run_dir, proc, 1)
+    ranks = rank_pids(run_dir)
+    assert sorted(ranks) == [0, 1]
+    os.kill(ranks[1], signal.SIGKILL)
+    assert proc.wait(timeout=120) != 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["failed_rank"] == 0
+    error = summary["error"]
+    assert error.startswith("RuntimeError: ") and "Connection closed by peer" in error, error
+    assert (
+        "; another rank's process ended first and this rank learned of it at its next collective: " in error
+    )
+    assert "the launcher's report names that rank and how it ended (torchrun: its Root Cause" in error
+    if read_counts().host is not None:
+        assert error.endswith(
+            "the kernel's out-of-memory killer ended nothing on this host while this rank ran"
+        )
+    assert json.loads((run_dir / "failure_rank0.json").read_text())["error"] == error
+    assert "Signal 9 (SIGKILL) received by PID" in stderr.read_text()  # torchrun's Root Cause
 
 
 def test_a_diverging_run_stops_and_keeps_its_last_good_checkpoint(tmp_path):

@@ -1,4 +1,5 @@
-"""A rank's SIGKILL is told apart: the kernel's out-of-memory killer (its counts, its log) or not."""
+"""A rank's SIGKILL is told apart: the kernel's out-of-memory killer (its counts, its log) or not;
+and a rank whose peer's process ended says so."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from train_helpers import compose_config
 
 from runner.oom_killer import OomCounts, kernel_log, killed_line, killer_verdict, read_counts
 from runner.out_of_memory import killed_words
+from runner.peer_loss import explain, is_peer_lost, peer_lost_words
 from runner.plan import knobs_from_config, plan_layout, workload_from_config
+from runner.run_files import with_notes
 
 pytestmark = pytest.mark.unit
 
@@ -113,3 +116,37 @@ def test_after_a_kill_the_words_put_the_plans_host_memory_beside_the_measured_pe
     assert "the plan said it fits, so the memory went to what the plan does not count" in words
     assert "model.activation_checkpointing=full or a smaller batch.micro_size" in words  # CPU ranks
     assert "before its first step ended" in killed_words(plan, None)
+
+
+GLOO_LOST = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:20365. This is typically caused by a remote worker crashing."
+)
+
+
+def test_a_collective_that_lost_its_peer_is_told_from_other_errors():
+    import torch.distributed as dist
+
+    assert is_peer_lost(RuntimeError(GLOO_LOST))
+    assert is_peer_lost(RuntimeError("NCCL error: remote process exited or there was a network error"))
+    assert is_peer_lost(dist.DistNetworkError("The client socket has failed to connect"))
+    assert not is_peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_the_note_says_another_rank_ended_first_and_what_the_kernel_counted(tmp_path: Path):
+    proc = _proc(tmp_path, vmstat_kills=2, cgroup_kills=1)
+    at_work = peer_lost_words(OomCounts(host=1, cgroup=1, cgroup_dir=None), proc)
+    assert at_work.startswith("another rank's process ended first and this rank learned of it")
+    killer = "the kernel's out-of-memory killer was at work while this rank ran"
+    assert at_work.endswith(f"{killer}: 1 on this host (/proc/vmstat oom_kill)")
+    idle = peer_lost_words(OomCounts(host=2, cgroup=1, cgroup_dir=None), proc)
+    assert idle.endswith("the kernel's out-of-memory killer ended nothing on this host while this rank ran")
+
+
+def test_the_note_goes_on_the_error_only_when_a_peer_was_lost():
+    lost, other = RuntimeError(GLOO_LOST), ValueError("bad value")
+    counts = OomCounts(host=None, cgroup=None, cgroup_dir=None)
+    explain(lost, counts)
+    explain(other, counts)
+    assert with_notes(lost).startswith(f"RuntimeError: {GLOO_LOST}; another rank's process ended first")
+    assert with_notes(other) == "ValueError: bad value"
