@@ -410,8 +410,9 @@ def _run_external(
             _unrecorded(unwritten, env.rank, run_dir)
         try:
             recorded = read_summary(run_dir)
-            # Rank 0's own record (no failed_rank) lacks the error's notes; another rank's stays.
-            if recorded.get("status") != "failed" or recorded.get("failed_rank") in (None, env.rank):
+            # Rank 0's own record (it names no failed_rank) lacks the error's notes; any other stays.
+            own = env.rank == 0 and recorded.get("failed_rank") is None
+            if recorded.get("status") != "failed" or own:
                 update_summary(run_dir, status="failed", failed_rank=env.rank, error=words)
         except OSError as unwritten:
             _unrecorded(unwritten, env.rank, run_dir)
