@@ -158,7 +158,7 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
 
 @contextlib.contextmanager
 def capped_cgroup(cap_bytes: int) -> Iterator[tuple[Path, Callable[[], None]]]:
-    """A new memory cgroup under this process's own, capped at ``cap_bytes``: its folder, and a
+    """A new memory cgroup under this process's own, capped at ``cap_bytes`` with no swap: its folder, and a
     ``preexec_fn`` that moves a child process into it. Skips where none can be made (not root,
     no memory hierarchy, the controller not enabled for children); removed afterwards."""
     dirs = memory_cgroup_dirs()
@@ -174,6 +174,10 @@ def capped_cgroup(cap_bytes: int) -> Iterator[tuple[Path, Callable[[], None]]]:
         if not (child / limit_file).exists():
             pytest.skip(f"the memory controller is not enabled for {parent}'s children")
         (child / limit_file).write_text(str(cap_bytes))
+        # No swap beyond the cap either, where the host has swap: v2 counts it apart, v1 with it.
+        for swap_file, value in (("memory.swap.max", "0"), ("memory.memsw.limit_in_bytes", str(cap_bytes))):
+            if (child / swap_file).exists():
+                (child / swap_file).write_text(value)
 
         def join() -> None:
             (child / "cgroup.procs").write_text("0")  # "0": the writing process itself
