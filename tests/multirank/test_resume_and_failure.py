@@ -68,19 +68,6 @@ def _wait_for_steps(run_dir: Path, proc: subprocess.Popen[bytes], steps: int) ->
     raise AssertionError(f"no {steps} steps logged in 300 s")
 
 
-def _ranks_of(run_dir: Path) -> list[int]:
-    """The pids of rank processes still running for ``run_dir``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"launchers.worker" in cmdline and str(run_dir).encode() in cmdline:
-            found.append(int(proc.name))
-    return found
-
-
 def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_path, reference):
     """Killed mid-run, a save cut short beside its checkpoints, resumed; then a resume that would
     change the experiment is refused and the finished run is left as it was."""
@@ -294,13 +281,13 @@ def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_training_on(tmp
     run_dir = tmp_path / "run"
     proc = start_train(run_dir, "gpus=2", "parallel=zero1", "batch.micro_size=4", "train.steps=500", *COMMON)
     _wait_for_steps(run_dir, proc, 2)
-    assert len(_ranks_of(run_dir)) == 2
+    assert len(rank_pids(run_dir)) == 2
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 120
-    while _ranks_of(run_dir) and time.monotonic() < deadline:
+    while rank_pids(run_dir) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _ranks_of(run_dir) == []
+    assert rank_pids(run_dir) == {}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted", summary["error"]
     assert summary["error"].startswith("stopped by SIGTERM after")
