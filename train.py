@@ -11,6 +11,7 @@ import datetime
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -30,6 +31,9 @@ from runner.run import NothingToTrain, RunFailed, RunInterrupted, run
 from runner.validate import ConfigError
 
 register_configs()
+
+# A rank other than 0 that refuses waits this long for rank 0, which refuses alike, to say why.
+REFUSAL_WAIT_S = 15.0
 
 
 def _identity(run_dir: Path) -> RunIdentity:
@@ -63,6 +67,8 @@ def main(cfg: DictConfig) -> float | None:
             print(f"ladder: refused before launch:\n{error}", file=sys.stderr)
         if lead and hydra_files.put_back(run_dir):
             print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
+        if not lead:  # its launcher would stop rank 0 at this exit, before rank 0 said why
+            time.sleep(REFUSAL_WAIT_S)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C while validating or planning: no rank had started
         ran = False
