@@ -339,7 +339,7 @@ def _kill_evidence(
     if killer is None or not killer.by_oom_killer:
         return {"killer": killer}
     try:
-        plan = plan_layout(workload_from_config(config, with_peak=False), knobs_from_config(config))
+        plan = launch_plan(config)
         memory = out_of_memory.killed_words(plan, out_of_memory.last_measured(run_dir))
     except Exception as unplanned:  # the words help; they must not hide the failure itself
         memory = f"the plan could not be made to say more: {unplanned}"
