@@ -45,6 +45,12 @@ def _identity(run_dir: Path) -> RunIdentity:
     return RunIdentity.for_run_dir(run_dir, name=name, group=group)
 
 
+def _as_list(error: Exception) -> str:
+    """A refusal as the list of problems ConfigError writes: a lone LayoutError gets its bullet."""
+    text = str(error)
+    return text if text.startswith("  - ") else f"  - {text}"
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Compose -> typed config -> runner; returns the final loss (the sweep's objective)."""
@@ -64,7 +70,7 @@ def main(cfg: DictConfig) -> float | None:
     except (ConfigError, LayoutError) as error:
         ran = False
         if lead:  # under torchrun or srun every rank refuses alike; rank 0 says why
-            print(f"ladder: refused before launch:\n{error}", file=sys.stderr)
+            print(f"ladder: refused before launch:\n{_as_list(error)}", file=sys.stderr)
         if lead and hydra_files.put_back(run_dir):
             print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
         if not lead:  # its launcher would stop rank 0 at this exit, before rank 0 said why

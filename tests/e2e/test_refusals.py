@@ -29,6 +29,8 @@ CASES = [
     (["gpus=2", "batch.global_size=4", "batch.micro_size=4"], ["batch.micro_size=4", "{1, 2}"]),
     (["gpus=0"], ["gpus=0", "at least 1"]),
     (["gpus=64"], ["gpus=64", "hydra/launcher=slurm", "plan=true"]),
+    # a model whose micro 1 fits no device of this cluster: the auto micro-batch says so
+    (["model=llama_70b"], ["  - batch.micro_size=auto: not even micro 1 fits", "plan=true"]),
     (["batch.global_size=0"], ["batch.global_size=0", "at least 1"]),
     (["batch.micro_size=four"], ["batch.micro_size", "four", "auto"]),
     # out-of-range values
@@ -182,6 +184,8 @@ def test_refused_before_launch(refusals, overrides, fragments):
         assert fragment in text, f"{fragment!r} not in:\n{text[-2000:]}"
     assert "Traceback" not in result.stderr
     said = [line.split(":", 1)[0] for line in result.stderr.splitlines() if line.startswith("  - ")]
+    if "refused before launch:" in result.stderr:  # a list of problems, each on its own line
+        assert said, result.stderr[-2000:]
     assert len(said) == len(set(said)), f"a problem said twice:\n{result.stderr[-2000:]}"
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert not (result.run_dir / "deepspeed_config.json").exists()
