@@ -68,13 +68,14 @@ def _runner_problems(task_cfg: DictConfig) -> tuple[TrainConfig | None, list[str
     from runner.config import to_train_config
     from runner.layout import LayoutError
     from runner.validate import ConfigError, batch_contract_problems, validate
+    from runner.wandb_credentials import credentials_problems
 
     try:
         config = to_train_config(task_cfg)
         validate(config, launcher=None)
     except (ConfigError, LayoutError) as error:
         return None, [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
-    return config, batch_contract_problems(config)
+    return config, batch_contract_problems(config) + credentials_problems(config.logger)
 
 
 def plan_cell(

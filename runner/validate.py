@@ -15,6 +15,7 @@ from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.tensor_parallel import tp_node_problems, tp_problems
 from runner.text_corpus import builtin_held_out_text
 from runner.token_file import TOKEN_DTYPES, token_file_problem, token_files
+from runner.wandb_credentials import credentials_problems
 
 
 class ConfigError(ValueError):
@@ -296,6 +297,7 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
         )
     problems += pipeline_problems(config)
     problems += cuda_launch_problems(config)
+    problems += credentials_problems(config.logger)
     if launcher == "local":
         available, what = host_ranks_available()
         if config.gpus > available:

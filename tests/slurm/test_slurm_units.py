@@ -338,3 +338,17 @@ def test_plan_cell_places_a_composed_cell_and_collects_every_problem():
     assert cell is None
     assert any("try gpus=8 or gpus=10" in p for p in problems)
     assert any("cluster=a100_80g has gpus_per_node=8" in p for p in problems)
+
+
+def test_a_sweep_logging_online_without_a_wandb_key_is_refused_on_the_login_node(monkeypatch, tmp_path):
+    """The cells' ranks would each fail at wandb.init on the compute nodes; the submission refuses first."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    sweep = ["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "cluster=a100_80g", "gpus=8"]
+    online = _compose([*sweep, "logger=wandb", "logger.mode=online"])
+    cell, problems = plan_cell(0, ["gpus=8"], online, {"gpu": GPU_NODES})
+    assert cell is None
+    assert any(p.startswith("logger.mode=online: wandb has no API key") for p in problems), problems
