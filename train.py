@@ -45,6 +45,23 @@ def _identity(run_dir: Path) -> RunIdentity:
     return RunIdentity.for_run_dir(run_dir, name=name, group=group)
 
 
+def _unused_launcher(cfg: DictConfig) -> str | None:
+    """hydra/launcher=slurm without ``-m``: Hydra hands only a sweep to its launcher, so the run
+    would train on this host instead of being submitted."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.RUN or hydra_cfg.runtime.choices.get("hydra/launcher") != "slurm":
+        return None
+    if cfg.get("plan") or cfg.get("planner", {}).get("recommend"):
+        return None  # sizing it for the cluster, nothing launched
+    # A sweep has its own directory (hydra.sweep.dir) and mode: the run's own settings of them stay out.
+    kept = [o for o in hydra_cfg.overrides.hydra if not o.startswith(("hydra.mode=", "hydra.run."))]
+    command = shlex.join(["python", "train.py", "-m", *kept, *hydra_cfg.overrides.task])
+    return (
+        "  - hydra/launcher=slurm: Hydra hands a job to its launcher only in a sweep, so this would train "
+        f"on this host, not on SLURM; add -m to submit it as a sweep of one: {command}"
+    )
+
+
 def _as_list(error: Exception) -> str:
     """A refusal as the list of problems ConfigError writes: a lone LayoutError gets its bullet."""
     text = str(error)
@@ -61,6 +78,8 @@ def main(cfg: DictConfig) -> float | None:
     lead = launched is None or launched.rank == 0
     ran = True  # False: this attempt trained nothing, and the run's own .hydra/ stays its record
     try:
+        if launched is None and (unused := _unused_launcher(cfg)) is not None:
+            raise ConfigError(unused)
         summary = run(
             to_train_config(cfg),
             run_dir=run_dir,

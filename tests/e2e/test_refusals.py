@@ -29,6 +29,11 @@ CASES = [
     (["gpus=2", "batch.global_size=4", "batch.micro_size=4"], ["batch.micro_size=4", "{1, 2}"]),
     (["gpus=0"], ["gpus=0", "at least 1"]),
     (["gpus=64"], ["gpus=64", "hydra/launcher=slurm", "plan=true"]),
+    # a SLURM launcher without -m: Hydra would run the job here; the fix is the sweep's command
+    (
+        ["hydra/launcher=slurm", "gpus=2"],
+        ["hydra/launcher=slurm", "only in a sweep", "python train.py -m hydra/launcher=slurm gpus=2"],
+    ),
     # a model whose micro 1 fits no device of this cluster: the auto micro-batch says so
     (["model=llama_70b"], ["  - batch.micro_size=auto: not even micro 1 fits", "plan=true"]),
     (["batch.global_size=0"], ["batch.global_size=0", "at least 1"]),
