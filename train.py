@@ -57,7 +57,7 @@ def _unused_launcher(cfg: DictConfig) -> str | None:
     kept = [o for o in hydra_cfg.overrides.hydra if not o.startswith(("hydra.mode=", "hydra.run."))]
     command = shlex.join(["python", "train.py", "-m", *kept, *hydra_cfg.overrides.task])
     return (
-        "  - hydra/launcher=slurm: Hydra hands a job to its launcher only in a sweep, so this would train "
+        "hydra/launcher=slurm: Hydra hands a job to its launcher only in a sweep, so this would train "
         f"on this host, not on SLURM; add -m to submit it as a sweep of one: {command}"
     )
 
