@@ -57,6 +57,7 @@ from runner.checkpoint_record import (
     LATEST_FILE,
     UNIVERSAL_SUFFIX,
     complete_checkpoints,
+    own_layout,
     tag_for,
 )
 from runner.checkpoint_record import latest as latest  # re-exported: checkpoint.latest(run_dir)
@@ -228,7 +229,7 @@ def check_resumable(
         raise ValueError(
             f"train.resume=auto: {record['tag']} would move to another layout through DeepSpeed's "
             f"universal format, which carries Adam's state only (optimizer={optimizer} has none of "
-            f"it): resume on the checkpoint's own layout ({_own_layout(record)}), or start a new run "
+            f"it): resume on the checkpoint's own layout ({own_layout(record)}), or start a new run "
             f"directory"
         )
     cut_both_ways = saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1
@@ -243,13 +244,6 @@ def check_resumable(
             f"parallel.tp={saved['tp']} parallel.zero_stage={record['zero_stage']}, or start a new run "
             f"directory"
         )
-
-
-def _own_layout(record: dict[str, Any]) -> str:
-    """``gpus=2 parallel.tp=2 parallel.zero_stage=1``: the overrides that resume ``record`` unmoved."""
-    saved = record["layout"]
-    split = [f"parallel.{key}={saved.get(key, 1)}" for key in ("tp", "pp") if saved.get(key, 1) > 1]
-    return " ".join([f"gpus={saved['gpus']}", *split, f"parallel.zero_stage={record['zero_stage']}"])
 
 
 def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
@@ -320,7 +314,7 @@ def conversion(
     if not stays:
         return None
     return checkpoint_size.Conversion(
-        tag=record["tag"], stays=stays, peak=peak, own_layout=_own_layout(record)
+        tag=record["tag"], stays=stays, peak=peak, own_layout=own_layout(record)
     )
 
 
@@ -444,7 +438,7 @@ def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], mo
 def _unconverted(record: dict[str, Any], stderr: str, source: Path) -> str:
     """The refusal when ds_to_universal fails: its last word, the room it had, and how to resume
     all the same."""
-    keep = _own_layout(record)
+    keep = own_layout(record)
     last = (stderr.strip().splitlines() or ["(it printed nothing)"])[-1]
     room = (
         f"the universal copy goes beside the checkpoint ({folder_bytes(source) / 1e9:.3f} GB) on a "

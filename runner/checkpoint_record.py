@@ -35,3 +35,10 @@ def latest(run_dir: Path) -> dict[str, Any] | None:
     if not (run_dir / CHECKPOINT_DIR / record["tag"]).is_dir():
         return None
     return record
+
+
+def own_layout(record: dict[str, Any]) -> str:
+    """``gpus=2 parallel.tp=2 parallel.zero_stage=1``: the overrides that resume ``record`` unmoved."""
+    saved = record["layout"]
+    split = [f"parallel.{key}={saved.get(key, 1)}" for key in ("tp", "pp") if saved.get(key, 1) > 1]
+    return " ".join([f"gpus={saved['gpus']}", *split, f"parallel.zero_stage={record['zero_stage']}"])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.checkpoint_size import checkpoint_bytes, disk_need
+from runner.checkpoint_size import DiskNeed, checkpoint_bytes, disk_need
 from runner.config import ModelConfig, Offload, Precision, TrainConfig
 from runner.deepspeed_config import reduce_bucket_elements
 from runner.layout import (
@@ -578,16 +578,54 @@ def plan_config(config: TrainConfig) -> Plan:
     return plan_layout(workload_from_config(config), knobs_from_config(config))
 
 
-def plan_job(config: TrainConfig, *, run_dir: Path) -> dict[str, Any]:
-    """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record."""
+@dataclass(frozen=True)
+class ResumePlan:
+    """What ``train.resume=auto`` finds in the run directory, weighed as the run weighs it before
+    its ranks start (runner/run.py ``resume_plan``)."""
+
+    disk: DiskNeed  # the run's checkpoints, beside those there and a move's converted copy
+    record: dict[str, Any] | None = None  # the checkpoint it continues; None: it starts at step 0
+    saved_bytes: int = 0  # that checkpoint's files, which a conversion reads
+    refusal: str | None = None  # why the run would not continue it on this layout
+
+    def conversion_s(self, storage_bytes_per_s: float | None) -> float | None:
+        """A move's conversion at the storage's speed: reading the checkpoint, writing the copies
+        (a lower bound: the conversion's own compute is not counted); None: no move, or unknown."""
+        conversion = self.disk.conversion
+        if conversion is None or not storage_bytes_per_s:
+            return None
+        return (self.saved_bytes + conversion.stays) / storage_bytes_per_s
+
+    def record_json(self, storage_bytes_per_s: float | None) -> dict[str, Any]:
+        """plan.json's ``resume``."""
+        if self.record is None:
+            return {"from": None}
+        return {
+            "from": self.record["tag"],
+            "completed_steps": self.record["completed_steps"],
+            "saved_bytes": self.saved_bytes,
+            "refused": self.refusal,
+            "conversion_s_at_least": self.conversion_s(storage_bytes_per_s),
+        }
+
+
+def plan_job(config: TrainConfig, *, run_dir: Path, resume: ResumePlan | None = None) -> dict[str, Any]:
+    """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record.
+
+    ``resume``: with train.resume=auto, what the run directory holds (else None).
+    """
     from runner.plan_ladder import recommend, recommendation_record
-    from runner.plan_table import checkpoint_disk_line, format_ladder, format_plan
+    from runner.plan_table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
 
     plan = plan_config(config)
     record = plan.record()
     text = format_plan(plan)
-    disk = disk_need(config, run_dir)
+    disk = disk_need(config, run_dir) if resume is None else resume.disk
     record["checkpoint_disk"] = disk.record()
+    if resume is not None:
+        speed = plan.workload.storage_bytes_per_s
+        record["resume"] = resume.record_json(speed)
+        text += "\n" + "\n".join(resume_lines(resume, run_dir, speed))
     text += "\n" + checkpoint_disk_line(disk, config)
     if config.planner.recommend:
         ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm)
@@ -610,6 +648,7 @@ __all__ = [
     "Knobs",
     "MicroFit",
     "Plan",
+    "ResumePlan",
     "Workload",
     "check_knobs",
     "host_at",

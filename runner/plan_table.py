@@ -8,12 +8,14 @@ compute in TFLOP/s (1e12 FLOP/s).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+from runner.checkpoint_record import CHECKPOINT_DIR, own_layout
 from runner.checkpoint_size import DiskNeed, saved_bytes_per_param
 from runner.config import TrainConfig
 from runner.memory import GiB, bytes_per_param
 from runner.pipeline_split import rank_param_numels
-from runner.plan import GB, Plan, gb
+from runner.plan import GB, Plan, ResumePlan, gb
 from runner.plan_hardware import Figure
 from runner.plan_ladder import Ladder
 from runner.plan_memory import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
@@ -278,14 +280,47 @@ def _save_time_line(plan: Plan) -> str:
     return line
 
 
+def resume_lines(resume: ResumePlan, run_dir: Path, storage_bytes_per_s: float | None) -> list[str]:
+    """train.resume=auto: the checkpoint the run continues, on which layout it was saved, and what
+    moving it onto this one writes and takes before the first step."""
+    record = resume.record
+    if record is None:
+        where = run_dir / CHECKPOINT_DIR
+        return [f"  train.resume=auto: no complete checkpoint in {where}: the run starts at step 0"]
+    lines = [
+        f"  train.resume=auto: continues {record['tag']} ({record['completed_steps']} steps done, "
+        f"{resume.saved_bytes / GB:.3f} GB), saved on {own_layout(record)}"
+    ]
+    conversion = resume.disk.conversion
+    if resume.refusal is not None:
+        lines.append(f"    REFUSED before launch: {resume.refusal}")
+    elif conversion is None:
+        lines.append("    this layout loads it as it is: nothing to convert")
+    else:
+        seconds = resume.conversion_s(storage_bytes_per_s)
+        if seconds is None or not storage_bytes_per_s:
+            speed = "its time: unknown (set cluster.storage_gb_per_s, the filesystem's speed)"
+        else:
+            speed = (
+                f"at least {seconds:.3g} s at cluster.storage_gb_per_s={storage_bytes_per_s / GB:g} "
+                f"(reading it and writing the copies; the conversion's compute not counted)"
+            )
+        written = f"{conversion.stays / GB:.3f} GB of copies beside it"
+        if conversion.peak > conversion.stays:
+            written += f", {conversion.peak / GB:.3f} GB at the most while written"
+        lines.append(f"    this layout converts it first, before its ranks load it: {written}; {speed}")
+    return lines
+
+
 def checkpoint_disk_line(need: DiskNeed, config: TrainConfig) -> str:
     """Whether the run's checkpoints fit on its directory's filesystem, in one line."""
     every = config.train.checkpoint_every
     verdict = "FITS" if need.fits else "DOES NOT FIT"
     if not every:
+        beside = "" if need.conversion is None else f", beside {need.conversion.words()}"
         return (
-            f"  train.checkpoint_every=0: one checkpoint at a stop; {need.free / GB:.2f} GB free on the "
-            f"filesystem of {need.where} => {verdict}"
+            f"  train.checkpoint_every=0: one checkpoint at a stop{beside}; {need.free / GB:.2f} GB free "
+            f"on the filesystem of {need.where} => {verdict}"
         )
     return f"  train.checkpoint_every={every}: {need.arithmetic()} => {verdict}"
 

@@ -36,6 +36,7 @@ from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
 from runner.model_shape import num_params
 from runner.plan import (
     Plan,
+    ResumePlan,
     gb,
     knobs_from_config,
     micro_fit_for_config,
@@ -485,19 +486,21 @@ def refuse_beyond_this_hosts_ram(plan: Plan) -> None:
     )
 
 
-def checkpoint_space(config: TrainConfig, run_dir: Path) -> tuple[checkpoint_size.DiskNeed, str | None]:
-    """Refuse a run whose checkpoints cannot fit on its directory's filesystem; else the need,
-    and the warning for one that saves only at a stop and could not then
-    (runner/checkpoint_size.py)."""
+def _disk_need(
+    config: TrainConfig, run_dir: Path, layout: Layout | None
+) -> tuple[checkpoint_size.DiskNeed, dict[str, Any] | None]:
+    """The run's checkpoints against its directory's filesystem, with what a resume finds there:
+    the checkpoints it holds, the steps done and, onto another ``layout``, the converted copy
+    (runner/checkpoint_size.py); and the record of the checkpoint it continues (None: none)."""
     record = checkpoint_record.latest(run_dir) if resumes(config) else None
     conversion = None
-    if record is not None:
+    if record is not None and layout is not None:
         from runner import checkpoint  # torch and DeepSpeed: imported only when there is one to load
 
         conversion = checkpoint.conversion(
             run_dir,
             record,
-            layout=choose_layout(config),
+            layout=layout,
             zero_stage=config.parallel.zero_stage,
             model=config.model,
             precision=config.precision.name,
@@ -510,9 +513,46 @@ def checkpoint_space(config: TrainConfig, run_dir: Path) -> tuple[checkpoint_siz
         on_disk=len(checkpoint_record.complete_checkpoints(run_dir / checkpoint_record.CHECKPOINT_DIR)),
         conversion=conversion,
     )
+    return need, record
+
+
+def checkpoint_space(config: TrainConfig, run_dir: Path) -> tuple[checkpoint_size.DiskNeed, str | None]:
+    """Refuse a run whose checkpoints cannot fit on its directory's filesystem; else the need,
+    and the warning for one that saves only at a stop and could not then
+    (runner/checkpoint_size.py)."""
+    need, _ = _disk_need(config, run_dir, choose_layout(config))
     if (problem := checkpoint_size.disk_problem(need, config)) is not None:
         raise ConfigError(f"  - {problem}")
     return need, checkpoint_size.stop_save_warning(need, config)
+
+
+def resume_plan(config: TrainConfig, run_dir: Path) -> ResumePlan | None:
+    """plan=true with train.resume=auto: what the run would continue from and do with it first,
+    by the checks the run makes before its ranks start (None: the run does not resume)."""
+    if not resumes(config):
+        return None
+    try:
+        layout: Layout | None = choose_layout(config)
+    except LayoutError:  # the plan says why the layout does not fit; no move is weighed
+        layout = None
+    need, record = _disk_need(config, run_dir, layout)
+    if record is None:
+        return ResumePlan(need)
+    from runner import checkpoint  # torch and DeepSpeed, as above
+
+    refusal = None
+    if layout is not None:
+        try:
+            checkpoint.check_resumable(
+                record,
+                layout=layout,
+                zero_stage=config.parallel.zero_stage,
+                optimizer=config.optimizer.name.value,
+            )
+        except ValueError as error:
+            refusal = str(error)
+    saved = folder_bytes(run_dir / checkpoint_record.CHECKPOINT_DIR / record["tag"])
+    return ResumePlan(need, record, saved_bytes=saved, refusal=refusal)
 
 
 def local_launch_problems(config: TrainConfig) -> list[str]:
@@ -546,7 +586,7 @@ def run(
     planning = config.plan or config.planner.recommend  # recommend implies plan
     validate(config, launcher=None if planning else launcher)
     if planning:
-        return plan_job(config, run_dir=run_dir)
+        return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir))
     if (finished := finished_already(config, run_dir)) is not None:
         raise NothingToTrain(finished, read_summary(run_dir))
     layout, micro_choice = choose_layout_explained(config)

@@ -83,7 +83,24 @@ def test_a_move_whose_conversion_cannot_fit_is_refused_before_anything_is_writte
     first = run_train(*RUN, "train.steps=2", *saving, run_dir=run_dir)
     assert first.returncode == 0, first.stderr[-3000:]
     before = file_digests(run_dir / "checkpoints")
-    moved = run_train(*RUN, "parallel=zero1", "train.steps=4", *saving, "train.resume=auto", run_dir=run_dir)
+    move = [*RUN, "parallel=zero1", "train.steps=4", *saving, "train.resume=auto"]
+    planned = run_train(*move, "plan=true", "cluster.storage_gb_per_s=0.5", run_dir=run_dir)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    for said in (  # plan=true weighs the move as the run does
+        "train.resume=auto: continues step_00000002 (2 steps done, 0.039 GB), saved on gpus=1 "
+        "parallel.zero_stage=0",
+        "this layout converts it first, before its ranks load it: 0.052 GB of copies beside it; at "
+        "least 0.182 s at cluster.storage_gb_per_s=0.5",
+        "0.052 GB of step_00000002 converted for this layout",
+        "=> DOES NOT FIT",
+    ):
+        assert said in planned.stdout, (said, planned.stdout[-3000:])
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["resume"]["from"] == "step_00000002" and plan["resume"]["refused"] is None
+    conversion = plan["checkpoint_disk"]["conversion"]
+    assert conversion["tag"] == "step_00000002" and conversion["bytes"] == conversion["peak_bytes"]
+    assert file_digests(run_dir / "checkpoints") == before
+    moved = run_train(*move, run_dir=run_dir)
     assert moved.returncode != 0
     said = "train.resume=auto: moving step_00000002 to this layout writes a converted copy beside it"
     assert said in moved.stderr, moved.stderr[-3000:]

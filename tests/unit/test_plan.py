@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import pytest
 from train_helpers import compose_config
 
+from runner.checkpoint_size import disk_need
 from runner.comm import reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.layout import LayoutError, divisors
 from runner.plan import (
     GB,
+    ResumePlan,
     memory_at,
     offload_mode,
     plan_config,
@@ -322,6 +325,58 @@ def test_plan_json_carries_the_layout_record(tmp_path, capsys):
     }
     assert written["fits"] is True
     assert "memory per device" in capsys.readouterr().out
+
+
+def _saved_on_two_ranks_zero1(tmp_path) -> dict[str, Any]:
+    """A run directory whose latest checkpoint (step 2) was saved by ZeRO-1 on 2 ranks, files faked."""
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "step_00000002").mkdir(parents=True)
+    (checkpoints / "step_00000002" / "model.pt").write_bytes(b"\0" * 1000)
+    record = {
+        "tag": "step_00000002",
+        "completed_steps": 2,
+        "zero_stage": 1,
+        "layout": {"gpus": 2, "dp": 2, "tp": 1, "pp": 1, "global_size": 16},
+    }
+    (checkpoints / "latest.json").write_text(json.dumps(record))
+    return record
+
+
+def test_a_plan_of_a_resume_says_what_it_continues_and_what_its_move_writes_and_takes(tmp_path, capsys):
+    from runner.checkpoint_size import Conversion
+
+    config = _config("train.resume=auto", "cluster.storage_gb_per_s=2")
+    nothing = plan_job(config, run_dir=tmp_path, resume=ResumePlan(disk_need(config, tmp_path)))
+    assert nothing["resume"] == {"from": None}
+    assert "no complete checkpoint in" in capsys.readouterr().out
+    record = _saved_on_two_ranks_zero1(tmp_path)
+    moved = Conversion(tag="step_00000002", stays=3 * 10**9, peak=5 * 10**9, own_layout="gpus=2")
+    need = disk_need(config, tmp_path, done_steps=2, on_disk=1, conversion=moved)
+    planned = plan_job(config, run_dir=tmp_path, resume=ResumePlan(need, record, saved_bytes=10**9))
+    out = capsys.readouterr().out
+    assert "continues step_00000002 (2 steps done, 1.000 GB), saved on gpus=2 parallel.zero_stage=1" in out
+    # reading 1 GB and writing 3 GB at 2 GB/s
+    assert "3.000 GB of copies beside it, 5.000 GB at the most while written; at least 2 s at " in out
+    assert "one checkpoint at a stop, beside 3.000 GB of step_00000002 converted for this layout" in out
+    assert planned["resume"]["conversion_s_at_least"] == 2.0
+    refused = ResumePlan(disk_need(config, tmp_path), record, refusal="a different global batch")
+    plan_job(config, run_dir=tmp_path, resume=refused)
+    assert "REFUSED before launch: a different global batch" in capsys.readouterr().out
+
+
+def test_plan_true_of_a_resume_weighs_it_as_the_run_does(tmp_path, capsys):
+    from runner.run import resume_plan
+
+    config = _config("train.resume=auto", "gpus=2", "parallel=zero1")
+    assert resume_plan(_config(), tmp_path) is None  # not a resume: the plan weighs a new run
+    assert resume_plan(config, tmp_path) == ResumePlan(disk_need(config, tmp_path))
+    _saved_on_two_ranks_zero1(tmp_path)
+    same = resume_plan(config, tmp_path)
+    assert same is not None and same.refusal is None and same.disk.conversion is None
+    assert same.saved_bytes == 1000 and same.disk.on_disk == 1
+    other_batch = resume_plan(_config("train.resume=auto", "gpus=2", "batch.global_size=32"), tmp_path)
+    assert other_batch is not None and other_batch.refusal is not None
+    assert "batch.global_size=16, this run asks 32" in other_batch.refusal
 
 
 def test_nominal_size_from_the_model_name():
