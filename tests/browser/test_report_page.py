@@ -16,6 +16,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 import urllib.request
 import zlib
@@ -288,8 +289,13 @@ class DevTools:
         self.sock.close()
 
 
-def start_chromium(binary: str, profile: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Headless Chromium with a DevTools port; returns the process and the page target's websocket URL."""
+def start_chromium(
+    binary: str, profile: Path, log: Path, scratch: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Headless Chromium with a DevTools port; returns the process and the page target's websocket URL.
+
+    ``scratch`` is its TMPDIR: a killed Chromium leaves its singleton socket's folder there, not in /tmp.
+    """
     args = [
         binary,
         "--headless",
@@ -312,7 +318,8 @@ def start_chromium(binary: str, profile: Path, log: Path) -> tuple[subprocess.Po
         "about:blank",
     ]
     with log.open("wb") as sink:
-        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT)
+        env = {**os.environ, "TMPDIR": str(scratch)}
+        proc = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, env=env)
     port_file = profile / "DevToolsActivePort"
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
@@ -433,7 +440,13 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
     artifacts.mkdir(parents=True, exist_ok=True)
     screenshot = artifacts / "report_page.png"
 
-    proc, ws_url = start_chromium(chromium, tmp_path / "profile", tmp_path / "chromium.log")
+    # A short folder of its own: the socket's path must fit a socket address (108 bytes).
+    scratch = Path(tempfile.mkdtemp(prefix="chromium-"))
+    try:
+        proc, ws_url = start_chromium(chromium, tmp_path / "profile", tmp_path / "chromium.log", scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     devtools = DevTools(ws_url)
     try:
         for domain in ("Page", "Runtime", "Log", "Network"):
@@ -472,6 +485,8 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
     record_property("screenshot", str(screenshot))
     print(f"screenshot: {screenshot}")
 
