@@ -531,16 +531,16 @@ def resume_plan(config: TrainConfig, run_dir: Path) -> ResumePlan | None:
     by the checks the run makes before its ranks start (None: the run does not resume)."""
     if not resumes(config):
         return None
+    refusal = None
     try:
         layout: Layout | None = choose_layout(config)
-    except LayoutError:  # the plan says why the layout does not fit; no move is weighed
-        layout = None
+    except LayoutError as error:  # the run stops here; no move is weighed
+        layout, refusal = None, str(error).strip().removeprefix("- ")
     need, record = _disk_need(config, run_dir, layout)
     if record is None:
         return ResumePlan(need)
     from runner import checkpoint  # torch and DeepSpeed, as above
 
-    refusal = None
     if layout is not None:
         try:
             checkpoint.check_resumable(

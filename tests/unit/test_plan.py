@@ -377,6 +377,9 @@ def test_plan_true_of_a_resume_weighs_it_as_the_run_does(tmp_path, capsys):
     other_batch = resume_plan(_config("train.resume=auto", "gpus=2", "batch.global_size=32"), tmp_path)
     assert other_batch is not None and other_batch.refusal is not None
     assert "batch.global_size=16, this run asks 32" in other_batch.refusal
+    no_fit = resume_plan(_config("train.resume=auto", "model=llama_70b"), tmp_path)
+    assert no_fit is not None and no_fit.refusal is not None
+    assert no_fit.refusal.startswith("batch.micro_size=auto: not even micro 1 fits")
 
 
 def test_nominal_size_from_the_model_name():
