@@ -8,6 +8,7 @@ with what is known and never dropped.
     summary.json            status, layout, final metrics, memory (runner/summary.py writes it)
     metrics.jsonl           one JSON object per logged step
     failure_rank<N>.json    a failed rank's error (runner/run_files.py writes it)
+    plan.json               what plan=true planned, where nothing was launched (runner/plan.py)
 
 A multirun directory holds cells as numbered subdirectories plus ``multirun.yaml``; cells that
 ``multirun.yaml`` expects but whose directory is absent are listed as ``missing``.
@@ -27,10 +28,11 @@ import yaml
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
+PLAN_FILE = "plan.json"
 CONFIG_FILE = Path(".hydra") / "config.yaml"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 MULTIRUN_FILE = "multirun.yaml"
-RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, str(CONFIG_FILE), "deepspeed_config.json")
+RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, str(CONFIG_FILE), "deepspeed_config.json", PLAN_FILE)
 
 # How deep below a named path to look for run directories: multirun/<date>/<time>/<cell>.
 MAX_DEPTH = 4
@@ -53,16 +55,20 @@ class Cell:
     failures: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     missing: bool = False
+    plan: dict[str, Any] = field(default_factory=dict)  # plan.json: a plan=true cell's plan
 
     @property
     def status(self) -> str:
-        """completed, failed, running (as summary.json says), unfinished (no summary) or missing."""
+        """completed, failed, running (as summary.json says), planned (plan=true: plan.json, nothing
+        launched), unfinished (no summary) or missing."""
         if self.missing:
             return "missing"
         status = self.summary.get("status")
         if isinstance(status, str) and status:
             return status
-        return "failed" if self.failures else "unfinished"
+        if self.failures:
+            return "failed"
+        return "planned" if self.plan and not self.metrics else "unfinished"
 
     @property
     def error(self) -> str | None:
@@ -78,6 +84,8 @@ class Cell:
             return f"rank {first.get('rank')}: {first.get('error')}"
         if self.missing:
             return "no run directory: the cell never started (multirun.yaml expects it)"
+        if self.status == "planned":
+            return _plan_words(self.plan)
         steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), int | float)]
         if self.status == "running":
             last = f"; last logged step {max(steps)}" if steps else ""
@@ -104,6 +112,24 @@ class Cell:
             if isinstance(step, int | float) and isinstance(loss, int | float):
                 curve[int(step)] = float(loss)
         return curve
+
+
+def _plan_words(plan: dict[str, Any]) -> str:
+    """A plan=true cell's verdict in one line, from its plan.json."""
+    words = ["plan=true: nothing launched"]
+    peak = (plan.get("memory_bytes") or {}).get("peak")
+    if isinstance(peak, int | float):
+        fits = plan.get("fits")
+        verdict = "FITS" if fits is True else "DOES NOT FIT" if fits is False else "fit unknown"
+        words.append(f"planned peak {peak / 1e9:.3g} GB per device ({verdict})")
+    time = plan.get("time") or {}
+    step_s, mfu = time.get("step_s"), time.get("mfu")
+    if isinstance(step_s, int | float) and isinstance(mfu, int | float):
+        bound = ">= " if time.get("step_s_is_lower_bound") else ""
+        words.append(f"step {bound}{step_s:.3g} s, MFU <= {100 * mfu:.1f}% (compute at peak)")
+    if plan.get("batch_contract_error"):
+        words.append(f"batch contract NOT met: {plan['batch_contract_error']}")
+    return "; ".join(words)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -186,6 +212,7 @@ def read_cell(run_dir: Path, *, cell_id: str) -> Cell:
         overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],
         failures=failures,
         problems=problems,
+        plan=_read_json(run_dir / PLAN_FILE, problems),
     )
 
 

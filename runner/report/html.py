@@ -49,6 +49,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.best { background: #e3f2e5; font-weight: 700; }
 tr.failed td, tr.missing td { background: #fdf0ef; }
 tr.unfinished td, tr.running td, tr.interrupted td { background: #fffaeb; }
+tr.planned td { background: #eef6fc; }
 td.status-completed { color: #2e7d32; }
 td.status-failed, td.status-missing { color: #c62828; font-weight: 700; }
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(640px, 1fr)); gap: 18px; }

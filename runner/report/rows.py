@@ -32,7 +32,15 @@ TIME_SHARES = ("forward", "backward", "optimizer", "comm_exposed", "p2p")
 PEAK = "memory/peak_gb"
 
 # Sort order: finished cells first, then the ones that may still finish, then the broken ones.
-STATUS_RANK = {"completed": 0, "running": 1, "interrupted": 2, "unfinished": 2, "failed": 3, "missing": 4}
+STATUS_RANK = {
+    "completed": 0,
+    "running": 1,
+    "interrupted": 2,
+    "planned": 2,
+    "unfinished": 2,
+    "failed": 3,
+    "missing": 4,
+}
 
 # Marks in a row's "best" column, and what each one means.
 BEST_MFU, BEST_PEAK, BEST_LOSS = "MFU", "peak", "loss"
@@ -223,6 +231,10 @@ def _memory(cell: Cell, row: Row) -> None:
         got = _first(_number(measured.get(f"{term}_gb")), _last_logged(cell, f"memory/measured/{term}_gb"))
         if got is not None:
             row.measured_gb[term] = got
+    planned = _dict(cell.plan.get("memory_bytes"))  # a plan=true cell: its plan's terms are the estimate
+    if not row.est_gb and planned:
+        terms = {term: _number(planned.get(term)) for term in TERMS}
+        row.est_gb = {term: value / 1e9 for term, value in terms.items() if value is not None}
     complete = len(row.est_gb) == len(TERMS)
     total = _first(_number(estimated.get("total_gb")), sum(row.est_gb.values()) if complete else None)
     if total is not None:
@@ -239,6 +251,8 @@ def _memory(cell: Cell, row: Row) -> None:
         _number(memory.get("device_memory_gb")), _number(cell.config_value("cluster.device_memory_gb"))
     )
     row.planned_peak_gb = _number(_dict(cell.summary.get("device_memory_plan")).get("planned_peak_gb"))
+    if row.planned_peak_gb is None and (peak := _number(_dict(cell.plan.get("memory_bytes")).get("peak"))):
+        row.planned_peak_gb = peak / 1e9  # a plan=true cell: its plan.json
     measure = str(cell.summary.get("peak_memory_measure", ""))
     row.peak_is_host_rss = measure.startswith("process high-water RSS")  # runner/peak_memory.py's label
     row.planned_host_gb = _number(_dict(cell.summary.get("host_memory")).get("planned_per_rank_gb"))

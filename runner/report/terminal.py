@@ -29,7 +29,13 @@ from runner.report.rows import (
 )
 
 # Yellow: may still finish (interrupted: stopped at a signal after a checkpoint, to be resumed).
-_STATUS_STYLE = {"completed": "green", "running": "yellow", "unfinished": "yellow", "interrupted": "yellow"}
+_STATUS_STYLE = {
+    "completed": "green",
+    "running": "yellow",
+    "unfinished": "yellow",
+    "interrupted": "yellow",
+    "planned": "cyan",
+}
 _BY_HEADER = {c.header: c for c in DISPLAY_COLUMNS}
 LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro", "accum", "global")
 SPEED_COLUMNS = (

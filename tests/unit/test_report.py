@@ -182,6 +182,30 @@ def test_a_cell_refused_before_launch_is_listed(tmp_path, capsys):
     assert "refused before launch" in row["error"]
 
 
+def test_a_planned_cell_shows_its_plan_and_is_not_taken_for_a_crash(tmp_path, capsys):
+    """``-m ... plan=true`` leaves each cell .hydra/ and plan.json: the report lists the cells as
+    planned, with the plan's terms as their estimate, its peak on the plan line and its verdict."""
+    cell = tmp_path / "0"
+    (cell / ".hydra").mkdir(parents=True)
+    (cell / ".hydra" / "config.yaml").write_text("gpus: 2\nparallel: {name: zero3, zero_stage: 3}\n")
+    terms = {"params": 2.5e8, "grads": 2.5e8, "optimizer": 5e8, "activations": 1.5e9}
+    plan = {
+        "memory_bytes": {**terms, "peak": 3.2e9},
+        "fits": False,
+        "time": {"step_s": 3.79, "step_s_is_lower_bound": True, "mfu": 0.42},
+    }
+    (cell / "plan.json").write_text(json.dumps(plan))
+    (row,) = report_json(tmp_path, capsys=capsys)
+    assert row["status"] == "planned"
+    assert row["error"] == (
+        "plan=true: nothing launched; planned peak 3.2 GB per device (DOES NOT FIT); "
+        "step >= 3.79 s, MFU <= 42.0% (compute at peak)"
+    )
+    assert row["planned_peak_gb"] == 3.2 and row["est_total_gb"] == 2.5 and row["est_activations_gb"] == 1.5
+    assert main(["report", str(tmp_path)]) == 0
+    assert "0 (planned): plan=true: nothing launched" in capsys.readouterr().out
+
+
 def test_a_half_written_metrics_line_is_skipped(tmp_path, capsys):
     run = write_cell(tmp_path / "run", losses=LOSSES[:3], write_summary=False)
     with (run / "metrics.jsonl").open("a") as handle:
