@@ -63,11 +63,22 @@ from runner.wall_clock import WallClock, folder_bytes, wall_parts
 log = logging.getLogger("ladder")
 
 
+class _UntestedOptimizerWarning(logging.Filter):
+    """Drops DeepSpeed's "You are using ZeRO with an untested optimizer, proceed with caution"
+    (runtime/engine.py ``_do_optimizer_sanity_check``), which it logs for any optimizer beyond its
+    Adam list: ladder allows SGD under ZeRO on purpose (runner/deepspeed_config.py), and its
+    losses under ZeRO are the plain run's (tests/multirank/test_layout_invariance.py)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "untested optimizer" not in record.getMessage()
+
+
 def _quiet_deepspeed() -> None:
     """DeepSpeed logs at INFO on every rank; the runner reports what matters itself."""
     from deepspeed.utils import logger as ds_logger
 
     ds_logger.setLevel(logging.WARNING)
+    ds_logger.addFilter(_UntestedOptimizerWarning())
     # DeepSpeed's ZeRO collectives call torch names that torch 2.13 deprecates; the warning is
     # DeepSpeed's to fix and, on every rank at every step, hides the run's own lines.
     warnings.filterwarnings(
