@@ -516,11 +516,13 @@ def _disk_need(
     return need, record
 
 
-def checkpoint_space(config: TrainConfig, run_dir: Path) -> tuple[checkpoint_size.DiskNeed, str | None]:
+def checkpoint_space(
+    config: TrainConfig, run_dir: Path, layout: Layout
+) -> tuple[checkpoint_size.DiskNeed, str | None]:
     """Refuse a run whose checkpoints cannot fit on its directory's filesystem; else the need,
     and the warning for one that saves only at a stop and could not then
     (runner/checkpoint_size.py)."""
-    need, _ = _disk_need(config, run_dir, choose_layout(config))
+    need, _ = _disk_need(config, run_dir, layout)
     if (problem := checkpoint_size.disk_problem(need, config)) is not None:
         raise ConfigError(f"  - {problem}")
     return need, checkpoint_size.stop_save_warning(need, config)
@@ -599,7 +601,7 @@ def run(
     plan = launch_plan(config) if lead else None
     if env is None and plan is not None:
         refuse_beyond_this_hosts_ram(plan)
-    disk, disk_warning = checkpoint_space(config, run_dir)  # every rank: each refuses alike
+    disk, disk_warning = checkpoint_space(config, run_dir, layout)  # every rank: each refuses alike
     resume = _prepare_resume(config, layout, run_dir, lead=lead)
     ds_config = deepspeed_config_for(config, layout, load_universal=resume.universal)
     if lead:

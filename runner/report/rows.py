@@ -251,7 +251,7 @@ def _memory(cell: Cell, row: Row) -> None:
         _number(memory.get("device_memory_gb")), _number(cell.config_value("cluster.device_memory_gb"))
     )
     row.planned_peak_gb = _number(_dict(cell.summary.get("device_memory_plan")).get("planned_peak_gb"))
-    if row.planned_peak_gb is None and (peak := _number(_dict(cell.plan.get("memory_bytes")).get("peak"))):
+    if row.planned_peak_gb is None and (peak := _number(planned.get("peak"))):
         row.planned_peak_gb = peak / 1e9  # a plan=true cell: its plan.json
     measure = str(cell.summary.get("peak_memory_measure", ""))
     row.peak_is_host_rss = measure.startswith("process high-water RSS")  # runner/peak_memory.py's label
