@@ -364,6 +364,7 @@ def host_at(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerm
         device_total=memory.total,
         host_is_device=memory.host_counts_on_device,
         largest_param=max(param_numels(workload.model)),  # built whole (or one module whole)
+        compiled=workload.compiled,
     )
 
 

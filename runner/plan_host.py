@@ -31,8 +31,8 @@ before any GPU does, in two phases that do not overlap:
 Both phases count each rank's process as it stands before any tensor: Python with torch
 and DeepSpeed imported, 0.25 GB measured on a CPU (torch 2.13, DeepSpeed 0.19.8), and from
 the engine on also torch._dynamo, which torch.optim imports at the first optimizer: 0.33 GB,
-and 0.044 GB more where DeepSpeed imports its Muon module (ZeRO, a bf16 pipeline at stage 0);
-CUDA's own host libraries are not counted. The node fits when the larger phase, times the ranks
+and 0.044 GB more where the run compiles its blocks (``train.compile``), which imports
+TorchInductor; CUDA's own host libraries are not counted. The node fits when the larger phase, times the ranks
 per node, is at most ``planner.headroom`` x the node's RAM (the same headroom as the
 device check). Against the measured build rises of a 51M-parameter model on 2 CPU ranks
 (README: whole 0.21 GB, zero.Init, a stage and a tp 2 shard 0.11 GB each) the build lines
@@ -67,20 +67,12 @@ DRAWING = "drawing initial values (fp32)"
 # and 0.329 GB (torch 2.13, DeepSpeed 0.19.8).
 TORCH_RUNTIME_BYTES = 250_000_000
 TRAINING_RUNTIME_BYTES = 330_000_000
-# DeepSpeed's Muon module (runtime/zero/muon/original_muon.py) compiles its Newton-Schulz kernel
-# with torch.compile as it is imported, which imports TorchInductor. ZeRO imports it whatever the
-# optimizer: the engine's optimizer check (runtime/zero/utils.py ``is_zero_supported_optimizer``),
-# stages 1-2 at their first gradient reduction (stage_1_and_2.py ``average_tensor``), stage 3
-# when built; so does BF16_Optimizer, bf16 at stage 0 under a pipeline (bf16_optimizer.py).
-# Measured 0.044 GB more high-water RSS on top of the training runtime (0.366 against 0.322 GB,
-# torch 2.13, DeepSpeed 0.19.8).
-MUON_IMPORT_BYTES = 44_000_000
-MUON_IMPORT = "Muon/Inductor import"  # the plan's line; see MUON_IMPORT_BYTES
-
-
-def imports_muon(*, zero_stage: int, pp: int, precision: str) -> bool:
-    """Whether a rank of this layout imports DeepSpeed's Muon module (see MUON_IMPORT_BYTES)."""
-    return zero_stage >= 1 or (pp > 1 and precision == "bf16")
+# TorchInductor's compiler, imported where the run compiles its blocks (train.compile): 0.044 GB
+# more high-water RSS on top of the training runtime (0.366 against 0.322 GB, torch 2.13,
+# DeepSpeed 0.19.8, measured as DeepSpeed's Muon module imported it; ladder's ranks import that
+# module without compiling since, runner/muon_import.py).
+INDUCTOR_IMPORT_BYTES = 44_000_000
+INDUCTOR_IMPORT = "TorchInductor import"  # the plan's line; see INDUCTOR_IMPORT_BYTES
 
 
 def _gb(num_bytes: float) -> str:
@@ -279,6 +271,7 @@ def host_memory(
     device_total: int,
     host_is_device: bool,
     largest_param: int,
+    compiled: bool = False,
 ) -> HostMemory:
     """A node's host memory for this layout (see the module docstring).
 
@@ -303,8 +296,8 @@ def host_memory(
     # CPU ranks hold every device byte in host memory; GPU ranks only what they offload.
     steady = {"device total (CPU ranks)": device_total} if host_is_device else dict(offloaded)
     steady["torch runtime"] = TRAINING_RUNTIME_BYTES
-    if imports_muon(zero_stage=zero_stage, pp=pp, precision=precision):
-        steady[MUON_IMPORT] = MUON_IMPORT_BYTES
+    if compiled:
+        steady[INDUCTOR_IMPORT] = INDUCTOR_IMPORT_BYTES
     memory = HostMemory(ranks, method, steady, build, ram_bytes, ram_source, headroom)
     if memory.fits:
         return memory
@@ -321,8 +314,8 @@ def host_memory(
 
 __all__ = [
     "BY_STAGE",
-    "MUON_IMPORT",
-    "MUON_IMPORT_BYTES",
+    "INDUCTOR_IMPORT",
+    "INDUCTOR_IMPORT_BYTES",
     "PARTITIONED",
     "TORCH_RUNTIME_BYTES",
     "TRAINING_RUNTIME_BYTES",
@@ -331,6 +324,5 @@ __all__ = [
     "build_bytes",
     "build_method_for",
     "host_memory",
-    "imports_muon",
     "largest_stage_params",
 ]

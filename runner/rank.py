@@ -43,6 +43,7 @@ from runner.ledger import (
     saved_activations,
 )
 from runner.model import num_params
+from runner.muon_import import import_muon_deferred
 from runner.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
 from runner.optimizer_prestep import undo_prestep
 from runner.param_groups import param_groups
@@ -256,6 +257,7 @@ def _train(
     wall = WallClock()  # where this attempt's wall time goes (runner/wall_clock.py)
     wall.mark("launch")
     _quiet_deepspeed()
+    import_muon_deferred()  # DeepSpeed imports it whatever the optimizer (runner/muon_import.py)
     torch.manual_seed(config.seed)
     model, model_build = build_measured(config, layout=layout, ds_config=ds_config, device=device)
     compiled_blocks = compile_blocks(model) if config.train.compile else 0

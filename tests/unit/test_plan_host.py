@@ -16,12 +16,11 @@ from runner.plan import GB, plan_config, plan_job, read_plan, workload_from_conf
 from runner.plan_hardware import host_ram_bytes
 from runner.plan_host import (
     DRAWING,
-    MUON_IMPORT,
-    MUON_IMPORT_BYTES,
+    INDUCTOR_IMPORT,
+    INDUCTOR_IMPORT_BYTES,
     TORCH_RUNTIME_BYTES,
     TRAINING_RUNTIME_BYTES,
     build_bytes,
-    imports_muon,
 )
 from runner.plan_ladder import recommend
 from runner.plan_table import format_plan
@@ -154,9 +153,9 @@ def test_zero3_builds_partitioned_on_the_gpus_and_fits_the_host():
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
     assert host.fits and host.build_per_node < 3 * GB
-    # The rank's process: torch, DeepSpeed and torch._dynamo, and ZeRO's import of DeepSpeed's Muon.
-    assert host.steady == {"torch runtime": TRAINING_RUNTIME_BYTES, MUON_IMPORT: MUON_IMPORT_BYTES}
-    assert "host FITS, 1797.0 GB to spare: 8 ranks x 0.37 GB training (steady)" in format_plan(plan)
+    # The rank's process: torch, DeepSpeed and torch._dynamo (runner/muon_import.py keeps Inductor out).
+    assert host.steady == {"torch runtime": TRAINING_RUNTIME_BYTES}
+    assert "host FITS, 1797.4 GB to spare: 8 ranks x 0.33 GB training (steady)" in format_plan(plan)
 
 
 def test_zero3_offload_keeps_8_ranks_offloaded_states_on_one_node():
@@ -166,22 +165,22 @@ def test_zero3_offload_keeps_8_ranks_offloaded_states_on_one_node():
     # fp32 Adam, params + optimizer offloaded: params 4, grads 4, m and v 8, fp32 master copy 4,
     # the stage-3 gradient partitions 4 bytes per element of the partition (runner/memory.py).
     assert sum(memory.host.values()) == 24 * partition
-    process = {"torch runtime": TRAINING_RUNTIME_BYTES, MUON_IMPORT: MUON_IMPORT_BYTES}
+    process = {"torch runtime": TRAINING_RUNTIME_BYTES}
     assert host.steady == {**memory.host, **process}
-    assert host.steady_per_node == 8 * (24 * partition + sum(process.values()))  # 1658.4 GB
+    assert host.steady_per_node == 8 * (24 * partition + sum(process.values()))  # 1658.1 GB
     # Building, the fp32 partitions land on the host too (offload_param), but no more than that.
     assert host.build["partitions (fp32, 1/8)"] == 4 * partition
     assert host.phase == "steady" and host.fits
     table = format_plan(plan)
     assert "steady: offloaded and host buffers        206.93" in table
-    assert "host FITS, 141.6 GB to spare: 8 ranks x 207.3 GB training (steady) = 1658.4 GB" in table
+    assert "host FITS, 141.9 GB to spare: 8 ranks x 207.3 GB training (steady) = 1658.1 GB" in table
 
 
 def test_offload_that_the_host_cannot_hold_names_the_fixes():
     plan = plan_config(_h200("parallel=zero3_offload", "gpus=8", "cluster.host_memory_gb=1000"))
     assert not plan.host.fits and plan.fits  # the device holds it; the node's RAM does not
     table = format_plan(plan)
-    assert "host DOES NOT FIT by 758.4 GB: 8 ranks x 207.3 GB training (steady)" in table
+    assert "host DOES NOT FIT by 758.1 GB: 8 ranks x 207.3 GB training (steady)" in table
     assert "fix: parallel.offload_param=none keeps the 16-bit parameters on the device" in table
     assert "fix: fewer ranks per node: 4 fit" in table
 
@@ -247,19 +246,11 @@ def test_plan_json_has_the_host_lines(tmp_path, capsys):
     assert "host memory per node" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    ("zero_stage", "pp", "precision", "imports"),
-    [
-        (0, 1, "fp32", False),  # torch's AdamW
-        (0, 1, "bf16", False),  # FP16_UnfusedOptimizer
-        (0, 2, "fp32", False),
-        (0, 2, "bf16", True),  # BF16_Optimizer
-        (1, 1, "fp32", True),  # ZeRO's optimizer check, stage 1-2's first reduction
-        (3, 1, "bf16", True),  # stage 3 when built
-    ],
-)
-def test_the_muon_import_is_counted_where_deepspeed_makes_it(zero_stage, pp, precision, imports):
-    """Measured by ``PYTHONPROFILEIMPORTTIME=1`` on each rank: ZeRO 1-3 and a bf16 pipeline at
-    stage 0 import deepspeed.runtime.zero.muon.muon_optimizer; ddp in fp32 or bf16, at tp 2, and
-    an fp32 pipeline do not."""
-    assert imports_muon(zero_stage=zero_stage, pp=pp, precision=precision) is imports
+@pytest.mark.parametrize("compiled", [False, True])
+def test_torchinductor_is_counted_where_the_run_compiles(compiled):
+    """train.compile imports TorchInductor on every rank; without it no rank does, ZeRO included
+    (DeepSpeed's Muon module is imported without compiling, runner/muon_import.py)."""
+    overrides = ("parallel=zero3", "gpus=2", "precision=bf16", f"train.compile={str(compiled).lower()}")
+    steady = plan_config(_config(*overrides)).host.steady
+    assert (INDUCTOR_IMPORT in steady) is compiled
+    assert steady.get(INDUCTOR_IMPORT, 0) == (INDUCTOR_IMPORT_BYTES if compiled else 0)
