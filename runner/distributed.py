@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -37,26 +38,29 @@ def skip_inference_shm_op() -> None:
     compatible["deepspeed_shm_comm"] = False
 
 
-def init_distributed(env: DistributedEnv, *, accelerator: str) -> torch.device:
-    """Join the process group (nccl on CUDA, gloo on CPU) and return this rank's device."""
+def init_distributed(env: DistributedEnv, *, accelerator: str) -> tuple[torch.device, float]:
+    """Join the process group (nccl on CUDA, gloo on CPU); return this rank's device and the
+    seconds the join took (mostly the wait for the last rank to arrive at the rendezvous)."""
     os.environ.update(env.exports())
     import deepspeed
 
     if accelerator == "cpu":
         skip_inference_shm_op()
     backend = "nccl" if accelerator == "cuda" else "gloo"
+    joining = time.time()
     deepspeed.init_distributed(
         dist_backend=backend,
         auto_mpi_discovery=False,
         timeout=timedelta(minutes=10),
     )
+    joined_s = time.time() - joining
     if accelerator == "cuda":
         torch.cuda.set_device(env.local_rank)
-        return torch.device("cuda", env.local_rank)
+        return torch.device("cuda", env.local_rank), joined_s
     # Ranks sharing a host share its cores; oversubscribed threads would slow every rank.
     cores = os.cpu_count() or 1
     torch.set_num_threads(max(1, cores // env.local_world_size))
-    return torch.device("cpu")
+    return torch.device("cpu"), joined_s
 
 
 def teardown(*, ok: bool = True) -> None:

@@ -250,11 +250,13 @@ def _train(
     identity: RunIdentity,
     device: torch.device,
     accelerator: str,
+    process_group_s: float = 0.0,
     stop: StopSignals | None = None,
 ) -> dict[str, Any]:
     import deepspeed
 
-    wall = WallClock()  # where this attempt's wall time goes (runner/wall_clock.py)
+    # Where this attempt's wall time goes (runner/wall_clock.py).
+    wall = WallClock(process_group_s=process_group_s)
     wall.mark("launch")
     _quiet_deepspeed()
     import_muon_deferred()  # DeepSpeed imports it whatever the optimizer (runner/muon_import.py)
@@ -645,7 +647,7 @@ def run_rank(
     watching = env.source in ("slurm", "local", "torchrun") and stop.install()
     oom_counts = oom_killer.read_counts()  # the kernel's, as this rank starts (runner/peer_loss.py)
     accelerator = select_accelerator()
-    device = init_distributed(env, accelerator=accelerator)
+    device, process_group_s = init_distributed(env, accelerator=accelerator)
     ok = False
     try:
         summary = _train(
@@ -657,6 +659,7 @@ def run_rank(
             identity=identity,
             device=device,
             accelerator=accelerator,
+            process_group_s=process_group_s,
             stop=stop if watching else None,
         )
         ok = True

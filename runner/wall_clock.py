@@ -18,6 +18,9 @@ in parts a user can act on:
 
 The parts add up to ``total_s``. Marks are ``time.time()``; the process's start is the
 kernel's (``process_start``), so a rank's launch includes the imports before any ladder code ran.
+``process_group_s``, a part of launch, is the time rank 0 took to join the process group:
+mostly the wait for the last rank to arrive, so a launch long on it points at another rank's
+start (its imports, a slow node), one long without it at this rank's own.
 """
 
 from __future__ import annotations
@@ -66,8 +69,9 @@ def folder_bytes(folder: Path) -> int:
 class WallClock:
     """The attempt's parts: ``mark`` ends a setup phase; steps and saves are added as they end."""
 
-    def __init__(self, started: float | None = None) -> None:
+    def __init__(self, started: float | None = None, *, process_group_s: float = 0.0) -> None:
         self.started = process_start() if started is None else started
+        self.process_group_s = process_group_s  # of launch: joining the process group
         self._last = self.started
         self.setup: dict[str, float] = dict.fromkeys(SETUP_PHASES, 0.0)
         self.steps_s = 0.0
@@ -125,6 +129,7 @@ class WallClock:
         return {
             "total_s": total,
             **{f"{phase}_s": seconds for phase, seconds in self.setup.items()},
+            "process_group_s": self.process_group_s,
             "steps_s": self.steps_s,
             "steps": self.steps,
             "first_step_s": self.first_step_s,
@@ -156,6 +161,8 @@ def describe(wall: dict[str, Any] | None) -> str | None:
         seconds = wall.get(f"{phase}_s") or 0.0
         if phase != "resume" or seconds >= 0.05:  # resume: only where a checkpoint was loaded
             parts.append(f"{phase} {seconds:.1f} s")
+        if phase == "launch" and (wall.get("process_group_s") or 0.0) >= 0.05:
+            parts[-1] += f" ({wall['process_group_s']:.1f} s of it joining the process group)"
     if wall.get("checkpoints"):
         rate = wall.get("checkpoint_gb_per_s")
         speed = f", {rate:.2f} GB/s" if rate else ""

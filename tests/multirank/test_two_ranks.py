@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import time
 
 import pytest
-from train_helpers import run_torchrun
+from train_helpers import ROOT, clean_env, run_torchrun
 
+from launchers.local import free_port
 from runner.phase_clock import PHASES
 from runner.report.rows import fmt_gb
 
@@ -121,3 +125,25 @@ def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["layout"]["dp"] == 2
+
+
+def test_a_rank_that_starts_late_is_rank_0s_wait_to_join_the_process_group(tmp_path):
+    """Two ranks started by hand, as any launcher would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+    the second 4 s after the first, as on a node slow to start: rank 0's launch holds the wait,
+    and its end names it as the time spent joining the process group."""
+    run_dir = tmp_path / "run"
+    port, late_s = free_port(), 4.0
+    ranks = []
+    for rank in (0, 1):
+        env = clean_env()
+        env.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        command = [sys.executable, str(ROOT / "train.py"), "gpus=2", "train.steps=2", "logger=none"]
+        command += ["data=synthetic", f"hydra.run.dir={run_dir}"]
+        ranks.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True))
+        time.sleep(late_s if rank == 0 else 0.0)
+    stdout = [rank.communicate(timeout=600)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], stdout
+    wall = json.loads((run_dir / "summary.json").read_text())["wall_time"]
+    # Rank 1's own start-up before it joins is about rank 0's, so rank 0 waits about the 4 s.
+    assert late_s - 2.0 < wall["process_group_s"] < wall["launch_s"], wall
+    assert f"({wall['process_group_s']:.1f} s of it joining the process group)" in stdout[0]

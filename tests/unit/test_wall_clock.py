@@ -16,7 +16,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_the_parts_add_up_to_the_total_and_the_steps_share_is_theirs():
-    clock = WallClock(started=time.time() - 2.0)  # a process that started 2 s ago
+    # A process that started 2 s ago, 0.5 s of which it waited for its peers to join it.
+    clock = WallClock(started=time.time() - 2.0, process_group_s=0.5)
     clock.mark("launch")
     time.sleep(0.02)
     clock.mark("build")
@@ -39,9 +40,17 @@ def test_the_parts_add_up_to_the_total_and_the_steps_share_is_theirs():
     assert line is not None and line.startswith(f"wall time {wall['total_s']:.1f} s: steps 0.1 s (")
     assert "checkpoints 1 x 0.01 s (0.05 GB, 5.00 GB/s)" in line
     assert "resume" not in line  # nothing was loaded
+    # Joining the process group is a part of launch, named in it, not a part of its own.
+    assert wall["process_group_s"] == 0.5 and "(0.5 s of it joining the process group)" in line
+    assert "joining" not in (describe({**wall, "process_group_s": 0.01}) or "")  # a join without a wait
     assert describe(None) is None
     # An attempt's line carries the seconds, not the save rate, which no sum over attempts means.
-    assert set(wall_parts(clock)) == {f"{part}_s" for part in parts} | {"total_s", "first_step_s", "eval_s"}
+    assert set(wall_parts(clock)) == {f"{part}_s" for part in parts} | {
+        "total_s",
+        "first_step_s",
+        "eval_s",
+        "process_group_s",
+    }
 
 
 def test_the_process_start_is_when_the_interpreter_began_not_up_to_a_second_before():
