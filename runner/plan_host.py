@@ -32,9 +32,9 @@ Both phases count each rank's process as it stands before any tensor: Python wit
 and DeepSpeed imported, 0.25 GB measured on a CPU (torch 2.13, DeepSpeed 0.19.8), and from
 the engine on also torch._dynamo, which torch.optim imports at the first optimizer: 0.33 GB,
 and 0.044 GB more where the run compiles its blocks (``train.compile``), which imports
-TorchInductor; CUDA's own host libraries are not counted. The node fits when the larger phase, times the ranks
-per node, is at most ``planner.headroom`` x the node's RAM (the same headroom as the
-device check). Against the measured build rises of a 51M-parameter model on 2 CPU ranks
+TorchInductor; CUDA's own host libraries are not counted. The node fits when the larger
+phase, times the ranks per node, is at most ``planner.headroom`` x the node's RAM (the same
+headroom as the device check). Against the measured build rises of a 51M-parameter model on 2 CPU ranks
 (README: whole 0.21 GB, zero.Init, a stage and a tp 2 shard 0.11 GB each) the build lines
 without the process give 0.21, 0.11 and 0.11 GB.
 
