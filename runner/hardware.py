@@ -100,10 +100,13 @@ def calibrate_cpu_peak(dtype: Any, *, seconds: float = 0.5) -> float:
     budget, each timed repeatedly; the best 2n^3 / t over all is returned (the best, not the
     mean, because other processes share the cores). A matmul of the next size is assumed to
     cost 8x (n^3); a layout stops growing before it could overrun, so the whole call takes
-    about `seconds` even where a layout has no fast kernel.
+    about `seconds` even where a layout has no fast kernel. Where the CPU has no 16-bit GEMM
+    kernels, 16-bit matmuls are timed in fp32 as a rank computes them (runner/cpu_half_matmul.py).
     """
     import torch
     import torch.nn.functional as F
+
+    from runner.cpu_half_matmul import half_matmuls_in_fp32
 
     compute_dtype = torch_dtype(dtype)
     if seconds <= 0:
@@ -113,7 +116,7 @@ def calibrate_cpu_peak(dtype: Any, *, seconds: float = 0.5) -> float:
     best = 0.0
     n = 128
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
+    with torch.no_grad(), half_matmuls_in_fp32(compute_dtype):
         while layouts:
             a = torch.randn(n, n, generator=generator).to(compute_dtype)
             b = torch.randn(n, n, generator=generator).to(compute_dtype)

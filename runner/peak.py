@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from runner.config import ClusterConfig, Precision
+from runner.cpu_half_matmul import computes_in_fp32
 from runner.hardware import calibrate_cpu_peak, peak_flops_for_cuda_device, torch_dtype
 from runner.summary import write_json_atomic
 
@@ -89,8 +90,10 @@ class _CpuPeakCache:
 
 
 def _cache_key(precision: Precision) -> str:
-    """This CPU, this process's thread count and the precision: one calibration's conditions."""
-    return f"{_cpu_name()}|threads={torch.get_num_threads()}|{precision.value}"
+    """This CPU, this process's thread count, the precision and whether its 16-bit matmuls run
+    in fp32 (runner/cpu_half_matmul.py): one calibration's conditions."""
+    widened = "|fp32-matmul" if computes_in_fp32(torch_dtype(precision)) else ""
+    return f"{_cpu_name()}|threads={torch.get_num_threads()}|{precision.value}{widened}"
 
 
 def best_cpu_peak(precision: Precision) -> Peak:
@@ -103,6 +106,9 @@ def best_cpu_peak(precision: Precision) -> Peak:
     measurement (about half a second per process); removing the file measures again.
     """
     threads = torch.get_num_threads()
+    conditions = f"{threads} threads"
+    if computes_in_fp32(torch_dtype(precision)):
+        conditions += f", {precision.value} matmuls computed in fp32"
     key = _cache_key(precision)
     path = _cache_path()
     cache = _CpuPeakCache.read(path)
@@ -110,7 +116,7 @@ def best_cpu_peak(precision: Precision) -> Peak:
         return Peak(
             cache.best[key],
             f"measured: best of {cache.calibrations[key]} matmul calibrations on this CPU with "
-            f"{threads} threads (kept in {path}; remove it to measure again)",
+            f"{conditions} (kept in {path}; remove it to measure again)",
             calibrated=True,
         )
     now = calibrate_cpu_peak(torch_dtype(precision))
@@ -120,7 +126,7 @@ def best_cpu_peak(precision: Precision) -> Peak:
     cache.write(path)
     return Peak(
         cache.best[key],
-        f"measured: best matmul calibration seen on this CPU with {threads} threads "
+        f"measured: best matmul calibration seen on this CPU with {conditions} "
         f"({now / 1e9:.1f} GFLOP/s this run; best kept in {path})",
         calibrated=True,
     )

@@ -24,11 +24,13 @@ from runner.build import build_measured
 from runner.checkpoint_size import config_checkpoint_bytes
 from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import TrainConfig, to_dict
+from runner.cpu_half_matmul import computes_in_fp32, half_matmuls_in_fp32
 from runner.data import BatchSource, rank_slice
 from runner.disk_room import no_room_words, out_of_room
 from runner.distributed import init_distributed, select_accelerator, teardown
 from runner.evaluation import evaluation_summary, held_out_loss
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
+from runner.hardware import torch_dtype
 from runner.identity import RunIdentity
 from runner.layout import Layout
 from runner.ledger import (
@@ -251,8 +253,11 @@ def _train(
     device: torch.device,
     accelerator: str,
     process_group_s: float = 0.0,
+    until_return: contextlib.ExitStack,
     stop: StopSignals | None = None,
 ) -> dict[str, Any]:
+    """Build, train and record this rank's attempt; ``until_return`` holds what stays entered
+    from the engine's construction until the attempt ends (16-bit matmuls in fp32 on a CPU)."""
     import deepspeed
 
     # Where this attempt's wall time goes (runner/wall_clock.py).
@@ -286,6 +291,8 @@ def _train(
     fp16_loss_scale.install(engine)  # fp16 at stage 0: the loss scaled before backward
     fp16_loss_scale.grow_after_step(engine)  # fp16: a step's gradients unscaled by the scale they had
     wall.mark("engine")
+    # From here on, not in the build: its ops need none of it (runner/cpu_half_matmul.py).
+    until_return.enter_context(_matmuls(config, device=device, rank=env.rank))
     start_step = 0
     record = checkpoint.latest(run_dir) if resumes(config) else None
     if record is not None:
@@ -631,6 +638,37 @@ def _recorded_unless_out_of_room(status: dict[str, Any], run_dir: Path) -> Itera
         log.error("the run's end could not be recorded in summary.json: %s", no_room_words(error, run_dir))
 
 
+@contextlib.contextmanager
+def _matmuls(config: TrainConfig, *, device: torch.device, rank: int) -> Iterator[None]:
+    """16-bit matmuls in fp32 on a CPU whose torch has no 16-bit GEMM kernels for it
+    (runner/cpu_half_matmul.py); rank 0 says so. A compiled run keeps torch's own kernels."""
+    dtype = torch_dtype(config.precision.name)
+    if not computes_in_fp32(dtype, device_type=device.type):
+        yield
+        return
+    name = config.precision.name.value
+    if config.train.compile:
+        if rank == 0:
+            log.warning(
+                "%s matmuls on this CPU run on torch's reference kernel (it has no %s GEMM kernels for "
+                "this CPU), many times slower than fp32; train.compile=true keeps them there, since "
+                "torch.compile does not trace under the fp32 matmuls uncompiled runs get",
+                name,
+                name,
+            )
+        yield
+        return
+    if rank == 0:
+        log.info(
+            "%s matmuls computed in fp32 and rounded to %s: torch has no %s GEMM kernels for this CPU",
+            name,
+            name,
+            name,
+        )
+    with half_matmuls_in_fp32(dtype, device_type=device.type):
+        yield
+
+
 def run_rank(
     config: TrainConfig,
     *,
@@ -650,18 +688,20 @@ def run_rank(
     device, process_group_s = init_distributed(env, accelerator=accelerator)
     ok = False
     try:
-        summary = _train(
-            config,
-            layout=layout,
-            ds_config=ds_config,
-            run_dir=run_dir,
-            env=env,
-            identity=identity,
-            device=device,
-            accelerator=accelerator,
-            process_group_s=process_group_s,
-            stop=stop if watching else None,
-        )
+        with contextlib.ExitStack() as until_return:
+            summary = _train(
+                config,
+                layout=layout,
+                ds_config=ds_config,
+                run_dir=run_dir,
+                env=env,
+                identity=identity,
+                device=device,
+                accelerator=accelerator,
+                process_group_s=process_group_s,
+                stop=stop if watching else None,
+                until_return=until_return,
+            )
         ok = True
         return summary
     except Preempted:

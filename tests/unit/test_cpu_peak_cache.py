@@ -38,6 +38,19 @@ def test_each_precision_has_its_own_calibrations(calibrations) -> None:
     assert peak.best_cpu_peak(Precision.bf16).flops == 1e9
 
 
+def test_a_bf16_peak_from_torchs_kernels_is_not_reused_for_fp32_matmuls(calibrations, monkeypatch) -> None:
+    """Where bf16 matmuls run in fp32 (runner/cpu_half_matmul.py) a figure kept from torch's
+    reference kernel, 1/10 of it and less, would put every bf16 run far above 100% MFU."""
+    monkeypatch.setattr(peak, "computes_in_fp32", lambda dtype: False)
+    calibrations.extend([1e9] * peak.CALIBRATIONS_KEPT + [60e9])
+    for _ in range(peak.CALIBRATIONS_KEPT):
+        peak.best_cpu_peak(Precision.bf16)
+    monkeypatch.setattr(peak, "computes_in_fp32", lambda dtype: True)
+    widened = peak.best_cpu_peak(Precision.bf16)  # measured anew, under its own key
+    assert widened.flops == 60e9
+    assert "bf16 matmuls computed in fp32" in widened.source
+
+
 def test_an_unreadable_cache_measures_again_and_an_earlier_format_counts_once(calibrations, tmp_path) -> None:
     (tmp_path / "cpu_peak.json").write_text("{not json")
     calibrations.append(3e9)
