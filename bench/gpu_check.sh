@@ -31,6 +31,11 @@ if ! missing=$("$python" -c "import deepspeed, hydra, omegaconf, submitit, rich,
     "network, carry its wheels over (scripts/offline_wheels.py)" >&2
   exit 2
 fi
+if [ -n "${GPU_CHECK_BUDGET_S:-}" ] && ! [[ "$GPU_CHECK_BUDGET_S" =~ ^[0-9]+$ ]]; then
+  echo "gpu_check: GPU_CHECK_BUDGET_S=$GPU_CHECK_BUDGET_S is not a whole number of seconds;" \
+    "give one (e.g. GPU_CHECK_BUDGET_S=460), or unset it for the default" >&2
+  exit 2
+fi
 mkdir -p "$out"
 
 if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -44,12 +49,26 @@ echo "gpu_check: mode=$mode model=$model precision=$precision"
 # Each run's time limit: a hung run (a collective waits 10 minutes before it gives up) costs
 # its row, not the whole check. Full mode's runs take 1-2 minutes on one H100/H200-class GPU.
 if [ "$mode" = full ]; then run_limit=300 plan_limit=120; else run_limit=900 plan_limit=300; fi
-# Runs a command under its time limit and records its wall seconds and exit status in
-# timings.tsv: what each part of the check costs, to size the next one.
+# The whole check's budget in seconds (GPU_CHECK_BUDGET_S; full mode: 8 minutes, less what the
+# table takes): each part runs under what is left of it, and a part that would start with
+# under 20 seconds left is skipped, so the table and results.json always come out, with the
+# parts that did not run marked missing. The parts run in order of what they prove.
+if [ "$mode" = full ]; then default_budget=460; else default_budget=3600; fi
+budget=${GPU_CHECK_BUDGET_S:-$default_budget}
+exec 3>&2  # the script's own stderr, for what timed says while a part's output goes to its log
+# Runs a command under its time limit (or what is left of the budget, if less) and records
+# its wall seconds and exit status in timings.tsv: what each part of the check costs, to size
+# the next one. A part skipped for want of time is recorded with the status "skipped".
 timed() {
-  local name=$1 limit=$2 start=$SECONDS rc=0
+  local name=$1 limit=$2 start=$SECONDS rc=0 left=$((budget - SECONDS))
   shift 2
-  timeout -k 30 "$limit" "$@" || rc=$?
+  if [ "$left" -lt 20 ]; then
+    echo "gpu_check: $name skipped: ${left}s of the ${budget}s budget left (GPU_CHECK_BUDGET_S)" >&3
+    printf '%s\t0\tskipped\n' "$name" >> "$out/timings.tsv"
+    return 124
+  fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  timeout -k 10 "$limit" "$@" || rc=$?
   printf '%s\t%s\t%s\n' "$name" "$((SECONDS - start))" "$rc" >> "$out/timings.tsv"
   return "$rc"
 }
@@ -97,7 +116,7 @@ if [ -n "$largest" ]; then
     batch.micro_size=auto train.steps=$big_steps "hydra.run.dir=$out/run_largest" \
     > "$out/run_largest.log" 2>&1 || echo "largest run failed"
 else
-  echo "gpu_check: plan says none of $candidates fits"
+  echo "gpu_check: no plan of $candidates says it fits, or none ran (timings.tsv)"
 fi
 
 # Last, as it is the extra: zero1 again with each block compiled (train.compile=true), for

@@ -78,7 +78,11 @@ def _timings(out: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     parts = [line.split("\t") for line in path.read_text().splitlines() if line.count("\t") == 2]
-    return [{"part": name, "seconds": int(seconds), "exit_status": int(rc)} for name, seconds, rc in parts]
+    # A part skipped for want of time (GPU_CHECK_BUDGET_S) has "skipped" for its status.
+    return [
+        {"part": name, "seconds": int(seconds), "exit_status": int(rc) if rc.isdigit() else rc}
+        for name, seconds, rc in parts
+    ]
 
 
 def _wall(wall: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,3 +40,31 @@ def test_a_folder_holding_an_earlier_check_is_left_as_it_is(tmp_path):
     result = _check(out, sys.executable)
     assert result.returncode == 2 and "already holds an earlier check's results" in result.stderr
     assert [path.name for path in out.iterdir()] == ["results.json"]
+
+
+def test_a_budget_that_is_not_seconds_is_refused_with_the_fix(tmp_path):
+    out = tmp_path / "check"
+    result = subprocess.run(
+        ["bash", str(SCRIPT), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable, "GPU_CHECK_BUDGET_S": "8m"},
+    )
+    assert result.returncode == 2
+    assert "GPU_CHECK_BUDGET_S=8m is not a whole number of seconds" in result.stderr
+    assert not out.exists()
+
+
+def test_a_spent_budget_skips_every_part_and_still_writes_the_table(tmp_path):
+    out = tmp_path / "check"
+    result = subprocess.run(
+        ["bash", str(SCRIPT), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable, "GPU_CHECK_BUDGET_S": "0"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "run_ddp skipped: " in result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert {row["status"] for row in results["rows"]} == {"missing"}
+    assert {part["exit_status"] for part in results["timings"]} == {"skipped"}
