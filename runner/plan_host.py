@@ -25,14 +25,18 @@ before any GPU does, in two phases that do not overlap:
   ``write_initial_values``).
 - **steady** (from DeepSpeed's engine on): ZeRO-Offload's offloaded terms and its own
   host buffers per rank (runner/memory.py ``model_states``, ``offload_host_buffers``:
-  the plan's "offloaded ..." and "host buffer: ..." lines); nothing else when the model
-  lives on a GPU; everything on CPU ranks, where the host is the device.
+  the plan's "offloaded ..." and "host buffer: ..." lines); when the model lives on a
+  GPU, CUDA's host side and ZeRO-3's defragment (below); everything on CPU ranks, where
+  the host is the device.
 
 Both phases count each rank's process as it stands before any tensor: Python with torch
 and DeepSpeed imported, 0.25 GB measured on a CPU (torch 2.13, DeepSpeed 0.19.8), and from
 the engine on also torch._dynamo, which torch.optim imports at the first optimizer: 0.33 GB,
 and 0.044 GB more where the run compiles its blocks (``train.compile``), which imports
-TorchInductor; CUDA's own host libraries are not counted. The node fits when the larger
+TorchInductor; a GPU rank also holds CUDA's host side, 1.55 GB measured on an H200
+(``CUDA_RUNTIME_BYTES``), and under ZeRO-3 without parameter offload its 16-bit partition
+once more as the engine starts (``ZERO3_DEFRAGMENT``), which the steady phase counts with
+the rest: an upper bound, as CUDA's libraries are not all loaded yet then. The node fits when the larger
 phase, times the ranks per node, is at most ``planner.headroom`` x the node's RAM (the same
 headroom as the device check). Against the measured build rises of a 51M-parameter model on 2 CPU ranks
 (README: whole 0.21 GB, zero.Init, a stage and a tp 2 shard 0.11 GB each) the build lines
@@ -73,6 +77,18 @@ TRAINING_RUNTIME_BYTES = 330_000_000
 # module without compiling since, runner/muon_import.py).
 INDUCTOR_IMPORT_BYTES = 44_000_000
 INDUCTOR_IMPORT = "TorchInductor import"  # the plan's line; see INDUCTOR_IMPORT_BYTES
+# CUDA's host side of a GPU rank: the driver's context and the host memory of the libraries torch
+# loads as training starts (cuBLAS, cuDNN, NCCL). Measured as a GPU rank's high-water RSS less
+# TRAINING_RUNTIME_BYTES: llama_1b in bf16 under ddp on one H200, 1.88 GB (torch 2.11+cu130,
+# CUDA 13.0, DeepSpeed 0.19.8; docs/benchmarks.md, bench/gpu_check.sh 2026-12-04).
+CUDA_RUNTIME_BYTES = 1_550_000_000
+CUDA_RUNTIME = "CUDA context and libraries"  # the plan's line; see CUDA_RUNTIME_BYTES
+# ZeRO-3 without parameter offload moves the rank's parameter partitions (16-bit, or fp32) into
+# one flat device buffer through a host buffer of their size as the engine starts (DeepSpeed 0.19.8
+# runtime/zero/utils.py ``defragment``, called from runtime/zero/stage3.py): a GPU rank's host
+# holds its whole partition once. Measured on one H200: llama_1b and llama_7b under ZeRO-3 rose
+# the rank's high-water RSS to 3.68 and 14.69 GB, 1.21 GB plus 2 bytes a parameter each.
+ZERO3_DEFRAGMENT = "ZeRO-3 partition via host"  # DeepSpeed's defragment, at engine start
 
 
 def _gb(num_bytes: float) -> str:
@@ -233,8 +249,9 @@ def _fixes(
     On a GPU every build method allocates on the device, the host holding at most 256 MB
     of drawn initial values per rank (with parameter offload, the partitions it keeps
     after anyway); on CPU ranks training holds everything the build did and more. So a
-    node's RAM runs out in ZeRO-Offload's steady phase, or where it cannot spare a few
-    hundred MB per rank: fewer ranks per node, more nodes or a larger host.
+    node's RAM runs out in the steady phase: ZeRO-Offload's states, ZeRO-3's partition
+    passing through the host, or CUDA's 1.55 GB per rank: fewer ranks per node, more
+    nodes or a larger host.
     """
     fixes = []
     if phase == "steady" and offload == "optimizer+params":
@@ -293,8 +310,15 @@ def host_memory(
         params_offloaded=offload == "optimizer+params",
         tp=tp,
     )
-    # CPU ranks hold every device byte in host memory; GPU ranks only what they offload.
+    # CPU ranks hold every device byte in host memory; GPU ranks what they offload, CUDA's host
+    # side and, under ZeRO-3 keeping its parameters on the GPU, one pass of them through the host.
     steady = {"device total (CPU ranks)": device_total} if host_is_device else dict(offloaded)
+    if not host_is_device:
+        steady[CUDA_RUNTIME] = CUDA_RUNTIME_BYTES
+        if zero_stage == 3 and offload != "optimizer+params":
+            rank_params = num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
+            p = FP32_BYTES if precision == "fp32" else HALF_BYTES
+            steady[ZERO3_DEFRAGMENT] = p * -(-rank_params // dp)
     steady["torch runtime"] = TRAINING_RUNTIME_BYTES
     if compiled:
         steady[INDUCTOR_IMPORT] = INDUCTOR_IMPORT_BYTES
@@ -314,12 +338,15 @@ def host_memory(
 
 __all__ = [
     "BY_STAGE",
+    "CUDA_RUNTIME",
+    "CUDA_RUNTIME_BYTES",
     "INDUCTOR_IMPORT",
     "INDUCTOR_IMPORT_BYTES",
     "PARTITIONED",
     "TORCH_RUNTIME_BYTES",
     "TRAINING_RUNTIME_BYTES",
     "WHOLE",
+    "ZERO3_DEFRAGMENT",
     "HostMemory",
     "build_bytes",
     "build_method_for",

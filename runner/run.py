@@ -471,8 +471,8 @@ def refuse_beyond_this_hosts_ram(plan: Plan) -> None:
 
     Past the headroom the plan only warns (memory_warnings); past the RAM itself the kernel's
     out-of-memory killer would end a rank, or first some other program of the user's. The
-    host plan is a floor on a GPU (CUDA's own host libraries are not in it) and within a few
-    percent of the measured RSS on a CPU (docs/benchmarks.md).
+    host plan is within a few percent of the measured RSS on a CPU, and at or above it on one
+    H200 (CUDA's host side measured there; docs/benchmarks.md).
     """
     host = plan.host
     if host.peak_per_node <= host.ram_bytes:
