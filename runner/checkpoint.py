@@ -62,6 +62,7 @@ from runner.checkpoint_record import (
 )
 from runner.checkpoint_record import latest as latest  # re-exported: checkpoint.latest(run_dir)
 from runner.config import ModelConfig, Precision
+from runner.distributed import barrier
 from runner.layout import Layout
 from runner.summary import write_json_atomic
 from runner.wall_clock import folder_bytes
@@ -72,13 +73,6 @@ STAGE0_SUFFIX = "_ddp"  # the universal checkpoint as a stage-0 engine's own fil
 # latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's
 # splits (runner/checkpoint_splits.py); one without it resumes on its own layout only.
 STAGE_SPLITS = "every_stages_splits_recorded"
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def save(
@@ -127,7 +121,7 @@ def save(
         torch.save({"torch": torch.get_rng_state()}, root / partial / f"rng_rank{rank}.pt")
     except Exception as error:
         raise _unwritten(root, tag, error, expected_bytes=expected_bytes) from error
-    _barrier()
+    barrier()
     if rank == 0:
         final = root / tag
         if final.exists():
@@ -148,7 +142,7 @@ def save(
             },
         )
         _prune(root, keep=keep, newest=tag)
-    _barrier()
+    barrier()
 
 
 class CheckpointWriteError(RuntimeError):

@@ -63,6 +63,23 @@ def init_distributed(env: DistributedEnv, *, accelerator: str) -> tuple[torch.de
     return torch.device("cpu"), joined_s
 
 
+def barrier() -> None:
+    """Wait for every rank of the group (nothing without one).
+
+    Under nccl it names this rank's GPU: a group DeepSpeed joined without binding a device
+    (it binds none for a single rank, DeepSpeed 0.19.8 comm/torch.py) would otherwise make
+    torch guess it and warn "barrier(): using the device under current context" each run.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
 def teardown(*, ok: bool = True) -> None:
     """Barrier, then destroy the group: without it gloo ranks abort at exit.
 
@@ -76,6 +93,6 @@ def teardown(*, ok: bool = True) -> None:
         return
     if ok:
         try:
-            dist.barrier()
+            barrier()
         finally:
             dist.destroy_process_group()
