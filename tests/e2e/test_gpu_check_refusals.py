@@ -15,10 +15,11 @@ pytestmark = pytest.mark.unit
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.sh"
 
 
-def _check(out: Path, python: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env={**os.environ, "PYTHON": python}
-    )
+def _check(out: Path, python: str, *, budget: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": python}
+    if budget is not None:
+        env["GPU_CHECK_BUDGET_S"] = budget
+    return subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env)
 
 
 def test_an_interpreter_without_ladders_requirements_is_refused_with_the_fix(tmp_path):
@@ -44,12 +45,7 @@ def test_a_folder_holding_an_earlier_check_is_left_as_it_is(tmp_path):
 
 def test_a_budget_that_is_not_seconds_is_refused_with_the_fix(tmp_path):
     out = tmp_path / "check"
-    result = subprocess.run(
-        ["bash", str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHON": sys.executable, "GPU_CHECK_BUDGET_S": "8m"},
-    )
+    result = _check(out, sys.executable, budget="8m")
     assert result.returncode == 2
     assert "GPU_CHECK_BUDGET_S=8m is not a whole number of seconds" in result.stderr
     assert not out.exists()
@@ -57,12 +53,7 @@ def test_a_budget_that_is_not_seconds_is_refused_with_the_fix(tmp_path):
 
 def test_a_spent_budget_skips_every_part_and_still_writes_the_table(tmp_path):
     out = tmp_path / "check"
-    result = subprocess.run(
-        ["bash", str(SCRIPT), str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHON": sys.executable, "GPU_CHECK_BUDGET_S": "0"},
-    )
+    result = _check(out, sys.executable, budget="0")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "run_ddp skipped: " in result.stderr
     results = json.loads((out / "results.json").read_text())
