@@ -34,7 +34,7 @@ and DeepSpeed imported, 0.25 GB measured on a CPU (torch 2.13, DeepSpeed 0.19.8)
 the engine on also torch._dynamo, which torch.optim imports at the first optimizer: 0.33 GB,
 and 0.044 GB more where the run compiles its blocks (``train.compile``), which imports
 TorchInductor; a GPU rank also holds CUDA's host side, 1.55 GB measured on an H200
-(``CUDA_RUNTIME_BYTES``), and under ZeRO-3 without parameter offload its 16-bit partition
+(``CUDA_RUNTIME_BYTES``), and under ZeRO-3 without parameter offload its parameter partition
 once more as the engine starts (``ZERO3_DEFRAGMENT``), which the steady phase counts with
 the rest: an upper bound, as CUDA's libraries are not all loaded yet then. The node fits when the larger
 phase, times the ranks per node, is at most ``planner.headroom`` x the node's RAM (the same
