@@ -96,6 +96,11 @@ def _gb(num_bytes: float) -> str:
     return f"{num_bytes / GB:.{1 if num_bytes >= 10 * GB else 2}f} GB"
 
 
+def _weight_bytes(precision: str) -> int:
+    """Bytes of one parameter as the model holds it: 4 in fp32, 2 in bf16 or fp16."""
+    return FP32_BYTES if precision == "fp32" else HALF_BYTES
+
+
 def largest_stage_params(model: ModelConfig, pp: int, tp: int = 1) -> int:
     """Parameters of the fullest pipeline stage's rank (runner/pipeline_split.py: DeepSpeed's
     balance; with tp, its shard)."""
@@ -121,7 +126,7 @@ def build_bytes(
     output head, V x h, for the models here); under zero.Init the largest module whole.
     """
     lines: dict[str, int] = {}
-    p = FP32_BYTES if precision == "fp32" else HALF_BYTES
+    p = _weight_bytes(precision)
     if method == WHOLE:
         if host_is_device:
             lines[f"whole model in {precision}"] = p * num_params
@@ -317,8 +322,7 @@ def host_memory(
         steady[CUDA_RUNTIME] = CUDA_RUNTIME_BYTES
         if zero_stage == 3 and offload != "optimizer+params":
             rank_params = num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
-            p = FP32_BYTES if precision == "fp32" else HALF_BYTES
-            steady[ZERO3_DEFRAGMENT] = p * -(-rank_params // dp)
+            steady[ZERO3_DEFRAGMENT] = _weight_bytes(precision) * -(-rank_params // dp)
     steady["torch runtime"] = TRAINING_RUNTIME_BYTES
     if compiled:
         steady[INDUCTOR_IMPORT] = INDUCTOR_IMPORT_BYTES
