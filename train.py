@@ -19,16 +19,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launchers import local_sweep
-from launchers.environment import from_environment, shared_run_dir, take_local_rank_argument
+from launchers import hydra_files, local_sweep
+from launchers.run import NothingToTrain, RunFailed, RunInterrupted, run
 from launchers.worker import exit_now
-from runner import hydra_files
 from runner.config import register_configs, to_train_config
-from runner.identity import RunIdentity
+from runner.environment import from_environment, shared_run_dir, take_local_rank_argument
 from runner.layout import LayoutError
-from runner.preemption import EXIT_INTERRUPTED, Preempted
-from runner.run import NothingToTrain, RunFailed, RunInterrupted, run
-from runner.validate import ConfigError
+from runner.preflight.validate import ConfigError
+from runner.rundir.identity import RunIdentity
+from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 
 register_configs()
 
@@ -154,7 +153,7 @@ if __name__ == "__main__":
     _agree_on_run_dir(sys.argv)
     try:
         main()
-    except Preempted:  # stopped at SLURM's signal after a checkpoint (runner/preemption.py)
+    except Preempted:  # stopped at SLURM's signal after a checkpoint (runner/train/preemption.py)
         exit_now(EXIT_INTERRUPTED)
     if local_sweep.FAILED_CELLS:  # a sweep on this host ran every cell; some failed (named above)
         sys.exit(1)

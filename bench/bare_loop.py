@@ -21,8 +21,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() e
 import deepspeed
 import torch.distributed as dist
 
-from runner.model import build_model, lm_loss
-from runner.run_files import load_run
+from runner.model.transformer import build_model, lm_loss
+from runner.rundir.run_files import load_run
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """A 16-bit training step on this CPU: torch's own matmul kernels against ladder's fp32 ones.
 
 Where torch has no bf16 (fp16) GEMM kernels for the CPU, a rank computes its 16-bit matmuls
-in fp32 and rounds each result once (runner/cpu_half_matmul.py). This times the tiny model's
+in fp32 and rounds each result once (runner/hardware/cpu_half_matmul.py). This times the tiny model's
 forward and backward at micro 4 x 64 tokens on one thread, fp32 and each 16-bit dtype, the
 16-bit ones both ways, alternating rounds so the machine's drift hits every column alike; it
 prints the median milliseconds, the loss each way, and the last line
@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.config import ModelConfig
-from runner.cpu_half_matmul import computes_in_fp32, half_matmuls_in_fp32
-from runner.model import Transformer, lm_loss
+from runner.hardware.cpu_half_matmul import computes_in_fp32, half_matmuls_in_fp32
+from runner.model.transformer import Transformer, lm_loss
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -40,7 +40,7 @@ def _row(out: Path, name: str) -> dict[str, Any]:
         "micro_size": summary.get("layout", {}).get("micro_size"),
         "tokens_per_s_per_device": _median([m["throughput/tokens_per_s_per_device"] for m in later]),
         "mfu": _median([m["throughput/mfu"] for m in later]),
-        # Where the step's time goes (runner/phase_clock.py), as shares of the step.
+        # Where the step's time goes (runner/metrics/phase_clock.py), as shares of the step.
         "step_share": {
             phase: _median([m[f"time/{phase}_s"] / m["time/step_s"] for m in later if f"time/{phase}_s" in m])
             for phase in PHASES
@@ -52,11 +52,12 @@ def _row(out: Path, name: str) -> dict[str, Any]:
         "ledger_measured": memory.get("measured"),
         "planned": planned,
         "peak_flops_source": summary.get("peak_flops_source"),
-        # How rank 0 built the model and what the build cost its host (runner/build.py).
+        # How rank 0 built the model and what the build cost its host (runner/engine/build.py).
         "model_build": summary.get("model_build", {}),
         # A rank's host memory: the plan's per-rank figure and the process's high-water mark.
         "host_memory": summary.get("host_memory", {}),
-        # Where the run's wall time went: CUDA's start-up, the engine, the steps (runner/wall_clock.py).
+        # Where the run's wall time went: CUDA's start-up, the engine, the steps
+        # (runner/metrics/wall_clock.py).
         "wall_time": summary.get("wall_time", {}),
         # The held-out loss after the last step (ddp, zero1, zero3 only): one experiment, one number.
         "eval_loss": (summary.get("eval") or {}).get("loss"),

@@ -1,7 +1,7 @@
 """What DeepSpeed's Muon import costs a ZeRO rank, plain and as ladder imports it, side by side.
 
 Every ZeRO rank imports ``deepspeed.runtime.zero.muon.original_muon`` whatever its optimizer
-(runner/muon_import.py). Each round starts two fresh interpreters that import torch,
+(runner/engine/fixes/muon_compiles_at_import.py). Each round starts two fresh interpreters that import torch,
 DeepSpeed and torch._dynamo (what a rank has by its engine) and then the Muon module: one
 plainly, as DeepSpeed does, one through ``import_muon_deferred``. Alternating A, B, A, B
 lets the machine's drift hit both alike. Each prints the seconds of the Muon import and its
@@ -28,7 +28,7 @@ import torch, deepspeed, torch._dynamo
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()
 if sys.argv[1] == "deferred":
-    from runner.muon_import import import_muon_deferred
+    from runner.engine.fixes.muon_compiles_at_import import import_muon_deferred
     import_muon_deferred()
 from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam  # as DeepSpeed imports it
 seconds = time.perf_counter() - start

@@ -1,7 +1,7 @@
 """How fast the planner answers a sweep: 100 cells in-process, and one real ``train.py -m`` multirun.
 
 In-process: 4 parallel options x 25 gpu counts of llama_70b on h100_sxm, each cell run
-through ``runner.run.run`` with ``plan=true``, the function the Hydra job calls (it
+through ``launchers.run.run`` with ``plan=true``, the function the Hydra job calls (it
 validates, plans, prints the table and writes plan.json). Hydra composes 4 configs
 once (timed apart); the 25 gpu counts are ``dataclasses.replace`` of those.
 
@@ -55,9 +55,9 @@ def _compose(recommend: bool) -> list:
 
 
 def in_process(recommend: bool) -> tuple[float, float, int]:
-    """(compose seconds, plan seconds, cells) for 100 cells through runner.run.run."""
-    from runner.identity import RunIdentity
-    from runner.run import run
+    """(compose seconds, plan seconds, cells) for 100 cells through launchers.run.run."""
+    from launchers.run import run
+    from runner.rundir.identity import RunIdentity
 
     t0 = time.perf_counter()
     configs = _compose(recommend)

@@ -1,6 +1,6 @@
 """The peak of a run's tensor memory, measured, against ``plan=true``'s peak: one table, one run.
 
-``plan=true`` (runner/plan_memory.py) adds up the bytes a device holds at the step's
+``plan=true`` (runner/plan/memory.py) adds up the bytes a device holds at the step's
 peak: the weights, gradients and optimizer states, the activations, and DeepSpeed's
 residual lines, among them what comes and goes inside backward (ZeRO 1-2's gradient
 bucket, a tied output head's gradient). This measures the same peak on one CPU rank the
@@ -11,8 +11,9 @@ second step, in order, from torch.profiler's memory events; the peak is the larg
     python bench/step_peak.py [--models gpt2_124m,tiny] [--stages 0,1,2,3] [--accum 1,2]
         [--precision fp32,bf16] [--set model.vocab_size=32000 ...]
 
-Each case: the model built by runner.model, DeepSpeed's engine from ladder's own config
-(runner.deepspeed_config), AdamW in fp32 (or ``--precision bf16``), micro 8, seq 128 (``--micro``, ``--seq``),
+Each case: the model built by runner.model.transformer, DeepSpeed's engine from ladder's own config
+(runner.engine.deepspeed_config), AdamW in fp32 (or ``--precision bf16``), micro 8, seq 128 (``--micro``,
+``--seq``),
 two optimizer steps (the first allocates the optimizer's states). The last line is ``max_rel_error=<x>``.
 """
 
@@ -30,12 +31,12 @@ import deepspeed
 import torch
 
 from runner.config import ModelConfig, OptimizerConfig, ParallelConfig, Precision, PrecisionConfig
-from runner.deepspeed_config import build_deepspeed_config
-from runner.distributed import skip_inference_shm_op
+from runner.engine.deepspeed_config import build_deepspeed_config
+from runner.engine.distributed import skip_inference_shm_op
 from runner.layout import resolve_layout
-from runner.model import build_model, lm_loss
-from runner.pipeline import build_pipeline
-from runner.plan_memory import TIED_HEAD_GRADIENT, memory_terms
+from runner.model.transformer import build_model, lm_loss
+from runner.parallel.pipeline import build_pipeline
+from runner.plan.memory import TIED_HEAD_GRADIENT, memory_terms
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ that a dead rank will not join.
 
 Stopping a run: at SIGINT (Ctrl-C, which the terminal sends the ranks too), SIGTERM or
 SIGHUP this process passes SIGTERM on to the ranks, which finish their step, save a
-checkpoint together and exit 75 (runner/preemption.py); ``train.resume=auto`` continues
+checkpoint together and exit 75 (runner/train/preemption.py); ``train.resume=auto`` continues
 the run from there. A second signal kills the ranks at once. Should this process die
 regardless, the kernel sends each rank SIGTERM (launchers/worker.py), so no rank trains on
 alone.
@@ -27,10 +27,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from launchers.environment import DistributedEnv
 from launchers.worker import LAUNCHER_PID_ENV
-from runner.identity import RunIdentity
-from runner.preemption import EXIT_INTERRUPTED
+from runner.environment import DistributedEnv
+from runner.rundir.identity import RunIdentity
+from runner.train.preemption import EXIT_INTERRUPTED
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish on their own

@@ -15,7 +15,7 @@ cancels a job that SLURM says can never start, and hands Hydra one JobReturn per
 Each task of a job is one rank (launchers/slurm_task.py). A failed submission cancels
 whatever the sweep had already queued.
 
-Preemption and time limits (runner/preemption.py): submitit has SLURM signal the job
+Preemption and time limits (runner/train/preemption.py): submitit has SLURM signal the job
 (SIGUSR2) ``signal_delay_s`` before its limit (sbatch --signal). The ranks save a
 checkpoint after the step they are in; then rank 0 hands over to submitit's handler,
 which calls the launcher's inherited ``checkpoint()`` (the same cell again) and requeues
@@ -50,8 +50,8 @@ from launchers.slurm_resources import (
 )
 from launchers.slurm_submission import Cell, sbatch_parameters, unsafe_values
 from launchers.slurm_watch import cancel, collect, wait
-from runner.checkpoint_size import disk_need, disk_problem, sweep_disk_problem
 from runner.config import Resume, TrainConfig
+from runner.plan.checkpoint_size import disk_need, disk_problem, sweep_disk_problem
 
 log = logging.getLogger("ladder.slurm")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -67,8 +67,8 @@ def _runner_problems(task_cfg: DictConfig) -> tuple[TrainConfig | None, list[str
     """
     from runner.config import to_train_config
     from runner.layout import LayoutError
-    from runner.validate import ConfigError, batch_contract_problems, validate
-    from runner.wandb_credentials import credentials_problems
+    from runner.preflight.validate import ConfigError, batch_contract_problems, validate
+    from runner.preflight.wandb_credentials import credentials_problems
 
     try:
         config = to_train_config(task_cfg)

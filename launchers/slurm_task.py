@@ -3,13 +3,13 @@
 submitit starts ``nodes x tasks_per_node`` copies of ``python -m submitit.core._submit``
 with srun; each unpickles the launcher and calls it, which lands here. Each copy
 composes the cell's config and runs the Hydra task function (train.py's ``main``); the
-runner reads SLURM_PROCID / SLURM_NTASKS (launchers/environment.py) and makes the task
+runner reads SLURM_PROCID / SLURM_NTASKS (runner/environment.py) and makes the task
 that rank. This mirrors hydra-submitit-launcher's ``BaseSubmititLauncher.__call__``
 with three changes: only rank 0 writes ``.hydra/``; a task that fails raises (a
 ``sys.exit`` becomes an exception), so submitit records the failure at once and the
 task exits non-zero, which ends its job step (srun --kill-on-bad-exit); a task that
 succeeded exits without interpreter teardown. A task stopped at SLURM's signal after a
-checkpoint (runner/preemption.py) exits 75 and leaves no result: its job was requeued.
+checkpoint (runner/train/preemption.py) exits 75 and leaves no result: its job was requeued.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import open_dict
 
 from launchers.worker import exit_now
-from runner.preemption import EXIT_INTERRUPTED, Preempted
+from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 
 
 class TaskExited(RuntimeError):
@@ -59,7 +59,7 @@ def run_task(
         )
     except Preempted:
         # Stopped at SLURM's signal after a checkpoint, the job requeued or ending: no result,
-        # or the launching process would take it for the cell's (runner/preemption.py).
+        # or the launching process would take it for the cell's (runner/train/preemption.py).
         exit_now(EXIT_INTERRUPTED)
         raise  # not reached
     except SystemExit as exit_:

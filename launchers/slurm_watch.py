@@ -118,7 +118,7 @@ def wait(jobs: dict[int, Any]) -> dict[int, str]:
 
 def _failed(cell: Cell, message: str) -> JobReturn:
     """A failed cell's JobReturn; its summary says failed even when rank 0 was killed mid-run."""
-    from runner.summary import read_summary, update_summary
+    from runner.rundir.summary import read_summary, update_summary
 
     if read_summary(cell.run_dir).get("status", "running") == "running":
         cell.run_dir.mkdir(parents=True, exist_ok=True)
@@ -137,8 +137,8 @@ def _reason(error: Exception) -> str:
 
 def _recorded_error(cell: Cell) -> str | None:
     """The error the failing rank wrote to the cell's summary.json, in its own words (an out of
-    memory one with where and the plan's terms, runner/out_of_memory.py), or None."""
-    from runner.summary import read_summary
+    memory one with where and the plan's terms, runner/diagnose/out_of_memory.py), or None."""
+    from runner.rundir.summary import read_summary
 
     recorded = read_summary(cell.run_dir)
     error = recorded.get("error") if recorded.get("status") == "failed" else None

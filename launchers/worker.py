@@ -3,7 +3,7 @@
 It reads what the launching process decided and wrote (the composed config in
 ``.hydra/config.yaml`` and ``deepspeed_config.json``), so every rank runs exactly that.
 A rank that fails leaves ``failure_rank<N>.json`` with its error for the launcher; one
-stopped by a signal after its checkpoint (runner/preemption.py) exits 75 and leaves none.
+stopped by a signal after its checkpoint (runner/train/preemption.py) exits 75 and leaves none.
 If the launching process dies, the kernel sends the rank SIGTERM (Linux's parent-death
 signal), so a rank never trains on alone: it stops after its step, as at Ctrl-C.
 """
@@ -19,10 +19,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from launchers.environment import from_environment
-from runner.identity import RunIdentity
-from runner.preemption import EXIT_INTERRUPTED, Preempted
-from runner.run_files import load_run, write_failure
+from runner.environment import from_environment
+from runner.rundir.identity import RunIdentity
+from runner.rundir.run_files import load_run, write_failure
+from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 
 LAUNCHER_PID_ENV = "LADDER_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
         return EXIT_INTERRUPTED
     try:
         config, layout, ds_config = load_run(run_dir)
-        from runner.rank import run_rank
+        from runner.train.rank import run_rank
 
         run_rank(
             config,

@@ -82,7 +82,7 @@ class WandbMode(str, Enum):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of the Llama-style decoder in runner/model.py."""
+    """Shape of the Llama-style decoder in runner/model/transformer.py."""
 
     name: str = "tiny"
     n_layer: int = 4
@@ -219,10 +219,10 @@ class TrainLoopConfig:
     checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: none
     keep_checkpoints: int = 2  # complete checkpoints kept, newest first
     resume: Resume = Resume.never
-    on_nonfinite: OnNonFinite = OnNonFinite.stop  # runner/nonfinite.py
+    on_nonfinite: OnNonFinite = OnNonFinite.stop  # runner/train/nonfinite.py
     max_skipped_steps: int = 10  # with skip: the run stops at the next non-finite loss after this many
-    compile: bool = False  # torch.compile each transformer block (runner/compile_blocks.py)
-    profile_step: int = -1  # trace this step with torch.profiler (runner/step_profiler.py); -1: none
+    compile: bool = False  # torch.compile each transformer block (runner/engine/compile_blocks.py)
+    profile_step: int = -1  # trace this step with torch.profiler (runner/metrics/step_profiler.py); -1: none
     eval_every: int = 0  # optimizer steps between held-out evaluations, and one after the last; 0: none
     eval_batches: int = 4  # global batches of held-out sequences per evaluation, the same ones each time
 

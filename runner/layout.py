@@ -111,7 +111,7 @@ def resolve_layout(
     per_rank = global_size // dp
     if micro_size is None:
         # On one data-parallel rank, auto keeps at least two micro-batches per step: the
-        # noise scale needs two gradients per step (runner/noise_scale.py), at the cost of
+        # noise scale needs two gradients per step (runner/metrics/noise_scale.py), at the cost of
         # one more, smaller forward. Largest first, stopping at the first that fits: fits()
         # may cost a memory plan.
         candidates = divisors(per_rank)

@@ -9,7 +9,7 @@ Two parts:
   derived from the tensors each precision/optimizer really keeps.
 - Activations after Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1), kept in the
   paper's form (:func:`korthikanti_activations_per_layer`) and adapted tensor by tensor to
-  this project's block in ``runner/model.py`` (:func:`activations_per_layer`). The adapted
+  this project's block in ``runner/model/transformer.py`` (:func:`activations_per_layer`). The adapted
   list was checked against what autograd actually saves for that block on CPU
   (``tests/unit/test_memory.py``).
 """
@@ -188,7 +188,7 @@ def deepspeed_residuals(
 ) -> dict[str, int]:
     """Named device bytes DeepSpeed 0.19 holds beyond the textbook model states, as measured.
 
-    Each line was found by the measured ledger (runner/ledger.py: every tensor reachable
+    Each line was found by the measured ledger (runner/metrics/ledger.py: every tensor reachable
     from DeepSpeed's optimizer wrapper, counted once) and matches it within 0.1% on this
     runner's model, ZeRO 0-3, fp32 and bf16, 1 and 2 ranks:
 
@@ -245,12 +245,12 @@ def zero12_backward_buckets(
     ``overlap_comm`` (double buffering), and ``_release_ipg_buffers`` frees them when
     backward ends at ZeRO-2, at the step's boundary at ZeRO-1 (which reduces only there):
     they are gone at the optimizer step, where the ledger measures (so not in
-    :func:`deepspeed_residuals`); runner.plan_memory counts them where they are live.
+    :func:`deepspeed_residuals`); runner.plan.memory counts them where they are live.
     Observed by wrapping ``torch.empty`` on a 1-rank engine: one bf16 (fp32) bucket in bf16
     (fp32), two with overlap_comm, per backward at ZeRO-2 and per step at ZeRO-1.
     Offload stages gradients through it whatever ``contiguous_gradients``
     says (``contiguous_gradients or cpu_offload``). Pass the bucket DeepSpeed is given
-    (runner.deepspeed_config.reduce_bucket_elements).
+    (runner.engine.deepspeed_config.reduce_bucket_elements).
     """
     if zero_stage not in (1, 2):
         return {}
@@ -461,13 +461,13 @@ def korthikanti_activations_per_layer(
 
 
 # --------------------------------------------------------------------------------------
-# Activations: this project's block (runner/model.py), tensor by tensor
+# Activations: this project's block (runner/model/transformer.py), tensor by tensor
 # --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class BlockShape:
-    """What the activations of one block of runner/model.py depend on, for one micro-batch.
+    """What the activations of one block of runner/model/transformer.py depend on, for one micro-batch.
 
     s = ``seq_len``, b = ``micro_size``, h = ``d_model``, a = ``n_heads``, kv = ``n_kv_heads``
     (default a), f = ``ffn_hidden`` (default 4h), t = ``tp``, p = ``bytes_per_elem`` (the
@@ -555,7 +555,7 @@ def model_block_shape(
 ) -> BlockShape:
     """The BlockShape of a ``ModelConfig`` (runner/config.py) at this micro-batch and tp.
 
-    flash=True: runner/model.py calls scaled_dot_product_attention(is_causal=True), which
+    flash=True: runner/model/transformer.py calls scaled_dot_product_attention(is_causal=True), which
     takes a fused kernel on CUDA and on CPU (tests/unit/test_memory.py checks the CPU one).
     """
     return BlockShape(
@@ -575,7 +575,7 @@ def model_block_shape(
 def block_graph(compile_blocks: bool, *, tp: int, zero_stage: int) -> BlockGraph:
     """How a block runs for BlockShape.graph: eager, or with ``train.compile=true`` one graph or several.
 
-    Measured (runner/compile_blocks.py's summary, tiny model, torch 2.13): ddp, ZeRO 1-2 and
+    Measured (runner/engine/compile_blocks.py's summary, tiny model, torch 2.13): ddp, ZeRO 1-2 and
     the pipeline compile each block without a graph break ("whole"). Tensor parallel breaks
     it at its all-reduces and ZeRO-3 at every parameter gather ("split").
     """
@@ -585,7 +585,8 @@ def block_graph(compile_blocks: bool, *, tp: int, zero_stage: int) -> BlockGraph
 
 
 def _rmsnorm_items(prefix: str, x: BlockShape) -> dict[str, int]:
-    """What runner/model.py's RMSNorm saves: x.float(), rsqrt, and the normed value before the gain.
+    """What runner/model/transformer.py's RMSNorm saves: x.float(), rsqrt, and the normed value before the
+    gain.
 
     ``x32 = x.float(); normed = x32 * rsqrt(mean(x32^2) + eps); normed.type_as(x) * weight``:
     the product x32 * rstd saves both factors (the fp32 input, 4 B/elem: a copy for 16-bit
@@ -616,7 +617,7 @@ def _attention_core_items(x: BlockShape) -> dict[str, int]:
     # _configure_distributed_model: "Cast params only; preserve fp32 buffers"). A model cast
     # wholesale (module.to(torch.bfloat16)) would make apply_rope's cos.float()/sin.float()
     # save 4 fp32 copies of (s, hs/2) per layer, 8*s*hs bytes, not counted here.
-    # So the rotated q, k are saved once, by SDPA. runner/model.py repeats k, v to n_head
+    # So the rotated q, k are saved once, by SDPA. runner/model/transformer.py repeats k, v to n_head
     # with repeat_interleave before SDPA, so SDPA saves them at full width even with GQA.
     if x.flash:
         # Flash / memory-efficient kernels (CPU: _scaled_dot_product_flash_attention_for_cpu,
@@ -639,7 +640,7 @@ def _attention_core_items(x: BlockShape) -> dict[str, int]:
 
 
 def activation_items_per_layer(block: BlockShape, recompute: RecomputeMode | str = "none") -> dict[str, int]:
-    """Bytes autograd keeps per block of runner/model.py for backward, tensor by tensor.
+    """Bytes autograd keeps per block of runner/model/transformer.py for backward, tensor by tensor.
 
     Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1) adapted to this block: no dropout
     (its masks, as^2b + 2sbh, are gone), RMSNorm computed in fp32, RoPE, SwiGLU of width
@@ -725,7 +726,8 @@ def activation_items_per_layer(block: BlockShape, recompute: RecomputeMode | str
 
 
 def activations_per_layer(block: BlockShape, recompute: RecomputeMode | str = "none") -> int:
-    """Activation bytes one block of runner/model.py keeps for backward (see activation_items_per_layer)."""
+    """Activation bytes one block of runner/model/transformer.py keeps for backward (see
+    activation_items_per_layer)."""
     return sum(activation_items_per_layer(block, recompute).values())
 
 
@@ -766,7 +768,8 @@ def transient_peak(items: dict[str, int]) -> int:
 
 
 def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> dict[str, int]:
-    """Bytes outside the blocks: embedding, final norm, output head and the fp32 loss (runner/model.py).
+    """Bytes outside the blocks: embedding, final norm, output head and the fp32 loss
+    (runner/model/transformer.py).
 
     Kept for backward (b = micro_size, s = seq_len, h = d_model, V = vocab_size, p as above):
 
@@ -792,13 +795,13 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
     product and the mean's expanded gradient are live too. Seen in the allocator's events
     of a bf16 step (tiny, micro 8, seq 128): five 1.05 MB tensors above what the loss and
     the head's input had freed. It outgrows the loss's moment only for small vocabularies
-    (:func:`after_the_head`); runner.plan_memory adds it to what ZeRO 1-2's bucket and a tied
+    (:func:`after_the_head`); runner.plan.memory adds it to what ZeRO 1-2's bucket and a tied
     head's gradient allocate once the head's backward is done.
 
     These stay eager under ``train.compile`` (only the blocks are compiled).
 
     Under tensor parallelism (``block.tp`` = t > 1) the output head is split by vocabulary
-    (runner/tensor_parallel.py): the fullest rank holds v = ceil(V / t) columns of the
+    (runner/parallel/tensor.py): the fullest rank holds v = ceil(V / t) columns of the
     logits, and DeepSpeed's vocabulary-parallel cross-entropy (deepspeed/sequence/
     cross_entropy.py ``_VocabParallelCrossEntropy``) saves its fp32 exponentials (4 sbv),
     each token's sum of them (4 sb), the local targets (8 sb) and two boolean masks (2 sb).
@@ -829,7 +832,7 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
             "transient.logits_fp32": FP32_BYTES * sb * vocab_size if p < FP32_BYTES else 0,
             "transient.loss_grads_fp32": 2 * FP32_BYTES * sb * vocab_size,
         }
-    local = -(-vocab_size // block.tp)  # runner.model_shape.vocab_rows
+    local = -(-vocab_size // block.tp)  # runner.model.shape.vocab_rows
     copies = 2 if p < FP32_BYTES else 1  # the fp32 copy (16-bit only) and the shifted logits
     return {
         **items,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from launchers.local import free_port
-from runner.cgroup_memory import memory_cgroup_dirs
+from runner.hardware.cgroup_memory import memory_cgroup_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -256,13 +256,13 @@ def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[Tra
     checkpoints at its last step and the next resumes from it in the same directory.
 
     A leg with more ``gpus`` than this host's cores is started by torchrun (run_on_any_gpus).
-    Each leg's checkpoint weighs what runner/checkpoint_size.py says, within 2% (the pickled
+    Each leg's checkpoint weighs what runner/plan/checkpoint_size.py says, within 2% (the pickled
     records of each tensor, a few hundred bytes apiece, are 1.4% of tiny at half width), and
     so do the copies a leg's move converts.
     Returns the last leg's result and the step each leg resumed from (None: the first).
     """
-    from runner.checkpoint_size import config_checkpoint_bytes
-    from runner.wall_clock import folder_bytes
+    from runner.metrics.wall_clock import folder_bytes
+    from runner.plan.checkpoint_size import config_checkpoint_bytes
 
     resumed_from: list[int | None] = []
     for number, leg in enumerate(legs):
@@ -288,7 +288,7 @@ def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[Tra
             # The segment the move began says how long the conversion took and what it wrote.
             measured = result.summary["layout_history"][-1]["conversion"]
             assert measured["bytes"] == copies and measured["seconds"] > 0, (leg, measured)
-        # Goodput names the time the moves spent converting (runner/goodput.py).
+        # Goodput names the time the moves spent converting (runner/metrics/goodput.py).
         history = result.summary["layout_history"]
         converted = sum(seg["conversion"]["seconds"] for seg in history if seg.get("conversion"))
         assert result.summary["goodput"]["conversion_s"] == pytest.approx(converted), leg

@@ -24,8 +24,8 @@ class LadderLocalLauncher(BasicLauncher):
         """Refuse before the first cell, or run every cell and name those that failed."""
         from pathlib import Path
 
+        from launchers.hydra_files import put_back_sweep, remove_refused_sweep_dir
         from launchers.local_sweep import cells_refusal, name_failed_cells
-        from runner.hydra_files import put_back_sweep, remove_refused_sweep_dir
 
         assert self.config is not None  # Hydra calls setup() before launch()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))

@@ -4,7 +4,7 @@ The upstream launcher submits every cell of a sweep with one set of resources; h
 ``launch`` places each cell from its own ``gpus`` and submits one array per group of
 like cells (launchers/slurm.py), and ``__call__`` runs one rank of a cell inside a
 SLURM task (launchers/slurm_task.py). The inherited ``checkpoint()`` is submitit's
-requeue hook for preemption and time limits (see runner/preemption.py). Imports are
+requeue hook for preemption and time limits (see runner/train/preemption.py). Imports are
 lazy: Hydra imports this module on every start while it scans for plugins.
 """
 
@@ -25,9 +25,9 @@ class LadderSlurmLauncher(SlurmLauncher):
         """Refuse before submitting, or submit every cell and return its result."""
         from pathlib import Path
 
+        from launchers.hydra_files import put_back_sweep, remove_refused_sweep_dir
         from launchers.slurm import launch_sweep
         from launchers.slurm_resources import SlurmRefused
-        from runner.hydra_files import put_back_sweep, remove_refused_sweep_dir
 
         try:
             return launch_sweep(self, job_overrides, initial_job_idx)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from runner import goodput
+from runner.metrics import goodput
 from runner.report.collect import Cell
 from runner.report.compare import EVAL_LOSS, LossAgreement
 from runner.report.rows import STEP_PHASES, TERMS, Row, fmt_gb
@@ -152,7 +152,7 @@ def time_chart(rows: Sequence[Row]) -> Chart:
     )
 
 
-# Where a run's wall time goes (runner/wall_clock.py), in the order the chart stacks them.
+# Where a run's wall time goes (runner/metrics/wall_clock.py), in the order the chart stacks them.
 WALL_COLORS = {
     "launch": "#56B4E9",
     "build": "#E69F00",

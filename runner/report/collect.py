@@ -5,10 +5,10 @@ A run directory is Hydra's output directory of one cell. Any of its files may be
 with what is known and never dropped.
 
     .hydra/config.yaml      the composed config          .hydra/overrides.yaml  the cell's overrides
-    summary.json            status, layout, final metrics, memory (runner/summary.py writes it)
+    summary.json            status, layout, final metrics, memory (runner/rundir/summary.py writes it)
     metrics.jsonl           one JSON object per logged step
-    failure_rank<N>.json    a failed rank's error (runner/run_files.py writes it)
-    plan.json               what plan=true planned, where nothing was launched (runner/plan.py)
+    failure_rank<N>.json    a failed rank's error (runner/rundir/run_files.py writes it)
+    plan.json               what plan=true planned, where nothing was launched (runner/plan/planner.py)
 
 A multirun directory holds cells as numbered subdirectories plus ``multirun.yaml``; cells that
 ``multirun.yaml`` expects but whose directory is absent are listed as ``missing``.

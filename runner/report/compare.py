@@ -20,7 +20,7 @@ from runner.report.collect import Cell
 # ~3 nats differ by ~1e-2 and drift further; 5e-2 separates that from a real difference.
 TOLERANCE_FP32 = 1e-3
 TOLERANCE_16BIT = 5e-2
-EVAL_LOSS = "eval/loss"  # the held-out loss, logged at evaluations only (runner/evaluation.py)
+EVAL_LOSS = "eval/loss"  # the held-out loss, logged at evaluations only (runner/train/evaluation.py)
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class LossAgreement:
     spread: list[float]  # max - min loss across the cells at each of those steps
     tolerance: float
     tolerance_source: str
-    metric: str = "loss"  # or "eval/loss": the held-out loss (runner/evaluation.py)
+    metric: str = "loss"  # or "eval/loss": the held-out loss (runner/train/evaluation.py)
     held_out: str = ""  # for eval/loss: what the group's cells evaluated on
 
     @property

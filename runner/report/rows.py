@@ -15,16 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import goodput
-from runner.layout_history import describe
+from runner.metrics import goodput
 from runner.report.collect import Cell, distinguishing_overrides, natural_key
+from runner.rundir.layout_history import describe
 
 # The four memory terms of a training step (DESIGN.md: parameters, gradients, optimizer states,
 # activations), in the order the memory chart stacks them.
 TERMS = ("params", "grads", "optimizer", "activations")
 TOKENS_PER_DEVICE = "throughput/tokens_per_s_per_device"
 MFU = "throughput/mfu"
-# The phases that partition a step (runner/phase_clock.py), in the order the time chart stacks them;
+# The phases that partition a step (runner/metrics/phase_clock.py), in the order the time chart stacks them;
 # p2p (stage-to-stage sends and receives, with the waits: the bubble) only under a pipeline.
 STEP_PHASES = ("data", "forward", "backward", "p2p", "optimizer", "other")
 # The report's share column: these, as fractions of the step; exposed communication lies inside the phases.
@@ -84,12 +84,16 @@ class Row:
     mfu: float | None = None
     time_s: dict[str, float] = field(default_factory=dict)  # "step", STEP_PHASES, "comm_exposed" -> seconds
     final_loss: float | None = None
-    eval_loss: float | None = None  # the latest held-out loss (runner/evaluation.py), where evaluated
+    eval_loss: float | None = None  # the latest held-out loss (runner/train/evaluation.py), where evaluated
     steps: int | None = None
     best: list[str] = field(default_factory=list)
     layouts: str | None = None  # a run resumed onto another layout: each layout from its step
-    wall: dict[str, Any] = field(default_factory=dict)  # summary.json's wall_time (runner/wall_clock.py)
-    goodput: dict[str, Any] = field(default_factory=dict)  # summary.json's goodput (runner/goodput.py)
+    wall: dict[str, Any] = field(
+        default_factory=dict
+    )  # summary.json's wall_time (runner/metrics/wall_clock.py)
+    goodput: dict[str, Any] = field(
+        default_factory=dict
+    )  # summary.json's goodput (runner/metrics/goodput.py)
 
     def residual(self) -> float | None:
         """Measured memory beyond the four terms: the named residuals, else peak - measured terms."""
@@ -254,7 +258,9 @@ def _memory(cell: Cell, row: Row) -> None:
     if row.planned_peak_gb is None and (peak := _number(planned.get("peak"))):
         row.planned_peak_gb = peak / 1e9  # a plan=true cell: its plan.json
     measure = str(cell.summary.get("peak_memory_measure", ""))
-    row.peak_is_host_rss = measure.startswith("process high-water RSS")  # runner/peak_memory.py's label
+    row.peak_is_host_rss = measure.startswith(
+        "process high-water RSS"
+    )  # runner/hardware/peak_memory.py's label
     row.planned_host_gb = _number(_dict(cell.summary.get("host_memory")).get("planned_per_rank_gb"))
 
 
@@ -408,7 +414,7 @@ WALL_FIELDS = (
     "other_s",
 )
 
-# summary.json's goodput fields (runner/goodput.py: every attempt of the run) the flat row carries.
+# summary.json's goodput fields (runner/metrics/goodput.py: every attempt of the run) the flat row carries.
 GOODPUT_FIELDS = ("goodput", "goodput_elapsed", "steps_lost", "lost_s", "between_attempts_s", "conversion_s")
 
 

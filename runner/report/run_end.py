@@ -12,12 +12,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from runner import goodput, wall_clock
-from runner.layout_history import describe
+from runner.metrics import goodput, wall_clock
 from runner.report.collect import read_cell
 from runner.report.rows import Row, fmt_gb, row_of
 from runner.report.terminal import memory_table, output_console, rows_table, with_eval_loss
-from runner.summary import read_summary
+from runner.rundir.layout_history import describe
+from runner.rundir.summary import read_summary
 
 SPEED_HEADERS = ("tokens/s/device", "MFU %", "step % fwd / bwd / opt / comm / p2p", "final loss", "status")
 

@@ -15,7 +15,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from runner import goodput
+from runner.metrics import goodput
 from runner.report.compare import LossAgreement
 from runner.report.rows import (
     BEST_PEAK,
@@ -132,11 +132,11 @@ _WALL_SHORT = {"checkpoint": "ckpt"}
 
 
 def wall_table(rows: Sequence[Row], *, title: str) -> Table:
-    """Where each cell's wall time went, in seconds (runner/wall_clock.py): its parts, which add up
+    """Where each cell's wall time went, in seconds (runner/metrics/wall_clock.py): its parts, which add up
     to the total, the steps' share, and the checkpoints' count and write speed. ``resume`` shows
     only where some cell loaded a checkpoint and ``eval`` where some cell evaluated, so the table
     fits 80 columns. Below it, a cell that took
-    more than one attempt has its goodput across them (runner/goodput.py)."""
+    more than one attempt has its goodput across them (runner/metrics/goodput.py)."""
     shown = [r for r in rows if r.wall]
     resumed = any((r.wall.get("resume_s") or 0) >= 0.05 for r in shown)
     evaluated = any(r.wall.get("evaluations") for r in shown)

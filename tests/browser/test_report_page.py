@@ -126,7 +126,7 @@ def write_cell(
         },
         "device_memory_plan": {"planned_peak_gb": sum(est.values()) * 1.05, "fits": True},
         "peak_flops_source": "H100 SXM dense bf16 989 TFLOP/s",
-        # Where the run's wall time went: start-up, steps, checkpoint saves (runner/wall_clock.py).
+        # Where the run's wall time went: start-up, steps, checkpoint saves (runner/metrics/wall_clock.py).
         "wall_time": {
             "total_s": 60.0 + 4.0 * zero,
             "launch_s": 6.0,

@@ -21,7 +21,7 @@ from train_helpers import (
     rank_pids,
 )
 
-from runner.oom_killer import KILLED, kernel_log, read_counts
+from runner.diagnose.oom_killer import KILLED, kernel_log, read_counts
 
 pytestmark = pytest.mark.unit
 

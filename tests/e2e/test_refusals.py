@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from train_helpers import ROOT, TrainResult, clean_env, file_digests, run_torchrun, run_train
 
-from runner.cuda_devices import gpu_driver_present
+from runner.hardware.cuda_devices import gpu_driver_present
 
 pytestmark = pytest.mark.unit
 
@@ -237,7 +237,7 @@ def test_a_refusal_answers_before_torch_is_imported(tmp_path):
     assert "train.steps=0" in proc.stderr and "gpus 3" in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
     imported = {line.rsplit("|", 1)[-1].strip() for line in lines}
-    assert "runner.validate" in imported
+    assert "runner.preflight.validate" in imported
     assert "deepspeed" not in imported
     if not gpu_driver_present():  # with a GPU driver, torch is asked how many devices there are
         assert "torch" not in imported

@@ -50,7 +50,7 @@ ASK = textwrap.dedent(
     """
     import sys
     from runner.config import LoggerConfig, WandbMode
-    from runner.wandb_credentials import credentials_problems
+    from runner.preflight.wandb_credentials import credentials_problems
 
     mode, base_url = sys.argv[1], sys.argv[2] or None
     print(credentials_problems(LoggerConfig(mode=WandbMode(mode), base_url=base_url)))

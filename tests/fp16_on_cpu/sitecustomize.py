@@ -3,7 +3,7 @@
 On a PYTHONPATH, Python imports this module at start-up, in the test's ``train.py`` and in
 every rank it starts. DeepSpeed 0.19.8 takes fp16 on a CPU only where oneDNN reports fp16
 kernels (AVX512-FP16 or AMX-FP16), and ladder refuses it before launch where DeepSpeed
-would (runner/validate.py ``fp16_supported``); torch computes fp16 on any CPU all the same,
+would (runner/preflight/validate.py ``fp16_supported``); torch computes fp16 on any CPU all the same,
 only more slowly. With this, fp16's own code paths (DeepSpeed's FP16_UnfusedOptimizer and
 its dynamic loss scale) run on a CI machine without those kernels: the answer to the
 capability question is the only thing changed, once DeepSpeed's module is imported.

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from runner.hardware import peak_flops_for_cuda_device
-from runner.out_of_memory import is_out_of_memory
+from runner.diagnose.out_of_memory import is_out_of_memory
+from runner.hardware.peak_flops import peak_flops_for_cuda_device
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,7 +50,7 @@ def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
     assert allocator["num_ooms"] == 0
     assert "datasheet" in summary["peak_flops_source"]
     assert 0 < summary["final"]["throughput/mfu"] < 1
-    # Without tensor parallelism the whole model is built on the GPU, in bf16 (runner/build.py).
+    # Without tensor parallelism the whole model is built on the GPU, in bf16 (runner/engine/build.py).
     build = summary["model_build"]
     assert build["method"] == "whole" and build["device_peak_gb"] >= 2 * build["num_params"] / 1e9
     # The phases, read from CUDA events on the device's timeline, add up to the host's step time.
@@ -71,8 +71,10 @@ def test_one_gpu_bf16_run_uses_nccl_and_cuda_memory(train):
 
 def test_ddp_in_fp16_trains_the_experiment_zero1_trains(train):
     """Stage 0's 16-bit optimizer wrapper (DeepSpeed's FP16_UnfusedOptimizer, bf16 and fp16) steps
-    once when built (runner/optimizer_prestep.py), and in fp16 DeepSpeed neither scales the loss
-    before backward nor lets it clip (runner/fp16_loss_scale.py); ladder mends both. On a CPU:
+    once when built (runner/engine/fixes/stage0_step_at_construction.py), and in fp16 DeepSpeed neither
+    scales the loss
+    before backward nor lets it clip (runner/engine/fixes/fp16_stage0_loss_scale.py); ladder mends both. On a
+    CPU:
     tests/multirank/test_fp16_layouts.py; this is the proof on CUDA's fp16 kernels."""
     common = ("precision=fp16", "train.steps=4", "batch.micro_size=4", "logger=none")
     common = (*common, "data=synthetic")

@@ -2,7 +2,7 @@
 of every ``torch.empty`` of exactly the gradient bucket's size made during its backward.
 
 ``python backward_buckets.py STAGE:PRECISION:OVERLAP ...``, one engine each: the tiny model, ladder's own
-DeepSpeed config (runner.deepspeed_config) with a bucket of BUCKET elements (a size no
+DeepSpeed config (runner.engine.deepspeed_config) with a bucket of BUCKET elements (a size no
 other tensor of this model has), one rank on gloo.
 """
 
@@ -23,10 +23,10 @@ from runner.config import (
     Precision,
     PrecisionConfig,
 )
-from runner.deepspeed_config import build_deepspeed_config
-from runner.distributed import skip_inference_shm_op
+from runner.engine.deepspeed_config import build_deepspeed_config
+from runner.engine.distributed import skip_inference_shm_op
 from runner.layout import resolve_layout
-from runner.model import build_model
+from runner.model.transformer import build_model
 
 BUCKET = 1_000_003
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from runner import safe_load
+from runner.engine.fixes import pickle_in_checkpoints as safe_load
 
 
 def _tensors(obj: Any, prefix: str) -> dict[str, torch.Tensor]:

@@ -19,7 +19,9 @@ from train_helpers import (
     without,
 )
 
-from runner import checkpoint, checkpoint_stage0, safe_load
+from runner.checkpoint import stage0 as checkpoint_stage0
+from runner.checkpoint import store as checkpoint
+from runner.engine.fixes import pickle_in_checkpoints as safe_load
 
 pytestmark = pytest.mark.multirank
 

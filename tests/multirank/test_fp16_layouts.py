@@ -8,8 +8,9 @@ alike, and a window of 3 steps, so the scale doubles back after step 4 on every 
 alike. Measured against `ddp` on one rank: ZeRO-1 and `ddp` on 2 ranks, at tp 2, pp 2 and
 tp 2 x pp 2 within 1.2e-5 to 2.5e-5 in loss, and in gradient norm within the 1e-3 (relative)
 the tests allow.
-Before ladder's fixes (runner/fp16_loss_scale.py, runner/unfused_norm.py, the fp16 section
-of runner/deepspeed_config.py), measured at full width on sequences of 32: `ddp` trained
+Before ladder's fixes (runner/engine/fixes/fp16_stage0_loss_scale.py,
+runner/engine/fixes/unfused_clip_norm.py, the fp16 section
+of runner/engine/deepspeed_config.py), measured at full width on sequences of 32: `ddp` trained
 unscaled and unclipped (the same losses with `optimizer.grad_clip=0`; 0.29 below ZeRO-1 at
 step 2), `ddp` at pp 2 clipped by 18.97 where the model's norm is 17.96, and `ddp` on 2
 ranks overflowed once more than one rank, skipping a step the others took.

@@ -38,7 +38,7 @@ STEPS = REFERENCE_STEPS
 # 4.7e-3 (zero1/zero2), 3.1e-3 (zero1/zero3), 1.5e-3 (zero2/zero3); over the first 4,
 # zero1 and zero3 within 8e-5. The bound holds outside such a spike with a 10x margin.
 # Stage 0 in bf16 is another optimizer path in DeepSpeed (FP16_UnfusedOptimizer), which
-# steps once at construction; ladder undoes that step (runner/optimizer_prestep.py).
+# steps once at construction; ladder undoes that step (runner/engine/fixes/stage0_step_at_construction.py).
 # Before, ddp drifted 9.8e-2 from the ZeRO stages over 10 steps (0.087 after one step:
 # tiny, 1 rank, sequences of 64); after, 1.6e-4 from zero3 on 2 ranks over 8. zero2 in
 # bf16 lies 5e-2 from fp32. bf16 layouts are the same experiment only to that precision;

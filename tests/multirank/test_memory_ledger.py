@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from train_helpers import TrainResult, short_run
 
-from runner.cpu_half_matmul import computes_in_fp32
-from runner.hardware import torch_dtype
-from runner.ledger import host_relative_errors
+from runner.hardware.cpu_half_matmul import computes_in_fp32
+from runner.hardware.peak_flops import torch_dtype
+from runner.metrics.ledger import host_relative_errors
 
 pytestmark = pytest.mark.multirank
 
@@ -45,7 +45,7 @@ def test_measured_terms_match_the_estimate(trained_once, parallel, gpus, precisi
     result = trained_once(*short_run(parallel, gpus, precision, optimizer))
     _check_ledger(result, parallel)
     # On a CPU without bf16 GEMM kernels the bf16 runs computed their matmuls in fp32 and
-    # divided by a peak measured so (runner/cpu_half_matmul.py); the ledger is the same.
+    # divided by a peak measured so (runner/hardware/cpu_half_matmul.py); the ledger is the same.
     widened = computes_in_fp32(torch_dtype(precision))
     assert ("bf16 matmuls computed in fp32" in result.summary["peak_flops_source"]) == widened
     assert ("bf16 matmuls computed in fp32 and rounded to bf16" in result.stderr) == widened
@@ -74,7 +74,7 @@ def _check_ledger(result: TrainResult, parallel: str) -> None:
             assert error is not None and abs(error) <= HOST_TOLERANCE, (name, errors, memory)
     metrics = result.metrics[-1]
     # The CPU's peak is the best of the two matmul layouts training runs
-    # (runner.hardware.calibrate_cpu_peak): no run is above it, bf16 on a CPU without native
+    # (runner.hardware.peak_flops.calibrate_cpu_peak): no run is above it, bf16 on a CPU without native
     # bf16 included (torch.mm alone read 1.5 GFLOP/s there, and such a run 107% MFU).
     assert 0 < metrics["throughput/mfu"] < 1, metrics["throughput/mfu"]
     for term in TOLERANCE:

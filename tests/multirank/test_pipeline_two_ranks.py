@@ -22,7 +22,7 @@ from train_helpers import (
     without,
 )
 
-from runner.phase_clock import PIPELINE_PHASES
+from runner.metrics.phase_clock import PIPELINE_PHASES
 
 pytestmark = pytest.mark.multirank
 

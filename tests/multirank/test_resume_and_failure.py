@@ -27,9 +27,10 @@ from train_helpers import (
     start_train,
 )
 
-from runner import checkpoint, goodput
+from runner.checkpoint import store as checkpoint
+from runner.diagnose.oom_killer import read_counts
 from runner.layout import resolve_layout
-from runner.oom_killer import read_counts
+from runner.metrics import goodput
 
 pytestmark = pytest.mark.multirank
 

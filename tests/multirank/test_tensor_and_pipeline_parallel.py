@@ -98,5 +98,5 @@ def test_a_rank_builds_only_its_shard_of_its_stage(runs):
     build = runs["tp_pp/tied=true"].summary["model_build"]
     assert build["method"] == "by pipeline stage"
     # Rank 0: the first stage's half of the tied embedding and of its 2 blocks' matrices,
-    # its norms whole (runner/pipeline_tensor_parallel.py cuts on the meta device).
+    # its norms whole (runner/parallel/pipeline_tensor.py cuts on the meta device).
     assert build["params"] == 824_320

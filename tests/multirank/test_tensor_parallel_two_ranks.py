@@ -109,7 +109,7 @@ def test_a_run_moves_from_tp_2_to_one_rank_and_back_with_the_plain_runs_losses(r
 def test_bf16_ddp_at_tp_2_clips_by_the_whole_models_gradient_norm(trained_once):
     """bf16 at stage 0 is DeepSpeed's FP16_UnfusedOptimizer, whose own norm sees one rank's shards
     (13.6 where the model's is 18.75, tiny, step 0): ladder hands it the whole model's
-    (runner/unfused_norm.py). Against the memory ledger's bf16 run on one rank."""
+    (runner/engine/fixes/unfused_clip_norm.py). Against the memory ledger's bf16 run on one rank."""
     tp2 = trained_once(*short_run("ddp", 2, "bf16"), "parallel.tp=2")
     plain = trained_once(*short_run("ddp", 1, "bf16"))
     assert tp2.summary["layout"]["tp"] == 2
@@ -122,7 +122,7 @@ def test_bf16_ddp_at_tp_2_clips_by_the_whole_models_gradient_norm(trained_once):
 def test_zero3_bf16_with_tp_keeps_the_ledger(train):
     """ZeRO-3 shards the tp shards over dp; AutoTP's saved weight views are not activations.
 
-    Untied, so the token embedding is split apart from the head (runner/tensor_parallel.py
+    Untied, so the token embedding is split apart from the head (runner/parallel/tensor.py
     ``split_token_embedding``), from zero.Init's partitions.
     """
     result = train(

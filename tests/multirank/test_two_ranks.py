@@ -12,7 +12,7 @@ import pytest
 from train_helpers import ROOT, clean_env, run_torchrun
 
 from launchers.local import free_port
-from runner.phase_clock import PHASES
+from runner.metrics.phase_clock import PHASES
 from runner.report.rows import fmt_gb
 
 pytestmark = pytest.mark.multirank
@@ -50,7 +50,7 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
     )
     assert result.returncode == 0, result.stderr[-3000:]
     # DeepSpeed's inference-only shared-memory all-reduce is never compiled for training
-    # (runner/distributed.py): a first run on a fresh machine starts in seconds, not 45 s.
+    # (runner/engine/distributed.py): a first run on a fresh machine starts in seconds, not 45 s.
     assert not (extensions.exists() and any(extensions.rglob("*.so"))), list(extensions.rglob("*"))
     run_dir = result.run_dir
     # No secret from the environment lands in any file of the run; nothing is world-writable.

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from torch.utils.file_baton import FileBaton
 
-from runner import build_locks
-from runner.build_locks import (
+from runner.preflight import build_locks
+from runner.preflight.build_locks import (
     STALE_AFTER_S,
     clear_stale_build_locks,
     filesystem_type,

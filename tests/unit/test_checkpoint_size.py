@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from train_helpers import compose_config
 
-from runner import checkpoint_size
-from runner.checkpoint_size import (
+from runner.model.shape import num_params, param_numels
+from runner.plan import checkpoint_size
+from runner.plan.checkpoint_size import (
     SAVED_FILE_RECORDS,
     Conversion,
     DiskNeed,
@@ -19,7 +20,6 @@ from runner.checkpoint_size import (
     saved_elements,
     universal_bytes,
 )
-from runner.model_shape import num_params, param_numels
 
 pytestmark = pytest.mark.unit
 

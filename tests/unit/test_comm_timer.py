@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from runner.comm_timer import CollectiveTimer
+from runner.metrics.comm_timer import CollectiveTimer
 
 pytestmark = pytest.mark.unit
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.compile_blocks import compile_blocks, compile_summary
 from runner.config import ModelConfig
-from runner.model import Transformer, lm_loss
+from runner.engine.compile_blocks import compile_blocks, compile_summary
+from runner.model.transformer import Transformer, lm_loss
 
 pytestmark = pytest.mark.unit
 

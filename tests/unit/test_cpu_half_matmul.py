@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runner import cpu_half_matmul
-from runner.cpu_half_matmul import Fp32HalfMatmuls, computes_in_fp32, half_matmuls_in_fp32
+from runner.hardware import cpu_half_matmul
+from runner.hardware.cpu_half_matmul import Fp32HalfMatmuls, computes_in_fp32, half_matmuls_in_fp32
 
 pytestmark = pytest.mark.unit
 

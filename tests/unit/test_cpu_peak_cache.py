@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import peak
 from runner.config import Precision
+from runner.hardware import mfu_peak as peak
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +39,7 @@ def test_each_precision_has_its_own_calibrations(calibrations) -> None:
 
 
 def test_a_bf16_peak_from_torchs_kernels_is_not_reused_for_fp32_matmuls(calibrations, monkeypatch) -> None:
-    """Where bf16 matmuls run in fp32 (runner/cpu_half_matmul.py) a figure kept from torch's
+    """Where bf16 matmuls run in fp32 (runner/hardware/cpu_half_matmul.py) a figure kept from torch's
     reference kernel, 1/10 of it and less, would put every bf16 run far above 100% MFU."""
     monkeypatch.setattr(peak, "computes_in_fp32", lambda dtype: False)
     calibrations.extend([1e9] * peak.CALIBRATIONS_KEPT + [60e9])

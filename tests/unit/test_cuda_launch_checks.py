@@ -6,8 +6,8 @@ import pytest
 import torch
 from train_helpers import compose_config
 
-from runner import validate as validate_module
-from runner.validate import ConfigError, cuda_launch_problems, validate
+from runner.preflight import validate as validate_module
+from runner.preflight.validate import ConfigError, cuda_launch_problems, validate
 
 pytestmark = pytest.mark.unit
 

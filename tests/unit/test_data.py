@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runner.config import DataConfig, DataName
-from runner.data import BatchSource, builtin_held_out_text, builtin_text, rank_slice
-from runner.token_file import TokenShards, open_tokens, token_file_problem
+from runner.data.batches import BatchSource, builtin_held_out_text, builtin_text, rank_slice
+from runner.data.token_file import TokenShards, open_tokens, token_file_problem
 
 pytestmark = pytest.mark.unit
 
@@ -157,10 +157,10 @@ def test_large_token_file_is_sampled_then_checked_per_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past the scan limit, start-up checks sampled chunks and each batch checks itself."""
-    import runner.token_file
+    import runner.data.token_file
 
-    monkeypatch.setattr(runner.token_file, "_SCAN_TOKENS", 16)
-    monkeypatch.setattr(runner.token_file, "_SCAN_CHUNK", 4)  # samples [0:4], [20:24], [40:44], [60:64]
+    monkeypatch.setattr(runner.data.token_file, "_SCAN_TOKENS", 16)
+    monkeypatch.setattr(runner.data.token_file, "_SCAN_CHUNK", 4)  # samples [0:4], [20:24], [40:44], [60:64]
     ids = np.zeros(64, dtype=np.uint16)
     ids[62] = 999  # in a sampled chunk: caught at start-up
     path = tmp_path / "tokens.bin"

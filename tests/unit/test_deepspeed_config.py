@@ -14,7 +14,7 @@ from runner.config import (
     Precision,
     PrecisionConfig,
 )
-from runner.deepspeed_config import build_deepspeed_config, reduce_bucket_elements
+from runner.engine.deepspeed_config import build_deepspeed_config, reduce_bucket_elements
 from runner.layout import resolve_layout
 
 pytestmark = pytest.mark.unit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launchers.environment import take_local_rank_argument
+from runner.environment import take_local_rank_argument
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from runner.flops import (
     non_embedding_params,
     recompute_flops_per_token,
 )
-from runner.model import num_params
+from runner.model.transformer import num_params
 
 pytestmark = pytest.mark.unit
 

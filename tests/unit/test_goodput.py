@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import goodput
+from runner.metrics import goodput
 
 pytestmark = pytest.mark.unit
 

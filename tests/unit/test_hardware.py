@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from runner.hardware import UnknownDeviceError, calibrate_cpu_peak, peak_flops_for_cuda_device
+from runner.hardware.peak_flops import UnknownDeviceError, calibrate_cpu_peak, peak_flops_for_cuda_device
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner import hydra_files
+from launchers import hydra_files
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runner.layout import resolve_layout
-from runner.layout_history import describe, extended, segment
+from runner.rundir.layout_history import describe, extended, segment
 
 
 def _segment(from_step: int, parallel: str, gpus: int, tp: int = 1) -> dict:

@@ -1,6 +1,6 @@
 """Memory estimators: model states against ZeRO's published figures, activations against what autograd keeps.
 
-The activation tests measure runner/model.py's real blocks on CPU two ways:
+The activation tests measure runner/model/transformer.py's real blocks on CPU two ways:
 
 - ``saved_tensors_hooks``: every tensor an op saves for backward, each storage counted once
   (by its data pointer), parameters and buffers excluded;
@@ -47,8 +47,8 @@ from runner.memory import (
     offload_host_buffers,
     zero12_held_elements,
 )
-from runner.model import RMSNorm, TransformerBlock, build_model, lm_loss, rope_cache
-from runner.model_shape import param_numels
+from runner.model.shape import param_numels
+from runner.model.transformer import RMSNorm, TransformerBlock, build_model, lm_loss, rope_cache
 
 pytestmark = pytest.mark.unit
 
@@ -222,10 +222,11 @@ MEASURED_OFFLOAD_HOST = {
 
 @pytest.mark.parametrize(("stage", "precision"), list(MEASURED_OFFLOAD_HOST))
 def test_ledger_host_estimate_matches_deepspeeds_measured_host_bytes(stage: str, precision: str) -> None:
-    """runner.ledger's host lines for the tiny model on 2 ranks: each within 0.1% of the measured bytes."""
+    """runner.metrics.ledger's host lines for the tiny model on 2 ranks: each within 0.1% of the measured
+    bytes."""
     from runner.config import Offload, OptimizerName, ParallelConfig
-    from runner.ledger import deepspeed_estimate, host_relative_errors
-    from runner.model import num_params
+    from runner.metrics.ledger import deepspeed_estimate, host_relative_errors
+    from runner.model.transformer import num_params
 
     tiny = ModelConfig()  # conf/model/tiny.yaml's shape
     zero3 = stage == "zero3"
@@ -393,7 +394,7 @@ def _block_case(
     torch.manual_seed(0)
     block = TransformerBlock(cfg).to(dtype).train()
     if compiled:
-        block.compile()  # as runner/compile_blocks.py does with train.compile=true
+        block.compile()  # as runner/engine/compile_blocks.py does with train.compile=true
     # RoPE tables stay fp32, as DeepSpeed keeps fp32 buffers under bf16 (see _cast_like_deepspeed).
     cos, sin = rope_cache(cfg.d_model // cfg.n_head, SEQ, cfg.rope_theta)
     x0 = torch.randn(MICRO, SEQ, cfg.d_model, dtype=dtype, requires_grad=True)
@@ -436,7 +437,8 @@ def test_cpu_sdpa_takes_the_flash_kernel(dtype: torch.dtype) -> None:
 def test_block_activations_match_measurement(
     dtype: torch.dtype, recompute: str, n_kv_head: int | None
 ) -> None:
-    """Estimate for runner/model.py's TransformerBlock vs the bytes it keeps for backward (CPU, flash)."""
+    """Estimate for runner/model/transformer.py's TransformerBlock vs the bytes it keeps for backward (CPU,
+    flash)."""
     forward, exclude, cfg = _block_case(dtype, recompute, n_kv_head)
     estimate = _estimate(cfg, dtype, recompute, flash=True)
     kept = measure_kept_by_liveness(forward, exclude)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from runner.config import ModelConfig, Recompute
-from runner.model import (
+from runner.model.transformer import (
     INIT_CHUNK,
     Attention,
     Transformer,
@@ -213,9 +213,11 @@ def test_a_slice_of_a_parameter_draws_the_whole_values_slice() -> None:
 @pytest.mark.parametrize("start", [0, 3, INIT_CHUNK + 7])
 def test_writing_block_by_block_gives_the_whole_values_rounded_once(monkeypatch, start) -> None:
     """Parameters are written DRAW_BLOCK elements at a time: the same values as drawn whole."""
-    import runner.model
+    import runner.model.transformer
 
-    monkeypatch.setattr(runner.model, "DRAW_BLOCK", 2 * INIT_CHUNK)  # 2.2M elements: 2 blocks or more
+    monkeypatch.setattr(
+        runner.model.transformer, "DRAW_BLOCK", 2 * INIT_CHUNK
+    )  # 2.2M elements: 2 blocks or more
     name, shape = "layers.0.feed_forward.w1.weight", (1100, 2000)
     whole = initial_values(TINY, name, shape, seed=7)
     drawn: list[tuple[int, int]] = []
@@ -224,7 +226,7 @@ def test_writing_block_by_block_gives_the_whole_values_rounded_once(monkeypatch,
         drawn.append((start, stop))
         return initial_values(*args, start=start, stop=stop, **kwargs)
 
-    monkeypatch.setattr(runner.model, "initial_values", spy)
+    monkeypatch.setattr(runner.model.transformer, "initial_values", spy)
     out = torch.empty(whole.numel() - start, dtype=torch.bfloat16)
     write_initial_values(out, TINY, name, shape, seed=7, start=start)
     assert torch.equal(out, whole[start:].to(torch.bfloat16))
@@ -233,10 +235,10 @@ def test_writing_block_by_block_gives_the_whole_values_rounded_once(monkeypatch,
 
 @pytest.mark.parametrize("dim", [0, 1])
 def test_a_tensor_parallel_shard_gets_its_slice_of_the_whole_weight(monkeypatch, dim) -> None:
-    """A cut pipeline stage writes its shards directly (runner/pipeline_tensor_parallel.py)."""
-    import runner.model
+    """A cut pipeline stage writes its shards directly (runner/parallel/pipeline_tensor.py)."""
+    import runner.model.transformer
 
-    monkeypatch.setattr(runner.model, "DRAW_BLOCK", 7 * 300)  # bands of 7 rows: 43 of them
+    monkeypatch.setattr(runner.model.transformer, "DRAW_BLOCK", 7 * 300)  # bands of 7 rows: 43 of them
     name, shape = "layers.1.attention.wo.weight", (300, 200)
     whole = initial_values(TINY, name, shape, seed=5).view(shape)
     start, width = 120, 80

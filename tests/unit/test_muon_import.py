@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.muon_import import compile_at_first_call
+from runner.engine.fixes.muon_compiles_at_import import compile_at_first_call
 
 pytestmark = pytest.mark.unit
 
@@ -46,7 +46,7 @@ def test_a_zero_rank_imports_deepspeeds_muon_module_without_torchinductor():
     need, and no TorchInductor; a plain import, as DeepSpeed makes it, brings TorchInductor in."""
     probe = (
         "import json, sys, torch, deepspeed, torch._dynamo\n"
-        "from runner.muon_import import import_muon_deferred\n"
+        "from runner.engine.fixes.muon_compiles_at_import import import_muon_deferred\n"
         "first = import_muon_deferred() if sys.argv[1] == 'ladder' else None\n"
         "from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam\n"
         "print(json.dumps({'first': first, 'optimizer': issubclass(MuonWithAuxAdam, torch.optim.Optimizer),\n"

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from runner.grad_probe import MicroGradSquares
-from runner.noise_scale import NoiseScale, gradient_estimates, squared_l2_norm, why_unmeasured
+from runner.metrics.grad_probe import MicroGradSquares
+from runner.metrics.noise_scale import NoiseScale, gradient_estimates, squared_l2_norm, why_unmeasured
 
 pytestmark = pytest.mark.unit
 
@@ -115,7 +115,7 @@ def test_smooths_numerator_and_denominator_not_the_ratio() -> None:
 
 
 def test_a_restored_state_goes_on_as_if_never_stopped() -> None:
-    """A resumed run takes up the checkpoint's EMAs (runner/checkpoint.py's latest.json)."""
+    """A resumed run takes up the checkpoint's EMAs (runner/checkpoint/store.py's latest.json)."""
     steps = [(5.0, 4, 2.0, 16), (4.0, 4, 1.5, 16), (6.0, 2, 1.0, 16), (3.0, 2, 1.2, 16)]
 
     def fold(noise: NoiseScale, part: list[tuple[float, int, float, int]]) -> float | None:

@@ -1,11 +1,11 @@
-"""train.on_nonfinite: what a NaN/inf loss does to the run (runner/nonfinite.py)."""
+"""train.on_nonfinite: what a NaN/inf loss does to the run (runner/train/nonfinite.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from runner.config import OnNonFinite
-from runner.nonfinite import NonFiniteGuard, injected_nan_steps
+from runner.train.nonfinite import NonFiniteGuard, injected_nan_steps
 
 pytestmark = pytest.mark.unit
 

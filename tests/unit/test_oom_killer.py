@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from train_helpers import compose_config
 
-from runner.oom_killer import OomCounts, kernel_log, killed_line, killer_verdict, read_counts
-from runner.out_of_memory import killed_words
-from runner.peer_loss import explain, is_peer_lost, peer_lost_words
-from runner.plan import knobs_from_config, plan_layout, workload_from_config
-from runner.run_files import with_notes
+from runner.diagnose.oom_killer import OomCounts, kernel_log, killed_line, killer_verdict, read_counts
+from runner.diagnose.out_of_memory import killed_words
+from runner.diagnose.peer_loss import explain, is_peer_lost, peer_lost_words
+from runner.plan.planner import knobs_from_config, plan_layout, workload_from_config
+from runner.rundir.run_files import with_notes
 
 pytestmark = pytest.mark.unit
 

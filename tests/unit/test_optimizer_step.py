@@ -18,9 +18,9 @@ import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 from runner.config import ModelConfig, OptimizerConfig, OptimizerName, ParallelConfig, PrecisionConfig
-from runner.deepspeed_config import build_deepspeed_config
+from runner.engine.deepspeed_config import build_deepspeed_config
+from runner.hardware.peak_memory import PeakMemory, host_peak_bytes
 from runner.layout import resolve_layout
-from runner.peak_memory import PeakMemory, host_peak_bytes
 
 pytestmark = pytest.mark.unit
 

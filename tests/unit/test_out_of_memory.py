@@ -9,9 +9,9 @@ import pytest
 import torch
 from train_helpers import compose_config
 
-from runner.out_of_memory import explain, is_out_of_memory, last_measured, out_of_memory_words
-from runner.plan import knobs_from_config, plan_layout, workload_from_config
-from runner.run_files import with_notes
+from runner.diagnose.out_of_memory import explain, is_out_of_memory, last_measured, out_of_memory_words
+from runner.plan.planner import knobs_from_config, plan_layout, workload_from_config
+from runner.rundir.run_files import with_notes
 
 pytestmark = pytest.mark.unit
 

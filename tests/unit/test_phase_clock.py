@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from runner.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
+from runner.metrics.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 
 pytestmark = pytest.mark.unit
 

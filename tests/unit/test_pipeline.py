@@ -1,4 +1,4 @@
-"""The pipeline's stage split and its per-stage accounting (runner/pipeline_split.py)."""
+"""The pipeline's stage split and its per-stage accounting (runner/parallel/pipeline_split.py)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 import torch
 
-from runner import checkpoint
+from runner.checkpoint import store as checkpoint
 from runner.config import ModelConfig
 from runner.layout import resolve_layout
 from runner.memory import TRANSIENT_ITEMS, BlockShape, activation_items_total
-from runner.model import num_params
-from runner.model_shape import layer_param_numels
-from runner.pipeline_split import (
+from runner.model.shape import layer_param_numels
+from runner.model.transformer import num_params
+from runner.parallel.pipeline_split import (
     rank_param_numels,
     stage_activations,
     stage_blocks,
@@ -131,7 +131,7 @@ def test_a_tp_x_pp_checkpoint_moves_to_any_layout_once_it_records_every_stages_s
 
 
 def test_the_stages_splits_join_without_repeats():
-    from runner.checkpoint_splits import union_of_splits
+    from runner.checkpoint.tp_splits import union_of_splits
 
     first = {
         "universal_checkpoint_version": 0.4,
@@ -158,8 +158,8 @@ def test_the_stages_splits_join_without_repeats():
 @pytest.mark.parametrize("tied", [True, False])
 def test_every_parameter_has_one_name_in_the_pipeline_and_one_in_the_plain_model(tied):
     """The renaming a checkpoint goes through between a pipeline and a plain layout is one to one."""
-    from runner.model import Transformer
-    from runner.pipeline_names import model_name, pipeline_name
+    from runner.model.transformer import Transformer
+    from runner.parallel.pipeline_names import model_name, pipeline_name
 
     cfg = dataclasses.replace(ModelConfig(), tie_embeddings=tied)
     with torch.device("meta"):

@@ -9,11 +9,14 @@ from typing import Any
 import pytest
 from train_helpers import compose_config
 
-from runner.checkpoint_size import disk_need
+from launchers.run import choose_layout, choose_layout_explained
 from runner.comm import reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.layout import LayoutError, divisors
-from runner.plan import (
+from runner.plan.checkpoint_size import disk_need
+from runner.plan.hardware import resolve_device
+from runner.plan.ladder import recommend
+from runner.plan.planner import (
     GB,
     ResumePlan,
     memory_at,
@@ -23,11 +26,8 @@ from runner.plan import (
     read_plan,
     workload_from_config,
 )
-from runner.plan_hardware import resolve_device
-from runner.plan_ladder import recommend
-from runner.plan_table import format_plan, nominal_params
-from runner.run import choose_layout, choose_layout_explained
-from runner.validate import ConfigError, validate
+from runner.plan.table import format_plan, nominal_params
+from runner.preflight.validate import ConfigError, validate
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
@@ -45,10 +45,10 @@ def _70b(*overrides: str) -> TrainConfig:
 
 
 def _terms(model: Any = None, **knobs: Any) -> Any:
-    """runner.plan_memory.memory_terms for the tiny model (or ``model``): fp32 AdamW, ZeRO-0,
+    """runner.plan.memory.memory_terms for the tiny model (or ``model``): fp32 AdamW, ZeRO-0,
     one rank, seq 128, micro 4, accum 2, unless ``knobs`` say otherwise."""
     from runner.config import ModelConfig
-    from runner.plan_memory import memory_terms
+    from runner.plan.memory import memory_terms
 
     defaults: dict[str, Any] = dict(
         precision="fp32",
@@ -96,7 +96,7 @@ def test_ddp_on_8_gpus_does_not_fit_80_gb_and_says_by_how_much():
 
 def _tiny_totals(config: TrainConfig) -> dict[int, int]:
     workload = workload_from_config(config, with_peak=False)
-    from runner.plan import knobs_from_config
+    from runner.plan.planner import knobs_from_config
 
     knobs = knobs_from_config(config)
     per_rank = config.batch.global_size // config.gpus
@@ -178,7 +178,7 @@ def test_tensor_and_pipeline_parallel_together_are_planned_and_run():
     assert plan.memory.params == 2 * (20 * block + h + v * h // 8)
     assert plan.memory.params > 2 * math.ceil(LLAMA_70B_PARAMS / 32)  # not P / (tp x pp)
     assert not plan.plan_only and "PLAN ONLY" not in format_plan(plan)
-    # The stage is cut on the meta device before it is allocated (runner/pipeline_tensor_parallel.py):
+    # The stage is cut on the meta device before it is allocated (runner/parallel/pipeline_tensor.py):
     # no build phase holds more than the shard.
     assert plan.memory.build == 0 and "  building: " not in format_plan(plan)
     # DeepSpeed's pipeline engine still takes ZeRO 0-1 only: ZeRO-3 under it is planned, not run.
@@ -245,8 +245,8 @@ def test_offload_enums_map_to_the_estimators_strings():
 def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
     """The planner's host memory is the ledger's line for line (one rank: no partition boundary to bound)."""
     from runner.config import ModelConfig, OptimizerName, ParallelConfig
-    from runner.ledger import deepspeed_estimate
-    from runner.model import num_params
+    from runner.metrics.ledger import deepspeed_estimate
+    from runner.model.transformer import num_params
 
     tiny = ModelConfig()
     common: dict[str, Any] = dict(micro_size=4, seq_len=128, host_is_device=True)
@@ -272,7 +272,7 @@ def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
 def test_zero12_plans_the_gradients_of_the_fullest_rank():
     """Each ZeRO-1/2 rank keeps whole the gradients its partition touches; the plan fits the fullest."""
     from runner.config import ModelConfig
-    from runner.model_shape import num_params
+    from runner.model.shape import num_params
 
     def grads(model: ModelConfig, *, stage: int, dp: int, precision: str) -> int:
         return _terms(model, precision=precision, zero_stage=stage, dp=dp).grads
@@ -343,7 +343,7 @@ def _saved_on_two_ranks_zero1(tmp_path) -> dict[str, Any]:
 
 
 def test_a_plan_of_a_resume_says_what_it_continues_and_what_its_move_writes_and_takes(tmp_path, capsys):
-    from runner.checkpoint_size import Conversion
+    from runner.plan.checkpoint_size import Conversion
 
     config = _config("train.resume=auto", "cluster.storage_gb_per_s=2")
     nothing = plan_job(config, run_dir=tmp_path, resume=ResumePlan(disk_need(config, tmp_path)))
@@ -365,7 +365,7 @@ def test_a_plan_of_a_resume_says_what_it_continues_and_what_its_move_writes_and_
 
 
 def test_plan_true_of_a_resume_weighs_it_as_the_run_does(tmp_path, capsys):
-    from runner.run import resume_plan
+    from launchers.run import resume_plan
 
     config = _config("train.resume=auto", "gpus=2", "parallel=zero1")
     assert resume_plan(_config(), tmp_path) is None  # not a resume: the plan weighs a new run
@@ -392,8 +392,8 @@ def test_nominal_size_from_the_model_name():
 def test_a_pipeline_plan_counts_the_fullest_stage_as_the_ledger_does(stage, precision):
     """Under a pipeline the plan's model states are the fullest stage's, term for term the ledger's."""
     from runner.config import ModelConfig, OptimizerName, ParallelConfig
-    from runner.ledger import deepspeed_estimate
-    from runner.model import num_params
+    from runner.metrics.ledger import deepspeed_estimate
+    from runner.model.transformer import num_params
 
     tiny = ModelConfig()
     planned = _terms(tiny, precision=precision, zero_stage=stage, pp=2, accum_steps=4, host_is_device=True)
@@ -422,7 +422,7 @@ def test_a_pipelines_first_stage_in_bf16_at_zero0_has_its_gradients_from_the_sta
     measured 0.0813 GB; planned 0.0777 discounting it, 0.0810 counting it). fp32 and ZeRO-1 make
     their gradients in that backward."""
     from runner.config import ModelConfig
-    from runner.plan_memory import BF16_PARAM_GRADS
+    from runner.plan.memory import BF16_PARAM_GRADS
 
     tiny = ModelConfig()
     shape = {"pp": 2, "micro_size": 8, "seq_len": 128}
@@ -442,7 +442,7 @@ def test_a_pipelines_first_stage_in_bf16_at_zero0_has_its_gradients_from_the_sta
 
 def test_zero3_with_tp_plans_the_build_where_it_holds_more_than_the_steps():
     """zero.Init holds 1/dp of the whole model before AutoTP cuts 1/tp of it: the peak at tp 8, fp32."""
-    from runner.plan_memory import zero3_tp_build_bytes
+    from runner.plan.memory import zero3_tp_build_bytes
 
     plan = plan_config(_70b("parallel=zero3", "parallel.tp=8", "precision=fp32", "gpus=8"))
     model = plan.workload.model
@@ -459,7 +459,7 @@ def test_zero3_with_tp_plans_the_build_where_it_holds_more_than_the_steps():
 
 def test_zero12s_backward_bucket_counts_where_it_is_live():
     """The bucket comes at the first parameter gradient, after the loss's tensors are freed
-    (runner.plan_memory.beyond_activations_after_head): the tiny model's 256-entry vocabulary
+    (runner.plan.memory.beyond_activations_after_head): the tiny model's 256-entry vocabulary
     frees little, so most of its 12.9 MB fp32 bucket adds to the peak; gpt2_124m's loss frees
     0.62 GB at micro 8, more than its 0.49 GB bucket, which then adds nothing at ZeRO-2.
     ZeRO-1 keeps the bucket to the step's boundary: with accumulation all of it adds."""
@@ -488,14 +488,14 @@ def test_zero12s_backward_bucket_counts_where_it_is_live():
 
 def test_a_tied_heads_gradient_counts_where_it_outlasts_the_loss():
     """Autograd holds a tied head's weight gradient (V x h) from the head's backward to the
-    embedding's (runner.plan_memory.tied_head_gradient_bytes). It adds to the peak only
+    embedding's (runner.plan.memory.tied_head_gradient_bytes). It adds to the peak only
     beyond what the loss frees: gpt2_124m at ZeRO-2 (micro 8, seq 128), whose loss frees
     more than its 0.49 GB bucket alone, but not more than the bucket and the 0.15 GB
     gradient together (measured 1.981 GB above the step's start, planned 1.980 with the
     final norm's backward working set, which comes after the head's)."""
     import dataclasses
 
-    from runner.plan_memory import TIED_HEAD_GRADIENT, beyond_activations_after_head, tied_head_gradient_bytes
+    from runner.plan.memory import TIED_HEAD_GRADIENT, beyond_activations_after_head, tied_head_gradient_bytes
 
     gpt2 = compose_config("model=gpt2_124m").model
     tied = 4 * 50257 * 768
@@ -525,7 +525,7 @@ def test_a_tied_heads_gradient_counts_where_it_outlasts_the_loss():
 def test_one_micro_batch_a_step_makes_its_gradients_after_the_activation_peak():
     """ZeRO 0-2 start a step without gradients; backward makes them as it frees the
     activations, so with one micro-batch a step the plan's peak holds the larger of the two
-    (runner.plan_memory.grads_after_activation_peak): gpt2_124m at micro 8, seq 128 drops its
+    (runner.plan.memory.grads_after_activation_peak): gpt2_124m at micro 8, seq 128 drops its
     0.49 GB of fp32 gradients from the total (measured 2.929 GB at ZeRO-0, planned 2.928).
     ZeRO-3's gradient partitions persist, and with accumulation the first micro-batch's
     gradients are live at the next one's loss: there all of them count."""
@@ -550,10 +550,10 @@ def test_one_micro_batch_a_step_makes_its_gradients_after_the_activation_peak():
 
 def test_zero0s_flat_allreduce_copy_counts_where_it_outgrows_the_activations():
     """ZeRO-0 all-reduces its gradients at the boundary through one flat copy (up to 5e8
-    elements and a tensor; runner.plan_memory.allreduce_flat_bytes), after the activations
+    elements and a tensor; runner.plan.memory.allreduce_flat_bytes), after the activations
     are freed: at micro 8, seq 128 gpt2_124m's activations hide it; at micro 1, seq 16 the
     plan adds what it needs beyond them, with one micro-batch a step or more."""
-    from runner.plan_memory import ALLREDUCE_FLAT, allreduce_flat_bytes
+    from runner.plan.memory import ALLREDUCE_FLAT, allreduce_flat_bytes
 
     gpt2 = compose_config("model=gpt2_124m").model
     grads = 4 * 123_551_232
@@ -587,7 +587,7 @@ def test_zero0s_flat_allreduce_copy_counts_where_it_outgrows_the_activations():
 )
 def test_the_optimizer_step_holds_the_states_and_the_gradients_copies(precision, zero_stage, per_param):
     from runner.config import ModelConfig
-    from runner.pipeline_split import rank_param_numels
+    from runner.parallel.pipeline_split import rank_param_numels
 
     model = ModelConfig()
     params = sum(rank_param_numels(model, tp=1, pp=1))
@@ -602,7 +602,7 @@ def test_a_pipelines_bf16_stage_0_steps_with_its_gradients_cast_to_fp32():
     """BF16_Optimizer: its bf16 gradient buffer cast to fp32, beside the parameters' bf16 gradients
     (measured 22.2 B a parameter of the stage, bench/step_peak.py --pp 2, micro 1, seq 16)."""
     from runner.config import ModelConfig
-    from runner.pipeline_split import rank_param_numels
+    from runner.parallel.pipeline_split import rank_param_numels
 
     model = ModelConfig()
     stage = sum(rank_param_numels(model, tp=1, pp=2))

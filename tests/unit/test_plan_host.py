@@ -7,14 +7,14 @@ import math
 import pytest
 from train_helpers import compose_config
 
-from runner.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, SHARD, WHOLE, build_method_for
+from launchers.run import choose_layout_explained
 from runner.config import ModelConfig, TrainConfig
 from runner.layout import resolve_layout
-from runner.model import num_params
-from runner.pipeline_split import rank_param_numels
-from runner.plan import GB, plan_config, plan_job, read_plan, workload_from_config
-from runner.plan_hardware import host_ram_bytes
-from runner.plan_host import (
+from runner.model.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, SHARD, WHOLE, build_method_for
+from runner.model.transformer import num_params
+from runner.parallel.pipeline_split import rank_param_numels
+from runner.plan.hardware import host_ram_bytes
+from runner.plan.host import (
     CUDA_RUNTIME,
     CUDA_RUNTIME_BYTES,
     DRAWING,
@@ -25,9 +25,9 @@ from runner.plan_host import (
     ZERO3_DEFRAGMENT,
     build_bytes,
 )
-from runner.plan_ladder import recommend
-from runner.plan_table import format_plan
-from runner.run import choose_layout_explained
+from runner.plan.ladder import recommend
+from runner.plan.planner import GB, plan_config, plan_job, read_plan, workload_from_config
+from runner.plan.table import format_plan
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
@@ -58,7 +58,7 @@ def _h200(*overrides: str) -> TrainConfig:
     ],
 )
 def test_the_planners_build_method_is_the_runners(overrides, method):
-    from runner.build import build_method
+    from runner.engine.build import build_method
 
     config = _config("gpus=2", *overrides)
     par = config.parallel
@@ -124,7 +124,7 @@ def test_zero2_builds_on_the_gpu_and_the_host_draws_one_parameter_at_a_time():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_zero2_at_tp_8_on_64_h200s_builds_each_shard_on_its_gpu(precision):
-    """Cut on the meta device first (runner/shard_build.py): the host only draws initial values.
+    """Cut on the meta device first (runner/parallel/shard_build.py): the host only draws initial values.
 
     When AutoTP cut a whole model built in host memory, this was 8 x 276.3 GB = 2210.1 GB per
     node in fp32, more than a DGX H200's 2 TB.
@@ -158,7 +158,8 @@ def test_zero3_builds_partitioned_on_the_gpus_and_fits_the_host():
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
     assert host.fits and host.build_per_node < 3 * GB
-    # The rank's process: CUDA's host side, torch, DeepSpeed and torch._dynamo (runner/muon_import.py
+    # The rank's process: CUDA's host side, torch, DeepSpeed and torch._dynamo
+    # (runner/engine/fixes/muon_compiles_at_import.py
     # keeps Inductor out); and its fp32 partition once more, which DeepSpeed's engine start copies
     # through the host (runtime/zero/utils.py defragment).
     assert host.steady == {
@@ -266,7 +267,8 @@ def test_plan_json_has_the_host_lines(tmp_path, capsys):
 @pytest.mark.parametrize("compiled", [False, True])
 def test_torchinductor_is_counted_where_the_run_compiles(compiled):
     """train.compile imports TorchInductor on every rank; without it no rank does, ZeRO included
-    (DeepSpeed's Muon module is imported without compiling, runner/muon_import.py)."""
+    (DeepSpeed's Muon module is imported without compiling,
+    runner/engine/fixes/muon_compiles_at_import.py)."""
     overrides = ("parallel=zero3", "gpus=2", "precision=bf16", f"train.compile={str(compiled).lower()}")
     steady = plan_config(_config(*overrides)).host.steady
     assert (INDUCTOR_IMPORT in steady) is compiled

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from runner.config import Resume
-from runner.preemption import NONE, REQUEUE, TERM, StopSignals, requeued, restarts, resumes
+from runner.train.preemption import NONE, REQUEUE, TERM, StopSignals, requeued, restarts, resumes
 
 pytestmark = pytest.mark.unit
 

@@ -520,7 +520,7 @@ def test_each_cell_shows_where_its_wall_time_went(tmp_path, capsys):
 
 
 def test_a_cell_of_several_attempts_shows_its_goodput_across_them(tmp_path, capsys):
-    """summary.json's ``goodput`` (runner/goodput.py): the flat fields, a line under the terminal's
+    """summary.json's ``goodput`` (runner/metrics/goodput.py): the flat fields, a line under the terminal's
     wall-time table and in the HTML chart's caption; a cell of one attempt shows no such line."""
     restarted = write_cell(tmp_path / "restarted")
     summary = json.loads((restarted / "summary.json").read_text())
@@ -562,7 +562,7 @@ def test_a_cell_of_several_attempts_shows_its_goodput_across_them(tmp_path, caps
 
 
 def test_an_evaluated_cell_shows_its_held_out_loss_and_evaluation_time(tmp_path, capsys, monkeypatch):
-    """summary.json's ``eval`` (runner/evaluation.py): the flat field, an ``eval`` column beside the
+    """summary.json's ``eval`` (runner/train/evaluation.py): the flat field, an ``eval`` column beside the
     final loss, and an ``eval`` part in the wall-time table; cells without stay as they were."""
     monkeypatch.delenv("COLUMNS", raising=False)  # piped, as to a file: tables keep their width
     evaluated = write_cell(tmp_path / "evaluated")

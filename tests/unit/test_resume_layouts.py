@@ -7,10 +7,10 @@ import json
 import pytest
 from train_helpers import compose_config
 
-from runner import checkpoint
+from launchers.run import _measured, finished_already
+from runner.checkpoint import store as checkpoint
 from runner.config import Precision
 from runner.layout import resolve_layout
-from runner.run import _measured, finished_already
 
 
 def _layout(gpus: int, tp: int = 1, pp: int = 1):
@@ -93,7 +93,7 @@ def test_ddp_takes_another_layouts_checkpoint_at_any_tp_and_pp():
     for tp, pp in ((2, 1), (1, 2), (2, 2)):
         checkpoint.check_resumable(zero1, layout=_layout(tp * pp, tp=tp, pp=pp), zero_stage=0)
     # Under tensor parallelism the ranks slice the universal checkpoint themselves
-    # (runner/checkpoint_stage0_tp.py), under a pipeline through its view of it.
+    # (runner/checkpoint/stage0_tp.py), under a pipeline through its view of it.
     assert checkpoint.loads_universal(zero1, layout=_layout(2, tp=2), zero_stage=0)
     assert checkpoint.resume_tag(zero1, layout=_layout(2, tp=2), zero_stage=0) == "step_00000004_universal"
     assert checkpoint.loads_universal(zero1, layout=_layout(4, tp=2, pp=2), zero_stage=0)

@@ -1,4 +1,5 @@
-"""Checkpoint files are unpickled weights-only: a doctored one is refused, not run (runner/safe_load.py)."""
+"""Checkpoint files are unpickled weights-only: a doctored one is refused, not run
+(runner/engine/fixes/pickle_in_checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner import safe_load
+from runner.engine.fixes import pickle_in_checkpoints as safe_load
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from runner.config import LrScaling, OptimizerConfig, Schedule
-from runner.schedule import lr_multiplier, scaled_lr
+from runner.engine.schedule import lr_multiplier, scaled_lr
 
 pytestmark = pytest.mark.unit
 
@@ -71,6 +71,6 @@ def test_cosine_decays_monotonically_from_peak() -> None:
 
 
 def test_cosine_reaches_min_lr_ratio_at_last_step() -> None:
-    # config.py: "cosine decays to lr * min_lr_ratio at the last step"; runner/rank.py trains
+    # config.py: "cosine decays to lr * min_lr_ratio at the last step"; runner/train/rank.py trains
     # steps 0 .. train.steps - 1 with the rate lr_multiplier(step) gives.
     assert lr_multiplier(59, schedule=Schedule.cosine, **SHAPE) == pytest.approx(0.1)  # type: ignore[arg-type]

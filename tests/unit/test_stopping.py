@@ -1,4 +1,4 @@
-"""What a stopped local run says and keeps (runner/run.py, train.py), without starting ranks."""
+"""What a stopped local run says and keeps (launchers/run.py, train.py), without starting ranks."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from train_helpers import ROOT, compose_config
 
 import launchers.local
+from launchers import run as run_module
 from launchers.local import LaunchResult
-from runner import run as run_module
-from runner.identity import RunIdentity
 from runner.layout import resolve_layout
-from runner.summary import read_summary, update_summary
+from runner.rundir.identity import RunIdentity
+from runner.rundir.summary import read_summary, update_summary
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +72,7 @@ def test_the_continue_command_keeps_the_overrides_and_names_the_directory(tmp_pa
 
 
 def test_a_save_too_slow_for_torchruns_grace_is_said_once(caplog):
-    from runner.rank import LAUNCHER_KILL_AFTER_S, slow_save_warning
+    from runner.train.rank import LAUNCHER_KILL_AFTER_S, slow_save_warning
 
     with caplog.at_level(logging.WARNING, logger="ladder"):
         slow_save_warning(LAUNCHER_KILL_AFTER_S / 4, source="torchrun", warned=False)

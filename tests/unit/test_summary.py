@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.summary import read_summary, update_summary
+from runner.rundir.summary import read_summary, update_summary
 
 pytestmark = pytest.mark.unit
 

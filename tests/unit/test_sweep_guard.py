@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.sweep_guard import FIX, cell_global_batches, refusal, sweep_cells
+from launchers.sweep_guard import FIX, cell_global_batches, refusal, sweep_cells
 
 pytestmark = pytest.mark.unit
 

@@ -15,11 +15,11 @@ from runner.config import (
     Precision,
     PrecisionConfig,
 )
-from runner.deepspeed_config import build_deepspeed_config
+from runner.engine.deepspeed_config import build_deepspeed_config
 from runner.layout import resolve_layout
-from runner.ledger import deepspeed_estimate
-from runner.model import build_model, num_params
-from runner.tensor_parallel import partition_config, tp_node_problems, tp_problems
+from runner.metrics.ledger import deepspeed_estimate
+from runner.model.transformer import build_model, num_params
+from runner.parallel.tensor import partition_config, tp_node_problems, tp_problems
 
 pytestmark = pytest.mark.unit
 
@@ -147,7 +147,7 @@ def test_refusals_name_the_key_and_the_values_that_work():
 def test_planner_counts_the_vocabulary_split_embeddings(tied, measured):
     """At tp 2 a rank holds half of each block matrix, of the output head and of the token
     embedding (one weight when tied); the norms stay whole. Measured per rank on 2 CPU ranks."""
-    from runner.plan_memory import memory_terms
+    from runner.plan.memory import memory_terms
 
     model = dataclasses.replace(TINY, tie_embeddings=tied)
     terms = memory_terms(
@@ -175,7 +175,7 @@ def test_planner_counts_the_vocabulary_split_embeddings(tied, measured):
 
 def test_a_zero_tensor_parallel_checkpoint_moves_to_any_layout_through_the_universal_one():
     """AutoTP's shards are joined by DeepSpeed's conversion at ZeRO 1-3, by ladder's at stage 0."""
-    from runner.checkpoint import check_resumable, needs_universal
+    from runner.checkpoint.store import check_resumable, needs_universal
 
     saved = resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)
     record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 1}
@@ -200,7 +200,7 @@ def test_a_zero_tensor_parallel_checkpoint_moves_to_any_layout_through_the_unive
 
 
 def test_a_failed_conversion_is_refused_with_deepspeeds_word_and_the_checkpoints_own_layout(tmp_path):
-    from runner.checkpoint import _unconverted
+    from runner.checkpoint.store import _unconverted
 
     saved = resolve_layout(gpus=4, tp=2, pp=1, global_size=16, micro_size=4)
     record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 3}

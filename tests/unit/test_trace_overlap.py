@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from runner.trace_overlap import device_comm, exposed, kernel_intervals, union
+from runner.metrics.trace_overlap import device_comm, exposed, kernel_intervals, union
 
 pytestmark = pytest.mark.unit
 

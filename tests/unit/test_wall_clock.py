@@ -1,4 +1,4 @@
-"""Where a run's wall time went (runner/wall_clock.py): parts that add up to the total."""
+"""Where a run's wall time went (runner/metrics/wall_clock.py): parts that add up to the total."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.wall_clock import WallClock, describe, folder_bytes, process_start, wall_parts
+from runner.metrics.wall_clock import WallClock, describe, folder_bytes, process_start, wall_parts
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +63,7 @@ def test_the_process_start_is_when_the_interpreter_began_not_up_to_a_second_befo
             sys.executable,
             "-c",
             "import time; first = time.time()\n"
-            "from runner.wall_clock import process_start; print(first, process_start())",
+            "from runner.metrics.wall_clock import process_start; print(first, process_start())",
         ],
         capture_output=True,
         text=True,

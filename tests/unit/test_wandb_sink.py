@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     import psutil
 
     from runner.config import LoggerConfig, WandbMode
-    from runner.sinks import WandbSink
+    from runner.metrics.sinks import WandbSink
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     logger = LoggerConfig(name="wandb", mode=WandbMode.offline, project="p", entity=None,

@@ -1,0 +1,125 @@
+"""A resume that is refused leaves the run's (or the sweep's) Hydra files as they were.
+
+Hydra writes ``.hydra/config.yaml``, ``hydra.yaml`` and ``overrides.yaml`` into the run
+directory before the task starts (and a sweep's ``multirun.yaml`` into the sweep directory
+before its first cell), and ladder's checks (a resume onto another global batch, say) run
+in the task. Entering a directory that already holds a run (``train.resume=auto``, a
+requeued job), the launching process first copies those files aside (:func:`set_aside`,
+:func:`set_aside_sweep`, from the Hydra callback); a refusal puts them back
+(:func:`put_back`), and an attempt that runs drops the copy (:func:`attempt_ran`):
+``.hydra/`` is the config of the latest attempt that ran, which is what the ranks read.
+
+In a sweep every existing cell is set aside at its start, as Hydra writes a cell's files
+only when it reaches the cell. When the sweep ends (or stops at a refused cell),
+:func:`put_back_sweep` restores what no attempt replaced: the cells this sweep did not
+run, and ``multirun.yaml`` when none of its cells ran.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+HYDRA_DIR = ".hydra"
+EARLIER_ATTEMPTS = "earlier_attempts"  # runner/rundir/run_files.py keep_earlier_attempt
+ASIDE = ".before-this-attempt"
+RUN_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # in <run dir>/.hydra/
+SWEEP_FILES = ("multirun.yaml",)  # in the sweep directory
+
+
+def _set_aside(folder: Path, names: tuple[str, ...]) -> None:
+    files = [folder / name for name in names if (folder / name).is_file()]
+    if not files:
+        return
+    aside = folder / ASIDE
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir()
+    for path in files:
+        shutil.copy2(path, aside / path.name)
+
+
+def _put_back(folder: Path, names: tuple[str, ...]) -> bool:
+    aside = folder / ASIDE
+    if not aside.is_dir():
+        return False
+    for name in names:
+        if (folder / name).is_file() and not (aside / name).exists():
+            (folder / name).unlink()  # written by this attempt only
+    for path in aside.iterdir():
+        shutil.copy2(path, folder / path.name)
+    shutil.rmtree(aside)
+    return True
+
+
+def set_aside(run_dir: Path) -> None:
+    """Copy the run's current ``.hydra/*.yaml`` aside, before Hydra writes this attempt's."""
+    _set_aside(run_dir / HYDRA_DIR, RUN_FILES)
+
+
+def put_back(run_dir: Path) -> bool:
+    """Restore the files set aside (this attempt was refused). True if there were any."""
+    return _put_back(run_dir / HYDRA_DIR, RUN_FILES)
+
+
+def drop_copy(run_dir: Path) -> None:
+    """This attempt ran: its ``.hydra/`` files are the run's record now."""
+    shutil.rmtree(run_dir / HYDRA_DIR / ASIDE, ignore_errors=True)
+
+
+def _cells(sweep_dir: Path) -> list[Path]:
+    """The sweep's cells that hold Hydra files (``hydra.sweep.subdir`` may nest them), not the
+    copies kept with an earlier attempt of a cell (runner/rundir/run_files.py keep_earlier_attempt)."""
+    return sorted(
+        hydra.parent
+        for hydra in sweep_dir.rglob(HYDRA_DIR)
+        if hydra.is_dir() and EARLIER_ATTEMPTS not in hydra.relative_to(sweep_dir).parts
+    )
+
+
+def set_aside_sweep(sweep_dir: Path) -> None:
+    """A resumed sweep: set aside ``multirun.yaml`` and every existing cell's files."""
+    _set_aside(sweep_dir, SWEEP_FILES)
+    for cell in _cells(sweep_dir):
+        set_aside(cell)
+
+
+def attempt_ran(run_dir: Path, sweep_dir: Path | None) -> None:
+    """This attempt (a run, or a cell of ``sweep_dir``) ran: drop its copies, and the sweep's."""
+    drop_copy(run_dir)
+    if sweep_dir is not None:
+        shutil.rmtree(sweep_dir / ASIDE, ignore_errors=True)
+
+
+def put_back_sweep(sweep_dir: Path) -> None:
+    """The sweep is over: restore whatever is still set aside (no attempt of it replaced that)."""
+    for cell in _cells(sweep_dir):
+        put_back(cell)
+    _put_back(sweep_dir, SWEEP_FILES)
+
+
+# Sweep directories that did not exist when the sweep began (this process's sweeps).
+_NEW_SWEEP_DIRS: set[Path] = set()
+
+
+def note_new_sweep_dir(sweep_dir: Path) -> None:
+    """Before Hydra creates it: the sweep's directory is this sweep's own, if it does not exist."""
+    if not sweep_dir.exists():
+        _NEW_SWEEP_DIRS.add(sweep_dir.resolve())
+
+
+def remove_refused_sweep_dir(sweep_dir: Path) -> bool:
+    """A sweep refused before any cell ran: remove the directory it created for nothing.
+
+    Only a directory this sweep created (``note_new_sweep_dir``), and only the ``multirun.yaml``
+    Hydra wrote into it before the launcher refused; it stays if anything else is there.
+    Returns whether it was removed.
+    """
+    if sweep_dir.resolve() not in _NEW_SWEEP_DIRS:
+        return False
+    for name in SWEEP_FILES:
+        (sweep_dir / name).unlink(missing_ok=True)
+    try:
+        sweep_dir.rmdir()
+    except OSError:  # something else was written there: leave it
+        return False
+    return True

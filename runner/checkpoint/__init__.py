@@ -1,0 +1,1 @@
+"""Checkpoints: save, keep, resume, and convert between layouts."""

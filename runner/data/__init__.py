@@ -1,0 +1,1 @@
+"""Training and held-out batches that do not depend on the parallel layout."""

@@ -1,0 +1,168 @@
+"""The one function that writes DeepSpeed's config dict.
+
+Batch sizes, the ZeRO stage, precision flags and the optimizer are written here and
+nowhere else; the run directory keeps the result as ``deepspeed_config.json``. There
+are no ``"auto"`` placeholders: every value is derived from the typed config and the
+resolved :class:`~runner.layout.Layout`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.config import (
+    ModelConfig,
+    Offload,
+    OptimizerConfig,
+    OptimizerName,
+    ParallelConfig,
+    Precision,
+    PrecisionConfig,
+)
+from runner.layout import Layout
+from runner.model.shape import num_params
+from runner.parallel.tensor import deepspeed_train_batch_size, tensor_parallel_section
+
+# DeepSpeed prints its own per-step lines every `steps_per_print` steps; the runner logs
+# its metrics itself, so DeepSpeed's are pushed out of the way.
+_QUIET_STEPS = 1_000_000_000
+
+
+def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str, Any]:
+    """DeepSpeed's ``optimizer`` section: AdamW (torch's, or DeepSpeedCPUAdam when offloaded) or SGD.
+
+    torch's optimizers are asked for their fused kernel, which updates the states in place.
+    Their defaults allocate during the step, where the memory plan does not look: the
+    foreach path (CUDA) a temporary the size of the parameters it steps (Adam's
+    ``torch._foreach_sqrt`` of the second moments; SGD's weight-decayed gradients), the
+    per-tensor loop (CPU) up to two of the largest tensor (tests/unit/test_optimizer_step.py).
+    """
+    if optimizer.name == OptimizerName.adamw:
+        params: dict[str, Any] = {
+            "lr": optimizer.lr,
+            "betas": [optimizer.beta1, optimizer.beta2],
+            "eps": optimizer.eps,
+            "weight_decay": optimizer.weight_decay,
+        }
+        if not offload:
+            # torch.optim.AdamW rather than DeepSpeed's FusedAdam: no JIT-built op, on CPU or GPU.
+            params["torch_adam"] = True
+            params["adam_w_mode"] = True
+            params["fused"] = True
+        return {"type": "AdamW", "params": params}
+    # DeepSpeed builds any other name from torch.optim (engine._configure_basic_optimizer).
+    return {
+        "type": "SGD",
+        "params": {
+            "lr": optimizer.lr,
+            "momentum": optimizer.momentum,
+            "weight_decay": optimizer.weight_decay,
+            "fused": True,
+        },
+    }
+
+
+def reduce_bucket_elements(reduce_bucket_size: int, model: ModelConfig) -> int:
+    """The gradient bucket DeepSpeed allocates: ``parallel.reduce_bucket_size``, at most the model's size.
+
+    ZeRO-3 allocates the bucket whole at initialize, ZeRO 1-2 at backward's first gradient
+    (stage3.py and stage_1_and_2.py ``setup_buckets``, DeepSpeed 0.19), and each fills it with
+    gradients until the next would overflow it, then reduces. A bucket of the whole model's
+    parameter count never overflows (a rank holds at most that many), so it reduces exactly
+    as any larger one: the cap changes no collective, only memory. DeepSpeed's default of
+    5e8 elements is 2 GB in fp32 whatever the model; the tiny model needs 13 MB of it.
+    """
+    return min(reduce_bucket_size, num_params(model))
+
+
+def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> dict[str, Any]:
+    """DeepSpeed's ``zero_optimization`` section."""
+    zero: dict[str, Any] = {
+        "stage": parallel.zero_stage,
+        "overlap_comm": parallel.overlap_comm,
+        "contiguous_gradients": parallel.contiguous_gradients,
+        "reduce_bucket_size": reduce_bucket_elements(parallel.reduce_bucket_size, model),
+        "allgather_bucket_size": parallel.allgather_bucket_size,
+    }
+    if parallel.zero_stage == 3:
+        zero["stage3_param_persistence_threshold"] = parallel.param_persistence_threshold
+    if parallel.offload_optimizer == Offload.cpu:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if parallel.offload_param == Offload.cpu:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    return zero
+
+
+def _precision_section(precision: PrecisionConfig) -> dict[str, Any]:
+    """The ``bf16`` / ``fp16`` flags; fp32 sets neither."""
+    if precision.name == Precision.bf16:
+        return {"bf16": {"enabled": True}}
+    if precision.name == Precision.fp16:
+        # Dynamic loss scaling (loss_scale 0), starting at 2**16 as Megatron-LM does, halved
+        # at every overflow: stage 0's FP16_UnfusedOptimizer knows no hysteresis
+        # (runtime/fp16/unfused_optimizer.py ``_update_scale``), ZeRO's DynamicLossScaler
+        # would wait for a second overflow (hysteresis 2 by default) and so skip other steps.
+        return {
+            "fp16": {
+                "enabled": True,
+                "loss_scale": 0,
+                "initial_scale_power": 16,
+                "hysteresis": 1,
+                "loss_scale_window": precision.loss_scale_window,
+            }
+        }
+    return {}
+
+
+def build_deepspeed_config(
+    *,
+    layout: Layout,
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    optimizer: OptimizerConfig,
+    lr: float,
+    load_universal: bool = False,
+) -> dict[str, Any]:
+    """DeepSpeed's config dict for one layout; ``lr`` is the effective (scaled) learning rate."""
+    offloaded = parallel.offload_optimizer != Offload.none
+    # Under a pipeline, tp is the pipeline grid's model axis, split by ladder itself
+    # (runner/parallel/pipeline_tensor.py); only without one is it DeepSpeed's AutoTP.
+    autotp = layout.tp if layout.pp == 1 else 1
+    config: dict[str, Any] = {
+        # global = micro x accum x dp: DeepSpeed checks the same identity at initialize
+        # (with tensor parallelism, in its own count: runner/parallel/tensor.py).
+        "train_batch_size": deepspeed_train_batch_size(
+            global_size=layout.global_size, tp=autotp, zero_stage=parallel.zero_stage
+        ),
+        "train_micro_batch_size_per_gpu": layout.micro_size,
+        "gradient_accumulation_steps": layout.accum_steps,
+        "gradient_clipping": optimizer.grad_clip,
+        "optimizer": _optimizer_section(optimizer, offload=offloaded),
+        "zero_optimization": _zero_section(parallel, model),
+        "steps_per_print": _QUIET_STEPS,
+        "wall_clock_breakdown": False,
+        **_precision_section(precision),
+        **tensor_parallel_section(autotp),
+    }
+    if config["train_batch_size"] is None:
+        del config["train_batch_size"]
+    config["optimizer"]["params"]["lr"] = lr
+    if load_universal:
+        # Resuming onto another layout: DeepSpeed reads the universal checkpoint format.
+        config["checkpoint"] = {"load_universal": True}
+    if offloaded:
+        # ZeRO-Offload steps the optimizer on the host with DeepSpeedCPUAdam.
+        config["zero_force_ds_cpu_optimizer"] = True
+    if optimizer.name != OptimizerName.adamw and parallel.zero_stage > 0:
+        # DeepSpeed's ZeRO asserts on any optimizer outside its Adam list unless told; SGD is
+        # elementwise, so stepping it on a partition is stepping it on the whole.
+        config["zero_allow_untested_optimizer"] = True
+    if precision.name == Precision.fp16 and parallel.zero_stage == 0:
+        # Stage 0 all-reduces fp16 gradients summed, then divides by dp (engine.py
+        # ``allreduce_bucket``): a sum of dp loss-scaled gradients overflows where their mean
+        # does not, and the step is skipped where one rank's run takes it (tiny, dp 2: an
+        # extra skipped step, another experiment). Dividing first keeps the mean in range,
+        # as ZeRO 1-2's reduction does (DeepSpeed's ``prescale_gradients``).
+        config["prescale_gradients"] = True
+    return config

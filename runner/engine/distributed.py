@@ -1,0 +1,98 @@
+"""Process-group life cycle: pick the accelerator, join the group, leave it cleanly."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+
+from runner.environment import DistributedEnv
+
+
+def select_accelerator() -> str:
+    """``cuda`` when a CUDA device is visible, else ``cpu`` (DeepSpeed's CPU accelerator, gloo)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    # Must be set before deepspeed is imported: its accelerator is chosen at import.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return "cpu"
+
+
+def skip_inference_shm_op() -> None:
+    """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce when the group starts.
+
+    ``deepspeed.comm``'s TorchBackend builds and loads the ``deepspeed_shm_comm`` extension
+    on the CPU accelerator, but only ``inference_all_reduce`` uses it: training reduces
+    through the process group (gloo). The build costs about 45 s of compiling on a fresh
+    machine (2 cores) and again whenever torch's extension cache decides to rebuild. Marking
+    the op incompatible in DeepSpeed's probe table makes ``build_shm_op`` return None.
+    """
+    import deepspeed.ops
+
+    try:
+        compatible = deepspeed.ops.__compatible_ops__
+    except AttributeError:  # a DeepSpeed without the probe table builds nothing here
+        return
+    compatible["deepspeed_shm_comm"] = False
+
+
+def init_distributed(env: DistributedEnv, *, accelerator: str) -> tuple[torch.device, float]:
+    """Join the process group (nccl on CUDA, gloo on CPU); return this rank's device and the
+    seconds the join took (mostly the wait for the last rank to arrive at the rendezvous)."""
+    os.environ.update(env.exports())
+    import deepspeed
+
+    if accelerator == "cpu":
+        skip_inference_shm_op()
+    backend = "nccl" if accelerator == "cuda" else "gloo"
+    joining = time.time()
+    deepspeed.init_distributed(
+        dist_backend=backend,
+        auto_mpi_discovery=False,
+        timeout=timedelta(minutes=10),
+    )
+    joined_s = time.time() - joining
+    if accelerator == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank), joined_s
+    # Ranks sharing a host share its cores; oversubscribed threads would slow every rank.
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // env.local_world_size))
+    return torch.device("cpu"), joined_s
+
+
+def barrier() -> None:
+    """Wait for every rank of the group (nothing without one).
+
+    Under nccl it names this rank's GPU: a group DeepSpeed joined without binding a device
+    (it binds none for a single rank, DeepSpeed 0.19.8 comm/torch.py) would otherwise make
+    torch guess it and warn "barrier(): using the device under current context" each run.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
+def teardown(*, ok: bool = True) -> None:
+    """Barrier, then destroy the group: without it gloo ranks abort at exit.
+
+    After a failure there is no barrier: the other ranks may be waiting in another
+    collective, and a barrier would hang this rank with them instead of letting it exit
+    (its launcher then stops the others).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if ok:
+        try:
+            barrier()
+        finally:
+            dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""What a step and a run are measured by, and the sinks the measurements go to."""

@@ -1,0 +1,409 @@
+"""The memory ledger: what a rank really holds, by term, beside what the estimator predicts.
+
+Measured (per rank, bytes, each storage counted once):
+
+- ``params``: the model's parameter storages this rank holds (at ZeRO-3 the partition,
+  ``param.ds_tensor``; full copies of gathered or persistent parameters are a residual);
+- ``grads``: parameter ``.grad`` storages and the gradient partitions the ZeRO optimizer
+  keeps (``averaged_gradients``, ``grad_partitions_flat_buffer``);
+- ``optimizer``: the inner optimizer's state (Adam's m and v, SGD's momentum) and, in
+  16-bit training, the fp32 master weights it steps;
+- ``activations``: tensors autograd saved for backward over one micro-batch
+  (``torch.autograd.graph.saved_tensors_hooks``), parameters and buffers excluded;
+- residuals: every other tensor reachable from DeepSpeed's optimizer wrapper, named by
+  the attribute that holds it (communication buckets, an fp32 master copy in fp32
+  training, ZeRO-Offload's host buffers, ...), plus ZeRO-3's full copies of persistent
+  parameters. Under ZeRO-3 offload the 16-bit gradient partitions
+  (``grad_partitions_flat_buffer``) are such a residual: the ``grads`` term is the fp32
+  partition the CPU optimizer steps on, as in the estimate.
+
+Model states are measured at the accumulation boundary, after backward and DeepSpeed's
+gradient reduction, before the optimizer step, on the second step (the optimizer state
+exists from the first). What is transient inside backward (ZeRO-1's full gradients
+before the reduce-scatter, say) is not held then: the peak sees it.
+
+Estimated: :func:`deepspeed_estimate` is the textbook (runner.memory.model_states,
+ZeRO paper) corrected by what DeepSpeed 0.19 was measured to hold, each correction a
+named line, so a reader sees both the paper's figure and the real one. Host memory
+(ZeRO-Offload) is itemised the same way: the offloaded terms plus DeepSpeed's own host
+buffers (runner.memory.offload_host_buffers); :func:`host_relative_errors` compares them
+with the measured lines of the same names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute
+from runner.engine.deepspeed_config import reduce_bucket_elements
+from runner.memory import (
+    TRANSIENT_ITEMS,
+    activation_items_total,
+    block_graph,
+    deepspeed_residuals,
+    model_block_shape,
+    model_states,
+    offload_host_buffers,
+    zero12_held_elements,
+)
+from runner.parallel.pipeline_split import rank_param_numels, stage_activations
+
+TERMS = ("params", "grads", "optimizer", "activations")
+
+# Attributes of DeepSpeed's ZeRO optimizers (stage_1_and_2.py, stage3.py) holding gradients.
+_GRADIENT_ATTRS = frozenset(
+    {
+        "averaged_gradients",
+        "grad_partitions_flat_buffer",
+        "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
+    }
+)
+# Attributes holding the fp32 weights the inner optimizer steps (its master weights).
+_MASTER_ATTRS = frozenset({"single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups"})
+_WALK_DEPTH = 6
+
+
+@dataclass
+class Ledger:
+    """Bytes per term and named residuals of one rank."""
+
+    terms: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TERMS, 0))
+    residual: dict[str, int] = field(default_factory=dict)
+
+    def add_residual(self, name: str, nbytes: int) -> None:
+        """Accumulate a named residual line."""
+        if nbytes:
+            self.residual[name] = self.residual.get(name, 0) + nbytes
+
+
+def fullest_device(ledger: Ledger) -> Ledger:
+    """Each term (and residual line) at its largest over all ranks (every rank must call this).
+
+    What the fullest device holds, the one a plan must fit: a pipeline's stages differ, and
+    so do ZeRO-1/2's gradient buffers (runner.memory.zero12_held_elements).
+    """
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (ledger.terms, ledger.residual))
+    merged = Ledger()
+    for terms, residual in everyone:
+        for term in TERMS:
+            merged.terms[term] = max(merged.terms[term], terms[term])
+        for name, nbytes in residual.items():
+            merged.residual[name] = max(merged.residual.get(name, 0), nbytes)
+    return merged
+
+
+def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
+    if tensor.numel() == 0 or tensor.device.type == "meta":
+        return None
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+class _Counter:
+    """Counts each storage once, into the first category that claims it."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.seen: set[int] = set()
+
+    def claim(self, tensor: Any, term: str | None, residual: str | None = None) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        found = _storage(tensor)
+        if found is None or found[0] in self.seen:
+            return
+        ptr, nbytes = found
+        self.seen.add(ptr)
+        if term is not None:
+            self.ledger.terms[term] += nbytes
+        else:
+            self.ledger.add_residual(residual or "unnamed", nbytes)
+
+
+def _tensors_in(obj: Any, depth: int = 0, visited: set[int] | None = None) -> Iterator[torch.Tensor]:
+    """Tensors reachable through lists, tuples, dicts and DeepSpeed/torch.optim objects."""
+    visited = set() if visited is None else visited
+    if depth > _WALK_DEPTH or id(obj) in visited:
+        return
+    visited.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        # Only a leaf (or a tensor that retains its grad) has one; asking a non-leaf warns.
+        if (obj.is_leaf or obj.retains_grad) and obj.grad is not None:
+            yield obj.grad
+    elif isinstance(obj, torch.nn.Module):
+        return
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors_in(item, depth + 1, visited)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors_in(item, depth + 1, visited)
+    elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
+        for item in vars(obj).values():
+            yield from _tensors_in(item, depth + 1, visited)
+
+
+def measure_model_states(engine: Any, *, precision: Precision) -> Ledger:
+    """Params, grads, optimizer states and residuals held by this rank now."""
+    ledger = Ledger()
+    count = _Counter(ledger)
+    params = list(engine.module.parameters())
+    for param in params:
+        partition = getattr(param, "ds_tensor", None)
+        if partition is not None:  # ZeRO-3: the partition is this rank's share
+            count.claim(partition, "params")
+    for param in params:
+        if getattr(param, "ds_tensor", None) is not None:
+            count.claim(param.data, None, "zero3_full_params (persistent or gathered)")
+        else:
+            count.claim(param.data, "params")
+        count.claim(param.grad, "grads")
+    for buffer in engine.module.buffers():
+        count.claim(buffer, None, "model_buffers")
+
+    wrapper = engine.optimizer
+    inner = getattr(wrapper, "optimizer", wrapper)
+    for state in inner.state.values():
+        for value in state.values():
+            count.claim(value, "optimizer")
+
+    def claim_master(master: Any) -> None:
+        # In 16-bit training the fp32 master weights are part of the optimizer states
+        # (ZeRO paper Sec. 3.1: K = 12 counts them); in fp32 training they are an extra copy.
+        if precision == Precision.fp32:
+            count.claim(master, None, "fp32_master_copy")
+        else:
+            count.claim(master, "optimizer")
+
+    for group in inner.param_groups:
+        for master in group["params"]:
+            count.claim(master.grad, "grads")
+            claim_master(master)
+    if wrapper is not inner:
+        # A master partition's ``.grad`` is the gradient partition the inner optimizer steps
+        # on: under offload it stays there between steps (stage3.py
+        # initialize_optimizer_states), a gradient and not a master weight.
+        for name in _MASTER_ATTRS:
+            for master in _tensors_in(vars(wrapper).get(name)):
+                count.claim(master.grad, "grads")
+        if getattr(wrapper, "offload_optimizer", False):
+            # ZeRO-3 offload keeps its 16-bit gradient partitions on the host beside the fp32
+            # ones: a buffer of DeepSpeed's own (runner.memory.offload_host_buffers).
+            flat = getattr(wrapper, "grad_partitions_flat_buffer", None)
+            count.claim(flat, None, "grad_partitions_flat_buffer")
+        for name, value in vars(wrapper).items():
+            if name in ("optimizer", "module"):
+                continue
+            for tensor in _tensors_in(value):
+                if name in _MASTER_ATTRS:
+                    claim_master(tensor)
+                elif name in _GRADIENT_ATTRS:
+                    count.claim(tensor, "grads")
+                else:
+                    count.claim(tensor, None, name.split("__")[-1])
+    return ledger
+
+
+@contextlib.contextmanager
+def saved_activations(model: torch.nn.Module) -> Iterator[dict[str, int]]:
+    """Count bytes autograd saves for backward inside the block: ``{"activations": bytes}``."""
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters() if p.numel()}
+    excluded |= {b.untyped_storage().data_ptr() for b in model.buffers() if b.numel()}
+    seen: set[int] = set()
+    result = {"activations": 0}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        # A view of a parameter is a weight too: AutoTP's layers save weight.transpose(),
+        # whose storage at ZeRO-3 is the gathered copy, not one listed in ``excluded``.
+        if isinstance(tensor, torch.nn.Parameter) or isinstance(tensor._base, torch.nn.Parameter):
+            return tensor
+        found = _storage(tensor)
+        if found is not None and found[0] not in excluded and found[0] not in seen:
+            seen.add(found[0])
+            result["activations"] += found[1]
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield result
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Estimated bytes per term, with DeepSpeed's measured departures from the textbook."""
+
+    terms: dict[str, int]
+    residual: dict[str, int]
+    textbook: dict[str, int]
+    host: dict[str, int] = field(default_factory=dict)  # host, per rank: offloaded terms, DeepSpeed buffers
+
+
+def deepspeed_estimate(
+    *,
+    model: ModelConfig,
+    num_params: int,
+    parallel: ParallelConfig,
+    precision: Precision,
+    optimizer: OptimizerName,
+    dp: int,
+    micro_size: int,
+    seq_len: int,
+    host_is_device: bool = False,
+    accum_steps: int | None = None,
+    compiled: bool = False,
+) -> Estimate:
+    """Per-rank bytes DeepSpeed 0.19 holds at the optimizer-step boundary, by term, plus activations.
+
+    Departures from the ZeRO paper's accounting, each measured on this runner's model:
+    - stages 1-2 keep only the gradient partition after the boundary reduce-scatter
+      (``averaged_gradients``), so ``grads`` is 2P/dp at stage 1 too; ZeRO-1's full
+      gradients exist only inside backward;
+    - fp32 training at stages 1-3 steps an fp32 partition that is a second copy of the
+      fp32 weights: ``fp32_master_copy`` = 4P/dp;
+    - stage 3 keeps parameters under ``stage3_param_persistence_threshold`` elements whole
+      on every rank (``zero3_full_params``) and allocates its gradient bucket of
+      ``reduce_bucket_size`` elements up front (``ipg_buckets``);
+    - partitions are padded to a multiple of dp;
+    - ZeRO-Offload's own host buffers (runner.memory.offload_host_buffers) are named
+      lines of ``host`` beside the offloaded terms, and its device staging buffer a
+      residual. ``accum_steps`` decides ``accumulated_grads_in_cpu`` (stage 2, only
+      with accumulation); None (not known) counts it.
+
+    ``host_is_device`` (CPU ranks): the host lines are in the memory being measured, so
+    the offloaded terms are added to the terms and the host buffers to the residuals.
+
+    ``compiled`` (``train.compile``): the blocks' activations as their compiled graphs save
+    them (runner.memory.block_graph).
+    """
+    from runner.plan.planner import offload_mode
+
+    stage = parallel.zero_stage
+    offload = offload_mode(parallel.offload_optimizer, parallel.offload_param)
+    # Every term below is of the parameters this rank holds: 1/tp of each block matrix
+    # under tensor parallelism, the fullest stage's layers under a pipeline (a tied
+    # embedding counts on the first and the last).
+    numels = rank_param_numels(model, tp=parallel.tp, pp=parallel.pp)
+    if parallel.tp > 1 or parallel.pp > 1:
+        num_params = sum(numels)
+    textbook = model_states(
+        num_params,
+        zero_stage=stage,
+        dp=dp,
+        precision=precision.value,
+        optimizer=optimizer.value,
+        offload=offload,
+    )
+    p_bytes = 4 if precision == Precision.fp32 else 2
+    head_dim = model.d_model // model.n_head
+    # RoPE's cos and sin tables (runner/model/transformer.py), kept in fp32 under bf16 by DeepSpeed.
+    residual: dict[str, int] = {"model_buffers": 2 * 4 * model.max_seq_len * (head_dim // 2)}
+    params, grads, optim = textbook.params, textbook.grads, textbook.optimizer
+    host = {
+        "params": textbook.host_params,
+        "grads": textbook.host_grads,
+        "optimizer": textbook.host_optimizer,
+    }
+    if host_is_device:
+        # CPU ranks: what ZeRO-Offload moves to the host stays in the memory being measured.
+        params, grads, optim = params + host["params"], grads + host["grads"], optim + host["optimizer"]
+    if stage in (1, 2) and offload == "none":
+        grads = p_bytes * zero12_held_elements(numels, dp)
+    buffers = offload_host_buffers(
+        num_params,
+        zero_stage=stage,
+        dp=dp,
+        precision=precision.value,
+        optimizer=optimizer.value,
+        offload=offload,
+        largest_param=max(numels),
+        held_params=zero12_held_elements(numels, dp),
+        accum_steps=accum_steps,
+    )
+    host.update(buffers)
+    persistent = sum(n for n in numels if n < parallel.param_persistence_threshold)
+    residual.update(
+        deepspeed_residuals(
+            num_params,
+            zero_stage=stage,
+            dp=dp,
+            precision=precision.value,
+            optimizer=optimizer.value,
+            offload=offload,
+            reduce_bucket_size=reduce_bucket_elements(parallel.reduce_bucket_size, model),
+            persistent_params=persistent if stage == 3 else 0,
+            largest_param=max(numels),
+        )
+    )
+    if stage == 0 and precision == Precision.bf16 and parallel.pp > 1:
+        # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer: beside the parameters'
+        # own bf16 gradients it keeps its flat accumulation buffer, bf16 here (bf16_optimizer.py
+        # ``fp32_groups_gradients_flat`` in ``grad_acc_dtype``, listed as ``non_expert_gradients``).
+        # Measured: 3,295,744 bytes on tiny's last of 2 stages, its 1,647,872 parameters x 2.
+        residual["non_expert_gradients"] = 2 * num_params
+    if host_is_device:
+        residual.update(buffers)
+    block = model_block_shape(
+        model,
+        seq_len=seq_len,
+        micro_size=micro_size,
+        tp=parallel.tp,
+        bytes_per_elem=p_bytes,
+        graph=block_graph(compiled, tp=parallel.tp, zero_stage=stage),
+    )
+    recompute = Recompute(model.activation_checkpointing).value
+    activations = activation_items_total(
+        block,
+        n_layers=model.n_layer,
+        vocab_size=model.vocab_size,
+        recompute=recompute,
+    )
+    kept = sum(v for k, v in activations.items() if k not in TRANSIENT_ITEMS)
+    if parallel.pp > 1:
+        kept = max(stage_activations(activations, n_layer=model.n_layer, pp=parallel.pp))
+    return Estimate(
+        terms={"params": params, "grads": grads, "optimizer": optim, "activations": kept},
+        residual=residual,
+        host={name: nbytes for name, nbytes in host.items() if nbytes},
+        textbook={
+            "params": textbook.params,
+            "grads": textbook.grads,
+            "optimizer": textbook.optimizer,
+        },
+    )
+
+
+def relative_errors(estimated: dict[str, int], measured: dict[str, int]) -> dict[str, float | None]:
+    """(measured - estimated) / estimated per term; None where the estimate is zero."""
+    return {
+        term: (measured[term] - estimated[term]) / estimated[term] if estimated[term] else None
+        for term in TERMS
+    }
+
+
+def host_relative_errors(
+    host: Mapping[str, float], measured_terms: Mapping[str, float], measured_residual: Mapping[str, float]
+) -> dict[str, float | None]:
+    """(measured - estimated) / estimated of each host line (Estimate.host) and of their ``total``.
+
+    A host line is measured under its own name: an offloaded term (``params``, ``grads``,
+    ``optimizer``) as the ledger's term, which offload leaves empty on the device, and one
+    of DeepSpeed's host buffers as the residual line of that name (missing: 0). Any unit,
+    the same on both sides (summary.json's GB with the ``_gb`` suffix removed, or bytes).
+    """
+    measured = {
+        name: measured_terms[name] if name in TERMS else measured_residual.get(name, 0) for name in host
+    }
+    errors: dict[str, float | None] = {
+        name: (measured[name] - host[name]) / host[name] if host[name] else None for name in host
+    }
+    total = sum(host.values())
+    errors["total"] = (sum(measured.values()) - total) / total if total else None
+    return errors

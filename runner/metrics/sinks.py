@@ -1,0 +1,204 @@
+"""Metric sinks behind one small interface: JSONL (always), wandb, and the console.
+
+A sink receives ``log(step, metrics)`` for each logged step and ``close(summary)``
+once. Adding a sink touches no training code: :func:`build_sinks` is the only place
+that knows them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from runner.config import LoggerConfig, WandbMode
+
+log = logging.getLogger("ladder")
+
+
+class MetricSink(Protocol):
+    """Where per-step metrics go."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record the metrics of optimizer step ``step``."""
+
+    def close(self, summary: dict[str, Any]) -> None:
+        """Flush and finish with the run's summary."""
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and inf are not JSON: write them as strings so every line stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class JsonlSink:
+    """``metrics.jsonl``: one JSON object per logged step, each written whole and flushed.
+
+    Each line holds the step, when it was written (``timestamp``, seconds since the epoch:
+    runner/metrics/goodput.py dates an attempt killed outright by it) and the step's metrics.
+
+    One ``write`` per line on an unbuffered file: a process killed mid-run leaves
+    complete lines only (the kernel holds what was written).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Append one line."""
+        record = {"step": step, "timestamp": time.time(), **{k: _json_safe(v) for k, v in metrics.items()}}
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
+
+    def close(self, summary: dict[str, Any]) -> None:
+        """Close the file."""
+        os.close(self._fd)
+
+
+class WandbSink:
+    """One wandb run per Hydra job: offline by default, grouped by sweep, named by overrides."""
+
+    def __init__(
+        self,
+        logger: LoggerConfig,
+        *,
+        run_dir: Path,
+        name: str,
+        group: str | None,
+        config: dict[str, Any],
+        run_id: str,
+    ) -> None:
+        import wandb
+
+        if logger.base_url:
+            os.environ["WANDB_BASE_URL"] = logger.base_url
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self._run = wandb.init(
+            project=logger.project,
+            entity=logger.entity,
+            mode=logger.mode.value,
+            dir=str(run_dir),
+            name=name,
+            group=group,
+            config=config,
+            id=run_id,
+            resume="allow",
+            settings=wandb.Settings(console="off", x_disable_stats=True),
+        )
+
+        self._lost_at: int | None = None  # the step at which wandb stopped taking metrics
+
+    def _lost(self, step: int, error: Exception) -> None:
+        """A logger must not end a run: say once what wandb missed, and write to it no more.
+
+        E.g. its service process was killed: the ``deepspeed`` launcher ends each rank's
+        process tree at Ctrl-C, wandb's service first. metrics.jsonl and summary.json are whole.
+        """
+        self._lost_at = step
+        log.warning(
+            "wandb stopped taking metrics at step %d (%s: %s); metrics.jsonl and summary.json "
+            "hold the whole run, and the wandb run ends at the last step it took",
+            step,
+            type(error).__name__,
+            error,
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Send the step's metrics."""
+        if self._lost_at is not None:
+            return
+        try:
+            self._run.log(metrics, step=step)
+        except Exception as error:
+            self._lost(step, error)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        """Mirror summary.json into the run's summary and finish."""
+        if self._lost_at is not None:
+            return
+        try:
+            for key, value in _flatten(summary).items():
+                self._run.summary[key] = value
+            if summary.get("status") == "interrupted":  # stopped at a signal; resumes into this run
+                self._run.mark_preempting()
+            self._run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+        except Exception as error:
+            self._lost(int(summary.get("steps_completed") or 0), error)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+class ConsoleSink:
+    """Progress on rank 0: a live bar on a terminal, one line per logged step otherwise."""
+
+    _FIELDS = (
+        ("loss", "loss {:.4f}"),
+        ("eval/loss", "eval {:.4f}"),
+        ("throughput/tokens_per_s", "{:,.0f} tok/s"),
+        ("throughput/mfu", "MFU {:.1%}"),
+        ("memory/peak_gb", "peak {:.2f} GB"),
+    )
+
+    def __init__(self, total_steps: int) -> None:
+        self._total = total_steps
+        self._progress: Any = None
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._progress = Progress(
+                TextColumn("step"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("{task.fields[status]}"),
+            )
+            self._task = self._progress.add_task("train", total=total_steps, status="")
+            self._progress.start()
+
+    def _line(self, metrics: dict[str, float]) -> str:
+        return "  ".join(fmt.format(metrics[key]) for key, fmt in self._FIELDS if key in metrics)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Advance the bar, or print a line."""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step + 1, status=self._line(metrics))
+        else:
+            print(f"step {step + 1}/{self._total}  {self._line(metrics)}", flush=True)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        """Stop the bar."""
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def build_sinks(
+    logger: LoggerConfig,
+    *,
+    run_dir: Path,
+    total_steps: int,
+    name: str,
+    group: str | None,
+    config: dict[str, Any],
+    run_id: str,
+) -> list[MetricSink]:
+    """The sinks of rank 0: JSONL always, the console, and wandb unless disabled."""
+    sinks: list[MetricSink] = [JsonlSink(run_dir / "metrics.jsonl")]
+    if logger.progress:
+        sinks.append(ConsoleSink(total_steps))
+    if logger.name == "wandb" and logger.mode != WandbMode.disabled:
+        sinks.append(WandbSink(logger, run_dir=run_dir, name=name, group=group, config=config, run_id=run_id))
+    return sinks

@@ -1,0 +1,1 @@
+"""The decoder model: its layers, its shape by arithmetic, and how a layout builds it."""

@@ -1,0 +1,390 @@
+"""A Llama-style decoder-only transformer, readable top to bottom.
+
+Architecture (Touvron et al. 2023, "LLaMA", arXiv 2302.13971, and Llama 2,
+arXiv 2307.09288): token embedding, then `n_layer` pre-norm blocks of
+
+    x = x + attention(attention_norm(x))       # causal self-attention with RoPE
+    x = x + feed_forward(ffn_norm(x))          # SwiGLU MLP
+
+then a final RMSNorm and a bias-free projection to the vocabulary. No biases,
+no dropout, no learned positions.
+
+Module names (`tok_embeddings`, `layers.{i}.attention.wq`, `feed_forward.w2`,
+`output`, ...) follow Meta's reference implementation on purpose: tensor-parallel
+partitioning and memory accounting match parameters by these names.
+
+Notation (nanoGPT): B batch, T sequence length, C = d_model, nh heads,
+nkv key/value heads, hs head size = d_model // n_head.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from runner.config import ModelConfig, Recompute
+from runner.model.build_method import DRAW_BLOCK
+from runner.model.meta import materialize
+from runner.model.shape import check_shape, n_kv_head
+from runner.model.shape import num_params as num_params  # re-exported: the count sits beside the model
+
+
+def param_seed(seed: int, name: str) -> int:
+    """The RNG seed of one parameter: a function of the run's seed and the parameter's name only."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+_RESIDUAL_PROJECTIONS = ("attention.wo.weight", "feed_forward.w2.weight")
+
+
+# Elements per generator: a rank holding a slice of a parameter (a ZeRO-3 partition)
+# draws only the chunks its slice overlaps.
+INIT_CHUNK = 1 << 20
+
+
+def initial_values(
+    cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: int, start: int = 0, stop: int | None = None
+) -> torch.Tensor:
+    """Elements [start, stop) of parameter `name`'s flattened initial value, fp32 on the host.
+
+    `name` is as `Transformer.named_parameters` names it. Chunk c of INIT_CHUNK elements
+    is drawn from its own generator, seeded by `param_seed(seed, f"{name}[{c}]")`, so a
+    layout that builds only some parameters (a pipeline stage) or slices of them (ZeRO-3
+    partitions) draws the same values as the whole model on one device, and only those.
+    Normal(0, init_std) (GPT-2, Radford et al. 2019); the residual projections wo and w2
+    scaled by 1/sqrt(2 n_layer), the number of residual layers (same paper, sec. 2.3), so
+    the residual stream's variance does not grow with depth; RMSNorm gains at one.
+    """
+    numel = math.prod(shape)
+    stop = numel if stop is None else stop
+    if not 0 <= start <= stop <= numel:
+        raise ValueError(f"[{start}, {stop}) is not a slice of {name}'s {numel} elements")
+    out = torch.empty(stop - start)
+    if name.endswith("norm.weight"):
+        return out.fill_(1.0)
+    std = cfg.init_std
+    if name.endswith(_RESIDUAL_PROJECTIONS):
+        std /= math.sqrt(2 * cfg.n_layer)
+
+    def draw(chunk: int) -> None:
+        lo, hi = chunk * INIT_CHUNK, min((chunk + 1) * INIT_CHUNK, numel)
+        generator = torch.Generator().manual_seed(param_seed(seed, f"{name}[{chunk}]"))
+        a, b = max(lo, start), min(hi, stop)
+        if (a, b) == (lo, hi):
+            out[a - start : b - start].normal_(mean=0.0, std=std, generator=generator)
+        else:
+            drawn = torch.empty(hi - lo).normal_(mean=0.0, std=std, generator=generator)
+            out[a - start : b - start] = drawn[a - lo : b - lo]
+
+    chunks = range(start // INIT_CHUNK, -(-stop // INIT_CHUNK))
+    if len(chunks) == 1:
+        draw(chunks[0])
+        return out
+    # Chunks are independent (own generator, own slice) and torch releases the GIL while
+    # drawing: threads draw them in parallel, with the same values as one by one.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
+        list(pool.map(draw, chunks))
+    return out
+
+
+@torch.no_grad()
+def write_initial_values(
+    out: torch.Tensor, cfg: ModelConfig, name: str, shape: Sequence[int], *, seed: int, start: int = 0
+) -> None:
+    """Write elements [start, start + out.numel()) of parameter `name`'s initial value into `out`.
+
+    `out` is contiguous, on any device, in any floating dtype. The values are drawn on the
+    host (`initial_values`) DRAW_BLOCK elements at a time, in blocks aligned to DRAW_BLOCK
+    so that no chunk is drawn twice, and rounded once as each block is written.
+    """
+    flat = out.view(-1)
+    stop = start + flat.numel()
+    edges = [start, *range((start // DRAW_BLOCK + 1) * DRAW_BLOCK, stop, DRAW_BLOCK), stop]
+    for a, b in itertools.pairwise(edges):
+        flat[a - start : b - start].copy_(initial_values(cfg, name, shape, seed=seed, start=a, stop=b))
+
+
+@torch.no_grad()
+def write_initial_shard(
+    out: torch.Tensor,
+    cfg: ModelConfig,
+    name: str,
+    shape: Sequence[int],
+    *,
+    seed: int,
+    dim: int,
+    start: int,
+) -> None:
+    """Write a tensor-parallel shard of parameter `name`'s initial value into `out`.
+
+    `out` is the slice [start, start + out.shape[dim]) of the whole `shape` along `dim`: 0
+    for rows (contiguous in the whole tensor), 1 for the columns of a matrix, drawn a band
+    of whole rows (about DRAW_BLOCK elements) at a time and cut.
+    """
+    if dim == 0:
+        write_initial_values(out, cfg, name, shape, seed=seed, start=start * math.prod(shape[1:]))
+        return
+    if dim != 1 or len(shape) != 2:
+        raise ValueError(
+            f"{name}: a shard is cut along rows, or along the columns of a matrix, not dim {dim}"
+        )
+    rows, cols = shape
+    width = out.shape[1]
+    band = max(1, DRAW_BLOCK // cols)
+    for top in range(0, rows, band):
+        bottom = min(rows, top + band)
+        values = initial_values(cfg, name, shape, seed=seed, start=top * cols, stop=bottom * cols)
+        out[top:bottom].copy_(values.view(bottom - top, cols)[:, start : start + width])
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019, arXiv 1910.07467)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise over the last dim; the statistics are computed in fp32."""
+        # In bf16 the mean of squares loses too many bits; do it in fp32 and
+        # cast back before the (low-precision) gain, as Meta's reference does.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_cache(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables for RoPE, each (max_seq_len, head_dim // 2), in fp32."""
+    # RoFormer (Su et al. 2021, arXiv 2104.09864) eq. 15: channel pair i rotates
+    # at frequency theta^(-2i/d); position m rotates it by angle m * freq_i.
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)  # (T, hs/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs of x (B, nh, T, hs) by position; cos/sin are (T, hs/2)."""
+    # Pairs are (i, i + hs/2) ("rotate half", as in HF/GPT-NeoX) rather than the
+    # paper's adjacent (2i, 2i+1): a fixed permutation of wq/wk's output
+    # channels, so the model family is the same. Done in fp32 for the angles.
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
+    cos, sin = cos.float(), sin.float()  # broadcast over (B, nh)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with RoPE and grouped-query key/values."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = cfg.d_model // cfg.n_head
+        n_kv = n_kv_head(cfg)
+        self.wq = nn.Linear(cfg.d_model, cfg.n_head * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=False)
+        self.selective_recompute = cfg.activation_checkpointing == Recompute.selective
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C); cos/sin are the RoPE tables cut to T."""
+        B, T, _ = x.shape
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        # Head counts come from the projection widths, not the config: under
+        # tensor parallelism wq/wk/wv hold only this rank's heads.
+        nh = q.shape[-1] // self.head_dim
+        nkv = k.shape[-1] // self.head_dim
+        q = q.view(B, T, nh, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nkv, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, nkv, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.selective_recompute and self.training:
+            # Selective activation recomputation (Korthikanti et al. 2022,
+            # arXiv 2205.05198): keep the projections, which are cheap to store
+            # and costly to recompute, and rerun only the attention core, whose
+            # intermediates grow with T^2 (without a fused kernel) or hold
+            # rotated copies of q and k.
+            y = checkpoint(self._core, q, k, v, cos, sin, use_reentrant=False)
+        else:
+            y = self._core(q, k, v, cos, sin)
+        y = y.transpose(1, 2).reshape(B, T, nh * self.head_dim)  # (B, T, nh*hs)
+        return self.wo(y)
+
+    @staticmethod
+    def _core(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """RoPE, key/value head repeat and causal attention: (B, nh, T, hs)."""
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # GQA (Ainslie et al. 2023, arXiv 2305.13245): each key/value head is
+        # shared by nh/nkv consecutive query heads.
+        n_rep = q.shape[1] // k.shape[1]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=1)  # (B, nh, T, hs)
+            v = v.repeat_interleave(n_rep, dim=1)  # (B, nh, T, hs)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP (Shazeer 2020, arXiv 2002.05202): w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)  # gate
+        self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)  # down
+        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """One pre-norm block: attention then feed-forward, each with a residual."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The decoder: embeddings, `n_layer` blocks, final norm, vocabulary head."""
+
+    def __init__(self, cfg: ModelConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        check_shape(cfg)
+        self.cfg = cfg
+        # Given an empty weight, nn.Embedding skips its own normal_ init, which init_weights
+        # would overwrite anyway; on the meta device that init runs through torch._refs,
+        # whose first use imports torch._dynamo: 3 s of every rank's start on 2 CPU cores.
+        self.tok_embeddings = nn.Embedding(
+            cfg.vocab_size, cfg.d_model, _weight=torch.empty(cfg.vocab_size, cfg.d_model)
+        )
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            # Weight tying (Press & Wolf 2017, arXiv 1608.05859): one Parameter.
+            self.output.weight = self.tok_embeddings.weight
+        # Non-persistent: derived from the config, so not in checkpoints, but
+        # registered so that .to(device) moves them with the parameters. A
+        # .bfloat16() cast of the model casts them too; apply_rope still does
+        # the rotation itself in fp32.
+        self.loss_function = CausalLMLoss()
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        # On the meta device (build_model) or partitioned by a zero.Init context
+        # (runner/engine/zero_init.py) there is nothing to write yet: the builder initialises.
+        if not any(p.is_meta or hasattr(p, "ds_id") for p in self.parameters()):
+            self.init_weights(seed)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """(Re)initialise parameters (`write_initial_values`) and the RoPE tables in place.
+
+        Also the way to materialise a model built on the meta device:
+        runner.model.meta.materialize(model, device); model.init_weights(seed). A model partitioned by
+        zero.Init is initialised by runner/engine/zero_init.py instead.
+        """
+        if self.cfg.tie_embeddings:
+            # nn.Module.to_empty() replaces Parameters one by one, which unties them.
+            self.output.weight = self.tok_embeddings.weight
+        for name, param in self.named_parameters():  # a tied weight once, by its first name
+            write_initial_values(param, self.cfg, name, param.shape, seed=seed)
+        self.init_rope(self.tok_embeddings.weight.device)
+
+    def init_rope(self, device: torch.device) -> None:
+        """The RoPE tables for `max_seq_len` positions, on `device`."""
+        cos, sin = rope_cache(
+            self.cfg.d_model // self.cfg.n_head,
+            self.cfg.max_seq_len,
+            self.cfg.rope_theta,
+        )
+        self.rope_cos = cos.to(device)
+        self.rope_sin = sin.to(device)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) int64 -> logits (B, T, vocab_size)."""
+        _, T = tokens.shape
+        if tokens.shape[1] > self.rope_cos.shape[0]:
+            raise ValueError(
+                f"sequence length {T} > model.max_seq_len={self.cfg.max_seq_len}; "
+                "raise model.max_seq_len or lower data.seq_len"
+            )
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, hs/2)
+        x = self.tok_embeddings(tokens)  # (B, T, C)
+        full_recompute = self.training and self.cfg.activation_checkpointing == Recompute.full
+        for layer in self.layers:
+            # Full recompute keeps only each block's input; backward reruns the block.
+            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if full_recompute else layer(x, cos, sin)
+        x = self.norm(x)
+        return self.output(x)  # (B, T, vocab_size)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype."""
+    # A bf16 log-softmax over a large vocabulary loses visible precision.
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
+class CausalLMLoss:
+    """``Transformer.loss_function``: ``lm_loss`` of the logits against the next tokens.
+
+    Called as ``loss_function(logits, shift_labels=targets)``, the hook by which DeepSpeed's
+    AutoTP installs its vocabulary-parallel loss when it splits the output head by
+    vocabulary (deepspeed/sequence/cross_entropy.py ``configure_vocab_parallel_loss``):
+    each rank then holds its vocabulary slice of the logits only.
+    """
+
+    def __call__(self, logits: torch.Tensor, *, shift_labels: torch.Tensor, **_: object) -> torch.Tensor:
+        return lm_loss(logits, shift_labels)
+
+
+def build_model(
+    cfg: ModelConfig,
+    *,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Transformer:
+    """Build and initialise a Transformer for `cfg` and `seed` on `device` (default: torch's).
+
+    `dtype` (default fp32) is the parameters' dtype: each initial value is drawn in fp32
+    and rounded once as it is written, as DeepSpeed's own cast of an fp32 model would
+    (engine.py ``_configure_distributed_model``), so a 16-bit build trains bit for bit as
+    one cast by DeepSpeed. The RoPE tables stay fp32, as DeepSpeed keeps them.
+    """
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    # Construct on "meta" (shapes only), then allocate once on the target and
+    # initialise: no full CPU copy of a large model, no throwaway default init,
+    # and the same weights for a seed whichever device they land on.
+    with torch.device("meta"):
+        model = Transformer(cfg)
+        if dtype is not None:
+            model.to(dtype)  # shapes only: nothing is allocated or rounded yet
+    if target.type != "meta":
+        materialize(model, target)
+        model.init_weights(seed)
+    return model

@@ -1,0 +1,1 @@
+"""Tensor and pipeline parallelism: how the model is cut across ranks."""

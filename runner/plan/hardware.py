@@ -1,0 +1,199 @@
+"""What the planner assumes of one device: its memory, its peak, its links, and where each figure came from.
+
+A named cluster (``conf/cluster/<name>.yaml``) gives datasheet figures. Any figure the
+cluster leaves unset (``null``, as ``cluster=local`` does) is detected on this host:
+
+- device memory: CUDA's total memory of device 0 ("detected"); on a CPU host, the host
+  RAM (the smaller of physical RAM and the cgroup limit, runner/hardware/cgroup_memory.py) split
+  evenly over the ranks that would run on this host ("detected").
+- peak FLOP/s: on CUDA the dense datasheet figure for the detected device name
+  (runner.hardware.peak_flops; "datasheet"); on CPU a short matmul calibration
+  (runner.hardware.peak_flops.calibrate_cpu_peak, "measured"), cached per process and precision.
+- GPUs per node: CUDA's device count, or one rank per CPU core (as runner.preflight.validate counts).
+- host RAM per node: this host's RAM, the smaller of physical RAM and the cgroup limit
+  ("detected"); a named cluster gives its system datasheet's figure.
+- link bandwidths: never detected. Unset means unknown, and no communication time is
+  predicted for a layout that needs that link.
+
+Units: bytes and bytes/s inside; the config's GB and GB/s are decimal (1e9).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.config import ClusterConfig, Precision
+from runner.hardware.cgroup_memory import cgroup_memory_limit
+from runner.hardware.cuda_devices import cuda_available
+
+GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number the plan rests on (None: unknown) and where it came from."""
+
+    value: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Device:
+    """The device a plan is sized for: memory, GPUs per node, and (optionally) peak and links."""
+
+    name: str
+    memory_bytes: Figure
+    gpus_per_node: Figure
+    host_memory_bytes: Figure  # host RAM of one node, shared by its ranks (runner/plan/host.py)
+    peak_flops: Figure
+    intra_node_bytes_per_s: Figure
+    inter_node_bytes_per_s: Figure
+    is_host: bool = False  # CPU ranks: offloaded ("host") bytes share the same memory
+
+    @property
+    def per_node(self) -> int:
+        """GPUs (ranks) per node as an int."""
+        return int(self.gpus_per_node.value or 1)
+
+
+def host_ram_bytes() -> tuple[int, str]:
+    """This host's RAM in bytes (the cgroup limit when lower) and how it was found."""
+    import psutil
+
+    physical = int(psutil.virtual_memory().total)
+    limit = cgroup_memory_limit()
+    if limit is not None and limit < physical:
+        return limit, "cgroup memory limit"
+    return physical, "physical RAM"
+
+
+@functools.cache
+def measured_cpu_peak(precision: str) -> float:
+    """Matmul FLOP/s of this CPU at `precision`, measured once per process (about half a second)."""
+    from runner.config import Precision
+    from runner.hardware.mfu_peak import best_cpu_peak
+
+    return best_cpu_peak(Precision(precision)).flops
+
+
+def _gpus_per_node(cluster: ClusterConfig, cuda: bool) -> Figure:
+    if cluster.gpus_per_node is not None:
+        return Figure(cluster.gpus_per_node, f"cluster {cluster.name}")
+    if cuda:
+        import torch
+
+        return Figure(torch.cuda.device_count(), "detected: CUDA device count")
+    return Figure(os.cpu_count() or 1, "detected: one rank per CPU core")
+
+
+def _memory(cluster: ClusterConfig, *, cuda: bool, ranks_here: int) -> Figure:
+    if cluster.device_memory_gb is not None:
+        return Figure(cluster.device_memory_gb * GB, _cluster_source(cluster, "device_memory_gb"))
+    if cuda:
+        import torch
+
+        # cudaGetDeviceProperties: reads the device's attributes; allocates nothing on it.
+        props = torch.cuda.get_device_properties(0)
+        return Figure(float(props.total_memory), f"detected: CUDA total memory of {props.name}")
+    ram, how = host_ram_bytes()
+    return Figure(
+        ram / ranks_here,
+        f"detected: host {how} {ram / GB:.1f} GB / {ranks_here} rank(s) on this host",
+    )
+
+
+def _host_memory(cluster: ClusterConfig) -> Figure:
+    if cluster.host_memory_gb is not None:
+        return Figure(cluster.host_memory_gb * GB, _cluster_source(cluster, "host_memory_gb"))
+    ram, how = host_ram_bytes()
+    return Figure(float(ram), f"detected: this host's {how}")
+
+
+def _peak(cluster: ClusterConfig, precision: Precision, *, cuda: bool) -> Figure:
+    from runner.hardware.mfu_peak import planning_peak
+    from runner.hardware.peak_flops import UnknownDeviceError, peak_flops_for_cuda_device
+
+    configured = planning_peak(cluster, precision)
+    if configured is not None:
+        if cluster.peak_tflops is not None:
+            return Figure(configured.flops, f"config: {configured.source}")
+        key = "peak_tflops_fp32" if precision == Precision.fp32 else "peak_tflops_bf16"
+        return Figure(configured.flops, _cluster_source(cluster, key))
+    if cuda:
+        import torch
+
+        name = torch.cuda.get_device_name(0)
+        try:
+            return Figure(peak_flops_for_cuda_device(name, precision.value), f"datasheet: dense, {name}")
+        except UnknownDeviceError:
+            return Figure(None, f"unknown for {name}: set cluster.peak_tflops")
+    threads = os.cpu_count() or 1
+    return Figure(
+        measured_cpu_peak(precision.value),
+        f"measured: {precision.value} matmul on this CPU ({threads} core(s))",
+    )
+
+
+_CLUSTER_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+
+
+@functools.cache
+def _cluster_file_value(name: str, key: str) -> float | None:
+    """``key`` as ``conf/cluster/<name>.yaml`` writes it; None when the file or the key is not there."""
+    from omegaconf import DictConfig, OmegaConf
+
+    path = _CLUSTER_GROUP / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    listed = OmegaConf.load(path)
+    value = listed.get(key) if isinstance(listed, DictConfig) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _cluster_source(cluster: ClusterConfig, key: str) -> str:
+    """A named cluster's own figure is its datasheet's; one set elsewhere (an override) is config."""
+    if cluster.name == "local":
+        return f"config: cluster.{key}"
+    listed = _cluster_file_value(cluster.name, key)
+    if listed is not None and listed != getattr(cluster, key):
+        return f"config: cluster.{key}, over cluster {cluster.name}'s datasheet {listed:g}"
+    return f"datasheet: cluster {cluster.name}"
+
+
+def _link(cluster: ClusterConfig, key: str) -> Figure:
+    gbps = getattr(cluster, key)
+    if gbps is None:
+        return Figure(None, f"unknown: cluster.{key} not set")
+    return Figure(gbps * GB, _cluster_source(cluster, key))
+
+
+def resolve_device(
+    cluster: ClusterConfig, precision: Precision, *, gpus: int, with_peak: bool = True
+) -> Device:
+    """The device to plan `gpus` ranks on and its node's RAM: the cluster's figures, the rest detected here.
+
+    ``with_peak=False`` skips the peak (a CPU measurement costs about half a second): the
+    memory check that ``batch.micro_size=auto`` needs does not use it.
+    """
+    needs_detection = cluster.device_memory_gb is None or cluster.gpus_per_node is None
+    cuda = cuda_available() if needs_detection or with_peak else False
+    per_node = _gpus_per_node(cluster, cuda)
+    ranks_here = max(1, min(gpus, int(per_node.value or 1)))
+    memory = _memory(cluster, cuda=cuda, ranks_here=ranks_here)
+    peak = _peak(cluster, precision, cuda=cuda) if with_peak else Figure(None, "not resolved")
+    return Device(
+        name=cluster.name,
+        memory_bytes=memory,
+        gpus_per_node=per_node,
+        host_memory_bytes=_host_memory(cluster),
+        peak_flops=peak,
+        intra_node_bytes_per_s=_link(cluster, "intra_node_gbps"),
+        inter_node_bytes_per_s=_link(cluster, "inter_node_gbps"),
+        is_host=cluster.device_memory_gb is None and not cuda,
+    )
+
+
+__all__ = ["Device", "Figure", "host_ram_bytes", "measured_cpu_peak", "resolve_device"]

@@ -1,0 +1,666 @@
+"""Plan before you spend: memory, communication and step time of a layout, without launching a rank.
+
+``plan=true`` stops a Hydra job here: :func:`plan_job` plans the configured layout,
+prints one table (runner/plan/table.py), with ``planner.recommend=true`` walks the ladder
+(runner/plan/ladder.py), and writes ``plan.json`` in the run directory. Nothing is
+allocated: the parameter count is analytic (runner.model.shape.num_params) and every term is
+arithmetic (runner/plan/memory.py, runner/plan/step_time.py) on the device figures of
+runner/plan/hardware.py; a node's host memory, steady and while the model is built, is
+runner/plan/host.py's.
+
+The same arithmetic chooses ``batch.micro_size=auto`` for a real run: :class:`MicroFit`
+is the ``fits`` callable of runner.layout.resolve_layout. A layout fits when its planned
+bytes per device are at most ``planner.headroom`` x the device memory. The host check
+does not choose the micro-batch and refuses no run, as the device check refuses none with
+a fixed micro-batch: ``plan=true`` gives its verdict (the ladder counts it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.config import ModelConfig, Offload, Precision, TrainConfig
+from runner.engine.deepspeed_config import reduce_bucket_elements
+from runner.layout import (
+    PIPELINE_MICRO_BATCHES_PER_STAGE,
+    Layout,
+    LayoutError,
+    data_parallel_size,
+    resolve_layout,
+)
+from runner.model.shape import num_params as count_params
+from runner.model.shape import param_numels
+from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes, disk_need
+from runner.plan.hardware import Device, resolve_device
+from runner.plan.host import HostMemory, host_memory
+from runner.plan.memory import MemoryTerms, memory_terms
+from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
+from runner.preflight.validate import ConfigError
+from runner.rundir.summary import write_json_atomic
+
+log = logging.getLogger("ladder")
+
+PLAN_FILE = "plan.json"
+GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What stays fixed whatever the layout: the experiment, the gpus and the device."""
+
+    model: ModelConfig
+    num_params: int
+    precision: Precision
+    optimizer: str
+    seq_len: int
+    global_size: int
+    gpus: int
+    headroom: float
+    device: Device
+    cluster: str
+    compiled: bool = False  # train.compile: the blocks' activations as a compiled graph saves them
+    eval_every: int = 0  # train.eval_every: steps between held-out evaluations (0: none)
+    eval_batches: int = 0  # train.eval_batches: global batches an evaluation reads
+    checkpoint_every: int = 0  # train.checkpoint_every: steps between saves (0: only at a stop)
+    storage_bytes_per_s: float | None = None  # cluster.storage_gb_per_s (None: unknown)
+
+    @property
+    def usable_bytes(self) -> float:
+        """Device bytes a layout may use: headroom x device memory."""
+        return self.headroom * float(self.device.memory_bytes.value or 0.0)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The layout choices: what the ladder varies and a run's ``parallel``/``batch`` config sets."""
+
+    parallel: str  # the conf/parallel option: ddp, zero1, zero2, zero3
+    zero_stage: int
+    tp: int = 1
+    pp: int = 1
+    recompute: str = "none"  # runner.memory.RecomputeMode
+    offload: str = "none"  # runner.memory.OffloadMode
+    micro_size: int | None = None  # None: auto
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    # Elements of DeepSpeed's gradient bucket (runner.engine.deepspeed_config.reduce_bucket_elements);
+    # ZeRO-3 allocates it up front.
+    reduce_bucket_size: int = 500_000_000
+
+    def describe(self) -> str:
+        """Short words for the layout: 'zero3 + full recompute + offload optimizer, tp 2'."""
+        words = [self.parallel]
+        if self.recompute != "none":
+            words.append(f"{self.recompute} recompute")
+        if self.offload != "none":
+            words.append(f"offload {self.offload}")
+        text = " + ".join(words)
+        if self.tp > 1:
+            text += f", tp {self.tp}"
+        if self.pp > 1:
+            text += f", pp {self.pp}"
+        return text
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One planned layout: its terms, whether it fits, its traffic and its predicted step."""
+
+    workload: Workload
+    knobs: Knobs
+    layout: Layout
+    memory: MemoryTerms
+    fits: bool
+    micro_choice: str
+    traffic: list[Traffic]
+    time: StepTime
+    plan_only: list[str]  # why the runner cannot run it yet (empty: it can)
+    host: HostMemory  # a node's host memory (runner/plan/host.py)
+    contract_error: str | None = None  # the configured global batch could not be split
+    eval_s: float | None = None  # one held-out evaluation, predicted (train.eval_every; plan_time.eval_time)
+
+    def _share_of_steps(self, seconds: float | None, every: int) -> float | None:
+        """``seconds`` spent once every ``every`` steps, over those steps' time (None: unknown)."""
+        step_s = self.time.step_s
+        if seconds is None or not step_s or every <= 0:
+            return None
+        return seconds / (every * step_s)
+
+    @property
+    def eval_share(self) -> float | None:
+        """The evaluations' time over the steps' (one evaluation every eval_every steps)."""
+        return self._share_of_steps(self.eval_s, self.workload.eval_every)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """One checkpoint on disk, every rank's files (runner/plan/checkpoint_size.py)."""
+        w, k = self.workload, self.knobs
+        return checkpoint_bytes(
+            w.model,
+            precision=w.precision.value,
+            optimizer=w.optimizer,
+            zero_stage=k.zero_stage,
+            tp=k.tp,
+            pp=k.pp,
+        )
+
+    @property
+    def checkpoint_s(self) -> float | None:
+        """One save's time at the cluster's storage write speed (None: unknown)."""
+        speed = self.workload.storage_bytes_per_s
+        return None if not speed else self.checkpoint_bytes / speed
+
+    @property
+    def checkpoint_share(self) -> float | None:
+        """The saves' time over the steps' (one save every train.checkpoint_every steps)."""
+        return self._share_of_steps(self.checkpoint_s, self.workload.checkpoint_every)
+
+    @property
+    def runnable(self) -> bool:
+        """Fits the device and the host, holds the configured global batch, and the runner can run it."""
+        return self.fits and self.host.fits and not self.plan_only and self.contract_error is None
+
+    def record(self) -> dict[str, Any]:
+        """The JSON-ready record written to plan.json (bytes, seconds, FLOP/s)."""
+        w, k, m = self.workload, self.knobs, self.memory
+        dev = w.device
+        return {
+            "layout": self.layout.record(),
+            "batch_contract_error": self.contract_error,
+            "requested_global_size": w.global_size,
+            "plan_only": self.plan_only,
+            "model": {"name": w.model.name, "num_params": w.num_params},
+            "precision": w.precision.value,
+            "optimizer": w.optimizer,
+            "seq_len": w.seq_len,
+            "knobs": {
+                "parallel": k.parallel,
+                "zero_stage": k.zero_stage,
+                "recompute": k.recompute,
+                "offload": k.offload,
+                "overlap_comm": k.overlap_comm,
+                "micro_size": "auto" if k.micro_size is None else k.micro_size,
+            },
+            "device": {
+                "cluster": w.cluster,
+                "memory_bytes": dev.memory_bytes.value,
+                "memory_source": dev.memory_bytes.source,
+                "headroom": w.headroom,
+                "usable_bytes": w.usable_bytes,
+                "gpus_per_node": dev.gpus_per_node.value,
+                "gpus_per_node_source": dev.gpus_per_node.source,
+                "peak_flops": dev.peak_flops.value,
+                "peak_source": dev.peak_flops.source,
+                "intra_node_bytes_per_s": dev.intra_node_bytes_per_s.value,
+                "inter_node_bytes_per_s": dev.inter_node_bytes_per_s.value,
+                "bandwidth_source": dev.inter_node_bytes_per_s.source,
+            },
+            "memory_bytes": {
+                "params": m.params,
+                "grads": m.grads,
+                "optimizer": m.optimizer,
+                "activations": m.activations,
+                "residuals": dict(m.residuals),
+                "grads_after_peak": m.grads_after_peak,
+                "total": m.total,
+                "build": m.build,
+                "step": m.step,
+                "peak": m.peak,
+            },
+            "host_memory_bytes_per_rank": dict(m.host),
+            "fits": self.fits,  # the device; the host's verdict is host_memory.fits
+            "margin_bytes": w.usable_bytes - m.peak,
+            "host_memory": self.host.record(),
+            "micro_size_choice": self.micro_choice,
+            "comm_bytes_per_step": {
+                t.group: {"bytes": t.bytes, "link": t.link, "seconds": t.seconds, "detail": t.detail}
+                for t in self.traffic
+            },
+            "time": {
+                "compute_s": self.time.compute_s,
+                "bubble_s": self.time.bubble_s,
+                "comm_exposed_s": self.time.comm_s,
+                "step_s": self.time.step_s,
+                "step_s_is_lower_bound": not self.time.complete,
+                "mfu": self.time.mfu,
+                "tokens_per_s": self.time.tokens_per_s,
+                "not_modelled": ["offload transfers and CPU optimizer step"] if k.offload != "none" else [],
+                "eval_s": self.eval_s,
+                "eval_share": self.eval_share,
+            },
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "checkpoint_s": self.checkpoint_s,
+            "checkpoint_share": self.checkpoint_share,
+        }
+
+
+# --------------------------------------------------------------------------------------
+# From the typed config
+# --------------------------------------------------------------------------------------
+
+
+def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> str:
+    """The config's two offload enums as runner.memory.model_states' offload string."""
+    if offload_param == Offload.cpu and offload_optimizer != Offload.cpu:
+        raise ConfigError(
+            "  - parallel.offload_param=cpu with parallel.offload_optimizer=none: the planner models "
+            "optimizer offload, or optimizer + parameter offload; set parallel.offload_optimizer=cpu too "
+            "(or, to run it unplanned, give batch.micro_size=<n> instead of auto)"
+        )
+    if offload_param == Offload.cpu:
+        return "optimizer+params"
+    return "optimizer" if offload_optimizer == Offload.cpu else "none"
+
+
+def knobs_from_config(config: TrainConfig) -> Knobs:
+    """The layout knobs a run's config sets."""
+    from runner.layout import parse_micro_size
+
+    par = config.parallel
+    return Knobs(
+        parallel=par.name,
+        zero_stage=par.zero_stage,
+        tp=par.tp,
+        pp=par.pp,
+        recompute=config.model.activation_checkpointing.value,
+        offload=offload_mode(par.offload_optimizer, par.offload_param),
+        micro_size=parse_micro_size(config.batch.micro_size),
+        overlap_comm=par.overlap_comm,
+        contiguous_gradients=par.contiguous_gradients,
+        reduce_bucket_size=par.reduce_bucket_size,
+    )
+
+
+def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Workload:
+    """The fixed part of a plan, with the device resolved (``with_peak=False``: memory only)."""
+    return Workload(
+        model=config.model,
+        num_params=count_params(config.model),
+        precision=config.precision.name,
+        optimizer=config.optimizer.name.value,
+        seq_len=config.data.seq_len,
+        global_size=config.batch.global_size,
+        gpus=config.gpus,
+        headroom=config.planner.headroom,
+        device=resolve_device(config.cluster, config.precision.name, gpus=config.gpus, with_peak=with_peak),
+        cluster=config.cluster.name,
+        compiled=config.train.compile,
+        eval_every=config.train.eval_every,
+        eval_batches=config.train.eval_batches,
+        checkpoint_every=config.train.checkpoint_every,
+        storage_bytes_per_s=None
+        if config.cluster.storage_gb_per_s is None
+        else config.cluster.storage_gb_per_s * 1e9,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Memory of one micro-batch size, and the auto choice
+# --------------------------------------------------------------------------------------
+
+
+def check_knobs(workload: Workload, knobs: Knobs) -> None:
+    """Refuse knobs the estimators cannot plan, naming the key (ConfigError)."""
+    model = workload.model
+    n_kv = model.n_kv_head or model.n_head
+    for name, value in (("model.n_head", model.n_head), ("model.n_kv_head", n_kv)):
+        if value % knobs.tp:
+            raise ConfigError(
+                f"  - parallel.tp={knobs.tp} must divide {name}={value} (tensor parallel splits heads)"
+            )
+    if model.ffn_hidden % knobs.tp:
+        raise ConfigError(f"  - parallel.tp={knobs.tp} must divide model.ffn_hidden={model.ffn_hidden}")
+    if knobs.offload == "optimizer" and knobs.zero_stage == 0:
+        raise ConfigError("  - parallel.offload_optimizer=cpu needs ZeRO: use parallel=zero1, zero2 or zero3")
+    if knobs.offload == "optimizer+params" and knobs.zero_stage != 3:
+        raise ConfigError("  - parallel.offload_param=cpu needs ZeRO stage 3: use parallel=zero3")
+
+
+def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, accum_steps: int) -> MemoryTerms:
+    """Every memory term per device for these knobs at this micro-batch size."""
+    return memory_terms(
+        workload.model,
+        precision=workload.precision.value,
+        optimizer=workload.optimizer,
+        zero_stage=knobs.zero_stage,
+        offload=knobs.offload,
+        recompute=knobs.recompute,
+        seq_len=workload.seq_len,
+        micro_size=micro_size,
+        dp=dp,
+        tp=knobs.tp,
+        pp=knobs.pp,
+        accum_steps=accum_steps,
+        host_is_device=workload.device.is_host,
+        reduce_bucket_size=reduce_bucket_elements(knobs.reduce_bucket_size, workload.model),
+        overlap_comm=knobs.overlap_comm,
+        contiguous_gradients=knobs.contiguous_gradients,
+        compiled=workload.compiled,
+    )
+
+
+def host_at(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerms) -> HostMemory:
+    """A node's host memory for this layout: its ranks' build and steady bytes against its RAM."""
+    ram = workload.device.host_memory_bytes
+    return host_memory(
+        workload.model,
+        num_params=workload.num_params,
+        precision=workload.precision.value,
+        zero_stage=knobs.zero_stage,
+        offload=knobs.offload,
+        tp=layout.tp,
+        pp=layout.pp,
+        dp=layout.dp,
+        gpus=layout.gpus,
+        gpus_per_node=workload.device.per_node,
+        ram_bytes=float(ram.value or 0.0),
+        ram_source=ram.source,
+        headroom=workload.headroom,
+        offloaded=dict(memory.host),
+        device_total=memory.total,
+        host_is_device=memory.host_counts_on_device,
+        largest_param=max(param_numels(workload.model)),  # built whole (or one module whole)
+        compiled=workload.compiled,
+    )
+
+
+def gb(num_bytes: float, digits: int = 1) -> str:
+    """Bytes as decimal GB with the unit: '61.2 GB' (``digits=2``: '61.23 GB')."""
+    return f"{num_bytes / GB:.{digits}f} GB"
+
+
+class MicroFit:
+    """``fits(micro)`` for runner.layout.resolve_layout: planned bytes <= usable, remembering each try."""
+
+    def __init__(self, workload: Workload, knobs: Knobs, *, dp: int, per_rank: int) -> None:
+        self.workload, self.knobs, self.dp, self.per_rank = workload, knobs, dp, per_rank
+        self.totals: dict[int, int] = {}
+
+    def memory(self, micro: int) -> MemoryTerms:
+        """Memory terms at this micro-batch size (accum = per-rank sequences / micro)."""
+        return memory_at(
+            self.workload, self.knobs, micro_size=micro, dp=self.dp, accum_steps=self.per_rank // micro
+        )
+
+    def __call__(self, micro: int) -> bool:
+        """True when this micro-batch's planned bytes fit the usable device memory."""
+        if micro not in self.totals:
+            self.totals[micro] = self.memory(micro).peak
+        return self.totals[micro] <= self.workload.usable_bytes
+
+    @property
+    def none_fit(self) -> bool:
+        """True when micro-batch sizes were tried and none of them fitted."""
+        return bool(self.totals) and all(t > self.workload.usable_bytes for t in self.totals.values())
+
+    def _usable(self) -> str:
+        dev = self.workload.device.memory_bytes.value or 0.0
+        return f"{gb(self.workload.usable_bytes)} usable ({gb(dev)} x headroom {self.workload.headroom:g})"
+
+    def reason(self, chosen: int) -> str:
+        """Why `chosen` was taken: its bytes, and what the next larger divisor would need."""
+        total = self.totals.get(chosen, self.memory(chosen).peak)
+        larger = sorted(m for m in self.totals if m > chosen)
+        head = f"micro {chosen}: {gb(total)} of {self._usable()}"
+        if larger:
+            return f"{head}; micro {larger[0]} would need {gb(self.totals[larger[0]])}"
+        pp = self.knobs.pp
+        if pp > 1 and chosen < self.per_rank:  # runner/layout.py most_pipeline_micro
+            return (
+                f"{head}; under a pipeline auto keeps {PIPELINE_MICRO_BATCHES_PER_STAGE} x pp = "
+                f"{PIPELINE_MICRO_BATCHES_PER_STAGE * pp} micro-batches per step where global/dp = "
+                f"{self.per_rank} has them (bubble (pp-1)/accum = {pp - 1}/{self.per_rank // chosen})"
+            )
+        if chosen < self.per_rank:  # runner/layout.py: one rank keeps two micro-batches per step
+            return (
+                f"{head}; the largest divisor below global {self.per_rank} on one rank, which keeps "
+                f"two micro-batches per step for the noise scale"
+            )
+        return f"{head}; the largest divisor of global/dp = {self.per_rank}"
+
+    def configured(self, micro: int) -> str:
+        """The verdict on a micro-batch size the config fixed."""
+        fits = self(micro)
+        verb = "fits" if fits else "does NOT fit"
+        return f"batch.micro_size={micro} as configured: {gb(self.totals[micro])} {verb} in {self._usable()}"
+
+    def refusal(self) -> str:
+        """Why nothing fits: micro 1's bytes and its largest term."""
+        terms = self.memory(1)
+        name, size = terms.largest()
+        return (
+            f"batch.micro_size=auto: not even micro 1 fits: {gb(terms.peak)} > {self._usable()} "
+            f"at dp={self.dp} ({name} {gb(size)}); run with plan=true (or planner.recommend=true) "
+            f"to see each term and the cheapest layout that fits"
+        )
+
+
+def micro_fit_for_config(config: TrainConfig) -> MicroFit:
+    """The ``fits`` callable for a run's auto micro-batch (device memory only; no peak measured)."""
+    workload = workload_from_config(config, with_peak=False)
+    knobs = knobs_from_config(config)
+    check_knobs(workload, knobs)
+    dp = data_parallel_size(gpus=config.gpus, tp=knobs.tp, pp=knobs.pp)
+    return MicroFit(workload, knobs, dp=dp, per_rank=max(1, config.batch.global_size // dp))
+
+
+# --------------------------------------------------------------------------------------
+# One layout
+# --------------------------------------------------------------------------------------
+
+
+def plan_only_reasons(knobs: Knobs) -> list[str]:
+    """Why the runner cannot run these knobs yet (empty when it can)."""
+    reasons = []
+    if knobs.pp > 1:
+        # The same refusals as runner/preflight/validate.py pipeline_problems, for a run.
+        if knobs.zero_stage >= 2:
+            # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8).
+            reasons.append("DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")
+        if knobs.offload != "none":
+            reasons.append(f"parallel.pp={knobs.pp} with offload: not run under a pipeline here")
+    return reasons
+
+
+def _split(workload: Workload, knobs: Knobs, dp: int) -> tuple[int, str | None]:
+    """The global batch to plan with: the configured one, or the smallest multiple of dp above it."""
+    try:
+        resolve_layout(
+            gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp, global_size=workload.global_size, micro_size=1
+        )
+    except LayoutError as error:
+        return -(-workload.global_size // dp) * dp, str(error)
+    return workload.global_size, None
+
+
+def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
+    """Plan one layout: resolve the batch contract (auto micro by memory), then memory, traffic, time.
+
+    A global batch that dp does not divide is not refused here: the plan is made at the
+    smallest multiple of dp above it and says so (``contract_error``), so that a sweep
+    answers every cell.
+    """
+    check_knobs(workload, knobs)
+    dp = data_parallel_size(gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp)
+    global_size, contract_error = _split(workload, knobs, dp)
+    per_rank = global_size // dp
+    fit = MicroFit(workload, knobs, dp=dp, per_rank=per_rank)
+    micro = knobs.micro_size
+    if micro is not None and per_rank % micro:
+        contract_error = contract_error or f"batch.micro_size={micro} does not divide global/dp = {per_rank}"
+        micro = None
+    common: dict[str, Any] = dict(gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp, global_size=global_size)
+    if micro is None and not fit(1):  # memory grows with micro: if 1 does not fit, none does
+        layout = resolve_layout(**common, micro_size=1)
+        choice = fit.refusal()
+    elif micro is None:
+        layout = resolve_layout(**common, micro_size=None, fits=fit)
+        choice = fit.reason(layout.micro_size)
+    else:
+        layout = resolve_layout(**common, micro_size=micro)
+        choice = fit.configured(micro)
+    memory = fit.memory(layout.micro_size)
+    groups = traffic(
+        workload.model,
+        precision=workload.precision.value,
+        zero_stage=knobs.zero_stage,
+        recompute=knobs.recompute,
+        seq_len=workload.seq_len,
+        micro_size=layout.micro_size,
+        gpus=layout.gpus,
+        dp=layout.dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        accum_steps=layout.accum_steps,
+        device=workload.device,
+    )
+    time = step_time(
+        workload.model,
+        num_params=workload.num_params,
+        recompute=knobs.recompute,
+        seq_len=workload.seq_len,
+        global_size=layout.global_size,
+        gpus=layout.gpus,
+        pp=layout.pp,
+        accum_steps=layout.accum_steps,
+        overlap_comm=knobs.overlap_comm,
+        groups=groups,
+        peak_flops=workload.device.peak_flops.value,
+    )
+    evaluation = (
+        eval_time(
+            workload.model,
+            num_params=workload.num_params,
+            recompute=knobs.recompute,
+            seq_len=workload.seq_len,
+            step=time,
+            pp=layout.pp,
+            accum_steps=layout.accum_steps,
+            batches=workload.eval_batches,
+        )
+        if workload.eval_every > 0
+        else None
+    )
+    return Plan(
+        workload=workload,
+        knobs=knobs,
+        layout=layout,
+        memory=memory,
+        fits=memory.peak <= workload.usable_bytes,
+        micro_choice=choice,
+        traffic=groups,
+        time=time,
+        plan_only=plan_only_reasons(knobs),
+        host=host_at(workload, knobs, layout, memory),
+        contract_error=contract_error,
+        eval_s=evaluation,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The Hydra job
+# --------------------------------------------------------------------------------------
+
+
+def write_plan(run_dir: Path, record: dict[str, Any]) -> Path:
+    """Write plan.json into the run directory (atomically) and return its path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / PLAN_FILE
+    write_json_atomic(path, record)
+    return path
+
+
+def plan_config(config: TrainConfig) -> Plan:
+    """The plan of a run's configured layout (what ``plan=true`` prints)."""
+    return plan_layout(workload_from_config(config), knobs_from_config(config))
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What ``train.resume=auto`` finds in the run directory, weighed as the run weighs it before
+    its ranks start (launchers/run.py ``resume_plan``)."""
+
+    disk: DiskNeed  # the run's checkpoints, beside those there and a move's converted copy
+    record: dict[str, Any] | None = None  # the checkpoint it continues; None: it starts at step 0
+    saved_bytes: int = 0  # that checkpoint's files, which a conversion reads
+    refusal: str | None = None  # why the run would not continue it on this layout
+
+    def conversion_s(self, storage_bytes_per_s: float | None) -> float | None:
+        """A move's conversion at the storage's speed: reading the checkpoint, writing the copies
+        (a lower bound: the conversion's own compute is not counted); None: no move, or unknown."""
+        conversion = self.disk.conversion
+        if conversion is None or not storage_bytes_per_s:
+            return None
+        return (self.saved_bytes + conversion.stays) / storage_bytes_per_s
+
+    def record_json(self, storage_bytes_per_s: float | None) -> dict[str, Any]:
+        """plan.json's ``resume``."""
+        if self.record is None:
+            return {"from": None}
+        return {
+            "from": self.record["tag"],
+            "completed_steps": self.record["completed_steps"],
+            "saved_bytes": self.saved_bytes,
+            "refused": self.refusal,
+            "conversion_s_at_least": self.conversion_s(storage_bytes_per_s),
+        }
+
+
+def plan_job(config: TrainConfig, *, run_dir: Path, resume: ResumePlan | None = None) -> dict[str, Any]:
+    """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record.
+
+    ``resume``: with train.resume=auto, what the run directory holds (else None).
+    """
+    from runner.plan.ladder import recommend, recommendation_record
+    from runner.plan.table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
+
+    plan = plan_config(config)
+    record = plan.record()
+    text = format_plan(plan)
+    disk = disk_need(config, run_dir) if resume is None else resume.disk
+    record["checkpoint_disk"] = disk.record()
+    if resume is not None:
+        speed = plan.workload.storage_bytes_per_s
+        record["resume"] = resume.record_json(speed)
+        text += "\n" + "\n".join(resume_lines(resume, run_dir, speed))
+    text += "\n" + checkpoint_disk_line(disk, config)
+    if config.planner.recommend:
+        ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm)
+        record["recommendation"] = recommendation_record(ladder)
+        text += "\n" + format_ladder(ladder)
+    print(text, flush=True)
+    path = write_plan(run_dir, record)
+    log.info("plan written to %s (nothing launched)", path)
+    return record
+
+
+def read_plan(run_dir: Path) -> dict[str, Any]:
+    """A run directory's plan.json."""
+    data: dict[str, Any] = json.loads((run_dir / PLAN_FILE).read_text())
+    return data
+
+
+__all__ = [
+    "PLAN_FILE",
+    "Knobs",
+    "MicroFit",
+    "Plan",
+    "ResumePlan",
+    "Workload",
+    "check_knobs",
+    "host_at",
+    "knobs_from_config",
+    "memory_at",
+    "micro_fit_for_config",
+    "offload_mode",
+    "plan_config",
+    "plan_job",
+    "plan_layout",
+    "read_plan",
+    "workload_from_config",
+    "write_plan",
+]

@@ -1,0 +1,232 @@
+"""Communication bytes per step per device, and a predicted step time and MFU, for one layout.
+
+The prediction is a roofline, not a simulation: compute runs at the device's peak, each
+collective at its link's bandwidth, and what is not overlapped adds up. It is an optimistic
+bound: real steps are slower (kernel efficiency, latency, stragglers), so a predicted MFU
+is the most a layout could reach, useful to rank layouts against each other.
+
+Bytes (what one device sends, equally what it receives; runner.comm's ring figures):
+
+- data parallel, ZeRO (runner.comm.zero_step_bytes, Rajbhandari et al. 2019, arXiv
+  1910.02054, Sec. 7): stages 0-1 reduce gradients once per step; stage 2 reduce-scatters
+  gradients at every micro-batch (DeepSpeed keeps only a partition) and all-gathers the
+  updated parameters once; stage 3 repeats its gathers and reduce-scatter every micro-batch.
+- tensor parallel (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3, the f and g operators):
+  per layer and micro-batch two all-reduces of the (s, b, h) activations in the forward
+  and two in the backward; full recompute reruns the forward, two more. Outside the
+  blocks the vocabulary-split output head all-reduces its input gradient, and the
+  vocabulary-split embedding its lookup.
+- pipeline parallel (Narayanan et al. 2021, arXiv 2104.04473, Sec. 2.2): per micro-batch a
+  stage sends its (s, b, h) output forward and the gradient of its input backward.
+
+Time: compute = tokens x (model + recomputed FLOPs per token) / (gpus x peak); the 1F1B
+pipeline bubble adds (pp - 1) / accum of it (Narayanan et al. 2021, Sec. 2.2.1); each
+group's bytes go over its link. Data-parallel traffic stays within a node when all ranks
+fit in one (gpus <= gpus_per_node), else it crosses nodes; tensor parallel stays inside a
+node. With ``parallel.overlap_comm`` the data-parallel traffic hides behind compute up to
+the compute time; tensor- and pipeline-parallel traffic is on the critical path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner.comm import allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
+from runner.config import ModelConfig
+from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_flops_per_token
+from runner.parallel.pipeline_split import rank_param_numels
+from runner.plan.hardware import Device
+from runner.plan.memory import layers_per_stage
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes one device moves per optimizer step in one parallel group, and over which link."""
+
+    group: str  # "dp", "tp" or "pp"
+    bytes: float
+    link: str  # "intra-node" or "inter-node"
+    bandwidth: float | None  # bytes/s one direction; None: unknown
+    detail: str
+
+    @property
+    def seconds(self) -> float | None:
+        """Time on the link at full bandwidth; None when the bandwidth is unknown."""
+        if self.bytes == 0:
+            return 0.0
+        if self.bandwidth is None:
+            return None
+        return self.bytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted time of one optimizer step and the MFU it implies (None: peak unknown)."""
+
+    compute_s: float | None
+    bubble_s: float | None
+    comm_s: float | None  # exposed communication; None: a needed bandwidth is unknown
+    step_s: float | None  # None when compute is unknown; a lower bound when comm_s is None
+    mfu: float | None  # an upper bound when comm_s is None
+    tokens_per_s: float | None
+
+    @property
+    def complete(self) -> bool:
+        """True when every part of the step could be predicted."""
+        return self.step_s is not None and self.comm_s is not None
+
+
+def _link(device: Device, *, inside_node: bool) -> tuple[str, float | None]:
+    if inside_node:
+        return "intra-node", device.intra_node_bytes_per_s.value
+    return "inter-node", device.inter_node_bytes_per_s.value
+
+
+def traffic(
+    model: ModelConfig,
+    *,
+    precision: str,
+    zero_stage: int,
+    recompute: str,
+    seq_len: int,
+    micro_size: int,
+    gpus: int,
+    dp: int,
+    tp: int,
+    pp: int,
+    accum_steps: int,
+    device: Device,
+) -> list[Traffic]:
+    """Bytes per optimizer step per device of each parallel group in use (see the module docstring)."""
+    elem = 4 if precision == "fp32" else 2  # gradients and parameters travel in the compute dtype
+    local = sum(rank_param_numels(model, tp=tp, pp=pp))  # the fullest rank's, before ZeRO
+    once = zero_step_bytes(local, zero_stage=zero_stage, dp=dp, grad_bytes_per_elem=elem)
+    if zero_stage == 3:
+        dp_bytes, how = accum_steps * once, f"3 x params per micro-batch x accum {accum_steps}"
+    elif zero_stage == 2:
+        extra = (accum_steps - 1) * reduce_scatter_bytes(local * elem, dp)
+        dp_bytes, how = once + extra, f"grads reduce-scattered per micro-batch x accum {accum_steps}"
+    else:
+        dp_bytes, how = once, "gradients reduced once per step"
+    within = gpus <= device.per_node
+    where = f"{gpus} gpus {'<=' if within else '>'} {device.per_node} per node"
+    groups = [
+        Traffic("dp", dp_bytes, *_link(device, inside_node=within), f"ZeRO-{zero_stage}: {how}; {where}")
+    ]
+    activation = seq_len * micro_size * model.d_model * elem  # one (s, b, h) tensor
+    if tp > 1:
+        per_layer = 6 if recompute == "full" else 4  # Shoeybi et al. 2019: f, g fwd + bwd
+        # The vocabulary-parallel head's input gradient and the embedding's lookup; the loss's
+        # per-token all-reduces are (s, b) only.
+        outside = 2
+        count = layers_per_stage(model.n_layer, pp) * per_layer + outside
+        groups.append(
+            Traffic(
+                "tp",
+                accum_steps * count * allreduce_bytes(activation, tp),
+                *_link(device, inside_node=tp <= device.per_node),
+                f"{per_layer} all-reduces of (s, b, h) per layer and micro-batch, {outside} for the "
+                "vocabulary-split head and embedding",
+            )
+        )
+    if pp > 1:
+        groups.append(
+            Traffic(
+                "pp",
+                accum_steps * 2.0 * activation,
+                *_link(device, inside_node=within),
+                "activation out + gradient back per micro-batch",
+            )
+        )
+    return groups
+
+
+def model_flops_per_token(model: ModelConfig, *, num_params: int, seq_len: int) -> float:
+    """Model FLOPs per token, 6N + 12*L*h*s (PaLM appendix B; N without an untied input embedding)."""
+    n = non_embedding_params(
+        num_params, vocab_size=model.vocab_size, d_model=model.d_model, tie_embeddings=model.tie_embeddings
+    )
+    return flops_per_token(num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len)
+
+
+def step_time(
+    model: ModelConfig,
+    *,
+    num_params: int,
+    recompute: str,
+    seq_len: int,
+    global_size: int,
+    gpus: int,
+    pp: int,
+    accum_steps: int,
+    overlap_comm: bool,
+    groups: list[Traffic],
+    peak_flops: float | None,
+) -> StepTime:
+    """Predicted step time and MFU: compute at peak + pipeline bubble + exposed communication."""
+    tokens = global_size * seq_len
+    model_fpt = model_flops_per_token(model, num_params=num_params, seq_len=seq_len)
+    n = non_embedding_params(
+        num_params, vocab_size=model.vocab_size, d_model=model.d_model, tie_embeddings=model.tie_embeddings
+    )
+    redo = recompute_flops_per_token(
+        num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len, recompute=recompute
+    )
+    seconds = {g.group: g.seconds for g in groups}
+    comm: float | None = None
+    if all(s is not None for s in seconds.values()):
+        comm = sum(s for s in seconds.values() if s is not None)
+    if peak_flops is None:
+        return StepTime(None, None, comm, None, None, None)
+    compute = tokens * (model_fpt + redo) / (gpus * peak_flops)
+    # Narayanan et al. 2021 (arXiv 2104.04473), Sec. 2.2.1: bubble / ideal time = (p - 1) / m.
+    bubble = compute * (pp - 1) / accum_steps
+    known = 0.0
+    for group, s in seconds.items():
+        if s is None:
+            continue
+        known += max(0.0, s - compute) if (group == "dp" and overlap_comm) else s
+    exposed = known if comm is not None else None
+    step = compute + bubble + known
+    # PaLM (arXiv 2204.02311) appendix B: MFU = model FLOP/s achieved / aggregate peak.
+    utilisation = mfu(
+        tokens_per_s=tokens / step,
+        flops_per_token=model_fpt,
+        peak_flops_per_device=peak_flops,
+        n_devices=gpus,
+    )
+    return StepTime(compute, bubble, exposed, step, utilisation, tokens / step)
+
+
+__all__ = ["StepTime", "Traffic", "model_flops_per_token", "step_time", "traffic"]
+
+
+def eval_time(
+    model: ModelConfig,
+    *,
+    num_params: int,
+    recompute: str,
+    seq_len: int,
+    step: StepTime,
+    pp: int,
+    accum_steps: int,
+    batches: int,
+) -> float | None:
+    """Predicted seconds of one held-out evaluation (runner/train/evaluation.py): ``batches`` global batches,
+    forward only, at peak, with a pipeline's inference bubble; None where the step's compute is unknown.
+
+    A forward pass is one third of a step's model FLOPs (2N of 6N per token: Kaplan et al. 2020,
+    Sec. 2.1) and recomputes nothing, so it takes compute x (model/3) / (model + recomputed) of the
+    step's compute. The bubble fraction (p - 1) / m is the step's (Narayanan et al. 2021).
+    """
+    if step.compute_s is None:
+        return None
+    model_fpt = model_flops_per_token(model, num_params=num_params, seq_len=seq_len)
+    n = non_embedding_params(
+        num_params, vocab_size=model.vocab_size, d_model=model.d_model, tie_embeddings=model.tie_embeddings
+    )
+    redo = recompute_flops_per_token(
+        num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len, recompute=recompute
+    )
+    forward = step.compute_s * (model_fpt / 3) / (model_fpt + redo)
+    return batches * forward * (1 + (pp - 1) / accum_steps)

@@ -1,0 +1,350 @@
+"""The plan as text: one table per layout, and the ladder's rungs. Units are always spelled out.
+
+Memory is shown in decimal GB (1e9 bytes, the ZeRO paper's and the memory/*_gb metrics'
+unit) and in GiB (2**30 bytes, what CUDA tools print); bandwidths in GB/s (1e9 bytes/s);
+compute in TFLOP/s (1e12 FLOP/s).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from runner.config import TrainConfig
+from runner.memory import GiB, bytes_per_param
+from runner.parallel.pipeline_split import rank_param_numels
+from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
+from runner.plan.hardware import Figure
+from runner.plan.ladder import Ladder
+from runner.plan.memory import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
+from runner.plan.planner import GB, Plan, ResumePlan, gb
+from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout
+
+_OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers
+
+_W = 38  # width of the label column
+
+# Residual lines computed outside runner.memory.deepspeed_residuals, by the function that does.
+_RESIDUAL_SOURCES = {
+    "reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets, where live (runner.plan.memory)",
+    TIED_HEAD_GRADIENT: "autograd holds it through backward (runner.plan.memory.tied_head_gradient_bytes)",
+    "reduce_bucket (at boundary)": "a pipeline's ZeRO-1 second bucket, beyond the freed activations",
+    ALLREDUCE_FLAT: "ZeRO-0's flat gradient copy, beyond the freed activations (runner.plan.memory)",
+}
+
+
+def _row(label: str, num_bytes: float, note: str = "") -> str:
+    # A label wider than its column (DeepSpeed's buffer names) gets a line of its own.
+    head = f"  {label}\n" if len(label) > _W else ""
+    label = "" if head else label
+    return f"{head}  {label:<{_W}}{num_bytes / GB:>10.2f} {num_bytes / GiB:>10.2f}  {note}".rstrip()
+
+
+def _split_words(tp: int, pp: int) -> str:
+    """Which rank's parameters the formula counts, when tp or pp split them."""
+    parts = [f"1/{tp} of each block matrix and of the vocabulary"] if tp > 1 else []
+    if pp > 1:
+        parts.append(f"the fullest of {pp} stages")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _states_formula(plan: Plan) -> str:
+    """ZeRO's per-device formula for this stage in bytes per parameter (arXiv 1910.02054, Fig. 1).
+
+    ZeRO-1 reads as ZeRO-2: DeepSpeed's stage 1 keeps only its gradient partition after the
+    step's reduce-scatter (runner/metrics/ledger.py), which is what the plan counts. ``=`` when the
+    formula gives the planned bytes; ``~`` when the fullest rank holds more (ZeRO-1/2 keep
+    whole the gradients of tensors straddling its partition's edges; padding).
+    """
+    w, k, lay, m = plan.workload, plan.knobs, plan.layout, plan.memory
+    if k.offload != "none":
+        return f"= ZeRO-{k.zero_stage} with {k.offload} offloaded to the host"
+    wb, gb_, ob = bytes_per_param(w.precision.value, w.optimizer)
+    n = lay.dp
+    per_param = {
+        0: (f"{wb + gb_ + ob} B", wb + gb_ + ob),
+        1: (f"({wb} + {gb_ + ob}/{n}) B", wb + (gb_ + ob) / n),
+        2: (f"({wb} + {gb_ + ob}/{n}) B", wb + (gb_ + ob) / n),
+        3: (f"{wb + gb_ + ob}/{n} B", (wb + gb_ + ob) / n),
+    }[k.zero_stage]
+    formula, bytes_each = per_param
+    local = sum(rank_param_numels(w.model, tp=lay.tp, pp=lay.pp))
+    exact = abs(bytes_each * local - m.model_states) <= 1e-3 * m.model_states
+    split = _split_words(lay.tp, lay.pp)
+    return f"{'=' if exact else '~'} ZeRO-{k.zero_stage}: {formula} x {local:,} params{split}"
+
+
+def nominal_params(model_name: str) -> float | None:
+    """The size a model's name announces ('llama_70b' -> 70e9, 'gpt2_124m' -> 124e6), or None."""
+    match = re.search(r"(\d+(?:\.\d+)?)([bm])$", model_name.lower())
+    if match is None:
+        return None
+    return float(match.group(1)) * (1e9 if match.group(2) == "b" else 1e6)
+
+
+def _nominal_states(plan: Plan) -> str:
+    """Model states at the name's round size, beside the exact count (papers quote the round one)."""
+    w, k = plan.workload, plan.knobs
+    nominal = nominal_params(w.model.name)
+    if nominal is None or k.offload != "none" or abs(nominal - w.num_params) < 0.005 * nominal:
+        return ""
+    at_nominal = plan.memory.model_states * nominal / w.num_params  # every term is linear in P
+    return (
+        f"(the exact count {w.num_params / 1e9:.2f}e9 gives this; the nominal {nominal / 1e9:g}e9 of "
+        f"the name {w.model.name!r} would give {at_nominal / GB:.2f} GB)"
+    )
+
+
+def _figure(fig: Figure, scale: float, unit: str) -> str:
+    if fig.value is None:
+        return f"unknown  [{fig.source}]"
+    return f"{fig.value / scale:g} {unit}  [{fig.source}]"
+
+
+def _host_lines(plan: Plan) -> list[str]:
+    """A node's host memory: each phase per rank, times the ranks, against the node's RAM."""
+    h, w = plan.host, plan.workload
+    per_node = w.device.per_node
+    lines = [
+        f"host memory per node: {h.ranks_per_node} rank{'s' if h.ranks_per_node > 1 else ''} "
+        f"(gpus {w.gpus}, {per_node} per node), "
+        f"model built {h.build_method}",
+        f"  {'':<{_W}}{'GB':>10} {'GiB':>10}",
+    ]
+    lines += [_row(f"build: {name}", size, "per rank") for name, size in h.build.items()]
+    lines.append(_row(f"build per node (x {h.ranks_per_node})", h.build_per_node, "runner/engine/build.py"))
+    offloaded = sum(v for k, v in h.steady.items() if k in plan.memory.host)
+    if offloaded:
+        lines.append(_row("steady: offloaded and host buffers", offloaded, "per rank (the lines above)"))
+    lines += [
+        _row(f"steady: {name}", size, "per rank")
+        for name, size in h.steady.items()
+        if name not in plan.memory.host
+    ]
+    lines.append(_row(f"steady per node (x {h.ranks_per_node})", h.steady_per_node))
+    lines.append(_row("host RAM per node", h.ram_bytes, f"[{h.ram_source}]"))
+    lines.append(_row(f"usable (headroom {h.headroom:g})", h.usable_bytes))
+    lines.append(f"  => {h.verdict()}")
+    lines += [f"     fix: {fix}" for fix in h.fixes]
+    return lines
+
+
+def format_plan(plan: Plan) -> str:
+    """One layout's table: layout, device, memory terms against the usable memory, traffic, time."""
+    w, k, lay, m, t = plan.workload, plan.knobs, plan.layout, plan.memory, plan.time
+    dev = w.device
+    memory_bytes = float(dev.memory_bytes.value or 0.0)
+    lines = [
+        f"plan: {w.model.name} ({w.num_params:,} params, counted analytically), {k.describe()}, "
+        f"{w.precision.value} {w.optimizer}, seq {w.seq_len}, gpus {w.gpus} on cluster {w.cluster}"
+        + ("  [PLAN ONLY]" if plan.plan_only else ""),
+        "  nothing launched, nothing allocated",
+        f"layout     gpus {lay.gpus} = dp {lay.dp} x tp {lay.tp} x pp {lay.pp};  global {lay.global_size} = "
+        f"micro {lay.micro_size} x accum {lay.accum_steps} x dp {lay.dp}",
+    ]
+    if plan.contract_error is not None:
+        lines.append(f"  ! batch contract NOT met for the configured global {w.global_size}:")
+        lines.append(f"    {plan.contract_error}")
+        lines.append(f"    planned instead at global {lay.global_size}: this layout cannot run as configured")
+    lines.append(f"  {plan.micro_choice}")
+    lines += [
+        f"device     memory {memory_bytes / GB:.1f} GB = {memory_bytes / GiB:.1f} GiB"
+        f"  [{dev.memory_bytes.source}]",
+        f"           peak ({w.precision.value}, dense) {_figure(dev.peak_flops, 1e12, 'TFLOP/s')}",
+        f"           {dev.per_node} gpus per node  [{dev.gpus_per_node.source}]",
+        f"           links: intra-node {_figure(dev.intra_node_bytes_per_s, GB, 'GB/s')}; "
+        f"inter-node {_figure(dev.inter_node_bytes_per_s, GB, 'GB/s')}",
+        f"memory per device{'':<{_W - 17}}{'GB':>10} {'GiB':>10}",
+        _row("params", m.params),
+        _row("grads", m.grads),
+        _row("optimizer", m.optimizer),
+        _row(
+            "activations",
+            m.activations,
+            f"micro {lay.micro_size}, recompute {k.recompute}, tp {lay.tp}"
+            + (f"; {m.activation_note}" if m.activation_note else ""),
+        ),
+    ]
+    if m.residuals:
+        lines += [
+            _row(f"residual: {name}", size, _RESIDUAL_SOURCES.get(name, "runner.memory.deepspeed_residuals"))
+            for name, size in m.residuals.items()
+        ]
+    else:
+        lines.append(
+            f"  {'residuals':<{_W}}{'none':>10} {'':>10}  runner.memory.deepspeed_residuals: none measured"
+        )
+    if m.host:
+        where = "counted on the device: the CPU is the device" if m.host_counts_on_device else "host RAM"
+        lines += [
+            _row(
+                f"offloaded {name} (per rank)" if name in _OFFLOADED_TERMS else f"host buffer: {name}",
+                size,
+                where,
+            )
+            for name, size in m.host.items()
+        ]
+    if m.grads_after_peak:
+        why = "one micro-batch a step (runner.plan.memory.grads_after_activation_peak)"
+        if m.activation_note:  # a pipeline's first stage
+            why = "first stage's first backward (runner.plan.memory.first_stage_grads_after_peak)"
+        lines.append(_row("grads made after the activation peak", -m.grads_after_peak, why))
+    lines.append(_row("total", m.total))
+    if m.step:
+        where = "the peak: " if m.step > m.total else ""
+        why = f"{where}states + fp32 grad copies (plan_memory.optimizer_step_bytes)"
+        lines.append(_row("in the optimizer step", m.step, why))
+    if m.build:
+        lines.append(_row("building: zero.Init 1/dp + a weight", m.build, "before AutoTP cuts the shards"))
+    lines.append(_row(f"usable (headroom {w.headroom:g})", w.usable_bytes))
+    margin = w.usable_bytes - m.peak
+    if plan.fits:
+        lines.append(
+            f"  => FITS, {gb(margin)} to spare ({100 * m.peak / memory_bytes:.0f}% of device memory)"
+        )
+    else:
+        lines.append(
+            f"  => DOES NOT FIT by {gb(-margin)}: needs {gb(m.peak)}, {gb(w.usable_bytes)} usable; "
+            f"largest term {m.largest()[0]} (planner.recommend=true finds a layout that fits)"
+        )
+    lines.append(f"  model states {m.model_states / GB:.2f} GB per device {_states_formula(plan)}")
+    nominal = _nominal_states(plan)
+    if nominal:
+        lines.append(f"    {nominal}")
+    lines += _host_lines(plan)
+    lines.append("communication per step per device (ring; bytes sent = bytes received)")
+    for g in plan.traffic:
+        bw = "unknown bandwidth: no time predicted" if g.seconds is None else f"{g.seconds:.3g} s"
+        speed = "" if g.bandwidth is None else f" at {g.bandwidth / GB:g} GB/s"
+        lines.append(f"  {g.group:<4}{g.bytes / GB:>10.2f} GB  {g.link}{speed}: {bw}  ({g.detail})")
+    lines.append("time per step (predicted: compute at peak, links at full bandwidth; a bound on MFU)")
+    if t.compute_s is None:
+        lines.append("  not predicted: the peak FLOP/s is unknown (set cluster.peak_tflops)")
+    else:
+        overlap = (
+            "overlapped with compute" if k.overlap_comm else "not overlapped (parallel.overlap_comm=false)"
+        )
+        comm = "unknown" if t.comm_s is None else f"{t.comm_s:.3g} s"
+        lines.append(
+            f"  compute {t.compute_s:.3g} s + pipeline bubble {t.bubble_s or 0:.3g} s"
+            f" ((pp-1)/accum = {lay.pp - 1}/{lay.accum_steps}) + comm {comm}, dp {overlap}"
+        )
+        assert t.step_s is not None and t.mfu is not None and t.tokens_per_s is not None
+        if t.complete:
+            lines.append(
+                f"  step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%, {t.tokens_per_s:,.0f} tokens/s"
+                + ("" if plan.fits and plan.host.fits else "  (hypothetical: it does not fit)")
+            )
+        else:
+            lines.append(
+                f"  step >= {t.step_s:.3g} s, MFU <= {100 * t.mfu:.1f}% (communication time unknown)"
+            )
+    if plan.eval_s is not None and plan.eval_share is not None:
+        lines.append(
+            f"  held-out evaluation every {w.eval_every} steps: {w.eval_batches} global batches forward "
+            f"only, {plan.eval_s:.3g} s each, {100 * plan.eval_share:.1f}% on top of the steps' time"
+        )
+    if k.offload != "none":
+        lines.append(
+            "  not in this time: offload's host<->device copies and the CPU optimizer step "
+            "(no PCIe or host figures in the cluster config)"
+        )
+    for reason in plan.plan_only:
+        lines.append(f"  plan only: {reason}")
+    weight, state = saved_bytes_per_param(w.precision.value, w.optimizer, k.zero_stage, pp=lay.pp)
+    copies = []
+    if lay.tp > 1:
+        copies.append(f"the norm gains on each of tp {lay.tp}")
+    if lay.pp > 1 and w.model.tie_embeddings:
+        copies.append("the tied embedding's state on both ends of the pipeline")
+    saved = f"{weight} B of {w.precision.value} weights + " if weight else ""
+    extra = f"; beyond it, {' and '.join(copies)}" if copies else ""
+    lines += [
+        "checkpoint on disk (every rank's files; runner/plan/checkpoint_size.py)",
+        f"  one checkpoint {plan.checkpoint_bytes / GB:.2f} GB = {saved}{state} B of fp32 optimizer state "
+        f"per parameter{extra}",
+        _save_time_line(plan),
+    ]
+    return "\n".join(lines)
+
+
+def _save_time_line(plan: Plan) -> str:
+    """One save's time at the storage's write speed, and its share of the steps' time."""
+    if plan.checkpoint_s is None:
+        return "  its save time: unknown (set cluster.storage_gb_per_s, the filesystem's write speed)"
+    speed = plan.checkpoint_bytes / plan.checkpoint_s / GB
+    line = f"  one save {plan.checkpoint_s:.3g} s at cluster.storage_gb_per_s={speed:g}"
+    every = plan.workload.checkpoint_every
+    if plan.checkpoint_share is not None:
+        line += f"; every {every} steps: {100 * plan.checkpoint_share:.1f}% on top of the steps' time"
+    return line
+
+
+def resume_lines(resume: ResumePlan, run_dir: Path, storage_bytes_per_s: float | None) -> list[str]:
+    """train.resume=auto: the checkpoint the run continues, on which layout it was saved, and what
+    moving it onto this one writes and takes before the first step."""
+    record = resume.record
+    if record is None:
+        where = run_dir / CHECKPOINT_DIR
+        return [f"  train.resume=auto: no complete checkpoint in {where}: the run starts at step 0"]
+    lines = [
+        f"  train.resume=auto: continues {record['tag']} ({record['completed_steps']} steps done, "
+        f"{resume.saved_bytes / GB:.3f} GB), saved on {own_layout(record)}"
+    ]
+    conversion = resume.disk.conversion
+    if resume.refusal is not None:
+        lines.append(f"    REFUSED before launch: {resume.refusal}")
+    elif conversion is None:
+        lines.append("    this layout loads it as it is: nothing to convert")
+    else:
+        seconds = resume.conversion_s(storage_bytes_per_s)
+        if seconds is None or not storage_bytes_per_s:
+            speed = "its time: unknown (set cluster.storage_gb_per_s, the filesystem's speed)"
+        else:
+            speed = (
+                f"at least {seconds:.3g} s at cluster.storage_gb_per_s={storage_bytes_per_s / GB:g} "
+                f"(reading it and writing the copies; the conversion's compute not counted)"
+            )
+        written = f"{conversion.stays / GB:.3f} GB of copies beside it"
+        if conversion.peak > conversion.stays:
+            written += f", {conversion.peak / GB:.3f} GB at the most while written"
+        lines.append(f"    this layout converts it first, before its ranks load it: {written}; {speed}")
+    return lines
+
+
+def checkpoint_disk_line(need: DiskNeed, config: TrainConfig) -> str:
+    """Whether the run's checkpoints fit on its directory's filesystem, in one line."""
+    every = config.train.checkpoint_every
+    verdict = "FITS" if need.fits else "DOES NOT FIT"
+    if not every:
+        beside = "" if need.conversion is None else f", beside {need.conversion.words()}"
+        return (
+            f"  train.checkpoint_every=0: one checkpoint at a stop{beside}; {need.free / GB:.2f} GB free "
+            f"on the filesystem of {need.where} => {verdict}"
+        )
+    return f"  train.checkpoint_every={every}: {need.arithmetic()} => {verdict}"
+
+
+def format_ladder(ladder: Ladder) -> str:
+    """The rungs tried, cheapest first, each with its verdict; then the winner's command."""
+    w = ladder.workload
+    lines = [
+        f"recommend: {w.model.name} on {w.gpus} x {w.cluster}, global {w.global_size}, "
+        f"{w.precision.value} {w.optimizer}, seq {w.seq_len}; {gb(w.usable_bytes)} usable per device, "
+        f"{gb(w.headroom * float(w.device.host_memory_bytes.value or 0.0))} usable host RAM per node",
+    ]
+    for i, rung in enumerate(ladder.rungs, 1):
+        mark = "FITS" if rung.fits else "no"
+        lines.append(f"  {i:>2}. {rung.name:<36} {mark:<5} {rung.reason}")
+    if ladder.winner is None:
+        lines.append("  nothing fits: add gpus, shorten data.seq_len, or lower batch.global_size")
+        return "\n".join(lines)
+    lines.append(
+        f"first that fits: {ladder.winner.name}" + ("  [PLAN ONLY]" if ladder.winner.plan.plan_only else "")
+    )
+    lines.append(f"  {ladder.command}")
+    lines.append("  (plus this run's other overrides)")
+    return "\n".join(lines)
+
+
+__all__ = ["format_ladder", "format_plan"]

@@ -1,0 +1,1 @@
+"""Checks made before any rank starts: each refusal names the key, the value and the fix."""

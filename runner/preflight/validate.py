@@ -1,0 +1,323 @@
+"""Checks that need more than a schema: each problem names the key, the value and the fix.
+
+Everything here runs in the launching process, before any rank starts and before the
+run directory gets any file of the runner's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from runner.config import DataName, Offload, Precision, TrainConfig
+from runner.data.text_corpus import builtin_held_out_text
+from runner.data.token_file import TOKEN_DTYPES, token_file_problem, token_files
+from runner.hardware.cuda_devices import cuda_available, cuda_device_count
+from runner.layout import LayoutError, parse_micro_size, resolve_layout
+from runner.parallel.tensor import tp_node_problems, tp_problems
+from runner.preflight.wandb_credentials import credentials_problems
+
+
+class ConfigError(ValueError):
+    """A configuration the runner refuses; the message lists every problem found."""
+
+
+def host_ranks_available() -> tuple[int, str]:
+    """How many ranks the local launcher can place on this host, and what they are."""
+    count = cuda_device_count()
+    if count:
+        return count, f"{count} CUDA device(s)"
+    cores = os.cpu_count() or 1
+    return cores, f"no CUDA device and {cores} CPU core(s) (one rank per core)"
+
+
+def _problems(config: TrainConfig) -> list[str]:
+    problems: list[str] = []
+    model, data, opt = config.model, config.data, config.optimizer
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    need(
+        config.train.steps >= 1, f"train.steps={config.train.steps}: must be at least 1, e.g. train.steps=100"
+    )
+    need(config.gpus >= 1, f"gpus={config.gpus}: the number of ranks must be at least 1, e.g. gpus=1")
+    need(data.seq_len >= 2, f"data.seq_len={data.seq_len}: must be at least 2 tokens, e.g. data.seq_len=128")
+    need(
+        data.seq_len <= model.max_seq_len,
+        f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len} of model "
+        f"{model.name}; lower data.seq_len or raise model.max_seq_len",
+    )
+    need(data.dtype in TOKEN_DTYPES, f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32")
+    need(opt.lr > 0, f"optimizer.lr={opt.lr}: must be positive, e.g. optimizer.lr=3e-4")
+    storage = config.cluster.storage_gb_per_s
+    if storage is not None:
+        need(
+            storage > 0,
+            f"cluster.storage_gb_per_s={storage:g}: the checkpoint filesystem's write speed in GB/s must "
+            f"be positive (e.g. cluster.storage_gb_per_s=2), or null when unknown",
+        )
+    window = config.precision.loss_scale_window
+    need(window >= 1, f"precision.loss_scale_window={window}: must be a step count, e.g. 1000 (the default)")
+    need(opt.warmup_steps >= 0, f"optimizer.warmup_steps={opt.warmup_steps}: must be 0 or more")
+    need(0 <= opt.min_lr_ratio <= 1, f"optimizer.min_lr_ratio={opt.min_lr_ratio}: must lie in [0, 1]")
+    need(opt.grad_clip >= 0, f"optimizer.grad_clip={opt.grad_clip}: must be 0 (off) or positive")
+    need(
+        opt.reference_batch is None or opt.reference_batch >= 1,
+        f"optimizer.reference_batch={opt.reference_batch}: must be a positive batch size or null",
+    )
+    need(model.n_layer >= 1, f"model.n_layer={model.n_layer}: must be at least 1")
+    need(
+        model.n_head >= 1 and model.d_model % model.n_head == 0,
+        f"model.d_model={model.d_model} is not divisible by model.n_head={model.n_head}; "
+        f"pick n_head among the divisors of d_model",
+    )
+    kv = model.n_kv_head or model.n_head
+    need(
+        kv >= 1 and model.n_head % kv == 0,
+        f"model.n_kv_head={model.n_kv_head} must divide model.n_head={model.n_head} "
+        f"(grouped-query attention)",
+    )
+    need(model.vocab_size >= 2, f"model.vocab_size={model.vocab_size}: must be at least 2")
+    need(
+        config.parallel.zero_stage in (0, 1, 2, 3),
+        f"parallel.zero_stage={config.parallel.zero_stage}: ZeRO stages are 0, 1, 2 and 3",
+    )
+    need(
+        config.train.checkpoint_every >= 0,
+        f"train.checkpoint_every={config.train.checkpoint_every}: must be 0 (no checkpoints) or a step count",
+    )
+    need(
+        config.train.keep_checkpoints >= 1,
+        f"train.keep_checkpoints={config.train.keep_checkpoints}: keep at least 1 checkpoint",
+    )
+    if data.name == DataName.text and data.path is None:
+        need(
+            model.vocab_size >= 256,
+            f"model.vocab_size={model.vocab_size}: the built-in text is bytes (ids 0-255); set "
+            f"model.vocab_size=256 or more, or give your own tokens with data.path",
+        )
+    if data.name == DataName.text and data.path is not None:
+        problem = _token_path_problem(
+            config, "data.path", data.path, "leave data.path unset for the built-in text"
+        )
+        need(problem is None, problem or "")
+    _check_evaluation(config, need)
+    parallel = config.parallel
+    if parallel.offload_optimizer == Offload.cpu:
+        need(
+            parallel.zero_stage >= 1,
+            f"parallel.offload_optimizer=cpu with parallel.zero_stage={parallel.zero_stage}: ZeRO-Offload "
+            f"needs stage 1, 2 or 3; use parallel=zero2 or parallel=zero3",
+        )
+    if parallel.offload_param == Offload.cpu:
+        need(
+            parallel.zero_stage == 3,
+            f"parallel.offload_param=cpu with parallel.zero_stage={parallel.zero_stage}: parameters "
+            f"are offloaded at stage 3 only; use parallel=zero3",
+        )
+        need(
+            parallel.offload_optimizer == Offload.cpu,
+            "parallel.offload_param=cpu without parallel.offload_optimizer=cpu: offload the "
+            "optimizer states too (DeepSpeed's ZeRO-Infinity order)",
+        )
+    train = config.train
+    need(
+        train.max_skipped_steps >= 0,
+        f"train.max_skipped_steps={train.max_skipped_steps}: must be 0 or more (the skipped steps a "
+        f"run with train.on_nonfinite=skip allows before it stops), e.g. train.max_skipped_steps=10",
+    )
+    need(
+        train.profile_step == -1 or 0 <= train.profile_step < max(train.steps, 1),
+        f"train.profile_step={train.profile_step}: must be a step of the run, 0 to "
+        f"train.steps - 1 = {train.steps - 1} (e.g. train.profile_step={min(2, max(train.steps - 1, 0))}, "
+        f"after the first steps' warm-up), or -1 for none",
+    )
+    problems += tp_problems(config.model, tp=config.parallel.tp)
+    if config.cluster.gpus_per_node is not None:
+        problems += tp_node_problems(
+            config.parallel.tp,
+            ranks_per_node=config.cluster.gpus_per_node,
+            where=f"cluster={config.cluster.name} ({config.cluster.gpus_per_node} gpus per node)",
+        )
+    need(config.logger.log_every >= 1, f"logger.log_every={config.logger.log_every}: must be at least 1")
+    need(0 < config.planner.headroom <= 1, f"planner.headroom={config.planner.headroom}: must lie in (0, 1]")
+    return problems
+
+
+def _check_evaluation(config: TrainConfig, need: Callable[[bool, str], None]) -> None:
+    """train.eval_every's held-out tokens: data.val_path, or the built-in text's held-out corpus."""
+    train, data = config.train, config.data
+    need(
+        train.eval_every >= 0,
+        f"train.eval_every={train.eval_every}: must be 0 (no evaluation) or a step count",
+    )
+    need(
+        train.eval_batches >= 1,
+        f"train.eval_batches={train.eval_batches}: an evaluation reads at least 1 global batch",
+    )
+    if data.val_path is not None and data.name != DataName.text:
+        need(False, f"data.val_path={data.val_path}: held-out tokens are for data=text; unset it")
+        return
+    if train.eval_every <= 0 or data.name != DataName.text:
+        return  # synthetic data is evaluated on synthetic tokens of its own stream
+    if data.val_path is None:
+        need(
+            data.path is None,
+            f"train.eval_every={train.eval_every} with data.path={data.path}: give the held-out "
+            f"tokens as data.val_path (e.g. llm.c's fineweb_val_000000.bin), in the same forms as "
+            f"data.path; ladder holds none of your tokens out itself",
+        )
+        held_out = len(builtin_held_out_text()) if data.path is None else data.seq_len + 1
+        need(
+            held_out >= data.seq_len + 1,
+            f"train.eval_every={train.eval_every}: this Python has no test-suite sources to hold out of "
+            f"the built-in text ({held_out} bytes; Debian ships them as libpython3.X-testsuite); give "
+            f"held-out tokens as data.val_path, or set train.eval_every=0",
+        )
+        return
+    problem = _token_path_problem(config, "data.val_path", data.val_path, "unset data.val_path")
+    need(problem is None, problem or "")
+
+
+def _token_path_problem(config: TrainConfig, key: str, path: str, otherwise: str) -> str | None:
+    """What is wrong with the token files ``key`` names (data.path, data.val_path): none there, or
+    their size, ids against model.vocab_size and length against data.seq_len; None if nothing."""
+    files = token_files(path)
+    if not files or not all(file.is_file() for file in files):
+        return (
+            f"{key}={path}: {'matches no file' if not files else 'no such file'}; give a token file (a raw "
+            f"array of data.dtype, a .npy, an llm.c shard) or a glob of them, or {otherwise}"
+        )
+    if config.data.dtype not in TOKEN_DTYPES:
+        return None  # said once, of data.dtype
+    data = config.data
+    return token_file_problem(path, data.dtype, config.model.vocab_size, data.seq_len, key=key)
+
+
+def batch_contract_problems(config: TrainConfig) -> list[str]:
+    """The batch contract with every micro-batch allowed (auto's memory fit is checked later)."""
+    if config.gpus < 1:
+        return []  # no layout to speak of; the config's own check names gpus
+    try:
+        resolve_layout(
+            gpus=config.gpus,
+            tp=config.parallel.tp,
+            pp=config.parallel.pp,
+            global_size=config.batch.global_size,
+            micro_size=parse_micro_size(config.batch.micro_size),
+        )
+    except LayoutError as error:
+        return [str(error)]
+    return []
+
+
+def pipeline_problems(config: TrainConfig) -> list[str]:
+    """Why a ``parallel.pp > 1`` run cannot start, each with the fix (empty when it can)."""
+    par, model = config.parallel, config.model
+    pp = par.pp
+    if pp <= 1:
+        return []
+    problems = []
+    if par.zero_stage >= 2:
+        # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8): ZeRO-2 would
+        # reduce-scatter gradients inside every micro-batch's backward, the pipeline's own
+        # gradient reduction runs once per step.
+        problems.append(
+            f"parallel.pp={pp} with parallel.zero_stage={par.zero_stage}: DeepSpeed's pipeline engine "
+            f"refuses ZeRO-2 and ZeRO-3 (gradients cannot be partitioned across its micro-batches); "
+            f"use parallel=pp2 or parallel=zero1 parallel.pp={pp}"
+        )
+    if pp > model.n_layer:
+        problems.append(
+            f"parallel.pp={pp} > model.n_layer={model.n_layer}: each pipeline stage needs at least one "
+            f"transformer block; use parallel.pp <= {model.n_layer}"
+        )
+    if Offload.cpu in (par.offload_optimizer, par.offload_param):
+        problems.append(
+            f"parallel.pp={pp} with CPU offload: offload under a pipeline is not run here; drop "
+            f"parallel.offload_optimizer / parallel.offload_param or use parallel.pp=1"
+        )
+    return problems
+
+
+def fp16_supported() -> bool:
+    """Whether DeepSpeed trains in fp16 on this host: on CUDA, or where its CPU accelerator says so.
+
+    DeepSpeed 0.19.8's CPU accelerator (accelerator/cpu_accelerator.py ``is_fp16_supported``)
+    asks oneDNN for fp16 kernels: true on CPUs with AVX512-FP16 or AMX-FP16. Asked only for
+    ``precision=fp16`` on a host without CUDA (it imports DeepSpeed, about a second).
+    """
+    if cuda_available():
+        return True
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    return bool(CPU_Accelerator().is_fp16_supported())
+
+
+def cuda_launch_problems(config: TrainConfig, environ: dict[str, str] | None = None) -> list[str]:
+    """On a host where CUDA is visible: what would fail every rank after it built its model.
+
+    DeepSpeed takes its accelerator from DS_ACCELERATOR when it is imported; ``cpu`` would
+    put the engine on the host beside the model's CUDA tensors. MFU divides by the device's
+    dense datasheet peak, known by name (runner/hardware/peak_flops.py) unless the cluster gives one.
+    """
+    if not cuda_available():
+        return []
+    problems = []
+    chosen = (os.environ if environ is None else environ).get("DS_ACCELERATOR", "")
+    if chosen not in ("", "cuda"):
+        problems.append(
+            f"DS_ACCELERATOR={chosen} but a CUDA device is visible, which ladder trains on: unset "
+            "DS_ACCELERATOR, or hide the devices (CUDA_VISIBLE_DEVICES=) to train on the CPU"
+        )
+    from runner.hardware.mfu_peak import planning_peak
+
+    if planning_peak(config.cluster, config.precision.name) is None:
+        import torch
+
+        from runner.hardware.peak_flops import UnknownDeviceError, peak_flops_for_cuda_device
+
+        try:
+            peak_flops_for_cuda_device(torch.cuda.get_device_name(), config.precision.name.value)
+        except UnknownDeviceError as error:
+            problems.append(str(error))
+    return problems
+
+
+def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
+    """Problems only a real launch has (planning skips them)."""
+    problems = batch_contract_problems(config)
+    if config.precision.name == Precision.fp16 and not fp16_supported():
+        problems.append(
+            "precision=fp16: this host has no CUDA device and its CPU no fp16 kernels (DeepSpeed's CPU "
+            "accelerator needs AVX512-FP16 or AMX-FP16); use precision=bf16 (same memory, fp32's range) "
+            "or precision=fp32"
+        )
+    problems += pipeline_problems(config)
+    problems += cuda_launch_problems(config)
+    problems += credentials_problems(config.logger)
+    if launcher == "local":
+        available, what = host_ranks_available()
+        if config.gpus > available:
+            problems.append(
+                f"gpus={config.gpus}: the local launcher starts ranks on this host, which has {what}. "
+                f"Submit to a cluster instead: python train.py -m hydra/launcher=slurm gpus={config.gpus} "
+                f"...; or size it without launching: python train.py gpus={config.gpus} plan=true"
+            )
+        if config.cluster.gpus_per_node is None:
+            # cluster=local: a tensor-parallel group must fit the ranks this host runs.
+            problems += tp_node_problems(
+                config.parallel.tp, ranks_per_node=available, where=f"this host ({what})"
+            )
+    return problems
+
+
+def validate(config: TrainConfig, *, launcher: str | None) -> None:
+    """Raise ConfigError listing every problem; ``launcher=None`` checks for planning only."""
+    problems = _problems(config)
+    if launcher is not None:
+        problems += _launch_problems(config, launcher=launcher)
+    if problems:
+        raise ConfigError("\n".join(f"  - {p}" for p in problems))

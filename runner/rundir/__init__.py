@@ -1,0 +1,1 @@
+"""The files of a run directory: summary.json, checkpoint records, failure records, identity."""

@@ -1,0 +1,1 @@
+"""One rank's training: set up, step, loop, evaluate, stop at a signal, summarise."""
