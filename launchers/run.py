@@ -29,13 +29,13 @@ from runner.metrics import goodput
 from runner.metrics.wall_clock import folder_bytes
 from runner.model.shape import num_params
 from runner.plan import checkpoint_size
+from runner.plan.job import plan_job
 from runner.plan.planner import (
     Plan,
     ResumePlan,
     gb,
     knobs_from_config,
     micro_fit_for_config,
-    plan_job,
     plan_layout,
     workload_from_config,
 )

@@ -1,12 +1,12 @@
 """Plan before you spend: memory, communication and step time of a layout, without launching a rank.
 
-``plan=true`` stops a Hydra job here: :func:`plan_job` plans the configured layout,
-prints one table (runner/plan/table.py), with ``planner.recommend=true`` walks the ladder
-(runner/plan/ladder.py), and writes ``plan.json`` in the run directory. Nothing is
-allocated: the parameter count is analytic (runner.model.shape.num_params) and every term is
-arithmetic (runner/plan/memory.py, runner/plan/step_time.py) on the device figures of
-runner/plan/hardware.py; a node's host memory, steady and while the model is built, is
-runner/plan/host.py's.
+:func:`plan_layout` plans one layout and :func:`plan_config` a run's configured one;
+``plan=true`` (runner/plan/job.py ``plan_job``) prints it as a table (runner/plan/table.py),
+walks the ladder (runner/plan/ladder.py) and writes ``plan.json``: those build on this
+module, which imports neither. Nothing is allocated: the parameter count is analytic
+(runner.model.shape.num_params) and every term is arithmetic (runner/plan/memory.py,
+runner/plan/step_time.py) on the device figures of runner/plan/hardware.py; a node's host
+memory, steady and while the model is built, is runner/plan/host.py's.
 
 The same arithmetic chooses ``batch.micro_size=auto`` for a real run: :class:`MicroFit`
 is the ``fits`` callable of runner.layout.resolve_layout. A layout fits when its planned
@@ -17,10 +17,7 @@ a fixed micro-batch: ``plan=true`` gives its verdict (the ladder counts it).
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from runner.config import ModelConfig, Offload, Precision, TrainConfig
@@ -34,17 +31,13 @@ from runner.layout import (
 )
 from runner.model.shape import num_params as count_params
 from runner.model.shape import param_numels
-from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes, disk_need
+from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
 from runner.plan.hardware import Device, resolve_device
 from runner.plan.host import HostMemory, host_memory
 from runner.plan.memory import MemoryTerms, memory_terms
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.preflight.validate import ConfigError
-from runner.rundir.summary import write_json_atomic
 
-log = logging.getLogger("ladder")
-
-PLAN_FILE = "plan.json"
 GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
 
 
@@ -562,16 +555,8 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
 
 
 # --------------------------------------------------------------------------------------
-# The Hydra job
+# A run's configured layout (runner/plan/job.py prints it and writes plan.json)
 # --------------------------------------------------------------------------------------
-
-
-def write_plan(run_dir: Path, record: dict[str, Any]) -> Path:
-    """Write plan.json into the run directory (atomically) and return its path."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / PLAN_FILE
-    write_json_atomic(path, record)
-    return path
 
 
 def plan_config(config: TrainConfig) -> Plan:
@@ -610,42 +595,7 @@ class ResumePlan:
         }
 
 
-def plan_job(config: TrainConfig, *, run_dir: Path, resume: ResumePlan | None = None) -> dict[str, Any]:
-    """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record.
-
-    ``resume``: with train.resume=auto, what the run directory holds (else None).
-    """
-    from runner.plan.ladder import recommend, recommendation_record
-    from runner.plan.table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
-
-    plan = plan_config(config)
-    record = plan.record()
-    text = format_plan(plan)
-    disk = disk_need(config, run_dir) if resume is None else resume.disk
-    record["checkpoint_disk"] = disk.record()
-    if resume is not None:
-        speed = plan.workload.storage_bytes_per_s
-        record["resume"] = resume.record_json(speed)
-        text += "\n" + "\n".join(resume_lines(resume, run_dir, speed))
-    text += "\n" + checkpoint_disk_line(disk, config)
-    if config.planner.recommend:
-        ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm)
-        record["recommendation"] = recommendation_record(ladder)
-        text += "\n" + format_ladder(ladder)
-    print(text, flush=True)
-    path = write_plan(run_dir, record)
-    log.info("plan written to %s (nothing launched)", path)
-    return record
-
-
-def read_plan(run_dir: Path) -> dict[str, Any]:
-    """A run directory's plan.json."""
-    data: dict[str, Any] = json.loads((run_dir / PLAN_FILE).read_text())
-    return data
-
-
 __all__ = [
-    "PLAN_FILE",
     "Knobs",
     "MicroFit",
     "Plan",
@@ -658,9 +608,6 @@ __all__ = [
     "micro_fit_for_config",
     "offload_mode",
     "plan_config",
-    "plan_job",
     "plan_layout",
-    "read_plan",
     "workload_from_config",
-    "write_plan",
 ]

@@ -15,6 +15,7 @@ from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.layout import LayoutError, divisors
 from runner.plan.checkpoint_size import disk_need
 from runner.plan.hardware import resolve_device
+from runner.plan.job import plan_job, read_plan
 from runner.plan.ladder import recommend
 from runner.plan.planner import (
     GB,
@@ -22,8 +23,6 @@ from runner.plan.planner import (
     memory_at,
     offload_mode,
     plan_config,
-    plan_job,
-    read_plan,
     workload_from_config,
 )
 from runner.plan.table import format_plan, nominal_params

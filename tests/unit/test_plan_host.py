@@ -25,8 +25,9 @@ from runner.plan.host import (
     ZERO3_DEFRAGMENT,
     build_bytes,
 )
+from runner.plan.job import plan_job, read_plan
 from runner.plan.ladder import recommend
-from runner.plan.planner import GB, plan_config, plan_job, read_plan, workload_from_config
+from runner.plan.planner import GB, plan_config, workload_from_config
 from runner.plan.table import format_plan
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
