@@ -20,9 +20,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launchers import hydra_files, local_sweep
+from launchers.compose import register_configs, to_train_config
 from launchers.run import NothingToTrain, RunFailed, RunInterrupted, run
 from launchers.worker import exit_now
-from runner.config import register_configs, to_train_config
 from runner.environment import from_environment, shared_run_dir, take_local_rank_argument
 from runner.layout import LayoutError
 from runner.preflight.validate import ConfigError

@@ -21,14 +21,18 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() e
 import deepspeed
 import torch.distributed as dist
 
+from launchers.compose import load_config
 from runner.model.transformer import build_model, lm_loss
-from runner.rundir.run_files import load_run
 
 
 def main() -> None:
     """Train for STEPS steps and record each step's wall time."""
     run_dir, steps, out = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    config, layout, ds_config = load_run(run_dir)
+    config = load_config(run_dir)
+    ds_config = json.loads((run_dir / "deepspeed_config.json").read_text())
+    # DeepSpeed's own batch keys, as the bare loop hands them to DeepSpeed.
+    micro_size = int(ds_config["train_micro_batch_size_per_gpu"])
+    accum_steps = int(ds_config["gradient_accumulation_steps"])
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.get_world_size()))
@@ -42,13 +46,13 @@ def main() -> None:
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     generator = torch.Generator().manual_seed(dist.get_rank())
     tokens = torch.randint(
-        0, config.model.vocab_size, (layout.micro_size, config.data.seq_len + 1), generator=generator
+        0, config.model.vocab_size, (micro_size, config.data.seq_len + 1), generator=generator
     ).to(device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     times = []
     for _ in range(steps):
         started = time.perf_counter()
-        for _ in range(layout.accum_steps):
+        for _ in range(accum_steps):
             loss = lm_loss(engine(inputs), targets)
             engine.backward(loss)
             engine.step()

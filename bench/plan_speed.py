@@ -43,7 +43,7 @@ BASE = (
 def _compose(recommend: bool) -> list:
     from hydra import compose, initialize_config_dir
 
-    from runner.config import register_configs, to_train_config
+    from launchers.compose import register_configs, to_train_config
 
     register_configs()
     extra = ["plan=true"] + (["planner.recommend=true"] if recommend else [])

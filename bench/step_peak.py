@@ -55,7 +55,7 @@ def model_config(name: str, overrides: tuple[str, ...] = ()) -> ModelConfig:
     """The model group ``model=<name>`` as train.py composes it (conf/, through Hydra), with ``overrides``."""
     from hydra import compose, initialize_config_dir
 
-    from runner.config import register_configs, to_train_config
+    from launchers.compose import register_configs, to_train_config
 
     register_configs()
     conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conf")

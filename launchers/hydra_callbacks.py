@@ -20,9 +20,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.hydra_files import note_new_sweep_dir, put_back_sweep, set_aside, set_aside_sweep
+from runner.environment import from_environment
 from runner.rundir.summary import SUMMARY_FILE
-
-RESUME_ENV = "LADDER_RESUME"  # set by a resumed (requeued) job that must re-enter its directory
+from runner.train.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
 
 
 def _held_runs(directory: Path) -> list[Path]:
@@ -36,16 +36,12 @@ def _held_runs(directory: Path) -> list[Path]:
 def _lead() -> bool:
     """Under torchrun or srun every rank composes the config; rank 0 guards the directory,
     the others would find the files rank 0 has already started writing there."""
-    from runner.environment import from_environment
-
     launched = from_environment(os.environ)
     return launched is None or launched.rank == 0
 
 
 def _resumes(config: DictConfig) -> bool:
     """A resumed run (train.resume=auto, or a requeued job) re-enters its own directory."""
-    from runner.train.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
-
     resume = OmegaConf.select(config, "train.resume")
     return requeued(os.environ) or getattr(resume, "value", resume) == "auto"
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from runner.rundir.run_files import DEEPSPEED_CONFIG_FILE
+
 HYDRA_DIR = ".hydra"
-EARLIER_ATTEMPTS = "earlier_attempts"  # runner/rundir/run_files.py keep_earlier_attempt
+EARLIER_ATTEMPTS = "earlier_attempts"  # keep_earlier_attempt below
 ASIDE = ".before-this-attempt"
 RUN_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # in <run dir>/.hydra/
 SWEEP_FILES = ("multirun.yaml",)  # in the sweep directory
@@ -68,7 +70,7 @@ def drop_copy(run_dir: Path) -> None:
 
 def _cells(sweep_dir: Path) -> list[Path]:
     """The sweep's cells that hold Hydra files (``hydra.sweep.subdir`` may nest them), not the
-    copies kept with an earlier attempt of a cell (runner/rundir/run_files.py keep_earlier_attempt)."""
+    copies kept with an earlier attempt of a cell (keep_earlier_attempt below)."""
     return sorted(
         hydra.parent
         for hydra in sweep_dir.rglob(HYDRA_DIR)
@@ -123,3 +125,33 @@ def remove_refused_sweep_dir(sweep_dir: Path) -> bool:
     except OSError:  # something else was written there: leave it
         return False
     return True
+
+
+# What an attempt leaves in its run directory, besides checkpoints (none, when it starts
+# over), Hydra's train.log (appended to) and wandb/ (one folder per wandb run).
+ATTEMPT_FILES = ("metrics.jsonl", "summary.json", DEEPSPEED_CONFIG_FILE, "profile")
+
+
+def keep_earlier_attempt(run_dir: Path) -> Path | None:
+    """Move an earlier attempt's results to ``earlier_attempts/<n>/`` before this one starts over.
+
+    ``train.resume=auto`` (or a requeued job) with no checkpoint to continue from trains from
+    step 0 in the same directory: the earlier attempt's metrics, summary, DeepSpeed config,
+    failure records and profile move aside with the Hydra config it ran with (set aside by
+    below), so a finished run resumed by mistake is not replaced. Returns the
+    folder, or None when there was nothing to keep.
+    """
+    found = [run_dir / name for name in ATTEMPT_FILES if (run_dir / name).exists()]
+    found += sorted(run_dir.glob("failure_rank*.json"))
+    if not found:
+        return None
+    earlier = run_dir / EARLIER_ATTEMPTS
+    number = 1 + sum(1 for path in earlier.iterdir() if path.is_dir()) if earlier.is_dir() else 1
+    folder = earlier / str(number)
+    folder.mkdir(parents=True)
+    for path in found:
+        path.rename(folder / path.name)
+    hydra = run_dir / HYDRA_DIR / ASIDE
+    if hydra.is_dir():
+        shutil.copytree(hydra, folder / HYDRA_DIR)
+    return folder

@@ -1,7 +1,9 @@
 """The local launcher: start ``gpus`` rank processes on this host, watch them, stop them together.
 
 The user never types torchrun: each rank is ``python -m launchers.worker RUN_DIR`` with
-RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set. When one rank fails the
+RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set, and reads the job the
+launching process decided (the typed config, its layout, DeepSpeed's config) from its
+standard input, pickled: no rank composes or converts the config again. When one rank fails the
 others are stopped after a short grace period, so a job never hangs on a collective
 that a dead rank will not join.
 
@@ -16,6 +18,7 @@ alone.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -30,6 +33,7 @@ from typing import Any
 from launchers.worker import LAUNCHER_PID_ENV
 from runner.environment import DistributedEnv
 from runner.rundir.identity import RunIdentity
+from runner.train.context import RankJob
 from runner.train.preemption import EXIT_INTERRUPTED
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -101,8 +105,20 @@ def _announce(name: str) -> None:
     )
 
 
-def launch_local(*, gpus: int, run_dir: Path, identity: RunIdentity) -> LaunchResult:
-    """Run ``gpus`` ranks on this host and wait for all of them."""
+def _hand_job(proc: subprocess.Popen[bytes], job: bytes) -> None:
+    """Write the pickled job to a rank's standard input and close it (a rank already gone reads none)."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(job)
+        proc.stdin.close()
+    except BrokenPipeError:  # it ended before reading: _watch reports how
+        pass
+
+
+def launch_local(*, job: RankJob, run_dir: Path, identity: RunIdentity) -> LaunchResult:
+    """Run ``job.config.gpus`` ranks on this host and wait for all of them."""
+    gpus = job.config.gpus
+    pickled = pickle.dumps(job)
     port = free_port()
     pythonpath = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
     procs: list[subprocess.Popen[bytes]] = []
@@ -135,8 +151,10 @@ def launch_local(*, gpus: int, run_dir: Path, identity: RunIdentity) -> LaunchRe
                     [sys.executable, "-m", "launchers.worker", str(run_dir)],
                     env=env,
                     cwd=os.getcwd(),
+                    stdin=subprocess.PIPE,
                 )
             )
+            _hand_job(procs[-1], pickled)
         return _watch(procs, stops)
     finally:
         stops.restore()

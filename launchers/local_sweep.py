@@ -39,8 +39,8 @@ def _labels(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> lis
 def cell_problems(launcher: Any, overrides: Sequence[str]) -> tuple[TrainConfig | None, list[str]]:
     """This cell's config, composed as its job will be, and what would refuse it before its ranks
     start (no config: it did not compose)."""
+    from launchers.compose import to_train_config
     from launchers.run import local_launch_problems
-    from runner.config import to_train_config
 
     try:
         cell_cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))

@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from launchers.hydra_files import keep_earlier_attempt
+from launchers.local import LaunchResult, launch_local
 from launchers.slurm_job import slurm_job_record
 from runner.config import DataName, TrainConfig
 from runner.data.token_file import token_source_words
@@ -43,12 +45,10 @@ from runner.preflight.build_locks import clear_stale_build_locks
 from runner.preflight.validate import ConfigError, validate
 from runner.rundir import checkpoint_record, layout_history
 from runner.rundir.identity import RunIdentity
-from runner.rundir.run_files import keep_earlier_attempt, read_failures, with_notes, write_deepspeed_config
+from runner.rundir.run_files import read_failures, with_notes, write_deepspeed_config, write_failure
 from runner.rundir.summary import read_summary, update_summary
+from runner.train.context import RankJob
 from runner.train.preemption import Preempted, resumes
-
-if TYPE_CHECKING:
-    from launchers.local import LaunchResult
 
 log = logging.getLogger("ladder")
 
@@ -342,11 +342,10 @@ def _kill_evidence(
     return {"killer": killer, "memory": memory}
 
 
-def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
-    from launchers.local import launch_local
-
+def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
+    config = job.config
     oom_counts = oom_killer.read_counts()  # the kernel's, before the ranks start
-    result = launch_local(gpus=config.gpus, run_dir=run_dir, identity=identity)
+    result = launch_local(job=job, run_dir=run_dir, identity=identity)
     if result.failed_rank is None and read_summary(run_dir).get("status") == "completed":
         return read_summary(run_dir)  # every step done: a stop signal came during the last one
     if result.stopped_by is not None or (
@@ -379,21 +378,12 @@ def _run_local(config: TrainConfig, layout: Layout, run_dir: Path, identity: Run
     raise RunFailed(f"rank {rank} failed: {cause} (run directory {run_dir})")
 
 
-def _run_external(
-    config: TrainConfig,
-    layout: Layout,
-    ds_config: dict[str, Any],
-    run_dir: Path,
-    identity: RunIdentity,
-    env: DistributedEnv,
-) -> dict[str, Any]:
-    from runner.rundir.run_files import write_failure
+def _run_external(job: RankJob, run_dir: Path, identity: RunIdentity, env: DistributedEnv) -> dict[str, Any]:
+    # Deferred: torch and DeepSpeed load only in a process that is itself a rank.
     from runner.train.rank import run_rank
 
     try:
-        return run_rank(
-            config, layout=layout, ds_config=ds_config, run_dir=run_dir, env=env, identity=identity
-        )
+        return run_rank(job, run_dir=run_dir, env=env, identity=identity)
     except Preempted:
         raise  # stopped at a signal after a checkpoint: not a failure (runner/train/preemption.py)
     except BaseException as error:
@@ -636,10 +626,11 @@ def run(
             layout.accum_steps,
             layout.dp,
         )
+    job = RankJob(config=config, layout=layout, ds_config=ds_config)
     if env is None:
-        summary = _run_local(config, layout, run_dir, identity)
+        summary = _run_local(job, run_dir, identity)
     else:
-        summary = _run_external(config, layout, ds_config, run_dir, identity, env)
+        summary = _run_external(job, run_dir, identity, env)
     if lead and config.logger.progress:
         _print_run_end(run_dir)
     return summary

@@ -65,7 +65,7 @@ def _runner_problems(task_cfg: DictConfig) -> tuple[TrainConfig | None, list[str
     cluster=local) are left to the ranks: this process runs on the login node. The disk of
     the run directory is the cluster's shared one: :func:`plan_cell` checks it from here.
     """
-    from runner.config import to_train_config
+    from launchers.compose import to_train_config
     from runner.layout import LayoutError
     from runner.preflight.validate import ConfigError, batch_contract_problems, validate
     from runner.preflight.wandb_credentials import credentials_problems

@@ -1,7 +1,8 @@
 """Entry point of one rank started by the local launcher: ``python -m launchers.worker RUN_DIR``.
 
-It reads what the launching process decided and wrote (the composed config in
-``.hydra/config.yaml`` and ``deepspeed_config.json``), so every rank runs exactly that.
+It reads what the launching process decided from its standard input (launchers/local.py
+pickles the :class:`~runner.train.context.RankJob`: the typed config, its layout and
+DeepSpeed's config), so every rank runs exactly that, with no config composed again.
 A rank that fails leaves ``failure_rank<N>.json`` with its error for the launcher; one
 stopped by a signal after its checkpoint (runner/train/preemption.py) exits 75 and leaves none.
 If the launching process dies, the kernel sends the rank SIGTERM (Linux's parent-death
@@ -14,6 +15,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import pickle
 import signal
 import sys
 import traceback
@@ -21,7 +23,8 @@ from pathlib import Path
 
 from runner.environment import from_environment
 from runner.rundir.identity import RunIdentity
-from runner.rundir.run_files import load_run, write_failure
+from runner.rundir.run_files import write_failure
+from runner.train.context import RankJob
 from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 
 LAUNCHER_PID_ENV = "LADDER_LAUNCHER_PID"
@@ -72,17 +75,13 @@ def main(argv: list[str]) -> int:
         print(f"rank {env.rank}: its launcher exited before the rank started; not starting")
         return EXIT_INTERRUPTED
     try:
-        config, layout, ds_config = load_run(run_dir)
+        job = pickle.load(sys.stdin.buffer)  # from the launching process, which wrote it: trusted
+        if not isinstance(job, RankJob):
+            raise TypeError(f"expected a RankJob on standard input, got {type(job).__name__}")
+        # Deferred: torch and DeepSpeed load after the rank is tied to its launcher (above).
         from runner.train.rank import run_rank
 
-        run_rank(
-            config,
-            layout=layout,
-            ds_config=ds_config,
-            run_dir=run_dir,
-            env=env,
-            identity=RunIdentity.from_env(run_dir),
-        )
+        run_rank(job, run_dir=run_dir, env=env, identity=RunIdentity.from_env(run_dir))
     except Preempted:  # every rank saved a checkpoint after the same step and stops: not a failure
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:  # Ctrl-C before the rank watched for it (importing torch): nothing to save

@@ -1,13 +1,10 @@
 """Typed configuration: the schemas every YAML under conf/ names, and the frozen root config.
 
 Hydra composes the YAML files under ``conf/`` onto these dataclasses, so a typo or a
-value of the wrong type fails during composition with its key path. ``train.py`` then
-converts the composed config once, with :func:`to_train_config`, into a frozen
-:class:`TrainConfig`; nothing below ``train.py`` sees a ``DictConfig``.
-
-The classes are ``frozen=True``. Hydra must still merge overrides onto them while it
-composes, so the nodes stored in the ConfigStore are unlocked copies
-(:func:`_unlocked_node`); ``OmegaConf.to_object`` then builds the frozen instances.
+value of the wrong type fails during composition with its key path. The launch layer
+(launchers/compose.py) registers them in Hydra's ConfigStore and converts the composed
+config once into a frozen :class:`TrainConfig`; nothing in runner/ imports Hydra or
+OmegaConf, and nothing below the launch layer sees a ``DictConfig``.
 """
 
 from __future__ import annotations
@@ -17,7 +14,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+# A field Hydra's composition must fill (OmegaConf's MISSING, spelt as OmegaConf spells it):
+# each root field names a config group that conf/config.yaml's defaults list chooses.
+MISSING: Any = "???"
 
 
 class Precision(str, Enum):
@@ -252,42 +251,6 @@ class TrainConfig:
     gpus: int = 1
     seed: int = 0
     plan: bool = False
-
-
-def _unlock(node: Any) -> None:
-    """Clear the read-only flag that frozen dataclasses put on every node."""
-    node._set_flag("readonly", False)
-    if isinstance(node, DictConfig):
-        for key in node:
-            _unlock(node._get_node(key))
-
-
-def _unlocked_node(schema: type) -> DictConfig:
-    """A structured node of ``schema`` that Hydra may merge overrides into."""
-    node = OmegaConf.structured(schema)
-    _unlock(node)
-    return node
-
-
-def register_configs() -> None:
-    """Register the root schema in Hydra's ConfigStore.
-
-    conf/config.yaml puts it first in its defaults, so each group's YAML merges into its
-    typed field (``parallel: ParallelConfig`` and so on): a key the schema lacks or a value
-    of the wrong type fails at composition with its path, and what a YAML leaves out takes
-    the schema's default. The groups list only their options (no schema beside them).
-    """
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="train_schema", node=_unlocked_node(TrainConfig))
-
-
-def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Convert a composed Hydra config into the frozen typed root config."""
-    config = OmegaConf.to_object(cfg)
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
-    return config
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -299,7 +299,7 @@ def compose_config(*overrides: str) -> Any:
     """conf/'s composed, typed TrainConfig for these overrides, as train.py builds it (no run)."""
     from hydra import compose, initialize_config_dir
 
-    from runner.config import register_configs, to_train_config
+    from launchers.compose import register_configs, to_train_config
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

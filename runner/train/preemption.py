@@ -36,12 +36,12 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-from launchers.hydra_callbacks import RESUME_ENV
 from runner.config import Resume, TrainConfig
 
 # sysexits.h EX_TEMPFAIL, "temporary failure; the user is invited to retry": a rank that
 # stopped at a signal after its checkpoint (slurm.conf RequeueExit can requeue on it).
 EXIT_INTERRUPTED = 75
+RESUME_ENV = "LADDER_RESUME"  # set by a resumed (requeued) job that must re-enter its directory
 RESTART_ENV = "SLURM_RESTART_COUNT"  # sbatch(1): times SLURM restarted the job (requeue, node failure)
 
 NONE, TERM, REQUEUE = 0, 1, 2  # what was asked, in increasing order: the ranks agree on the MAX

@@ -13,6 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from launchers.compose import register_configs
 from launchers.slurm import plan_cell
 from launchers.slurm_job import slurm_job_record
 from launchers.slurm_partition import gres_gpus, parse_sinfo, parse_time_min
@@ -29,7 +30,6 @@ from launchers.slurm_resources import (
 )
 from launchers.slurm_submission import sbatch_parameters, unsafe_values
 from launchers.slurm_watch import never_starts, stuck_jobs
-from runner.config import register_configs
 from runner.environment import from_environment, slurm_port
 
 pytestmark = pytest.mark.unit

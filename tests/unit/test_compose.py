@@ -8,7 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from runner.config import Precision, TrainConfig, register_configs, to_train_config
+from launchers.compose import register_configs, to_train_config
+from runner.config import Precision, TrainConfig
 
 pytestmark = pytest.mark.unit
 

@@ -9,12 +9,12 @@ import sys
 import pytest
 from train_helpers import ROOT, compose_config
 
-import launchers.local
 from launchers import run as run_module
 from launchers.local import LaunchResult
 from runner.layout import resolve_layout
 from runner.rundir.identity import RunIdentity
 from runner.rundir.summary import read_summary, update_summary
+from runner.train.context import RankJob
 
 pytestmark = pytest.mark.unit
 
@@ -28,11 +28,12 @@ def _stopped_run(tmp_path, monkeypatch, result: LaunchResult, *, status: str, ch
         (run_dir / "checkpoints" / tag).mkdir(parents=True)
         latest = {"tag": tag, "completed_steps": checkpoint_at}
         (run_dir / "checkpoints" / "latest.json").write_text(json.dumps(latest))
-    monkeypatch.setattr(launchers.local, "launch_local", lambda **_: result)
+    monkeypatch.setattr(run_module, "launch_local", lambda **_: result)
     config = compose_config("gpus=2")
     layout = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=8)
     identity = RunIdentity.for_run_dir(run_dir, name="test", group=None)
-    return run_dir, lambda: run_module._run_local(config, layout, run_dir, identity)
+    job = RankJob(config=config, layout=layout, ds_config={})
+    return run_dir, lambda: run_module._run_local(job, run_dir, identity)
 
 
 def test_a_run_that_completed_as_the_signal_came_is_completed(tmp_path, monkeypatch):
@@ -72,7 +73,7 @@ def test_the_continue_command_keeps_the_overrides_and_names_the_directory(tmp_pa
 
 
 def test_a_save_too_slow_for_torchruns_grace_is_said_once(caplog):
-    from runner.train.rank import LAUNCHER_KILL_AFTER_S, slow_save_warning
+    from runner.train.saving import LAUNCHER_KILL_AFTER_S, slow_save_warning
 
     with caplog.at_level(logging.WARNING, logger="ladder"):
         slow_save_warning(LAUNCHER_KILL_AFTER_S / 4, source="torchrun", warned=False)

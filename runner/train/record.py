@@ -1,0 +1,134 @@
+"""The end of one rank's attempt: rank 0 writes summary.json and closes the sinks.
+
+Whatever ended the attempt (its last step, a stop signal, an error), summary.json records
+its status, the steps completed, the final metrics, the memory ledger (estimated beside
+measured), where its wall time went and its goodput across attempts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from runner.diagnose.disk_room import no_room_words, out_of_room
+from runner.engine.compile_blocks import compile_summary
+from runner.metrics import goodput
+from runner.metrics.ledger import Estimate, Ledger, host_relative_errors, relative_errors
+from runner.metrics.wall_clock import WallClock, wall_parts
+from runner.rundir.summary import read_summary, update_summary
+from runner.train.context import RunContext
+from runner.train.evaluation import evaluation_summary
+from runner.train.loop import Progress
+from runner.train.setup import Setup
+
+log = logging.getLogger("ladder")
+
+
+def memory_summary(
+    estimate: Estimate, measured: Ledger | None, *, peak_bytes: float, measured_at: str
+) -> dict[str, Any]:
+    """The ledger as summary.json keeps it (GB = 1e9 bytes)."""
+
+    def gb(values: dict[str, int]) -> dict[str, float]:
+        return {f"{name}_gb": value / 1e9 for name, value in values.items()}
+
+    summary: dict[str, Any] = {
+        "unit": "GB (1e9 bytes)",
+        "estimated": {
+            **gb(estimate.terms),
+            "total_gb": (sum(estimate.terms.values()) + sum(estimate.residual.values())) / 1e9,
+            "residual": gb(estimate.residual),
+        },
+        "textbook": gb(estimate.textbook),
+        "offloaded_to_host": gb(estimate.host),
+        "measured_at": measured_at,
+    }
+    if measured is not None:
+        summary["measured"] = {
+            **gb(measured.terms),
+            "peak_gb": peak_bytes / 1e9,
+            "residual": gb(measured.residual),
+        }
+        summary["rel_error"] = relative_errors(estimate.terms, measured.terms)
+        if estimate.host:
+            summary["host_rel_error"] = host_relative_errors(estimate.host, measured.terms, measured.residual)
+    return summary
+
+
+@contextlib.contextmanager
+def recorded_unless_out_of_room(status: dict[str, Any], run_dir: Path) -> Iterator[None]:
+    """Rank 0's records of a run that failed for want of room may fail the same way: then the
+    failure is said on stderr, and the error that ended the run is the one raised."""
+    try:
+        yield
+    except OSError as error:
+        if status.get("status") != "failed" or not out_of_room(error):
+            raise
+        log.error("the run's end could not be recorded in summary.json: %s", no_room_words(error, run_dir))
+
+
+def _measurements(ctx: RunContext, setup: Setup, progress: Progress) -> dict[str, Any]:
+    """summary.json's fields measured by this attempt: peaks, memory, speed, the step's probes."""
+    last, run_dir = progress.last, ctx.run_dir
+    return {
+        "final": last,
+        "peak_flops_per_device": setup.peak_flops,
+        "peak_flops_source": setup.peak.source,
+        "peak_memory_measure": setup.peak_memory.label,
+        "cuda_allocator": setup.peak_memory.allocator_record(),
+        "host_memory": {
+            **(read_summary(run_dir).get("host_memory") or {}),
+            "measured_per_rank_gb": last.get("memory/host_peak_gb"),
+            "measured": "the process's high-water RSS since it started, the most over ranks",
+        },
+        "memory": memory_summary(
+            setup.estimate,
+            progress.ledger,
+            peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
+            measured_at=f"each term at its most over ranks, step {progress.ledger_step} accumulation "
+            "boundary (before the optimizer step)",
+        ),
+        "accelerator": ctx.accelerator,
+        "model_build": {"rank": 0, **setup.model_build},
+        "compile": compile_summary(setup.compiled_blocks) if setup.compiled_blocks else None,
+        **setup.parts.probes.summary(seq_len=ctx.config.data.seq_len),
+        "pipeline": setup.steps.summary(step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s")),
+        "skipped_steps": setup.parts.nonfinite.summary(),
+        "fp16_loss_scale": setup.overflows.summary(),
+    }
+
+
+def record_end(
+    ctx: RunContext, setup: Setup, progress: Progress, wall: WallClock, status: dict[str, Any]
+) -> dict[str, Any]:
+    """Rank 0 writes the attempt's end into summary.json and returns it; ``status`` holds
+    ``status`` and ``error`` (empty: another rank failed first and recorded why)."""
+    run_dir = ctx.run_dir
+    completed = (progress.step + 1) if status.get("status") in ("completed", "interrupted") else progress.step
+    wall_time = wall.summary()
+    if setup.attempt is not None:
+        setup.attempt.end(
+            status=status.get("status") or "failed",
+            steps_completed=completed,
+            steps_s=wall.steps_s,
+            parts=wall_parts(wall, wall_time),
+        )
+    evaluated = (
+        evaluation_summary(ctx.config, progress.evaluated, ctx.layout.global_size)
+        if setup.held_out is not None
+        else None
+    )
+    return update_summary(
+        run_dir,
+        **status,
+        steps_completed=completed,
+        **_measurements(ctx, setup, progress),
+        resumed_from_step=setup.resumed.start_step or None,
+        profile=setup.profiler.summary(run_dir),
+        wall_time=wall_time,
+        eval=evaluated,
+        goodput=goodput.account(run_dir),
+    )
