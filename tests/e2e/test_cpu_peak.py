@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.e2e
 
 RUN = ("train.steps=2", "logger=none", "data=synthetic")
 

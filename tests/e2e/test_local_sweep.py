@@ -9,6 +9,8 @@ import sys
 import pytest
 from train_helpers import ROOT, clean_env
 
+pytestmark = pytest.mark.e2e
+
 
 def _at(sweep_dir):
     return f"hydra.sweep.dir={sweep_dir}"
@@ -25,7 +27,6 @@ def _sweep(sweep_dir, *overrides, env=None):
     )
 
 
-@pytest.mark.unit
 def test_a_bad_cell_refuses_the_sweep_before_any_cell_trains(tmp_path):
     """Cells #0 and #1 could run; #2 cannot split its batch, #3 has more stages than blocks: refused
     before #0 starts (it used to train #0 and #1 first), each problem with the cells it concerns."""
@@ -41,7 +42,6 @@ def test_a_bad_cell_refuses_the_sweep_before_any_cell_trains(tmp_path):
     assert not sweep_dir.exists()  # the directory Hydra made for the sweep (its multirun.yaml) is gone
 
 
-@pytest.mark.multirank
 def test_a_failed_cell_is_named_and_the_cells_after_it_still_run(tmp_path):
     """Rank 1 of the 2-rank cell fails; the 1-rank cell after it trains all the same; the sweep
     ends naming the failed cell, and exits 1."""

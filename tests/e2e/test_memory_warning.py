@@ -23,7 +23,7 @@ from train_helpers import (
 
 from runner.diagnose.oom_killer import KILLED, kernel_log, read_counts
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.e2e
 
 
 def test_a_run_that_will_not_fit_warns_before_launch_and_records_it(train):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from train_helpers import clean_env
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYOUT_KEYS = {"gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size"}

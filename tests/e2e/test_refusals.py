@@ -15,7 +15,7 @@ from train_helpers import ROOT, TrainResult, clean_env, file_digests, run_torchr
 
 from runner.hardware.cuda_devices import gpu_driver_present
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.e2e
 
 
 # (overrides, fragments the message must hold): key, value and the fix.

@@ -9,7 +9,7 @@ import sys
 import pytest
 from train_helpers import ROOT, clean_env, earlier_sweep, file_digests
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.e2e
 
 
 def _resume_sweep(sweep_dir, *overrides):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from train_helpers import ROOT, run_train
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.e2e
 
 ONLINE = ("logger=wandb", "logger.mode=online", "train.steps=1")
 # A key of the form wandb accepts (40 characters); nothing here sends it anywhere.

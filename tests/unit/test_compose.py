@@ -1,7 +1,5 @@
 """Every shipped config composes into the typed root config; bad overrides fail with the key."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -55,22 +53,6 @@ def test_bad_overrides_fail_at_composition(override, fragment):
         to_train_config(_compose([override]))
     text = f"{info.value} {info.value.__cause__}"
     assert fragment in text
-
-
-def test_help_lists_each_groups_options_and_the_next_commands():
-    """``python train.py --help``: every group's shipped options and nothing else beside them
-    (the schemas are the root's, not options), then how to plan, sweep and compare."""
-    root = CONF.parent
-    command = [sys.executable, str(root / "train.py"), "--help"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=60)
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
-    for group in (*GROUPS, "experiment"):
-        listed = next(line for line in lines if line.startswith(f"{group}: "))
-        assert listed == f"{group}: {', '.join(_options(group))}"
-    assert lines[0].startswith("ladder: ")
-    for command in ("plan=true", "-m parallel=", "ladder report"):
-        assert command in result.stdout
 
 
 EXPERIMENTS = _options("experiment")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from runner.layout import resolve_layout
 from runner.rundir.layout_history import describe, extended, segment
+
+pytestmark = pytest.mark.unit
 
 
 def _segment(from_step: int, parallel: str, gpus: int, tp: int = 1) -> dict:

@@ -12,6 +12,8 @@ from runner.checkpoint import store as checkpoint
 from runner.config import Precision
 from runner.layout import resolve_layout
 
+pytestmark = pytest.mark.unit
+
 
 def _layout(gpus: int, tp: int = 1, pp: int = 1):
     return resolve_layout(gpus=gpus, tp=tp, pp=pp, global_size=16, micro_size=4)
