@@ -23,10 +23,11 @@ setup: $(VENV)/.installed  ## create .venv and install ladder with its dev tools
 run: setup  ## train the default experiment on this machine
 	$(BIN)/python train.py
 
-test: setup  ## lint, type-check, then every test tier this machine can run
+test: setup  ## lint, type-check, check the import layers, then every test tier this machine can run
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 bench: setup  ## the quick benchmarks (each prints its figure on the last line)

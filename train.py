@@ -24,8 +24,8 @@ from launchers.compose import register_configs, to_train_config
 from launchers.run import NothingToTrain, RunFailed, RunInterrupted, run
 from launchers.worker import exit_now
 from runner.environment import from_environment, shared_run_dir, take_local_rank_argument
+from runner.errors import ConfigError
 from runner.layout import LayoutError
-from runner.preflight.validate import ConfigError
 from runner.rundir.identity import RunIdentity
 from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 

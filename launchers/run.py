@@ -26,6 +26,7 @@ from runner.diagnose import disk_room, oom_killer, out_of_memory
 from runner.engine.deepspeed_config import build_deepspeed_config
 from runner.engine.schedule import scaled_lr
 from runner.environment import DistributedEnv, from_environment
+from runner.errors import ConfigError
 from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
 from runner.metrics import goodput
 from runner.metrics.wall_clock import folder_bytes
@@ -42,7 +43,7 @@ from runner.plan.planner import (
     workload_from_config,
 )
 from runner.preflight.build_locks import clear_stale_build_locks
-from runner.preflight.validate import ConfigError, validate
+from runner.preflight.validate import validate
 from runner.rundir import checkpoint_record, layout_history
 from runner.rundir.identity import RunIdentity
 from runner.rundir.run_files import read_failures, with_notes, write_deepspeed_config, write_failure

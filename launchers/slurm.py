@@ -66,8 +66,9 @@ def _runner_problems(task_cfg: DictConfig) -> tuple[TrainConfig | None, list[str
     the run directory is the cluster's shared one: :func:`plan_cell` checks it from here.
     """
     from launchers.compose import to_train_config
+    from runner.errors import ConfigError
     from runner.layout import LayoutError
-    from runner.preflight.validate import ConfigError, batch_contract_problems, validate
+    from runner.preflight.validate import batch_contract_problems, validate
     from runner.preflight.wandb_credentials import credentials_problems
 
     try:

@@ -142,15 +142,17 @@ _CLUSTER_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster"
 
 @functools.cache
 def _cluster_file_value(name: str, key: str) -> float | None:
-    """``key`` as ``conf/cluster/<name>.yaml`` writes it; None when the file or the key is not there."""
-    from omegaconf import DictConfig, OmegaConf
+    """``key`` as the shipped datasheet ``conf/cluster/<name>.yaml`` writes it; None when the file
+    or the key is not there. Read as plain YAML data (the run's config itself arrives typed):
+    it tells a datasheet figure from one the user set over it."""
+    import yaml  # deferred: only a plan for a named cluster reads its datasheet
 
     path = _CLUSTER_GROUP / f"{name}.yaml"
     if not path.is_file():
         return None
-    listed = OmegaConf.load(path)
-    value = listed.get(key) if isinstance(listed, DictConfig) else None
-    return float(value) if isinstance(value, int | float) else None
+    listed = yaml.safe_load(path.read_text())
+    value = listed.get(key) if isinstance(listed, dict) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _cluster_source(cluster: ClusterConfig, key: str) -> str:

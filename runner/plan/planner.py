@@ -22,6 +22,7 @@ from typing import Any
 
 from runner.config import ModelConfig, Offload, Precision, TrainConfig
 from runner.engine.deepspeed_config import reduce_bucket_elements
+from runner.errors import ConfigError
 from runner.layout import (
     PIPELINE_MICRO_BATCHES_PER_STAGE,
     Layout,
@@ -36,7 +37,6 @@ from runner.plan.hardware import Device, resolve_device
 from runner.plan.host import HostMemory, host_memory
 from runner.plan.memory import MemoryTerms, memory_terms
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
-from runner.preflight.validate import ConfigError
 
 GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
 

@@ -12,14 +12,11 @@ from collections.abc import Callable
 from runner.config import DataName, Offload, Precision, TrainConfig
 from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import TOKEN_DTYPES, token_file_problem, token_files
+from runner.errors import ConfigError
 from runner.hardware.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.parallel.tensor import tp_node_problems, tp_problems
 from runner.preflight.wandb_credentials import credentials_problems
-
-
-class ConfigError(ValueError):
-    """A configuration the runner refuses; the message lists every problem found."""
 
 
 def host_ranks_available() -> tuple[int, str]:

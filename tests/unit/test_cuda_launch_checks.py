@@ -6,8 +6,9 @@ import pytest
 import torch
 from train_helpers import compose_config
 
+from runner.errors import ConfigError
 from runner.preflight import validate as validate_module
-from runner.preflight.validate import ConfigError, cuda_launch_problems, validate
+from runner.preflight.validate import cuda_launch_problems, validate
 
 pytestmark = pytest.mark.unit
 

@@ -12,6 +12,7 @@ from train_helpers import compose_config
 from launchers.run import choose_layout, choose_layout_explained
 from runner.comm import reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
+from runner.errors import ConfigError
 from runner.layout import LayoutError, divisors
 from runner.plan.checkpoint_size import disk_need
 from runner.plan.hardware import resolve_device
@@ -26,7 +27,7 @@ from runner.plan.planner import (
     workload_from_config,
 )
 from runner.plan.table import format_plan, nominal_params
-from runner.preflight.validate import ConfigError, validate
+from runner.preflight.validate import validate
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
