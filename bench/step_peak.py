@@ -36,7 +36,7 @@ from runner.engine.distributed import skip_inference_shm_op
 from runner.layout import resolve_layout
 from runner.model.transformer import build_model, lm_loss
 from runner.parallel.pipeline import build_pipeline
-from runner.plan.memory import TIED_HEAD_GRADIENT, memory_terms
+from runner.plan.memory import TIED_HEAD_GRADIENT, MemoryCase, memory_terms
 
 
 @dataclass(frozen=True)
@@ -100,19 +100,18 @@ def planned(
 ) -> tuple[int, str]:
     """plan=true's peak bytes on the device (the fullest stage's), and its in-backward lines."""
     terms = memory_terms(
-        model,
-        precision=precision,
-        optimizer="adamw",
-        zero_stage=stage,
-        offload="none",
-        recompute="none",
-        seq_len=shape.seq,
-        micro_size=shape.micro,
-        dp=1,
-        tp=1,
-        pp=pp,
-        accum_steps=shape.accum,
-        reduce_bucket_size=bucket,
+        MemoryCase(
+            model=model,
+            precision=precision,
+            optimizer="adamw",
+            zero_stage=stage,
+            seq_len=shape.seq,
+            micro_size=shape.micro,
+            dp=1,
+            pp=pp,
+            accum_steps=shape.accum,
+            reduce_bucket_size=bucket,
+        )
     )
     lines = {k: v for k, v in terms.residuals.items() if k in IN_BACKWARD}
     words = ", ".join(f"{k.split(' (')[0]} {v / 1e9:.3f}" for k, v in lines.items()) or "-"

@@ -22,9 +22,10 @@ gradient reduction, before the optimizer step, on the second step (the optimizer
 exists from the first). What is transient inside backward (ZeRO-1's full gradients
 before the reduce-scatter, say) is not held then: the peak sees it.
 
-Estimated: :func:`deepspeed_estimate` is the textbook (runner.memory.model_states,
+Estimated: :func:`boundary_estimate` is the textbook (runner.memory.model_states,
 ZeRO paper) corrected by what DeepSpeed 0.19 was measured to hold, each correction a
-named line, so a reader sees both the paper's figure and the real one. Host memory
+named line, so a reader sees both the paper's figure and the real one; its model states,
+device buffers and host lines are the plan's (runner.plan.memory.held_states). Host memory
 (ZeRO-Offload) is itemised the same way: the offloaded terms plus DeepSpeed's own host
 buffers (runner.memory.offload_host_buffers); :func:`host_relative_errors` compares them
 with the measured lines of the same names.
@@ -41,17 +42,9 @@ import torch
 
 from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute
 from runner.engine.deepspeed_config import reduce_bucket_elements
-from runner.memory import (
-    TRANSIENT_ITEMS,
-    activation_items_total,
-    block_graph,
-    deepspeed_residuals,
-    model_block_shape,
-    model_states,
-    offload_host_buffers,
-    zero12_held_elements,
-)
-from runner.parallel.pipeline_split import rank_param_numels, stage_activations
+from runner.memory import TRANSIENT_ITEMS, activation_items_total
+from runner.parallel.pipeline_split import stage_activations
+from runner.plan.memory import HeldStates, MemoryCase, held_states, offload_placement
 
 TERMS = ("params", "grads", "optimizer", "activations")
 
@@ -246,23 +239,13 @@ class Estimate:
     host: dict[str, int] = field(default_factory=dict)  # host, per rank: offloaded terms, DeepSpeed buffers
 
 
-def deepspeed_estimate(
-    *,
-    model: ModelConfig,
-    num_params: int,
-    parallel: ParallelConfig,
-    precision: Precision,
-    optimizer: OptimizerName,
-    dp: int,
-    micro_size: int,
-    seq_len: int,
-    host_is_device: bool = False,
-    accum_steps: int | None = None,
-    compiled: bool = False,
-) -> Estimate:
+def boundary_estimate(case: MemoryCase) -> Estimate:
     """Per-rank bytes DeepSpeed 0.19 holds at the optimizer-step boundary, by term, plus activations.
 
-    Departures from the ZeRO paper's accounting, each measured on this runner's model:
+    The model states, DeepSpeed's named device buffers and the host lines are the plan's
+    (runner.plan.memory.held_states, the one source of both); this adds what is held at the
+    boundary rather than live at the peak. Departures from the ZeRO paper's accounting, each
+    measured on this runner's model:
     - stages 1-2 keep only the gradient partition after the boundary reduce-scatter
       (``averaged_gradients``), so ``grads`` is 2P/dp at stage 1 too; ZeRO-1's full
       gradients exist only inside backward;
@@ -283,101 +266,100 @@ def deepspeed_estimate(
     ``compiled`` (``train.compile``): the blocks' activations as their compiled graphs save
     them (runner.memory.block_graph).
     """
-    from runner.plan.planner import offload_mode
-
-    stage = parallel.zero_stage
-    offload = offload_mode(parallel.offload_optimizer, parallel.offload_param)
-    # Every term below is of the parameters this rank holds: 1/tp of each block matrix
-    # under tensor parallelism, the fullest stage's layers under a pipeline (a tied
-    # embedding counts on the first and the last).
-    numels = rank_param_numels(model, tp=parallel.tp, pp=parallel.pp)
-    if parallel.tp > 1 or parallel.pp > 1:
-        num_params = sum(numels)
-    textbook = model_states(
-        num_params,
-        zero_stage=stage,
-        dp=dp,
-        precision=precision.value,
-        optimizer=optimizer.value,
-        offload=offload,
-    )
-    p_bytes = 4 if precision == Precision.fp32 else 2
+    held = held_states(case)
+    model, textbook = case.model, held.textbook
     head_dim = model.d_model // model.n_head
     # RoPE's cos and sin tables (runner/model/transformer.py), kept in fp32 under bf16 by DeepSpeed.
     residual: dict[str, int] = {"model_buffers": 2 * 4 * model.max_seq_len * (head_dim // 2)}
-    params, grads, optim = textbook.params, textbook.grads, textbook.optimizer
-    host = {
-        "params": textbook.host_params,
-        "grads": textbook.host_grads,
-        "optimizer": textbook.host_optimizer,
-    }
-    if host_is_device:
+    residual.update(held.residuals)
+    params, grads, optim = textbook.params, held.grads, textbook.optimizer
+    if case.host_is_device:
         # CPU ranks: what ZeRO-Offload moves to the host stays in the memory being measured.
-        params, grads, optim = params + host["params"], grads + host["grads"], optim + host["optimizer"]
-    if stage in (1, 2) and offload == "none":
-        grads = p_bytes * zero12_held_elements(numels, dp)
-    buffers = offload_host_buffers(
-        num_params,
-        zero_stage=stage,
-        dp=dp,
-        precision=precision.value,
-        optimizer=optimizer.value,
-        offload=offload,
-        largest_param=max(numels),
-        held_params=zero12_held_elements(numels, dp),
-        accum_steps=accum_steps,
-    )
-    host.update(buffers)
-    persistent = sum(n for n in numels if n < parallel.param_persistence_threshold)
-    residual.update(
-        deepspeed_residuals(
-            num_params,
-            zero_stage=stage,
-            dp=dp,
-            precision=precision.value,
-            optimizer=optimizer.value,
-            offload=offload,
-            reduce_bucket_size=reduce_bucket_elements(parallel.reduce_bucket_size, model),
-            persistent_params=persistent if stage == 3 else 0,
-            largest_param=max(numels),
+        off = held.offloaded
+        params, grads, optim = (
+            params + off.get("params", 0),
+            grads + off.get("grads", 0),
+            optim + off.get("optimizer", 0),
         )
-    )
-    if stage == 0 and precision == Precision.bf16 and parallel.pp > 1:
+    if case.zero_stage == 0 and case.precision == "bf16" and case.pp > 1:
         # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer: beside the parameters'
         # own bf16 gradients it keeps its flat accumulation buffer, bf16 here (bf16_optimizer.py
         # ``fp32_groups_gradients_flat`` in ``grad_acc_dtype``, listed as ``non_expert_gradients``).
         # Measured: 3,295,744 bytes on tiny's last of 2 stages, its 1,647,872 parameters x 2.
-        residual["non_expert_gradients"] = 2 * num_params
-    if host_is_device:
-        residual.update(buffers)
-    block = model_block_shape(
-        model,
-        seq_len=seq_len,
-        micro_size=micro_size,
-        tp=parallel.tp,
-        bytes_per_elem=p_bytes,
-        graph=block_graph(compiled, tp=parallel.tp, zero_stage=stage),
-    )
-    recompute = Recompute(model.activation_checkpointing).value
-    activations = activation_items_total(
-        block,
-        n_layers=model.n_layer,
-        vocab_size=model.vocab_size,
-        recompute=recompute,
-    )
-    kept = sum(v for k, v in activations.items() if k not in TRANSIENT_ITEMS)
-    if parallel.pp > 1:
-        kept = max(stage_activations(activations, n_layer=model.n_layer, pp=parallel.pp))
+        residual["non_expert_gradients"] = 2 * held.local
+    if case.host_is_device:
+        residual.update(held.host_buffers)
     return Estimate(
-        terms={"params": params, "grads": grads, "optimizer": optim, "activations": kept},
+        terms={
+            "params": params,
+            "grads": grads,
+            "optimizer": optim,
+            "activations": _saved_activations(case, held),
+        },
         residual=residual,
-        host={name: nbytes for name, nbytes in host.items() if nbytes},
+        host={name: nbytes for name, nbytes in held.host.items() if nbytes},
         textbook={
             "params": textbook.params,
             "grads": textbook.grads,
             "optimizer": textbook.optimizer,
         },
     )
+
+
+def _saved_activations(case: MemoryCase, held: HeldStates) -> int:
+    """Bytes autograd saves over one micro-batch on the fullest stage (no transients: what
+    :func:`saved_activations` measures)."""
+    model = case.model
+    items = activation_items_total(
+        held.block, n_layers=model.n_layer, vocab_size=model.vocab_size, recompute=case.recompute
+    )
+    if case.pp > 1:
+        return max(stage_activations(items, n_layer=model.n_layer, pp=case.pp))
+    return sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
+
+
+def deepspeed_estimate(
+    *,
+    model: ModelConfig,
+    num_params: int,
+    parallel: ParallelConfig,
+    precision: Precision,
+    optimizer: OptimizerName,
+    dp: int,
+    micro_size: int,
+    seq_len: int,
+    host_is_device: bool = False,
+    accum_steps: int | None = None,
+    compiled: bool = False,
+) -> Estimate:
+    """:func:`boundary_estimate` of a run's rank, from its sub-configs and layout.
+
+    ``num_params`` is not read: the count is the model's tensors', as the rank holds them
+    (runner.parallel.pipeline_split.rank_param_numels), which runner.model.shape.num_params
+    gives at tp = pp = 1.
+    """
+    del num_params
+    case = MemoryCase(
+        model=model,
+        precision=precision.value,
+        optimizer=optimizer.value,
+        zero_stage=parallel.zero_stage,
+        seq_len=seq_len,
+        micro_size=micro_size,
+        dp=dp,
+        tp=parallel.tp,
+        pp=parallel.pp,
+        accum_steps=accum_steps,
+        offload=offload_placement(parallel.offload_optimizer, parallel.offload_param),
+        recompute=Recompute(model.activation_checkpointing).value,
+        reduce_bucket_size=reduce_bucket_elements(parallel.reduce_bucket_size, model),
+        overlap_comm=parallel.overlap_comm,
+        contiguous_gradients=parallel.contiguous_gradients,
+        compiled=compiled,
+        host_is_device=host_is_device,
+        param_persistence_threshold=parallel.param_persistence_threshold,
+    )
+    return boundary_estimate(case)
 
 
 def relative_errors(estimated: dict[str, int], measured: dict[str, int]) -> dict[str, float | None]:

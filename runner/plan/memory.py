@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.config import ModelConfig
+from runner.config import ModelConfig, Offload
 from runner.memory import (
     TRANSIENT_ITEMS,
     BlockShape,
@@ -347,203 +347,372 @@ def grads_after_activation_peak(
     return grads + max(peak_a, end) - max(peak_a, grads + end)
 
 
-def memory_terms(
-    model: ModelConfig,
-    *,
-    precision: str,
-    optimizer: str,
-    zero_stage: int,
-    offload: str,
-    recompute: str,
-    seq_len: int,
-    micro_size: int,
-    dp: int,
-    tp: int,
-    pp: int,
-    accum_steps: int,
-    host_is_device: bool = False,
-    reduce_bucket_size: int = 500_000_000,
-    overlap_comm: bool = False,
-    contiguous_gradients: bool = True,
-    compiled: bool = False,
-) -> MemoryTerms:
-    """Every memory term of one device for this layout (see the module docstring)."""
+def offload_placement(offload_optimizer: Offload, offload_param: Offload) -> str:
+    """The config's two offload switches as one placement: none, optimizer, or optimizer+params.
+
+    DeepSpeed offloads parameters only beside the optimizer (ZeRO-Infinity's CPU layout);
+    parameters alone are refused (ValueError).
+    """
+    if offload_param == Offload.cpu and offload_optimizer != Offload.cpu:
+        raise ValueError(
+            "parameter offload without optimizer offload is not a placement the estimators model"
+        )
+    if offload_param == Offload.cpu:
+        return "optimizer+params"
+    return "optimizer" if offload_optimizer == Offload.cpu else "none"
+
+
+@dataclass(frozen=True)
+class MemoryCase:
+    """What one device's memory depends on: the model, precision and optimizer, the ZeRO stage,
+    the layout and one micro-batch size; the device is the fullest rank of that layout.
+
+    The plan (:func:`memory_terms`, from runner/plan/planner.py ``memory_at``) and the measured
+    ledger's estimate (runner/metrics/ledger.py) describe their device with it, and both take
+    its model states, DeepSpeed's buffers and the host lines from :func:`held_states`.
+    """
+
+    model: ModelConfig
+    precision: str  # runner.config.Precision's value
+    optimizer: str  # runner.config.OptimizerName's value
+    zero_stage: int
+    seq_len: int
+    micro_size: int
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    # Micro-batches per optimizer step. None (not known): the ledger's estimate counts the
+    # offload buffer that accumulation needs; the plan needs it known.
+    accum_steps: int | None = 1
+    offload: str = "none"  # runner.memory.OffloadMode
+    recompute: str = "none"  # runner.memory.RecomputeMode
+    # Elements of the gradient bucket DeepSpeed is given
+    # (runner.engine.deepspeed_config.reduce_bucket_elements).
+    reduce_bucket_size: int = 500_000_000
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    compiled: bool = False  # train.compile: the blocks' activations as their compiled graphs save them
+    host_is_device: bool = False  # CPU ranks: the host memory is the device's
+    # ZeRO-3 keeps parameters under this many elements whole on every rank
+    # (parallel.param_persistence_threshold); 0: none counted, as the plan does.
+    param_persistence_threshold: int = 0
+
+    @property
+    def bytes_per_elem(self) -> int:
+        """Bytes of one element of the model dtype: the weights, gradients and activations."""
+        return 4 if self.precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class HeldStates:
+    """The fullest rank's model states, DeepSpeed's named buffers and its host lines, and the shape
+    of one block's activations: what the plan and the ledger's estimate share (:func:`held_states`)."""
+
+    numels: list[int]  # the rank's parameter tensors (runner.parallel.pipeline_split.rank_param_numels)
+    textbook: ModelStates  # ZeRO's accounting of them (runner.memory.model_states)
+    grads: int  # device gradient bytes: ZeRO-1/2's whole straddling tensors, else the textbook's
+    residuals: dict[str, int]  # DeepSpeed's device buffers (runner.memory.deepspeed_residuals)
+    offloaded: dict[str, int]  # the terms offload puts on the host, per rank (the non-zero ones)
+    host_buffers: dict[str, int]  # ZeRO-Offload's own host buffers (runner.memory.offload_host_buffers)
+    block: BlockShape  # one block's activations at this micro-batch (runner.memory.model_block_shape)
+
+    @property
+    def local(self) -> int:
+        """Parameters the rank holds before ZeRO partitions them."""
+        return sum(self.numels)
+
+    @property
+    def largest(self) -> int:
+        """Elements of the rank's largest parameter tensor."""
+        return max(self.numels)
+
+    @property
+    def host(self) -> dict[str, int]:
+        """Host bytes per rank: the offloaded terms, then ZeRO-Offload's buffers."""
+        return {**self.offloaded, **self.host_buffers}
+
+
+def held_states(case: MemoryCase) -> HeldStates:
+    """The model states, DeepSpeed's buffers and the host lines of the fullest rank (see HeldStates).
+
+    The single source of these terms: the plan (:func:`memory_terms`) adds what is live at
+    the peak, the ledger's estimate (runner/metrics/ledger.py) what is held at the step's boundary.
+    """
     # The fullest rank's tensors: 1/tp of the matrices and of the vocabulary, the norms whole
     # (runner/parallel/tensor.py); a pipeline rank holds its stage's layers.
-    numels = rank_param_numels(model, tp=tp, pp=pp)
-    local = sum(numels)
-    states: ModelStates = model_states(
-        local, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
+    numels = rank_param_numels(case.model, tp=case.tp, pp=case.pp)
+    local, largest, stage = sum(numels), max(numels), case.zero_stage
+    states = model_states(
+        local,
+        zero_stage=stage,
+        dp=case.dp,
+        precision=case.precision,
+        optimizer=case.optimizer,
+        offload=case.offload,
     )
-    largest = max(numels)
     grads, held = states.grads, None
-    if zero_stage in (1, 2):
+    if stage in (1, 2):
         # ZeRO-1/2 keep whole the gradient of every tensor a rank's partition touches: the
         # fullest rank holds up to two straddling tensors beyond P/dp (exact, tensor by tensor).
-        held = zero12_held_elements(numels, dp)
-        if offload == "none":
-            grads = (4 if precision == "fp32" else 2) * held
-    residuals = deepspeed_residuals(
-        local,
-        zero_stage=zero_stage,
-        dp=dp,
-        precision=precision,
-        optimizer=optimizer,
-        offload=offload,
-        reduce_bucket_size=reduce_bucket_size,
-        largest_param=largest,
-    )
-    graph = block_graph(compiled, tp=tp, zero_stage=zero_stage)
-    block = model_block_shape(
-        model,
-        seq_len=seq_len,
-        micro_size=micro_size,
-        tp=tp,
-        bytes_per_elem=4 if precision == "fp32" else 2,
-        graph=graph,
-    )
-    items = activation_items_total(
-        block,
-        n_layers=layers_per_stage(model.n_layer, pp),
-        vocab_size=model.vocab_size,
-        recompute=recompute,
-    )
-    stage_input = block.bytes_per_elem * micro_size * seq_len * model.d_model
-    block_backward = mlp_backward_bytes(block)
-    activations, note = activation_bytes(
-        items, pp=pp, accum_steps=accum_steps, stage_input=stage_input, block_backward=block_backward
-    )
-    buckets = zero12_backward_buckets(
-        zero_stage=zero_stage,
-        precision=precision,
-        offload=offload,
-        reduce_bucket_size=reduce_bucket_size,
-        overlap_comm=overlap_comm,
-        contiguous_gradients=contiguous_gradients,
-    )
-    flat = 0
-    if zero_stage == 0 and grads:  # ZeRO-0 all-reduces its gradients through one flat copy of them
-        flat = allreduce_flat_bytes(local, largest=largest, precision=precision)
-    grads_after_peak = 0
-    if pp == 1:
-        # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
-        # allocates stays until then, live at every later micro-batch's loss: all of it adds.
-        to_boundary = zero_stage == 1 and accum_steps > 1
-        for name, size in buckets.items():
-            if to_boundary:
-                residuals[name] = size
-            elif beyond := beyond_activations_after_head(items, allocated=size):
-                residuals[name] = beyond
-        # A tied head's gradient comes beside the bucket: its line is what it adds beyond the bucket's.
-        beside = 0 if to_boundary else sum(buckets.values())
-        tied = tied_head_gradient_bytes(model, tp=tp, pp=pp, precision=precision)
-        if tied and (
-            extra := beyond_activations_after_head(items, allocated=beside + tied)
-            - beyond_activations_after_head(items, allocated=beside)
-        ):
-            residuals[TIED_HEAD_GRADIENT] = extra
-        in_backward = sum(residuals.get(name, 0) for name in (*buckets, TIED_HEAD_GRADIENT))
-        if (beyond := flat - activations - in_backward) > 0:
-            residuals[ALLREDUCE_FLAT] = beyond
-        # As backward ends, after the activations are freed: the buckets and the tied weight's
-        # gradients joining (ZeRO 0-2); ZeRO-0's flat copy comes after, at the boundary.
-        bucketed = sum(buckets.values())
-        at_end = bucketed + tied_gradient_join_bytes(tied, zero_stage=zero_stage, accum_steps=accum_steps)
-        if zero_stage == 2 and accum_steps == 1 and reduce_bucket_size >= local:
-            # A bucket that takes every gradient reduces none before backward ends: ZeRO-2's
-            # gradient partition (stage_1_and_2.py ``copy_grads_in_partition``) is made after.
-            at_end = max(bucketed, at_end - grads)
-        counted = activations + in_backward + residuals.get(ALLREDUCE_FLAT, 0)
-        if at_end > max(flat, counted):
-            residuals[TIED_GRADIENT_JOIN] = at_end - counted
-        grads_after_peak = grads_after_activation_peak(
-            grads,
-            at_activation_peak=activations + in_backward,
-            at_backward_end=max(at_end, flat),
-            zero_stage=zero_stage,
-            accum_steps=accum_steps,
-        )
-    else:
-        if (beyond := flat - activations) > 0:
-            residuals[ALLREDUCE_FLAT] = beyond
-        first, last = pipeline_stage_bytes(
-            items, pp=pp, accum_steps=accum_steps, stage_input=stage_input, block_backward=block_backward
-        )
-        # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer (engine.py
-        # ``_do_optimizer_sanity_check``: BFLOAT16 with pipeline_parallelism). It allocates its
-        # flat gradient buffer (the ``grads`` term) at construction (bf16_optimizer.py
-        # ``_setup_for_real_optimizer``), so the first stage's first backward has it whole,
-        # and adds the parameters' own bf16 gradients into it after each backward
-        # (``update_hp_grads``), keeping them: from the second backward on both are live.
-        bf16_stage0 = zero_stage == 0 and precision != "fp32"
-        if first >= last and not bf16_stage0:
-            grads_after_peak = first_stage_grads_after_peak(
-                items, grads=grads, pp=pp, accum_steps=accum_steps
-            )
-        # The first stage peaks at its first backward with m <= p micro-batches a step, the
-        # last at any. Measured (tiny, 2 stages): m = 2 0.997 and m = 4 1.001 of the
-        # allocator's peak (were 0.956 and 0.962 discounting the buffer, without this line).
-        if bf16_stage0 and (accum_steps > pp if first >= last else accum_steps > 1):
-            residuals[BF16_PARAM_GRADS] = grads
-        # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
-        # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one
-        # more (stage_1_and_2.py), after the micro-batches' activations are freed. Seen with
-        # allocator events on gpt2_124m's last stage (micro 4, seq 128, accum 4): 0.49 GB
-        # more after the first backward, to the boundary, and 0.49 GB more there.
-        if zero_stage == 1 and buckets:
-            residuals.update(buckets)
-            one = (4 if precision == "fp32" else 2) * reduce_bucket_size
-            if (beyond := one - activations) > 0:
-                residuals["reduce_bucket (at boundary)"] = beyond
-    if graph != "eager":
-        how = "compiled blocks" if graph == "whole" else "compiled blocks, split at collectives"
-        note = f"{how}; {note}" if note else how
-    host = {
-        name: value
-        for name, value in (
-            ("params", states.host_params),
-            ("grads", states.host_grads),
-            ("optimizer", states.host_optimizer),
-        )
-        if value
+        held = zero12_held_elements(numels, case.dp)
+        if case.offload == "none":
+            grads = case.bytes_per_elem * held
+    persistent = sum(n for n in numels if n < case.param_persistence_threshold) if stage == 3 else 0
+    offloaded = {
+        "params": states.host_params,
+        "grads": states.host_grads,
+        "optimizer": states.host_optimizer,
     }
-    # ZeRO-Offload's own host buffers.
-    host.update(
-        offload_host_buffers(
+    return HeldStates(
+        numels=numels,
+        textbook=states,
+        grads=grads,
+        residuals=deepspeed_residuals(
             local,
-            zero_stage=zero_stage,
-            dp=dp,
-            precision=precision,
-            optimizer=optimizer,
-            offload=offload,
+            zero_stage=stage,
+            dp=case.dp,
+            precision=case.precision,
+            optimizer=case.optimizer,
+            offload=case.offload,
+            reduce_bucket_size=case.reduce_bucket_size,
+            persistent_params=persistent,
+            largest_param=largest,
+        ),
+        offloaded={name: value for name, value in offloaded.items() if value},
+        host_buffers=offload_host_buffers(
+            local,
+            zero_stage=stage,
+            dp=case.dp,
+            precision=case.precision,
+            optimizer=case.optimizer,
+            offload=case.offload,
             largest_param=largest,
             held_params=held,
-            accum_steps=accum_steps,
-        )
+            accum_steps=case.accum_steps,
+        ),
+        block=model_block_shape(
+            case.model,
+            seq_len=case.seq_len,
+            micro_size=case.micro_size,
+            tp=case.tp,
+            bytes_per_elem=case.bytes_per_elem,
+            graph=block_graph(case.compiled, tp=case.tp, zero_stage=stage),
+        ),
     )
-    step = 0
-    if copies := optimizer_step_bytes(
-        local, zero_stage=zero_stage, dp=dp, precision=precision, offload=offload, pp=pp
+
+
+@dataclass(frozen=True)
+class _Activations:
+    """One stage's activation items, its peak activation bytes (activation_bytes) and what they rest on."""
+
+    items: dict[str, int]  # runner.memory.activation_items_total of the fullest stage's layers
+    peak: int
+    note: str
+    stage_input: int  # one micro-batch's hidden states between stages (pipeline_stage_bytes)
+    block_backward: int  # mlp_backward_bytes
+
+
+def _activations(case: MemoryCase, block: BlockShape, accum_steps: int) -> _Activations:
+    """The fullest stage's activation items and peak at this micro-batch."""
+    items = activation_items_total(
+        block,
+        n_layers=layers_per_stage(case.model.n_layer, case.pp),
+        vocab_size=case.model.vocab_size,
+        recompute=case.recompute,
+    )
+    stage_input = block.bytes_per_elem * case.micro_size * case.seq_len * case.model.d_model
+    block_backward = mlp_backward_bytes(block)
+    peak, note = activation_bytes(
+        items, pp=case.pp, accum_steps=accum_steps, stage_input=stage_input, block_backward=block_backward
+    )
+    if block.graph != "eager":
+        how = "compiled blocks" if block.graph == "whole" else "compiled blocks, split at collectives"
+        note = f"{how}; {note}" if note else how
+    return _Activations(items, peak, note, stage_input, block_backward)
+
+
+def _in_backward_lines(
+    case: MemoryCase, act: _Activations, buckets: dict[str, int], *, tied: int, accum_steps: int
+) -> dict[str, int]:
+    """No pipeline: ZeRO-1/2's buckets and a tied head's gradient, what they add to the activation peak."""
+    lines: dict[str, int] = {}
+    # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
+    # allocates stays until then, live at every later micro-batch's loss: all of it adds.
+    to_boundary = case.zero_stage == 1 and accum_steps > 1
+    for name, size in buckets.items():
+        if to_boundary:
+            lines[name] = size
+        elif beyond := beyond_activations_after_head(act.items, allocated=size):
+            lines[name] = beyond
+    # A tied head's gradient comes beside the bucket: its line is what it adds beyond the bucket's.
+    beside = 0 if to_boundary else sum(buckets.values())
+    if tied and (
+        extra := beyond_activations_after_head(act.items, allocated=beside + tied)
+        - beyond_activations_after_head(act.items, allocated=beside)
     ):
-        through = sum(size for name, size in residuals.items() if name in THROUGH_THE_STEP)
-        step = states.params + grads + states.optimizer + through + copies
-    # zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
-    # ranks the build is host memory (runner/plan/host.py).
-    build = 0
-    if zero_stage == 3 and tp > 1 and pp == 1 and not host_is_device and offload != "optimizer+params":
-        build = zero3_tp_build_bytes(model, precision=precision, dp=dp)
+        lines[TIED_HEAD_GRADIENT] = extra
+    return lines
+
+
+def _at_backward_end(
+    case: MemoryCase, held: HeldStates, buckets: dict[str, int], *, tied: int, accum_steps: int
+) -> int:
+    """No pipeline: what is live beside the gradients as backward ends, after the activations are freed.
+
+    The buckets and the tied weight's gradients joining (ZeRO 0-2); ZeRO-0's flat copy comes
+    after, at the boundary.
+    """
+    bucketed = sum(buckets.values())
+    at_end = bucketed + tied_gradient_join_bytes(tied, zero_stage=case.zero_stage, accum_steps=accum_steps)
+    if case.zero_stage == 2 and accum_steps == 1 and case.reduce_bucket_size >= held.local:
+        # A bucket that takes every gradient reduces none before backward ends: ZeRO-2's
+        # gradient partition (stage_1_and_2.py ``copy_grads_in_partition``) is made after.
+        at_end = max(bucketed, at_end - held.grads)
+    return at_end
+
+
+def _single_stage_lines(
+    case: MemoryCase, held: HeldStates, act: _Activations, *, accum_steps: int
+) -> tuple[dict[str, int], int]:
+    """No pipeline: the residual lines live in backward or at its end, and the gradient bytes made
+    after the activation peak (grads_after_activation_peak)."""
+    buckets = _backward_buckets(case)
+    flat = _flat_bytes(case, held)
+    tied = tied_head_gradient_bytes(case.model, tp=case.tp, pp=case.pp, precision=case.precision)
+    lines = _in_backward_lines(case, act, buckets, tied=tied, accum_steps=accum_steps)
+    in_backward = sum(lines.values())
+    if (beyond := flat - act.peak - in_backward) > 0:
+        lines[ALLREDUCE_FLAT] = beyond
+    at_end = _at_backward_end(case, held, buckets, tied=tied, accum_steps=accum_steps)
+    counted = act.peak + in_backward + lines.get(ALLREDUCE_FLAT, 0)
+    if at_end > max(flat, counted):
+        lines[TIED_GRADIENT_JOIN] = at_end - counted
+    after_peak = grads_after_activation_peak(
+        held.grads,
+        at_activation_peak=act.peak + in_backward,
+        at_backward_end=max(at_end, flat),
+        zero_stage=case.zero_stage,
+        accum_steps=accum_steps,
+    )
+    return lines, after_peak
+
+
+def _pipeline_lines(
+    case: MemoryCase, held: HeldStates, act: _Activations, *, accum_steps: int
+) -> tuple[dict[str, int], int]:
+    """Under a pipeline: the residual lines of the fullest stage, and the gradient bytes made after its
+    activation peak (first_stage_grads_after_peak)."""
+    lines: dict[str, int] = {}
+    if (beyond := _flat_bytes(case, held) - act.peak) > 0:
+        lines[ALLREDUCE_FLAT] = beyond
+    first, last = pipeline_stage_bytes(
+        act.items,
+        pp=case.pp,
+        accum_steps=accum_steps,
+        stage_input=act.stage_input,
+        block_backward=act.block_backward,
+    )
+    # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer (engine.py
+    # ``_do_optimizer_sanity_check``: BFLOAT16 with pipeline_parallelism). It allocates its
+    # flat gradient buffer (the ``grads`` term) at construction (bf16_optimizer.py
+    # ``_setup_for_real_optimizer``), so the first stage's first backward has it whole,
+    # and adds the parameters' own bf16 gradients into it after each backward
+    # (``update_hp_grads``), keeping them: from the second backward on both are live.
+    bf16_stage0 = case.zero_stage == 0 and case.precision != "fp32"
+    after_peak = 0
+    if first >= last and not bf16_stage0:
+        after_peak = first_stage_grads_after_peak(
+            act.items, grads=held.grads, pp=case.pp, accum_steps=accum_steps
+        )
+    # The first stage peaks at its first backward with m <= p micro-batches a step, the
+    # last at any. Measured (tiny, 2 stages): m = 2 0.997 and m = 4 1.001 of the
+    # allocator's peak (were 0.956 and 0.962 discounting the buffer, without this line).
+    if bf16_stage0 and (accum_steps > case.pp if first >= last else accum_steps > 1):
+        lines[BF16_PARAM_GRADS] = held.grads
+    # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
+    # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one
+    # more (stage_1_and_2.py), after the micro-batches' activations are freed. Seen with
+    # allocator events on gpt2_124m's last stage (micro 4, seq 128, accum 4): 0.49 GB
+    # more after the first backward, to the boundary, and 0.49 GB more there.
+    buckets = _backward_buckets(case)
+    if case.zero_stage == 1 and buckets:
+        lines.update(buckets)
+        if (beyond := case.bytes_per_elem * case.reduce_bucket_size - act.peak) > 0:
+            lines["reduce_bucket (at boundary)"] = beyond
+    return lines, after_peak
+
+
+def _backward_buckets(case: MemoryCase) -> dict[str, int]:
+    """ZeRO-1/2's gradient buckets, allocated in backward (runner.memory.zero12_backward_buckets)."""
+    return zero12_backward_buckets(
+        zero_stage=case.zero_stage,
+        precision=case.precision,
+        offload=case.offload,
+        reduce_bucket_size=case.reduce_bucket_size,
+        overlap_comm=case.overlap_comm,
+        contiguous_gradients=case.contiguous_gradients,
+    )
+
+
+def _flat_bytes(case: MemoryCase, held: HeldStates) -> int:
+    """ZeRO-0 all-reduces its gradients through one flat copy of them (allreduce_flat_bytes); 0 otherwise."""
+    if case.zero_stage != 0 or not held.grads:
+        return 0
+    return allreduce_flat_bytes(held.local, largest=held.largest, precision=case.precision)
+
+
+def _step_bytes(case: MemoryCase, held: HeldStates, residuals: dict[str, int]) -> int:
+    """Device bytes inside the optimizer step (optimizer_step_bytes beside what lives through it); 0: none."""
+    copies = optimizer_step_bytes(
+        held.local,
+        zero_stage=case.zero_stage,
+        dp=case.dp,
+        precision=case.precision,
+        offload=case.offload,
+        pp=case.pp,
+    )
+    if not copies:
+        return 0
+    through = sum(size for name, size in residuals.items() if name in THROUGH_THE_STEP)
+    return held.textbook.params + held.grads + held.textbook.optimizer + through + copies
+
+
+def _build_bytes(case: MemoryCase) -> int:
+    """Device bytes while the model is built, where it can hold more than the steady terms; 0: not there.
+
+    zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
+    ranks the build is host memory (runner/plan/host.py).
+    """
+    tp_zero3 = case.zero_stage == 3 and case.tp > 1 and case.pp == 1
+    if not tp_zero3 or case.host_is_device or case.offload == "optimizer+params":
+        return 0
+    return zero3_tp_build_bytes(case.model, precision=case.precision, dp=case.dp)
+
+
+def memory_terms(case: MemoryCase) -> MemoryTerms:
+    """Every memory term of one device for this layout (see the module docstring)."""
+    if case.accum_steps is None:
+        raise ValueError(
+            "memory_terms needs accum_steps: the plan's peaks depend on the micro-batches a step"
+        )
+    accum_steps = case.accum_steps
+    held = held_states(case)
+    act = _activations(case, held.block, accum_steps)
+    step_lines = _single_stage_lines if case.pp == 1 else _pipeline_lines
+    lines, grads_after_peak = step_lines(case, held, act, accum_steps=accum_steps)
+    residuals = {**held.residuals, **lines}
     return MemoryTerms(
-        params=states.params,
-        grads=grads,
-        optimizer=states.optimizer,
-        activations=activations,
+        params=held.textbook.params,
+        grads=held.grads,
+        optimizer=held.textbook.optimizer,
+        activations=act.peak,
         residuals=residuals,
-        host=host,
-        host_counts_on_device=host_is_device,
-        activation_note=note,
-        build=build,
+        host=held.host,
+        host_counts_on_device=case.host_is_device,
+        activation_note=act.note,
+        build=_build_bytes(case),
         grads_after_peak=grads_after_peak,
-        step=step,
+        step=_step_bytes(case, held, residuals),
     )
 
 
@@ -551,13 +720,17 @@ __all__ = [
     "ALLREDUCE_FLAT",
     "OPTIMIZER_STEP",
     "TIED_HEAD_GRADIENT",
+    "HeldStates",
+    "MemoryCase",
     "MemoryTerms",
     "activation_bytes",
     "allreduce_flat_bytes",
     "beyond_activations_after_head",
     "grads_after_activation_peak",
+    "held_states",
     "layers_per_stage",
     "memory_terms",
+    "offload_placement",
     "optimizer_step_bytes",
     "tied_head_gradient_bytes",
     "zero3_tp_build_bytes",

@@ -35,7 +35,7 @@ from runner.model.shape import param_numels
 from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
 from runner.plan.hardware import Device, resolve_device
 from runner.plan.host import HostMemory, host_memory
-from runner.plan.memory import MemoryTerms, memory_terms
+from runner.plan.memory import MemoryCase, MemoryTerms, memory_terms, offload_placement
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 
 GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
@@ -237,16 +237,16 @@ class Plan:
 
 
 def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> str:
-    """The config's two offload enums as runner.memory.model_states' offload string."""
-    if offload_param == Offload.cpu and offload_optimizer != Offload.cpu:
+    """The config's two offload enums as runner.memory.model_states' offload placement
+    (runner.plan.memory.offload_placement), refusing what the planner cannot model (ConfigError)."""
+    try:
+        return offload_placement(offload_optimizer, offload_param)
+    except ValueError:
         raise ConfigError(
             "  - parallel.offload_param=cpu with parallel.offload_optimizer=none: the planner models "
             "optimizer offload, or optimizer + parameter offload; set parallel.offload_optimizer=cpu too "
             "(or, to run it unplanned, give batch.micro_size=<n> instead of auto)"
-        )
-    if offload_param == Offload.cpu:
-        return "optimizer+params"
-    return "optimizer" if offload_optimizer == Offload.cpu else "none"
+        ) from None
 
 
 def knobs_from_config(config: TrainConfig) -> Knobs:
@@ -316,23 +316,25 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
 def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, accum_steps: int) -> MemoryTerms:
     """Every memory term per device for these knobs at this micro-batch size."""
     return memory_terms(
-        workload.model,
-        precision=workload.precision.value,
-        optimizer=workload.optimizer,
-        zero_stage=knobs.zero_stage,
-        offload=knobs.offload,
-        recompute=knobs.recompute,
-        seq_len=workload.seq_len,
-        micro_size=micro_size,
-        dp=dp,
-        tp=knobs.tp,
-        pp=knobs.pp,
-        accum_steps=accum_steps,
-        host_is_device=workload.device.is_host,
-        reduce_bucket_size=reduce_bucket_elements(knobs.reduce_bucket_size, workload.model),
-        overlap_comm=knobs.overlap_comm,
-        contiguous_gradients=knobs.contiguous_gradients,
-        compiled=workload.compiled,
+        MemoryCase(
+            model=workload.model,
+            precision=workload.precision.value,
+            optimizer=workload.optimizer,
+            zero_stage=knobs.zero_stage,
+            seq_len=workload.seq_len,
+            micro_size=micro_size,
+            dp=dp,
+            tp=knobs.tp,
+            pp=knobs.pp,
+            accum_steps=accum_steps,
+            offload=knobs.offload,
+            recompute=knobs.recompute,
+            reduce_bucket_size=reduce_bucket_elements(knobs.reduce_bucket_size, workload.model),
+            overlap_comm=knobs.overlap_comm,
+            contiguous_gradients=knobs.contiguous_gradients,
+            compiled=workload.compiled,
+            host_is_device=workload.device.is_host,
+        )
     )
 
 

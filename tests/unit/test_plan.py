@@ -48,7 +48,7 @@ def _terms(model: Any = None, **knobs: Any) -> Any:
     """runner.plan.memory.memory_terms for the tiny model (or ``model``): fp32 AdamW, ZeRO-0,
     one rank, seq 128, micro 4, accum 2, unless ``knobs`` say otherwise."""
     from runner.config import ModelConfig
-    from runner.plan.memory import memory_terms
+    from runner.plan.memory import MemoryCase, memory_terms
 
     defaults: dict[str, Any] = dict(
         precision="fp32",
@@ -63,7 +63,7 @@ def _terms(model: Any = None, **knobs: Any) -> Any:
         pp=1,
         accum_steps=2,
     )
-    return memory_terms(model or ModelConfig(), **{**defaults, **knobs})
+    return memory_terms(MemoryCase(model=model or ModelConfig(), **{**defaults, **knobs}))
 
 
 def test_llama_70b_zero3_on_64_gpus_holds_17_2_gb_of_model_states():

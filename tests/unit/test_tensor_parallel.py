@@ -147,22 +147,24 @@ def test_refusals_name_the_key_and_the_values_that_work():
 def test_planner_counts_the_vocabulary_split_embeddings(tied, measured):
     """At tp 2 a rank holds half of each block matrix, of the output head and of the token
     embedding (one weight when tied); the norms stay whole. Measured per rank on 2 CPU ranks."""
-    from runner.plan.memory import memory_terms
+    from runner.plan.memory import MemoryCase, memory_terms
 
     model = dataclasses.replace(TINY, tie_embeddings=tied)
     terms = memory_terms(
-        model,
-        precision="fp32",
-        optimizer="adamw",
-        zero_stage=0,
-        offload="none",
-        recompute="none",
-        seq_len=128,
-        micro_size=4,
-        dp=1,
-        tp=2,
-        pp=1,
-        accum_steps=4,
+        MemoryCase(
+            model=model,
+            precision="fp32",
+            optimizer="adamw",
+            zero_stage=0,
+            offload="none",
+            recompute="none",
+            seq_len=128,
+            micro_size=4,
+            dp=1,
+            tp=2,
+            pp=1,
+            accum_steps=4,
+        )
     )
     assert terms.params == measured  # fp32 bytes
     h, v = model.d_model, model.vocab_size
