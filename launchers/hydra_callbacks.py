@@ -16,10 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.global_hydra import GlobalHydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from launchers.hydra_files import note_new_sweep_dir, put_back_sweep, set_aside, set_aside_sweep
+from launchers.sweep_guard import refusal
 from runner.environment import from_environment
 from runner.rundir.summary import SUMMARY_FILE
 from runner.train.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
@@ -95,10 +97,6 @@ class GuardSweepBatch(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Enumerate the BasicSweeper's cells; exit 2 before the sweep directory exists if they differ."""
-        from hydra.core.global_hydra import GlobalHydra
-
-        from launchers.sweep_guard import refusal
-
         sweeper = config.hydra.sweeper
         if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
             return  # other sweepers draw their cells at run time; see launchers/sweep_guard.py

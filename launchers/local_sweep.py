@@ -1,7 +1,7 @@
 """A sweep on this host (hydra_plugins/ladder_local): every cell checked before the first trains.
 
 Each cell is composed as Hydra will compose it for its job, and run through the checks
-``python train.py`` makes before any rank starts (``launchers.run.local_launch_problems``:
+``python train.py`` makes before any rank starts (``launchers.prelaunch.local_launch_problems``:
 config values, the batch contract, this host's ranks and RAM, ``micro_size=auto``'s fit).
 A problem refuses the sweep with every cell it concerns, as a SLURM sweep refuses before
 it submits (launchers/slurm.py). What only a cell's own run directory can tell (a resume
@@ -22,6 +22,8 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import OmegaConf
 
 from launchers.cell_config import task_config
+from launchers.compose import to_train_config
+from launchers.prelaunch import local_launch_problems
 from runner.config import Resume, TrainConfig
 from runner.plan.checkpoint_size import sweep_disk_problem
 
@@ -39,8 +41,6 @@ def _labels(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> lis
 def cell_problems(launcher: Any, overrides: Sequence[str]) -> tuple[TrainConfig | None, list[str]]:
     """This cell's config, composed as its job will be, and what would refuse it before its ranks
     start (no config: it did not compose)."""
-    from launchers.compose import to_train_config
-    from launchers.run import local_launch_problems
 
     try:
         cell_cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))

@@ -38,6 +38,7 @@ from hydra.core.utils import JobReturn, filter_overrides
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from launchers.cell_config import task_config
+from launchers.compose import to_train_config
 from launchers.slurm_partition import read_partition
 from launchers.slurm_resources import (
     Partition,
@@ -51,7 +52,11 @@ from launchers.slurm_resources import (
 from launchers.slurm_submission import Cell, sbatch_parameters, unsafe_values
 from launchers.slurm_watch import cancel, collect, wait
 from runner.config import Resume, TrainConfig
+from runner.errors import ConfigError
+from runner.layout import LayoutError
 from runner.plan.checkpoint_size import disk_need, disk_problem, sweep_disk_problem
+from runner.preflight.validate import batch_contract_problems, validate
+from runner.preflight.wandb_credentials import credentials_problems
 
 log = logging.getLogger("ladder.slurm")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -65,11 +70,6 @@ def _runner_problems(task_cfg: DictConfig) -> tuple[TrainConfig | None, list[str
     cluster=local) are left to the ranks: this process runs on the login node. The disk of
     the run directory is the cluster's shared one: :func:`plan_cell` checks it from here.
     """
-    from launchers.compose import to_train_config
-    from runner.errors import ConfigError
-    from runner.layout import LayoutError
-    from runner.preflight.validate import batch_contract_problems, validate
-    from runner.preflight.wandb_credentials import credentials_problems
 
     try:
         config = to_train_config(task_cfg)
@@ -167,6 +167,7 @@ def _describe(placement: Placement) -> str:
 def submit(launcher: Any, cells: list[Cell], jobs: dict[int, Any]) -> None:
     """One job array per group of like cells, each cell's job into ``jobs`` as it is queued; on a
     refusal, cancel what was queued and refuse."""
+    # Deferred: submitit is needed only by a SLURM sweep.
     import submitit
 
     groups: dict[str, list[Cell]] = {}

@@ -38,6 +38,7 @@ def run_task(
     singleton_state: dict[type, Singleton],
 ) -> JobReturn:
     """Compose this cell's config and run the task function as this SLURM task's rank."""
+    # Deferred: submitit is needed only by a SLURM sweep.
     import submitit
 
     Singleton.set_state(singleton_state)

@@ -20,6 +20,7 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 
 from launchers.slurm_submission import Cell
+from runner.rundir.summary import read_summary, update_summary
 
 log = logging.getLogger("ladder.slurm")
 POLL_S = 1.0  # result files are checked this often (submitit's Job.wait does the same)
@@ -118,7 +119,6 @@ def wait(jobs: dict[int, Any]) -> dict[int, str]:
 
 def _failed(cell: Cell, message: str) -> JobReturn:
     """A failed cell's JobReturn; its summary says failed even when rank 0 was killed mid-run."""
-    from runner.rundir.summary import read_summary, update_summary
 
     if read_summary(cell.run_dir).get("status", "running") == "running":
         cell.run_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,6 @@ def _reason(error: Exception) -> str:
 def _recorded_error(cell: Cell) -> str | None:
     """The error the failing rank wrote to the cell's summary.json, in its own words (an out of
     memory one with where and the plan's terms, runner/diagnose/out_of_memory.py), or None."""
-    from runner.rundir.summary import read_summary
 
     recorded = read_summary(cell.run_dir)
     error = recorded.get("error") if recorded.get("status") == "failed" else None
@@ -147,6 +146,7 @@ def _recorded_error(cell: Cell) -> str | None:
 
 def _telling_log(cell: Cell, job_id: str) -> Path:
     """The log of the first task that says why it failed (the failing rank), else task 0's."""
+    # Deferred: submitit is needed only by a SLURM sweep.
     from submitit.core.utils import JobPaths
 
     tasks = cell.placement.nodes * cell.placement.tasks_per_node

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from train_helpers import compose_config
 
-from launchers.run import choose_layout, choose_layout_explained
+from launchers.prelaunch import choose_layout, choose_layout_explained
 from runner.comm import reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.errors import ConfigError
@@ -365,7 +365,7 @@ def test_a_plan_of_a_resume_says_what_it_continues_and_what_its_move_writes_and_
 
 
 def test_plan_true_of_a_resume_weighs_it_as_the_run_does(tmp_path, capsys):
-    from launchers.run import resume_plan
+    from launchers.resume import resume_plan
 
     config = _config("train.resume=auto", "gpus=2", "parallel=zero1")
     assert resume_plan(_config(), tmp_path) is None  # not a resume: the plan weighs a new run

@@ -7,7 +7,7 @@ import math
 import pytest
 from train_helpers import compose_config
 
-from launchers.run import choose_layout_explained
+from launchers.prelaunch import choose_layout_explained
 from runner.config import ModelConfig, TrainConfig
 from runner.layout import resolve_layout
 from runner.model.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, SHARD, WHOLE, build_method_for

@@ -7,7 +7,7 @@ import json
 import pytest
 from train_helpers import compose_config
 
-from launchers.run import _measured, finished_already
+from launchers.resume import _measured, finished_already
 from runner.checkpoint import store as checkpoint
 from runner.config import Precision
 from runner.layout import resolve_layout

@@ -1,0 +1,127 @@
+"""The launching process's choices and refusals before any rank starts: the layout, DeepSpeed's
+config, the plan of this run and what it refuses (more host memory than this host has).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from runner.config import TrainConfig
+from runner.engine.deepspeed_config import build_deepspeed_config
+from runner.engine.schedule import scaled_lr
+from runner.errors import ConfigError
+from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
+from runner.plan.planner import (
+    Plan,
+    gb,
+    knobs_from_config,
+    micro_fit_for_config,
+    plan_layout,
+    workload_from_config,
+)
+from runner.preflight.validate import validate
+
+log = logging.getLogger("ladder")
+
+
+def choose_layout_explained(config: TrainConfig) -> tuple[Layout, str | None]:
+    """The layout, and for ``micro_size=auto`` why that micro-batch (planned bytes vs device memory)."""
+    micro_size = parse_micro_size(config.batch.micro_size)
+    fit = micro_fit_for_config(config) if micro_size is None else None
+    try:
+        layout = resolve_layout(
+            gpus=config.gpus,
+            tp=config.parallel.tp,
+            pp=config.parallel.pp,
+            global_size=config.batch.global_size,
+            micro_size=micro_size,
+            fits=fit,
+        )
+    except LayoutError as error:
+        if fit is not None and fit.none_fit:
+            raise LayoutError(fit.refusal()) from error
+        raise
+    return layout, None if fit is None else fit.reason(layout.micro_size)
+
+
+def choose_layout(config: TrainConfig) -> Layout:
+    """The batch contract applied to this config (``micro_size=auto`` picks the largest that fits)."""
+    return choose_layout_explained(config)[0]
+
+
+def deepspeed_config_for(
+    config: TrainConfig, layout: Layout, *, load_universal: bool = False
+) -> dict[str, Any]:
+    """DeepSpeed's config for this run, with the learning rate scaled to its global batch."""
+    return build_deepspeed_config(
+        layout=layout,
+        model=config.model,
+        parallel=config.parallel,
+        precision=config.precision,
+        optimizer=config.optimizer,
+        lr=scaled_lr(config.optimizer, global_size=layout.global_size),
+        load_universal=load_universal,
+    )
+
+
+def launch_plan(config: TrainConfig) -> Plan:
+    """The plan of this run's own layout, without the peak (a CPU measurement the run makes itself)."""
+    return plan_layout(workload_from_config(config, with_peak=False), knobs_from_config(config))
+
+
+def memory_warnings(plan: Plan) -> list[str]:
+    """What the plan of this run says will not fit, device or host, with the numbers (empty: it fits).
+
+    A warning, not a refusal: the device and host figures may be datasheet numbers, and the
+    estimate is an upper bound in places (DESIGN.md: the planner proposes, the run measures).
+    """
+    warnings = []
+    if not plan.fits:
+        usable = plan.workload.usable_bytes
+        warnings.append(
+            f"the plan puts {gb(plan.memory.peak)} on each device, more than its {gb(usable)} usable: "
+            "it will likely run out of device memory (plan=true shows the terms; "
+            "planner.recommend=true the cheapest layout that fits)"
+        )
+    if not plan.host.fits:
+        warnings.append(f"host memory per node: {plan.host.verdict()}")
+    return warnings
+
+
+def refuse_beyond_this_hosts_ram(plan: Plan) -> None:
+    """Refuse a local launch whose host memory the plan puts beyond all of this host's RAM.
+
+    Past the headroom the plan only warns (memory_warnings); past the RAM itself the kernel's
+    out-of-memory killer would end a rank, or first some other program of the user's. The
+    host plan is within a few percent of the measured RSS on a CPU, and at or above it on one
+    H200 (CUDA's host side measured there; docs/benchmarks.md).
+    """
+    host = plan.host
+    if host.peak_per_node <= host.ram_bytes:
+        return
+    fixes = "; ".join(fix for fix in host.fixes if not fix.startswith(("more nodes", "a larger host")))
+    raise ConfigError(
+        f"  - this host has {gb(host.ram_bytes)} of RAM [{host.ram_source}] and the plan needs "
+        f"{gb(host.peak_per_node)} of it ({host.verdict()}): the out-of-memory killer would end a "
+        f"rank, or another program first. planner.recommend=true finds the cheapest layout that "
+        f"fits, plan=true shows every term{'; or ' + fixes if fixes else ''}"
+    )
+
+
+def local_launch_problems(config: TrainConfig) -> list[str]:
+    """What ``run`` would refuse before starting this config's ranks on this host, one line each.
+
+    A local sweep checks every cell with it before the first one trains
+    (launchers/local_sweep.py). A run directory's own refusals (a resume onto another
+    global batch) are not here: they depend on what the cell's directory holds then.
+    """
+    planning = config.plan or config.planner.recommend
+    try:
+        validate(config, launcher=None if planning else "local")
+        if not planning:
+            choose_layout_explained(config)
+            refuse_beyond_this_hosts_ram(launch_plan(config))
+    except (ConfigError, LayoutError) as error:
+        return [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
+    return []

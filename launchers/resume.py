@@ -1,0 +1,211 @@
+"""What a resumed run continues from, checked and converted by the launching process.
+
+Before any rank starts: whether the run has anything left to train, whether its latest
+checkpoint can be loaded on this layout (and converting it when the layout changed), and
+whether its checkpoints fit on the run directory's filesystem.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launchers.hydra_files import keep_earlier_attempt
+from launchers.prelaunch import choose_layout
+from runner.config import TrainConfig
+from runner.errors import ConfigError
+from runner.layout import Layout, LayoutError
+from runner.metrics import goodput
+from runner.metrics.wall_clock import folder_bytes
+from runner.plan import checkpoint_size
+from runner.plan.planner import (
+    ResumePlan,
+)
+from runner.rundir import checkpoint_record
+from runner.rundir.summary import read_summary
+from runner.train.preemption import resumes
+
+log = logging.getLogger("ladder")
+
+
+def finished_already(config: TrainConfig, run_dir: Path) -> str | None:
+    """Why a resumed run has nothing left to train, or None.
+
+    A completed run (a sweep's finished cell resumed with the rest, a requeued job that had
+    ended) or a checkpoint at ``train.steps`` or beyond: launching would train no step and
+    rewrite the summary of the steps it did not train. Nothing is launched or written.
+    """
+    if not resumes(config):
+        return None
+    steps = config.train.steps
+    summary = read_summary(run_dir)
+    record = checkpoint_record.latest(run_dir)
+    more = (
+        f"a larger train.steps continues it from {record['tag']}"
+        if record is not None
+        else "it kept no checkpoint: a larger train.steps trains it again from step 0, "
+        "keeping this attempt under earlier_attempts/"
+    )
+    done = summary.get("steps_completed") or 0
+    if summary.get("status") == "completed" and done >= steps:
+        return f"the run completed {done} steps already (train.steps={steps}): nothing to train; {more}"
+    if record is not None and record["completed_steps"] >= steps:
+        return (
+            f"its checkpoint {record['tag']} holds {record['completed_steps']} steps already "
+            f"(train.steps={steps}): nothing to train; {more}"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class ResumeSource:
+    """What a run continues from: the checkpoint's record (None: from scratch), whether DeepSpeed
+    loads it in the universal format (ZeRO 1-3; a stage-0 run loads a stage-0 file written from
+    it), and, where this attempt converted it for its layout, the conversion's seconds and bytes."""
+
+    record: dict[str, Any] | None = None
+    universal: bool = False
+    conversion: dict[str, float] | None = None
+
+
+def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool) -> ResumeSource:
+    """Check the checkpoint to resume from; convert it for another layout (the lead process)."""
+    if not resumes(config):  # train.resume=auto, or a job SLURM requeued (runner/train/preemption.py)
+        return ResumeSource()
+    # Deferred: the checkpoint code loads torch and DeepSpeed, needed only when there is one to load.
+    from runner.checkpoint import store as checkpoint
+
+    record = checkpoint.latest(run_dir)
+    if record is None:
+        if lead and (kept := keep_earlier_attempt(run_dir)) is not None:
+            log.info("no checkpoint to continue from: starting over; the earlier attempt is in %s", kept)
+        return ResumeSource()
+    stage, precision = config.parallel.zero_stage, config.precision.name
+    try:
+        checkpoint.check_resumable(
+            record, layout=layout, zero_stage=stage, optimizer=config.optimizer.name.value
+        )
+    except ValueError as error:
+        raise ConfigError(f"  - {error}") from None
+    converts = checkpoint.needs_universal(record, layout=layout, zero_stage=stage)
+    conversion = None
+    if lead:
+        if converts:
+            log.info("converting %s for the new layout", record["tag"])
+            try:
+                conversion = _measured(
+                    run_dir / checkpoint_record.CHECKPOINT_DIR,
+                    functools.partial(
+                        checkpoint.convert_for,
+                        run_dir,
+                        record,
+                        layout=layout,
+                        zero_stage=stage,
+                        model=config.model,
+                        precision=precision,
+                    ),
+                )
+            except ValueError as error:  # the conversion failed: nothing of the run was changed
+                raise ConfigError(f"  - {error}") from None
+            if conversion is not None:  # None: an earlier attempt had converted it for this layout
+                seconds, size = conversion["seconds"], conversion["bytes"]
+                log.info("converted %s in %.1f s (%.1f MB written)", record["tag"], seconds, size / 1e6)
+                goodput.record_conversion(run_dir, seconds=seconds, size=int(size), tag=record["tag"])
+        checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
+    elif converts:
+        checkpoint.wait_for(
+            run_dir, checkpoint.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
+        )
+    universal = checkpoint.loads_universal(record, layout=layout, zero_stage=stage, precision=precision)
+    return ResumeSource(record, universal, conversion)
+
+
+def _measured(root: Path, convert: Callable[[], object]) -> dict[str, float] | None:
+    """Run a conversion that writes its folders under ``root``: its seconds and the bytes of the
+    folders it wrote (None when it wrote none: done already)."""
+    there = {entry.name for entry in root.iterdir()}
+    started = time.perf_counter()
+    convert()
+    seconds = time.perf_counter() - started
+    written = [entry for entry in root.iterdir() if entry.name not in there and entry.is_dir()]
+    if not written:
+        return None
+    return {"seconds": seconds, "bytes": sum(folder_bytes(folder) for folder in written)}
+
+
+def _disk_need(
+    config: TrainConfig, run_dir: Path, layout: Layout | None
+) -> tuple[checkpoint_size.DiskNeed, dict[str, Any] | None]:
+    """The run's checkpoints against its directory's filesystem, with what a resume finds there:
+    the checkpoints it holds, the steps done and, onto another ``layout``, the converted copy
+    (runner/plan/checkpoint_size.py); and the record of the checkpoint it continues (None: none)."""
+    record = checkpoint_record.latest(run_dir) if resumes(config) else None
+    conversion = None
+    if record is not None and layout is not None:
+        # Deferred: the checkpoint code loads torch and DeepSpeed, needed only when there is one to load.
+        from runner.checkpoint import store as checkpoint
+
+        conversion = checkpoint.conversion(
+            run_dir,
+            record,
+            layout=layout,
+            zero_stage=config.parallel.zero_stage,
+            model=config.model,
+            precision=config.precision.name,
+            optimizer=config.optimizer.name.value,
+        )
+    need = checkpoint_size.disk_need(
+        config,
+        run_dir,
+        done_steps=record["completed_steps"] if record else 0,
+        on_disk=len(checkpoint_record.complete_checkpoints(run_dir / checkpoint_record.CHECKPOINT_DIR)),
+        conversion=conversion,
+    )
+    return need, record
+
+
+def checkpoint_space(
+    config: TrainConfig, run_dir: Path, layout: Layout
+) -> tuple[checkpoint_size.DiskNeed, str | None]:
+    """Refuse a run whose checkpoints cannot fit on its directory's filesystem; else the need,
+    and the warning for one that saves only at a stop and could not then
+    (runner/plan/checkpoint_size.py)."""
+    need, _ = _disk_need(config, run_dir, layout)
+    if (problem := checkpoint_size.disk_problem(need, config)) is not None:
+        raise ConfigError(f"  - {problem}")
+    return need, checkpoint_size.stop_save_warning(need, config)
+
+
+def resume_plan(config: TrainConfig, run_dir: Path) -> ResumePlan | None:
+    """plan=true with train.resume=auto: what the run would continue from and do with it first,
+    by the checks the run makes before its ranks start (None: the run does not resume)."""
+    if not resumes(config):
+        return None
+    refusal = None
+    try:
+        layout: Layout | None = choose_layout(config)
+    except LayoutError as error:  # the run stops here; no move is weighed
+        layout, refusal = None, str(error).strip().removeprefix("- ")
+    need, record = _disk_need(config, run_dir, layout)
+    if record is None:
+        return ResumePlan(need)
+    # Deferred: the checkpoint code loads torch and DeepSpeed, needed only when there is one to load.
+    from runner.checkpoint import store as checkpoint
+
+    if layout is not None:
+        try:
+            checkpoint.check_resumable(
+                record,
+                layout=layout,
+                zero_stage=config.parallel.zero_stage,
+                optimizer=config.optimizer.name.value,
+            )
+        except ValueError as error:
+            refusal = str(error)
+    saved = folder_bytes(run_dir / checkpoint_record.CHECKPOINT_DIR / record["tag"])
+    return ResumePlan(need, record, saved_bytes=saved, refusal=refusal)

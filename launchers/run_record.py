@@ -1,0 +1,80 @@
+"""What the launching process writes into summary.json before the ranks start: the run, its
+layout and layout history, and what its plan put on each device and host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from launchers.resume import ResumeSource
+from launchers.slurm_job import slurm_job_record
+from runner.config import TrainConfig
+from runner.engine.schedule import scaled_lr
+from runner.layout import Layout
+from runner.model.shape import num_params
+from runner.plan.planner import (
+    Plan,
+)
+from runner.rundir import layout_history
+from runner.rundir.identity import RunIdentity
+from runner.rundir.summary import read_summary, update_summary
+
+log = logging.getLogger("ladder")
+
+
+def start_summary(
+    config: TrainConfig,
+    layout: Layout,
+    run_dir: Path,
+    identity: RunIdentity,
+    launcher: str,
+    *,
+    resume: ResumeSource,
+    experiment: str | None = None,
+) -> None:
+    resumed = resume.record
+    this = layout_history.segment(
+        from_step=resumed["completed_steps"] if resumed else 0,
+        parallel=config.parallel.name,
+        zero_stage=config.parallel.zero_stage,
+        precision=config.precision.name.value,
+        layout=layout,
+        conversion=resume.conversion,
+    )
+    history = layout_history.extended(read_summary(run_dir).get("layout_history"), resumed, this)
+    update_summary(
+        run_dir,
+        status="running",
+        error=None,
+        name=identity.name,
+        group=identity.group,
+        experiment=experiment,
+        model=config.model.name,
+        parallel=config.parallel.name,
+        zero_stage=config.parallel.zero_stage,
+        precision=config.precision.name.value,
+        launcher=launcher,
+        layout=layout.record(),
+        num_params=num_params(config.model),
+        lr=scaled_lr(config.optimizer, global_size=layout.global_size),
+        slurm=slurm_job_record(os.environ),  # job id, nodes, tasks; None outside SLURM
+        layout_history=history,
+    )
+
+
+def host_plan_record(plan: Plan) -> dict[str, Any]:
+    """What the plan puts in one rank's host memory, for summary.json beside the run's measurement."""
+    host = plan.host
+    return {
+        "planned_per_rank_gb": host.peak_per_rank / 1e9,
+        "planned_phase": host.phase,
+        "ranks_per_node": host.ranks_per_node,
+    }
+
+
+def device_plan_record(plan: Plan) -> dict[str, Any]:
+    """The peak the plan puts on each device (plan=true's total), for summary.json beside the measured."""
+    return {"planned_peak_gb": plan.memory.peak / 1e9, "fits": plan.fits}
