@@ -40,7 +40,7 @@ def finished_already(config: TrainConfig, run_dir: Path) -> str | None:
     ended) or a checkpoint at ``train.steps`` or beyond: launching would train no step and
     rewrite the summary of the steps it did not train. Nothing is launched or written.
     """
-    if not resumes(config):
+    if not resumes(config.train):
         return None
     steps = config.train.steps
     summary = read_summary(run_dir)
@@ -75,7 +75,7 @@ class ResumeSource:
 
 def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: bool) -> ResumeSource:
     """Check the checkpoint to resume from; convert it for another layout (the lead process)."""
-    if not resumes(config):  # train.resume=auto, or a job SLURM requeued (runner/train/preemption.py)
+    if not resumes(config.train):  # train.resume=auto, or a job SLURM requeued (runner/train/preemption.py)
         return ResumeSource()
     # Deferred: the checkpoint code loads torch and DeepSpeed, needed only when there is one to load.
     from runner.checkpoint import store as checkpoint
@@ -144,7 +144,7 @@ def _disk_need(
     """The run's checkpoints against its directory's filesystem, with what a resume finds there:
     the checkpoints it holds, the steps done and, onto another ``layout``, the converted copy
     (runner/plan/checkpoint_size.py); and the record of the checkpoint it continues (None: none)."""
-    record = checkpoint_record.latest(run_dir) if resumes(config) else None
+    record = checkpoint_record.latest(run_dir) if resumes(config.train) else None
     conversion = None
     if record is not None and layout is not None:
         # Deferred: the checkpoint code loads torch and DeepSpeed, needed only when there is one to load.
@@ -184,7 +184,7 @@ def checkpoint_space(
 def resume_plan(config: TrainConfig, run_dir: Path) -> ResumePlan | None:
     """plan=true with train.resume=auto: what the run would continue from and do with it first,
     by the checks the run makes before its ranks start (None: the run does not resume)."""
-    if not resumes(config):
+    if not resumes(config.train):
         return None
     refusal = None
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runner.config import DataName, TrainConfig
+from runner.config import DataConfig, DataName, TrainLoopConfig
 from runner.data.batches import BatchSource, rank_slice
 from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import token_source_words
@@ -53,9 +53,8 @@ def held_out_loss(
     return float(local) / dist.get_world_size()
 
 
-def held_out_words(config: TrainConfig) -> str:
+def held_out_words(data: DataConfig) -> str:
     """Where the held-out sequences come from, in words."""
-    data = config.data
     if data.name == DataName.synthetic:
         return "synthetic tokens of the evaluation's own random stream"
     if data.val_path is not None:
@@ -65,13 +64,13 @@ def held_out_words(config: TrainConfig) -> str:
 
 
 def evaluation_summary(
-    config: TrainConfig, evaluated: dict[str, Any] | None, global_size: int
+    train: TrainLoopConfig, data: DataConfig, evaluated: dict[str, Any] | None, *, global_size: int
 ) -> dict[str, Any]:
     """summary.json's ``eval``: the latest held-out loss, its step, and what it was measured on."""
     return {
         **(evaluated or {"loss": None, "step": None}),
-        "every": config.train.eval_every,
-        "sequences": config.train.eval_batches * global_size,
-        "tokens": config.train.eval_batches * global_size * config.data.seq_len,
-        "source": held_out_words(config),
+        "every": train.eval_every,
+        "sequences": train.eval_batches * global_size,
+        "tokens": train.eval_batches * global_size * data.seq_len,
+        "source": held_out_words(data),
     }

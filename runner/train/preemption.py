@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-from runner.config import Resume, TrainConfig
+from runner.config import Resume, TrainLoopConfig
 
 # sysexits.h EX_TEMPFAIL, "temporary failure; the user is invited to retry": a rank that
 # stopped at a signal after its checkpoint (slurm.conf RequeueExit can requeue on it).
@@ -63,9 +63,9 @@ def requeued(environ: Mapping[str, str]) -> bool:
     return restarts(environ) > 0 or bool(environ.get(RESUME_ENV))
 
 
-def resumes(config: TrainConfig, environ: Mapping[str, str] | None = None) -> bool:
+def resumes(train: TrainLoopConfig, environ: Mapping[str, str] | None = None) -> bool:
     """Whether the run loads its directory's latest checkpoint: train.resume=auto, or a requeued job."""
-    return config.train.resume == Resume.auto or requeued(os.environ if environ is None else environ)
+    return train.resume == Resume.auto or requeued(os.environ if environ is None else environ)
 
 
 class Preempted(BaseException):

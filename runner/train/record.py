@@ -117,7 +117,9 @@ def record_end(
             parts=wall_parts(wall, wall_time),
         )
     evaluated = (
-        evaluation_summary(ctx.config, progress.evaluated, ctx.layout.global_size)
+        evaluation_summary(
+            ctx.config.train, ctx.config.data, progress.evaluated, global_size=ctx.layout.global_size
+        )
         if setup.held_out is not None
         else None
     )

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from runner.checkpoint import store as checkpoint
-from runner.config import TrainConfig, to_dict
+from runner.config import ModelConfig, to_dict
 from runner.data.batches import BatchSource
 from runner.engine.build import build_measured
 from runner.engine.compile_blocks import compile_blocks
@@ -86,9 +86,8 @@ class Setup:
     fault_step: int | None  # LADDER_INJECT_FAULT (tests of failure)
 
 
-def flops_budget(config: TrainConfig) -> FlopsBudget:
+def flops_budget(model: ModelConfig, *, seq_len: int) -> FlopsBudget:
     """FLOPs per token under both conventions (N: the parameters that do matmul work)."""
-    model = config.model
     matmul_params = non_embedding_params(
         num_params(model),
         vocab_size=model.vocab_size,
@@ -99,7 +98,7 @@ def flops_budget(config: TrainConfig) -> FlopsBudget:
         num_params=matmul_params,
         n_layers=model.n_layer,
         d_model=model.d_model,
-        seq_len=config.data.seq_len,
+        seq_len=seq_len,
     )
     return FlopsBudget(
         per_token=flops_per_token(**common, causal=False),
@@ -177,7 +176,7 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[Any, dict[str, Any],
 def resume(ctx: RunContext, engine: Any) -> Resumed:
     """Load the run's latest checkpoint when the run resumes (train.resume=auto, a requeue)."""
     config = ctx.config
-    record = checkpoint.latest(ctx.run_dir) if resumes(config) else None
+    record = checkpoint.latest(ctx.run_dir) if resumes(config.train) else None
     if record is None:
         return Resumed()
     # Onto another layout: converted by the launching process (launchers/run.py).
@@ -257,11 +256,14 @@ def _step_parts(ctx: RunContext, engine: Any, resumed: Resumed, batches: BatchSo
     )
 
 
-def _held_out(config: TrainConfig, global_size: int) -> BatchSource | None:
+def _held_out(ctx: RunContext) -> BatchSource | None:
     """The held-out sequences of train.eval_every (None: no evaluation)."""
+    config = ctx.config
     if config.train.eval_every <= 0:
         return None
-    return BatchSource(config.data, config.model.vocab_size, config.seed, global_size, held_out=True)
+    return BatchSource(
+        config.data, config.model.vocab_size, config.seed, ctx.layout.global_size, held_out=True
+    )
 
 
 def set_up(ctx: RunContext, wall: WallClock, until_return: contextlib.ExitStack) -> Setup:
@@ -276,7 +278,7 @@ def set_up(ctx: RunContext, wall: WallClock, until_return: contextlib.ExitStack)
     peak = resolve_peak(config.cluster, config.precision.name, accelerator=ctx.accelerator)
     peak_flops = mean_over_ranks(torch.tensor([peak.flops], dtype=torch.float64, device=ctx.device))
     batches = BatchSource(config.data, config.model.vocab_size, config.seed, layout.global_size)
-    held_out = _held_out(config, layout.global_size)
+    held_out = _held_out(ctx)
     sinks = _sinks(ctx)
     if ctx.lead:
         log.info("peak FLOP/s per device: %.3g (%s)", peak_flops, peak.source)
@@ -298,7 +300,7 @@ def set_up(ctx: RunContext, wall: WallClock, until_return: contextlib.ExitStack)
         compiled_blocks=compiled,
         peak=peak,
         peak_flops=peak_flops,
-        flops=flops_budget(config),
+        flops=flops_budget(config.model, seq_len=config.data.seq_len),
         held_out=held_out,
         overflows=fp16_loss_scale.OverflowLog(engine, resumed.saved("fp16_loss_scale")),
         estimate=estimate,

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 
 def _config(resume: Resume) -> SimpleNamespace:
-    return SimpleNamespace(train=SimpleNamespace(resume=resume))
+    return SimpleNamespace(resume=resume)
 
 
 def test_a_requeued_job_resumes_without_being_asked():
