@@ -17,6 +17,7 @@ EXIT_USAGE = 2  # bad input: a missing path, a path with no run in it (argparse 
 
 def _report(args: argparse.Namespace) -> int:
 
+    # Deferred: the report's tables load only where they are printed (start-up time).
     from runner.report.collect import ReportInputError, collect
     from runner.report.compare import EVAL_LOSS, loss_agreement
     from runner.report.html import render_html, write_html

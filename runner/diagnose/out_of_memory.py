@@ -28,6 +28,7 @@ def is_out_of_memory(error: BaseException) -> bool:
     """True for an allocator's refusal, device or host."""
     if isinstance(error, MemoryError):
         return True
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch
 
     return isinstance(error, torch.OutOfMemoryError) or (

@@ -27,6 +27,7 @@ PEER_LOST_WORDS = (
 
 def is_peer_lost(error: BaseException) -> bool:
     """True for a collective's error that says another rank's process is gone."""
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch.distributed as dist
 
     network_error = getattr(dist, "DistNetworkError", None)

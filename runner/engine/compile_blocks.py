@@ -36,6 +36,7 @@ def compile_blocks(model: torch.nn.Module) -> int:
 
 def compile_summary(blocks: int) -> dict[str, Any]:
     """``summary.json``'s ``compile``: the blocks compiled and the graph breaks torch took."""
+    # Deferred: torch._dynamo loads only in a compiled run (1.6 s of start-up otherwise).
     from torch._dynamo.utils import counters
 
     by_reason: Counter[str] = Counter()

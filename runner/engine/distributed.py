@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from runner.environment import DistributedEnv
 
@@ -29,6 +30,7 @@ def skip_inference_shm_op() -> None:
     machine (2 cores) and again whenever torch's extension cache decides to rebuild. Marking
     the op incompatible in DeepSpeed's probe table makes ``build_shm_op`` return None.
     """
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed.ops
 
     try:
@@ -42,6 +44,7 @@ def init_distributed(env: DistributedEnv, *, accelerator: str) -> tuple[torch.de
     """Join the process group (nccl on CUDA, gloo on CPU); return this rank's device and the
     seconds the join took (mostly the wait for the last rank to arrive at the rendezvous)."""
     os.environ.update(env.exports())
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
 
     if accelerator == "cpu":
@@ -70,7 +73,6 @@ def barrier() -> None:
     (it binds none for a single rank, DeepSpeed 0.19.8 comm/torch.py) would otherwise make
     torch guess it and warn "barrier(): using the device under current context" each run.
     """
-    import torch.distributed as dist
 
     if not dist.is_initialized():
         return
@@ -87,7 +89,6 @@ def teardown(*, ok: bool = True) -> None:
     collective, and a barrier would hang this rank with them instead of letting it exit
     (its launcher then stops the others).
     """
-    import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return

@@ -39,6 +39,7 @@ class _UntestedOptimizerWarning(logging.Filter):
 
 def _quiet_deepspeed() -> None:
     """DeepSpeed logs at INFO on every rank; the runner reports what matters itself."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.utils import logger as ds_logger
 
     ds_logger.setLevel(logging.WARNING)
@@ -86,6 +87,7 @@ def initialize_engine(
     precision: Precision,
 ) -> Any:
     """``deepspeed.initialize`` with ladder's parameter groups and schedule, then :func:`apply_fixes`."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
 
     def lr_lambda(step: int) -> float:

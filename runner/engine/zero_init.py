@@ -38,10 +38,12 @@ def build_partitioned(
     cfg: ModelConfig, *, seed: int, ds_config: dict[str, Any], device: torch.device, tp: int = 1
 ) -> Transformer:
     """``cfg``'s model for ``seed``, its parameters partitioned as ``ds_config``'s ZeRO-3 says."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
 
     group = None  # without tp: the world, which is the data-parallel group
     if tp > 1:
+        # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
         from deepspeed.utils import groups
 
         groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
@@ -65,6 +67,7 @@ def _write_partition(param: Any, cfg: ModelConfig, name: str, *, seed: int) -> N
     elements [r * p, (r + 1) * p) in ``ds_tensor``, p = ``ds_tensor.ds_numel``; the
     padding past ``ds_numel`` is never read.
     """
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed.comm as dist
 
     part = param.ds_tensor

@@ -22,6 +22,7 @@ def cuda_available() -> bool:
     """``torch.cuda.is_available()``, without importing torch on a host with no GPU driver."""
     if not gpu_driver_present():
         return False
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch
 
     return bool(torch.cuda.is_available())
@@ -31,6 +32,7 @@ def cuda_device_count() -> int:
     """How many CUDA devices this process sees (0 without a GPU driver)."""
     if not cuda_available():
         return 0
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch
 
     return int(torch.cuda.device_count())

@@ -77,6 +77,7 @@ def peak_flops_for_cuda_device(device_name: str, precision: str, *, tf32: bool =
 
 def torch_dtype(dtype: Any) -> Any:
     """`dtype` as a torch.dtype: a torch.dtype, a Precision or its name (fp32, bf16, fp16)."""
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch
 
     if isinstance(dtype, torch.dtype):
@@ -103,6 +104,7 @@ def calibrate_cpu_peak(dtype: Any, *, seconds: float = 0.5) -> float:
     about `seconds` even where a layout has no fast kernel. Where the CPU has no 16-bit GEMM
     kernels, 16-bit matmuls are timed in fp32 as a rank computes them (runner/hardware/cpu_half_matmul.py).
     """
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch
     import torch.nn.functional as F
 

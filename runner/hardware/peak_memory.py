@@ -75,6 +75,7 @@ def host_peak_bytes() -> int:
     peak = _proc_status("VmHWM")
     if peak is not None:
         return peak
+    # Deferred: the resource module is POSIX-only.
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -115,6 +115,7 @@ class CollectiveTimer:
 
 def deepspeed_backend() -> Any:
     """DeepSpeed's communication backend object (set by ``deepspeed.init_distributed``)."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.comm import comm
 
     return comm.cdb

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from runner.layout import Layout
 from runner.metrics.comm_timer import UNMEASURED_ON_CUDA, CollectiveTimer, deepspeed_backend
@@ -44,7 +45,6 @@ def _whole_model_mean(squares: torch.Tensor, *, group: Any) -> float:
     every rank of the group then holds the same figure, so the mean over all ranks is the
     mean over the data-parallel ranks.
     """
-    import torch.distributed as dist
 
     sharded = squares[SHARDED].clone()
     if group is not None:
@@ -73,6 +73,7 @@ def _model_parallel(
     if layout.pp > 1:
         return engine.grid.get_pipe_parallel_group(), lambda _: True, lambda _: True
     if layout.tp > 1:
+        # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
         from deepspeed.utils import groups
 
         return groups.get_tensor_model_parallel_group(), is_sharded, lambda _: True

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -102,6 +103,7 @@ class BlockPipe(nn.Module):
 
 def _layer_specs(cfg: ModelConfig) -> list[Any]:
     """Embedding, blocks, final norm and output head as DeepSpeed layer specs."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
     rope = RotaryTables(cfg)
@@ -150,7 +152,7 @@ def build_pipeline(
     before, in fp32. With ``tp`` > 1 the stage is then split over its tensor-parallel group
     (runner/parallel/pipeline_tensor.py).
     """
-    import torch.distributed as dist
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 

@@ -55,6 +55,7 @@ def output_head(embedding: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """
     mp_group = getattr(embedding, "mp_group", None)
     if mp_group is not None:
+        # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
         from deepspeed.module_inject.layers import ColumnParallel
 
         x = ColumnParallel.apply(mp_group, x)
@@ -71,6 +72,7 @@ class VocabParallelLoss:
     """
 
     def __init__(self, head: nn.Module) -> None:
+        # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
         from deepspeed.sequence.cross_entropy import VocabParallelCausalLMLoss
 
         self.loss = VocabParallelCausalLMLoss(
@@ -101,6 +103,7 @@ def split_stage(pipe: Any, *, embedding_type: type[nn.Embedding], head_type: typ
     ``embedding_type`` and ``head_type`` are runner/parallel/pipeline.py's lookup and untied head
     layers. The last stage's ``loss_fn`` becomes the vocabulary-parallel loss.
     """
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.module_inject.layers import VocabParallelEmbedding, VocabParallelLinear
 
     grid = pipe._grid
@@ -145,6 +148,7 @@ def cut_pipeline_module(
     DeepSpeed builds the stage's layers in ``_build`` and moves them to the accelerator
     right after (runtime/pipe/module.py, 0.19.8); the grid and its groups exist before.
     """
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.pipe import PipelineModule
 
     class CutPipelineModule(PipelineModule):

@@ -26,6 +26,7 @@ from runner.model.transformer import Transformer, build_model, write_initial_sha
 def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...]]]:
     """For each tensor-parallel weight under ``module``, by id: the dim it is cut along, where
     this rank's slice starts, and the whole weight's shape."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.module_inject.layers import LinearAllreduce, TensorParallel_Layer
 
     offsets = {}
@@ -64,6 +65,7 @@ def autotp_replace(module: nn.Module, *, tp: int, group: Any, vocab_parallel_hea
     mode. ``vocab_parallel_head``: the head named ``output`` is split by vocabulary (a
     pipeline stage has no such name; runner/parallel/pipeline_tensor.py splits its own).
     """
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.module_inject.auto_tp import AutoTP
     from deepspeed.module_inject.autotp_config import AutoTPConfig
     from deepspeed.module_inject.layers import set_autotp_mode
@@ -102,6 +104,7 @@ def autotp_cut(model: Transformer, *, tp: int) -> None:
     engine takes as already cut. The untied embedding is split as runner/parallel/tensor.py
     ``split_token_embedding`` splits it.
     """
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
     from deepspeed.module_inject.layers import VocabParallelLinear, collect_autotp_universal_checkpoint_info
     from deepspeed.sequence.cross_entropy import configure_vocab_parallel_loss

@@ -145,6 +145,7 @@ def params_grad_norm(params: list[torch.nn.Parameter], *, tp: int) -> float:
     one's gradient is the same on every rank of the group, so it is counted once. Every
     rank of the group calls it (a collective when tp > 1).
     """
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch
 
     sharded_sq = torch.zeros((), dtype=torch.float64)
@@ -158,6 +159,7 @@ def params_grad_norm(params: list[torch.nn.Parameter], *, tp: int) -> float:
         else:
             replicated_sq += sq
     if tp > 1:
+        # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
         import torch.distributed as dist
         from deepspeed.utils import groups
 
@@ -179,6 +181,7 @@ def grid_grad_norm(params: list[torch.nn.Parameter], grid: Any) -> torch.Tensor:
     a weight held whole by the group (the norms) on the group's first rank only. Every rank
     of the group calls it (a collective).
     """
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch
     import torch.distributed as dist
 
@@ -209,6 +212,7 @@ def split_token_embedding(model: Transformer, *, tp: int) -> None:
     """
     if tp == 1 or model.cfg.tie_embeddings:  # AutoTP splits a tied one with the head
         return
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
     from deepspeed.module_inject.layers import VocabParallelEmbedding, set_autotp_mode
     from deepspeed.utils import groups

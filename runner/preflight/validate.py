@@ -248,6 +248,7 @@ def fp16_supported() -> bool:
     """
     if cuda_available():
         return True
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
     return bool(CPU_Accelerator().is_fp16_supported())
@@ -269,9 +270,11 @@ def cuda_launch_problems(config: TrainConfig, environ: dict[str, str] | None = N
             f"DS_ACCELERATOR={chosen} but a CUDA device is visible, which ladder trains on: unset "
             "DS_ACCELERATOR, or hide the devices (CUDA_VISIBLE_DEVICES=) to train on the CPU"
         )
+    # Deferred: the peak's module loads torch; only a launch on CUDA devices reaches this check.
     from runner.hardware.mfu_peak import planning_peak
 
     if planning_peak(config.cluster, config.precision.name) is None:
+        # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
         import torch
 
         from runner.hardware.peak_flops import UnknownDeviceError, peak_flops_for_cuda_device

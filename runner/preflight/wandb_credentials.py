@@ -28,6 +28,7 @@ def credentials_problems(logger: LoggerConfig) -> list[str]:
     if logger.name != "wandb" or logger.mode != WandbMode.online:
         return []
     try:
+        # Deferred: wandb is imported only by a run that logs to it (seconds of start-up).
         from wandb.sdk.lib.wbauth.authenticate import authenticate_session
     except ImportError:  # a wandb without it: wandb.init decides
         return []

@@ -31,6 +31,7 @@ from typing import Any
 
 def install(engine: Any) -> bool:
     """Scale the loss of this fp16 stage-0 engine before its backward; whether it needed it."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.engine import DeepSpeedEngine
     from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer

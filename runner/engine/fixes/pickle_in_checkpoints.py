@@ -38,6 +38,7 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
 
 def deepspeed_globals() -> list[Any]:
     """The non-tensor types DeepSpeed 0.19.8's checkpoints pickle (ZeRO 1-3, bf16, universal)."""
+    # Deferred: DeepSpeed's loss scaler, ZeRO config and tensor fragments load with a rank's engine.
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
@@ -102,6 +103,7 @@ def weights_only_loads() -> Iterator[None]:
 
 def convert_to_universal(argv: list[str]) -> None:
     """``ds_to_universal`` with weights-only loads (its process-pool workers fork: they inherit the hold)."""
+    # Deferred: only a conversion to the universal format runs ds_to_universal.
     from deepspeed.checkpoint import ds_to_universal
 
     sys.argv = ["ds_to_universal", *argv]

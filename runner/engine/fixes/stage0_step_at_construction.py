@@ -29,6 +29,7 @@ import torch
 
 def undo_prestep(optimizer: Any) -> bool:
     """Reset the wrapper's construction step in place; False when ``optimizer`` took none."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 

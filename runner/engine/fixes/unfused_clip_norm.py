@@ -32,6 +32,7 @@ from runner.parallel.tensor import grid_grad_norm, params_grad_norm
 
 def install(engine: Any, *, tp: int, pp: int) -> bool:
     """Give this engine's FP16_UnfusedOptimizer the whole model's norm; whether it had one to mend."""
+    # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.fp16 import unfused_optimizer
 
     if (tp, pp) == (1, 1) or not isinstance(engine.optimizer, unfused_optimizer.FP16_UnfusedOptimizer):
