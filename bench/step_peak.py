@@ -30,7 +30,15 @@ from typing import Any
 import deepspeed
 import torch
 
-from runner.config import ModelConfig, OptimizerConfig, ParallelConfig, Precision, PrecisionConfig
+from runner.config import (
+    ModelConfig,
+    OptimizerConfig,
+    OptimizerName,
+    ParallelConfig,
+    Precision,
+    PrecisionConfig,
+    ZeroStage,
+)
 from runner.engine.deepspeed_config import build_deepspeed_config
 from runner.engine.distributed import skip_inference_shm_op
 from runner.layout import resolve_layout
@@ -102,9 +110,9 @@ def planned(
     terms = memory_terms(
         MemoryCase(
             model=model,
-            precision=precision,
-            optimizer="adamw",
-            zero_stage=stage,
+            precision=Precision(precision),
+            optimizer=OptimizerName.adamw,
+            zero_stage=ZeroStage(stage),
             seq_len=shape.seq,
             micro_size=shape.micro,
             dp=1,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, IntEnum
 from typing import Any
 
 # A field Hydra's composition must fill (OmegaConf's MISSING, spelt as OmegaConf spells it):
@@ -77,6 +77,31 @@ class WandbMode(str, Enum):
     offline = "offline"
     online = "online"
     disabled = "disabled"
+
+
+class OffloadPlacement(str, Enum):
+    """What ZeRO-Offload keeps in host memory, from parallel.offload_optimizer and parallel.offload_param.
+
+    ``optimizer``: the optimizer states and the fp32 gradient partition the CPU optimizer steps
+    (ZeRO stages 1-3; Ren et al. 2021, arXiv 2101.06840); ``optimizer+params``: the 16-bit
+    parameter partition too (ZeRO stage 3 only).
+    """
+
+    none = "none"
+    optimizer = "optimizer"
+    optimizer_and_params = "optimizer+params"
+
+
+class ZeroStage(IntEnum):
+    """ZeRO stage (Rajbhandari et al. 2019, arXiv 1910.02054): what is partitioned over dp.
+
+    Each name is the conf/parallel option that sets this stage and nothing else.
+    """
+
+    ddp = 0  # nothing partitioned: plain data parallel
+    zero1 = 1  # optimizer states
+    zero2 = 2  # + gradients
+    zero3 = 3  # + parameters
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ Norm gains remain in N (a few FLOPs per element, negligible: 6 * (2L + 1) * h).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-RecomputeMode = Literal["none", "selective", "full"]
+from runner.config import Recompute
 
 
 def non_embedding_params(num_params: int, *, vocab_size: int, d_model: int, tie_embeddings: bool) -> int:
@@ -75,7 +75,7 @@ def recompute_flops_per_token(
     n_layers: int,
     d_model: int,
     seq_len: int,
-    recompute: RecomputeMode | str,
+    recompute: Recompute | str,
     causal: bool = False,
 ) -> float:
     """Extra forward FLOPs per token that activation checkpointing redoes in backward (for HFU).
@@ -88,17 +88,18 @@ def recompute_flops_per_token(
     softmax are elementwise, not counted, like the softmax in 12Lhs). ``causal`` halves the
     attention part as in :func:`flops_per_token`.
     """
-    mode = str(getattr(recompute, "value", recompute))
+    value = getattr(recompute, "value", recompute)  # the member (runner.config.Recompute) or its value
+    if value not in {mode.value for mode in Recompute}:
+        raise ValueError(f"recompute={value!r} is not one of none, selective, full")
     attention_forward = (
         _attention_flops_per_token(n_layers=n_layers, d_model=d_model, seq_len=seq_len, causal=causal) / 3.0
     )
-    if mode == "none":
+    mode = Recompute(value)
+    if mode == Recompute.none:
         return 0.0
-    if mode == "selective":
+    if mode == Recompute.selective:
         return attention_forward
-    if mode == "full":
-        return 2.0 * num_params + attention_forward
-    raise ValueError(f"recompute={mode!r} is not one of none, selective, full")
+    return 2.0 * num_params + attention_forward
 
 
 def _check_rate(**values: Any) -> None:

@@ -19,24 +19,17 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from enum import Enum
+from typing import Any, Literal, TypeVar
 
-if TYPE_CHECKING:
-    from runner.config import ModelConfig
+from runner.config import ModelConfig, OffloadPlacement, OptimizerName, Precision, Recompute, ZeroStage
 
 GB = 1e9  # decimal gigabyte: ZeRO's "120 GB", DESIGN.md's memory/*_gb metrics
 GiB = 2**30  # binary gibibyte: what CUDA tools and device datasheets often mean by "GB"
 
-Precision = Literal["fp32", "bf16", "fp16"]
-OptimizerName = Literal["adamw", "sgd"]
-OffloadMode = Literal["none", "optimizer", "optimizer+params"]
-RecomputeMode = Literal["none", "selective", "full"]
+# Precision, optimizer, offload placement, recompute mode and ZeRO stage are runner.config's
+# enums; every function here takes the member or its plain value ("bf16", 3), as notebooks pass.
 BlockGraph = Literal["eager", "whole", "split"]
-
-_PRECISIONS = ("fp32", "bf16", "fp16")
-_OPTIMIZERS = ("adamw", "sgd")
-_OFFLOADS = ("none", "optimizer", "optimizer+params")
-_RECOMPUTES = ("none", "selective", "full")
 _GRAPHS = ("eager", "whole", "split")
 
 FP32_BYTES = 4  # IEEE single
@@ -45,12 +38,17 @@ INT64_BYTES = 8  # token ids and targets
 BOOL_BYTES = 1  # masks
 
 
-def _choice(value: Any, allowed: tuple[str, ...], what: str) -> str:
-    """The string value of a str or str-Enum (runner.config's enums), checked against `allowed`."""
-    text = str(getattr(value, "value", value))
-    if text not in allowed:
-        raise ValueError(f"{what}={text!r} is not one of {', '.join(allowed)}")
-    return text
+_Member = TypeVar("_Member", bound=Enum)
+
+
+def _choice(value: Any, kind: type[_Member], what: str) -> _Member:
+    """The member of ``kind`` (one of runner.config's enums) for a member or its plain value."""
+    text = getattr(value, "value", value)
+    try:
+        return kind(text)
+    except ValueError:
+        allowed = ", ".join(str(member.value) for member in kind)
+        raise ValueError(f"{what}={text!r} is not one of {allowed}") from None
 
 
 def _shard(numel: int, bytes_per_elem: int, dp: int) -> int:
@@ -97,10 +95,10 @@ def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) 
     - fp32: the weight (4) and gradient (4) are already fp32, so there is no master copy:
       Adam keeps m, v (8), SGD with momentum one buffer (4). Adam totals 4 + 4 + 8 = 16.
     """
-    prec = _choice(precision, _PRECISIONS, "precision")
-    opt = _choice(optimizer, _OPTIMIZERS, "optimizer")
-    state = 2 * FP32_BYTES if opt == "adamw" else FP32_BYTES  # (m, v) or momentum, fp32
-    if prec == "fp32":
+    prec = _choice(precision, Precision, "precision")
+    opt = _choice(optimizer, OptimizerName, "optimizer")
+    state = 2 * FP32_BYTES if opt == OptimizerName.adamw else FP32_BYTES  # (m, v) or momentum, fp32
+    if prec == Precision.fp32:
         return FP32_BYTES, FP32_BYTES, state
     return HALF_BYTES, HALF_BYTES, FP32_BYTES + state  # + fp32 master weights
 
@@ -108,11 +106,11 @@ def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) 
 def model_states(
     num_params: int,
     *,
-    zero_stage: int,
+    zero_stage: ZeroStage | int,
     dp: int,
-    precision: Precision | str = "bf16",
-    optimizer: OptimizerName | str = "adamw",
-    offload: OffloadMode | str = "none",
+    precision: Precision | str = Precision.bf16,
+    optimizer: OptimizerName | str = OptimizerName.adamw,
+    offload: OffloadPlacement | str = OffloadPlacement.none,
 ) -> ModelStates:
     """Per-device bytes of parameters, gradients and optimizer states under ZeRO `zero_stage` over `dp` ranks.
 
@@ -145,12 +143,12 @@ def model_states(
         raise ValueError(f"zero_stage={zero_stage} is not one of 0, 1, 2, 3")
     if dp < 1:
         raise ValueError(f"dp={dp} must be >= 1")
-    off = _choice(offload, _OFFLOADS, "offload")
-    if off == "optimizer" and zero_stage == 0:
+    off = _choice(offload, OffloadPlacement, "offload")
+    if off == OffloadPlacement.optimizer and zero_stage == 0:
         raise ValueError(
             "offload='optimizer' needs ZeRO stage 1, 2 or 3 (DeepSpeed offloads only under ZeRO)"
         )
-    if off == "optimizer+params" and zero_stage != 3:
+    if off == OffloadPlacement.optimizer_and_params and zero_stage != 3:
         raise ValueError(f"offload='optimizer+params' needs ZeRO stage 3, got zero_stage={zero_stage}")
 
     w, g, o = bytes_per_param(precision, optimizer)
@@ -158,14 +156,14 @@ def model_states(
     params = _shard(num_params, w, dp) if zero_stage >= 3 else num_params * w
     grads = _shard(num_params, g, dp) if zero_stage >= 2 else num_params * g
     opt_bytes = _shard(num_params, o, dp) if zero_stage >= 1 else num_params * o
-    if off == "none":
+    if off == OffloadPlacement.none:
         return ModelStates(params=params, grads=grads, optimizer=opt_bytes)
 
     # Host side, per rank: each rank offloads its own partition (ZeRO-Offload, Sec. 4.1).
     host_grads = _shard(num_params, FP32_BYTES, dp)  # fp32 gradient partition (see docstring)
-    host_params = _shard(num_params, w, dp) if off == "optimizer+params" else 0
+    host_params = _shard(num_params, w, dp) if off == OffloadPlacement.optimizer_and_params else 0
     return ModelStates(
-        params=0 if off == "optimizer+params" else params,
+        params=0 if off == OffloadPlacement.optimizer_and_params else params,
         grads=0,
         optimizer=0,
         host_params=host_params,
@@ -177,11 +175,11 @@ def model_states(
 def deepspeed_residuals(
     num_params: int,
     *,
-    zero_stage: int,
+    zero_stage: ZeroStage | int,
     dp: int,
-    precision: Precision | str = "bf16",
-    optimizer: OptimizerName | str = "adamw",
-    offload: OffloadMode | str = "none",
+    precision: Precision | str = Precision.bf16,
+    optimizer: OptimizerName | str = OptimizerName.adamw,
+    offload: OffloadPlacement | str = OffloadPlacement.none,
     reduce_bucket_size: int = 500_000_000,
     persistent_params: int = 0,
     largest_param: int = 0,
@@ -213,27 +211,27 @@ def deepspeed_residuals(
     model_states(
         num_params, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
     )
-    precision_name = str(getattr(precision, "value", precision))
-    offload_name = str(getattr(offload, "value", offload))
-    grad_bytes = FP32_BYTES if precision_name == "fp32" else 2
+    prec = _choice(precision, Precision, "precision")
+    off = _choice(offload, OffloadPlacement, "offload")
+    grad_bytes = FP32_BYTES if prec == Precision.fp32 else 2
     residuals: dict[str, int] = {}
     if zero_stage == 3:
         # On one rank nothing is partitioned: the "partition" is the parameter itself.
         if dp > 1:
             residuals["zero3_full_params (persistent or gathered)"] = grad_bytes * persistent_params
         residuals["ipg_buckets"] = grad_bytes * reduce_bucket_size
-    if precision_name == "fp32" and zero_stage >= 1 and offload_name == "none":
+    if prec == Precision.fp32 and zero_stage >= 1 and off == OffloadPlacement.none:
         residuals["fp32_master_copy"] = _shard(num_params, FP32_BYTES, dp)
-    if zero_stage in (1, 2) and offload_name != "none" and largest_param:
+    if zero_stage in (1, 2) and off != OffloadPlacement.none and largest_param:
         residuals["temp_grad_buffer_for_gpu_offload"] = grad_bytes * largest_param
     return residuals
 
 
 def zero12_backward_buckets(
     *,
-    zero_stage: int,
+    zero_stage: ZeroStage | int,
     precision: Precision | str,
-    offload: OffloadMode | str = "none",
+    offload: OffloadPlacement | str = OffloadPlacement.none,
     reduce_bucket_size: int,
     overlap_comm: bool = False,
     contiguous_gradients: bool = True,
@@ -254,10 +252,9 @@ def zero12_backward_buckets(
     """
     if zero_stage not in (1, 2):
         return {}
-    if not (contiguous_gradients or str(getattr(offload, "value", offload)) != "none"):
+    if not (contiguous_gradients or _choice(offload, OffloadPlacement, "offload") != OffloadPlacement.none):
         return {}
-    precision_name = str(getattr(precision, "value", precision))
-    model_bytes = FP32_BYTES if precision_name == "fp32" else 2
+    model_bytes = FP32_BYTES if _choice(precision, Precision, "precision") == Precision.fp32 else 2
     buffers = 2 if overlap_comm else 1
     return {"reduce_bucket (in backward)": buffers * model_bytes * reduce_bucket_size}
 
@@ -265,11 +262,11 @@ def zero12_backward_buckets(
 def offload_host_buffers(
     num_params: int,
     *,
-    zero_stage: int,
+    zero_stage: ZeroStage | int,
     dp: int,
-    precision: Precision | str = "bf16",
-    optimizer: OptimizerName | str = "adamw",
-    offload: OffloadMode | str = "none",
+    precision: Precision | str = Precision.bf16,
+    optimizer: OptimizerName | str = OptimizerName.adamw,
+    offload: OffloadPlacement | str = OffloadPlacement.none,
     largest_param: int = 0,
     held_params: int | None = None,
     accum_steps: int | None = None,
@@ -323,11 +320,11 @@ def offload_host_buffers(
     model_states(
         num_params, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
     )
-    if _choice(offload, _OFFLOADS, "offload") == "none":
+    if _choice(offload, OffloadPlacement, "offload") == OffloadPlacement.none:
         return {}
     if largest_param < 0 or (accum_steps is not None and accum_steps < 1):
         raise ValueError(f"largest_param={largest_param} must be >= 0 and accum_steps={accum_steps} >= 1")
-    p = FP32_BYTES if _choice(precision, _PRECISIONS, "precision") == "fp32" else HALF_BYTES
+    p = FP32_BYTES if _choice(precision, Precision, "precision") == Precision.fp32 else HALF_BYTES
     partition = _shard(num_params, 1, dp)  # elements
     buffers: dict[str, int] = {}
     if p == FP32_BYTES:
@@ -376,8 +373,8 @@ def zero12_held_elements(numels: list[int], dp: int) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _check_recompute(recompute: Any) -> str:
-    return _choice(recompute, _RECOMPUTES, "recompute")
+def _check_recompute(recompute: Any) -> Recompute:
+    return _choice(recompute, Recompute, "recompute")
 
 
 def korthikanti_activation_items(
@@ -387,7 +384,7 @@ def korthikanti_activation_items(
     d_model: int,
     n_heads: int,
     tp: int = 1,
-    recompute: RecomputeMode | str = "none",
+    recompute: Recompute | str = Recompute.none,
     flash: bool = False,
 ) -> dict[str, float]:
     """The paper's per-layer activation bytes of a GPT block, tensor by tensor (16-bit, with dropout).
@@ -411,7 +408,7 @@ def korthikanti_activation_items(
     mode = _check_recompute(recompute)
     s, b, h, a, t = seq_len, micro_size, d_model, n_heads, tp
     sbh = s * b * h
-    if mode == "full":
+    if mode == Recompute.full:
         return {"block.input": 2 * sbh}
     items: dict[str, float] = {
         "layernorm1.input": 2 * sbh,
@@ -426,12 +423,12 @@ def korthikanti_activation_items(
         "mlp.fc2_input": 8 * sbh / t,
         "mlp.dropout_mask": 1 * sbh,
     }
-    if mode == "none" and not flash:
+    if mode == Recompute.none and not flash:
         scores = a * s * s * b / t
         items["attention.softmax_output"] = 2 * scores
         items["attention.softmax_dropout_mask"] = 1 * scores
         items["attention.softmax_dropout_output"] = 2 * scores
-    elif mode == "none":
+    elif mode == Recompute.none:
         items["attention.logsumexp_fp32"] = FP32_BYTES * a * s * b / t
     return items
 
@@ -443,7 +440,7 @@ def korthikanti_activations_per_layer(
     d_model: int,
     n_heads: int,
     tp: int = 1,
-    recompute: RecomputeMode | str = "none",
+    recompute: Recompute | str = Recompute.none,
     flash: bool = False,
 ) -> float:
     """Korthikanti et al. 2022 eq. 1-2 per-layer activation bytes (16-bit GPT block); see the items."""
@@ -494,7 +491,8 @@ class BlockShape:
             raise ValueError(
                 "seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden and tp must be >= 1"
             )
-        _choice(self.graph, _GRAPHS, "graph")
+        if self.graph not in _GRAPHS:
+            raise ValueError(f"graph={self.graph!r} is not one of {', '.join(_GRAPHS)}")
         if self.bytes_per_elem not in (HALF_BYTES, FP32_BYTES):
             raise ValueError(f"bytes_per_elem={self.bytes_per_elem} must be 2 (bf16/fp16) or 4 (fp32)")
         if self.d_model % self.n_heads:
@@ -572,7 +570,7 @@ def model_block_shape(
     )
 
 
-def block_graph(compile_blocks: bool, *, tp: int, zero_stage: int) -> BlockGraph:
+def block_graph(compile_blocks: bool, *, tp: int, zero_stage: ZeroStage | int) -> BlockGraph:
     """How a block runs for BlockShape.graph: eager, or with ``train.compile=true`` one graph or several.
 
     Measured (runner/engine/compile_blocks.py's summary, tiny model, torch 2.13): ddp, ZeRO 1-2 and
@@ -639,7 +637,9 @@ def _attention_core_items(x: BlockShape) -> dict[str, int]:
     return items
 
 
-def activation_items_per_layer(block: BlockShape, recompute: RecomputeMode | str = "none") -> dict[str, int]:
+def activation_items_per_layer(
+    block: BlockShape, recompute: Recompute | str = Recompute.none
+) -> dict[str, int]:
     """Bytes autograd keeps per block of runner/model/transformer.py for backward, tensor by tensor.
 
     Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1) adapted to this block: no dropout
@@ -701,19 +701,19 @@ def activation_items_per_layer(block: BlockShape, recompute: RecomputeMode | str
     """
     mode = _check_recompute(recompute)
     x, p = block, block.bytes_per_elem
-    if mode == "full":
+    if mode == Recompute.full:
         # torch.utils.checkpoint keeps the block's input (and the cos/sin buffer views).
         return {"block.input": p * x.sb * x.d_model}
 
     items = _rmsnorm_items("attention_norm", x)
     items["attention.input"] = p * x.sb * x.d_model
-    if mode == "none":
+    if mode == Recompute.none:
         items.update(_attention_core_items(x))
     else:  # selective: checkpoint(self._core, q, k, v, cos, sin) keeps the core's inputs
         items["attention_core.q"] = p * x.sb * x.q_width
         items["attention_core.k"] = p * x.sb * x.kv_width
         items["attention_core.v"] = p * x.sb * x.kv_width
-    if not (mode == "none" and x.flash and x.attn_out_aliased):
+    if not (mode == Recompute.none and x.flash and x.attn_out_aliased):
         items["wo.input"] = p * x.sb * x.q_width
     items.update(_rmsnorm_items("ffn_norm", x))
     items["feed_forward.input"] = p * x.sb * x.d_model
@@ -725,7 +725,7 @@ def activation_items_per_layer(block: BlockShape, recompute: RecomputeMode | str
     return items
 
 
-def activations_per_layer(block: BlockShape, recompute: RecomputeMode | str = "none") -> int:
+def activations_per_layer(block: BlockShape, recompute: Recompute | str = Recompute.none) -> int:
     """Activation bytes one block of runner/model/transformer.py keeps for backward (see
     activation_items_per_layer)."""
     return sum(activation_items_per_layer(block, recompute).values())
@@ -852,7 +852,7 @@ def activation_items_total(
     *,
     n_layers: int,
     vocab_size: int,
-    recompute: RecomputeMode | str = "none",
+    recompute: Recompute | str = Recompute.none,
 ) -> dict[str, int]:
     """Activation bytes of the whole model per device, itemised: blocks, outside items, transients.
 
@@ -866,13 +866,13 @@ def activation_items_total(
         raise ValueError(f"n_layers={n_layers} must be >= 1")
     items = {"blocks": n_layers * activations_per_layer(block, mode)}
     items.update(activation_items_outside_blocks(block, vocab_size=vocab_size))
-    if mode == "none":
+    if mode == Recompute.none:
         items["transient.recompute_layer"] = 0
     else:
         # Full: one block is re-run whole; selective: one attention core (none minus selective).
-        rebuilt = activations_per_layer(block, "none")
-        if mode == "selective":
-            rebuilt = max(rebuilt - activations_per_layer(block, "selective"), 0)
+        rebuilt = activations_per_layer(block, Recompute.none)
+        if mode == Recompute.selective:
+            rebuilt = max(rebuilt - activations_per_layer(block, Recompute.selective), 0)
         items["transient.recompute_layer"] = rebuilt
     return items
 
@@ -882,7 +882,7 @@ def activations_total(
     *,
     n_layers: int,
     vocab_size: int,
-    recompute: RecomputeMode | str = "none",
+    recompute: Recompute | str = Recompute.none,
 ) -> int:
     """Peak activation bytes per device: everything kept for backward plus the larger transient.
 

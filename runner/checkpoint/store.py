@@ -46,7 +46,7 @@ from runner.checkpoint import stage0 as checkpoint_stage0
 from runner.checkpoint import stage0_pipeline as checkpoint_stage0_pipeline
 from runner.checkpoint import stage0_tp as checkpoint_stage0_tp
 from runner.checkpoint import tp_splits as checkpoint_splits
-from runner.config import ModelConfig, Precision
+from runner.config import ModelConfig, OptimizerName, Precision, ZeroStage
 from runner.diagnose import disk_room
 from runner.engine.distributed import barrier
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
@@ -79,7 +79,7 @@ def save(
     *,
     completed_steps: int,
     layout: Layout,
-    zero_stage: int,
+    zero_stage: ZeroStage | int,
     rank: int,
     keep: int,
     skipped_steps: list[int] | None = None,
@@ -190,7 +190,7 @@ def _prune(root: Path, *, keep: int, newest: str) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) -> bool:
+def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroStage | int) -> bool:
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
     saved_split = (saved.get("tp", 1), saved.get("pp", 1))
@@ -205,7 +205,11 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: int) 
 
 
 def check_resumable(
-    record: dict[str, Any], *, layout: Layout, zero_stage: int, optimizer: str = "adamw"
+    record: dict[str, Any],
+    *,
+    layout: Layout,
+    zero_stage: ZeroStage | int,
+    optimizer: OptimizerName | str = OptimizerName.adamw,
 ) -> None:
     """Refuse a resume ladder cannot do, before any rank starts."""
     saved = record["layout"]
@@ -217,13 +221,13 @@ def check_resumable(
         )
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return
-    if optimizer != "adamw":
+    if optimizer != OptimizerName.adamw:
         # ds_to_universal (and ladder's stage-0 conversion) carry Adam's exp_avg and exp_avg_sq.
         raise ValueError(
             f"train.resume=auto: {record['tag']} would move to another layout through DeepSpeed's "
-            f"universal format, which carries Adam's state only (optimizer={optimizer} has none of "
-            f"it): resume on the checkpoint's own layout ({own_layout(record)}), or start a new run "
-            f"directory"
+            f"universal format, which carries Adam's state only "
+            f"(optimizer={OptimizerName(optimizer).value} has none of it): resume on the checkpoint's "
+            f"own layout ({own_layout(record)}), or start a new run directory"
         )
     cut_both_ways = saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1
     if cut_both_ways and record["zero_stage"] != 0 and not record.get(STAGE_SPLITS):
@@ -245,7 +249,7 @@ def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
     return tag + PIPELINE_VIEW_SUFFIX if layout.pp > 1 else tag
 
 
-def _universal_engine(layout: Layout, zero_stage: int, precision: Precision) -> bool:
+def _universal_engine(layout: Layout, zero_stage: ZeroStage | int, precision: Precision) -> bool:
     """Whether this layout's engine loads a universal checkpoint itself: ZeRO 1-3; stage 0 in bf16
     under a pipeline (DeepSpeed's BF16_Optimizer, runner/checkpoint/stage0_pipeline.py); stage 0
     under tensor parallelism (its ranks slice it: runner/checkpoint/stage0_tp.py)."""
@@ -253,7 +257,11 @@ def _universal_engine(layout: Layout, zero_stage: int, precision: Precision) -> 
 
 
 def resume_tag(
-    record: dict[str, Any], *, layout: Layout, zero_stage: int, precision: Precision = Precision.fp32
+    record: dict[str, Any],
+    *,
+    layout: Layout,
+    zero_stage: ZeroStage | int,
+    precision: Precision = Precision.fp32,
 ) -> str:
     """The tag the ranks of ``layout`` at ``zero_stage`` in ``precision`` load ``record`` from."""
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
@@ -264,7 +272,11 @@ def resume_tag(
 
 
 def loads_universal(
-    record: dict[str, Any], *, layout: Layout, zero_stage: int, precision: Precision = Precision.fp32
+    record: dict[str, Any],
+    *,
+    layout: Layout,
+    zero_stage: ZeroStage | int,
+    precision: Precision = Precision.fp32,
 ) -> bool:
     """Whether DeepSpeed reads the resume's files in the universal format (onto another layout)."""
     universal = _universal_engine(layout, zero_stage, precision)
@@ -276,14 +288,14 @@ def conversion(
     record: dict[str, Any],
     *,
     layout: Layout,
-    zero_stage: int,
+    zero_stage: ZeroStage | int,
     model: ModelConfig,
     precision: Precision,
-    optimizer: str,
+    optimizer: OptimizerName | str,
 ) -> checkpoint_size.Conversion | None:
     """What :func:`convert_for` will write beside ``record`` for ``layout`` (None: nothing, or done
     already), by runner/plan/checkpoint_size.py's arithmetic."""
-    if optimizer != "adamw" or not needs_universal(record, layout=layout, zero_stage=zero_stage):
+    if optimizer != OptimizerName.adamw or not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return None  # nothing to convert (or refused by check_resumable)
     root = run_dir / CHECKPOINT_DIR
     stays = peak = 0
@@ -316,7 +328,7 @@ def convert_for(
     record: dict[str, Any],
     *,
     layout: Layout,
-    zero_stage: int,
+    zero_stage: ZeroStage | int,
     model: ModelConfig,
     precision: Precision,
 ) -> str:

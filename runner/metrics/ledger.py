@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute
+from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute, ZeroStage
 from runner.engine.deepspeed_config import reduce_bucket_elements
 from runner.memory import TRANSIENT_ITEMS, activation_items_total
 from runner.parallel.pipeline_split import stage_activations
@@ -281,7 +281,7 @@ def boundary_estimate(case: MemoryCase) -> Estimate:
             grads + off.get("grads", 0),
             optim + off.get("optimizer", 0),
         )
-    if case.zero_stage == 0 and case.precision == "bf16" and case.pp > 1:
+    if case.zero_stage == ZeroStage.ddp and case.precision == Precision.bf16 and case.pp > 1:
         # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer: beside the parameters'
         # own bf16 gradients it keeps its flat accumulation buffer, bf16 here (bf16_optimizer.py
         # ``fp32_groups_gradients_flat`` in ``grad_acc_dtype``, listed as ``non_expert_gradients``).
@@ -341,9 +341,9 @@ def deepspeed_estimate(
     del num_params
     case = MemoryCase(
         model=model,
-        precision=precision.value,
-        optimizer=optimizer.value,
-        zero_stage=parallel.zero_stage,
+        precision=precision,
+        optimizer=optimizer,
+        zero_stage=ZeroStage(parallel.zero_stage),
         seq_len=seq_len,
         micro_size=micro_size,
         dp=dp,
@@ -351,7 +351,7 @@ def deepspeed_estimate(
         pp=parallel.pp,
         accum_steps=accum_steps,
         offload=offload_placement(parallel.offload_optimizer, parallel.offload_param),
-        recompute=Recompute(model.activation_checkpointing).value,
+        recompute=Recompute(model.activation_checkpointing),
         reduce_bucket_size=reduce_bucket_elements(parallel.reduce_bucket_size, model),
         overlap_comm=parallel.overlap_comm,
         contiguous_gradients=parallel.contiguous_gradients,

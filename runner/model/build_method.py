@@ -6,6 +6,8 @@ Every way gives the same initial weights for a seed (runner/model/transformer.py
 
 from __future__ import annotations
 
+from runner.config import ZeroStage
+
 WHOLE = "whole"  # ZeRO-0/1/2 keep the parameters whole anyway
 # ZeRO-0/1/2 with tp: runner/parallel/shard_build.py, cut on meta before allocating
 SHARD = "as its tensor-parallel shard"
@@ -21,12 +23,12 @@ BY_STAGE = "by pipeline stage"  # runner/parallel/pipeline.py: each rank builds 
 DRAW_BLOCK = 64 << 20
 
 
-def build_method_for(*, zero_stage: int, tp: int, pp: int) -> str:
+def build_method_for(*, zero_stage: ZeroStage | int, tp: int, pp: int) -> str:
     """``BY_STAGE`` with a pipeline, ``PARTITIONED`` at ZeRO-3 (with or without tp), ``SHARD``
     with tp at ZeRO 0-2, else ``WHOLE``. All but ZeRO-3 allocate on the rank's device."""
     if pp > 1:
         return BY_STAGE
-    if zero_stage == 3:
+    if zero_stage == ZeroStage.zero3:
         return PARTITIONED
     if tp > 1:
         return SHARD

@@ -45,7 +45,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.config import ModelConfig, TrainConfig
+from runner.config import ModelConfig, OptimizerName, Precision, TrainConfig, ZeroStage
 from runner.memory import FP32_BYTES, bytes_per_param
 from runner.model.shape import num_params, param_numels
 
@@ -64,12 +64,14 @@ def saved_elements(model: ModelConfig, *, tp: int, pp: int) -> tuple[int, int]:
     return weights, weights + tied_head
 
 
-def saved_bytes_per_param(precision: str, optimizer: str, zero_stage: int, *, pp: int = 1) -> tuple[int, int]:
+def saved_bytes_per_param(
+    precision: Precision | str, optimizer: OptimizerName | str, zero_stage: ZeroStage | int, *, pp: int = 1
+) -> tuple[int, int]:
     """(bytes of the saved weight, bytes of the saved optimizer state) per parameter."""
     weight, _, state = bytes_per_param(precision, optimizer)
-    if zero_stage >= 1 and precision == "fp32":
+    if zero_stage >= 1 and precision == Precision.fp32:
         state += FP32_BYTES  # ZeRO's own fp32 master partition (bytes_per_param counts none in fp32)
-    if zero_stage == 0 and precision == "bf16" and pp > 1:
+    if zero_stage == 0 and precision == Precision.bf16 and pp > 1:
         # DeepSpeed's BF16_Optimizer (engine.py ``_do_optimizer_sanity_check``: bf16 at stage 0
         # under a pipeline) has its state saved twice: in the model-states files, as any stage-0
         # optimizer's, and in its own bf16_zero_* files (``_save_checkpoint``, ``_save_zero_checkpoint``).
@@ -78,7 +80,13 @@ def saved_bytes_per_param(precision: str, optimizer: str, zero_stage: int, *, pp
 
 
 def checkpoint_bytes(
-    model: ModelConfig, *, precision: str, optimizer: str, zero_stage: int, tp: int = 1, pp: int = 1
+    model: ModelConfig,
+    *,
+    precision: Precision | str,
+    optimizer: OptimizerName | str,
+    zero_stage: ZeroStage | int,
+    tp: int = 1,
+    pp: int = 1,
 ) -> int:
     """Bytes of one checkpoint, every rank's files together (see the module docstring)."""
     weight, state = saved_bytes_per_param(precision, optimizer, zero_stage, pp=pp)
@@ -90,8 +98,8 @@ def config_checkpoint_bytes(config: TrainConfig) -> int:
     """:func:`checkpoint_bytes` for this run's model, precision, optimizer and layout."""
     return checkpoint_bytes(
         config.model,
-        precision=config.precision.name.value,
-        optimizer=config.optimizer.name.value,
+        precision=config.precision.name,
+        optimizer=config.optimizer.name,
         zero_stage=config.parallel.zero_stage,
         tp=config.parallel.tp,
         pp=config.parallel.pp,
@@ -106,9 +114,9 @@ SAVED_FILE_RECORDS = 1_600
 def universal_bytes(
     model: ModelConfig,
     *,
-    optimizer: str,
-    zero_stage: int,
-    precision: str,
+    optimizer: OptimizerName | str,
+    zero_stage: ZeroStage | int,
+    precision: Precision | str,
     tp: int = 1,
     pp: int = 1,
     dp: int = 1,
@@ -122,7 +130,7 @@ def universal_bytes(
     and moments); from ZeRO 1-2 in fp32, a tied weight's second name is saved as a view of
     the model-states file's storage, so with every weight of that file.
     """
-    state = bytes_per_param("fp32", optimizer)[2]
+    state = bytes_per_param(Precision.fp32, optimizer)[2]
     tied = model.vocab_size * model.d_model if model.tie_embeddings else 0
     # One file a tensor per key (fp32, each optimizer state, step), and the tied weight's fp32.
     files = len(param_numels(model)) * (2 + state // FP32_BYTES) + (1 if tied else 0)
@@ -140,7 +148,7 @@ def universal_bytes(
     fragments = num_params(model) * (FP32_BYTES + state)  # ds_to_universal's temporary folder
     if zero_stage == 3:
         fragments += num_params(model) // dp * (FP32_BYTES + state)
-    elif precision == "fp32" and tied and pp == 1:
+    elif precision == Precision.fp32 and tied and pp == 1:
         fragments += weights // tp * weight
     return whole + model_states, whole + max(fragments, model_states)
 

@@ -51,7 +51,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.config import ModelConfig
+from runner.config import ModelConfig, OffloadPlacement, Precision, ZeroStage
 from runner.memory import FP32_BYTES, HALF_BYTES
 from runner.model.build_method import (
     BY_STAGE,
@@ -96,9 +96,9 @@ def _gb(num_bytes: float) -> str:
     return f"{num_bytes / GB:.{1 if num_bytes >= 10 * GB else 2}f} GB"
 
 
-def _weight_bytes(precision: str) -> int:
+def _weight_bytes(precision: Precision | str) -> int:
     """Bytes of one parameter as the model holds it: 4 in fp32, 2 in bf16 or fp16."""
-    return FP32_BYTES if precision == "fp32" else HALF_BYTES
+    return FP32_BYTES if precision == Precision.fp32 else HALF_BYTES
 
 
 def largest_stage_params(model: ModelConfig, pp: int, tp: int = 1) -> int:
@@ -112,7 +112,7 @@ def build_bytes(
     *,
     num_params: int,
     method: str,
-    precision: str,
+    precision: Precision | str,
     dp: int,
     pp: int,
     largest_param: int,
@@ -127,26 +127,27 @@ def build_bytes(
     """
     lines: dict[str, int] = {}
     p = _weight_bytes(precision)
+    dtype = Precision(precision).value  # as the lines name it
     if method == WHOLE:
         if host_is_device:
-            lines[f"whole model in {precision}"] = p * num_params
+            lines[f"whole model in {dtype}"] = p * num_params
         lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == SHARD:
         if host_is_device:
-            lines[f"1/{tp} of the model, in {precision}"] = p * sum(rank_param_numels(model, tp=tp))
+            lines[f"1/{tp} of the model, in {dtype}"] = p * sum(rank_param_numels(model, tp=tp))
         # A row-parallel shard is cut from bands of whole rows, DRAW_BLOCK elements at a time.
         lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == BY_STAGE:
         if host_is_device:
             stage = f"largest stage of {pp}" + (f", 1/{tp} of it" if tp > 1 else "")
-            lines[f"{stage}, in {precision}"] = p * largest_stage_params(model, pp, tp)
+            lines[f"{stage}, in {dtype}"] = p * largest_stage_params(model, pp, tp)
         lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == PARTITIONED:
         # zero.Init creates tensors in the model dtype (partition_parameters.py ``self.dtype``).
         if host_is_device or params_offloaded:
-            lines[f"partitions ({precision}, 1/{dp})"] = p * -(-num_params // dp)
+            lines[f"partitions ({dtype}, 1/{dp})"] = p * -(-num_params // dp)
         if host_is_device:
-            lines[f"largest module whole ({precision})"] = p * largest_param
+            lines[f"largest module whole ({dtype})"] = p * largest_param
         lines[DRAWING] = FP32_BYTES * min(-(-largest_param // dp), DRAW_BLOCK)
     else:
         known = ", ".join(repr(m) for m in (WHOLE, SHARD, PARTITIONED, BY_STAGE))
@@ -242,7 +243,7 @@ class HostMemory:
 
 def _fixes(
     *,
-    offload: str,
+    offload: OffloadPlacement,
     phase: str,
     peak_per_rank: int,
     ranks_per_node: int,
@@ -259,9 +260,9 @@ def _fixes(
     nodes or a larger host.
     """
     fixes = []
-    if phase == "steady" and offload == "optimizer+params":
+    if phase == "steady" and offload == OffloadPlacement.optimizer_and_params:
         fixes.append("parallel.offload_param=none keeps the 16-bit parameters on the device")
-    if phase == "steady" and offload != "none":
+    if phase == "steady" and offload != OffloadPlacement.none:
         fixes.append("more nodes: each rank's offloaded partition shrinks as 1/dp")
     per_node = int(usable // peak_per_rank) if peak_per_rank else ranks_per_node
     if 1 <= per_node < ranks_per_node:
@@ -278,9 +279,9 @@ def host_memory(
     model: ModelConfig,
     *,
     num_params: int,
-    precision: str,
-    zero_stage: int,
-    offload: str,
+    precision: Precision,
+    zero_stage: ZeroStage,
+    offload: OffloadPlacement,
     tp: int,
     pp: int,
     dp: int,
@@ -312,7 +313,7 @@ def host_memory(
         pp=pp,
         largest_param=largest_param,
         host_is_device=host_is_device,
-        params_offloaded=offload == "optimizer+params",
+        params_offloaded=offload == OffloadPlacement.optimizer_and_params,
         tp=tp,
     )
     # CPU ranks hold every device byte in host memory; GPU ranks what they offload, CUDA's host
@@ -320,7 +321,7 @@ def host_memory(
     steady = {"device total (CPU ranks)": device_total} if host_is_device else dict(offloaded)
     if not host_is_device:
         steady[CUDA_RUNTIME] = CUDA_RUNTIME_BYTES
-        if zero_stage == 3 and offload != "optimizer+params":
+        if zero_stage == ZeroStage.zero3 and offload != OffloadPlacement.optimizer_and_params:
             rank_params = num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
             steady[ZERO3_DEFRAGMENT] = _weight_bytes(precision) * -(-rank_params // dp)
     steady["torch runtime"] = TRAINING_RUNTIME_BYTES

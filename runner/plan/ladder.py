@@ -32,10 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from runner.config import OffloadPlacement, Recompute, ZeroStage
 from runner.plan.planner import Knobs, Plan, Workload, gb, plan_layout
 
-_STAGES = (("ddp", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3))
-_RECOMPUTES = ("none", "selective", "full")
+# Each stage is tried as the conf/parallel option of its name (ddp, zero1, zero2, zero3).
+_STAGES = tuple(ZeroStage)
+_RECOMPUTES = (Recompute.none, Recompute.selective, Recompute.full)  # cheapest first
+_OFFLOADS = (OffloadPlacement.optimizer, OffloadPlacement.optimizer_and_params)  # least moved first
 
 
 @dataclass(frozen=True)
@@ -90,36 +93,38 @@ def pp_degrees(workload: Workload, tp: int) -> list[int]:
 def rungs(workload: Workload, *, overlap_comm: bool = False) -> list[tuple[str, list[Knobs]]]:
     """The rungs in cheap-to-costly order, each with its candidate knobs (see the module docstring)."""
 
-    def k(parallel: str, stage: int, **more: Any) -> Knobs:
-        return Knobs(parallel=parallel, zero_stage=stage, overlap_comm=overlap_comm, **more)
+    def k(stage: ZeroStage, **more: Any) -> Knobs:
+        return Knobs(parallel=stage.name, zero_stage=stage, overlap_comm=overlap_comm, **more)
 
+    ddp, zero1, zero3 = ZeroStage.ddp, ZeroStage.zero1, ZeroStage.zero3
     whole = workload.global_size // workload.gpus
     ladder: list[tuple[str, list[Knobs]]] = [
-        (f"ddp, micro {whole or 'global/dp'} (accum 1)", [k("ddp", 0, micro_size=whole or None)]),
-        ("ddp, smaller micro + accumulation", [k("ddp", 0)]),
-        ("ddp + selective recompute", [k("ddp", 0, recompute="selective")]),
-        ("ddp + full recompute", [k("ddp", 0, recompute="full")]),
+        (f"ddp, micro {whole or 'global/dp'} (accum 1)", [k(ddp, micro_size=whole or None)]),
+        ("ddp, smaller micro + accumulation", [k(ddp)]),
+        ("ddp + selective recompute", [k(ddp, recompute=Recompute.selective)]),
+        ("ddp + full recompute", [k(ddp, recompute=Recompute.full)]),
     ]
-    for name, stage in _STAGES[1:]:
-        ladder.append((name, [k(name, stage, recompute=r) for r in _RECOMPUTES]))
-    for offload in ("optimizer", "optimizer+params"):
+    for stage in _STAGES[1:]:
+        ladder.append((stage.name, [k(stage, recompute=r) for r in _RECOMPUTES]))
+    for offload in _OFFLOADS:
         ladder.append(
-            (f"zero3 + offload {offload}", [k("zero3", 3, recompute=r, offload=offload) for r in _RECOMPUTES])
+            (
+                f"zero3 + offload {offload.value}",
+                [k(zero3, recompute=r, offload=offload) for r in _RECOMPUTES],
+            )
         )
     tps = tp_degrees(workload)
     for t in tps:
-        candidates = [k(n, s, tp=t, recompute=r) for n, s in _STAGES for r in _RECOMPUTES]
-        candidates += [
-            k("zero3", 3, tp=t, recompute=r, offload=o)
-            for o in ("optimizer", "optimizer+params")
-            for r in _RECOMPUTES
-        ]
+        candidates = [k(s, tp=t, recompute=r) for s in _STAGES for r in _RECOMPUTES]
+        candidates += [k(zero3, tp=t, recompute=r, offload=o) for o in _OFFLOADS for r in _RECOMPUTES]
         ladder.append((f"tp {t} inside a node", candidates))
     t_max = tps[-1] if tps else 1
     for p in pp_degrees(workload, t_max):
         # DeepSpeed's pipeline engine takes ZeRO 0 or 1 only (deepspeed/runtime/pipe/engine.py).
-        candidates = [k(n, s, tp=t_max, pp=p, recompute=r) for n, s in _STAGES[:2] for r in _RECOMPUTES]
-        candidates += [k("zero1", 1, tp=t_max, pp=p, recompute=r, offload="optimizer") for r in _RECOMPUTES]
+        candidates = [k(s, tp=t_max, pp=p, recompute=r) for s in _STAGES[:2] for r in _RECOMPUTES]
+        candidates += [
+            k(zero1, tp=t_max, pp=p, recompute=r, offload=OffloadPlacement.optimizer) for r in _RECOMPUTES
+        ]
         ladder.append((f"pp {p} across nodes, tp {t_max}", candidates))
     return ladder
 
@@ -175,7 +180,7 @@ def overrides_for(plan: Plan) -> list[str]:
         f"cluster={w.cluster}",
         f"gpus={w.gpus}",
         f"precision={w.precision.value}",
-        f"optimizer={w.optimizer}",
+        f"optimizer={w.optimizer.value}",
         f"data.seq_len={w.seq_len}",
         f"batch.global_size={w.global_size}",
         f"parallel={k.parallel}",
@@ -184,12 +189,12 @@ def overrides_for(plan: Plan) -> list[str]:
         out.append(f"parallel.tp={k.tp}")
     if k.pp > 1:
         out.append(f"parallel.pp={k.pp}")
-    if k.offload != "none":
+    if k.offload != OffloadPlacement.none:
         out.append("parallel.offload_optimizer=cpu")
-    if k.offload == "optimizer+params":
+    if k.offload == OffloadPlacement.optimizer_and_params:
         out.append("parallel.offload_param=cpu")
-    if k.recompute != "none":
-        out.append(f"model.activation_checkpointing={k.recompute}")
+    if k.recompute != Recompute.none:
+        out.append(f"model.activation_checkpointing={k.recompute.value}")
     out.append(f"batch.micro_size={plan.layout.micro_size}")
     if plan.plan_only:
         out.append("plan=true")

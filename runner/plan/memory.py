@@ -25,7 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.config import ModelConfig, Offload
+from runner.config import (
+    ModelConfig,
+    Offload,
+    OffloadPlacement,
+    OptimizerName,
+    Precision,
+    Recompute,
+    ZeroStage,
+)
 from runner.memory import (
     TRANSIENT_ITEMS,
     BlockShape,
@@ -111,7 +119,7 @@ class MemoryTerms:
         return name, terms[name]
 
 
-def zero3_tp_build_bytes(model: ModelConfig, *, precision: str, dp: int) -> int:
+def zero3_tp_build_bytes(model: ModelConfig, *, precision: Precision | str, dp: int) -> int:
     """Device bytes of a ZeRO-3 tensor-parallel rank while its model is built (runner/engine/zero_init.py).
 
     zero.Init partitions the whole model over the rank's data-parallel group, in the model
@@ -121,7 +129,7 @@ def zero3_tp_build_bytes(model: ModelConfig, *, precision: str, dp: int) -> int:
     whole, before the rank's own share is 1/tp of the matrices and the vocabulary.
     """
     numels = rank_param_numels(model)
-    elem = 4 if precision == "fp32" else 2
+    elem = 4 if precision == Precision.fp32 else 2
     return elem * (-(-sum(numels) // dp) + max(numels))
 
 
@@ -231,7 +239,7 @@ def beyond_activations_after_head(items: dict[str, int], *, allocated: int) -> i
     return max(0, after_the_head(items) + allocated - transient_peak(items))
 
 
-def tied_head_gradient_bytes(model: ModelConfig, *, tp: int, pp: int, precision: str) -> int:
+def tied_head_gradient_bytes(model: ModelConfig, *, tp: int, pp: int, precision: Precision | str) -> int:
     """Bytes of a tied output head's weight gradient, held through backward (no pipeline).
 
     The output head and the embedding share one weight (``tie_embeddings``). Autograd gets
@@ -245,10 +253,10 @@ def tied_head_gradient_bytes(model: ModelConfig, *, tp: int, pp: int, precision:
     if not model.tie_embeddings or pp > 1:
         return 0
     _, head = embedding_numels(model, tp)
-    return (4 if precision == "fp32" else 2) * head
+    return (4 if precision == Precision.fp32 else 2) * head
 
 
-def tied_gradient_join_bytes(tied: int, *, zero_stage: int, accum_steps: int) -> int:
+def tied_gradient_join_bytes(tied: int, *, zero_stage: ZeroStage | int, accum_steps: int) -> int:
     """Bytes a tied weight's two gradients make as they join, last in backward, beyond the gradients.
 
     ``tied``: :func:`tied_head_gradient_bytes`. At the embedding's backward autograd holds the
@@ -267,7 +275,7 @@ def tied_gradient_join_bytes(tied: int, *, zero_stage: int, accum_steps: int) ->
     return tied * (2 if zero_stage < 2 and accum_steps == 1 else 3)
 
 
-def allreduce_flat_bytes(local: int, *, largest: int, precision: str) -> int:
+def allreduce_flat_bytes(local: int, *, largest: int, precision: Precision | str) -> int:
     """Bytes of the flat copy ZeRO-0 all-reduces its gradients through at the boundary.
 
     DeepSpeed 0.19.8 engine.py ``allreduce_no_retain`` gathers gradients until they pass
@@ -276,11 +284,17 @@ def allreduce_flat_bytes(local: int, *, largest: int, precision: str) -> int:
     gradient of a rank up to 5e8 elements and one tensor, in the gradient dtype. It comes
     after backward, when the micro-batches' activations are freed.
     """
-    return (4 if precision == "fp32" else 2) * min(local, ALLREDUCE_FLAT_ELEMENTS + largest)
+    return (4 if precision == Precision.fp32 else 2) * min(local, ALLREDUCE_FLAT_ELEMENTS + largest)
 
 
 def optimizer_step_bytes(
-    local: int, *, zero_stage: int, dp: int, precision: str, offload: str, pp: int
+    local: int,
+    *,
+    zero_stage: ZeroStage | int,
+    dp: int,
+    precision: Precision | str,
+    offload: OffloadPlacement | str,
+    pp: int,
 ) -> int:
     """Device bytes the optimizer step adds while it runs: the gradients copied for an fp32 optimizer.
 
@@ -307,21 +321,26 @@ def optimizer_step_bytes(
     large model on few devices peaks here: llama_7b under ZeRO-1 on one device holds
     22 x 6.74e9 B = 148 GB at its step.
     """
-    if offload != "none":
+    if offload != OffloadPlacement.none:
         return 0
-    copy = 4 if precision == "fp32" else 2 + 4  # the flat copy, and in 16-bit its fp32 cast
+    copy = 4 if precision == Precision.fp32 else 2 + 4  # the flat copy, and in 16-bit its fp32 cast
     partition = -(-local // dp)
     if zero_stage in (1, 2):
         return copy * partition
     if zero_stage == 3:
         return copy * min(partition, SUB_GROUP_ELEMENTS)
-    if precision == "fp32":
+    if precision == Precision.fp32:
         return 0
-    return (4 + 2) * local if pp > 1 and precision == "bf16" else 4 * local
+    return (4 + 2) * local if pp > 1 and precision == Precision.bf16 else 4 * local
 
 
 def grads_after_activation_peak(
-    grads: int, *, at_activation_peak: int, at_backward_end: int, zero_stage: int, accum_steps: int
+    grads: int,
+    *,
+    at_activation_peak: int,
+    at_backward_end: int,
+    zero_stage: ZeroStage | int,
+    accum_steps: int,
 ) -> int:
     """Gradient bytes that are not yet made at the activation peak: the sum of terms counts them twice.
 
@@ -347,7 +366,7 @@ def grads_after_activation_peak(
     return grads + max(peak_a, end) - max(peak_a, grads + end)
 
 
-def offload_placement(offload_optimizer: Offload, offload_param: Offload) -> str:
+def offload_placement(offload_optimizer: Offload, offload_param: Offload) -> OffloadPlacement:
     """The config's two offload switches as one placement: none, optimizer, or optimizer+params.
 
     DeepSpeed offloads parameters only beside the optimizer (ZeRO-Infinity's CPU layout);
@@ -358,8 +377,8 @@ def offload_placement(offload_optimizer: Offload, offload_param: Offload) -> str
             "parameter offload without optimizer offload is not a placement the estimators model"
         )
     if offload_param == Offload.cpu:
-        return "optimizer+params"
-    return "optimizer" if offload_optimizer == Offload.cpu else "none"
+        return OffloadPlacement.optimizer_and_params
+    return OffloadPlacement.optimizer if offload_optimizer == Offload.cpu else OffloadPlacement.none
 
 
 @dataclass(frozen=True)
@@ -373,9 +392,9 @@ class MemoryCase:
     """
 
     model: ModelConfig
-    precision: str  # runner.config.Precision's value
-    optimizer: str  # runner.config.OptimizerName's value
-    zero_stage: int
+    precision: Precision
+    optimizer: OptimizerName
+    zero_stage: ZeroStage
     seq_len: int
     micro_size: int
     dp: int
@@ -384,8 +403,8 @@ class MemoryCase:
     # Micro-batches per optimizer step. None (not known): the ledger's estimate counts the
     # offload buffer that accumulation needs; the plan needs it known.
     accum_steps: int | None = 1
-    offload: str = "none"  # runner.memory.OffloadMode
-    recompute: str = "none"  # runner.memory.RecomputeMode
+    offload: OffloadPlacement = OffloadPlacement.none
+    recompute: Recompute = Recompute.none
     # Elements of the gradient bucket DeepSpeed is given
     # (runner.engine.deepspeed_config.reduce_bucket_elements).
     reduce_bucket_size: int = 500_000_000
@@ -397,10 +416,22 @@ class MemoryCase:
     # (parallel.param_persistence_threshold); 0: none counted, as the plan does.
     param_persistence_threshold: int = 0
 
+    def __post_init__(self) -> None:
+        # The enums' plain values ("fp32", 3, "optimizer+params") are taken too, as tests and
+        # notebooks write them; they are held as the members.
+        for name, kind in (
+            ("precision", Precision),
+            ("optimizer", OptimizerName),
+            ("zero_stage", ZeroStage),
+            ("offload", OffloadPlacement),
+            ("recompute", Recompute),
+        ):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+
     @property
     def bytes_per_elem(self) -> int:
         """Bytes of one element of the model dtype: the weights, gradients and activations."""
-        return 4 if self.precision == "fp32" else 2
+        return 4 if self.precision == Precision.fp32 else 2
 
 
 @dataclass(frozen=True)
@@ -455,7 +486,7 @@ def held_states(case: MemoryCase) -> HeldStates:
         # ZeRO-1/2 keep whole the gradient of every tensor a rank's partition touches: the
         # fullest rank holds up to two straddling tensors beyond P/dp (exact, tensor by tensor).
         held = zero12_held_elements(numels, case.dp)
-        if case.offload == "none":
+        if case.offload == OffloadPlacement.none:
             grads = case.bytes_per_elem * held
     persistent = sum(n for n in numels if n < case.param_persistence_threshold) if stage == 3 else 0
     offloaded = {
@@ -618,7 +649,7 @@ def _pipeline_lines(
     # ``_setup_for_real_optimizer``), so the first stage's first backward has it whole,
     # and adds the parameters' own bf16 gradients into it after each backward
     # (``update_hp_grads``), keeping them: from the second backward on both are live.
-    bf16_stage0 = case.zero_stage == 0 and case.precision != "fp32"
+    bf16_stage0 = case.zero_stage == ZeroStage.ddp and case.precision != Precision.fp32
     after_peak = 0
     if first >= last and not bf16_stage0:
         after_peak = first_stage_grads_after_peak(
@@ -684,7 +715,7 @@ def _build_bytes(case: MemoryCase) -> int:
     ranks the build is host memory (runner/plan/host.py).
     """
     tp_zero3 = case.zero_stage == 3 and case.tp > 1 and case.pp == 1
-    if not tp_zero3 or case.host_is_device or case.offload == "optimizer+params":
+    if not tp_zero3 or case.host_is_device or case.offload == OffloadPlacement.optimizer_and_params:
         return 0
     return zero3_tp_build_bytes(case.model, precision=case.precision, dp=case.dp)
 

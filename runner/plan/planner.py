@@ -20,7 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runner.config import ModelConfig, Offload, Precision, TrainConfig
+from runner.config import (
+    ModelConfig,
+    Offload,
+    OffloadPlacement,
+    OptimizerName,
+    Precision,
+    Recompute,
+    TrainConfig,
+    ZeroStage,
+)
 from runner.engine.deepspeed_config import reduce_bucket_elements
 from runner.errors import ConfigError
 from runner.layout import (
@@ -48,7 +57,7 @@ class Workload:
     model: ModelConfig
     num_params: int
     precision: Precision
-    optimizer: str
+    optimizer: OptimizerName
     seq_len: int
     global_size: int
     gpus: int
@@ -71,12 +80,12 @@ class Workload:
 class Knobs:
     """The layout choices: what the ladder varies and a run's ``parallel``/``batch`` config sets."""
 
-    parallel: str  # the conf/parallel option: ddp, zero1, zero2, zero3
-    zero_stage: int
+    parallel: str  # the conf/parallel option: ddp, zero1, zero2, zero3 (ZeroStage's names)
+    zero_stage: ZeroStage
     tp: int = 1
     pp: int = 1
-    recompute: str = "none"  # runner.memory.RecomputeMode
-    offload: str = "none"  # runner.memory.OffloadMode
+    recompute: Recompute = Recompute.none
+    offload: OffloadPlacement = OffloadPlacement.none
     micro_size: int | None = None  # None: auto
     overlap_comm: bool = False
     contiguous_gradients: bool = True
@@ -87,10 +96,10 @@ class Knobs:
     def describe(self) -> str:
         """Short words for the layout: 'zero3 + full recompute + offload optimizer, tp 2'."""
         words = [self.parallel]
-        if self.recompute != "none":
-            words.append(f"{self.recompute} recompute")
-        if self.offload != "none":
-            words.append(f"offload {self.offload}")
+        if self.recompute != Recompute.none:
+            words.append(f"{self.recompute.value} recompute")
+        if self.offload != OffloadPlacement.none:
+            words.append(f"offload {self.offload.value}")
         text = " + ".join(words)
         if self.tp > 1:
             text += f", tp {self.tp}"
@@ -134,7 +143,7 @@ class Plan:
         w, k = self.workload, self.knobs
         return checkpoint_bytes(
             w.model,
-            precision=w.precision.value,
+            precision=w.precision,
             optimizer=w.optimizer,
             zero_stage=k.zero_stage,
             tp=k.tp,
@@ -168,13 +177,13 @@ class Plan:
             "plan_only": self.plan_only,
             "model": {"name": w.model.name, "num_params": w.num_params},
             "precision": w.precision.value,
-            "optimizer": w.optimizer,
+            "optimizer": w.optimizer.value,
             "seq_len": w.seq_len,
             "knobs": {
                 "parallel": k.parallel,
-                "zero_stage": k.zero_stage,
-                "recompute": k.recompute,
-                "offload": k.offload,
+                "zero_stage": int(k.zero_stage),
+                "recompute": k.recompute.value,
+                "offload": k.offload.value,
                 "overlap_comm": k.overlap_comm,
                 "micro_size": "auto" if k.micro_size is None else k.micro_size,
             },
@@ -221,7 +230,9 @@ class Plan:
                 "step_s_is_lower_bound": not self.time.complete,
                 "mfu": self.time.mfu,
                 "tokens_per_s": self.time.tokens_per_s,
-                "not_modelled": ["offload transfers and CPU optimizer step"] if k.offload != "none" else [],
+                "not_modelled": ["offload transfers and CPU optimizer step"]
+                if k.offload != OffloadPlacement.none
+                else [],
                 "eval_s": self.eval_s,
                 "eval_share": self.eval_share,
             },
@@ -236,7 +247,7 @@ class Plan:
 # --------------------------------------------------------------------------------------
 
 
-def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> str:
+def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> OffloadPlacement:
     """The config's two offload enums as runner.memory.model_states' offload placement
     (runner.plan.memory.offload_placement), refusing what the planner cannot model (ConfigError)."""
     try:
@@ -256,10 +267,10 @@ def knobs_from_config(config: TrainConfig) -> Knobs:
     par = config.parallel
     return Knobs(
         parallel=par.name,
-        zero_stage=par.zero_stage,
+        zero_stage=ZeroStage(par.zero_stage),
         tp=par.tp,
         pp=par.pp,
-        recompute=config.model.activation_checkpointing.value,
+        recompute=config.model.activation_checkpointing,
         offload=offload_mode(par.offload_optimizer, par.offload_param),
         micro_size=parse_micro_size(config.batch.micro_size),
         overlap_comm=par.overlap_comm,
@@ -274,7 +285,7 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
         model=config.model,
         num_params=count_params(config.model),
         precision=config.precision.name,
-        optimizer=config.optimizer.name.value,
+        optimizer=config.optimizer.name,
         seq_len=config.data.seq_len,
         global_size=config.batch.global_size,
         gpus=config.gpus,
@@ -307,9 +318,9 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
             )
     if model.ffn_hidden % knobs.tp:
         raise ConfigError(f"  - parallel.tp={knobs.tp} must divide model.ffn_hidden={model.ffn_hidden}")
-    if knobs.offload == "optimizer" and knobs.zero_stage == 0:
+    if knobs.offload == OffloadPlacement.optimizer and knobs.zero_stage == ZeroStage.ddp:
         raise ConfigError("  - parallel.offload_optimizer=cpu needs ZeRO: use parallel=zero1, zero2 or zero3")
-    if knobs.offload == "optimizer+params" and knobs.zero_stage != 3:
+    if knobs.offload == OffloadPlacement.optimizer_and_params and knobs.zero_stage != ZeroStage.zero3:
         raise ConfigError("  - parallel.offload_param=cpu needs ZeRO stage 3: use parallel=zero3")
 
 
@@ -318,7 +329,7 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
     return memory_terms(
         MemoryCase(
             model=workload.model,
-            precision=workload.precision.value,
+            precision=workload.precision,
             optimizer=workload.optimizer,
             zero_stage=knobs.zero_stage,
             seq_len=workload.seq_len,
@@ -344,7 +355,7 @@ def host_at(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerm
     return host_memory(
         workload.model,
         num_params=workload.num_params,
-        precision=workload.precision.value,
+        precision=workload.precision,
         zero_stage=knobs.zero_stage,
         offload=knobs.offload,
         tp=layout.tp,
@@ -453,10 +464,10 @@ def plan_only_reasons(knobs: Knobs) -> list[str]:
     reasons = []
     if knobs.pp > 1:
         # The same refusals as runner/preflight/validate.py pipeline_problems, for a run.
-        if knobs.zero_stage >= 2:
+        if knobs.zero_stage >= ZeroStage.zero2:
             # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8).
             reasons.append("DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")
-        if knobs.offload != "none":
+        if knobs.offload != OffloadPlacement.none:
             reasons.append(f"parallel.pp={knobs.pp} with offload: not run under a pipeline here")
     return reasons
 
@@ -501,7 +512,7 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
     memory = fit.memory(layout.micro_size)
     groups = traffic(
         workload.model,
-        precision=workload.precision.value,
+        precision=workload.precision,
         zero_stage=knobs.zero_stage,
         recompute=knobs.recompute,
         seq_len=workload.seq_len,

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.comm import allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
-from runner.config import ModelConfig
+from runner.config import ModelConfig, Precision, Recompute, ZeroStage
 from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_flops_per_token
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.hardware import Device
@@ -85,9 +85,9 @@ def _link(device: Device, *, inside_node: bool) -> tuple[str, float | None]:
 def traffic(
     model: ModelConfig,
     *,
-    precision: str,
-    zero_stage: int,
-    recompute: str,
+    precision: Precision,
+    zero_stage: ZeroStage,
+    recompute: Recompute,
     seq_len: int,
     micro_size: int,
     gpus: int,
@@ -98,7 +98,7 @@ def traffic(
     device: Device,
 ) -> list[Traffic]:
     """Bytes per optimizer step per device of each parallel group in use (see the module docstring)."""
-    elem = 4 if precision == "fp32" else 2  # gradients and parameters travel in the compute dtype
+    elem = 4 if precision == Precision.fp32 else 2  # gradients and parameters travel in the compute dtype
     local = sum(rank_param_numels(model, tp=tp, pp=pp))  # the fullest rank's, before ZeRO
     once = zero_step_bytes(local, zero_stage=zero_stage, dp=dp, grad_bytes_per_elem=elem)
     if zero_stage == 3:
@@ -111,11 +111,11 @@ def traffic(
     within = gpus <= device.per_node
     where = f"{gpus} gpus {'<=' if within else '>'} {device.per_node} per node"
     groups = [
-        Traffic("dp", dp_bytes, *_link(device, inside_node=within), f"ZeRO-{zero_stage}: {how}; {where}")
+        Traffic("dp", dp_bytes, *_link(device, inside_node=within), f"ZeRO-{int(zero_stage)}: {how}; {where}")
     ]
     activation = seq_len * micro_size * model.d_model * elem  # one (s, b, h) tensor
     if tp > 1:
-        per_layer = 6 if recompute == "full" else 4  # Shoeybi et al. 2019: f, g fwd + bwd
+        per_layer = 6 if recompute == Recompute.full else 4  # Shoeybi et al. 2019: f, g fwd + bwd
         # The vocabulary-parallel head's input gradient and the embedding's lookup; the loss's
         # per-token all-reduces are (s, b) only.
         outside = 2
@@ -153,7 +153,7 @@ def step_time(
     model: ModelConfig,
     *,
     num_params: int,
-    recompute: str,
+    recompute: Recompute,
     seq_len: int,
     global_size: int,
     gpus: int,
@@ -205,7 +205,7 @@ def eval_time(
     model: ModelConfig,
     *,
     num_params: int,
-    recompute: str,
+    recompute: Recompute,
     seq_len: int,
     step: StepTime,
     pp: int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from runner.config import TrainConfig
+from runner.config import OffloadPlacement, TrainConfig
 from runner.memory import GiB, bytes_per_param
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
@@ -57,9 +57,9 @@ def _states_formula(plan: Plan) -> str:
     whole the gradients of tensors straddling its partition's edges; padding).
     """
     w, k, lay, m = plan.workload, plan.knobs, plan.layout, plan.memory
-    if k.offload != "none":
-        return f"= ZeRO-{k.zero_stage} with {k.offload} offloaded to the host"
-    wb, gb_, ob = bytes_per_param(w.precision.value, w.optimizer)
+    if k.offload != OffloadPlacement.none:
+        return f"= ZeRO-{int(k.zero_stage)} with {k.offload.value} offloaded to the host"
+    wb, gb_, ob = bytes_per_param(w.precision, w.optimizer)
     n = lay.dp
     per_param = {
         0: (f"{wb + gb_ + ob} B", wb + gb_ + ob),
@@ -71,7 +71,7 @@ def _states_formula(plan: Plan) -> str:
     local = sum(rank_param_numels(w.model, tp=lay.tp, pp=lay.pp))
     exact = abs(bytes_each * local - m.model_states) <= 1e-3 * m.model_states
     split = _split_words(lay.tp, lay.pp)
-    return f"{'=' if exact else '~'} ZeRO-{k.zero_stage}: {formula} x {local:,} params{split}"
+    return f"{'=' if exact else '~'} ZeRO-{int(k.zero_stage)}: {formula} x {local:,} params{split}"
 
 
 def nominal_params(model_name: str) -> float | None:
@@ -86,7 +86,7 @@ def _nominal_states(plan: Plan) -> str:
     """Model states at the name's round size, beside the exact count (papers quote the round one)."""
     w, k = plan.workload, plan.knobs
     nominal = nominal_params(w.model.name)
-    if nominal is None or k.offload != "none" or abs(nominal - w.num_params) < 0.005 * nominal:
+    if nominal is None or k.offload != OffloadPlacement.none or abs(nominal - w.num_params) < 0.005 * nominal:
         return ""
     at_nominal = plan.memory.model_states * nominal / w.num_params  # every term is linear in P
     return (
@@ -136,7 +136,7 @@ def format_plan(plan: Plan) -> str:
     memory_bytes = float(dev.memory_bytes.value or 0.0)
     lines = [
         f"plan: {w.model.name} ({w.num_params:,} params, counted analytically), {k.describe()}, "
-        f"{w.precision.value} {w.optimizer}, seq {w.seq_len}, gpus {w.gpus} on cluster {w.cluster}"
+        f"{w.precision.value} {w.optimizer.value}, seq {w.seq_len}, gpus {w.gpus} on cluster {w.cluster}"
         + ("  [PLAN ONLY]" if plan.plan_only else ""),
         "  nothing launched, nothing allocated",
         f"layout     gpus {lay.gpus} = dp {lay.dp} x tp {lay.tp} x pp {lay.pp};  global {lay.global_size} = "
@@ -161,7 +161,7 @@ def format_plan(plan: Plan) -> str:
         _row(
             "activations",
             m.activations,
-            f"micro {lay.micro_size}, recompute {k.recompute}, tp {lay.tp}"
+            f"micro {lay.micro_size}, recompute {k.recompute.value}, tp {lay.tp}"
             + (f"; {m.activation_note}" if m.activation_note else ""),
         ),
     ]
@@ -244,14 +244,14 @@ def format_plan(plan: Plan) -> str:
             f"  held-out evaluation every {w.eval_every} steps: {w.eval_batches} global batches forward "
             f"only, {plan.eval_s:.3g} s each, {100 * plan.eval_share:.1f}% on top of the steps' time"
         )
-    if k.offload != "none":
+    if k.offload != OffloadPlacement.none:
         lines.append(
             "  not in this time: offload's host<->device copies and the CPU optimizer step "
             "(no PCIe or host figures in the cluster config)"
         )
     for reason in plan.plan_only:
         lines.append(f"  plan only: {reason}")
-    weight, state = saved_bytes_per_param(w.precision.value, w.optimizer, k.zero_stage, pp=lay.pp)
+    weight, state = saved_bytes_per_param(w.precision, w.optimizer, k.zero_stage, pp=lay.pp)
     copies = []
     if lay.tp > 1:
         copies.append(f"the norm gains on each of tp {lay.tp}")
@@ -330,7 +330,7 @@ def format_ladder(ladder: Ladder) -> str:
     w = ladder.workload
     lines = [
         f"recommend: {w.model.name} on {w.gpus} x {w.cluster}, global {w.global_size}, "
-        f"{w.precision.value} {w.optimizer}, seq {w.seq_len}; {gb(w.usable_bytes)} usable per device, "
+        f"{w.precision.value} {w.optimizer.value}, seq {w.seq_len}; {gb(w.usable_bytes)} usable per device, "
         f"{gb(w.headroom * float(w.device.host_memory_bytes.value or 0.0))} usable host RAM per node",
     ]
     for i, rung in enumerate(ladder.rungs, 1):

@@ -669,3 +669,23 @@ def test_wholesale_bf16_cast_adds_the_rope_table_copies() -> None:
     like_deepspeed = kept_by(_cast_like_deepspeed(build_model(cfg), torch.bfloat16))
     wholesale = kept_by(build_model(cfg).to(torch.bfloat16))
     assert wholesale - like_deepspeed == cfg.n_layer * 8 * SEQ * (cfg.d_model // cfg.n_head)
+
+
+def test_the_estimators_take_runner_configs_enums_or_their_plain_values():
+    """Notebooks pass plain strings and ints; the typed config passes its enums: the same bytes."""
+    from runner.config import OffloadPlacement, OptimizerName, ZeroStage
+
+    plain = model_states(10**9, zero_stage=3, dp=8, precision="bf16", optimizer="adamw", offload="optimizer")
+    typed = model_states(
+        10**9,
+        zero_stage=ZeroStage.zero3,
+        dp=8,
+        precision=Precision.bf16,
+        optimizer=OptimizerName.adamw,
+        offload=OffloadPlacement.optimizer,
+    )
+    assert plain == typed and typed.host_optimizer == 12 * 10**9 // 8
+    block = BlockShape(seq_len=128, micro_size=2, d_model=256, n_heads=4)
+    assert activations_per_layer(block, "selective") == activations_per_layer(block, Recompute.selective)
+    with pytest.raises(ValueError, match=r"offload='nvme' is not one of none, optimizer, optimizer\+params"):
+        model_states(10, zero_stage=2, dp=1, offload="nvme")

@@ -651,3 +651,49 @@ def test_the_plan_times_a_save_at_the_storages_write_speed():
     assert "one save 414 s at cluster.storage_gb_per_s=2; every 100 steps:" in format_plan(timed)
     with pytest.raises(ConfigError, match=r"cluster.storage_gb_per_s=0: .* must be positive"):
         validate(_config(*common, "cluster.storage_gb_per_s=0"), launcher=None)
+
+
+def test_each_zero_stage_is_named_for_the_parallel_option_that_sets_it():
+    """runner.config.ZeroStage's names are conf/parallel's options for that stage alone: the ladder
+    tries each stage as ``parallel=<name>`` and its overrides run what it planned."""
+    from pathlib import Path
+
+    import yaml
+
+    from runner.config import ZeroStage
+
+    options = Path(__file__).resolve().parents[2] / "conf" / "parallel"
+    for stage in ZeroStage:
+        assert yaml.safe_load((options / f"{stage.name}.yaml").read_text()) == {
+            "name": stage.name,
+            "zero_stage": stage.value,
+        }
+
+
+def test_the_plan_spells_its_enums_as_their_values_in_words_and_json():
+    """Knobs hold runner.config's enums; the table, the ladder's overrides and plan.json show the values."""
+    from runner.plan.ladder import overrides_for
+
+    plan = plan_config(_70b("parallel=zero3_offload", "gpus=64", "model.activation_checkpointing=full"))
+    assert plan.knobs.describe() == "zero3_offload + full recompute + offload optimizer+params"
+    knobs = json.loads(json.dumps(plan.record()))["knobs"]
+    assert (knobs["zero_stage"], knobs["recompute"], knobs["offload"]) == (3, "full", "optimizer+params")
+    assert "= ZeRO-3 with optimizer+params offloaded to the host" in format_plan(plan)
+    overrides = overrides_for(plan)
+    assert "optimizer=adamw" in overrides and "model.activation_checkpointing=full" in overrides
+
+
+def test_the_memory_terms_take_the_enums_or_their_plain_values():
+    from runner.config import OffloadPlacement, OptimizerName, Recompute, ZeroStage
+
+    plain = _terms(precision="bf16", optimizer="adamw", zero_stage=3, offload="optimizer", recompute="full")
+    typed = _terms(
+        precision=Precision.bf16,
+        optimizer=OptimizerName.adamw,
+        zero_stage=ZeroStage.zero3,
+        offload=OffloadPlacement.optimizer,
+        recompute=Recompute.full,
+    )
+    assert plain == typed and plain.host
+    with pytest.raises(ValueError, match="Precision"):
+        _terms(precision="fp64")
