@@ -3,9 +3,11 @@
 Runs ``python train.py`` and a bare DeepSpeed loop (bench/bare_loop.py, under torchrun)
 on the same model, DeepSpeed config and ranks, alternating A, B, A, B so that the
 machine's drift hits both alike, and compares median step times after warm-up.
-The last line is ``ratio=<ladder tokens/s / bare tokens/s>``; the goal is >= 0.97.
+Each round's ratio is printed; the last lines give the ratios' min, median and max over
+the rounds (a noisy machine shows in their spread), and the last line is
+``ratio=<median over rounds of ladder tokens/s / bare tokens/s>``; the goal is >= 0.97.
 
-    python bench/overhead.py [--gpus 2] [--steps 30] [--rounds 2] [overrides...]
+    python bench/overhead.py [--gpus 2] [--steps 30] [--rounds 4] [overrides...]
 """
 
 from __future__ import annotations
@@ -61,26 +63,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     args, overrides = parser.parse_known_args()
     ladder_times: list[float] = []
     bare_times: list[float] = []
+    ratios: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
             run_dir = Path(tmp) / f"ladder{round_index}"
-            ladder_times += _ladder(run_dir, args.gpus, args.steps, overrides)[WARMUP:]
-            bare_times += _bare(run_dir, args.gpus, args.steps)[WARMUP:]
+            ladder = _ladder(run_dir, args.gpus, args.steps, overrides)[WARMUP:]
+            bare = _bare(run_dir, args.gpus, args.steps)[WARMUP:]
+            ladder_times += ladder
+            bare_times += bare
+            # Same tokens per step on both sides: the tokens/s ratio is the inverse step-time ratio.
+            ratios.append(statistics.median(bare) / statistics.median(ladder))
             print(
-                f"round {round_index + 1}: ladder median {statistics.median(ladder_times):.4f} s/step, "
-                f"bare median {statistics.median(bare_times):.4f} s/step",
+                f"round {round_index + 1}: ladder median {statistics.median(ladder):.4f} s/step, "
+                f"bare median {statistics.median(bare):.4f} s/step, ratio {ratios[-1]:.3f}",
                 flush=True,
             )
     ladder_step, bare_step = statistics.median(ladder_times), statistics.median(bare_times)
     print(f"{'':<8}{'s/step (median)':>18}{'steps timed':>14}")
     print(f"{'ladder':<8}{ladder_step:>18.4f}{len(ladder_times):>14}")
     print(f"{'bare':<8}{bare_step:>18.4f}{len(bare_times):>14}")
-    # Same tokens per step on both sides, so the tokens/s ratio is the inverse step-time ratio.
-    print(f"ratio={bare_step / ladder_step:.3f}")
+    low, mid, high = min(ratios), statistics.median(ratios), max(ratios)
+    print(f"ratio over {len(ratios)} rounds: min {low:.3f}, median {mid:.3f}, max {high:.3f}")
+    print(f"ratio={mid:.3f}")
 
 
 if __name__ == "__main__":
