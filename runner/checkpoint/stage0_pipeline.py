@@ -24,6 +24,7 @@ writes for the one file of a stage-0 checkpoint without a pipeline.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -140,19 +141,21 @@ class RankState(NamedTuple):
     hyper: list[dict[str, Any]]  # the optimizer groups' hyperparameters
 
 
-def _rank_state(
-    source: Path,
-    model: ModelConfig,
-    names: ModelNames,
-    held: dict[str, torch.Tensor],
-    *,
-    pp: int,
-    stage: int,
-    tp_rank: int,
-    tp: int,
-) -> RankState:
+@dataclass(frozen=True)
+class _Saved:
+    """The checkpoint being read: its folder, the model it holds by name, and its pp x tp grid."""
+
+    source: Path
+    model: ModelConfig
+    names: ModelNames
+    pp: int
+    tp: int
+
+
+def _rank_state(saved: _Saved, held: dict[str, torch.Tensor], *, stage: int, tp_rank: int) -> RankState:
     """What model-parallel rank (``stage``, ``tp_rank``) saved; ``held``: the weights in its
     tensor-parallel rank's layer files (16-bit in bf16 and fp16), by model name."""
+    source, model, names, pp, tp = saved.source, saved.model, saved.names, saved.pp, saved.tp
     mp_rank = stage * tp + tp_rank  # the grid's axes are (pipe, data, model): runner/parallel/pipeline.py
     states: dict[str, Any] = safe_load.load(source / f"mp_rank_{mp_rank:02d}_model_states.pt")
     optimizer = states.get("optimizer")
@@ -186,11 +189,9 @@ def to_universal(source: Path, output: Path, model: ModelConfig, *, pp: int, tp:
     first: dict[str, Any] = {}
     hyper: list[dict[str, Any]] = []
     held = [_layer_weights(source, model, tp_rank=tp_rank, tp=tp) for tp_rank in range(tp)]  # each file once
+    saved = _Saved(source, model, names, pp=pp, tp=tp)
     for stage in range(pp):
-        ranks = [
-            _rank_state(source, model, names, held[tp_rank], pp=pp, stage=stage, tp_rank=tp_rank, tp=tp)
-            for tp_rank in range(tp)
-        ]
+        ranks = [_rank_state(saved, held[tp_rank], stage=stage, tp_rank=tp_rank) for tp_rank in range(tp)]
         on_stage = [name for group in stage_groups(names, model, pp=pp, stage=stage) for name in group]
         for name in on_stage:
             if name in moments:  # a tied embedding: from the first stage (the last holds the same)

@@ -146,10 +146,34 @@ def _tensors_in(obj: Any, depth: int = 0, visited: set[int] | None = None) -> It
 
 
 def measure_model_states(engine: Any, *, precision: Precision) -> Ledger:
-    """Params, grads, optimizer states and residuals held by this rank now."""
+    """Params, grads, optimizer states and residuals held by this rank now.
+
+    Each storage counts once, in the first place that claims it, in this order: the model's
+    parameters and buffers, the inner optimizer's state and master weights, then every other
+    tensor DeepSpeed's optimizer wrapper holds.
+    """
     ledger = Ledger()
     count = _Counter(ledger)
-    params = list(engine.module.parameters())
+    _claim_model(count, engine.module)
+    wrapper = engine.optimizer
+    inner = getattr(wrapper, "optimizer", wrapper)
+    master_term = _master_term(precision)
+    _claim_inner_optimizer(count, inner, master_term)
+    if wrapper is not inner:
+        _claim_wrapper(count, wrapper, master_term)
+    return ledger
+
+
+def _master_term(precision: Precision) -> tuple[str | None, str | None]:
+    """Where the fp32 master weights count, as ``_Counter.claim``'s (term, residual)."""
+    # In 16-bit training the fp32 master weights are part of the optimizer states
+    # (ZeRO paper Sec. 3.1: K = 12 counts them); in fp32 training they are an extra copy.
+    return (None, "fp32_master_copy") if precision == Precision.fp32 else ("optimizer", None)
+
+
+def _claim_model(count: _Counter, module: torch.nn.Module) -> None:
+    """The parameters (ZeRO-3's partitions first), their gradients, and the module's buffers."""
+    params = list(module.parameters())
     for param in params:
         partition = getattr(param, "ds_tensor", None)
         if partition is not None:  # ZeRO-3: the partition is this rank's share
@@ -160,50 +184,46 @@ def measure_model_states(engine: Any, *, precision: Precision) -> Ledger:
         else:
             count.claim(param.data, "params")
         count.claim(param.grad, "grads")
-    for buffer in engine.module.buffers():
+    for buffer in module.buffers():
         count.claim(buffer, None, "model_buffers")
 
-    wrapper = engine.optimizer
-    inner = getattr(wrapper, "optimizer", wrapper)
+
+def _claim_inner_optimizer(count: _Counter, inner: Any, master_term: tuple[str | None, str | None]) -> None:
+    """The inner optimizer's state (Adam's m and v), and the weights it steps with their gradients."""
     for state in inner.state.values():
         for value in state.values():
             count.claim(value, "optimizer")
-
-    def claim_master(master: Any) -> None:
-        # In 16-bit training the fp32 master weights are part of the optimizer states
-        # (ZeRO paper Sec. 3.1: K = 12 counts them); in fp32 training they are an extra copy.
-        if precision == Precision.fp32:
-            count.claim(master, None, "fp32_master_copy")
-        else:
-            count.claim(master, "optimizer")
-
     for group in inner.param_groups:
         for master in group["params"]:
             count.claim(master.grad, "grads")
-            claim_master(master)
-    if wrapper is not inner:
-        # A master partition's ``.grad`` is the gradient partition the inner optimizer steps
-        # on: under offload it stays there between steps (stage3.py
-        # initialize_optimizer_states), a gradient and not a master weight.
-        for name in _MASTER_ATTRS:
-            for master in _tensors_in(vars(wrapper).get(name)):
-                count.claim(master.grad, "grads")
-        if getattr(wrapper, "offload_optimizer", False):
-            # ZeRO-3 offload keeps its 16-bit gradient partitions on the host beside the fp32
-            # ones: a buffer of DeepSpeed's own (runner.memory.offload_host_buffers).
-            flat = getattr(wrapper, "grad_partitions_flat_buffer", None)
-            count.claim(flat, None, "grad_partitions_flat_buffer")
-        for name, value in vars(wrapper).items():
-            if name in ("optimizer", "module"):
-                continue
-            for tensor in _tensors_in(value):
-                if name in _MASTER_ATTRS:
-                    claim_master(tensor)
-                elif name in _GRADIENT_ATTRS:
-                    count.claim(tensor, "grads")
-                else:
-                    count.claim(tensor, None, name.split("__")[-1])
-    return ledger
+            count.claim(master, *master_term)
+
+
+def _claim_wrapper(count: _Counter, wrapper: Any, master_term: tuple[str | None, str | None]) -> None:
+    """What DeepSpeed's ZeRO wrapper holds beyond its inner optimizer, each line named by its attribute."""
+    # A master partition's ``.grad`` is the gradient partition the inner optimizer steps
+    # on: under offload it stays there between steps (stage3.py
+    # initialize_optimizer_states), a gradient and not a master weight.
+    for name in _MASTER_ATTRS:
+        for master in _tensors_in(vars(wrapper).get(name)):
+            count.claim(master.grad, "grads")
+    if getattr(wrapper, "offload_optimizer", False):
+        # ZeRO-3 offload keeps its 16-bit gradient partitions on the host beside the fp32
+        # ones: a buffer of DeepSpeed's own (runner.memory.offload_host_buffers).
+        count.claim(
+            getattr(wrapper, "grad_partitions_flat_buffer", None), None, "grad_partitions_flat_buffer"
+        )
+    for name, value in vars(wrapper).items():
+        if name in ("optimizer", "module"):
+            continue
+        if name in _MASTER_ATTRS:
+            where = master_term
+        elif name in _GRADIENT_ATTRS:
+            where = ("grads", None)
+        else:
+            where = (None, name.split("__")[-1])
+        for tensor in _tensors_in(value):
+            count.claim(tensor, *where)
 
 
 @contextlib.contextmanager

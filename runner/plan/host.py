@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.config import ModelConfig, OffloadPlacement, Precision, ZeroStage
+from runner.layout import Layout
 from runner.memory import FP32_BYTES, HALF_BYTES
 from runner.model.build_method import (
     BY_STAGE,
@@ -61,7 +62,11 @@ from runner.model.build_method import (
     WHOLE,
     build_method_for,
 )
+from runner.model.shape import num_params as count_params
+from runner.model.shape import param_numels
 from runner.parallel.pipeline_split import rank_param_numels
+from runner.plan.memory import MemoryTerms
+from runner.plan.workload import Knobs, Workload
 
 GB = 1e9  # decimal gigabyte, as runner/plan/planner.py
 DRAWING = "drawing initial values (fp32)"
@@ -107,27 +112,30 @@ def largest_stage_params(model: ModelConfig, pp: int, tp: int = 1) -> int:
     return sum(rank_param_numels(model, tp=tp, pp=pp))
 
 
-def build_bytes(
-    model: ModelConfig,
-    *,
-    num_params: int,
-    method: str,
-    precision: Precision | str,
-    dp: int,
-    pp: int,
-    largest_param: int,
-    host_is_device: bool,
-    params_offloaded: bool,
-    tp: int = 1,
-) -> dict[str, int]:
+@dataclass(frozen=True)
+class RankBuild:
+    """How one rank builds its model (runner/engine/build.py): the method, the dtype, its share."""
+
+    method: str  # runner.model.build_method: WHOLE, SHARD, BY_STAGE or PARTITIONED
+    precision: Precision
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    host_is_device: bool = False  # CPU ranks: the host holds what a GPU would
+    params_offloaded: bool = False  # ZeRO-3's parameter offload keeps the partitions on the host
+
+
+def build_bytes(model: ModelConfig, build: RankBuild) -> dict[str, int]:
     """Named host bytes one rank holds at the peak of building its model (see the module docstring).
 
-    `largest_param`: elements of the model's largest parameter tensor (the embedding or
-    output head, V x h, for the models here); under zero.Init the largest module whole.
+    The model's largest parameter tensor (the embedding or output head, V x h, for the models
+    here) bounds what is drawn at once; under zero.Init it is the largest module whole.
     """
+    method, dp, tp, pp, host_is_device = build.method, build.dp, build.tp, build.pp, build.host_is_device
+    num_params, largest_param = count_params(model), max(param_numels(model))
     lines: dict[str, int] = {}
-    p = _weight_bytes(precision)
-    dtype = Precision(precision).value  # as the lines name it
+    p = _weight_bytes(build.precision)
+    dtype = Precision(build.precision).value  # as the lines name it
     if method == WHOLE:
         if host_is_device:
             lines[f"whole model in {dtype}"] = p * num_params
@@ -144,7 +152,7 @@ def build_bytes(
         lines[DRAWING] = FP32_BYTES * min(largest_param, DRAW_BLOCK)
     elif method == PARTITIONED:
         # zero.Init creates tensors in the model dtype (partition_parameters.py ``self.dtype``).
-        if host_is_device or params_offloaded:
+        if host_is_device or build.params_offloaded:
             lines[f"partitions ({dtype}, 1/{dp})"] = p * -(-num_params // dp)
         if host_is_device:
             lines[f"largest module whole ({dtype})"] = p * largest_param
@@ -275,70 +283,60 @@ def _fixes(
     return fixes
 
 
-def host_memory(
-    model: ModelConfig,
-    *,
-    num_params: int,
-    precision: Precision,
-    zero_stage: ZeroStage,
-    offload: OffloadPlacement,
-    tp: int,
-    pp: int,
-    dp: int,
-    gpus: int,
-    gpus_per_node: int,
-    ram_bytes: float,
-    ram_source: str,
-    headroom: float,
-    offloaded: dict[str, int],
-    device_total: int,
-    host_is_device: bool,
-    largest_param: int,
-    compiled: bool = False,
-) -> HostMemory:
-    """A node's host memory for this layout (see the module docstring).
-
-    `offloaded`: per rank, the offloaded terms and DeepSpeed's host buffers
-    (runner/plan/memory.py ``MemoryTerms.host``); `device_total`: per rank, every device
-    byte, which CPU ranks hold in host memory.
-    """
-    ranks = max(1, min(gpus, gpus_per_node))
-    method = build_method_for(zero_stage=zero_stage, tp=tp, pp=pp)
-    build = build_bytes(
-        model,
-        num_params=num_params,
-        method=method,
-        precision=precision,
-        dp=dp,
-        pp=pp,
-        largest_param=largest_param,
-        host_is_device=host_is_device,
-        params_offloaded=offload == OffloadPlacement.optimizer_and_params,
-        tp=tp,
-    )
+def _steady_bytes(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerms) -> dict[str, int]:
+    """Named host bytes one rank holds from DeepSpeed's engine on (see the module docstring)."""
     # CPU ranks hold every device byte in host memory; GPU ranks what they offload, CUDA's host
     # side and, under ZeRO-3 keeping its parameters on the GPU, one pass of them through the host.
-    steady = {"device total (CPU ranks)": device_total} if host_is_device else dict(offloaded)
-    if not host_is_device:
-        steady[CUDA_RUNTIME] = CUDA_RUNTIME_BYTES
-        if zero_stage == ZeroStage.zero3 and offload != OffloadPlacement.optimizer_and_params:
-            rank_params = num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
-            steady[ZERO3_DEFRAGMENT] = _weight_bytes(precision) * -(-rank_params // dp)
+    if memory.host_counts_on_device:
+        steady = {"device total (CPU ranks)": memory.total}
+    else:
+        steady = {**memory.host, CUDA_RUNTIME: CUDA_RUNTIME_BYTES}
+        if knobs.zero_stage == ZeroStage.zero3 and knobs.offload != OffloadPlacement.optimizer_and_params:
+            model, tp = workload.model, layout.tp
+            rank_params = workload.num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
+            steady[ZERO3_DEFRAGMENT] = _weight_bytes(workload.precision) * -(-rank_params // layout.dp)
     steady["torch runtime"] = TRAINING_RUNTIME_BYTES
-    if compiled:
+    if workload.compiled:
         steady[INDUCTOR_IMPORT] = INDUCTOR_IMPORT_BYTES
-    memory = HostMemory(ranks, method, steady, build, ram_bytes, ram_source, headroom)
-    if memory.fits:
-        return memory
+    return steady
+
+
+def host_memory(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerms) -> HostMemory:
+    """A node's host memory for this layout (see the module docstring).
+
+    ``memory``: the device's terms (runner/plan/memory.py), whose ``host`` lines are each
+    rank's offloaded terms and DeepSpeed's host buffers, and whose total CPU ranks hold in
+    host memory.
+    """
+    ranks = max(1, min(layout.gpus, workload.device.per_node))
+    method = build_method_for(zero_stage=knobs.zero_stage, tp=layout.tp, pp=layout.pp)
+    build = build_bytes(
+        workload.model,
+        RankBuild(
+            method=method,
+            precision=workload.precision,
+            dp=layout.dp,
+            tp=layout.tp,
+            pp=layout.pp,
+            host_is_device=memory.host_counts_on_device,
+            params_offloaded=knobs.offload == OffloadPlacement.optimizer_and_params,
+        ),
+    )
+    steady = _steady_bytes(workload, knobs, layout, memory)
+    ram = workload.device.host_memory_bytes
+    ram_bytes, headroom = float(ram.value or 0.0), workload.headroom
+    memory_per_node = HostMemory(ranks, method, steady, build, ram_bytes, ram.source, headroom)
+    if memory_per_node.fits:
+        return memory_per_node
     fixes = _fixes(
-        offload=offload,
-        phase=memory.phase,
-        peak_per_rank=memory.peak_per_rank,
+        offload=knobs.offload,
+        phase=memory_per_node.phase,
+        peak_per_rank=memory_per_node.peak_per_rank,
         ranks_per_node=ranks,
-        usable=memory.usable_bytes,
+        usable=memory_per_node.usable_bytes,
         headroom=headroom,
     )
-    return HostMemory(ranks, method, steady, build, ram_bytes, ram_source, headroom, fixes)
+    return HostMemory(ranks, method, steady, build, ram_bytes, ram.source, headroom, fixes)
 
 
 __all__ = [
@@ -353,6 +351,7 @@ __all__ = [
     "WHOLE",
     "ZERO3_DEFRAGMENT",
     "HostMemory",
+    "RankBuild",
     "build_bytes",
     "build_method_for",
     "host_memory",

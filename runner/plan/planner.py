@@ -21,12 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.config import (
-    ModelConfig,
     Offload,
     OffloadPlacement,
-    OptimizerName,
-    Precision,
-    Recompute,
     TrainConfig,
     ZeroStage,
 )
@@ -40,72 +36,14 @@ from runner.layout import (
     resolve_layout,
 )
 from runner.model.shape import num_params as count_params
-from runner.model.shape import param_numels
 from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
-from runner.plan.hardware import Device, resolve_device
+from runner.plan.hardware import resolve_device
 from runner.plan.host import HostMemory, host_memory
 from runner.plan.memory import MemoryCase, MemoryTerms, memory_terms, offload_placement
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
+from runner.plan.workload import Knobs, Workload
 
 GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What stays fixed whatever the layout: the experiment, the gpus and the device."""
-
-    model: ModelConfig
-    num_params: int
-    precision: Precision
-    optimizer: OptimizerName
-    seq_len: int
-    global_size: int
-    gpus: int
-    headroom: float
-    device: Device
-    cluster: str
-    compiled: bool = False  # train.compile: the blocks' activations as a compiled graph saves them
-    eval_every: int = 0  # train.eval_every: steps between held-out evaluations (0: none)
-    eval_batches: int = 0  # train.eval_batches: global batches an evaluation reads
-    checkpoint_every: int = 0  # train.checkpoint_every: steps between saves (0: only at a stop)
-    storage_bytes_per_s: float | None = None  # cluster.storage_gb_per_s (None: unknown)
-
-    @property
-    def usable_bytes(self) -> float:
-        """Device bytes a layout may use: headroom x device memory."""
-        return self.headroom * float(self.device.memory_bytes.value or 0.0)
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """The layout choices: what the ladder varies and a run's ``parallel``/``batch`` config sets."""
-
-    parallel: str  # the conf/parallel option: ddp, zero1, zero2, zero3 (ZeroStage's names)
-    zero_stage: ZeroStage
-    tp: int = 1
-    pp: int = 1
-    recompute: Recompute = Recompute.none
-    offload: OffloadPlacement = OffloadPlacement.none
-    micro_size: int | None = None  # None: auto
-    overlap_comm: bool = False
-    contiguous_gradients: bool = True
-    # Elements of DeepSpeed's gradient bucket (runner.engine.deepspeed_config.reduce_bucket_elements);
-    # ZeRO-3 allocates it up front.
-    reduce_bucket_size: int = 500_000_000
-
-    def describe(self) -> str:
-        """Short words for the layout: 'zero3 + full recompute + offload optimizer, tp 2'."""
-        words = [self.parallel]
-        if self.recompute != Recompute.none:
-            words.append(f"{self.recompute.value} recompute")
-        if self.offload != OffloadPlacement.none:
-            words.append(f"offload {self.offload.value}")
-        text = " + ".join(words)
-        if self.tp > 1:
-            text += f", tp {self.tp}"
-        if self.pp > 1:
-            text += f", pp {self.pp}"
-        return text
 
 
 @dataclass(frozen=True)
@@ -349,31 +287,6 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
     )
 
 
-def host_at(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerms) -> HostMemory:
-    """A node's host memory for this layout: its ranks' build and steady bytes against its RAM."""
-    ram = workload.device.host_memory_bytes
-    return host_memory(
-        workload.model,
-        num_params=workload.num_params,
-        precision=workload.precision,
-        zero_stage=knobs.zero_stage,
-        offload=knobs.offload,
-        tp=layout.tp,
-        pp=layout.pp,
-        dp=layout.dp,
-        gpus=layout.gpus,
-        gpus_per_node=workload.device.per_node,
-        ram_bytes=float(ram.value or 0.0),
-        ram_source=ram.source,
-        headroom=workload.headroom,
-        offloaded=dict(memory.host),
-        device_total=memory.total,
-        host_is_device=memory.host_counts_on_device,
-        largest_param=max(param_numels(workload.model)),  # built whole (or one module whole)
-        compiled=workload.compiled,
-    )
-
-
 def gb(num_bytes: float, digits: int = 1) -> str:
     """Bytes as decimal GB with the unit: '61.2 GB' (``digits=2``: '61.23 GB')."""
     return f"{num_bytes / GB:.{digits}f} GB"
@@ -510,47 +423,9 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
         layout = resolve_layout(**common, micro_size=micro)
         choice = fit.configured(micro)
     memory = fit.memory(layout.micro_size)
-    groups = traffic(
-        workload.model,
-        precision=workload.precision,
-        zero_stage=knobs.zero_stage,
-        recompute=knobs.recompute,
-        seq_len=workload.seq_len,
-        micro_size=layout.micro_size,
-        gpus=layout.gpus,
-        dp=layout.dp,
-        tp=layout.tp,
-        pp=layout.pp,
-        accum_steps=layout.accum_steps,
-        device=workload.device,
-    )
-    time = step_time(
-        workload.model,
-        num_params=workload.num_params,
-        recompute=knobs.recompute,
-        seq_len=workload.seq_len,
-        global_size=layout.global_size,
-        gpus=layout.gpus,
-        pp=layout.pp,
-        accum_steps=layout.accum_steps,
-        overlap_comm=knobs.overlap_comm,
-        groups=groups,
-        peak_flops=workload.device.peak_flops.value,
-    )
-    evaluation = (
-        eval_time(
-            workload.model,
-            num_params=workload.num_params,
-            recompute=knobs.recompute,
-            seq_len=workload.seq_len,
-            step=time,
-            pp=layout.pp,
-            accum_steps=layout.accum_steps,
-            batches=workload.eval_batches,
-        )
-        if workload.eval_every > 0
-        else None
-    )
+    groups = traffic(workload, knobs, layout)
+    time = step_time(workload, knobs, layout, groups)
+    evaluation = eval_time(workload, knobs, layout, time) if workload.eval_every > 0 else None
     return Plan(
         workload=workload,
         knobs=knobs,
@@ -561,7 +436,7 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
         traffic=groups,
         time=time,
         plan_only=plan_only_reasons(knobs),
-        host=host_at(workload, knobs, layout, memory),
+        host=host_memory(workload, knobs, layout, memory),
         contract_error=contract_error,
         eval_s=evaluation,
     )
@@ -615,7 +490,6 @@ __all__ = [
     "ResumePlan",
     "Workload",
     "check_knobs",
-    "host_at",
     "knobs_from_config",
     "memory_at",
     "micro_fit_for_config",

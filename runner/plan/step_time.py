@@ -34,9 +34,11 @@ from dataclasses import dataclass
 from runner.comm import allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
 from runner.config import ModelConfig, Precision, Recompute, ZeroStage
 from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_flops_per_token
+from runner.layout import Layout
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.hardware import Device
 from runner.plan.memory import layers_per_stage
+from runner.plan.workload import Knobs, Workload
 
 
 @dataclass(frozen=True)
@@ -82,54 +84,30 @@ def _link(device: Device, *, inside_node: bool) -> tuple[str, float | None]:
     return "inter-node", device.inter_node_bytes_per_s.value
 
 
-def traffic(
-    model: ModelConfig,
-    *,
-    precision: Precision,
-    zero_stage: ZeroStage,
-    recompute: Recompute,
-    seq_len: int,
-    micro_size: int,
-    gpus: int,
-    dp: int,
-    tp: int,
-    pp: int,
-    accum_steps: int,
-    device: Device,
-) -> list[Traffic]:
+def traffic(workload: Workload, knobs: Knobs, layout: Layout) -> list[Traffic]:
     """Bytes per optimizer step per device of each parallel group in use (see the module docstring)."""
-    elem = 4 if precision == Precision.fp32 else 2  # gradients and parameters travel in the compute dtype
-    local = sum(rank_param_numels(model, tp=tp, pp=pp))  # the fullest rank's, before ZeRO
-    once = zero_step_bytes(local, zero_stage=zero_stage, dp=dp, grad_bytes_per_elem=elem)
-    if zero_stage == 3:
-        dp_bytes, how = accum_steps * once, f"3 x params per micro-batch x accum {accum_steps}"
-    elif zero_stage == 2:
-        extra = (accum_steps - 1) * reduce_scatter_bytes(local * elem, dp)
-        dp_bytes, how = once + extra, f"grads reduce-scattered per micro-batch x accum {accum_steps}"
-    else:
-        dp_bytes, how = once, "gradients reduced once per step"
-    within = gpus <= device.per_node
-    where = f"{gpus} gpus {'<=' if within else '>'} {device.per_node} per node"
-    groups = [
-        Traffic("dp", dp_bytes, *_link(device, inside_node=within), f"ZeRO-{int(zero_stage)}: {how}; {where}")
-    ]
-    activation = seq_len * micro_size * model.d_model * elem  # one (s, b, h) tensor
-    if tp > 1:
-        per_layer = 6 if recompute == Recompute.full else 4  # Shoeybi et al. 2019: f, g fwd + bwd
+    model, device, accum_steps = workload.model, workload.device, layout.accum_steps
+    # Gradients and parameters travel in the compute dtype.
+    elem = 4 if workload.precision == Precision.fp32 else 2
+    within = layout.gpus <= device.per_node
+    groups = [_dp_traffic(workload, knobs, layout, elem=elem)]
+    activation = workload.seq_len * layout.micro_size * model.d_model * elem  # one (s, b, h) tensor
+    if layout.tp > 1:
+        per_layer = 6 if knobs.recompute == Recompute.full else 4  # Shoeybi et al. 2019: f, g fwd + bwd
         # The vocabulary-parallel head's input gradient and the embedding's lookup; the loss's
         # per-token all-reduces are (s, b) only.
         outside = 2
-        count = layers_per_stage(model.n_layer, pp) * per_layer + outside
+        count = layers_per_stage(model.n_layer, layout.pp) * per_layer + outside
         groups.append(
             Traffic(
                 "tp",
-                accum_steps * count * allreduce_bytes(activation, tp),
-                *_link(device, inside_node=tp <= device.per_node),
+                accum_steps * count * allreduce_bytes(activation, layout.tp),
+                *_link(device, inside_node=layout.tp <= device.per_node),
                 f"{per_layer} all-reduces of (s, b, h) per layer and micro-batch, {outside} for the "
                 "vocabulary-split head and embedding",
             )
         )
-    if pp > 1:
+    if layout.pp > 1:
         groups.append(
             Traffic(
                 "pp",
@@ -141,6 +119,27 @@ def traffic(
     return groups
 
 
+def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) -> Traffic:
+    """The data-parallel group's bytes per step: ZeRO's collectives over the fullest rank's parameters."""
+    stage, dp, accum_steps = knobs.zero_stage, layout.dp, layout.accum_steps
+    local = sum(
+        rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
+    )  # the fullest rank's, before ZeRO
+    once = zero_step_bytes(local, zero_stage=stage, dp=dp, grad_bytes_per_elem=elem)
+    if stage == ZeroStage.zero3:
+        dp_bytes, how = accum_steps * once, f"3 x params per micro-batch x accum {accum_steps}"
+    elif stage == ZeroStage.zero2:
+        extra = (accum_steps - 1) * reduce_scatter_bytes(local * elem, dp)
+        dp_bytes, how = once + extra, f"grads reduce-scattered per micro-batch x accum {accum_steps}"
+    else:
+        dp_bytes, how = once, "gradients reduced once per step"
+    per_node = workload.device.per_node
+    within = layout.gpus <= per_node
+    where = f"{layout.gpus} gpus {'<=' if within else '>'} {per_node} per node"
+    link = _link(workload.device, inside_node=within)
+    return Traffic("dp", dp_bytes, *link, f"ZeRO-{int(stage)}: {how}; {where}")
+
+
 def model_flops_per_token(model: ModelConfig, *, num_params: int, seq_len: int) -> float:
     """Model FLOPs per token, 6N + 12*L*h*s (PaLM appendix B; N without an untied input embedding)."""
     n = non_embedding_params(
@@ -149,29 +148,33 @@ def model_flops_per_token(model: ModelConfig, *, num_params: int, seq_len: int) 
     return flops_per_token(num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len)
 
 
-def step_time(
-    model: ModelConfig,
-    *,
-    num_params: int,
-    recompute: Recompute,
-    seq_len: int,
-    global_size: int,
-    gpus: int,
-    pp: int,
-    accum_steps: int,
-    overlap_comm: bool,
-    groups: list[Traffic],
-    peak_flops: float | None,
-) -> StepTime:
-    """Predicted step time and MFU: compute at peak + pipeline bubble + exposed communication."""
-    tokens = global_size * seq_len
-    model_fpt = model_flops_per_token(model, num_params=num_params, seq_len=seq_len)
+def _recomputed_flops_per_token(workload: Workload, recompute: Recompute) -> float:
+    """Forward FLOPs per token that recompute redoes in backward (runner.flops.recompute_flops_per_token)."""
+    model = workload.model
     n = non_embedding_params(
-        num_params, vocab_size=model.vocab_size, d_model=model.d_model, tie_embeddings=model.tie_embeddings
+        workload.num_params,
+        vocab_size=model.vocab_size,
+        d_model=model.d_model,
+        tie_embeddings=model.tie_embeddings,
     )
-    redo = recompute_flops_per_token(
-        num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len, recompute=recompute
+    return recompute_flops_per_token(
+        num_params=n,
+        n_layers=model.n_layer,
+        d_model=model.d_model,
+        seq_len=workload.seq_len,
+        recompute=recompute,
     )
+
+
+def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Traffic]) -> StepTime:
+    """Predicted step time and MFU: compute at peak + pipeline bubble + exposed communication."""
+    gpus, pp, accum_steps = layout.gpus, layout.pp, layout.accum_steps
+    overlap_comm, peak_flops = knobs.overlap_comm, workload.device.peak_flops.value
+    tokens = layout.global_size * workload.seq_len
+    model_fpt = model_flops_per_token(
+        workload.model, num_params=workload.num_params, seq_len=workload.seq_len
+    )
+    redo = _recomputed_flops_per_token(workload, knobs.recompute)
     seconds = {g.group: g.seconds for g in groups}
     comm: float | None = None
     if all(s is not None for s in seconds.values()):
@@ -198,22 +201,10 @@ def step_time(
     return StepTime(compute, bubble, exposed, step, utilisation, tokens / step)
 
 
-__all__ = ["StepTime", "Traffic", "model_flops_per_token", "step_time", "traffic"]
-
-
-def eval_time(
-    model: ModelConfig,
-    *,
-    num_params: int,
-    recompute: Recompute,
-    seq_len: int,
-    step: StepTime,
-    pp: int,
-    accum_steps: int,
-    batches: int,
-) -> float | None:
-    """Predicted seconds of one held-out evaluation (runner/train/evaluation.py): ``batches`` global batches,
-    forward only, at peak, with a pipeline's inference bubble; None where the step's compute is unknown.
+def eval_time(workload: Workload, knobs: Knobs, layout: Layout, step: StepTime) -> float | None:
+    """Predicted seconds of one held-out evaluation (runner/train/evaluation.py): train.eval_batches
+    global batches, forward only, at peak, with a pipeline's inference bubble; None where the
+    step's compute is unknown.
 
     A forward pass is one third of a step's model FLOPs (2N of 6N per token: Kaplan et al. 2020,
     Sec. 2.1) and recomputes nothing, so it takes compute x (model/3) / (model + recomputed) of the
@@ -221,12 +212,12 @@ def eval_time(
     """
     if step.compute_s is None:
         return None
-    model_fpt = model_flops_per_token(model, num_params=num_params, seq_len=seq_len)
-    n = non_embedding_params(
-        num_params, vocab_size=model.vocab_size, d_model=model.d_model, tie_embeddings=model.tie_embeddings
+    model_fpt = model_flops_per_token(
+        workload.model, num_params=workload.num_params, seq_len=workload.seq_len
     )
-    redo = recompute_flops_per_token(
-        num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len, recompute=recompute
-    )
+    redo = _recomputed_flops_per_token(workload, knobs.recompute)
     forward = step.compute_s * (model_fpt / 3) / (model_fpt + redo)
-    return batches * forward * (1 + (pp - 1) / accum_steps)
+    return workload.eval_batches * forward * (1 + (layout.pp - 1) / layout.accum_steps)
+
+
+__all__ = ["StepTime", "Traffic", "eval_time", "model_flops_per_token", "step_time", "traffic"]

@@ -16,7 +16,7 @@ from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
 from runner.plan.hardware import Figure
 from runner.plan.ladder import Ladder
-from runner.plan.memory import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
+from runner.plan.memory import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT, MemoryTerms
 from runner.plan.planner import GB, Plan, ResumePlan, gb
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout
 
@@ -131,9 +131,22 @@ def _host_lines(plan: Plan) -> list[str]:
 
 def format_plan(plan: Plan) -> str:
     """One layout's table: layout, device, memory terms against the usable memory, traffic, time."""
-    w, k, lay, m, t = plan.workload, plan.knobs, plan.layout, plan.memory, plan.time
-    dev = w.device
-    memory_bytes = float(dev.memory_bytes.value or 0.0)
+    lines = [
+        *_layout_lines(plan),
+        *_device_lines(plan),
+        *_memory_lines(plan),
+        *_fit_lines(plan),
+        *_host_lines(plan),
+        *_traffic_lines(plan),
+        *_time_lines(plan),
+        *_checkpoint_lines(plan),
+    ]
+    return "\n".join(lines)
+
+
+def _layout_lines(plan: Plan) -> list[str]:
+    """The plan's head: model, knobs and run; the layout's arithmetic and how the micro-batch was chosen."""
+    w, k, lay = plan.workload, plan.knobs, plan.layout
     lines = [
         f"plan: {w.model.name} ({w.num_params:,} params, counted analytically), {k.describe()}, "
         f"{w.precision.value} {w.optimizer.value}, seq {w.seq_len}, gpus {w.gpus} on cluster {w.cluster}"
@@ -147,13 +160,28 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"    {plan.contract_error}")
         lines.append(f"    planned instead at global {lay.global_size}: this layout cannot run as configured")
     lines.append(f"  {plan.micro_choice}")
-    lines += [
+    return lines
+
+
+def _device_lines(plan: Plan) -> list[str]:
+    """The device's figures, each with its source."""
+    w = plan.workload
+    dev = w.device
+    memory_bytes = float(dev.memory_bytes.value or 0.0)
+    return [
         f"device     memory {memory_bytes / GB:.1f} GB = {memory_bytes / GiB:.1f} GiB"
         f"  [{dev.memory_bytes.source}]",
         f"           peak ({w.precision.value}, dense) {_figure(dev.peak_flops, 1e12, 'TFLOP/s')}",
         f"           {dev.per_node} gpus per node  [{dev.gpus_per_node.source}]",
         f"           links: intra-node {_figure(dev.intra_node_bytes_per_s, GB, 'GB/s')}; "
         f"inter-node {_figure(dev.inter_node_bytes_per_s, GB, 'GB/s')}",
+    ]
+
+
+def _memory_lines(plan: Plan) -> list[str]:
+    """The memory terms per device, DeepSpeed's residuals, the host lines, and the total."""
+    k, lay, m = plan.knobs, plan.layout, plan.memory
+    lines = [
         f"memory per device{'':<{_W - 17}}{'GB':>10} {'GiB':>10}",
         _row("params", m.params),
         _row("grads", m.grads),
@@ -165,25 +193,7 @@ def format_plan(plan: Plan) -> str:
             + (f"; {m.activation_note}" if m.activation_note else ""),
         ),
     ]
-    if m.residuals:
-        lines += [
-            _row(f"residual: {name}", size, _RESIDUAL_SOURCES.get(name, "runner.memory.deepspeed_residuals"))
-            for name, size in m.residuals.items()
-        ]
-    else:
-        lines.append(
-            f"  {'residuals':<{_W}}{'none':>10} {'':>10}  runner.memory.deepspeed_residuals: none measured"
-        )
-    if m.host:
-        where = "counted on the device: the CPU is the device" if m.host_counts_on_device else "host RAM"
-        lines += [
-            _row(
-                f"offloaded {name} (per rank)" if name in _OFFLOADED_TERMS else f"host buffer: {name}",
-                size,
-                where,
-            )
-            for name, size in m.host.items()
-        ]
+    lines += _residual_lines(m)
     if m.grads_after_peak:
         why = "one micro-batch a step (runner.plan.memory.grads_after_activation_peak)"
         if m.activation_note:  # a pipeline's first stage
@@ -196,7 +206,37 @@ def format_plan(plan: Plan) -> str:
         lines.append(_row("in the optimizer step", m.step, why))
     if m.build:
         lines.append(_row("building: zero.Init 1/dp + a weight", m.build, "before AutoTP cuts the shards"))
-    lines.append(_row(f"usable (headroom {w.headroom:g})", w.usable_bytes))
+    return lines
+
+
+def _residual_lines(m: MemoryTerms) -> list[str]:
+    """DeepSpeed's named residuals, each with the function that counts it, then the host lines."""
+    if m.residuals:
+        lines = [
+            _row(f"residual: {name}", size, _RESIDUAL_SOURCES.get(name, "runner.memory.deepspeed_residuals"))
+            for name, size in m.residuals.items()
+        ]
+    else:
+        lines = [
+            f"  {'residuals':<{_W}}{'none':>10} {'':>10}  runner.memory.deepspeed_residuals: none measured"
+        ]
+    where = "counted on the device: the CPU is the device" if m.host_counts_on_device else "host RAM"
+    lines += [
+        _row(
+            f"offloaded {name} (per rank)" if name in _OFFLOADED_TERMS else f"host buffer: {name}",
+            size,
+            where,
+        )
+        for name, size in m.host.items()
+    ]
+    return lines
+
+
+def _fit_lines(plan: Plan) -> list[str]:
+    """The usable memory, the verdict with its margin, and the model states against ZeRO's formula."""
+    w, m = plan.workload, plan.memory
+    memory_bytes = float(w.device.memory_bytes.value or 0.0)
+    lines = [_row(f"usable (headroom {w.headroom:g})", w.usable_bytes)]
     margin = w.usable_bytes - m.peak
     if plan.fits:
         lines.append(
@@ -211,34 +251,24 @@ def format_plan(plan: Plan) -> str:
     nominal = _nominal_states(plan)
     if nominal:
         lines.append(f"    {nominal}")
-    lines += _host_lines(plan)
-    lines.append("communication per step per device (ring; bytes sent = bytes received)")
+    return lines
+
+
+def _traffic_lines(plan: Plan) -> list[str]:
+    """Each parallel group's bytes per step, its link and its time at full bandwidth."""
+    lines = ["communication per step per device (ring; bytes sent = bytes received)"]
     for g in plan.traffic:
         bw = "unknown bandwidth: no time predicted" if g.seconds is None else f"{g.seconds:.3g} s"
         speed = "" if g.bandwidth is None else f" at {g.bandwidth / GB:g} GB/s"
         lines.append(f"  {g.group:<4}{g.bytes / GB:>10.2f} GB  {g.link}{speed}: {bw}  ({g.detail})")
-    lines.append("time per step (predicted: compute at peak, links at full bandwidth; a bound on MFU)")
-    if t.compute_s is None:
-        lines.append("  not predicted: the peak FLOP/s is unknown (set cluster.peak_tflops)")
-    else:
-        overlap = (
-            "overlapped with compute" if k.overlap_comm else "not overlapped (parallel.overlap_comm=false)"
-        )
-        comm = "unknown" if t.comm_s is None else f"{t.comm_s:.3g} s"
-        lines.append(
-            f"  compute {t.compute_s:.3g} s + pipeline bubble {t.bubble_s or 0:.3g} s"
-            f" ((pp-1)/accum = {lay.pp - 1}/{lay.accum_steps}) + comm {comm}, dp {overlap}"
-        )
-        assert t.step_s is not None and t.mfu is not None and t.tokens_per_s is not None
-        if t.complete:
-            lines.append(
-                f"  step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%, {t.tokens_per_s:,.0f} tokens/s"
-                + ("" if plan.fits and plan.host.fits else "  (hypothetical: it does not fit)")
-            )
-        else:
-            lines.append(
-                f"  step >= {t.step_s:.3g} s, MFU <= {100 * t.mfu:.1f}% (communication time unknown)"
-            )
+    return lines
+
+
+def _time_lines(plan: Plan) -> list[str]:
+    """The predicted step (compute, bubble, exposed communication), evaluations, and what is not timed."""
+    w, k = plan.workload, plan.knobs
+    lines = ["time per step (predicted: compute at peak, links at full bandwidth; a bound on MFU)"]
+    lines += _step_lines(plan)
     if plan.eval_s is not None and plan.eval_share is not None:
         lines.append(
             f"  held-out evaluation every {w.eval_every} steps: {w.eval_batches} global batches forward "
@@ -249,8 +279,39 @@ def format_plan(plan: Plan) -> str:
             "  not in this time: offload's host<->device copies and the CPU optimizer step "
             "(no PCIe or host figures in the cluster config)"
         )
-    for reason in plan.plan_only:
-        lines.append(f"  plan only: {reason}")
+    lines += [f"  plan only: {reason}" for reason in plan.plan_only]
+    return lines
+
+
+def _step_lines(plan: Plan) -> list[str]:
+    """The step's parts and its time, MFU and tokens/s (a bound where communication is unknown)."""
+    t, lay = plan.time, plan.layout
+    if t.compute_s is None:
+        return ["  not predicted: the peak FLOP/s is unknown (set cluster.peak_tflops)"]
+    overlap = (
+        "overlapped with compute"
+        if plan.knobs.overlap_comm
+        else "not overlapped (parallel.overlap_comm=false)"
+    )
+    comm = "unknown" if t.comm_s is None else f"{t.comm_s:.3g} s"
+    lines = [
+        f"  compute {t.compute_s:.3g} s + pipeline bubble {t.bubble_s or 0:.3g} s"
+        f" ((pp-1)/accum = {lay.pp - 1}/{lay.accum_steps}) + comm {comm}, dp {overlap}"
+    ]
+    assert t.step_s is not None and t.mfu is not None and t.tokens_per_s is not None
+    if t.complete:
+        lines.append(
+            f"  step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%, {t.tokens_per_s:,.0f} tokens/s"
+            + ("" if plan.fits and plan.host.fits else "  (hypothetical: it does not fit)")
+        )
+    else:
+        lines.append(f"  step >= {t.step_s:.3g} s, MFU <= {100 * t.mfu:.1f}% (communication time unknown)")
+    return lines
+
+
+def _checkpoint_lines(plan: Plan) -> list[str]:
+    """One checkpoint's bytes on disk, per parameter, and its save time."""
+    w, k, lay = plan.workload, plan.knobs, plan.layout
     weight, state = saved_bytes_per_param(w.precision, w.optimizer, k.zero_stage, pp=lay.pp)
     copies = []
     if lay.tp > 1:
@@ -259,13 +320,12 @@ def format_plan(plan: Plan) -> str:
         copies.append("the tied embedding's state on both ends of the pipeline")
     saved = f"{weight} B of {w.precision.value} weights + " if weight else ""
     extra = f"; beyond it, {' and '.join(copies)}" if copies else ""
-    lines += [
+    return [
         "checkpoint on disk (every rank's files; runner/plan/checkpoint_size.py)",
         f"  one checkpoint {plan.checkpoint_bytes / GB:.2f} GB = {saved}{state} B of fp32 optimizer state "
         f"per parameter{extra}",
         _save_time_line(plan),
     ]
-    return "\n".join(lines)
 
 
 def _save_time_line(plan: Plan) -> str:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from train_helpers import compose_config
 
 from launchers.prelaunch import choose_layout_explained
-from runner.config import ModelConfig, TrainConfig
+from runner.config import ModelConfig, Precision, TrainConfig
 from runner.layout import resolve_layout
 from runner.model.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, SHARD, WHOLE, build_method_for
 from runner.model.transformer import num_params
@@ -23,6 +24,7 @@ from runner.plan.host import (
     TORCH_RUNTIME_BYTES,
     TRAINING_RUNTIME_BYTES,
     ZERO3_DEFRAGMENT,
+    RankBuild,
     build_bytes,
 )
 from runner.plan.job import plan_job, read_plan
@@ -73,26 +75,26 @@ def test_the_build_formulas_match_the_measured_builds_of_a_51m_model_on_2_cpu_ra
     model = ModelConfig(d_model=512, n_layer=16, n_head=8, ffn_hidden=1376)
     p = num_params(model)
     largest = 512 * 1376  # w1, w2, w3: larger than the 256 x 512 embedding
-    common = dict(num_params=p, precision="fp32", dp=2, largest_param=largest, host_is_device=True)
-    whole = build_bytes(model, method=WHOLE, pp=1, params_offloaded=False, **common)
+    common: dict[str, Any] = dict(precision=Precision.fp32, dp=2, host_is_device=True)
+    whole = build_bytes(model, RankBuild(method=WHOLE, **common))
     assert whole == {
         "whole model in fp32": 4 * p,
         DRAWING: 4 * largest,
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
-    partitioned = build_bytes(model, method=PARTITIONED, pp=1, params_offloaded=False, **common)
+    partitioned = build_bytes(model, RankBuild(method=PARTITIONED, **common))
     assert partitioned == {
         "partitions (fp32, 1/2)": 4 * math.ceil(p / 2),
         "largest module whole (fp32)": 4 * largest,
         DRAWING: 4 * largest // 2,
         "torch runtime": TORCH_RUNTIME_BYTES,
     }
-    stage = build_bytes(model, method=BY_STAGE, pp=2, params_offloaded=False, **common)
+    stage = build_bytes(model, RankBuild(method=BY_STAGE, pp=2, **common))
     # The last stage: 8 of 16 blocks, the final norm and the tied output head (V x h).
     assert stage["largest stage of 2, in fp32"] == 4 * ((p - 512 * 256 - 512) // 2 + 512 + 512 * 256)
     # With tp 2 the stage is cut before it is allocated: its rank's shard only (each block
     # matrix and the vocabulary halved, the norms whole).
-    cut = build_bytes(model, method=BY_STAGE, pp=2, tp=2, params_offloaded=False, **common)
+    cut = build_bytes(model, RankBuild(method=BY_STAGE, pp=2, tp=2, **common))
     shard = cut["largest stage of 2, 1/2 of it, in fp32"]
     assert shard == 4 * sum(rank_param_numels(model, tp=2, pp=2))
     assert 0.5 < shard / stage["largest stage of 2, in fp32"] < 0.51
@@ -106,7 +108,7 @@ def test_the_build_formulas_match_the_measured_builds_of_a_51m_model_on_2_cpu_ra
 
 def shard_build(model: ModelConfig, common: dict) -> dict[str, int]:
     """The host lines of a tp 2 shard built on 2 CPU ranks (2 ranks: dp 1)."""
-    return build_bytes(model, method=SHARD, pp=1, tp=2, params_offloaded=False, **{**common, "dp": 1})
+    return build_bytes(model, RankBuild(method=SHARD, tp=2, **{**common, "dp": 1}))
 
 
 def test_zero2_builds_on_the_gpu_and_the_host_draws_one_parameter_at_a_time():
