@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,13 +36,13 @@ class ClusterStartError(RuntimeError):
     """The cluster did not come up; the message carries the daemons' last log lines."""
 
 
-def _which(name: str) -> str | None:
+def which(name: str) -> str | None:
     """A program on PATH, or in /usr/sbin and /sbin where Debian puts daemons (not on every PATH)."""
     return shutil.which(name) or shutil.which(name, path=os.pathsep.join(("/usr/sbin", "/sbin")))
 
 
-def _program(name: str) -> str:
-    path = _which(name)
+def program(name: str) -> str:
+    path = which(name)
     if path is None:
         raise ClusterStartError(f"{name} not found")
     return path
@@ -50,7 +50,7 @@ def _program(name: str) -> str:
 
 def cannot_start_reason() -> str | None:
     """Why a cluster cannot be started on this machine, or None when it can be tried."""
-    missing = [name for name in (*DAEMONS, *CLIENTS) if _which(name) is None]
+    missing = [name for name in (*DAEMONS, *CLIENTS) if which(name) is None]
     if missing:
         return f"SLURM/munge programs not found: {', '.join(missing)} (apt-get install slurm-wlm munge)"
     if os.geteuid() != 0:
@@ -65,26 +65,50 @@ def _free_port() -> int:
         return port
 
 
-def _node_line(host: str) -> str:
-    """This host's node line as ``slurmd -C`` reports it, with RealMemory under what is free."""
-    out = subprocess.run([_program("slurmd"), "-C"], capture_output=True, text=True, check=True).stdout
+def node_line(
+    name: str,
+    *,
+    addr: str = "127.0.0.1",
+    hostname: str | None = None,
+    memory_share: float = 1.0,
+    gres: str | None = None,
+) -> str:
+    """A node line with this host's shape as ``slurmd -C`` reports it, and RealMemory under what is
+    free (``memory_share`` of it: nodes that share one host's memory each get their part)."""
+    out = subprocess.run([program("slurmd"), "-C"], capture_output=True, text=True, check=True).stdout
     fields = dict(item.split("=", 1) for item in out.split("\n", 1)[0].split() if "=" in item)
     available_mb = int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20)
-    memory = min(int(fields.get("RealMemory", available_mb)), available_mb) * 8 // 10
+    memory = int(min(int(fields.get("RealMemory", available_mb)), available_mb) * 8 // 10 * memory_share)
     shape = " ".join(
         f"{key}={fields[key]}"
         for key in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
         if key in fields
     )
-    return f"NodeName={host} NodeAddr=127.0.0.1 {shape} RealMemory={memory} State=UNKNOWN"
+    where = f"NodeAddr={addr}" + (f" NodeHostname={hostname}" if hostname else "")
+    extra = f" Gres={gres}" if gres else ""
+    return f"NodeName={name} {where} {shape} RealMemory={memory}{extra} State=UNKNOWN"
 
 
-def slurm_conf(root: Path, *, host: str, ctld_port: int, slurmd_port: int, first_job_id: int) -> str:
-    """slurm.conf for one node, every path under ``root`` (see slurm.conf(5))."""
+def slurm_conf(
+    root: Path,
+    *,
+    host: str,
+    ctld_port: int,
+    slurmd_port: int,
+    first_job_id: int,
+    ctld_addr: str = "127.0.0.1",
+    nodes: Sequence[str] | None = None,
+    partition_nodes: str | None = None,
+    per_node: bool = False,
+    extra: Sequence[str] = (),
+) -> str:
+    """slurm.conf, every path under ``root`` (see slurm.conf(5)): one node ``host`` on 127.0.0.1
+    by default; ``nodes`` (node lines) and ``partition_nodes`` for more, ``per_node`` to give each
+    node's slurmd its own pid, log and spool; ``extra`` lines go before the nodes."""
     return "\n".join(
         [
             "ClusterName=ladder",  # slurmctld is fatal without one
-            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldHost={host}({ctld_addr})",
             f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={slurmd_port}",
             "SlurmUser=root",  # the tests run as root; no slurm user is needed
@@ -94,11 +118,12 @@ def slurm_conf(root: Path, *, host: str, ctld_port: int, slurmd_port: int, first
             # SLURM's default of 120 s would dominate the requeue test.
             f"AuthInfo=socket={root / 'munge' / 'munge.socket'},cred_expire=5",
             f"StateSaveLocation={root / 'state'}",
-            f"SlurmdSpoolDir={root / 'spool'}",
+            # %n: the node's name, so that several slurmd on one host keep their own files.
+            f"SlurmdSpoolDir={(root / 'spool' / '%n') if per_node else (root / 'spool')}",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-            f"SlurmdPidFile={root / 'slurmd.pid'}",
+            f"SlurmdPidFile={root / ('slurmd-%n.pid' if per_node else 'slurmd.pid')}",
             f"SlurmctldLogFile={root / 'slurmctld.log'}",
-            f"SlurmdLogFile={root / 'slurmd.log'}",
+            f"SlurmdLogFile={root / ('slurmd-%n.log' if per_node else 'slurmd.log')}",
             f"PlugStackConfig={root / 'plugstack.conf'}",  # empty: no SPANK plugins from /etc
             # No systemd or cgroups here: the cgroup defaults fail every task launch.
             "ProctrackType=proctrack/linuxproc",
@@ -116,17 +141,23 @@ def slurm_conf(root: Path, *, host: str, ctld_port: int, slurmd_port: int, first
             "SchedulerParameters=batch_sched_delay=0,sched_interval=1",
             "MinJobAge=3600",  # squeue (and the sacct stand-in) keep finished jobs an hour
             "ReturnToService=2",  # the node is usable as soon as slurmd registers
-            # A fresh state directory restarts ids at 1; from the clock, a reused folder
-            # with %j in it never meets an old job's files (MaxJobId is 67043328).
-            f"FirstJobId={first_job_id}",
-            _node_line(host),
-            f"PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+            f"FirstJobId={first_job_id}",  # from the clock: see clock_job_id()
+            *extra,
+            *(nodes if nodes is not None else [node_line(host)]),
+            f"PartitionName={PARTITION} Nodes={partition_nodes or host} Default=YES MaxTime=INFINITE "
+            "State=UP",
             "",
         ]
     )
 
 
-def _alive(pid: int) -> bool:
+def clock_job_id() -> int:
+    """Job ids from the clock: a fresh state directory would restart them at 1, and a reused
+    folder with %j in it would meet an old job's files (MaxJobId is 67043328)."""
+    return 1000 + int(time.time()) % 60_000_000
+
+
+def alive(pid: int) -> bool:
     """True while ``pid`` runs: a stopped daemon lingers as a zombie, so read its state."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -189,8 +220,8 @@ class SlurmCluster:
     def logs(self, lines: int = 15) -> str:
         """The last lines of each daemon's log, for a failure message."""
         parts = []
-        for name in ("munged.log", "slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
-            path = self.root / name
+        names = ("munged.log", "slurmctld.log", "slurmd*.log", "slurmctld.out", "slurmd*.out")
+        for path in (path for name in names for path in sorted(self.root.glob(name))):
             if path.exists():
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
                 parts.append(f"--- {path}\n" + "\n".join(tail))
@@ -226,30 +257,21 @@ class SlurmCluster:
 
         self._wait(f"probe job {job}", finished, timeout)
 
-    def start(self, timeout: float = 60) -> None:
-        """Write the configuration, start munged, slurmctld, slurmd; return once a job has run."""
+    def _start_munge(self, timeout: float) -> None:
+        """Make the directories and munge's key, start munged and wait for its socket."""
         for sub in ("munge", "state", "spool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         # munged refuses a socket whose directory path is not o+x all the way up.
         os.chmod(self.root, 0o755)
         os.chmod(self.root / "munge", 0o755)
         (self.root / "plugstack.conf").write_text("")
-        self.conf.write_text(
-            slurm_conf(
-                self.root,
-                host=self.host,
-                ctld_port=_free_port(),
-                slurmd_port=_free_port(),
-                first_job_id=1000 + int(time.time()) % 60_000_000,
-            )
-        )
         key = self.root / "munge" / "munge.key"
-        subprocess.run([_program("mungekey"), "-c", "-f", "-k", str(key)], check=True, capture_output=True)
+        subprocess.run([program("mungekey"), "-c", "-f", "-k", str(key)], check=True, capture_output=True)
         munge = self.root / "munge"
         self._start(
             "munged",
             [
-                _program("munged"),
+                program("munged"),
                 "-F",
                 f"--key-file={key}",
                 f"--pid-file={munge / 'munged.pid'}",
@@ -261,12 +283,25 @@ class SlurmCluster:
             self.root / "munged.out",
         )
         self._wait("munge socket", (munge / "munge.socket").exists, timeout)
+
+    def start(self, timeout: float = 60) -> None:
+        """Write the configuration, start munged, slurmctld, slurmd; return once a job has run."""
+        self._start_munge(timeout)
+        self.conf.write_text(
+            slurm_conf(
+                self.root,
+                host=self.host,
+                ctld_port=_free_port(),
+                slurmd_port=_free_port(),
+                first_job_id=clock_job_id(),
+            )
+        )
         self._start(
-            "slurmctld", [_program("slurmctld"), "-D", "-f", str(self.conf)], self.root / "slurmctld.out"
+            "slurmctld", [program("slurmctld"), "-D", "-f", str(self.conf)], self.root / "slurmctld.out"
         )
         self._start(
             "slurmd",
-            [_program("slurmd"), "-D", "-f", str(self.conf), "-N", self.host],
+            [program("slurmd"), "-D", "-f", str(self.conf), "-N", self.host],
             self.root / "slurmd.out",
         )
         self._wait("node idle", self._node_idle, timeout)
@@ -274,7 +309,8 @@ class SlurmCluster:
 
     def stop(self, timeout: float = 20) -> None:
         """Cancel this cluster's jobs, then stop the daemons it started (by pid, newest first)."""
-        if self.procs and all(proc.poll() is None for proc in self.procs.values()):
+        running = [proc.poll() is None for proc in self.procs.values()]
+        if "slurmctld" in self.procs and all(running):
             # Cancel before slurmd goes, or job steps are left running behind it.
             active = self.active_job_ids()
             if active:
@@ -290,7 +326,7 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            if _alive(proc.pid):
+            if alive(proc.pid):
                 raise RuntimeError(f"{name} (pid {proc.pid}) still runs after SIGKILL")
         self.procs.clear()
         if self.owns_root:
