@@ -2,17 +2,28 @@
 
 torchrun and ``deepspeed`` export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 MASTER_PORT. SLURM exports SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and the node
-list; the master is the first node of the job and its port is derived from the job id,
-so every task of a job agrees on it without talking.
+list; the master is the first node of the job (or MASTER_ADDR, where the job's environment
+sets it) and its port is derived from the job id, so every task of a job agrees on it
+without talking.
+
+Before a rank joins the group, :func:`rendezvous_problems` checks what makes ranks on
+several nodes wait for each other until the group's timeout instead of failing: a
+MASTER_ADDR that does not resolve on this node, or one that resolves to this node's own
+loopback; under gloo, a host name that would make gloo listen where no other node reaches
+(docs/multi-node.md).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
 import subprocess
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+
+import psutil
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,12 @@ class DistributedEnv:
     master_addr: str
     master_port: int
     source: str  # "torchrun", "slurm" or "local"
+    master_from: str = "MASTER_ADDR"  # where master_addr came from, for messages
+
+    @property
+    def spans_nodes(self) -> bool:
+        """Whether the job's ranks run on more than one node (this node holds fewer than all)."""
+        return self.world_size > self.local_world_size
 
     def exports(self) -> dict[str, str]:
         """The variables torch.distributed's env:// rendezvous reads."""
@@ -98,16 +115,136 @@ def from_environment(environ: Mapping[str, str]) -> DistributedEnv | None:
         world = int(environ["SLURM_NTASKS"])
         nodes = int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1")))
         job_id = environ.get("SLURM_JOB_ID", "0")
+        nodelist = environ.get("SLURM_JOB_NODELIST", "127.0.0.1")
+        # MASTER_ADDR set in the job's environment (sbatch passes the submitter's on) wins, as
+        # under Lightning's SLURMEnvironment: a site whose node names are not the names of the
+        # network the ranks should meet on says so there.
+        given = environ.get("MASTER_ADDR")
         return DistributedEnv(
             rank=int(environ["SLURM_PROCID"]),
             world_size=world,
             local_rank=int(environ.get("SLURM_LOCALID", "0")),
             local_world_size=world // max(1, nodes),
-            master_addr=first_host(environ.get("SLURM_JOB_NODELIST", "127.0.0.1")),
+            master_addr=given or first_host(nodelist),
             master_port=slurm_port(job_id, restarts=int(environ.get("SLURM_RESTART_COUNT") or 0)),
             source="slurm",
+            master_from="MASTER_ADDR" if given else f"the first node of SLURM_JOB_NODELIST={nodelist}",
         )
     return None
+
+
+class RendezvousError(RuntimeError):
+    """Ranks on several nodes could not meet; the message names the host, this node and the fix."""
+
+
+def this_node(environ: Mapping[str, str]) -> str:
+    """This node's name as SLURM knows it (SLURMD_NODENAME), else its host name."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def resolve(host: str) -> tuple[list[str], str | None]:
+    """The addresses ``host`` resolves to on this node (getaddrinfo, any family), or the
+    resolver's words for why there are none."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        return [], getattr(error, "strerror", None) or str(error)
+    return list(dict.fromkeys(str(info[4][0]) for info in found)), None
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8 or ::1 (an IPv6 address may carry a %scope)."""
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def gloo_listen_address(hostname: str) -> str | None:
+    """The address gloo listens on when GLOO_SOCKET_IFNAME is unset, or None: the first of
+    ``hostname``'s addresses a socket can bind. So torch's ProcessGroupGloo picks it
+    (``createDefaultDevice``: the host name, if it "resolves to a usable address"; else
+    the loopback address), and so does gloo (transport/tcp/device.cc, ``lookupAddrForHostname``)."""
+    try:
+        found = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return None
+    for family, kind, proto, _, address in found:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(address)
+        except OSError:
+            continue
+        return str(address[0])
+    return None
+
+
+def interfaces() -> str:
+    """This node's network interfaces and their addresses, for a message: ``eth0 10.0.0.2, lo 127.0.0.1``."""
+    named = []
+    for name, addresses in sorted(psutil.net_if_addrs().items()):
+        ips = [a.address for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)]
+        named.append(f"{name} {' '.join(ips[:2])}".strip())
+    return ", ".join(named) or "none"
+
+
+def _master_problems(env: DistributedEnv, here: str, host_name: str) -> list[str]:
+    """MASTER_ADDR does not resolve here, or (on a node other than its own) names a loopback address."""
+    host = env.master_addr
+    where = f"on {here} (rank {env.rank})"
+    addresses, why = resolve(host)
+    if why is not None:
+        return [
+            f"MASTER_ADDR {host} ({env.master_from}) does not resolve {where}: {why}. Every rank meets "
+            f"the others at {host}:{env.master_port}; this one cannot find it. Make {host} resolve on every "
+            f"node (DNS, or /etc/hosts), or export MASTER_ADDR=<its IP address> before submitting "
+            f"(`getent ahostsv4 {host}` on that node prints it; give an IPv4 address where the nodes' "
+            f"network has no IPv6). Interfaces {where}: {interfaces()}"
+        ]
+    ours = host.split(".", 1)[0] in (here.split(".", 1)[0], host_name.split(".", 1)[0])
+    if env.spans_nodes and not ours and all(is_loopback(a) for a in addresses):
+        return [
+            f"MASTER_ADDR {host} ({env.master_from}) is {', '.join(addresses)} {where}, a loopback "
+            f"address, but the job's {env.world_size} ranks span several nodes: this rank would wait for a "
+            f"rendezvous on its own node. Set MASTER_ADDR to the name or address of rank 0's node on a "
+            f"network every node reaches (unset it under SLURM: the job's first node is taken)"
+        ]
+    return []
+
+
+def _gloo_problems(env: DistributedEnv, here: str, host_name: str, environ: Mapping[str, str]) -> list[str]:
+    """Under gloo across nodes: the interface GLOO_SOCKET_IFNAME names is missing, or, without it,
+    this host's name makes gloo listen where other nodes cannot reach it."""
+    where = f"on {here} (rank {env.rank})"
+    named = [name.strip() for name in environ.get("GLOO_SOCKET_IFNAME", "").split(",") if name.strip()]
+    if named:
+        missing = [name for name in named if name not in dict(socket.if_nameindex()).values()]
+        if missing:
+            return [
+                f"GLOO_SOCKET_IFNAME={environ['GLOO_SOCKET_IFNAME']}: no interface {', '.join(missing)} "
+                f"{where}; name one that reaches the other nodes. Interfaces {where}: {interfaces()}"
+            ]
+        return []
+    listen = gloo_listen_address(host_name)
+    if listen is not None and not is_loopback(listen):
+        return []
+    said = "does not resolve to an address of this node" if listen is None else f"resolves to {listen}"
+    return [
+        f"this host's name {host_name} {said} {where}, so gloo would listen on a loopback address, "
+        f"which ranks on the job's other nodes cannot reach (they would wait for it until the "
+        f"process group's timeout). Set GLOO_SOCKET_IFNAME to the interface the nodes share, or make "
+        f"{host_name} resolve to that interface's address. Interfaces {where}: {interfaces()}"
+    ]
+
+
+def rendezvous_problems(env: DistributedEnv, *, backend: str, environ: Mapping[str, str]) -> list[str]:
+    """What would keep this rank from meeting the others, before it tries (docs/multi-node.md)."""
+    here = this_node(environ)
+    host_name = socket.gethostname()
+    problems = _master_problems(env, here, host_name)
+    if backend == "gloo" and env.spans_nodes:
+        problems += _gloo_problems(env, here, host_name, environ)
+    return problems
 
 
 def take_local_rank_argument(argv: list[str], environ: MutableMapping[str, str]) -> None:

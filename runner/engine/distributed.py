@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from runner.environment import DistributedEnv
+from runner.environment import DistributedEnv, RendezvousError, rendezvous_problems
 
 
 def select_accelerator() -> str:
@@ -42,20 +46,28 @@ def skip_inference_shm_op() -> None:
 
 def init_distributed(env: DistributedEnv, *, accelerator: str) -> tuple[torch.device, float]:
     """Join the process group (nccl on CUDA, gloo on CPU); return this rank's device and the
-    seconds the join took (mostly the wait for the last rank to arrive at the rendezvous)."""
+    seconds the join took (mostly the wait for the last rank to arrive at the rendezvous).
+
+    Refuses first (RendezvousError) what would leave ranks on several nodes waiting for each
+    other until the group's timeout: runner/environment.py ``rendezvous_problems``.
+    """
+    backend = "nccl" if accelerator == "cuda" else "gloo"
+    problems = rendezvous_problems(env, backend=backend, environ=os.environ)
+    if problems:
+        raise RendezvousError("; ".join(problems))
     os.environ.update(env.exports())
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
 
     if accelerator == "cpu":
         skip_inference_shm_op()
-    backend = "nccl" if accelerator == "cuda" else "gloo"
     joining = time.time()
-    deepspeed.init_distributed(
-        dist_backend=backend,
-        auto_mpi_discovery=False,
-        timeout=timedelta(minutes=10),
-    )
+    with _stop_ends_the_join():
+        deepspeed.init_distributed(
+            dist_backend=backend,
+            auto_mpi_discovery=False,
+            timeout=timedelta(minutes=10),
+        )
     joined_s = time.time() - joining
     if accelerator == "cuda":
         torch.cuda.set_device(env.local_rank)
@@ -64,6 +76,25 @@ def init_distributed(env: DistributedEnv, *, accelerator: str) -> tuple[torch.de
     cores = os.cpu_count() or 1
     torch.set_num_threads(max(1, cores // env.local_world_size))
     return torch.device("cpu"), joined_s
+
+
+@contextlib.contextmanager
+def _stop_ends_the_join() -> Iterator[None]:
+    """SIGTERM ends the rank at once while it joins the group: it has nothing to save yet.
+
+    The join waits in C++ (the TCPStore rendezvous, up to the group's timeout), where no Python
+    handler runs, so the stop handler (runner/train/preemption.py) would only note the signal.
+    When another rank refused (``rendezvous_problems``) or died before the rendezvous, srun
+    --kill-on-bad-exit's SIGTERM would then wait out SLURM's KillWait (30 s) before its SIGKILL.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def barrier() -> None:
