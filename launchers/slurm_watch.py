@@ -159,6 +159,21 @@ def _telling_log(cell: Cell, job_id: str) -> Path:
     return paths[0]
 
 
+def _rank0_result(job: Any) -> JobReturn:
+    """Rank 0's JobReturn (every task returns one), or the error of a task that failed.
+
+    Tasks whose result file is there are read first: a task that raised answers at once,
+    where submitit would first wait 15 s (``Job._results_timeout_s``, for a slow shared
+    filesystem) for the file of a task that SLURM killed and that will never write one.
+    """
+    tasks = [job.task(i) for i in range(job.num_tasks)] if job.num_tasks > 1 else [job]
+    for task in tasks:
+        if Path(task.paths.result_pickle).exists():
+            task.result()  # raises the task's own error
+    result: JobReturn = tasks[0].result()
+    return result
+
+
 def collect(cells: list[Cell], jobs: dict[int, Any], never: dict[int, str]) -> list[JobReturn]:
     """One JobReturn per cell, in sweep order; a failed job's carries its log's tail."""
     returns: list[JobReturn] = []
@@ -175,7 +190,7 @@ def collect(cells: list[Cell], jobs: dict[int, Any], never: dict[int, str]) -> l
             )
             continue
         try:
-            result: JobReturn = job.results()[0]  # rank 0's; every task returns one
+            result = _rank0_result(job)
         except Exception as error:
             path = _telling_log(cell, job.job_id)
             state = job.state  # submitit's last look, often older than the result file
