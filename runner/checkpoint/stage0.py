@@ -26,11 +26,23 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import deepspeed
 import torch
+from deepspeed.checkpoint.constants import (
+    CAT_DIM,
+    DS_VERSION,
+    OPTIMIZER_STATE_DICT,
+    PARAM,
+    PARAM_GROUPS,
+    UNIVERSAL_CHECKPOINT_INFO,
+)
+from deepspeed.runtime.constants import FP16_LOSS_SCALE_WINDOW_DEFAULT
+from deepspeed.runtime.fp16.loss_scaler import LOSS_SCALE_PROFILE_DEFAULTS, LossScaleProfile
 
 from runner.config import ModelConfig, Precision
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
 from runner.engine.param_groups import group_names, tied_names
+from runner.model.transformer import build_model
 from runner.parallel.tensor import ROW_PARALLEL
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
@@ -43,8 +55,6 @@ class ModelNames:
     """The model's parameter names in the optimizer's order, its tied names and every shape."""
 
     def __init__(self, model: ModelConfig) -> None:
-        from runner.model.transformer import build_model
-
         module = build_model(model, device="meta")  # shapes only
         self.groups = group_names(module)
         self.tied = tied_names(module)
@@ -55,8 +65,6 @@ class ModelNames:
 
 def stage0_parts(states: dict[str, Any]) -> tuple[dict[str, Any], list[torch.Tensor] | None]:
     """Adam's state_dict and the fp32 master weights (None: the module's weights are the masters)."""
-    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
-
     optimizer = states.get("optimizer")
     if not isinstance(optimizer, dict):
         raise ValueError("the stage-0 checkpoint holds no optimizer state")
@@ -95,7 +103,6 @@ def check_positions(
 
 
 def _fragment(tensor: torch.Tensor) -> dict[str, Any]:
-    from deepspeed.checkpoint.constants import CAT_DIM, PARAM
 
     return {PARAM: tensor.detach().float().clone(), CAT_DIM: 0}
 
@@ -107,8 +114,6 @@ def to_universal(source: Path, output: Path, model: ModelConfig, *, tp: int = 1)
     cut), joined here: row-parallel weights along their input features, the rest of the
     matrices along dimension 0, the norm gains whole on every rank.
     """
-    from deepspeed.checkpoint.constants import PARAM_GROUPS
-
     ranks = [safe_load.load(source / f"mp_rank_{rank:02d}_model_states.pt") for rank in range(tp)]
     names = ModelNames(model)
     parts = [stage0_parts(states) for states in ranks]
@@ -155,9 +160,6 @@ def write_universal(
     """Write what ``ds_to_universal`` writes for a ZeRO-1 checkpoint at tp 1: each parameter's fp32
     weight, Adam moments and step under the model's names, the optimizer's groups (``hyper``: their
     hyperparameters) and ``states``, the model-states file, without its optimizer."""
-    import deepspeed
-    from deepspeed.checkpoint.constants import DS_VERSION, PARAM, PARAM_GROUPS, UNIVERSAL_CHECKPOINT_INFO
-
     zero = output / "zero"
     for name in names.in_order:
         folder = zero / name
@@ -193,8 +195,6 @@ def write_universal(
 
 def whole_tensor(path: Path, shape: torch.Size, name: str) -> torch.Tensor:
     """One parameter's whole fp32 tensor from a universal file (ZeRO-3's conversion stores it flat)."""
-    from deepspeed.checkpoint.constants import PARAM
-
     if not path.exists():
         raise ValueError(f"the universal checkpoint has no {path.parent.name}/{path.name}: another model?")
     fragment = safe_load.load(path)
@@ -208,7 +208,6 @@ def whole_tensor(path: Path, shape: torch.Size, name: str) -> torch.Tensor:
 
 
 def saved_groups(zero: Path) -> list[dict[str, Any]]:
-    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, PARAM_GROUPS
 
     state = safe_load.load(zero / OPTIMIZER_STATE)
     groups: list[dict[str, Any]] = (
@@ -253,13 +252,8 @@ def unfused_state(
     fp32 masters by group and the loss scale's fields (runtime/fp16/unfused_optimizer.py
     ``load_state_dict``). In fp16 the scale starts as DeepSpeed's would; ladder then sets it
     to where the run left it (runner/engine/fixes/fp16_stage0_loss_scale.py ``restore_scaler``)."""
-    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
-
     scale: dict[str, Any] = {"dynamic_loss_scale": False, "cur_scale": 1.0, "cur_iter": cur_iter}
     if precision == Precision.fp16:
-        from deepspeed.runtime.constants import FP16_LOSS_SCALE_WINDOW_DEFAULT
-        from deepspeed.runtime.fp16.loss_scaler import LOSS_SCALE_PROFILE_DEFAULTS, LossScaleProfile
-
         defaults = LOSS_SCALE_PROFILE_DEFAULTS[LossScaleProfile.UNFUSED]
         scale = {
             "dynamic_loss_scale": True,

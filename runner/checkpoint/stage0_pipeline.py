@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
 
 from runner.checkpoint.stage0 import (
     ADAM_MOMENTS,
@@ -97,8 +98,6 @@ def _bf16_stage(
 ) -> tuple[dict[str, torch.Tensor], Moments, list[dict[str, Any]]]:
     """One model-parallel rank's fp32 masters, Adam moments and group hyperparameters, joined over
     its dp ranks; ``shapes``: the shapes this rank holds (its shards, under tensor parallelism)."""
-    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
-
     pattern = f"bf16_zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt"
     files = sorted(source.glob(pattern), key=lambda path: int(path.name.split("_")[4]))
     if not files:

@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from deepspeed.checkpoint.constants import PARAM
+from deepspeed.checkpoint.universal_checkpoint import _get_param_uc_restore_meta, _resolve_autotp_partition
+from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+from deepspeed.utils import groups
 
 from runner.checkpoint.stage0 import ADAM_MOMENTS, saved_groups
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
@@ -27,12 +31,6 @@ from runner.engine.fixes import pickle_in_checkpoints as safe_load
 
 def _shard(param: torch.nn.Parameter, path: Path, key: str, *, rank: int, tp: int) -> torch.Tensor:
     """This rank's slice of the whole tensor in ``path``, shaped as ``param``."""
-    from deepspeed.checkpoint.constants import PARAM
-    from deepspeed.checkpoint.universal_checkpoint import (
-        _get_param_uc_restore_meta,
-        _resolve_autotp_partition,
-    )
-
     saved = safe_load.load(path)
     whole: torch.Tensor = saved[PARAM] if isinstance(saved, dict) else saved
     if whole.numel() == param.numel():  # held whole on every rank of the group (a norm gain)
@@ -70,9 +68,6 @@ def engine_loading(engine: Any) -> Iterator[None]:
 
 def load(engine: Any, folder: Path, *, tp: int) -> None:
     """Load the universal checkpoint in ``folder`` into this rank's weights and Adam state."""
-    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
-    from deepspeed.utils import groups
-
     optimizer = engine.optimizer
     if isinstance(optimizer, FP16_UnfusedOptimizer):  # bf16: fp32 masters beside the 16-bit weights
         pairs = [

@@ -35,12 +35,17 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import deepspeed
 import torch
+from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
+from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM, PARAM_GROUPS
+from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
 from runner.checkpoint import stage0 as checkpoint_stage0
 from runner.checkpoint import stage0_pipeline as checkpoint_stage0_pipeline
@@ -103,7 +108,6 @@ def save(
     root = run_dir / CHECKPOINT_DIR
     tag = tag_for(completed_steps)
     partial = PARTIAL_PREFIX + tag
-    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
 
     # UNIVERSAL_CHECKPOINT_INFO marks the checkpoint convertible by ds_to_universal. A model
     # AutoTP cut carries its own (how each tensor was split: runner/parallel/shard_build.py), which
@@ -521,9 +525,6 @@ def _complete_optimizer_state(folder: Path) -> None:
     and the group hyperparameters from ``optimizer_state_dict``, which a stage 1-2
     conversion leaves out.
     """
-    import deepspeed
-    from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM_GROUPS
-
     zero = folder / "zero"
     path = zero / "optimizer_state.pt"
     state = safe_load.load(path)
@@ -555,8 +556,6 @@ def _compact_weight_copies(zero: Path) -> None:
     whose whole storage (every weight of the model, as torch.load shares it) torch.save writes.
     Read memory-mapped, a file's tensors cost nothing until copied.
     """
-    from deepspeed.checkpoint.constants import PARAM
-
     for path in zero.glob("*/fp32.pt"):
         held = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         tensor = held.get(PARAM) if isinstance(held, dict) else None
@@ -569,8 +568,6 @@ def _compact_weight_copies(zero: Path) -> None:
 
 def _is_bf16_stage0(engine: Any) -> bool:
     """Whether the engine's optimizer is BF16_Optimizer at ZeRO stage 0 (bf16 under a pipeline)."""
-    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
-
     return engine.zero_optimization_stage() == 0 and isinstance(engine.optimizer, BF16_Optimizer)
 
 
@@ -596,8 +593,6 @@ def _load_bf16_stage0_optimizer(engine: Any, root: Path, tag: str) -> None:
 
 def wait_for(run_dir: Path, tag: str, *, timeout_s: float = 1800.0) -> None:
     """Wait until rank 0 has converted the checkpoint (ranks started by torchrun or srun)."""
-    import time
-
     path = run_dir / CHECKPOINT_DIR / tag
     deadline = time.monotonic() + timeout_s
     while not path.is_dir():
@@ -647,8 +642,6 @@ def _wrap_stage3_fragments(param_dir: Path) -> None:
     ``load_hp_checkpoint_state`` (stages 1-2) indexes ``ckpt_dict["param"]``, and reads the
     flat tensor correctly at tp 1 (it chunks it once and takes its fragment by offset).
     """
-    from deepspeed.checkpoint.constants import PARAM
-
     for key in ("fp32", "exp_avg", "exp_avg_sq"):
         path = param_dir / f"{key}.pt"
         fragment = safe_load.load(path)

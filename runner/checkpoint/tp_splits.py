@@ -19,6 +19,10 @@ import re
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
+from deepspeed.checkpoint.affine import replicated_map
+from deepspeed.checkpoint.constants import AFFINE_MAP, AFFINE_MAP_PARAMS, TP_REPLICATED_PARAMETER_PATTERNS
 
 
 def record_whole_replicated_shapes(module: torch.nn.Module, *, tp: int) -> None:
@@ -30,10 +34,6 @@ def record_whole_replicated_shapes(module: torch.nn.Module, *, tp: int) -> None:
     ZeRO-3 keeps the whole shape as ``ds_shape``: the map is rebuilt from it, as AutoTP builds
     it for an unpartitioned model (``replicated_map``: one piece, held by every tp rank).
     """
-    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
-    from deepspeed.checkpoint.affine import replicated_map
-    from deepspeed.checkpoint.constants import AFFINE_MAP, AFFINE_MAP_PARAMS, TP_REPLICATED_PARAMETER_PATTERNS
-
     info = getattr(module, UNIVERSAL_CHECKPOINT_INFO)
     maps = info.get(AFFINE_MAP, {}).get(AFFINE_MAP_PARAMS, {})
     replicated = set(info.get(TP_REPLICATED_PARAMETER_PATTERNS, []))
@@ -54,9 +54,6 @@ def record_every_stages_splits(module: torch.nn.Module) -> None:
     dimension 0, which is wrong for the row-split ``wo`` and ``w2`` and the whole norms.
     Collective: every rank calls it.
     """
-    import torch.distributed as dist
-    from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
-
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, getattr(module, UNIVERSAL_CHECKPOINT_INFO))
     merged: dict[str, Any] = {}

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute, ZeroStage
 from runner.engine.deepspeed_config import reduce_bucket_elements
@@ -80,8 +81,6 @@ def fullest_device(ledger: Ledger) -> Ledger:
     What the fullest device holds, the one a plan must fit: a pipeline's stages differ, and
     so do ZeRO-1/2's gradient buffers (runner.memory.zero12_held_elements).
     """
-    import torch.distributed as dist
-
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (ledger.terms, ledger.residual))
     merged = Ledger()

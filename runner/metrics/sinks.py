@@ -74,7 +74,7 @@ class WandbSink:
         config: dict[str, Any],
         run_id: str,
     ) -> None:
-        import wandb
+        import wandb  # deferred: seconds to import, and only a run that logs to wandb needs it
 
         if logger.base_url:
             os.environ["WANDB_BASE_URL"] = logger.base_url
@@ -158,6 +158,7 @@ class ConsoleSink:
         self._total = total_steps
         self._progress: Any = None
         if sys.stdout.isatty():
+            # deferred: only a terminal shows the progress bar
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
             self._progress = Progress(

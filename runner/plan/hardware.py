@@ -61,7 +61,7 @@ class Device:
 
 def host_ram_bytes() -> tuple[int, str]:
     """This host's RAM in bytes (the cgroup limit when lower) and how it was found."""
-    import psutil
+    import psutil  # deferred: only a plan that detects the host's RAM reads it
 
     physical = int(psutil.virtual_memory().total)
     limit = cgroup_memory_limit()
@@ -73,7 +73,7 @@ def host_ram_bytes() -> tuple[int, str]:
 @functools.cache
 def measured_cpu_peak(precision: str) -> float:
     """Matmul FLOP/s of this CPU at `precision`, measured once per process (about half a second)."""
-    from runner.config import Precision
+    # deferred: runner.hardware.mfu_peak imports torch; only a plan on CPU ranks measures the CPU
     from runner.hardware.mfu_peak import best_cpu_peak
 
     return best_cpu_peak(Precision(precision)).flops
@@ -83,7 +83,7 @@ def _gpus_per_node(cluster: ClusterConfig, cuda: bool) -> Figure:
     if cluster.gpus_per_node is not None:
         return Figure(cluster.gpus_per_node, f"cluster {cluster.name}")
     if cuda:
-        import torch
+        import torch  # deferred: only where CUDA is there; a plan elsewhere does without torch
 
         return Figure(torch.cuda.device_count(), "detected: CUDA device count")
     return Figure(os.cpu_count() or 1, "detected: one rank per CPU core")
@@ -93,7 +93,7 @@ def _memory(cluster: ClusterConfig, *, cuda: bool, ranks_here: int) -> Figure:
     if cluster.device_memory_gb is not None:
         return Figure(cluster.device_memory_gb * GB, _cluster_source(cluster, "device_memory_gb"))
     if cuda:
-        import torch
+        import torch  # deferred: only where CUDA is there; a plan elsewhere does without torch
 
         # cudaGetDeviceProperties: reads the device's attributes; allocates nothing on it.
         props = torch.cuda.get_device_properties(0)
@@ -113,6 +113,7 @@ def _host_memory(cluster: ClusterConfig) -> Figure:
 
 
 def _peak(cluster: ClusterConfig, precision: Precision, *, cuda: bool) -> Figure:
+    # deferred: runner.hardware.mfu_peak imports torch, which a plan with a configured peak does without
     from runner.hardware.mfu_peak import planning_peak
     from runner.hardware.peak_flops import UnknownDeviceError, peak_flops_for_cuda_device
 
@@ -123,7 +124,7 @@ def _peak(cluster: ClusterConfig, precision: Precision, *, cuda: bool) -> Figure
         key = "peak_tflops_fp32" if precision == Precision.fp32 else "peak_tflops_bf16"
         return Figure(configured.flops, _cluster_source(cluster, key))
     if cuda:
-        import torch
+        import torch  # deferred: only where CUDA is there; a plan elsewhere does without torch
 
         name = torch.cuda.get_device_name(0)
         try:

@@ -33,6 +33,7 @@ from runner.layout import (
     Layout,
     LayoutError,
     data_parallel_size,
+    parse_micro_size,
     resolve_layout,
 )
 from runner.model.shape import num_params as count_params
@@ -200,8 +201,6 @@ def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> OffloadP
 
 def knobs_from_config(config: TrainConfig) -> Knobs:
     """The layout knobs a run's config sets."""
-    from runner.layout import parse_micro_size
-
     par = config.parallel
     return Knobs(
         parallel=par.name,

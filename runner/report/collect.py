@@ -233,6 +233,7 @@ def expected_sweep(multirun: dict[str, Any]) -> list[list[str]] | None:
     arguments = [f"{k}={v}" for k, v in params.items()]
     arguments += list((hydra_node.get("overrides") or {}).get("task") or [])
     try:
+        # deferred: only a sweep with missing cells parses its overrides, with Hydra's own grammar
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         parsed = OverridesParser.create().parse_overrides(arguments)
