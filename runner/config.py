@@ -5,6 +5,10 @@ value of the wrong type fails during composition with its key path. The launch l
 (launchers/compose.py) registers them in Hydra's ConfigStore and converts the composed
 config once into a frozen :class:`TrainConfig`; nothing in runner/ imports Hydra or
 OmegaConf, and nothing below the launch layer sees a ``DictConfig``.
+
+Each key's field carries its meaning in one line and, for a number, its valid range
+(:func:`about`): ``python train.py --help`` prints the one, runner/preflight/validate.py
+checks the other before any rank starts.
 """
 
 from __future__ import annotations
@@ -104,121 +108,336 @@ class ZeroStage(IntEnum):
     zero3 = 3  # + parameters
 
 
+# What each key means and which values it takes, kept beside its default so that neither can
+# drift: ``python train.py --help`` prints the meaning (launchers/help.py), and
+# runner/preflight/validate.py refuses a value outside the range before any rank starts.
+HELP = "help"
+RANGE = "range"
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric key's valid values: a lower and an upper bound, each included unless open."""
+
+    low: float | None = None  # None: unbounded
+    high: float | None = None
+    low_open: bool = False  # True: ``low`` itself is out of range
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` lies in the range."""
+        above_low = self.low is None or value > self.low or (value == self.low and not self.low_open)
+        below_high = self.high is None or value < self.high or (value == self.high and not self.high_open)
+        return above_low and below_high
+
+    def words(self) -> str:
+        """The range as a refusal says it: ``at least 1``, ``positive``, ``in (0, 1]``."""
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            return f"in {left}{self.low:g}, {self.high:g}{right}"
+        if self.low is not None and self.low_open:
+            return "positive" if self.low == 0 else f"above {self.low:g}"
+        if self.low is not None:
+            return "0 or more" if self.low == 0 else f"at least {self.low:g}"
+        if self.high is not None:
+            return f"below {self.high:g}" if self.high_open else f"at most {self.high:g}"
+        return "any number"
+
+
+def about(
+    meaning: str,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+) -> dict[str, Any]:
+    """A key's field metadata: its meaning in one line, and (for a number) its valid range."""
+    valid = None
+    if (at_least, above, at_most, below) != (None, None, None, None):
+        low = above if above is not None else at_least
+        high = below if below is not None else at_most
+        valid = Range(low, high, low_open=above is not None, high_open=below is not None)
+    return {HELP: meaning, RANGE: valid}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of the Llama-style decoder in runner/model/transformer.py."""
 
-    name: str = "tiny"
-    n_layer: int = 4
-    n_head: int = 4
-    n_kv_head: int | None = None  # None: as many key/value heads as query heads
-    d_model: int = 256
-    ffn_hidden: int = 688  # SwiGLU hidden width
-    vocab_size: int = 256
-    max_seq_len: int = 1024
-    tie_embeddings: bool = True
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    init_std: float = 0.02
-    activation_checkpointing: Recompute = Recompute.none
+    name: str = field(
+        default="tiny",
+        metadata=about("the conf/model option this shape came from; model=<option> picks one"),
+    )
+    n_layer: int = field(default=4, metadata=about("transformer blocks", at_least=1))
+    n_head: int = field(
+        default=4, metadata=about("query heads per block; must divide model.d_model", at_least=1)
+    )
+    n_kv_head: int | None = field(
+        default=None,
+        metadata=about(
+            "key/value heads, for grouped-query attention; must divide n_head; null: n_head", at_least=1
+        ),
+    )
+    d_model: int = field(default=256, metadata=about("width of the residual stream", at_least=1))
+    ffn_hidden: int = field(
+        default=688, metadata=about("hidden width of each block's SwiGLU MLP", at_least=1)
+    )
+    vocab_size: int = field(
+        default=256,
+        metadata=about("token ids the embedding holds; the built-in text, bytes, needs 256", at_least=2),
+    )
+    max_seq_len: int = field(
+        default=1024,
+        metadata=about("longest sequence the rotary tables cover, at least data.seq_len", at_least=1),
+    )
+    tie_embeddings: bool = field(
+        default=True, metadata=about("the output head shares the token embedding's weights")
+    )
+    norm_eps: float = field(default=1e-5, metadata=about("epsilon of each RMSNorm", above=0))
+    rope_theta: float = field(
+        default=10000.0, metadata=about("base of the rotary position embedding's frequencies", above=0)
+    )
+    init_std: float = field(
+        default=0.02,
+        metadata=about("standard deviation of the initial weights, as GPT-2's 0.02", above=0),
+    )
+    activation_checkpointing: Recompute = field(
+        default=Recompute.none,
+        metadata=about(
+            "recompute activations in backward: none, full blocks, or selective: the attention core"
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
     """Optimizer, warmup and schedule. ``lr`` is the rate at ``reference_batch``."""
 
-    name: OptimizerName = OptimizerName.adamw
-    lr: float = 3e-3
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    momentum: float = 0.9  # sgd only
-    warmup_steps: int = 10
-    schedule: Schedule = Schedule.cosine
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
-    grad_clip: float = 1.0  # 0 disables clipping
-    lr_scaling: LrScaling = LrScaling.none
-    reference_batch: int | None = None  # None: the run's own global batch
+    name: OptimizerName = field(
+        default=OptimizerName.adamw,
+        metadata=about("the optimizer: adamw or sgd; optimizer=<option> sets it"),
+    )
+    lr: float = field(
+        default=3e-3, metadata=about("peak learning rate, at optimizer.reference_batch", above=0)
+    )
+    weight_decay: float = field(
+        default=0.1,
+        metadata=about(
+            "decoupled weight decay of the matrices and embeddings, not of the norms' gains", at_least=0
+        ),
+    )
+    beta1: float = field(default=0.9, metadata=about("AdamW's first-moment decay", at_least=0, below=1))
+    beta2: float = field(default=0.95, metadata=about("AdamW's second-moment decay", at_least=0, below=1))
+    eps: float = field(
+        default=1e-8, metadata=about("AdamW's epsilon, added to the root of the second moment", at_least=0)
+    )
+    momentum: float = field(
+        default=0.9, metadata=about("SGD's momentum; optimizer=sgd only", at_least=0, below=1)
+    )
+    warmup_steps: int = field(
+        default=10, metadata=about("optimizer steps of linear warmup from 0 to lr", at_least=0)
+    )
+    schedule: Schedule = field(
+        default=Schedule.cosine, metadata=about("the learning rate after warmup: cosine decay or constant")
+    )
+    min_lr_ratio: float = field(
+        default=0.1,
+        metadata=about("cosine decays to lr x min_lr_ratio at the last step", at_least=0, at_most=1),
+    )
+    grad_clip: float = field(
+        default=1.0, metadata=about("clip the gradients' global norm to this; 0: no clipping", at_least=0)
+    )
+    lr_scaling: LrScaling = field(
+        default=LrScaling.none,
+        metadata=about("how lr follows a global batch other than reference_batch: none, linear or sqrt"),
+    )
+    reference_batch: int | None = field(
+        default=None,
+        metadata=about("the global batch lr was tuned at, for lr_scaling; null: the run's own", at_least=1),
+    )
 
 
 @dataclass(frozen=True)
 class PrecisionConfig:
     """Compute precision of the run."""
 
-    name: Precision = Precision.fp32
-    # fp16's dynamic loss scale doubles after this many steps without an overflow (DeepSpeed's
-    # and Megatron-LM's loss_scale_window); it halves at every overflow.
-    loss_scale_window: int = 1000
+    name: Precision = field(
+        default=Precision.fp32,
+        metadata=about("compute precision: fp32, bf16 or fp16; precision=<option> sets it"),
+    )
+    # DeepSpeed's and Megatron-LM's loss_scale_window; the scale halves at every overflow.
+    loss_scale_window: int = field(
+        default=1000,
+        metadata=about("fp16: the loss scale doubles after this many steps without an overflow", at_least=1),
+    )
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
     """ZeRO stage, model-parallel degrees and DeepSpeed's communication knobs."""
 
-    name: str = "ddp"
-    zero_stage: int = 0
-    tp: int = 1
-    pp: int = 1
-    overlap_comm: bool = False
-    contiguous_gradients: bool = True
-    reduce_bucket_size: int = 500_000_000  # elements, DeepSpeed's default
-    allgather_bucket_size: int = 500_000_000  # elements, DeepSpeed's default
-    param_persistence_threshold: int = 100_000  # ZeRO-3 keeps smaller params whole (elements)
-    offload_optimizer: Offload = Offload.none
-    offload_param: Offload = Offload.none
+    name: str = field(
+        default="ddp",
+        metadata=about("the conf/parallel option these knobs came from; parallel=<option> picks one"),
+    )
+    zero_stage: int = field(
+        default=0,
+        metadata=about(
+            "ZeRO partitions over dp: 0 nothing, 1 optimizer states, 2 + gradients, 3 + parameters",
+            at_least=0,
+            at_most=3,
+        ),
+    )
+    tp: int = field(
+        default=1,
+        metadata=about("tensor-parallel degree: ranks that split each block's matrices", at_least=1),
+    )
+    pp: int = field(
+        default=1, metadata=about("pipeline-parallel degree: stages the blocks are cut into", at_least=1)
+    )
+    overlap_comm: bool = field(
+        default=False, metadata=about("DeepSpeed overlaps the gradients' reduction with backward")
+    )
+    contiguous_gradients: bool = field(
+        default=True, metadata=about("DeepSpeed copies gradients into one buffer as they are made")
+    )
+    reduce_bucket_size: int = field(
+        default=500_000_000,
+        metadata=about("elements of gradients DeepSpeed reduces at a time, its default", at_least=1),
+    )
+    allgather_bucket_size: int = field(
+        default=500_000_000,
+        metadata=about("elements DeepSpeed all-gathers at a time under ZeRO 1-2, its default", at_least=1),
+    )
+    param_persistence_threshold: int = field(
+        default=100_000,
+        metadata=about(
+            "ZeRO-3 keeps parameters with fewer elements than this whole on every rank", at_least=0
+        ),
+    )
+    offload_optimizer: Offload = field(
+        default=Offload.none,
+        metadata=about("ZeRO-Offload: cpu keeps the optimizer states on the host; ZeRO stage 1-3"),
+    )
+    offload_param: Offload = field(
+        default=Offload.none, metadata=about("cpu keeps the 16-bit parameters on the host too; ZeRO stage 3")
+    )
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Token source and sequence length."""
 
-    name: DataName = DataName.text
-    seq_len: int = 128
-    path: str | None = None  # a user's token file, memory-mapped; None = built-in text
-    dtype: str = "uint16"  # dtype of that file: uint8, uint16 or uint32
-    val_path: str | None = None  # held-out tokens for train.eval_every (same forms as path); None = built-in
-    max_bytes: int = 16_000_000  # cap on the built-in text corpus
+    name: DataName = field(
+        default=DataName.text,
+        metadata=about("where tokens come from: text or synthetic; data=<option> sets it"),
+    )
+    seq_len: int = field(
+        default=128, metadata=about("tokens per training sequence, at most model.max_seq_len", at_least=2)
+    )
+    path: str | None = field(
+        default=None, metadata=about("your token file or glob, memory-mapped; null: the built-in text")
+    )
+    dtype: str = field(
+        default="uint16", metadata=about("dtype of data.path's tokens: uint8, uint16 or uint32")
+    )
+    val_path: str | None = field(
+        default=None,
+        metadata=about("held-out tokens for train.eval_every, in data.path's forms; null: the built-in ones"),
+    )
+    max_bytes: int = field(
+        default=16_000_000, metadata=about("cap on the built-in text corpus, in bytes", at_least=1)
+    )
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
     """The hardware the run is sized for. ``None`` means: detect on this host."""
 
-    name: str = "local"
-    gpus_per_node: int | None = None
-    device_memory_gb: float | None = None  # GB = 1e9 bytes
-    host_memory_gb: float | None = None  # host RAM per node, shared by its ranks; GB = 1e9 bytes
-    peak_tflops_bf16: float | None = None  # dense, per device
-    peak_tflops_fp32: float | None = None  # dense, per device
-    peak_tflops: float | None = None  # overrides the peak for the run's precision
-    intra_node_gbps: float | None = None  # GB/s per device, one direction
-    inter_node_gbps: float | None = None  # GB/s per device, one direction
-    # The checkpoint filesystem's write speed, every rank's writes together; None: unknown.
-    storage_gb_per_s: float | None = None
-    source: str = ""
+    name: str = field(
+        default="local",
+        metadata=about("the conf/cluster option; cluster=<option> picks one; local: this host"),
+    )
+    gpus_per_node: int | None = field(
+        default=None, metadata=about("devices per node; null: this host's", at_least=1)
+    )
+    device_memory_gb: float | None = field(
+        default=None, metadata=about("memory per device, GB = 1e9 bytes; null: detect", above=0)
+    )
+    host_memory_gb: float | None = field(
+        default=None,
+        metadata=about("host RAM per node, shared by its ranks, GB = 1e9 bytes; null: detect", above=0),
+    )
+    peak_tflops_bf16: float | None = field(
+        default=None, metadata=about("dense bf16 peak per device, TFLOP/s; null: detect", above=0)
+    )
+    peak_tflops_fp32: float | None = field(
+        default=None, metadata=about("dense fp32 peak per device, TFLOP/s; null: detect", above=0)
+    )
+    peak_tflops: float | None = field(
+        default=None, metadata=about("overrides the peak for the run's precision, TFLOP/s", above=0)
+    )
+    intra_node_gbps: float | None = field(
+        default=None, metadata=about("GB/s per device inside a node, one direction", above=0)
+    )
+    inter_node_gbps: float | None = field(
+        default=None, metadata=about("GB/s per device between nodes, one direction", above=0)
+    )
+    storage_gb_per_s: float | None = field(
+        default=None,
+        metadata=about(
+            "the checkpoint filesystem's write speed, every rank's writes together, GB/s; null: unknown",
+            above=0,
+        ),
+    )
+    storage_path: str | None = field(
+        default=None,
+        metadata=about(
+            "a directory on the cluster's checkpoint filesystem, for a plan made elsewhere to weigh"
+        ),
+    )
+    source: str = field(default="", metadata=about("where the figures come from: datasheets, or this host"))
 
 
 @dataclass(frozen=True)
 class LoggerConfig:
     """Metric sinks: JSONL files always, wandb unless disabled."""
 
-    name: str = "wandb"
-    mode: WandbMode = WandbMode.offline
-    project: str = "ladder"
-    entity: str | None = None
-    base_url: str | None = None  # a self-hosted wandb server
-    log_every: int = 1
-    progress: bool = True
+    name: str = field(
+        default="wandb", metadata=about("the conf/logger option: wandb or none; logger=<option> picks one")
+    )
+    mode: WandbMode = field(
+        default=WandbMode.offline,
+        metadata=about("wandb's mode: offline needs no account, online streams, disabled"),
+    )
+    project: str = field(default="ladder", metadata=about("wandb project"))
+    entity: str | None = field(
+        default=None, metadata=about("wandb entity, a user or team; null: the account's default")
+    )
+    base_url: str | None = field(
+        default=None, metadata=about("a self-hosted wandb server; null: wandb's own")
+    )
+    log_every: int = field(default=1, metadata=about("optimizer steps between logged metrics", at_least=1))
+    progress: bool = field(
+        default=True, metadata=about("print a progress line per logged step and the run's tables at its end")
+    )
 
 
 @dataclass(frozen=True)
 class BatchConfig:
     """The batch contract: ``global_size`` is the experiment; ``micro_size`` is an int or ``auto``."""
 
-    global_size: int = 16
-    micro_size: str = "auto"
-    allow_varying: bool = False
+    global_size: int = field(
+        default=16,
+        metadata=about("sequences per optimizer step: the experiment, held fixed across layouts", at_least=1),
+    )
+    micro_size: str = field(
+        default="auto", metadata=about("sequences per rank per forward, or auto: the largest that fits")
+    )
+    allow_varying: bool = field(
+        default=False, metadata=about("let a sweep's cells train different global_size")
+    )
 
 
 class Resume(str, Enum):
@@ -239,43 +458,99 @@ class OnNonFinite(str, Enum):
 class TrainLoopConfig:
     """Length of the run, checkpoints, resume and what a non-finite loss does."""
 
-    steps: int = 60
-    checkpoint_every: int = 0  # optimizer steps between checkpoints; 0: none
-    keep_checkpoints: int = 2  # complete checkpoints kept, newest first
-    resume: Resume = Resume.never
-    on_nonfinite: OnNonFinite = OnNonFinite.stop  # runner/train/nonfinite.py
-    max_skipped_steps: int = 10  # with skip: the run stops at the next non-finite loss after this many
-    compile: bool = False  # torch.compile each transformer block (runner/engine/compile_blocks.py)
-    profile_step: int = -1  # trace this step with torch.profiler (runner/metrics/step_profiler.py); -1: none
-    eval_every: int = 0  # optimizer steps between held-out evaluations, and one after the last; 0: none
-    eval_batches: int = 4  # global batches of held-out sequences per evaluation, the same ones each time
+    steps: int = field(default=60, metadata=about("optimizer steps the run trains", at_least=1))
+    checkpoint_every: int = field(
+        default=0, metadata=about("optimizer steps between checkpoints; 0: one only at a stop", at_least=0)
+    )
+    keep_checkpoints: int = field(
+        default=2, metadata=about("complete checkpoints kept, newest first", at_least=1)
+    )
+    resume: Resume = field(
+        default=Resume.never,
+        metadata=about("never, or auto: continue from the run directory's latest complete checkpoint"),
+    )
+    on_nonfinite: OnNonFinite = field(
+        default=OnNonFinite.stop,
+        metadata=about("what a NaN or inf loss does: stop the run, or skip the step's update and go on"),
+    )
+    max_skipped_steps: int = field(
+        default=10,
+        metadata=about(
+            "with on_nonfinite=skip: stop at the next non-finite loss after this many skips", at_least=0
+        ),
+    )
+    compile: bool = field(
+        default=False,
+        metadata=about("torch.compile each transformer block: faster steps after a slower first one"),
+    )
+    profile_step: int = field(
+        default=-1,
+        metadata=about("trace this step with torch.profiler, below train.steps; -1: none", at_least=-1),
+    )
+    eval_every: int = field(
+        default=0,
+        metadata=about(
+            "optimizer steps between held-out evaluations, and one after the last; 0: none", at_least=0
+        ),
+    )
+    eval_batches: int = field(
+        default=4,
+        metadata=about(
+            "global batches of held-out sequences per evaluation, the same ones each time", at_least=1
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class PlannerConfig:
     """Planning: ``plan=true`` stops before launch; these tune what it considers."""
 
-    recommend: bool = False
-    headroom: float = 0.9  # a layout fits when it uses at most this fraction of device memory
+    recommend: bool = field(
+        default=False,
+        metadata=about("plan the ladder of remedies and name the first layout that fits; implies plan=true"),
+    )
+    headroom: float = field(
+        default=0.9,
+        metadata=about(
+            "a layout fits when it plans at most this fraction of device and host memory",
+            above=0,
+            at_most=1,
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """The root config: one experiment, one layout."""
 
-    model: ModelConfig = MISSING
-    optimizer: OptimizerConfig = MISSING
-    precision: PrecisionConfig = MISSING
-    parallel: ParallelConfig = MISSING
-    data: DataConfig = MISSING
-    cluster: ClusterConfig = MISSING
-    logger: LoggerConfig = MISSING
-    batch: BatchConfig = field(default_factory=BatchConfig)
-    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    gpus: int = 1
-    seed: int = 0
-    plan: bool = False
+    model: ModelConfig = field(default=MISSING, metadata=about("the decoder's shape (conf/model/)"))
+    optimizer: OptimizerConfig = field(
+        default=MISSING, metadata=about("optimizer, warmup and schedule (conf/optimizer/)")
+    )
+    precision: PrecisionConfig = field(default=MISSING, metadata=about("compute precision (conf/precision/)"))
+    parallel: ParallelConfig = field(
+        default=MISSING, metadata=about("ZeRO stage, tp, pp and DeepSpeed's knobs (conf/parallel/)")
+    )
+    data: DataConfig = field(default=MISSING, metadata=about("token source and sequence length (conf/data/)"))
+    cluster: ClusterConfig = field(
+        default=MISSING, metadata=about("the hardware the run is sized for (conf/cluster/)")
+    )
+    logger: LoggerConfig = field(default=MISSING, metadata=about("metric sinks (conf/logger/)"))
+    batch: BatchConfig = field(
+        default_factory=BatchConfig, metadata=about("the batch contract: global = micro x accum x dp")
+    )
+    train: TrainLoopConfig = field(
+        default_factory=TrainLoopConfig, metadata=about("length, checkpoints, resume, evaluation")
+    )
+    planner: PlannerConfig = field(default_factory=PlannerConfig, metadata=about("what plan=true considers"))
+    gpus: int = field(default=1, metadata=about("ranks; dp = gpus / (tp x pp)", at_least=1))
+    seed: int = field(
+        default=0,
+        metadata=about("seeds the weights and the batches, a function of seed and step alone", at_least=0),
+    )
+    plan: bool = field(
+        default=False, metadata=about("true: print the memory and time plan, write plan.json, launch nothing")
+    )
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Checks that need more than a schema: each problem names the key, the value and the fix.
+"""Checks before launch: each value against its key's range in the schema (runner/config.py), then
+what needs more than a schema; each problem names the key, the value and the fix.
 
 Everything here runs in the launching process, before any rank starts and before the
 run directory gets any file of the runner's.
@@ -6,16 +7,20 @@ run directory gets any file of the runner's.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from runner.config import DataName, Offload, Precision, TrainConfig
+from runner.config import DataName, Offload, ParallelConfig, Precision, TrainConfig
 from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import TOKEN_DTYPES, token_file_problem, token_files
 from runner.errors import ConfigError
 from runner.hardware.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.parallel.tensor import tp_node_problems, tp_problems
+from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
 from runner.preflight.wandb_credentials import credentials_problems
 
 
@@ -28,66 +33,64 @@ def host_ranks_available() -> tuple[int, str]:
     return cores, f"no CUDA device and {cores} CPU core(s) (one rank per core)"
 
 
+def value_problem(key: SchemaKey, value: Any) -> str | None:
+    """Why ``value`` is not one of ``key``'s values (its enum, its range), or None."""
+    if value is None:
+        return None if key.optional else f"{key.path}=null: must be set; e.g. {key.example()}"
+    if key.is_enum:
+        try:
+            key.kind(value)
+        except ValueError:
+            options = [str(member.value) for member in key.kind]
+            close = difflib.get_close_matches(str(value), options, n=1)
+            hint = f"; did you mean {key.path}={close[0]}?" if close else ""
+            return f"{key.path}={value}: must be one of {', '.join(options)} ({key.meaning}){hint}"
+        return None
+    if key.valid is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if key.valid.holds(value):
+        return None
+    null = ", or null" if key.optional else ""
+    return (
+        f"{key.path}={spell(value)}: must be {key.valid.words()}{null} ({key.meaning}); e.g. {key.example()}"
+    )
+
+
+def range_problems(config: TrainConfig) -> list[str]:
+    """Every key whose value lies outside the range (or the enum) the schema gives it."""
+    problems = []
+    for key in schema_keys():
+        if not key.is_section:
+            problem = value_problem(key, value_at(config, key.path))
+            if problem is not None:
+                problems.append(problem)
+    return problems
+
+
 def _problems(config: TrainConfig) -> list[str]:
+    """The checks that combine keys, or look beyond the config; each key is in its range by now."""
     problems: list[str] = []
-    model, data, opt = config.model, config.data, config.optimizer
+    model, data = config.model, config.data
 
     def need(ok: bool, message: str) -> None:
         if not ok:
             problems.append(message)
 
     need(
-        config.train.steps >= 1, f"train.steps={config.train.steps}: must be at least 1, e.g. train.steps=100"
-    )
-    need(config.gpus >= 1, f"gpus={config.gpus}: the number of ranks must be at least 1, e.g. gpus=1")
-    need(data.seq_len >= 2, f"data.seq_len={data.seq_len}: must be at least 2 tokens, e.g. data.seq_len=128")
-    need(
         data.seq_len <= model.max_seq_len,
         f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len} of model "
         f"{model.name}; lower data.seq_len or raise model.max_seq_len",
     )
     need(data.dtype in TOKEN_DTYPES, f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32")
-    need(opt.lr > 0, f"optimizer.lr={opt.lr}: must be positive, e.g. optimizer.lr=3e-4")
-    storage = config.cluster.storage_gb_per_s
-    if storage is not None:
-        need(
-            storage > 0,
-            f"cluster.storage_gb_per_s={storage:g}: the checkpoint filesystem's write speed in GB/s must "
-            f"be positive (e.g. cluster.storage_gb_per_s=2), or null when unknown",
-        )
-    window = config.precision.loss_scale_window
-    need(window >= 1, f"precision.loss_scale_window={window}: must be a step count, e.g. 1000 (the default)")
-    need(opt.warmup_steps >= 0, f"optimizer.warmup_steps={opt.warmup_steps}: must be 0 or more")
-    need(0 <= opt.min_lr_ratio <= 1, f"optimizer.min_lr_ratio={opt.min_lr_ratio}: must lie in [0, 1]")
-    need(opt.grad_clip >= 0, f"optimizer.grad_clip={opt.grad_clip}: must be 0 (off) or positive")
     need(
-        opt.reference_batch is None or opt.reference_batch >= 1,
-        f"optimizer.reference_batch={opt.reference_batch}: must be a positive batch size or null",
-    )
-    need(model.n_layer >= 1, f"model.n_layer={model.n_layer}: must be at least 1")
-    need(
-        model.n_head >= 1 and model.d_model % model.n_head == 0,
+        model.d_model % model.n_head == 0,
         f"model.d_model={model.d_model} is not divisible by model.n_head={model.n_head}; "
         f"pick n_head among the divisors of d_model",
     )
-    kv = model.n_kv_head or model.n_head
     need(
-        kv >= 1 and model.n_head % kv == 0,
+        model.n_head % (model.n_kv_head or model.n_head) == 0,
         f"model.n_kv_head={model.n_kv_head} must divide model.n_head={model.n_head} "
         f"(grouped-query attention)",
-    )
-    need(model.vocab_size >= 2, f"model.vocab_size={model.vocab_size}: must be at least 2")
-    need(
-        config.parallel.zero_stage in (0, 1, 2, 3),
-        f"parallel.zero_stage={config.parallel.zero_stage}: ZeRO stages are 0, 1, 2 and 3",
-    )
-    need(
-        config.train.checkpoint_every >= 0,
-        f"train.checkpoint_every={config.train.checkpoint_every}: must be 0 (no checkpoints) or a step count",
-    )
-    need(
-        config.train.keep_checkpoints >= 1,
-        f"train.keep_checkpoints={config.train.keep_checkpoints}: keep at least 1 checkpoint",
     )
     if data.name == DataName.text and data.path is None:
         need(
@@ -101,7 +104,26 @@ def _problems(config: TrainConfig) -> list[str]:
         )
         need(problem is None, problem or "")
     _check_evaluation(config, need)
-    parallel = config.parallel
+    _check_offload(config.parallel, need)
+    train = config.train
+    need(
+        train.profile_step < train.steps,
+        f"train.profile_step={train.profile_step}: must be a step of the run, 0 to "
+        f"train.steps - 1 = {train.steps - 1} (e.g. train.profile_step={min(2, train.steps - 1)}, "
+        f"after the first steps' warm-up), or -1 for none",
+    )
+    problems += tp_problems(config.model, tp=config.parallel.tp)
+    if config.cluster.gpus_per_node is not None:
+        problems += tp_node_problems(
+            config.parallel.tp,
+            ranks_per_node=config.cluster.gpus_per_node,
+            where=f"cluster={config.cluster.name} ({config.cluster.gpus_per_node} gpus per node)",
+        )
+    return problems
+
+
+def _check_offload(parallel: ParallelConfig, need: Callable[[bool, str], None]) -> None:
+    """ZeRO-Offload's stages: the optimizer from stage 1, the parameters at stage 3 and with it."""
     if parallel.offload_optimizer == Offload.cpu:
         need(
             parallel.zero_stage >= 1,
@@ -119,41 +141,11 @@ def _problems(config: TrainConfig) -> list[str]:
             "parallel.offload_param=cpu without parallel.offload_optimizer=cpu: offload the "
             "optimizer states too (DeepSpeed's ZeRO-Infinity order)",
         )
-    train = config.train
-    need(
-        train.max_skipped_steps >= 0,
-        f"train.max_skipped_steps={train.max_skipped_steps}: must be 0 or more (the skipped steps a "
-        f"run with train.on_nonfinite=skip allows before it stops), e.g. train.max_skipped_steps=10",
-    )
-    need(
-        train.profile_step == -1 or 0 <= train.profile_step < max(train.steps, 1),
-        f"train.profile_step={train.profile_step}: must be a step of the run, 0 to "
-        f"train.steps - 1 = {train.steps - 1} (e.g. train.profile_step={min(2, max(train.steps - 1, 0))}, "
-        f"after the first steps' warm-up), or -1 for none",
-    )
-    problems += tp_problems(config.model, tp=config.parallel.tp)
-    if config.cluster.gpus_per_node is not None:
-        problems += tp_node_problems(
-            config.parallel.tp,
-            ranks_per_node=config.cluster.gpus_per_node,
-            where=f"cluster={config.cluster.name} ({config.cluster.gpus_per_node} gpus per node)",
-        )
-    need(config.logger.log_every >= 1, f"logger.log_every={config.logger.log_every}: must be at least 1")
-    need(0 < config.planner.headroom <= 1, f"planner.headroom={config.planner.headroom}: must lie in (0, 1]")
-    return problems
 
 
 def _check_evaluation(config: TrainConfig, need: Callable[[bool, str], None]) -> None:
     """train.eval_every's held-out tokens: data.val_path, or the built-in text's held-out corpus."""
     train, data = config.train, config.data
-    need(
-        train.eval_every >= 0,
-        f"train.eval_every={train.eval_every}: must be 0 (no evaluation) or a step count",
-    )
-    need(
-        train.eval_batches >= 1,
-        f"train.eval_batches={train.eval_batches}: an evaluation reads at least 1 global batch",
-    )
     if data.val_path is not None and data.name != DataName.text:
         need(False, f"data.val_path={data.val_path}: held-out tokens are for data=text; unset it")
         return
@@ -314,10 +306,28 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
     return problems
 
 
+def _plan_problems(config: TrainConfig) -> list[str]:
+    """Problems only a plan has: the filesystem it is asked to weigh for the checkpoints."""
+    storage = config.cluster.storage_path
+    if storage is None or Path(storage).is_dir():
+        return []
+    return [
+        f"cluster.storage_path={storage}: no such directory here; name a directory on the cluster's "
+        f"checkpoint filesystem as it is mounted where you plan, or leave it null"
+    ]
+
+
 def validate(config: TrainConfig, *, launcher: str | None) -> None:
-    """Raise ConfigError listing every problem; ``launcher=None`` checks for planning only."""
-    problems = _problems(config)
-    if launcher is not None:
-        problems += _launch_problems(config, launcher=launcher)
+    """Raise ConfigError listing every problem; ``launcher=None`` checks for planning only.
+
+    Values outside their schema's range are refused first, alone: the checks that combine
+    keys (a divisor, a layout) would trip over them or say the same mistake twice.
+    """
+    problems = range_problems(config)
+    if not problems:
+        problems = _problems(config)
+        problems += (
+            _plan_problems(config) if launcher is None else _launch_problems(config, launcher=launcher)
+        )
     if problems:
         raise ConfigError("\n".join(f"  - {p}" for p in problems))

@@ -649,7 +649,7 @@ def test_the_plan_times_a_save_at_the_storages_write_speed():
     assert timed.checkpoint_share == pytest.approx(timed.checkpoint_s / (100 * timed.time.step_s))
     assert timed.record()["checkpoint_share"] == timed.checkpoint_share
     assert "one save 414 s at cluster.storage_gb_per_s=2; every 100 steps:" in format_plan(timed)
-    with pytest.raises(ConfigError, match=r"cluster.storage_gb_per_s=0: .* must be positive"):
+    with pytest.raises(ConfigError, match=r"cluster.storage_gb_per_s=0: must be positive"):
         validate(_config(*common, "cluster.storage_gb_per_s=0"), launcher=None)
 
 
