@@ -6,7 +6,7 @@ they are registered for composition, and a composed ``DictConfig`` becomes the f
 
 The classes are ``frozen=True``. Hydra must still merge overrides onto them while it
 composes, so the node stored in the ConfigStore is an unlocked copy
-(:func:`_unlocked_node`); ``OmegaConf.to_object`` then builds the frozen instances.
+(:func:`unlocked_node`); ``OmegaConf.to_object`` then builds the frozen instances.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _unlock(node: Any) -> None:
             _unlock(node._get_node(key))
 
 
-def _unlocked_node(schema: type) -> DictConfig:
+def unlocked_node(schema: type) -> DictConfig:
     """A structured node of ``schema`` that Hydra may merge overrides into."""
     node = OmegaConf.structured(schema)
     _unlock(node)
@@ -45,7 +45,7 @@ def register_configs() -> None:
     # Deferred: hydra's ConfigStore is needed only where a config is composed, not where one is read.
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="train_schema", node=_unlocked_node(TrainConfig))
+    ConfigStore.instance().store(name="train_schema", node=unlocked_node(TrainConfig))
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -60,6 +60,6 @@ def load_config(run_dir: Path) -> TrainConfig:
     """The typed config of a prepared run directory, from the composed config Hydra saved
     (``.hydra/config.yaml``): for tools that read a run afterwards (bench/bare_loop.py)."""
     composed = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    node = OmegaConf.merge(_unlocked_node(TrainConfig), composed)
+    node = OmegaConf.merge(unlocked_node(TrainConfig), composed)
     assert isinstance(node, DictConfig)
     return to_train_config(node)
