@@ -93,7 +93,9 @@ def end_to_end() -> tuple[float, int]:
             f"hydra.sweep.dir={tmp}/sweep",
         ]
         start = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode not in (0, 3, 4):  # a sweep of plans exits with its worst verdict: 3, 4
+            raise RuntimeError(f"train.py -m plan=true exited {proc.returncode}: {proc.stderr[-2000:]}")
         return time.perf_counter() - start, len(list(Path(tmp).glob("sweep/*/plan.json")))
 
 

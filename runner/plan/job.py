@@ -3,6 +3,9 @@
 On top of the plan package: the plan of one layout (runner/plan/planner.py), its table
 (runner/plan/table.py) and, with ``planner.recommend=true``, the ladder
 (runner/plan/ladder.py). Nothing is launched and nothing is allocated.
+
+The plan's verdict is its exit status (:func:`plan_exit_code`, docs/memory-and-plan.md), and
+plan.json's ``exit_code``: a script can tell a layout that fits from one that does not.
 """
 
 from __future__ import annotations
@@ -13,15 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import TrainConfig
-from runner.plan.checkpoint_size import disk_need
-from runner.plan.ladder import recommend, recommendation_record
-from runner.plan.planner import ResumePlan, plan_config
+from runner.plan.checkpoint_size import DiskNeed, disk_need, disk_problem
+from runner.plan.ladder import Ladder, recommend, recommendation_record
+from runner.plan.planner import Plan, ResumePlan, plan_config
 from runner.plan.table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
 from runner.rundir.summary import write_json_atomic
 
 log = logging.getLogger("ladder")
 
 PLAN_FILE = "plan.json"
+
+# plan=true's exit statuses (2 stays every refusal's: the plan could not be made).
+EXIT_FITS = 0  # it fits (device, host, the checkpoints a run weighs) and holds the batch contract
+EXIT_DOES_NOT_FIT = 3
+EXIT_CONTRACT_NOT_MET = 4  # it fits, but only at a global batch other than the one asked for
 
 
 def write_plan(run_dir: Path, record: dict[str, Any]) -> Path:
@@ -38,29 +46,88 @@ def read_plan(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def plan_exit_code(plan: Plan, disk_refused: bool, ladder: Ladder | None = None) -> int:
+    """The plan's verdict as an exit status: 3 when the layout does not fit (device memory, host
+    memory, or checkpoints that a run would be refused for on a filesystem the plan can see:
+    ``disk_refused``), else 4 when it holds the batch contract only at another global batch,
+    else 0. With ``planner.recommend=true`` the ladder's verdict instead: 0 when a layout fits
+    (its command is printed), 4 when no rung could hold the batch contract, else 3."""
+    if ladder is not None:
+        if ladder.winner is not None:
+            return EXIT_FITS
+        if all(rung.plan.contract_error is not None for rung in ladder.rungs):
+            return EXIT_CONTRACT_NOT_MET
+        return EXIT_DOES_NOT_FIT
+    if not (plan.fits and plan.host.fits) or disk_refused:
+        return EXIT_DOES_NOT_FIT
+    return EXIT_CONTRACT_NOT_MET if plan.contract_error is not None else EXIT_FITS
+
+
+def unseen_filesystem_line(need: DiskNeed, config: TrainConfig) -> str:
+    """The checkpoints of a plan for a named cluster whose filesystem this host cannot see."""
+    every = config.train.checkpoint_every
+    saves = "one checkpoint at a stop" if not every else f"{need.needed / 1e9:.3f} GB of checkpoints"
+    return (
+        f"  train.checkpoint_every={every}: {saves}; the filesystem of cluster={config.cluster.name} is not "
+        f"seen from here: set cluster.storage_path=<a directory on it> to weigh its free space"
+    )
+
+
+def _plan_disk(config: TrainConfig, run_dir: Path, resume: ResumePlan | None) -> tuple[DiskNeed, bool]:
+    """The checkpoints against the filesystem the run will write to, and whether it was seen.
+
+    A resume weighs its own run directory; a named cluster, cluster.storage_path (this host's
+    disk is not the cluster's), else nothing; cluster=local, the run directory's filesystem.
+    """
+    if resume is not None:
+        return resume.disk, True
+    if config.cluster.storage_path is not None:
+        return disk_need(config, Path(config.cluster.storage_path)), True
+    return disk_need(config, run_dir), config.cluster.name == "local"
+
+
 def plan_job(config: TrainConfig, *, run_dir: Path, resume: ResumePlan | None = None) -> dict[str, Any]:
-    """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record.
+    """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record,
+    whose ``exit_code`` is the plan's verdict (:func:`plan_exit_code`).
 
     ``resume``: with train.resume=auto, what the run directory holds (else None).
     """
     plan = plan_config(config)
     record = plan.record()
     text = format_plan(plan)
-    disk = disk_need(config, run_dir) if resume is None else resume.disk
+    disk, seen = _plan_disk(config, run_dir, resume)
     record["checkpoint_disk"] = disk.record()
     if resume is not None:
         speed = plan.workload.storage_bytes_per_s
         record["resume"] = resume.record_json(speed)
         text += "\n" + "\n".join(resume_lines(resume, run_dir, speed))
-    text += "\n" + checkpoint_disk_line(disk, config)
+    if seen:
+        text += "\n" + checkpoint_disk_line(disk, config)
+    else:
+        record["checkpoint_disk"].update(free_bytes=None, filesystem_of=None, fits=None)
+        text += "\n" + unseen_filesystem_line(disk, config)
+    ladder = None
     if config.planner.recommend:
         ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm)
         record["recommendation"] = recommendation_record(ladder)
         text += "\n" + format_ladder(ladder)
+    # The disk as a run weighs it: periodic checkpoints or a move's copy that cannot fit refuse the
+    # run; the one checkpoint a stop writes is a warning (runner/plan/checkpoint_size.py).
+    refused = seen and disk_problem(disk, config) is not None
+    record["exit_code"] = plan_exit_code(plan, refused, ladder)
     print(text, flush=True)
     path = write_plan(run_dir, record)
     log.info("plan written to %s (nothing launched)", path)
     return record
 
 
-__all__ = ["PLAN_FILE", "plan_job", "read_plan", "write_plan"]
+__all__ = [
+    "EXIT_CONTRACT_NOT_MET",
+    "EXIT_DOES_NOT_FIT",
+    "EXIT_FITS",
+    "PLAN_FILE",
+    "plan_exit_code",
+    "plan_job",
+    "read_plan",
+    "write_plan",
+]

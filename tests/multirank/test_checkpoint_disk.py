@@ -85,7 +85,7 @@ def test_a_move_whose_conversion_cannot_fit_is_refused_before_anything_is_writte
     before = file_digests(run_dir / "checkpoints")
     move = [*RUN, "parallel=zero1", "train.steps=4", *saving, "train.resume=auto"]
     planned = run_train(*move, "plan=true", "cluster.storage_gb_per_s=0.5", run_dir=run_dir)
-    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert planned.returncode == 3, planned.stderr[-3000:]  # the plan's verdict: the move does not fit
     for said in (  # plan=true weighs the move as the run does
         "train.resume=auto: continues step_00000002 (2 steps done, 0.039 GB), saved on gpus=1 "
         "parallel.zero_stage=0",
