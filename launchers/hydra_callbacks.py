@@ -5,7 +5,8 @@ Hydra saves ``.hydra/config.yaml`` into the run directory before the task starts
 the check has to run earlier, in ``on_run_start`` / ``on_multirun_start``. A resume
 re-enters its directory: the files Hydra is about to replace are set aside first
 (launchers/hydra_files.py), for a refusal to put back; a resumed sweep restores, when it
-ends, the cells it did not run.
+ends, the cells it did not run. A directory that does not exist yet is noted as this run's
+own, for a refusal to remove.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from launchers.hydra_files import note_new_sweep_dir, put_back_sweep, set_aside, set_aside_sweep
+from launchers.hydra_files import (
+    note_new_run_dir,
+    note_new_sweep_dir,
+    put_back_sweep,
+    set_aside,
+    set_aside_sweep,
+)
 from launchers.sweep_guard import refusal
 from runner.environment import from_environment
 from runner.rundir.summary import SUMMARY_FILE
@@ -53,6 +60,8 @@ class ProtectRunDirs(Callback):
 
     def _check(self, key: str, directory: str, config: DictConfig) -> None:
         lead = _lead()
+        if lead and key == "hydra.run.dir":
+            note_new_run_dir(Path(directory))  # removed again if the run is refused before launch
         if _resumes(config):
             if lead and key == "hydra.run.dir":
                 set_aside(Path(directory))  # put back if ladder refuses this attempt

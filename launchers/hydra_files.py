@@ -118,11 +118,70 @@ def remove_refused_sweep_dir(sweep_dir: Path) -> bool:
     """
     if sweep_dir.resolve() not in _NEW_SWEEP_DIRS:
         return False
+    if sweep_dir.is_dir() and any(path.name not in SWEEP_FILES for path in sweep_dir.iterdir()):
+        return False  # a cell of it is there: its multirun.yaml stays with it
     for name in SWEEP_FILES:
         (sweep_dir / name).unlink(missing_ok=True)
     try:
         sweep_dir.rmdir()
     except OSError:  # something else was written there: leave it
+        return False
+    return True
+
+
+# Run directories that did not exist when this process began its run, each with the first of
+# its parents that did not exist either (outputs/<date>/ on a day's first run): made by it.
+_NEW_RUN_DIRS: dict[Path, Path] = {}
+
+
+def note_new_run_dir(run_dir: Path) -> None:
+    """Before Hydra creates it: the run directory is this run's own, if it does not exist."""
+    run_dir = run_dir.resolve()
+    if run_dir.exists():
+        return
+    top = run_dir
+    while not top.parent.exists():
+        top = top.parent
+    _NEW_RUN_DIRS[run_dir] = top
+
+
+def _made_here(run_dir: Path) -> Path | None:
+    """The highest folder this process made for ``run_dir``: noted by the run, or a cell's own
+    folder in a sweep directory the sweep made; None when the directory was there before."""
+    if run_dir in _NEW_RUN_DIRS:
+        return _NEW_RUN_DIRS[run_dir]
+    for sweep_dir in _NEW_SWEEP_DIRS:
+        if run_dir != sweep_dir and run_dir.is_relative_to(sweep_dir):
+            return sweep_dir / run_dir.relative_to(sweep_dir).parts[0]
+    return None
+
+
+def remove_refused_run_dir(run_dir: Path) -> bool:
+    """A run refused before launch: remove the directory this process made for it.
+
+    Only a directory that did not exist before (:func:`note_new_run_dir`, or a cell of a new
+    sweep), only the files Hydra wrote into it (``.hydra/``, the job's log), and the parents
+    made with it; each stays if anything else is there. Returns whether it was removed.
+    """
+    run_dir = run_dir.resolve()
+    top = _made_here(run_dir)
+    if top is None or not run_dir.is_dir():
+        return False
+    for name in RUN_FILES:
+        (run_dir / HYDRA_DIR / name).unlink(missing_ok=True)
+    for log in run_dir.glob("*.log"):  # Hydra's job log (train.log), of this refused run only
+        log.unlink()
+    _remove_if_empty(run_dir / HYDRA_DIR)
+    folder = run_dir
+    while _remove_if_empty(folder) and folder != top:
+        folder = folder.parent
+    return not run_dir.exists()
+
+
+def _remove_if_empty(folder: Path) -> bool:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (something else was written there: it stays), or not there
         return False
     return True
 
