@@ -13,17 +13,20 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launchers import hydra_files, local_sweep
+from launchers import hydra_files, local_sweep, plan_exit
 from launchers.compose import register_configs, to_train_config
+from launchers.help import help_text
+from launchers.overrides import command_overrides, override_problems
 from launchers.run import NothingToTrain, RunFailed, RunInterrupted, run
 from launchers.worker import exit_now
-from runner.environment import from_environment, shared_run_dir, take_local_rank_argument
+from runner.environment import DistributedEnv, from_environment, shared_run_dir, take_local_rank_argument
 from runner.errors import ConfigError
 from runner.layout import LayoutError
 from runner.rundir.identity import RunIdentity
@@ -61,10 +64,49 @@ def _unused_launcher(cfg: DictConfig) -> str | None:
     )
 
 
+def _refuse_unused_launcher(cfg: DictConfig, launched: DistributedEnv | None) -> None:
+    """Raise the refusal of a SLURM launcher Hydra would not use (see _unused_launcher); a rank of
+    torchrun or srun was launched already."""
+    if launched is None and (unused := _unused_launcher(cfg)) is not None:
+        raise ConfigError(unused)
+
+
 def _as_list(error: Exception) -> str:
     """A refusal as the list of problems ConfigError writes: a lone LayoutError gets its bullet."""
     text = str(error)
     return text if text.startswith("  - ") else f"  - {text}"
+
+
+def _refused(error: Exception, *, run_dir: Path, sweep_dir: Path | None, lead: bool) -> NoReturn:
+    """A refusal before launch: rank 0 says why; a resumed run's .hydra/ goes back as it was, and
+    a directory this run made for nothing goes (launchers/hydra_files.py); exit 2."""
+    if lead:  # under torchrun or srun every rank refuses alike; rank 0 says why
+        print(f"ladder: refused before launch:\n{_as_list(error)}", file=sys.stderr)
+    if lead and hydra_files.put_back(run_dir):
+        print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
+    elif lead and hydra_files.remove_refused_run_dir(run_dir) and sweep_dir is not None:
+        hydra_files.remove_refused_sweep_dir(sweep_dir)  # no cell of it ran: the sweep's too
+    if not lead:  # its launcher would stop rank 0 at this exit, before rank 0 said why
+        time.sleep(REFUSAL_WAIT_S)
+    sys.exit(2)
+
+
+def _interrupted_before_launch(run_dir: Path, *, lead: bool) -> NoReturn:
+    """Ctrl-C while validating or planning: a resumed run's .hydra/ goes back; exit 130."""
+    print("\nladder: interrupted before any rank started; nothing trained", file=sys.stderr)
+    if lead:
+        hydra_files.put_back(run_dir)
+    sys.exit(130)  # 128 + SIGINT, the shell's convention
+
+
+def _say_how_to_continue(stopped: Preempted, run_dir: Path) -> None:
+    """Rank 0 of torchrun, stopped at a signal after a checkpoint: the command that continues it."""
+    print(f"ladder: run stopped: {stopped}", file=sys.stderr)
+    print(
+        "  continue with: the same torchrun (or deepspeed) command, ending in "
+        f"train.resume=auto hydra.run.dir={run_dir}",
+        file=sys.stderr,
+    )
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -77,29 +119,23 @@ def main(cfg: DictConfig) -> float | None:
     lead = launched is None or launched.rank == 0
     ran = True  # False: this attempt trained nothing, and the run's own .hydra/ stays its record
     try:
-        if launched is None and (unused := _unused_launcher(cfg)) is not None:
-            raise ConfigError(unused)
+        _refuse_unused_launcher(cfg, launched)
         summary = run(
             to_train_config(cfg),
             run_dir=run_dir,
             identity=_identity(run_dir),
             experiment=hydra_cfg.runtime.choices.get("experiment"),
         )
+        if cfg.plan or cfg.planner.recommend:  # its verdict becomes the exit status, once Hydra is done
+            plan_exit.note(
+                hydra_cfg.job.num if sweep_dir else None, hydra_cfg.overrides.task, summary["exit_code"]
+            )
     except (ConfigError, LayoutError) as error:
         ran = False
-        if lead:  # under torchrun or srun every rank refuses alike; rank 0 says why
-            print(f"ladder: refused before launch:\n{_as_list(error)}", file=sys.stderr)
-        if lead and hydra_files.put_back(run_dir):
-            print(f"  ({run_dir}/.hydra holds the config of its last run again)", file=sys.stderr)
-        if not lead:  # its launcher would stop rank 0 at this exit, before rank 0 said why
-            time.sleep(REFUSAL_WAIT_S)
-        sys.exit(2)
+        _refused(error, run_dir=run_dir, sweep_dir=sweep_dir, lead=lead)
     except KeyboardInterrupt:  # Ctrl-C while validating or planning: no rank had started
         ran = False
-        print("\nladder: interrupted before any rank started; nothing trained", file=sys.stderr)
-        if lead:
-            hydra_files.put_back(run_dir)
-        sys.exit(130)  # 128 + SIGINT, the shell's convention
+        _interrupted_before_launch(run_dir, lead=lead)
     except NothingToTrain as done:  # resumed, already finished: the run stays as it was, .hydra/ too
         ran = False
         print(f"ladder: {run_dir}: {done}", file=sys.stderr)
@@ -113,12 +149,7 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(1)
     except Preempted as stopped:  # a rank of torchrun or srun, stopped at a signal after a checkpoint
         if launched is not None and launched.rank == 0 and launched.source == "torchrun":
-            print(f"ladder: run stopped: {stopped}", file=sys.stderr)
-            print(
-                "  continue with: the same torchrun (or deepspeed) command, ending in "
-                f"train.resume=auto hydra.run.dir={run_dir}",
-                file=sys.stderr,
-            )
+            _say_how_to_continue(stopped, run_dir)
         raise
     except RunInterrupted as error:
         print(f"ladder: run stopped: {error}", file=sys.stderr)
@@ -139,6 +170,27 @@ def continue_command(argv: list[str], run_dir: Path, sweep_dir: Path | None) -> 
     return shlex.join(["python", argv[0], *kept, "train.resume=auto", f"{dir_key}={where}"])
 
 
+def _refuse(problems: list[str]) -> NoReturn:
+    """Refuse the command line before Hydra composes (rank 0 says why, as in main), exit 2."""
+    launched = from_environment(os.environ)
+    if launched is None or launched.rank == 0:
+        print("ladder: refused before launch:", *(f"  - {p}" for p in problems), sep="\n", file=sys.stderr)
+    else:
+        time.sleep(REFUSAL_WAIT_S)
+    sys.exit(2)
+
+
+def _before_hydra(argv: list[str]) -> None:
+    """Refuse an unknown key or option, or a value its key cannot take, naming the closest valid
+    ones; answer --help with every key's meaning. Nothing is composed or written yet."""
+    problems = override_problems(argv[1:])
+    if problems:
+        _refuse(problems)
+    if "--help" in argv[1:] or "-h" in argv[1:]:
+        print(help_text(command_overrides(argv[1:])))
+        sys.exit(0)
+
+
 def _agree_on_run_dir(argv: list[str]) -> None:
     """Ranks started by torchrun or srun must share one run directory: name it alike in each."""
     if any(arg.startswith("hydra.run.dir=") for arg in argv) or "-m" in argv or "--multirun" in argv:
@@ -150,6 +202,7 @@ def _agree_on_run_dir(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     take_local_rank_argument(sys.argv, os.environ)
+    _before_hydra(sys.argv)
     _agree_on_run_dir(sys.argv)
     try:
         main()
@@ -157,7 +210,10 @@ if __name__ == "__main__":
         exit_now(EXIT_INTERRUPTED)
     if local_sweep.FAILED_CELLS:  # a sweep on this host ran every cell; some failed (named above)
         sys.exit(1)
+    if (verdict := plan_exit.summary()) is not None:  # plans: 3 does not fit, 4 contract not met
+        print(verdict, file=sys.stderr)
     if from_environment(os.environ) is not None:
         # One rank of torchrun or srun: skip teardown destructors that may abort (see
         # launchers.worker.exit_now); everything is written by now.
-        exit_now(0)
+        exit_now(plan_exit.exit_code())
+    sys.exit(plan_exit.exit_code())

@@ -23,7 +23,8 @@ def test_the_seed_example_plans_without_launching(train):
         "model=llama_70b", "parallel=zero3", "gpus=64", "plan=true", "cluster=h100_sxm", timeout=120
     )
     elapsed = time.perf_counter() - start
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 4, result.stderr[-2000:]  # it fits, but only at global 64, not 16
+    assert "ladder: the plan holds the batch contract only at another global batch (exit 4)" in result.stderr
     out = result.stdout
     for fragment in (
         "memory per device",
@@ -35,12 +36,15 @@ def test_the_seed_example_plans_without_launching(train):
         # ZeRO-3 saves its fp32 partitions (master, Adam's m and v) and no 16-bit weights
         "one checkpoint 827.72 GB = 12 B of fp32 optimizer state per parameter",
         "train.checkpoint_every=0: one checkpoint at a stop;",
+        # this host's disk is not the cluster's
+        "the filesystem of cluster=h100_sxm is not seen from here: set cluster.storage_path=",
     ):
         assert fragment in out, f"{fragment!r} not in:\n{out}"
     plan = json.loads((result.run_dir / "plan.json").read_text())
     assert set(plan["layout"]) == LAYOUT_KEYS
     assert plan["checkpoint_bytes"] == 12 * 68_976_648_192
     assert plan["checkpoint_disk"]["peak_bytes_to_write"] == plan["checkpoint_bytes"]  # the stop's one
+    assert plan["checkpoint_disk"]["fits"] is None and plan["exit_code"] == 4
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert not (result.run_dir / "deepspeed_config.json").exists()
     assert elapsed < 60  # mostly the interpreter importing torch; the plan itself takes milliseconds
@@ -85,7 +89,12 @@ def test_a_multirun_sweep_writes_one_plan_per_cell(tmp_path):
         timeout=180,
         env=clean_env(),
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # Every cell is planned, whatever the ones before it said; the sweep exits with the worst verdict.
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert (
+        "ladder: 3 of 4 plans do not fit (exit 3): #0 (parallel=ddp gpus=8), #1 (parallel=ddp gpus=64)"
+        in proc.stderr
+    )
     plans = sorted(sweep.glob("*/plan.json"))
     assert len(plans) == 4
     cells = {
@@ -114,7 +123,7 @@ def test_offload_that_a_node_cannot_hold_is_called_out_with_the_fix(train):
     """ZeRO-3 offload on 8 H200s keeps 209 GB per rank in host RAM: too much for a 1 TB node."""
     common = ("model=llama_70b", "cluster=h200", "gpus=8", "plan=true", "parallel=zero3_offload")
     small = train(*common, "cluster.host_memory_gb=1000", timeout=120)
-    assert small.returncode == 0, small.stderr[-2000:]  # a verdict, not a refusal: plan=true launches nothing
+    assert small.returncode == 3, small.stderr[-2000:]  # a verdict (exit 3: it does not fit), not a refusal
     for fragment in (
         "host memory per node: 8 ranks (gpus 8, 8 per node), model built partitioned by zero.Init",
         "host DOES NOT FIT by 770.5 GB: 8 ranks x 208.8 GB training (steady)",
