@@ -38,6 +38,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,19 +79,21 @@ STAGE0_SUFFIX = "_ddp"  # the universal checkpoint as a stage-0 engine's own fil
 STAGE_SPLITS = "every_stages_splits_recorded"
 
 
+@dataclass(frozen=True)
+class SaveRecord:
+    """What ``latest.json`` keeps of a checkpoint beside DeepSpeed's files: the steps it holds,
+    the layout and ZeRO stage that wrote it, and the loop's state a resume goes on from."""
+
+    completed_steps: int
+    layout: Layout
+    zero_stage: ZeroStage | int
+    skipped_steps: tuple[int, ...] = ()  # train.on_nonfinite=skip's skipped steps so far
+    noise_scale: dict[str, Any] | None = None  # runner/metrics/noise_scale.py's EMAs
+    loss_scale: dict[str, Any] | None = None  # fp16's dynamic loss scale
+
+
 def save(
-    engine: Any,
-    run_dir: Path,
-    *,
-    completed_steps: int,
-    layout: Layout,
-    zero_stage: ZeroStage | int,
-    rank: int,
-    keep: int,
-    skipped_steps: list[int] | None = None,
-    noise_scale: dict[str, Any] | None = None,
-    loss_scale: dict[str, Any] | None = None,
-    expected_bytes: int = 0,
+    engine: Any, run_dir: Path, record: SaveRecord, *, rank: int, keep: int, expected_bytes: int = 0
 ) -> None:
     """Write a checkpoint of every rank's state; collective: every rank calls it.
 
@@ -99,13 +102,15 @@ def save(
     :class:`CheckpointWriteError`; ``latest.json`` still names the checkpoint before.
     ``expected_bytes``: the whole checkpoint's size (runner/plan/checkpoint_size.py), for that error.
 
-    ``skipped_steps`` (train.on_nonfinite=skip, runner/train/nonfinite.py) go into ``latest.json``,
+    The record's ``skipped_steps`` (train.on_nonfinite=skip, runner/train/nonfinite.py) go into
+    ``latest.json``,
     so a resumed run counts them against train.max_skipped_steps; so does rank 0's noise
     scale state (runner/metrics/noise_scale.py, the same on every rank), so its EMAs go on, and in
     fp16 the dynamic loss scale's (runner/engine/fixes/fp16_stage0_loss_scale.py), so it goes on on any
     layout.
     """
     root = run_dir / CHECKPOINT_DIR
+    completed_steps, layout, zero_stage = record.completed_steps, record.layout, record.zero_stage
     tag = tag_for(completed_steps)
     partial = PARTIAL_PREFIX + tag
 
@@ -138,9 +143,9 @@ def save(
                 "layout": layout.record(),
                 "zero_stage": zero_stage,
                 "precision": _precision(engine),
-                "skipped_steps": list(skipped_steps or []),
-                "noise_scale": noise_scale,
-                **({"fp16_loss_scale": loss_scale} if loss_scale else {}),
+                "skipped_steps": list(record.skipped_steps),
+                "noise_scale": record.noise_scale,
+                **({"fp16_loss_scale": record.loss_scale} if record.loss_scale else {}),
                 **({STAGE_SPLITS: True} if layout.pp > 1 and layout.tp > 1 else {}),
             },
         )

@@ -337,38 +337,43 @@ def _saved_activations(case: MemoryCase, held: HeldStates) -> int:
     return sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
 
 
+@dataclass(frozen=True)
+class RankBatch:
+    """The batch one rank steps: data-parallel ranks, micro-batch, sequence length and the
+    micro-batches per step (None: not known; the estimate then counts what accumulation needs)."""
+
+    dp: int
+    micro_size: int
+    seq_len: int
+    accum_steps: int | None = None
+
+
 def deepspeed_estimate(
     *,
     model: ModelConfig,
-    num_params: int,
     parallel: ParallelConfig,
     precision: Precision,
     optimizer: OptimizerName,
-    dp: int,
-    micro_size: int,
-    seq_len: int,
+    batch: RankBatch,
     host_is_device: bool = False,
-    accum_steps: int | None = None,
     compiled: bool = False,
 ) -> Estimate:
-    """:func:`boundary_estimate` of a run's rank, from its sub-configs and layout.
+    """:func:`boundary_estimate` of a run's rank, from its sub-configs and its batch.
 
-    ``num_params`` is not read: the count is the model's tensors', as the rank holds them
-    (runner.parallel.pipeline_split.rank_param_numels), which runner.model.shape.num_params
-    gives at tp = pp = 1.
+    The parameter count is the model's tensors', as the rank holds them
+    (runner.parallel.pipeline_split.rank_param_numels).
     """
-    del num_params
     case = MemoryCase(
         model=model,
         precision=precision,
         optimizer=optimizer,
         zero_stage=ZeroStage(parallel.zero_stage),
-        seq_len=seq_len,
-        micro_size=micro_size,
-        dp=dp,
+        seq_len=batch.seq_len,
+        micro_size=batch.micro_size,
+        dp=batch.dp,
         tp=parallel.tp,
         pp=parallel.pp,
-        accum_steps=accum_steps,
+        accum_steps=batch.accum_steps,
         offload=offload_placement(parallel.offload_optimizer, parallel.offload_param),
         recompute=Recompute(model.activation_checkpointing),
         reduce_bucket_size=reduce_bucket_elements(parallel.reduce_bucket_size, model),

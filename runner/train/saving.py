@@ -39,17 +39,20 @@ def save(ctx: RunContext, setup: Setup, wall: WallClock, *, completed_steps: int
     """Save a checkpoint after ``completed_steps``, timed into the run's wall clock."""
     config = ctx.config
     saving = time.perf_counter()
-    checkpoint.save(
-        setup.engine,
-        ctx.run_dir,
+    record = checkpoint.SaveRecord(
         completed_steps=completed_steps,
         layout=ctx.layout,
         zero_stage=config.parallel.zero_stage,
-        rank=ctx.rank,
-        keep=config.train.keep_checkpoints,
-        skipped_steps=setup.parts.nonfinite.skipped,
+        skipped_steps=tuple(setup.parts.nonfinite.skipped),
         noise_scale=setup.parts.probes.noise.state(),
         loss_scale=setup.overflows.state(),
+    )
+    checkpoint.save(
+        setup.engine,
+        ctx.run_dir,
+        record,
+        rank=ctx.rank,
+        keep=config.train.keep_checkpoints,
         expected_bytes=setup.checkpoint_bytes,
     )
     tag = checkpoint.tag_for(completed_steps)

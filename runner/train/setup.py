@@ -29,7 +29,7 @@ from runner.hardware.mfu_peak import Peak, resolve_peak
 from runner.hardware.peak_flops import torch_dtype
 from runner.hardware.peak_memory import PeakMemory, host_peak_bytes
 from runner.metrics import goodput
-from runner.metrics.ledger import Estimate, deepspeed_estimate
+from runner.metrics.ledger import Estimate, RankBatch, deepspeed_estimate
 from runner.metrics.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 from runner.metrics.sinks import MetricSink, build_sinks
 from runner.metrics.step_probes import StepProbes
@@ -219,15 +219,16 @@ def _estimate(ctx: RunContext) -> Estimate:
     config, layout = ctx.config, ctx.layout
     return deepspeed_estimate(
         model=config.model,
-        num_params=num_params(config.model),
         parallel=config.parallel,
         precision=config.precision.name,
         optimizer=config.optimizer.name,
-        dp=layout.dp,
-        micro_size=layout.micro_size,
-        seq_len=config.data.seq_len,
+        batch=RankBatch(
+            dp=layout.dp,
+            micro_size=layout.micro_size,
+            seq_len=config.data.seq_len,
+            accum_steps=layout.accum_steps,
+        ),
         host_is_device=ctx.device.type == "cpu",
-        accum_steps=layout.accum_steps,
         compiled=config.train.compile,
     )
 

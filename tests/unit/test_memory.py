@@ -225,14 +225,12 @@ def test_ledger_host_estimate_matches_deepspeeds_measured_host_bytes(stage: str,
     """runner.metrics.ledger's host lines for the tiny model on 2 ranks: each within 0.1% of the measured
     bytes."""
     from runner.config import Offload, OptimizerName, ParallelConfig
-    from runner.metrics.ledger import deepspeed_estimate, host_relative_errors
-    from runner.model.transformer import num_params
+    from runner.metrics.ledger import RankBatch, deepspeed_estimate, host_relative_errors
 
     tiny = ModelConfig()  # conf/model/tiny.yaml's shape
     zero3 = stage == "zero3"
     estimate = deepspeed_estimate(
         model=tiny,
-        num_params=num_params(tiny),
         parallel=ParallelConfig(
             zero_stage=3 if zero3 else 2,
             offload_optimizer=Offload.cpu,
@@ -240,10 +238,7 @@ def test_ledger_host_estimate_matches_deepspeeds_measured_host_bytes(stage: str,
         ),
         precision=Precision(precision),
         optimizer=OptimizerName.adamw,
-        dp=2,
-        micro_size=4,
-        seq_len=128,
-        accum_steps=2,
+        batch=RankBatch(dp=2, micro_size=4, seq_len=128, accum_steps=2),
     )
     measured = MEASURED_OFFLOAD_HOST[(stage, precision)]
     assert set(estimate.host) == set(measured)

@@ -245,8 +245,7 @@ def test_offload_enums_map_to_the_estimators_strings():
 def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
     """The planner's host memory is the ledger's line for line (one rank: no partition boundary to bound)."""
     from runner.config import ModelConfig, OptimizerName, ParallelConfig
-    from runner.metrics.ledger import deepspeed_estimate
-    from runner.model.transformer import num_params
+    from runner.metrics.ledger import RankBatch, deepspeed_estimate
 
     tiny = ModelConfig()
     common: dict[str, Any] = dict(micro_size=4, seq_len=128, host_is_device=True)
@@ -261,10 +260,8 @@ def test_offload_plan_holds_the_ledgers_host_buffers(stage, offload):
         parallel=parallel,
         precision=Precision.fp32,
         optimizer=OptimizerName.adamw,
-        dp=1,
-        accum_steps=2,
-        num_params=num_params(tiny),
-        **common,
+        batch=RankBatch(dp=1, micro_size=4, seq_len=128, accum_steps=2),
+        host_is_device=True,
     )
     assert planned.host == ledger.host and len(planned.host) > 3  # terms and DeepSpeed's buffers
 
@@ -392,22 +389,17 @@ def test_nominal_size_from_the_model_name():
 def test_a_pipeline_plan_counts_the_fullest_stage_as_the_ledger_does(stage, precision):
     """Under a pipeline the plan's model states are the fullest stage's, term for term the ledger's."""
     from runner.config import ModelConfig, OptimizerName, ParallelConfig
-    from runner.metrics.ledger import deepspeed_estimate
-    from runner.model.transformer import num_params
+    from runner.metrics.ledger import RankBatch, deepspeed_estimate
 
     tiny = ModelConfig()
     planned = _terms(tiny, precision=precision, zero_stage=stage, pp=2, accum_steps=4, host_is_device=True)
     ledger = deepspeed_estimate(
         model=tiny,
-        num_params=num_params(tiny),
         parallel=ParallelConfig(zero_stage=stage, pp=2),
         precision=Precision(precision),
         optimizer=OptimizerName.adamw,
-        dp=1,
-        micro_size=4,
-        seq_len=128,
         host_is_device=True,
-        accum_steps=4,
+        batch=RankBatch(dp=1, micro_size=4, seq_len=128, accum_steps=4),
     )
     for term in ("params", "grads", "optimizer"):
         assert getattr(planned, term) == ledger.terms[term], term

@@ -17,7 +17,7 @@ from runner.config import (
 )
 from runner.engine.deepspeed_config import build_deepspeed_config
 from runner.layout import resolve_layout
-from runner.metrics.ledger import deepspeed_estimate
+from runner.metrics.ledger import RankBatch, deepspeed_estimate
 from runner.model.transformer import build_model, num_params
 from runner.parallel.tensor import partition_config, tp_node_problems, tp_problems
 
@@ -108,14 +108,11 @@ def test_estimate_halves_all_but_the_norms(stage):
     def estimate(tp: int):
         return deepspeed_estimate(
             model=TINY,
-            num_params=num_params(TINY),
             parallel=ParallelConfig(zero_stage=stage, tp=tp),
             precision=Precision.fp32,
             optimizer=OptimizerName.adamw,
-            dp=1,
-            micro_size=4,
-            seq_len=128,
             host_is_device=True,
+            batch=RankBatch(dp=1, micro_size=4, seq_len=128),
         )
 
     h, L = TINY.d_model, TINY.n_layer
