@@ -8,6 +8,12 @@
 #
 #   bench/gpu_check.sh [OUT_DIR]
 #
+# GPU_CHECK_PARTS picks the parts (comma-separated; default: tests,layouts,largest,compiled):
+# tests, layouts (ddp/zero1/zero3 and their plans), largest, compiled, and three more that
+# measure speed rather than prove paths: peer (bench/peer_gpu.py: ladder beside a plain
+# PyTorch loop), calibrate (bench/calibrate_device.py: GEMMs at the models' shapes, copy and
+# fused AdamW bandwidth) and zero3_micro1 (llama_7b under ZeRO-3 at micro 1, its step profiled).
+#
 # Without a CUDA device it runs the same steps in a reduced mode (tiny model, fp32, 3 steps)
 # so the script is known to work before GPU time is spent.
 set -euo pipefail
@@ -36,6 +42,18 @@ if [ -n "${GPU_CHECK_BUDGET_S:-}" ] && ! [[ "$GPU_CHECK_BUDGET_S" =~ ^[0-9]+$ ]]
     "give one (e.g. GPU_CHECK_BUDGET_S=460), or unset it for the default" >&2
   exit 2
 fi
+parts=",${GPU_CHECK_PARTS:-tests,layouts,largest,compiled},"
+for part in ${GPU_CHECK_PARTS:+${GPU_CHECK_PARTS//,/ }}; do
+  case "$part" in
+    tests | layouts | largest | compiled | peer | calibrate | zero3_micro1) ;;
+    *)
+      echo "gpu_check: GPU_CHECK_PARTS names no part '$part'; the parts are tests, layouts," \
+        "largest, compiled, peer, calibrate, zero3_micro1" >&2
+      exit 2
+      ;;
+  esac
+done
+wanted() { [[ "$parts" == *",$1,"* ]]; }
 mkdir -p "$out"
 
 if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -76,12 +94,16 @@ if ! "$python" -c "import pytest" 2>/dev/null; then
   echo "gpu_check: WARNING: $python has no pytest: the gpu tests will not run (pip install pytest)" >&2
 fi
 
-timed gpu_tests "$run_limit" "$python" -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 \
-  | tee "$out/pytest.log" || true
+if wanted tests; then
+  timed gpu_tests "$run_limit" "$python" -m pytest -m gpu tests/gpu -q -p no:cacheprovider 2>&1 \
+    | tee "$out/pytest.log" || true
+fi
 
 base="precision=$precision data=synthetic logger=none $extra"
 common="model=$model $base"
-for parallel in ddp zero1 zero3; do
+layouts="ddp zero1 zero3"
+wanted layouts || layouts=""
+for parallel in $layouts; do
   # shellcheck disable=SC2086  # $common holds several overrides on purpose
   timed "run_$parallel" "$run_limit" "$python" train.py $common parallel=$parallel train.steps=$steps \
     train.eval_every=$steps train.eval_batches=1 "hydra.run.dir=$out/run_$parallel" \
@@ -95,6 +117,7 @@ done
 # optimizer step copies one sub-group's gradients at a time, not the whole partition's),
 # with micro-batch auto (the largest that fits); its plan, then 10 steps of it.
 largest="" largest_parallel=""
+wanted largest || candidates=""
 for candidate in $candidates; do
   for parallel in zero1 zero3; do
     # shellcheck disable=SC2086
@@ -108,7 +131,9 @@ for candidate in $candidates; do
     fi
   done
 done
-if [ -n "$largest" ]; then
+if ! wanted largest; then
+  :
+elif [ -n "$largest" ]; then
   echo "gpu_check: largest model that plan says fits: $largest under $largest_parallel"
   cp -r "$out/plan_${largest}_$largest_parallel" "$out/plan_largest"
   # shellcheck disable=SC2086
@@ -119,15 +144,37 @@ else
   echo "gpu_check: no plan of $candidates says it fits, or none ran (timings.tsv)"
 fi
 
-# Last, as it is the extra: zero1 again with each block compiled (train.compile=true), for
-# what torch.compile adds to the eager MFU above, and its plan (compiled blocks save less).
-# shellcheck disable=SC2086
-timed run_zero1_compiled "$run_limit" "$python" train.py $common parallel=zero1 train.compile=true \
-  train.steps=$steps "hydra.run.dir=$out/run_zero1_compiled" \
-  > "$out/run_zero1_compiled.log" 2>&1 || echo "compiled run failed"
-# shellcheck disable=SC2086
-timed plan_zero1_compiled "$plan_limit" "$python" train.py $common parallel=zero1 train.compile=true \
-  plan=true "hydra.run.dir=$out/plan_zero1_compiled" \
-  > "$out/plan_zero1_compiled.log" 2>&1 || echo "compiled plan failed"
+# Then the extra: zero1 again with each block compiled (train.compile=true), for what
+# torch.compile adds to the eager MFU above, and its plan (compiled blocks save less).
+if wanted compiled; then
+  # shellcheck disable=SC2086
+  timed run_zero1_compiled "$run_limit" "$python" train.py $common parallel=zero1 train.compile=true \
+    train.steps=$steps "hydra.run.dir=$out/run_zero1_compiled" \
+    > "$out/run_zero1_compiled.log" 2>&1 || echo "compiled run failed"
+  # shellcheck disable=SC2086
+  timed plan_zero1_compiled "$plan_limit" "$python" train.py $common parallel=zero1 train.compile=true \
+    plan=true "hydra.run.dir=$out/plan_zero1_compiled" \
+    > "$out/plan_zero1_compiled.log" 2>&1 || echo "compiled plan failed"
+fi
+# Speed rather than paths: what the device reaches on the models' own GEMMs and bandwidth...
+if wanted calibrate; then
+  timed calibrate "$run_limit" "$python" bench/calibrate_device.py --out "$out/calibration.json" \
+    > "$out/calibrate.log" 2>&1 || echo "calibration failed: see $out/calibrate.log"
+fi
+# ...ladder beside a plain PyTorch loop of the same model and batch, eager and compiled...
+if wanted peer; then
+  timed peer "$run_limit" "$python" bench/peer_gpu.py --rounds 1 --out-json "$out/peer.json" \
+    > "$out/peer.log" 2>&1 || echo "peer bench failed: see $out/peer.log"
+fi
+# ...and llama_7b under ZeRO-3 at micro 1 (what micro_size=auto picks on one H200), one step
+# profiled: where a step of many small micro-batches goes (profile/rank0_step3_ops.txt).
+if wanted zero3_micro1; then
+  big=llama_7b
+  [ "$mode" = full ] || big=tiny
+  # shellcheck disable=SC2086
+  timed run_zero3_micro1 "$run_limit" "$python" train.py $base model=$big parallel=zero3 \
+    batch.micro_size=1 train.steps=5 train.profile_step=3 "hydra.run.dir=$out/run_zero3_micro1" \
+    > "$out/run_zero3_micro1.log" 2>&1 || echo "zero3 micro 1 run failed"
+fi
 
 "$python" bench/gpu_check_table.py "$out" --mode "$mode"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 PHASES = ("forward", "backward", "optimizer")
-LAYOUTS = ("ddp", "zero1", "zero3", "largest", "zero1_compiled")
+LAYOUTS = ("ddp", "zero1", "zero3", "largest", "zero1_compiled", "zero3_micro1")
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -15,10 +15,14 @@ pytestmark = pytest.mark.e2e
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.sh"
 
 
-def _check(out: Path, python: str, *, budget: str | None = None) -> subprocess.CompletedProcess[str]:
+def _check(
+    out: Path, python: str, *, budget: str | None = None, parts: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHON": python}
     if budget is not None:
         env["GPU_CHECK_BUDGET_S"] = budget
+    if parts is not None:
+        env["GPU_CHECK_PARTS"] = parts
     return subprocess.run(["bash", str(SCRIPT), str(out)], capture_output=True, text=True, env=env)
 
 
@@ -59,3 +63,21 @@ def test_a_spent_budget_skips_every_part_and_still_writes_the_table(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert {row["status"] for row in results["rows"]} == {"missing"}
     assert {part["exit_status"] for part in results["timings"]} == {"skipped"}
+
+
+def test_a_part_it_does_not_have_is_refused_with_the_parts_it_has(tmp_path):
+    out = tmp_path / "check"
+    result = _check(out, sys.executable, parts="peer,speed")
+    assert result.returncode == 2
+    assert "GPU_CHECK_PARTS names no part 'speed'" in result.stderr
+    assert "tests, layouts, largest, compiled, peer, calibrate, zero3_micro1" in result.stderr
+    assert not out.exists()
+
+
+def test_the_parts_asked_for_run_and_no_others(tmp_path):
+    """GPU_CHECK_PARTS=compiled with a spent budget: only the compiled run's parts are timed."""
+    out = tmp_path / "check"
+    result = _check(out, sys.executable, budget="0", parts="compiled")
+    assert result.returncode == 0, result.stderr[-2000:]
+    timed = [part["part"] for part in json.loads((out / "results.json").read_text())["timings"]]
+    assert timed == ["run_zero1_compiled", "plan_zero1_compiled"]
