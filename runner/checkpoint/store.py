@@ -609,8 +609,10 @@ def wait_for(run_dir: Path, tag: str, *, timeout_s: float = 1800.0) -> None:
 def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
     """Restore model, optimizer, LR schedule and this rank's RNG; returns the completed steps."""
     root = run_dir / CHECKPOINT_DIR
-    # Every file DeepSpeed reads here is unpickled weights-only: a doctored one cannot run code.
-    safe_load.install(engine)
+    # Every file DeepSpeed reads here is unpickled weights-only, so a doctored one cannot run
+    # code: its checkpoint engine was made weights-only with the engine's other fixes
+    # (runner/engine/initialize.py apply_fixes), and weights_only_loads() below holds the
+    # torch.load calls DeepSpeed makes directly.
     # no_grad: a pipeline's load ends by broadcasting the tied embedding in place, which
     # autograd would otherwise record on the weight (see runner/parallel/pipeline.py's build).
     bf16_stage0 = _is_bf16_stage0(engine)
