@@ -2,8 +2,8 @@
 
 Order: ``cluster.peak_tflops`` (an explicit override) > the cluster group's dense figure
 for the run's precision > on CUDA, the detected device's dense figure (an unknown device
-is an error, never a silent fallback) > on CPU, a short matmul calibration, reported as
-measured.
+is an error, never a silent fallback) > on CPU, a matmul calibration made once per machine
+(CPU, threads per rank, precision, torch version), reported as measured with its thread count.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ import json
 import os
 import platform
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from runner.config import ClusterConfig, Precision
 from runner.hardware.cpu_half_matmul import computes_in_fp32
-from runner.hardware.peak_flops import calibrate_cpu_peak, peak_flops_for_cuda_device, torch_dtype
+from runner.hardware.peak_flops import calibrate_cpu_rounds, peak_flops_for_cuda_device, torch_dtype
 from runner.rundir.summary import write_json_atomic
 
 
@@ -30,10 +32,18 @@ class Peak:
     flops: float
     source: str
     calibrated: bool = False  # this CPU's matmul calibration (best_cpu_peak), not a figure given
+    detail: dict[str, Any] | None = None  # a calibration's record: its rounds, threads, torch, date
+
+    def calibration_record(self, *, ranks: int) -> dict[str, Any] | None:
+        """summary.json's ``peak_flops_calibration``: the calibration and the run's ranks x threads."""
+        if self.detail is None:
+            return None
+        threads = int(self.detail["threads"])
+        return {**self.detail, "ranks": ranks, "threads_per_rank": threads, "threads_in_all": ranks * threads}
 
 
-def resolve_peak(cluster: ClusterConfig, precision: Precision, *, accelerator: str) -> Peak:
-    """The peak for this run; on CPU it measures (about half a second)."""
+def resolve_peak(cluster: ClusterConfig, precision: Precision, *, accelerator: str, ranks: int = 1) -> Peak:
+    """The peak for this run; on CPU the calibration kept for this machine (measured once, 1.4 s)."""
     if cluster.peak_tflops is not None:
         return Peak(cluster.peak_tflops * 1e12, "cluster.peak_tflops")
     table = cluster.peak_tflops_fp32 if precision == Precision.fp32 else cluster.peak_tflops_bf16
@@ -43,7 +53,7 @@ def resolve_peak(cluster: ClusterConfig, precision: Precision, *, accelerator: s
     if accelerator == "cuda":
         name = torch.cuda.get_device_name()
         return Peak(peak_flops_for_cuda_device(name, precision.value), f"dense datasheet figure for {name}")
-    return best_cpu_peak(precision)
+    return best_cpu_peak(precision, ranks=ranks)
 
 
 def _cache_path() -> Path:
@@ -59,91 +69,147 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-# Calibrations at one key (CPU, threads, precision) before its best is reused unmeasured.
-CALIBRATIONS_KEPT = 3
+# The statistic kept of a calibration's rounds (runner/hardware/peak_flops.py calibrate_cpu_rounds):
+# a high percentile, not the best round (one lucky round would set every later run's MFU) nor
+# the median (rounds that another process slowed pull it down; none can speed one up).
+PERCENTILE = 80
+# A calibration is kept for good when its rounds agree within this (IQR over median): on quiet
+# cores they do. Rounds spread wider ran beside another process's work; the next runs calibrate
+# again, up to TRIES calibrations in all, and the highest figure is kept meanwhile.
+SETTLED_SPREAD = 0.10
+TRIES = 3
+CACHE_VERSION = 2  # the format below; an earlier file (best-of figures) is measured anew
 
 
-@dataclass
-class _CpuPeakCache:
-    """The cache file: each key's best FLOP/s at the top level, and under ``"calibrations"``
-    how many runs measured it (a file without counts, or a key without one, counts once)."""
+def _percentile(values: list[float], percent: int) -> float:
+    """The ``percent``-th percentile of ``values``, linear between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * percent / 100
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
-    best: dict[str, float]
-    calibrations: dict[str, int]
 
-    @classmethod
-    def read(cls, path: Path) -> _CpuPeakCache:
-        raw: object = {}
-        with contextlib.suppress(OSError, ValueError):
-            raw = json.loads(path.read_text())
-        if not isinstance(raw, dict):
-            raw = {}
-        best = {key: float(value) for key, value in raw.items() if isinstance(value, int | float)}
-        counts = raw.get("calibrations")
-        counts = counts if isinstance(counts, dict) else {}
-        return cls(best, {key: int(counts.get(key, 1)) for key in best})
+def _spread(values: list[float]) -> float:
+    """Interquartile range over median."""
+    q1, median, q3 = (_percentile(values, p) for p in (25, 50, 75))
+    return (q3 - q1) / median if median > 0 else float("inf")
 
-    def write(self, path: Path) -> None:
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(path, {**self.best, "calibrations": self.calibrations})
+
+def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
+    """The calibrations kept, by key; empty when the file is absent, unreadable or of an earlier format."""
+    raw: object = {}
+    with contextlib.suppress(OSError, ValueError):
+        raw = json.loads(path.read_text())
+    peaks = raw.get("peaks") if isinstance(raw, dict) and raw.get("version") == CACHE_VERSION else None
+    if not isinstance(peaks, dict):
+        return {}
+    return {key: entry for key, entry in peaks.items() if _usable(entry)}
+
+
+def _usable(entry: object) -> bool:
+    """Whether a kept calibration holds what a run reads of it (a hand-edited one may not)."""
+    if not isinstance(entry, dict) or not {"statistic", "spread", "threads"} <= entry.keys():
+        return False
+    flops = entry.get("flops")
+    return isinstance(flops, int | float) and flops > 0
+
+
+def _write_cache(path: Path, peaks: dict[str, dict[str, Any]]) -> None:
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"version": CACHE_VERSION, "peaks": peaks})
 
 
 def _cache_key(precision: Precision) -> str:
-    """This CPU, this process's thread count, the precision and whether its 16-bit matmuls run
-    in fp32 (runner/hardware/cpu_half_matmul.py): one calibration's conditions."""
+    """This CPU, this process's thread count, the precision, whether its 16-bit matmuls run in fp32
+    (runner/hardware/cpu_half_matmul.py) and torch's version: one calibration's conditions."""
     widened = "|fp32-matmul" if computes_in_fp32(torch_dtype(precision)) else ""
-    return f"{_cpu_name()}|threads={torch.get_num_threads()}|{precision.value}{widened}"
-
-
-def best_cpu_peak(precision: Precision) -> Peak:
-    """The best matmul FLOP/s measured on this CPU at this thread count, now or in an earlier run.
-
-    One calibration can land on a core another process holds, and then reads low; the
-    peak is the most this CPU was seen to do, so the best figure across runs is kept in
-    a small cache file (``$LADDER_CACHE_DIR`` or ``~/.cache/ladder/cpu_peak.json``). Once
-    CALIBRATIONS_KEPT runs have measured at this key, their best is reused without a new
-    measurement (about half a second per process); removing the file measures again.
-    """
     threads = torch.get_num_threads()
-    conditions = f"{threads} threads"
-    if computes_in_fp32(torch_dtype(precision)):
-        conditions += f", {precision.value} matmuls computed in fp32"
-    key = _cache_key(precision)
-    path = _cache_path()
-    cache = _CpuPeakCache.read(path)
-    if cache.calibrations.get(key, 0) >= CALIBRATIONS_KEPT:
-        return Peak(
-            cache.best[key],
-            f"measured: best of {cache.calibrations[key]} matmul calibrations on this CPU with "
-            f"{conditions} (kept in {path}; remove it to measure again)",
-            calibrated=True,
-        )
-    now = calibrate_cpu_peak(torch_dtype(precision))
-    cache = _CpuPeakCache.read(path)  # again: another rank or run may have written since
-    cache.best[key] = max(now, cache.best.get(key, 0.0))
-    cache.calibrations[key] = cache.calibrations.get(key, 0) + 1
-    cache.write(path)
-    return Peak(
-        cache.best[key],
-        f"measured: best matmul calibration seen on this CPU with {conditions} "
-        f"({now / 1e9:.1f} GFLOP/s this run; best kept in {path})",
-        calibrated=True,
+    return f"{_cpu_name()}|threads={threads}|{precision.value}{widened}|torch={torch.__version__}"
+
+
+def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[str, Any]:
+    """Measure this CPU's rounds now; the entry kept for them, given the one an earlier run kept."""
+    rounds = calibrate_cpu_rounds(torch_dtype(precision))
+    spread = _spread(rounds)
+    measured = {
+        "flops": _percentile(rounds, PERCENTILE),
+        "statistic": f"{PERCENTILE}th percentile of {len(rounds)} matmul rounds",
+        "rounds": rounds,
+        "spread": spread,
+        "settled": spread <= SETTLED_SPREAD,
+        "tries": 1 + int((earlier or {}).get("tries", 0)),
+        "threads": torch.get_num_threads(),
+        "precision": precision.value,
+        "cpu": _cpu_name(),
+        "torch": torch.__version__,
+        "calibrated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    if earlier is None or measured["settled"] or measured["flops"] >= earlier["flops"]:
+        return measured
+    return {**earlier, "tries": measured["tries"]}  # busy cores now: the earlier, higher figure stays
+
+
+def _final(entry: dict[str, Any] | None) -> bool:
+    return entry is not None and (bool(entry.get("settled")) or int(entry.get("tries", 0)) >= TRIES)
+
+
+def best_cpu_peak(precision: Precision, *, ranks: int = 1) -> Peak:
+    """This CPU's matmul FLOP/s at this process's thread count, calibrated once and then reused.
+
+    The calibration (runner/hardware/peak_flops.py calibrate_cpu_rounds, about 1.4 s) keeps the
+    PERCENTILE-th percentile of several short rounds in a small cache file (``$LADDER_CACHE_DIR``
+    or ``~/.cache/ladder/cpu_peak.json``), by CPU, threads, precision and torch version: every
+    later run on this machine divides by the same figure, so MFU compares run to run. Rounds that
+    disagree (another process held a core) are measured again in the next runs, up to TRIES.
+    ``ranks``: the run's ranks, each on this many threads (for the source's words only).
+    """
+    key, path = _cache_key(precision), _cache_path()
+    entry = _read_cache(path).get(key)
+    if not _final(entry):
+        entry = _calibration(precision, entry)
+        peaks = _read_cache(path)  # again: another rank or run may have written since
+        peaks[key] = entry
+        _write_cache(path, peaks)
+    assert entry is not None
+    return Peak(entry["flops"], _source(entry, ranks=ranks, path=path), calibrated=True, detail=entry)
+
+
+def _source(entry: dict[str, Any], *, ranks: int, path: Path) -> str:
+    """summary.json's peak_flops_source for a calibrated CPU peak."""
+    threads = int(entry["threads"])
+    per_rank, run = _count(threads, "thread"), _count(ranks, "rank")
+    conditions = f"{per_rank} per rank (this run: {run} x {per_rank} = {ranks * threads} in all)"
+    if entry.get("precision") and computes_in_fp32(torch_dtype(entry["precision"])):
+        conditions += f", {entry['precision']} matmuls computed in fp32"
+    state = ""
+    if not entry.get("settled"):
+        again = "calibrating again" if not _final(entry) else f"kept after {entry.get('tries')} calibrations"
+        state = f"; its rounds spread {100 * entry['spread']:.0f}%, {again}"
+    return (
+        f"measured: {entry['statistic']} on this CPU with {conditions} (calibrated "
+        f"{str(entry.get('calibrated_at', '?'))[:10]}, torch {entry.get('torch')}{state}; kept in {path}, "
+        "remove it to measure again)"
     )
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
 def above_calibrated_peak(peak: Peak, mfu: float | None, precision: Precision) -> str | None:
-    """Where a run's MFU over a calibrated CPU peak is above 1, the calibrations ran on busy cores:
-    the next runs at this key calibrate again (the best kept stays a floor: a new figure is kept
-    only if higher). Returns the warning to log, or None."""
+    """Where a run's MFU over a calibrated CPU peak is above 1, the calibration ran on busy cores:
+    the next run at this key calibrates again (and keeps the higher figure unless its rounds agree).
+    Returns the warning to log, or None."""
     if not peak.calibrated or mfu is None or not mfu > 1:
         return None
     path = _cache_path()
-    cache = _CpuPeakCache.read(path)
+    peaks = _read_cache(path)
     key = _cache_key(precision)
-    if key in cache.best:
-        cache.calibrations[key] = 0
-        cache.write(path)
+    if key in peaks:
+        peaks[key] = {**peaks[key], "settled": False, "tries": 0}
+        _write_cache(path, peaks)
     return (
         f"MFU {mfu:.2f} is above 1: this CPU did more than the peak calibrated earlier "
         f"({peak.flops / 1e9:.1f} GFLOP/s, on cores other processes held); the next runs calibrate "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 # Dense peaks in TFLOP/s per device and precision ("tf32": fp32 matmuls on tensor cores).
@@ -89,6 +90,80 @@ def torch_dtype(dtype: Any) -> Any:
     return names[name]
 
 
+@dataclass(frozen=True)
+class _Fastest:
+    """The matmul layout and size that did the most FLOP/s in a size sweep."""
+
+    flops: float
+    layout: str
+    n: int
+
+
+def _fastest_matmul(dtype: Any, seconds: float) -> _Fastest:
+    """The size sweep of :func:`calibrate_cpu_peak`, in ``seconds``: the fastest layout and size."""
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
+    import torch
+
+    from runner.hardware.cpu_half_matmul import half_matmuls_in_fp32
+
+    compute_dtype = torch_dtype(dtype)
+    if seconds <= 0:
+        raise ValueError(f"seconds={seconds} must be > 0")
+    deadline = time.perf_counter() + seconds
+    layouts = dict(_LAYOUTS)
+    best = _Fastest(0.0, "linear", 128)
+    n = 128
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad(), half_matmuls_in_fp32(compute_dtype):
+        while layouts:
+            a, b = _operands(n, compute_dtype, generator)
+            for name in list(layouts):
+                matmul = _matmul(name)
+                matmul(a, b)  # warm-up: first-call dispatch and thread-pool start
+                size_deadline = min(deadline, time.perf_counter() + seconds / (4 * len(layouts)))
+                fastest = _fastest_call(matmul, a, b, until=size_deadline)
+                if 2.0 * n**3 / fastest > best.flops:  # n^3 multiply-adds, 2 FLOPs each
+                    best = _Fastest(2.0 * n**3 / fastest, name, n)
+                # Next size: warm-up + at least two timed runs, each ~8x this one.
+                if n >= 1024 or time.perf_counter() + 3 * 8 * fastest > deadline:
+                    del layouts[name]
+            n *= 2
+    return best
+
+
+# The two operand layouts a transformer's matmuls run (see calibrate_cpu_peak).
+_LAYOUTS = {"linear": "x @ W.T, every nn.Linear's forward", "mm": "x @ W, the input gradient in backward"}
+
+
+def _matmul(name: str) -> Callable[[Any, Any], Any]:
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
+    import torch
+    import torch.nn.functional as F
+
+    return F.linear if name == "linear" else torch.mm
+
+
+def _operands(n: int, dtype: Any, generator: Any) -> tuple[Any, Any]:
+    # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
+    import torch
+
+    return (
+        torch.randn(n, n, generator=generator).to(dtype),
+        torch.randn(n, n, generator=generator).to(dtype),
+    )
+
+
+def _fastest_call(matmul: Callable[[Any, Any], Any], a: Any, b: Any, *, until: float) -> float:
+    """The shortest of repeated calls until ``until`` (at least one), in seconds."""
+    fastest = float("inf")
+    while True:
+        t0 = time.perf_counter()
+        matmul(a, b)
+        fastest = min(fastest, time.perf_counter() - t0)
+        if time.perf_counter() >= until:
+            return fastest
+
+
 def calibrate_cpu_peak(dtype: Any, *, seconds: float = 0.5) -> float:
     """Measured FLOP/s of square matmuls in `dtype` on this process's CPU threads: the best seen.
 
@@ -104,46 +179,49 @@ def calibrate_cpu_peak(dtype: Any, *, seconds: float = 0.5) -> float:
     about `seconds` even where a layout has no fast kernel. Where the CPU has no 16-bit GEMM
     kernels, 16-bit matmuls are timed in fp32 as a rank computes them (runner/hardware/cpu_half_matmul.py).
     """
+    return _fastest_matmul(dtype, seconds).flops
+
+
+# A calibration's rounds: several short ones, spread over about a second, so that a burst of
+# another process's work falls in a few of them, not in all (runner/hardware/mfu_peak.py keeps a
+# high percentile of them).
+CALIBRATION_ROUNDS = 9
+ROUND_S = 0.08  # each round's timed calls
+BETWEEN_ROUNDS_S = 0.03  # a pause between rounds, to spread them over time
+
+
+def calibrate_cpu_rounds(
+    dtype: Any, *, rounds: int = CALIBRATION_ROUNDS, sweep_s: float = 0.4, round_s: float = ROUND_S
+) -> list[float]:
+    """FLOP/s of ``rounds`` short rounds, each the best of repeated calls of the matmul layout and
+    size that :func:`calibrate_cpu_peak`'s size sweep (``sweep_s``) found fastest; in round order.
+
+    About ``sweep_s + rounds * (round_s + BETWEEN_ROUNDS_S)`` seconds (1.4 s by default).
+    """
     # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
     import torch
-    import torch.nn.functional as F
 
     from runner.hardware.cpu_half_matmul import half_matmuls_in_fp32
 
+    fastest = _fastest_matmul(dtype, sweep_s)
     compute_dtype = torch_dtype(dtype)
-    if seconds <= 0:
-        raise ValueError(f"seconds={seconds} must be > 0")
-    deadline = time.perf_counter() + seconds
-    layouts: dict[str, Callable[[Any, Any], Any]] = {"linear": F.linear, "mm": torch.mm}
-    best = 0.0
-    n = 128
-    generator = torch.Generator().manual_seed(0)
+    matmul, n = _matmul(fastest.layout), fastest.n
+    measured = []
     with torch.no_grad(), half_matmuls_in_fp32(compute_dtype):
-        while layouts:
-            a = torch.randn(n, n, generator=generator).to(compute_dtype)
-            b = torch.randn(n, n, generator=generator).to(compute_dtype)
-            for name, matmul in list(layouts.items()):
-                matmul(a, b)  # warm-up: first-call dispatch and thread-pool start
-                fastest = float("inf")
-                size_deadline = min(deadline, time.perf_counter() + seconds / (4 * len(layouts)))
-                while True:
-                    t0 = time.perf_counter()
-                    matmul(a, b)
-                    fastest = min(fastest, time.perf_counter() - t0)
-                    if time.perf_counter() >= size_deadline:
-                        break
-                best = max(best, 2.0 * n**3 / fastest)  # n^3 multiply-adds, 2 FLOPs each
-                # Next size: warm-up + at least two timed runs, each ~8x this one.
-                if n >= 1024 or time.perf_counter() + 3 * 8 * fastest > deadline:
-                    del layouts[name]
-            n *= 2
-    return best
+        a, b = _operands(n, compute_dtype, torch.Generator().manual_seed(0))
+        matmul(a, b)  # warm-up
+        for _ in range(rounds):
+            seconds = _fastest_call(matmul, a, b, until=time.perf_counter() + round_s)
+            measured.append(2.0 * n**3 / seconds)
+            time.sleep(BETWEEN_ROUNDS_S)
+    return measured
 
 
 __all__ = [
     "PEAK_TFLOPS",
     "UnknownDeviceError",
     "calibrate_cpu_peak",
+    "calibrate_cpu_rounds",
     "device_key",
     "peak_flops_for_cuda_device",
 ]

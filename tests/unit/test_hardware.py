@@ -8,7 +8,12 @@ import time
 import pytest
 import torch
 
-from runner.hardware.peak_flops import UnknownDeviceError, calibrate_cpu_peak, peak_flops_for_cuda_device
+from runner.hardware.peak_flops import (
+    UnknownDeviceError,
+    calibrate_cpu_peak,
+    calibrate_cpu_rounds,
+    peak_flops_for_cuda_device,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -65,6 +70,14 @@ def test_cpu_calibration_is_a_fast_measurement(dtype: object) -> None:
     assert math.isfinite(flops)
     assert flops > 1e6  # any CPU that runs torch does over a MFLOP/s
     assert elapsed < 1.5
+
+
+def test_cpu_calibration_rounds_are_short_and_each_a_figure() -> None:
+    """calibrate_cpu_rounds times the fastest layout and size in rounds: one finite figure per round."""
+    start = time.perf_counter()
+    rounds = calibrate_cpu_rounds(torch.float32, rounds=4, sweep_s=0.2, round_s=0.05)
+    assert time.perf_counter() - start < 1.5
+    assert len(rounds) == 4 and all(math.isfinite(r) and r > 1e6 for r in rounds)
 
 
 def test_cpu_calibration_rejects_unknown_dtype() -> None:
