@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+STEP_TIMES_KEPT = 100_000  # the latest steps' seconds kept for their spread (about 3 MB)
 SETUP_PHASES = ("launch", "build", "engine", "resume", "setup")
 
 
@@ -77,6 +79,8 @@ class WallClock:
         self.steps_s = 0.0
         self.steps = 0
         self.first_step_s: float | None = None
+        # Each step's seconds, the latest STEP_TIMES_KEPT: how much they vary (runner/metrics/step_spread.py).
+        self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         self.checkpoint_s = 0.0
         self.checkpoint_bytes = 0
         self.checkpoints = 0
@@ -96,6 +100,7 @@ class WallClock:
             self.first_step_s = seconds
         self.steps_s += seconds
         self.steps += 1
+        self.step_times.append(seconds)
 
     def checkpoint(self, seconds: float, nbytes: int) -> None:
         """One save took ``seconds`` on this rank and left ``nbytes`` on disk."""
@@ -135,6 +140,7 @@ class WallClock:
             "first_step_s": self.first_step_s,
             "checkpoint_s": self.checkpoint_s,
             "checkpoints": self.checkpoints,
+            "checkpoints_written": self.checkpoints,  # the same count, named so it reads as what was written
             "checkpoint_gb": self.checkpoint_bytes / 1e9,
             "checkpoint_gb_per_s": rate,
             "eval_s": self.eval_s,

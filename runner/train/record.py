@@ -17,6 +17,7 @@ from runner.diagnose.disk_room import no_room_words, out_of_room
 from runner.engine.compile_blocks import compile_summary
 from runner.metrics import goodput
 from runner.metrics.ledger import Estimate, Ledger, host_relative_errors, relative_errors
+from runner.metrics.step_spread import step_time_spread
 from runner.metrics.wall_clock import WallClock, wall_parts
 from runner.rundir.summary import read_summary, update_summary
 from runner.train.context import RunContext
@@ -70,13 +71,15 @@ def recorded_unless_out_of_room(status: dict[str, Any], run_dir: Path) -> Iterat
         log.error("the run's end could not be recorded in summary.json: %s", no_room_words(error, run_dir))
 
 
-def _measurements(ctx: RunContext, setup: Setup, progress: Progress) -> dict[str, Any]:
+def _measurements(ctx: RunContext, setup: Setup, progress: Progress, wall: WallClock) -> dict[str, Any]:
     """summary.json's fields measured by this attempt: peaks, memory, speed, the step's probes."""
     last, run_dir = progress.last, ctx.run_dir
     return {
         "final": last,
+        "step_time_spread": step_time_spread(list(wall.step_times)),
         "peak_flops_per_device": setup.peak_flops,
         "peak_flops_source": setup.peak.source,
+        "peak_flops_calibration": setup.peak.calibration_record(ranks=ctx.layout.gpus),
         "peak_memory_measure": setup.peak_memory.label,
         "cuda_allocator": setup.peak_memory.allocator_record(),
         "host_memory": {
@@ -127,7 +130,7 @@ def record_end(
         run_dir,
         **status,
         steps_completed=completed,
-        **_measurements(ctx, setup, progress),
+        **_measurements(ctx, setup, progress, wall),
         resumed_from_step=setup.resumed.start_step or None,
         profile=setup.profiler.summary(run_dir),
         wall_time=wall_time,
