@@ -172,11 +172,15 @@ class DiskNeed:
 
     each: int  # bytes of one checkpoint
     kept: int  # train.keep_checkpoints
-    saves: int  # checkpoints the run will write (at least the one a stop writes)
+    # The checkpoints this check weighs: the periodic ones, or the one a stop would write where there
+    # are none (train.checkpoint_every=0). Not a count of checkpoints written: summary.json's
+    # wall_time.checkpoints_written is that.
+    saves: int
     on_disk: int  # complete checkpoints the run directory holds already
     free: int  # bytes free on its filesystem now
     where: Path  # the directory whose filesystem was asked
     conversion: Conversion | None = None  # a resume onto another layout
+    periodic_saves: int = 0  # the checkpoints train.checkpoint_every will write (0 when it is 0)
 
     @property
     def to_write(self) -> int:
@@ -240,7 +244,10 @@ class DiskNeed:
         return {
             "checkpoint_bytes": self.each,
             "keep_checkpoints": self.kept,
-            "saves": self.saves,
+            "saves": self.saves,  # as saves_weighed, the name it had first
+            "saves_weighed": self.saves,
+            "periodic_saves": self.periodic_saves,
+            "stop_save_weighed": self.periodic_saves == 0,  # no periodic save: the one a stop writes
             "on_disk": self.on_disk,
             "peak_bytes_to_write": self.needed,
             "free_bytes": self.free,
@@ -283,6 +290,7 @@ def disk_need(
         each=config_checkpoint_bytes(config),
         kept=config.train.keep_checkpoints,
         saves=max(1, left // every) if every else 1,
+        periodic_saves=left // every if every else 0,
         on_disk=on_disk,
         free=shutil.disk_usage(where).free,
         where=where,

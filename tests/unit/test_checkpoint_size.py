@@ -139,6 +139,17 @@ def test_a_run_that_saves_less_often_than_it_keeps_needs_only_its_saves(monkeypa
     assert resumed.saves == 1  # no periodic save left: the one a stop would write
 
 
+def test_the_record_says_what_its_saves_count_and_none_reads_as_checkpoints_written(monkeypatch, tmp_path):
+    """``saves: 1`` beside ``checkpoints: 0`` read as a contradiction: the record names both counts."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, 10**12))
+    never = checkpoint_size.disk_need(compose_config("train.checkpoint_every=0"), tmp_path).record()
+    assert (never["saves"], never["saves_weighed"], never["periodic_saves"]) == (1, 1, 0)
+    assert never["stop_save_weighed"] is True
+    config = compose_config("train.checkpoint_every=10", "train.steps=100")
+    every = checkpoint_size.disk_need(config, tmp_path).record()
+    assert (every["saves_weighed"], every["periodic_saves"], every["stop_save_weighed"]) == (10, 10, False)
+
+
 def test_a_sweep_needs_what_its_cells_keep_one_after_another_or_all_at_once(monkeypatch, tmp_path):
     cells = [
         compose_config("train.checkpoint_every=10", "train.steps=100", f"parallel={p}")
