@@ -25,6 +25,8 @@ TERM_COLORS = {
     "residual": "#B8B8B8",
 }
 PLANNED_PEAK_COLOR = "#CC79A7"  # the plan's peak at launch: one block, not split by term
+REST_OF_PEAK = "rest of peak"  # the measured peak above the terms and the named residual lines
+REST_OF_PEAK_COLOR = "#E4E4E4"
 PHASE_COLORS = {
     "data": "#7F7F7F",
     "forward": "#0072B2",
@@ -72,7 +74,24 @@ def _measured_segments(row: Row) -> list[Segment]:
         # allocator caches, communication buffers, the runtime: what the four terms do not cover
         what = "peak - measured terms" if segments else "peak, not split by term"
     tip = f"residual {fmt_gb(residual)} GB ({what}); peak {fmt_gb(row.peak_gb)} GB"
-    return [*segments, Segment("residual", residual, TERM_COLORS["residual"], tip)]
+    segments.append(Segment("residual", residual, TERM_COLORS["residual"], tip))
+    return [*segments, *_rest_of_peak(row, sum(s.value for s in segments))]
+
+
+def _rest_of_peak(row: Row, drawn: float) -> list[Segment]:
+    """The block that takes the measured bar up to the measured peak, where the named residual lines
+    stop short of it: on a CPU the process's runtime (its high-water RSS is the peak), on CUDA what
+    the allocator held beyond the lines DeepSpeed's buffers are named by."""
+    if row.peak_gb is None or row.peak_gb <= drawn * 1.001:  # within rounding: nothing to draw
+        return []
+    rest = row.peak_gb - drawn
+    what = (
+        "torch's and DeepSpeed's runtime and the allocator's slack: the peak is the process's high-water RSS"
+        if row.peak_is_host_rss
+        else "held by the allocator beyond the terms and the named lines"
+    )
+    tip = f"{REST_OF_PEAK} {fmt_gb(rest)} GB ({what}); peak {fmt_gb(row.peak_gb)} GB"
+    return [Segment(REST_OF_PEAK, rest, REST_OF_PEAK_COLOR, tip)]
 
 
 def memory_chart(rows: Sequence[Row]) -> Chart:
@@ -94,6 +113,8 @@ def memory_chart(rows: Sequence[Row]) -> Chart:
             planned = [Segment("planned peak", row.planned_peak_gb, PLANNED_PEAK_COLOR, tip)]
             bars.append(Bar("plan", row.cell_id, planned, row.device_memory_gb))
     legend = [LegendItem(t, c, kind="box") for t, c in TERM_COLORS.items()]
+    if any(s.name == REST_OF_PEAK for bar in bars for s in bar.segments):
+        legend.append(LegendItem(REST_OF_PEAK, REST_OF_PEAK_COLOR, kind="box"))
     if any(r.planned_peak_gb is not None for r in rows):
         legend.append(LegendItem("planned peak", PLANNED_PEAK_COLOR, kind="box"))
     legend.append(LegendItem("device memory", "#c0392b", dash="6 4"))
@@ -111,7 +132,8 @@ def memory_chart(rows: Sequence[Row]) -> Chart:
         legend=legend,
         caption=(
             "For each cell, left bar (est): the estimate of the four terms; next (meas): the measured "
-            "terms plus the residual up to the measured peak; last (plan), where the run recorded it: "
+            "terms plus the residual, up to the measured peak (on a CPU the process's high-water RSS, "
+            "whose rest of peak is torch's runtime); last (plan), where the run recorded it: "
             f"the peak its plan put on the device at launch. {device_note}"
         ),
         empty=not bars,
@@ -263,7 +285,7 @@ def loss_chart(
     series = [
         Series(
             cid,
-            sorted((float(s), v) for s, v in curve.items()),
+            sorted((float(s) + 1, v) for s, v in curve.items()),  # step 1 is index 0, as the console counts
             PALETTE[i % len(PALETTE)],
             DASHES[i % len(DASHES)],
             # widest first, so curves that coincide show as nested lines rather than one
@@ -298,7 +320,7 @@ def spread_chart(agreements: Sequence[LossAgreement]) -> Chart:
         series.append(
             Series(
                 name,
-                [(float(s), d) for s, d in zip(agreement.steps, agreement.spread, strict=True)],
+                [(float(s) + 1, d) for s, d in zip(agreement.steps, agreement.spread, strict=True)],
                 PALETTE[i % len(PALETTE)],
             )
         )

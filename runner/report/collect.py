@@ -88,10 +88,11 @@ class Cell:
             return _plan_words(self.plan)
         steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), int | float)]
         if self.status == "running":
-            last = f"; last logged step {max(steps)}" if steps else ""
+            last = f"; last logged step {max(steps) + 1}" if steps else ""  # counted from 1, as the console
             return f"summary.json says running: still running, or killed{last}"
         if steps:
-            return f"no summary.json: stopped after logging step {max(steps)} (crashed, killed or running)"
+            step = max(steps) + 1
+            return f"no summary.json: stopped after logging step {step} (crashed, killed or running)"
         return "no summary.json and no metrics: refused before launch, crashed before step 0, or not started"
 
     def config_value(self, dotted: str) -> Any:

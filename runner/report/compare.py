@@ -66,7 +66,7 @@ class LossAgreement:
         word = "coincide" if self.coincide else "DIFFER"
         return (
             f"{group}: the {self.label} of {len(self.cell_ids)} cells {word}: max |Δloss| "
-            f"{self.max_spread:.2e} at step {self.worst_step} over {len(self.steps)} common steps "
+            f"{self.max_spread:.2e} at step {(self.worst_step or 0) + 1} over {len(self.steps)} common steps "
             f"(tolerance {self.tolerance:.0e}, {self.tolerance_source})"
         )
 

@@ -43,6 +43,12 @@ h1 { font-size: 22px; margin: 4px 0 2px; } h2 { font-size: 17px; margin: 28px 0 
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-size: 12.5px; }
 th, td { padding: 3px 8px; border-bottom: 1px solid #e6e6e6; white-space: nowrap; }
+/* The cells' table wraps its headers and its cells at their spaces rather than run past the page:
+   "est / meas" over two lines, overrides one per line. Only a window too narrow for every column's
+   longest word scrolls it. */
+#cells th, #cells td { white-space: normal; vertical-align: top; padding: 3px 5px; }
+#cells td.num { text-align: right; }
+td.noisy { background: #fff3cd; font-weight: 700; }
 th { background: #f4f4f4; text-align: left; }
 th.group { text-align: center; border-bottom: 1px solid #ccc; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -117,6 +123,11 @@ def _figure(chart: Chart) -> str:
     )
 
 
+def _breakable(header: str) -> str:
+    """A header that may wrap after each slash too (``tokens/s/device``)."""
+    return escape(header).replace("/", "/<wbr>")
+
+
 def _table_head() -> str:
     # Two header rows: grouped columns (memory) under one spanning header, the others span both.
     top: list[str] = []
@@ -125,9 +136,9 @@ def _table_head() -> str:
         columns = list(members)
         if group:
             top.append(f'<th colspan="{len(columns)}" class="group">{escape(group)}</th>')
-            under += [f"<th>{escape(c.short)}</th>" for c in columns]
+            under += [f"<th>{_breakable(c.short)}</th>" for c in columns]
         else:
-            top += [f'<th rowspan="2">{escape(c.header)}</th>' for c in columns]
+            top += [f'<th rowspan="2">{_breakable(c.header)}</th>' for c in columns]
     return f"<tr>{''.join(top)}</tr><tr>{''.join(under)}</tr>"
 
 
@@ -143,6 +154,8 @@ def _rows_table(rows: Sequence[Row]) -> str:
                 classes.append("best")
             if column.header == "status":
                 classes.append(f"status-{escape(row.status)}")
+            if column.header == "step IQR %" and row.noisy:
+                classes.append("noisy")
             value = column.show(row)
             if column.header == "best" and value:
                 value = "★ " + value

@@ -4,7 +4,11 @@ Units: memory in GB = 1e9 bytes (as summary.json and metrics.jsonl record it); M
 fraction of peak (shown as %); throughput in tokens/s per device.
 
 Speed is the median over the logged steps after the first (step 0 includes warm-up, and a
-shared host makes single steps noisy), falling back to summary.json's final values.
+shared host makes single steps noisy), falling back to summary.json's final values. A cell
+whose step times spread more than a quarter of their median is flagged noisy
+(runner/metrics/step_spread.py): its speed is the machine's load as much as its layout's.
+
+Cells keep their order: a sweep's by job number (0, 1, ..., 10), as its directories are named.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.metrics import goodput
+from runner.metrics.step_spread import NOISY_ABOVE, step_time_spread
 from runner.report.collect import Cell, distinguishing_overrides, natural_key
 from runner.rundir.layout_history import describe
 
@@ -30,17 +35,6 @@ STEP_PHASES = ("data", "forward", "backward", "p2p", "optimizer", "other")
 # The report's share column: these, as fractions of the step; exposed communication lies inside the phases.
 TIME_SHARES = ("forward", "backward", "optimizer", "comm_exposed", "p2p")
 PEAK = "memory/peak_gb"
-
-# Sort order: finished cells first, then the ones that may still finish, then the broken ones.
-STATUS_RANK = {
-    "completed": 0,
-    "running": 1,
-    "interrupted": 2,
-    "planned": 2,
-    "unfinished": 2,
-    "failed": 3,
-    "missing": 4,
-}
 
 # Marks in a row's "best" column, and what each one means.
 BEST_MFU, BEST_PEAK, BEST_LOSS = "MFU", "peak", "loss"
@@ -82,6 +76,8 @@ class Row:
     device_memory_gb: float | None = None
     tokens_per_s_per_device: float | None = None
     mfu: float | None = None
+    step_spread: float | None = None  # the step times' IQR over their median, after the first step
+    noisy: bool | None = None  # step_spread above runner/metrics/step_spread.py's NOISY_ABOVE
     time_s: dict[str, float] = field(default_factory=dict)  # "step", STEP_PHASES, "comm_exposed" -> seconds
     final_loss: float | None = None
     eval_loss: float | None = None  # the latest held-out loss (runner/train/evaluation.py), where evaluated
@@ -138,6 +134,8 @@ class Row:
                 "device_memory_gb": self.device_memory_gb,
                 "tokens_per_s_per_device": self.tokens_per_s_per_device,
                 "mfu": self.mfu,
+                "step_iqr_over_median": self.step_spread,
+                "noisy": self.noisy,
                 **{f"time_{name}_pct": _percent(self.time_share(name)) for name in TIME_SHARES},
                 "final_loss": self.final_loss,
                 "eval_loss": self.eval_loss,
@@ -189,6 +187,15 @@ def _time_seconds(cell: Cell) -> dict[str, float]:
     keys = {phase: f"time/{phase}_s" for phase in ("step", *STEP_PHASES, "comm_exposed")}
     seconds = {name: _median_after_first(cell, key) for name, key in keys.items()}
     return {name: value for name, value in seconds.items() if value is not None}
+
+
+def _spread(cell: Cell) -> dict[str, Any] | None:
+    """summary.json's step_time_spread, else the spread of the logged steps' times (an older run, or
+    one that wrote no summary)."""
+    recorded = cell.summary.get("step_time_spread")
+    if isinstance(recorded, dict) and _number(recorded.get("iqr_over_median")) is not None:
+        return recorded
+    return step_time_spread([v for m in cell.metrics if (v := _number(m.get("time/step_s"))) is not None])
 
 
 def _last_logged(cell: Cell, key: str) -> float | None:
@@ -294,6 +301,8 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
         _median_after_first(cell, TOKENS_PER_DEVICE), _number(final.get(TOKENS_PER_DEVICE))
     )
     row.mfu = _first(_median_after_first(cell, MFU), _number(final.get(MFU)))
+    if (spread := _spread(cell)) is not None:
+        row.step_spread, row.noisy = float(spread["iqr_over_median"]), bool(spread["noisy"])
     row.time_s = _time_seconds(cell)
     row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
     row.eval_loss = _first(_number(_dict(summary.get("eval")).get("loss")), _last_logged(cell, "eval/loss"))
@@ -307,9 +316,9 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     return row
 
 
-def _sort_key(row: Row) -> tuple[int, float, list[tuple[int, int, str]]]:
-    mfu = row.mfu if row.mfu is not None else float("-inf")
-    return (STATUS_RANK.get(row.status, 2), -mfu, [natural_key(Path(p)) for p in Path(row.cell_id).parts])
+def _sort_key(row: Row) -> list[tuple[int, int, str]]:
+    """A sweep's cells by job number, as numbered directories sort (0, 1, ..., 10)."""
+    return [natural_key(Path(p)) for p in Path(row.cell_id).parts]
 
 
 def mark_best(rows: Sequence[Row]) -> None:
@@ -336,7 +345,7 @@ def mark_best(rows: Sequence[Row]) -> None:
 
 
 def build_rows(cells: Sequence[Cell]) -> list[Row]:
-    """Rows of every cell (failed and unfinished too), sorted: completed first, then MFU descending."""
+    """Rows of every cell (failed and unfinished too), in job-number order; the best marked."""
     labels = distinguishing_overrides(cells)
     rows = [row_of(c, label=labels.get(c.cell_id, "")) for c in cells]
     rows.sort(key=_sort_key)
@@ -418,6 +427,13 @@ WALL_FIELDS = (
 GOODPUT_FIELDS = ("goodput", "goodput_elapsed", "steps_lost", "lost_s", "between_attempts_s", "conversion_s")
 
 
+def _spread_shown(row: Row) -> str:
+    """``8``, or ``31 noisy`` above the threshold: the step times' IQR as a % of their median."""
+    if row.step_spread is None:
+        return "–"
+    return f"{100 * row.step_spread:.0f}" + (" noisy" if row.noisy else "")
+
+
 def _wall_and_steps(row: Row) -> str:
     total, share = _number(row.wall.get("total_s")), _number(row.wall.get("steps_share"))
     if total is None:
@@ -439,6 +455,7 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("device GB", lambda r: fmt_gb(r.device_memory_gb), group=MEMORY_GROUP, short="device"),
     Column("tokens/s/device", lambda r: _fmt(r.tokens_per_s_per_device, ",.0f")),
     Column("MFU %", lambda r: _fmt(None if r.mfu is None else 100 * r.mfu, ".1f")),
+    Column("step IQR %", _spread_shown),
     Column("step % fwd / bwd / opt / comm / p2p", _time_shares, numeric=False),
     Column("final loss", lambda r: _fmt(r.final_loss, ".4f")),
     Column("eval loss", lambda r: _fmt(r.eval_loss, ".4f")),
@@ -452,6 +469,9 @@ UNITS_NOTE = (
     "the measured total is the peak (CUDA's max_memory_allocated; on a CPU the high-water RSS, "
     "which leaves out memory allocated and never written, so a residual buffer can exceed it); "
     "tokens/s/device and MFU are medians over the logged steps after the first; "
+    "step IQR % is the interquartile range of the step times over their median (after the first step), "
+    f"noisy above {100 * NOISY_ABOVE:.0f}%: another process shared the cores, and the cell's speed "
+    "is not comparable; "
     "step % is each phase's seconds over the step's (same medians), comm the exposed communication "
     "inside them; "
     "wall s is the latest attempt's wall time on rank 0 from its process's start, steps % the share "

@@ -12,14 +12,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from runner.metrics import goodput, wall_clock
+from runner.metrics import goodput, step_spread, wall_clock
 from runner.report.collect import read_cell
 from runner.report.rows import Row, fmt_gb, row_of
 from runner.report.terminal import memory_table, output_console, rows_table, with_eval_loss
 from runner.rundir.layout_history import describe
 from runner.rundir.summary import read_summary
 
-SPEED_HEADERS = ("tokens/s/device", "MFU %", "step % fwd / bwd / opt / comm / p2p", "final loss", "status")
+SPEED_HEADERS = (
+    "tokens/s/device",
+    "MFU %",
+    "step IQR %",
+    "step % fwd / bwd / opt / comm / p2p",
+    "final loss",
+    "status",
+)
 
 
 def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
@@ -34,6 +41,9 @@ def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     if row.peak_is_host_rss:
         console.print(Text(cpu_total_note(row), style="dim"), soft_wrap=True)
     summary = read_summary(run_dir)
+    noisy = step_spread.describe(summary.get("step_time_spread"))
+    if noisy is not None:
+        console.print(Text(noisy, style="yellow"), soft_wrap=True)
     changed = describe(summary.get("layout_history"))
     if changed is not None:  # resumed onto another layout: the tables are the last one's
         console.print(Text(changed), soft_wrap=True)

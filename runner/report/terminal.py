@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runner.metrics import goodput
+from runner.metrics.step_spread import NOISY_ABOVE
 from runner.report.compare import LossAgreement
 from runner.report.rows import (
     BEST_PEAK,
@@ -41,6 +42,7 @@ LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro"
 SPEED_COLUMNS = (
     "tokens/s/device",
     "MFU %",
+    "step IQR %",
     "step % fwd / bwd / opt / comm / p2p",
     "final loss",
     "status",
@@ -62,6 +64,7 @@ _SHORT = {
     "tokens/s/device": "tok/s/dev",
     "final loss": "loss",
     "step % fwd / bwd / opt / comm / p2p": "fwd/bwd/opt/comm/p2p %",
+    "step IQR %": "IQR %",
 }
 
 
@@ -71,6 +74,8 @@ def _cell(column: Column, row: Row) -> Text:
         return Text("★ " + value if value else "", style="bold green")
     if column.header == "status":
         return Text(value, style=_STATUS_STYLE.get(value, "bold red"))
+    if column.header == "step IQR %" and row.noisy:
+        return Text(value, style="bold yellow")
     marked = {MARKED_COLUMN[m] for m in row.best}
     return Text(value, style="bold green" if column.header in marked else "")
 
@@ -174,6 +179,18 @@ def _seconds(value: object) -> str:
     return f"{value:,.1f}" if isinstance(value, int | float) else "–"
 
 
+def noisy_cells(rows: Sequence[Row]) -> str | None:
+    """The line naming the cells whose step times spread wide, or None where none did."""
+    noisy = [r.cell_id for r in rows if r.noisy]
+    if not noisy:
+        return None
+    return (
+        f"noisy: cell{'s' if len(noisy) > 1 else ''} {', '.join(noisy)}: the step times' IQR is above "
+        f"{100 * NOISY_ABOVE:.0f}% of their median; another process shared the cores, so their tokens/s "
+        "and MFU are not comparable: run them again on a quiet machine"
+    )
+
+
 def output_console(*, piped_width: int) -> Console:
     """A console for stdout: the terminal's width, or ``piped_width`` where stdout is a pipe or a
     file (there is no terminal to fit, so tables are not folded to 80 columns); COLUMNS wins."""
@@ -201,6 +218,8 @@ def print_report(
     for agreement in agreements:
         style = {True: "green", False: "bold red", None: "yellow"}[agreement.coincide]
         console.print(Text(f"{agreement.label}: {agreement.verdict()}", style=style))
+    if noisy := noisy_cells(rows):
+        console.print(Text(noisy, style="yellow"), soft_wrap=True)
     moved = [r for r in rows if r.layouts]
     if moved:  # their figures are their last layout's
         console.print(Text("cells resumed onto another layout:"))

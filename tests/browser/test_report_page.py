@@ -478,6 +478,18 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
         title = devtools.evaluate("document.title")
         # the page's own text, as a reader sees it
         text = devtools.evaluate("document.body.innerText")
+        # In a window 1400 px wide the cells' table wraps to fit: no column is left past the edge.
+        devtools.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1400,
+            height=WINDOW[1],
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        table_fit = devtools.evaluate(
+            "(function () { var box = document.getElementById('cells').parentElement;"
+            " return [box.scrollWidth, box.clientWidth]; })()"
+        )
     finally:
         devtools.close()
         proc.terminate()
@@ -512,6 +524,7 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
     assert [c["key"] for c in charts] == list(CHARTS)
     assert "the loss curves of 8 cells coincide" in text
     assert "CUDA out of memory" in text and "missing" in text and "unfinished" in text
+    assert table_fit[0] <= table_fit[1], f"the cells' table is {table_fit[0]} px wide in {table_fit[1]} px"
 
     # every chart is on screen at a readable size, and its marks' colours are in the screenshot
     width, height, rows = png_pixels(png)

@@ -4,6 +4,7 @@ best cells marked, text formats that parse, loss curves compared, and a page tha
 from __future__ import annotations
 
 import csv
+import html
 import io
 import itertools
 import json
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from runner.cli import main
-from runner.report.charts import memory_chart, time_chart
+from runner.report.charts import loss_chart, memory_chart, time_chart
 from runner.report.collect import collect, expected_sweep
 from runner.report.compare import config_diff, loss_agreement
 from runner.report.rows import build_rows
@@ -155,20 +156,28 @@ def test_a_sweep_lists_every_cell_with_the_error_of_each_that_did_not_complete(t
     assert by_cell["1"]["error"] is None
 
 
-def test_cells_sort_completed_first_then_by_mfu_and_the_best_are_marked(tmp_path, capsys):
+def test_cells_keep_their_job_order_and_the_best_are_marked(tmp_path, capsys):
     rows = report_json(write_sweep(tmp_path), capsys=capsys)
-    # the failed cell has the highest MFU but sorts after every completed cell, and is never "best"
-    assert [r["cell"] for r in rows] == ["1", "0", "2", "3"]
-    assert rows[0]["best"] == "MFU, peak"
-    assert rows[1]["best"] == ""
-    assert rows[2]["best"] == ""
+    assert [r["cell"] for r in rows] == ["0", "1", "2", "3"]  # as the sweep numbered them, not by MFU
+    assert rows[1]["best"] == "MFU, peak"
+    assert rows[0]["best"] == ""
+    assert rows[2]["best"] == ""  # the failed cell has the highest MFU, and is never "best"
+
+
+def test_a_sweep_of_more_than_ten_cells_is_in_job_number_order_in_every_format(tmp_path, capsys):
+    for job, mfu in ((3, 0.5), (1, 0.4), (2, 0.3), (0, 0.2), (10, 0.9)):
+        write_cell(tmp_path / "sweep" / str(job), gpus=job + 1, mfu=mfu)
+    assert [r["cell"] for r in report_json(tmp_path / "sweep", capsys=capsys)] == ["0", "1", "2", "3", "10"]
+    assert main(["report", str(tmp_path / "sweep"), "--format", "md"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [line.split("|")[1].strip(" `") for line in table] == ["0", "1", "2", "3", "10"]
 
 
 def test_a_cell_without_summary_is_unfinished_and_keeps_what_it_logged(tmp_path, capsys):
     write_cell(tmp_path / "run", losses=LOSSES[:4], write_summary=False)
     (row,) = report_json(tmp_path / "run", capsys=capsys)
     assert row["status"] == "unfinished"
-    assert "stopped after logging step 3" in row["error"]
+    assert "stopped after logging step 4" in row["error"]  # steps 0-3 logged: the console said 4/8
     assert row["final_loss"] == LOSSES[3]
     assert row["gpus"] == 1 and row["global_size"] == 16 and row["dp"] == 1  # from the composed config
     assert row["micro_size"] is None  # "auto" and never resolved
@@ -306,13 +315,13 @@ def test_markdown_and_csv_list_every_cell(tmp_path, capsys):
     sweep = write_sweep(tmp_path)
     assert main(["report", str(sweep), "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert [r["cell"] for r in rows] == ["1", "0", "2", "3"]
-    assert rows[0]["mfu"] == "0.45" and rows[0]["peak_gb"] == "0.6"
+    assert [r["cell"] for r in rows] == ["0", "1", "2", "3"]
+    assert rows[1]["mfu"] == "0.45" and rows[1]["peak_gb"] == "0.6"
     assert main(["report", str(sweep), "--format", "md"]) == 0
     markdown = capsys.readouterr().out
     table = [line for line in markdown.splitlines() if line.startswith("|")]
     assert len(table) == 2 + 4  # header, rule, one line per cell
-    assert "| 45.0 |" in table[2]  # MFU in %
+    assert "| 45.0 |" in table[3]  # MFU in %
     assert "`2` (failed): rank 1: RuntimeError: CUDA out of memory" in markdown
 
 
@@ -422,7 +431,7 @@ def test_the_page_is_self_contained_and_has_every_chart(tmp_path, capsys):
     assert page.count('class="mark"') > 20
     assert "the loss curves of 3 cells coincide" in page
     assert "RuntimeError: CUDA out of memory" in page
-    assert "<th>parallel.name</th><td>ddp</td><td>ddp</td><td>zero2</td></tr>" in page  # cells 1, 0, 2
+    assert "<th>parallel.name</th><td>ddp</td><td>ddp</td><td>zero2</td></tr>" in page  # cells 0, 1, 2
 
 
 def test_rows_of_cells_keep_every_cell(tmp_path):
@@ -637,3 +646,60 @@ def test_goodput_comes_from_attempts_jsonl_where_the_last_attempt_was_killed(tmp
     rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
     assert (rows["killed"]["attempts"], rows["killed"]["steps_lost"]) == (2, 0)
     assert rows["killed"]["goodput"] == pytest.approx(17.0 / 30.0)
+
+
+def test_a_cell_whose_step_times_spread_wide_is_flagged_noisy_in_every_view(tmp_path, capsys, monkeypatch):
+    """summary.json's step_time_spread, or for a cell without one the logged steps' times: above 25% of
+    the median, the JSON, the terminal and the page flag the cell."""
+    quiet = write_cell(tmp_path / "sweep" / "0")
+    summary = json.loads((quiet / "summary.json").read_text())
+    summary["step_time_spread"] = {"iqr_over_median": 0.04, "noisy": False, "steps": 7}
+    (quiet / "summary.json").write_text(json.dumps(summary))
+    # No summary: the logged steps' times say it (step 0's warm-up left out).
+    shared = [{"time/step_s": s} for s in (3.0, 0.5, 1.0, 0.5, 1.1, 0.5, 0.9, 0.5)]
+    write_cell(tmp_path / "sweep" / "1", write_summary=False, extra_metrics=None)
+    lines = (tmp_path / "sweep" / "1" / "metrics.jsonl").read_text().splitlines()
+    merged = [json.dumps({**json.loads(line), **t}) for line, t in zip(lines, shared, strict=True)]
+    (tmp_path / "sweep" / "1" / "metrics.jsonl").write_text("\n".join(merged) + "\n")
+    rows = report_json(tmp_path / "sweep", capsys=capsys)
+    assert [(r["step_iqr_over_median"], r["noisy"]) for r in rows] == [
+        (0.04, False),
+        (pytest.approx(0.9), True),
+    ]
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["report", str(tmp_path / "sweep")]) == 0
+    out = capsys.readouterr().out
+    assert "90 noisy" in out and "noisy: cell 1: the step times' IQR is above 25% of their median" in out
+    page_path = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "sweep"), "--html", str(page_path), "--format", "csv"]) == 0
+    assert '<td class="num noisy">90 noisy</td>' in page_path.read_text()
+
+
+def test_the_loss_charts_and_verdicts_count_steps_from_one_as_the_console_does(tmp_path):
+    write_cell(tmp_path / "sweep" / "0", losses=[5.0, 4.0, 3.0])
+    write_cell(tmp_path / "sweep" / "1", losses=[5.0, 4.0, 3.5])
+    cells = collect([tmp_path / "sweep"])
+    chart = loss_chart(cells, ["0", "1"], {})
+    assert "<title>0: 1, 5</title>" in chart.svg and "<title>0: 3, 3</title>" in chart.svg
+    assert ": 0, " not in chart.svg  # no point at step 0
+    (agreement,) = loss_agreement(cells)
+    assert "max |Δloss| 5.00e-01 at step 3 over 3 common steps" in agreement.verdict()
+
+
+def test_on_a_cpu_the_measured_bar_reaches_the_measured_peak(tmp_path):
+    """The terms and DeepSpeed's named buffers come to 0.15 GB; the high-water RSS, the peak, is 0.62 GB:
+    the bar goes on to it, the rest named for what it is."""
+    terms = {"params_gb": 0.013, "grads_gb": 0.013, "optimizer_gb": 0.026, "activations_gb": 0.096}
+    memory = {
+        "estimated": {**terms, "total_gb": 0.148},
+        "measured": {**terms, "peak_gb": 0.62, "residual": {"model_buffers_gb": 0.001}},
+    }
+    run = write_cell(tmp_path / "run", memory=memory, peak_gb=0.62)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["peak_memory_measure"] = "process high-water RSS (the CPU device: the host's memory)"
+    (run / "summary.json").write_text(json.dumps(summary))
+    chart = memory_chart(build_rows(collect([run])))
+    assert "rest of peak 0.471 GB (torch" in chart.svg and "the process's high-water RSS" in html.unescape(
+        chart.svg
+    )
+    assert "rest of peak" in {item.name for item in chart.legend}
