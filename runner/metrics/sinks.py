@@ -1,4 +1,5 @@
-"""Metric sinks behind one small interface: JSONL (always), wandb, and the console.
+"""Metric sinks behind one small interface: JSONL (always), wandb, and the console
+(runner/metrics/console.py).
 
 A sink receives ``log(step, metrics)`` for each logged step and ``close(summary)``
 once. Adding a sink touches no training code: :func:`build_sinks` is the only place
@@ -11,12 +12,12 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from runner.config import LoggerConfig, WandbMode
+from runner.metrics.console import ConsoleSink
 
 log = logging.getLogger("ladder")
 
@@ -141,49 +142,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
-
-
-class ConsoleSink:
-    """Progress on rank 0: a live bar on a terminal, one line per logged step otherwise."""
-
-    _FIELDS = (
-        ("loss", "loss {:.4f}"),
-        ("eval/loss", "eval {:.4f}"),
-        ("throughput/tokens_per_s", "{:,.0f} tok/s"),
-        ("throughput/mfu", "MFU {:.1%}"),
-        ("memory/peak_gb", "peak {:.2f} GB"),
-    )
-
-    def __init__(self, total_steps: int) -> None:
-        self._total = total_steps
-        self._progress: Any = None
-        if sys.stdout.isatty():
-            # deferred: only a terminal shows the progress bar
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self._progress = Progress(
-                TextColumn("step"),
-                MofNCompleteColumn(),
-                BarColumn(),
-                TextColumn("{task.fields[status]}"),
-            )
-            self._task = self._progress.add_task("train", total=total_steps, status="")
-            self._progress.start()
-
-    def _line(self, metrics: dict[str, float]) -> str:
-        return "  ".join(fmt.format(metrics[key]) for key, fmt in self._FIELDS if key in metrics)
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Advance the bar, or print a line."""
-        if self._progress is not None:
-            self._progress.update(self._task, completed=step + 1, status=self._line(metrics))
-        else:
-            print(f"step {step + 1}/{self._total}  {self._line(metrics)}", flush=True)
-
-    def close(self, summary: dict[str, Any]) -> None:
-        """Stop the bar."""
-        if self._progress is not None:
-            self._progress.stop()
 
 
 def build_sinks(
