@@ -5,7 +5,8 @@ Hydra's BasicLauncher runs a sweep's cells one after another in this process. He
 its ranks start (launchers/local_sweep.py), so a bad cell refuses the sweep before the
 first cell trains, not after the cells before it have; then it runs the cells, and a cell
 whose rank failed no longer stops the ones after it: the sweep ends with the list of the
-cells that failed. Imports are lazy: Hydra imports this module on every start.
+cells that failed, and a table of every cell (launchers/sweep_end.py). Imports are lazy:
+Hydra imports this module on every start.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class LadderLocalLauncher(BasicLauncher):
 
         from launchers.hydra_files import put_back_sweep, remove_refused_sweep_dir
         from launchers.local_sweep import cells_refusal, name_failed_cells
+        from launchers.sweep_end import print_sweep_end
 
         assert self.config is not None  # Hydra calls setup() before launch()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -36,4 +38,6 @@ class LadderLocalLauncher(BasicLauncher):
             remove_refused_sweep_dir(sweep_dir)  # a new sweep's directory, made for nothing
             sys.exit(2)
         results = super().launch(job_overrides, initial_job_idx)
-        return name_failed_cells(results, job_overrides, initial_job_idx, sweep_dir)
+        named = name_failed_cells(results, job_overrides, initial_job_idx, sweep_dir)
+        print_sweep_end(sweep_dir)  # the cells in one table, and the command that compares them
+        return named

@@ -22,21 +22,24 @@ class LadderSlurmLauncher(SlurmLauncher):
     """hydra/launcher=slurm: each cell its own nodes and tasks, one SLURM task per rank."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        """Refuse before submitting, or submit every cell and return its result."""
+        """Refuse before submitting, or submit every cell, wait for them, and print the sweep's table."""
         from pathlib import Path
 
         from launchers.hydra_files import put_back_sweep, remove_refused_sweep_dir
         from launchers.slurm import launch_sweep
         from launchers.slurm_resources import SlurmRefused
+        from launchers.sweep_end import print_sweep_end
 
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
         try:
-            return launch_sweep(self, job_overrides, initial_job_idx)
+            results = launch_sweep(self, job_overrides, initial_job_idx)
         except SlurmRefused as error:
             print(f"ladder: refused before launch on SLURM; {error}", file=sys.stderr)
-            sweep_dir = Path(str(self.config.hydra.sweep.dir))
             put_back_sweep(sweep_dir)  # a resumed sweep's files
             remove_refused_sweep_dir(sweep_dir)  # a new sweep's directory, made for nothing
             sys.exit(2)
+        print_sweep_end(sweep_dir)  # every cell has ended: the cells in one table, and how to compare them
+        return results
 
     def __call__(
         self,

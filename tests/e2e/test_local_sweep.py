@@ -44,7 +44,7 @@ def test_a_bad_cell_refuses_the_sweep_before_any_cell_trains(tmp_path):
 
 def test_a_failed_cell_is_named_and_the_cells_after_it_still_run(tmp_path):
     """Rank 1 of the 2-rank cell fails; the 1-rank cell after it trains all the same; the sweep
-    ends naming the failed cell, and exits 1."""
+    ends naming the failed cell, with a table of both, and exits 1."""
     sweep_dir = tmp_path / "sweep"
     proc = _sweep(
         sweep_dir, "gpus=2,1", "train.steps=2", "data.seq_len=32", env={"LADDER_INJECT_FAULT": "1:1"}
@@ -57,3 +57,14 @@ def test_a_failed_cell_is_named_and_the_cells_after_it_still_run(tmp_path):
     assert named in proc.stderr
     assert f"ladder report {sweep_dir}" in proc.stderr
     assert "HYDRA_FULL_ERROR" not in proc.stderr
+    # The sweep ends on one table of its cells, in job order, and the command that compares them.
+    out = proc.stdout
+    assert f"sweep {sweep_dir}: 1 of 2 cells completed" in out
+    cells = [line.split()[:3] for line in out.split("1 of 2 cells completed", 1)[1].splitlines()]
+    assert [c for c in cells if c[:1] in (["0"], ["1"])] == [
+        ["0", "gpus=2", "failed"],
+        ["1", "gpus=1", "completed"],
+    ]
+    assert out.rstrip().endswith(
+        f"compare the cells: ladder report {sweep_dir}  (--html report.html for charts)"
+    )
