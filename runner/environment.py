@@ -179,6 +179,17 @@ def gloo_listen_address(hostname: str) -> str | None:
     return None
 
 
+def node_addresses() -> list[str]:
+    """This node's addresses other than loopback, as its peers see its connections come from."""
+    found = [
+        address.address.split("%", 1)[0]
+        for addresses in psutil.net_if_addrs().values()
+        for address in addresses
+        if address.family in (socket.AF_INET, socket.AF_INET6)
+    ]
+    return [address for address in dict.fromkeys(found) if not is_loopback(address)]
+
+
 def interfaces() -> str:
     """This node's network interfaces and their addresses, for a message: ``eth0 10.0.0.2, lo 127.0.0.1``."""
     named = []

@@ -8,12 +8,39 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from runner.environment import DistributedEnv, RendezvousError, rendezvous_problems
+from runner.environment import (
+    DistributedEnv,
+    RendezvousError,
+    node_addresses,
+    rendezvous_problems,
+    this_node,
+)
+
+
+@dataclass(frozen=True)
+class Member:
+    """Where one rank of the group runs: its node's name and the addresses its peers see it at."""
+
+    rank: int
+    node: str
+    addresses: tuple[str, ...]
+
+
+# The group's members, gathered as it is joined by a job that spans nodes: when a rank's
+# connection to another fails, the address in the error names that rank's node
+# (runner/diagnose/peer_loss.py). Process-wide, as the process group itself is.
+_members: tuple[Member, ...] = ()
+
+
+def members() -> tuple[Member, ...]:
+    """Every rank's node and addresses (empty unless the group spans nodes)."""
+    return _members
 
 
 def select_accelerator() -> str:
@@ -71,11 +98,33 @@ def init_distributed(env: DistributedEnv, *, accelerator: str) -> tuple[torch.de
     joined_s = time.time() - joining
     if accelerator == "cuda":
         torch.cuda.set_device(env.local_rank)
+    if env.spans_nodes:
+        _gather_members(env)
+    if accelerator == "cuda":
         return torch.device("cuda", env.local_rank), joined_s
-    # Ranks sharing a host share its cores; oversubscribed threads would slow every rank.
-    cores = os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores // env.local_world_size))
+    torch.set_num_threads(cpu_threads(env.local_world_size))
     return torch.device("cpu"), joined_s
+
+
+def _gather_members(env: DistributedEnv) -> None:
+    """Learn where every rank runs: one all-gather of a few names as the group starts."""
+    global _members
+    mine = Member(rank=env.rank, node=this_node(os.environ), addresses=tuple(node_addresses()))
+    gathered: list[Member | None] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)
+    _members = tuple(member for member in gathered if member is not None)
+
+
+def cpu_threads(local_world_size: int) -> int:
+    """Threads for one CPU rank: the cores it may run on, not shared with another rank of its node.
+
+    Ranks sharing a host share its cores; oversubscribed threads would slow every rank. A
+    launcher that binds each rank to cores of its own (SLURM's task/affinity or a cpuset, taskset)
+    has split them already: the rank's affinity mask is then narrower than the host.
+    """
+    total = os.cpu_count() or 1
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    return max(1, allowed if allowed < total else total // local_world_size)
 
 
 @contextlib.contextmanager

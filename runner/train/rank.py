@@ -105,7 +105,7 @@ def run_rank(job: RankJob, *, run_dir: Path, env: DistributedEnv, identity: RunI
         raise
     except BaseException as error:
         out_of_memory.explain(error, job.config, run_dir)  # where it ran out, and the plan's terms
-        peer_loss.explain(error, oom_counts)  # another rank's process ended first
+        peer_loss.explain(error, oom_counts, run_dir)  # another rank's process (or its node) ended first
         raise
     finally:
         teardown(ok=ok)

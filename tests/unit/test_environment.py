@@ -9,7 +9,7 @@ import time
 import pytest
 
 from runner import environment
-from runner.engine.distributed import init_distributed
+from runner.engine.distributed import cpu_threads, init_distributed
 from runner.environment import (
     DistributedEnv,
     RendezvousError,
@@ -138,3 +138,11 @@ def test_gloo_socket_ifname_must_name_an_interface_of_this_node(monkeypatch):
     wrong = {**TWO_NODE_TASK, "GLOO_SOCKET_IFNAME": "ib7"}
     (problem,) = rendezvous_problems(_slurm_env(), backend="gloo", environ=wrong)
     assert "GLOO_SOCKET_IFNAME=ib7: no interface ib7 on node-2 (rank 1)" in problem
+
+
+def test_a_cpu_rank_takes_the_cores_its_launcher_bound_it_to_or_its_share_of_the_host(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert cpu_threads(local_world_size=2) == 4  # two ranks share the host's 8 cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {6})
+    assert cpu_threads(local_world_size=2) == 1  # bound to one core (taskset, SLURM's task/affinity)
