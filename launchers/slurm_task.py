@@ -10,6 +10,9 @@ with three changes: only rank 0 writes ``.hydra/``; a task that fails raises (a
 task exits non-zero, which ends its job step (srun --kill-on-bad-exit); a task that
 succeeded exits without interpreter teardown. A task stopped at SLURM's signal after a
 checkpoint (runner/train/preemption.py) exits 75 and leaves no result: its job was requeued.
+So does a task whose collective lost its peer (runner/diagnose/peer_loss.py; it exits 1): a lost
+node is one SLURM may requeue the job for (NODE_FAIL), and the job's next run must not find this
+run's error as its result. Its reason is in the cell's summary.json either way.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from omegaconf import open_dict
 
 from launchers.worker import exit_now
+from runner.diagnose.peer_loss import is_peer_lost
 from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 
 
@@ -72,7 +76,12 @@ def run_task(
     if ret.status == JobStatus.FAILED:
         # Raise what the task raised (Hydra returns it): the task then exits non-zero, and srun
         # --kill-on-bad-exit stops the other ranks instead of leaving them in a collective.
-        _ = ret.return_value
+        try:
+            _ = ret.return_value
+        except Exception as error:
+            if is_peer_lost(error):  # another rank, or its node, is gone: no result (see above)
+                exit_now(1)
+            raise
     # submitit writes the result after this returns; then leave before interpreter teardown,
     # whose gloo / DeepSpeed destructors abort now and then (launchers/worker.py exit_now)
     # and would make srun kill the ranks still writing theirs.
