@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,13 +157,20 @@ def _asked_to_stop(ctx: RunContext, step: int) -> int:
     return int(max_over_ranks(ctx.stop.asked, ctx.device))
 
 
+def injected_step_s() -> float:
+    """Seconds ``LADDER_INJECT_STEP_S`` adds after each step (tests: a time limit that lands mid-run)."""
+    return float(os.environ.get("LADDER_INJECT_STEP_S") or 0)
+
+
 def train_steps(ctx: RunContext, setup: Setup, progress: Progress, wall: WallClock) -> None:
     """Train from the resumed step to ``train.steps``; raises Preempted at an agreed stop."""
     every = ctx.config.train.checkpoint_every
+    slow_s = injected_step_s()
     for step in range(setup.resumed.start_step, ctx.config.train.steps):
         progress.step = step
         metrics = _one_step(ctx, setup, progress, wall)
         logged = _log(ctx, setup, step, metrics)
+        time.sleep(slow_s)
         asked = _asked_to_stop(ctx, step)
         saving_now = bool((every and (step + 1) % every == 0) or asked)
         if saving_now:
