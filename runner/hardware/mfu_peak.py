@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from runner.config import ClusterConfig, Precision
+from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cpu_half_matmul import computes_in_fp32
 from runner.hardware.peak_flops import calibrate_cpu_rounds, peak_flops_for_cuda_device, torch_dtype
 from runner.rundir.summary import write_json_atomic
@@ -73,10 +74,13 @@ def _cpu_name() -> str:
 # a high percentile, not the best round (one lucky round would set every later run's MFU) nor
 # the median (rounds that another process slowed pull it down; none can speed one up).
 PERCENTILE = 80
-# A calibration is kept for good when its rounds agree within this (IQR over median): on quiet
-# cores they do. Rounds spread wider ran beside another process's work; the next runs calibrate
-# again, up to TRIES calibrations in all, and the highest figure is kept meanwhile.
+# A calibration is kept for good when no other process held this process's cores during it
+# (runner/hardware/cpu_busy.py: at most BUSY_CORES beyond the cores the run's other ranks use)
+# and its rounds agree within SETTLED_SPREAD (IQR over median), as on quiet cores they do.
+# Otherwise the next runs calibrate again and the highest figure is kept meanwhile (another
+# process only ever slows a round); rounds that disagree on quiet cores, up to TRIES times.
 SETTLED_SPREAD = 0.10
+BUSY_CORES = 0.25
 TRIES = 3
 CACHE_VERSION = 2  # the format below; an earlier file (best-of figures) is measured anew
 
@@ -131,16 +135,24 @@ def _cache_key(precision: Precision) -> str:
 
 def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[str, Any]:
     """Measure this CPU's rounds now; the entry kept for them, given the one an earlier run kept."""
+    threads = torch.get_num_threads()
+    others = OthersUse.start()
     rounds = calibrate_cpu_rounds(torch_dtype(precision))
+    others_cores = others.cores()
+    # The cores this rank does not use are the run's other ranks' (runner/engine/distributed.py
+    # gives each rank its share): only others beyond them slowed the rounds.
+    busy = others_cores is not None and others_cores > max(0, len(others.cpus) - threads) + BUSY_CORES
     spread = _spread(rounds)
     measured = {
         "flops": _percentile(rounds, PERCENTILE),
         "statistic": f"{PERCENTILE}th percentile of {len(rounds)} matmul rounds",
         "rounds": rounds,
         "spread": spread,
-        "settled": spread <= SETTLED_SPREAD,
-        "tries": 1 + int((earlier or {}).get("tries", 0)),
-        "threads": torch.get_num_threads(),
+        "others_cores": others_cores,  # CPUs other processes kept busy meanwhile (None: unknown)
+        "busy": busy,
+        "settled": not busy and spread <= SETTLED_SPREAD,
+        "tries": int((earlier or {}).get("tries", 0)) + (0 if busy else 1),  # quiet calibrations so far
+        "threads": threads,
         "precision": precision.value,
         "cpu": _cpu_name(),
         "torch": torch.__version__,
@@ -148,11 +160,14 @@ def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[s
     }
     if earlier is None or measured["settled"] or measured["flops"] >= earlier["flops"]:
         return measured
-    return {**earlier, "tries": measured["tries"]}  # busy cores now: the earlier, higher figure stays
+    return {**earlier, "tries": measured["tries"]}  # slowed now: the earlier, higher figure stays
 
 
 def _final(entry: dict[str, Any] | None) -> bool:
-    return entry is not None and (bool(entry.get("settled")) or int(entry.get("tries", 0)) >= TRIES)
+    """Whether a kept calibration is reused unmeasured: settled, or spread on quiet cores TRIES times."""
+    if entry is None or entry.get("busy"):
+        return False
+    return bool(entry.get("settled")) or int(entry.get("tries", 0)) >= TRIES
 
 
 def best_cpu_peak(precision: Precision, *, ranks: int = 1) -> Peak:
@@ -184,7 +199,9 @@ def _source(entry: dict[str, Any], *, ranks: int, path: Path) -> str:
     if entry.get("precision") and computes_in_fp32(torch_dtype(entry["precision"])):
         conditions += f", {entry['precision']} matmuls computed in fp32"
     state = ""
-    if not entry.get("settled"):
+    if entry.get("busy"):
+        state = f"; provisional: other processes held {entry['others_cores']:.1f} cores, calibrating again"
+    elif not entry.get("settled"):
         again = "calibrating again" if not _final(entry) else f"kept after {entry.get('tries')} calibrations"
         state = f"; its rounds spread {100 * entry['spread']:.0f}%, {again}"
     return (

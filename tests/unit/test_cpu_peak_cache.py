@@ -19,12 +19,30 @@ QUIET_PEAK = 10.14e9  # its 80th percentile: 7th of 9 sorted (10.1) + 0.4 x (8th
 BUSY = [5e9, 9e9, 4.8e9, 9.5e9, 5.2e9, 10e9, 5e9, 9e9, 5.1e9]  # another process on a core for half of them
 
 
+class Others:
+    """runner/hardware/cpu_busy.py's reading, as the test sets it: the cores other processes held."""
+
+    held = 0.0
+    cpus = frozenset({0, 1})
+
+    @classmethod
+    def start(cls) -> Others:
+        return cls()
+
+    def cores(self) -> float:
+        return Others.held
+
+
 @pytest.fixture
 def calibrations(monkeypatch, tmp_path: Path) -> Iterator[list[list[float]]]:
-    """Each calibration pops its rounds from the front of the list; the cache lives in tmp_path."""
+    """Each calibration pops its rounds from the front of the list; the cache lives in tmp_path; no
+    other process holds a core unless a test says so (Others.held); torch has 2 threads."""
     rounds: list[list[float]] = []
     monkeypatch.setenv("LADDER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(peak, "calibrate_cpu_rounds", lambda dtype: rounds.pop(0))
+    monkeypatch.setattr(peak, "OthersUse", Others)
+    monkeypatch.setattr(Others, "held", 0.0)
+    monkeypatch.setattr(peak.torch, "get_num_threads", lambda: 2)
     yield rounds
 
 
@@ -45,6 +63,28 @@ def test_rounds_that_disagree_are_measured_again_and_the_higher_figure_kept_mean
     assert "calibrating again" in figures[0].source
     assert f"kept after {peak.TRIES} calibrations" in figures[2].source
     assert peak.best_cpu_peak(Precision.fp32).flops == figures[0].flops  # no rounds left: reused
+
+
+def test_a_calibration_while_other_processes_held_the_cores_is_provisional(calibrations, monkeypatch):
+    """Rounds that agree, all slowed alike by a process on a core throughout: kept, said to be
+    provisional, measured again by each run, the highest kept, until one runs on quiet cores."""
+    monkeypatch.setattr(Others, "held", 1.0)
+    calibrations.extend([[x / 2 for x in QUIET], [x / 1.5 for x in QUIET], [x / 2 for x in QUIET]])
+    figures = [peak.best_cpu_peak(Precision.fp32) for _ in range(3)]
+    assert [f.flops for f in figures] == pytest.approx([QUIET_PEAK / 2, QUIET_PEAK / 1.5, QUIET_PEAK / 1.5])
+    assert "provisional: other processes held 1.0 cores, calibrating again" in figures[0].source
+    monkeypatch.setattr(Others, "held", 0.1)  # a daemon's worth
+    calibrations.append(QUIET)
+    assert peak.best_cpu_peak(Precision.fp32).flops == pytest.approx(QUIET_PEAK)
+    assert peak.best_cpu_peak(Precision.fp32).flops == pytest.approx(QUIET_PEAK)  # settled: reused
+
+
+def test_the_other_ranks_of_the_run_do_not_make_a_calibration_busy(calibrations, monkeypatch):
+    monkeypatch.setattr(peak.torch, "get_num_threads", lambda: 1)  # 2 ranks on 2 cores, 1 thread each
+    monkeypatch.setattr(Others, "held", 1.0)  # the other rank
+    calibrations.append(QUIET)
+    assert "provisional" not in peak.best_cpu_peak(Precision.fp32, ranks=2).source
+    assert peak.best_cpu_peak(Precision.fp32, ranks=2).flops == pytest.approx(QUIET_PEAK)  # reused
 
 
 def test_busy_rounds_give_way_to_quiet_ones(calibrations):

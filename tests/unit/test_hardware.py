@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from runner.hardware import cpu_busy
 from runner.hardware.peak_flops import (
     UnknownDeviceError,
     calibrate_cpu_peak,
@@ -78,6 +81,25 @@ def test_cpu_calibration_rounds_are_short_and_each_a_figure() -> None:
     rounds = calibrate_cpu_rounds(torch.float32, rounds=4, sweep_s=0.2, round_s=0.05)
     assert time.perf_counter() - start < 1.5
     assert len(rounds) == 4 and all(math.isfinite(r) and r > 1e6 for r in rounds)
+
+
+def test_the_cpus_other_processes_held_are_read_from_proc_stat_for_this_processs_cpus(monkeypatch) -> None:
+    """Busy ticks (user nice system irq softirq steal; not idle nor iowait) of the CPUs in the
+    affinity, less this process's own CPU time, over the wall time."""
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = (
+        "cpu  9 9 9 9 9 9 9 9\ncpu0 {a} 0 0 500 7 0 0 {s}\ncpu1 {a} 0 0 500 0 0 0 0\ncpu7 {a} 0 0 0 0 0 0 0\n"
+    )
+    assert cpu_busy._busy_seconds({0, 1}, stat.format(a=hz, s=hz)) == 3.0  # cpu7 is not ours
+    readings = iter([stat.format(a=0, s=0), stat.format(a=2 * hz, s=hz)])
+    monkeypatch.setattr(cpu_busy, "_cpus", lambda: {0, 1})
+    monkeypatch.setattr(cpu_busy, "PROC_STAT", SimpleNamespace(read_text=lambda: next(readings)))
+    clock = iter([10.0, 12.0])  # 2 s of wall time
+    monkeypatch.setattr(cpu_busy.time, "perf_counter", lambda: next(clock))
+    cpu = iter([1.0, 2.0])  # this process used 1 CPU second of them
+    monkeypatch.setattr(cpu_busy.time, "process_time", lambda: next(cpu))
+    others = cpu_busy.OthersUse.start()
+    assert others.cores() == pytest.approx((5.0 - 1.0) / 2)
 
 
 def test_cpu_calibration_rejects_unknown_dtype() -> None:
