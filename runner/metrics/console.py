@@ -17,6 +17,7 @@ single slow step (another process on the cores) moves it little.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import sys
 import time
@@ -111,18 +112,34 @@ class ConsoleSink:
 
 
 class _LiveDisplay:
-    """Two lines redrawn in place at each logged step: the step, a bar and the time left; the metrics."""
+    """Two lines redrawn in place at each logged step: the step, a bar and the time left; the metrics.
+
+    It starts at the first logged step, so the lines a rank logs while it sets up print as they
+    did. While it shows, what the process prints or logs to the terminal goes above it: rich
+    redirects sys.stdout and sys.stderr, and the logging handlers that write to them (rank 0's
+    own, launchers/worker.py; DeepSpeed's) are pointed at the redirection until it stops, so a
+    checkpoint's line is not drawn over.
+    """
 
     def __init__(self, out: TextIO, total_steps: int) -> None:
+        self._out = out
+        self._total = total_steps
+        self._live: Any = None
+        self._moved: list[tuple[logging.StreamHandler[Any], Any]] = []  # handlers and their own streams
+
+    def _start(self) -> None:
         # deferred: only a terminal shows the live display
         from rich.console import Console
         from rich.live import Live
 
-        self._total = total_steps
-        # Redrawn when a step is logged, not on a timer: nothing else on it changes. What the
-        # process prints meanwhile goes above it (rich redirects sys.stdout and sys.stderr).
-        self._live = Live(console=Console(file=out), auto_refresh=False)
+        before = {id(sys.stdout): "stdout", id(sys.stderr): "stderr"}
+        # Redrawn when a step is logged, not on a timer: nothing else on it changes.
+        self._live = Live(console=Console(file=self._out), auto_refresh=False)
         self._live.start()
+        for handler in _stream_handlers():
+            name = before.get(id(handler.stream))
+            if name is not None:
+                self._moved.append((handler, handler.setStream(getattr(sys, name))))
 
     def update(self, done: int, fields: str, eta: str) -> None:
         """Show ``done`` steps, the time left beside the bar and the step's fields under it."""
@@ -132,6 +149,8 @@ class _LiveDisplay:
         from rich.table import Table
         from rich.text import Text
 
+        if self._live is None:
+            self._start()
         head = Table.grid(padding=(0, 1))
         head.add_row(
             Text(f"step {done}/{self._total}", style="bold"),
@@ -141,5 +160,22 @@ class _LiveDisplay:
         self._live.update(Group(head, Text(fields)), refresh=True)
 
     def stop(self) -> None:
-        """Stop redrawing; the last state stays on the screen."""
+        """Stop redrawing; the last state stays on the screen, and the handlers write where they did."""
+        if self._live is None:
+            return
         self._live.stop()
+        for handler, stream in self._moved:
+            handler.setStream(stream)
+        self._moved.clear()
+
+
+def _stream_handlers() -> list[logging.StreamHandler[Any]]:
+    """Every logging handler that writes to a stream (not a file), the root logger's included."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    return [
+        handler
+        for logger in loggers
+        if isinstance(logger, logging.Logger)
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+    ]

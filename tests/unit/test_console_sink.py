@@ -4,7 +4,9 @@ and the time left; on a terminal redrawn in place, in a log at a readable rate."
 from __future__ import annotations
 
 import io
+import logging
 import re
+import sys
 
 import pytest
 
@@ -121,3 +123,28 @@ def test_logger_progress_false_prints_nothing(tmp_path):
     assert [type(s).__name__ for s in sinks] == ["JsonlSink"]
     for sink in sinks:
         sink.close({})
+
+
+def test_lines_logged_under_the_live_display_print_above_it_not_under_it(monkeypatch):
+    """A checkpoint's log line while the display shows: printed through the display (above it),
+    not written over by its next redraw; the handler writes where it did once the display stops."""
+    terminal, clock = FakeTerminal(), Clock()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    handler = logging.StreamHandler(sys.stderr)
+    logger = logging.getLogger("ladder.test_console")
+    logger.addHandler(handler)
+    try:
+        sink = ConsoleSink(4, out=terminal, clock=clock)
+        logger.warning("before the first step")  # the display has not started: as it always printed
+        run(sink, clock, 2)
+        logger.warning("checkpoint step_00000002: 0.039 GB in 0.21 s")
+        for step in (2, 3):
+            sink.log(step, metrics())
+        sink.close({})
+        assert handler.stream is sys.stderr
+    finally:
+        logger.removeHandler(handler)
+    assert "before the first step" in sys.stderr.getvalue()
+    assert "checkpoint step_00000002" in terminal.getvalue()
+    assert "checkpoint step_00000002" not in sys.stderr.getvalue()
