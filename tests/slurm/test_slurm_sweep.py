@@ -181,6 +181,10 @@ def test_cells_with_different_gpus_get_their_own_tasks(sweep):
         by_gpus[summary["layout"]["gpus"]] = summary["slurm"]
     assert (by_gpus[1]["tasks"], by_gpus[2]["tasks"]) == (1, 2)
     assert by_gpus[1]["job_id"] != by_gpus[2]["job_id"]
+    # Once both jobs ended: the cells in one table, and the command that compares them.
+    assert f"sweep {result.sweep_dir}: 2 of 2 cells completed" in result.stdout
+    command = f"compare the cells: ladder report {result.sweep_dir}  (--html report.html for charts)"
+    assert result.stdout.rstrip().endswith(command), result.stdout[-2000:]
 
 
 def test_a_refused_sweep_resume_on_slurm_leaves_every_file_as_it_was(sweep, slurm_cluster, tmp_path):
