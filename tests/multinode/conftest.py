@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from multinode_runs import CROSS_NODE, losses, start_sweep
+from multinode_runs import CROSS_NODE, Sweep, losses, start_sweep
 from slurm.cluster import ClusterStartError
 from train_helpers import run_train
 from two_nodes import LINK, TwoNodeCluster, network_cannot_start_reason, start_two_nodes
@@ -44,6 +44,24 @@ def two_nodes() -> Iterator[TwoNodeCluster]:
     MEASURED.append("nodes: " + ", ".join(f"{node.name} {node.addr} on {LINK}" for node in cluster.nodes))
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def launch(two_nodes: TwoNodeCluster) -> Iterator[Callable[..., Sweep]]:
+    """``start_sweep`` on the cluster; a sweep still running when the test ends (it failed) is
+    killed and its jobs cancelled, so the next test finds the nodes free."""
+    started: list[Sweep] = []
+
+    def _launch(sweep_dir: Path, *overrides: str, env: dict[str, str] | None = None) -> Sweep:
+        started.append(start_sweep(two_nodes, sweep_dir, *overrides, env=env))
+        return started[-1]
+
+    yield _launch
+    running = [sweep for sweep in started if sweep.proc.poll() is None]
+    for sweep in running:
+        sweep.stop()
+    if running and (jobs := two_nodes.active_job_ids()):  # one test's jobs at a time: all are its own
+        two_nodes.client("scancel", *jobs)
 
 
 @pytest.fixture

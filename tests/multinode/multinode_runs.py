@@ -8,6 +8,7 @@ this directory on sys.path), so every test module of the tier imports it by one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -76,10 +77,16 @@ class Sweep:
         try:
             _, stderr = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            _, stderr = self.proc.communicate()
+            stderr = self.stop()
             raise AssertionError(f"the sweep did not end within {timeout:.0f} s:\n{stderr[-4000:]}") from None
         return self.proc.returncode, stderr
+
+    def stop(self) -> str:
+        """Kill the launching process (its jobs go on in SLURM); what it said on stderr."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        _, stderr = self.proc.communicate()
+        return stderr
 
 
 def start_sweep(

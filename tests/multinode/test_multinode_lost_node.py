@@ -20,7 +20,6 @@ from multinode_runs import (
     logged_steps,
     losses,
     max_difference,
-    start_sweep,
     summary,
     wait_for,
 )
@@ -33,11 +32,11 @@ RANK0_ENDS_WITHIN_S = 30  # docs/multi-node.md: the next collective, and the fai
 
 
 def test_a_lost_node_ends_rank_0_naming_it_and_the_requeued_job_resumes_from_the_last_checkpoint(
-    healthy, uninterrupted, tmp_path, report
+    healthy, launch, uninterrupted, tmp_path, report
 ):
     cluster = healthy
     node_1, node_2 = cluster.nodes
-    sweep = start_sweep(cluster, tmp_path / "sweep", *STOPPED, f"train.checkpoint_every={EVERY}")
+    sweep = launch(tmp_path / "sweep", *STOPPED, f"train.checkpoint_every={EVERY}")
     wait_for(f"{EVERY + 2} steps logged", lambda: logged_steps(sweep.run_dir) >= EVERY + 2, 240)
     job = job_id(sweep.run_dir)
     rank_0 = node_1.task_pid(job, 0)
@@ -54,8 +53,7 @@ def test_a_lost_node_ends_rank_0_naming_it_and_the_requeued_job_resumes_from_the
 
     # SLURM finds the node silent, marks it down and puts the job back in the queue.
     down_s = wait_for("node 2 down", lambda: cluster.node_state("ladder-n2").startswith("down"), 120)
-    state = cluster.client("squeue", "-h", "-j", job, "-o", "%T").stdout.strip()
-    assert state == "PENDING", state
+    wait_for("the job requeued", lambda: cluster.job_state(job) == "PENDING", 60)
     cluster.start_slurmd(node_2)  # the node comes back
     returncode, stderr = sweep.finish(timeout=300)
     assert returncode == 0, stderr[-4000:]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from multinode_runs import STOPPED, start_sweep, summary
+from multinode_runs import STOPPED, summary
 
 pytestmark = pytest.mark.multinode
 
 
 def test_a_master_addr_that_does_not_resolve_on_node_2_is_refused_before_the_collective(
-    two_nodes, tmp_path, report
+    two_nodes, launch, tmp_path, report
 ):
     # Node 2 loses its name for node 1, as a node whose DNS or /etc/hosts lacks its peers.
     hosts = two_nodes.hosts_file("ladder-n2")
@@ -19,7 +19,7 @@ def test_a_master_addr_that_does_not_resolve_on_node_2_is_refused_before_the_col
     hosts.write_text("".join(line for line in kept.splitlines(True) if "ladder-n1" not in line))
     try:
         started = time.monotonic()
-        sweep = start_sweep(two_nodes, tmp_path / "sweep", *STOPPED)
+        sweep = launch(tmp_path / "sweep", *STOPPED)
         returncode, stderr = sweep.finish(timeout=240)
         took = time.monotonic() - started
     finally:

@@ -10,7 +10,6 @@ from multinode_runs import (
     logged_steps,
     losses,
     max_difference,
-    start_sweep,
     summary,
     wait_for,
 )
@@ -19,10 +18,10 @@ pytestmark = pytest.mark.multinode
 
 
 def test_a_requeued_job_saves_at_sigterm_and_ends_with_the_uninterrupted_losses(
-    two_nodes, uninterrupted, tmp_path, report
+    two_nodes, launch, uninterrupted, tmp_path, report
 ):
     # No periodic checkpoints: the only one is written at the SIGTERM.
-    sweep = start_sweep(two_nodes, tmp_path / "sweep", *STOPPED, "train.checkpoint_every=0")
+    sweep = launch(tmp_path / "sweep", *STOPPED, "train.checkpoint_every=0")
     wait_for("3 steps logged", lambda: logged_steps(sweep.run_dir) >= 3 or sweep.proc.poll() is not None, 240)
     job = job_id(sweep.run_dir)
     requeued = two_nodes.client("scontrol", "requeue", job)

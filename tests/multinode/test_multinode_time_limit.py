@@ -10,7 +10,7 @@ each warning must save, requeue and resume.
 from __future__ import annotations
 
 import pytest
-from multinode_runs import STEPS, STOPPED, job_id, losses, max_difference, start_sweep, summary
+from multinode_runs import STEPS, STOPPED, job_id, losses, max_difference, summary
 
 pytestmark = pytest.mark.multinode
 
@@ -23,9 +23,9 @@ LIMIT = [
 
 
 def test_a_job_past_its_time_limit_saves_at_the_warning_requeues_and_ends_with_the_uninterrupted_losses(
-    two_nodes, uninterrupted, tmp_path, report
+    two_nodes, launch, uninterrupted, tmp_path, report
 ):
-    sweep = start_sweep(two_nodes, tmp_path / "sweep", *STOPPED, *LIMIT, env=SLOW)
+    sweep = launch(tmp_path / "sweep", *STOPPED, *LIMIT, env=SLOW)
     returncode, stderr = sweep.finish(timeout=420)
     assert returncode == 0, stderr[-4000:]
 

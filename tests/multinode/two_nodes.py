@@ -179,6 +179,10 @@ class TwoNodeCluster(SlurmCluster):
         """SLURM's state of node ``name`` (idle, allocated, down*, ...)."""
         return self._node_states().get(name, "")
 
+    def job_state(self, job_id: str) -> str:
+        """SLURM's state of job ``job_id`` (PENDING, RUNNING, COMPLETED, ...)."""
+        return self.client("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T").stdout.strip()
+
     def _node_idle(self) -> bool:
         return self._node_states() == dict.fromkeys(NODE_NAMES, "idle")
 
