@@ -98,12 +98,13 @@ def init_distributed(env: DistributedEnv, *, accelerator: str) -> tuple[torch.de
     joined_s = time.time() - joining
     if accelerator == "cuda":
         torch.cuda.set_device(env.local_rank)
+        device = torch.device("cuda", env.local_rank)
+    else:
+        torch.set_num_threads(cpu_threads(env.local_world_size))
+        device = torch.device("cpu")
     if env.spans_nodes:
-        _gather_members(env)
-    if accelerator == "cuda":
-        return torch.device("cuda", env.local_rank), joined_s
-    torch.set_num_threads(cpu_threads(env.local_world_size))
-    return torch.device("cpu"), joined_s
+        _gather_members(env)  # after set_device: NCCL's all-gather runs on this rank's GPU
+    return device, joined_s
 
 
 def _gather_members(env: DistributedEnv) -> None:
