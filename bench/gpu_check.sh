@@ -12,7 +12,7 @@
 # tests, layouts (ddp/zero1/zero3 and their plans), largest, compiled, and three more that
 # measure speed rather than prove paths: peer (bench/peer_gpu.py: ladder beside a plain
 # PyTorch loop), calibrate (bench/calibrate_device.py: GEMMs at the models' shapes, copy and
-# fused AdamW bandwidth) and zero3_micro1 (llama_7b under ZeRO-3 at micro 1, its step profiled).
+# fused AdamW bandwidth) and zero3_micro1 (llama_7b under ZeRO-3 at micro 1).
 #
 # Without a CUDA device it runs the same steps in a reduced mode (tiny model, fp32, 3 steps)
 # so the script is known to work before GPU time is spent.
@@ -166,14 +166,14 @@ if wanted peer; then
   timed peer "$run_limit" "$python" bench/peer_gpu.py --rounds 1 --out-json "$out/peer.json" \
     > "$out/peer.log" 2>&1 || echo "peer bench failed: see $out/peer.log"
 fi
-# ...and llama_7b under ZeRO-3 at micro 1 (what micro_size=auto picks on one H200), one step
-# profiled: where a step of many small micro-batches goes (profile/rank0_step3_ops.txt).
+# ...and llama_7b under ZeRO-3 at micro 1 (what micro_size=auto picks on one H200): a step
+# of many small micro-batches, each gathering and releasing every block's parameters.
 if wanted zero3_micro1; then
   big=llama_7b
   [ "$mode" = full ] || big=tiny
   # shellcheck disable=SC2086
   timed run_zero3_micro1 "$run_limit" "$python" train.py $base model=$big parallel=zero3 \
-    batch.micro_size=1 train.steps=5 train.profile_step=3 "hydra.run.dir=$out/run_zero3_micro1" \
+    batch.micro_size=1 train.steps=5 "hydra.run.dir=$out/run_zero3_micro1" \
     > "$out/run_zero3_micro1.log" 2>&1 || echo "zero3 micro 1 run failed"
 fi
 
