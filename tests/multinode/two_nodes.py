@@ -19,7 +19,7 @@ cores (taskset), as ranks on two hosts would not share cores.
 Everything is undone by :meth:`TwoNodeCluster.stop`: the daemons, any process left in a node,
 the holders; the namespaces and the link go with their last process.
 
-    python tests/multinode/two_nodes.py     # start one, say how to use it, stop on Enter
+    PYTHONPATH=tests python tests/multinode/two_nodes.py   # start one, say how to use it, stop on Enter
 """
 
 from __future__ import annotations
