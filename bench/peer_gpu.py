@@ -148,7 +148,8 @@ def _loss(kind: str, model: Any, inputs: Any, targets: Any) -> Any:
         from runner.model.transformer import lm_loss
 
         return lm_loss(model(inputs), targets)
-    return model(input_ids=inputs, labels=inputs).loss  # transformers shifts the labels itself
+    # transformers shifts the labels itself; a training step keeps no key/value cache.
+    return model(input_ids=inputs, labels=inputs, use_cache=False).loss
 
 
 def _host_peak_gb() -> float:
