@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from types import FrameType
@@ -120,6 +121,12 @@ class StopSignals:
             previous(signal.SIGUSR2, None)
         except SystemExit:  # submitit requeued the job and asks the task to leave
             return True, "requeued by submitit (scontrol requeue)"
+        except subprocess.CalledProcessError as error:
+            if error.returncode == -signal.SIGTERM and "requeue" in error.cmd:
+                # The requeue took: slurmctld ends the job's processes at once ("CANCELLED
+                # DUE TO JOB REQUEUE"), and scontrol, a child of this rank, is one of them.
+                return True, "requeued by submitit (scontrol requeue, ended by SLURM as it requeued the job)"
+            return False, f"not requeued: {str(error).strip()}"
         except Exception as error:  # e.g. UncompletedJobError: timed out more than max_num_timeout
             return False, f"not requeued: {str(error).strip() or type(error).__name__}"
         return False, "not requeued: submitit's handler returned without requeuing"

@@ -109,4 +109,8 @@ def run_rank(job: RankJob, *, run_dir: Path, env: DistributedEnv, identity: RunI
         raise
     finally:
         teardown(ok=ok)
-        stop.restore()
+        if ok:
+            stop.restore()
+        # A failed rank keeps only noting SIGTERM and SIGINT until it exits: torchrun (or srun)
+        # sends SIGTERM to the other ranks as soon as one fails, and this rank's caller has yet
+        # to write its failure record and summary (launchers/run.py, launchers/worker.py).

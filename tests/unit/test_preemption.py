@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -70,7 +71,16 @@ def test_rank_0_hands_the_job_back_to_submitits_handler():
     def refuses(signum, frame):
         raise RuntimeError("Job not requeued because: timed-out too many times.")
 
+    def requeued_and_ended(signum, frame):  # scontrol requeue, itself ended by the requeue's SIGTERM
+        raise subprocess.CalledProcessError(-signal.SIGTERM, ["scontrol", "requeue", "7"])
+
+    def scontrol_fails(signum, frame):
+        raise subprocess.CalledProcessError(1, ["scontrol", "requeue", "7"])
+
     assert _hand_back_with(requeues)[0] is True
+    assert _hand_back_with(requeued_and_ended)[0] is True
+    requeued_, why = _hand_back_with(scontrol_fails)
+    assert not requeued_ and "returned non-zero exit status 1" in why
     requeued_, why = _hand_back_with(refuses)
     assert not requeued_ and "timed-out too many times" in why
     requeued_, why = _hand_back_with(signal.SIG_DFL)
