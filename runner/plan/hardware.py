@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from runner.config import ClusterConfig, Precision
 from runner.hardware.cgroup_memory import cgroup_memory_limit
 from runner.hardware.cuda_devices import cuda_available
+from runner.plan import calibration as calibrations
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
 
@@ -52,6 +54,8 @@ class Device:
     intra_node_bytes_per_s: Figure
     inter_node_bytes_per_s: Figure
     is_host: bool = False  # CPU ranks: offloaded ("host") bytes share the same memory
+    # The step-time model's figures (runner/plan/calibration.py); None: the roofline only.
+    calibration: calibrations.Calibration | None = field(default=None, compare=False)
 
     @property
     def per_node(self) -> int:
@@ -156,6 +160,17 @@ def _cluster_file_value(name: str, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+@functools.cache
+def _cluster_file_text(name: str, key: str) -> str | None:
+    """A text ``key`` of the shipped ``conf/cluster/<name>.yaml`` (None: no file, no key)."""
+    import yaml  # deferred: only a plan for a named cluster reads its datasheet
+
+    path = _CLUSTER_GROUP / f"{name}.yaml"
+    listed = yaml.safe_load(path.read_text()) if path.is_file() else None
+    value = listed.get(key) if isinstance(listed, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _cluster_source(cluster: ClusterConfig, key: str) -> str:
     """A named cluster's own figure is its datasheet's; one set elsewhere (an override) is config."""
     if cluster.name == "local":
@@ -171,6 +186,61 @@ def _link(cluster: ClusterConfig, key: str) -> Figure:
     if gbps is None:
         return Figure(None, f"unknown: cluster.{key} not set")
     return Figure(gbps * GB, _cluster_source(cluster, key))
+
+
+def _measure_here(precision: Precision, *, cuda: bool, threads: int) -> calibrations.Calibration:
+    """This host's device, measured on demand (runner/hardware/calibrate.py) and cached."""
+    import platform
+
+    import torch  # deferred: only a plan that predicts time on this host's device measures it
+
+    from runner.hardware import calibrate
+
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = {Precision.fp32: torch.float32, Precision.fp16: torch.float16}.get(precision, torch.bfloat16)
+    name = torch.cuda.get_device_name(0) if cuda else f"cpu {platform.machine()} x{os.cpu_count()}"
+    count = 0 if cuda else threads
+
+    def measure(kind: str, shape: tuple[int, ...]) -> Any:
+        with calibrate.threads(count or None):
+            if kind == "gemm":
+                m, k, n = shape
+                return list(calibrate.gemm_rates(m, k, n, dtype=dtype, device=device))
+            if kind == "attention":
+                b, h, s, d = shape
+                return list(calibrate.attention_seconds(b, h, s, d, dtype=dtype, device=device))
+            if kind == "copy":
+                return calibrate.copy_rate(shape[0], device=device)
+            if kind == "op_s":
+                return calibrate.op_seconds(device=device)
+            if kind == "adamw_bytes_per_s":
+                return calibrate.adamw_rate(2**26 if cuda else 2**22, device=device)
+            if kind == "allreduce":  # two ranks of this host over gloo; a GPU's links are the cluster's
+                return None if cuda else list(calibrate.allreduce_costs())
+        raise ValueError(f"no calibration of {kind}")
+
+    return calibrations.local(name, str(dtype).removeprefix("torch."), count, torch.__version__, measure)
+
+
+def _calibration(
+    cluster: ClusterConfig, precision: Precision, *, cuda: bool, ranks_here: int, peak: Figure
+) -> calibrations.Calibration | None:
+    """The named cluster's calibration file (its own, or one it borrows), else this host's device."""
+    if cluster.name != "local":
+        recorded = calibrations.load_cluster(cluster.name)
+        if recorded is not None:
+            return recorded
+        lender = _cluster_file_text(cluster.name, "calibration")
+        lender_peak = _cluster_file_value(lender, "peak_tflops_bf16") if lender else None
+        own_peak = _cluster_file_value(cluster.name, "peak_tflops_bf16")
+        if lender and lender_peak and own_peak:
+            return calibrations.load_cluster(
+                lender, compute_scale=own_peak / lender_peak, borrowed_by=cluster.name
+            )
+        if cluster.device_memory_gb is not None:
+            return None  # a named device that is not here, with no calibration: the roofline only
+    threads = max(1, (os.cpu_count() or 1) // ranks_here)
+    return _measure_here(precision, cuda=cuda, threads=threads) if peak.value is not None else None
 
 
 def resolve_device(
@@ -196,6 +266,9 @@ def resolve_device(
         intra_node_bytes_per_s=_link(cluster, "intra_node_gbps"),
         inter_node_bytes_per_s=_link(cluster, "inter_node_gbps"),
         is_host=cluster.device_memory_gb is None and not cuda,
+        calibration=_calibration(cluster, precision, cuda=cuda, ranks_here=ranks_here, peak=peak)
+        if with_peak
+        else None,
     )
 
 

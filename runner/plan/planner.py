@@ -169,6 +169,11 @@ class Plan:
                 "step_s_is_lower_bound": not self.time.complete,
                 "mfu": self.time.mfu,
                 "tokens_per_s": self.time.tokens_per_s,
+                "terms_s": {t.name: t.seconds for t in self.time.terms},
+                "limit": self.time.limit,
+                "bound_step_s": self.time.bound_step_s,
+                "bound_mfu": self.time.bound_mfu,
+                "calibration": self.time.calibration or None,
                 "not_modelled": ["offload transfers and CPU optimizer step"]
                 if k.offload != OffloadPlacement.none
                 else [],

@@ -25,6 +25,11 @@ group's bytes go over its link. Data-parallel traffic stays within a node when a
 fit in one (gpus <= gpus_per_node), else it crosses nodes; tensor parallel stays inside a
 node. With ``parallel.overlap_comm`` the data-parallel traffic hides behind compute up to
 the compute time; tensor- and pipeline-parallel traffic is on the critical path.
+
+That roofline is kept as the *bound*. The *prediction* is runner/plan/step_model.py's named
+terms on the device's calibration (runner/plan/calibration.py): what each GEMM, kernel, copy,
+optimizer step and collective takes on that device, at the run's shapes. Without a
+calibration (none measured, none recorded for the cluster) the prediction is the bound.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from runner.layout import Layout
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.hardware import Device
 from runner.plan.memory import layers_per_stage
+from runner.plan.step_model import Term, comm_seconds, compute_terms, param_tensors
 from runner.plan.workload import Knobs, Workload
 
 
@@ -63,7 +69,11 @@ class Traffic:
 
 @dataclass(frozen=True)
 class StepTime:
-    """Predicted time of one optimizer step and the MFU it implies (None: peak unknown)."""
+    """Predicted time of one optimizer step and the MFU it implies (None: peak unknown).
+
+    With a calibration, ``step_s`` is the sum of ``terms`` (runner/plan/step_model.py); the
+    roofline stays beside it as ``bound_step_s`` / ``bound_mfu``. Without one they are equal.
+    """
 
     compute_s: float | None
     bubble_s: float | None
@@ -71,11 +81,22 @@ class StepTime:
     step_s: float | None  # None when compute is unknown; a lower bound when comm_s is None
     mfu: float | None  # an upper bound when comm_s is None
     tokens_per_s: float | None
+    terms: tuple[Term, ...] = ()
+    bound_step_s: float | None = None  # the roofline: compute at peak, links at full bandwidth
+    bound_mfu: float | None = None
+    calibration: str = ""  # where the terms' figures came from ("": no calibration, the bound)
 
     @property
     def complete(self) -> bool:
         """True when every part of the step could be predicted."""
         return self.step_s is not None and self.comm_s is not None
+
+    @property
+    def limit(self) -> str | None:
+        """The term that takes most of the predicted step (None: no terms)."""
+        if not self.terms:
+            return None
+        return max(self.terms, key=lambda t: t.seconds).name
 
 
 def _link(device: Device, *, inside_node: bool) -> tuple[str, float | None]:
@@ -167,7 +188,98 @@ def _recomputed_flops_per_token(workload: Workload, recompute: Recompute) -> flo
 
 
 def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Traffic]) -> StepTime:
-    """Predicted step time and MFU: compute at peak + pipeline bubble + exposed communication."""
+    """The predicted step (calibrated terms) beside the roofline bound; see the module docstring."""
+    bound = roofline(workload, knobs, layout, groups)
+    calibration = workload.device.calibration
+    if calibration is None or bound.step_s is None:
+        return bound
+    terms = compute_terms(workload, knobs, layout, calibration)
+    if terms is None:
+        return bound
+    compute = sum(t.seconds for t in terms)
+    tensors = param_tensors(workload, layout)
+    exposed: float | None = 0.0
+    for group in groups:
+        count = collectives(group.group, knobs, layout, tensors)
+        seconds, how = comm_seconds(
+            group.bytes,
+            count,
+            bandwidth=group.bandwidth,
+            calibration=calibration,
+            local=calibration.measure is not None and group.link == "intra-node",
+        )
+        if seconds is None:
+            exposed = None
+            continue
+        if group.group == "dp" and knobs.overlap_comm:
+            seconds = max(0.0, seconds - compute)
+        terms.append(
+            Term(f"{group.group} comm", seconds, f"{count} collectives, {group.bytes / 1e9:.3g} GB; {how}")
+        )
+        if exposed is not None:
+            exposed += seconds
+    # Narayanan et al. 2021 (arXiv 2104.04473), Sec. 2.2.1: bubble / ideal time = (p - 1) / m.
+    bubble = compute * (layout.pp - 1) / layout.accum_steps
+    if bubble:
+        terms.append(
+            Term(
+                "bubble", bubble, f"1F1B: (pp - 1) / accum = {layout.pp - 1}/{layout.accum_steps} of compute"
+            )
+        )
+    step = sum(t.seconds for t in terms)
+    tokens = layout.global_size * workload.seq_len
+    peak = workload.device.peak_flops.value
+    assert peak is not None  # the bound has a step only with a peak
+    model_fpt = model_flops_per_token(
+        workload.model, num_params=workload.num_params, seq_len=workload.seq_len
+    )
+    utilisation = mfu(
+        tokens_per_s=tokens / step,
+        flops_per_token=model_fpt,
+        peak_flops_per_device=peak,
+        n_devices=layout.gpus,
+    )
+    return StepTime(
+        compute,
+        bubble,
+        exposed,
+        step,
+        utilisation,
+        tokens / step,
+        terms=tuple(terms),
+        bound_step_s=bound.step_s,
+        bound_mfu=bound.mfu,
+        calibration=calibration.source,
+    )
+
+
+def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int) -> int:
+    """Collectives one rank takes part in per step, in ``group``: each pays the link's latency.
+
+    DDP and ZeRO-1/2 reduce gradients in buckets (one per step; ZeRO-2 one per micro-batch)
+    and ZeRO-1/2 gather the updated parameters once; ZeRO-3 gathers each parameter tensor in
+    forward and in backward and reduce-scatters its gradient, every micro-batch. Tensor
+    parallel: runner/plan/step_time.py ``traffic``'s all-reduces; pipeline: a send and a
+    receive per micro-batch.
+    """
+    accum = layout.accum_steps
+    if group == "dp":
+        if layout.dp == 1:
+            return 0
+        if knobs.zero_stage == ZeroStage.zero3:
+            return 3 * param_tensors * accum
+        if knobs.zero_stage == ZeroStage.zero2:
+            return accum + 1
+        return 1 + (1 if knobs.zero_stage == ZeroStage.zero1 else 0)
+    if group == "tp":
+        per_layer = 6 if knobs.recompute == Recompute.full else 4
+        layers = (param_tensors - 3) // 9  # runner/plan/step_model.py param_tensors: 9 per block
+        return accum * (layers * per_layer + 2)
+    return 2 * accum
+
+
+def roofline(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Traffic]) -> StepTime:
+    """The bound: compute at peak + pipeline bubble + exposed communication at full bandwidth."""
     gpus, pp, accum_steps = layout.gpus, layout.pp, layout.accum_steps
     overlap_comm, peak_flops = knobs.overlap_comm, workload.device.peak_flops.value
     tokens = layout.global_size * workload.seq_len
@@ -198,7 +310,9 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
         peak_flops_per_device=peak_flops,
         n_devices=gpus,
     )
-    return StepTime(compute, bubble, exposed, step, utilisation, tokens / step)
+    return StepTime(
+        compute, bubble, exposed, step, utilisation, tokens / step, bound_step_s=step, bound_mfu=utilisation
+    )
 
 
 def eval_time(workload: Workload, knobs: Knobs, layout: Layout, step: StepTime) -> float | None:
@@ -220,4 +334,14 @@ def eval_time(workload: Workload, knobs: Knobs, layout: Layout, step: StepTime) 
     return workload.eval_batches * forward * (1 + (layout.pp - 1) / layout.accum_steps)
 
 
-__all__ = ["StepTime", "Traffic", "eval_time", "model_flops_per_token", "step_time", "traffic"]
+__all__ = [
+    "StepTime",
+    "Term",
+    "Traffic",
+    "collectives",
+    "eval_time",
+    "model_flops_per_token",
+    "roofline",
+    "step_time",
+    "traffic",
+]

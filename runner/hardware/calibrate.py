@@ -1,0 +1,186 @@
+"""Short micro-benchmarks of this device, for the step-time model (runner/plan/step_time.py).
+
+Each measures one kind of work a training step does, on the device and with the threads a
+rank will have, and returns seconds or a rate:
+
+- :func:`gemm_rates`: a matmul's forward (X W), input gradient (dY W^T) and weight gradient
+  (X^T dY), FLOP/s at the given (M, K, N). A shape whose forward exceeds ``max_flops`` is
+  measured with the larger of M and N halved until it fits: a GEMM's rate stops growing with
+  its size long before, and K (the reduction) and the smaller side keep their intensity.
+- :func:`attention_seconds`: ``F.scaled_dot_product_attention`` (causal) forward and backward,
+  the kernel runner/model/transformer.py calls.
+- :func:`copy_rate`: bytes read plus written per second by a copy of ``num_bytes``, a
+  stand-in for every memory-bound (elementwise) kernel of that size.
+- :func:`op_seconds`: one eager op's dispatch, forward and autograd backward, on a
+  one-element tensor: what a step pays per kernel whatever its size.
+- :func:`adamw_rate`: torch's fused AdamW (runner/engine/deepspeed_config.py asks for it) on
+  a flat fp32 tensor, in bytes per second at 28 B a parameter (p, g, m, v read; p, m, v written).
+- :func:`allreduce_costs`: two processes' all-reduce over the backend the runner uses
+  (gloo on CPU), at a small and a large size: latency and bytes per second.
+
+Every timing is the median of a few calls after warm-up calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+MAX_GEMM_FLOPS = 2e9  # a forward above this is measured at a smaller M (see the module docstring)
+
+
+@contextlib.contextmanager
+def threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` (a rank's: runner/engine/distributed.py) meanwhile."""
+    before = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device, *, repeats: int = 5, warmup: int = 2) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` calls."""
+    times = []
+    for index in range(warmup + repeats):
+        _sync(device)
+        started = time.perf_counter()
+        fn()
+        _sync(device)
+        if index >= warmup:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def gemm_rates(
+    m: int, k: int, n: int, *, dtype: torch.dtype, device: torch.device, max_flops: float = MAX_GEMM_FLOPS
+) -> tuple[float, float, float]:
+    """FLOP/s of X W, dY W^T and X^T dY at (m, k, n): a step's three GEMMs per linear layer."""
+    while 2.0 * m * k * n > max_flops and max(m, n) > 64:
+        if m >= n:
+            m //= 2
+        else:
+            n //= 2
+    x = torch.randn(m, k, dtype=dtype, device=device)
+    w = torch.randn(k, n, dtype=dtype, device=device)
+    dy = torch.randn(m, n, dtype=dtype, device=device)
+    flops = 2.0 * m * k * n
+    forward = timed(lambda: x @ w, device)
+    grad_input = timed(lambda: dy @ w.T, device)
+    grad_weight = timed(lambda: x.T @ dy, device)
+    return flops / forward, flops / grad_input, flops / grad_weight
+
+
+def attention_seconds(
+    batch: int, heads: int, seq: int, head_dim: int, *, dtype: torch.dtype, device: torch.device
+) -> tuple[float, float]:
+    """Seconds of causal SDPA's forward, and of its backward, at (batch, heads, seq, head_dim)."""
+    shape = (batch, heads, seq, head_dim)
+    q, k, v = (torch.randn(shape, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, dtype=dtype, device=device)
+
+    def forward() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def both() -> None:
+        forward().backward(grad)
+
+    forward_s = timed(lambda: forward().detach(), device)
+    return forward_s, max(0.0, timed(both, device) - forward_s)
+
+
+def copy_rate(num_bytes: int, *, device: torch.device) -> float:
+    """Bytes read plus written per second by a contiguous copy of ``num_bytes`` bytes."""
+    src = torch.empty(max(1, num_bytes), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2.0 * src.numel() / timed(lambda: dst.copy_(src), device, repeats=9)
+
+
+def op_seconds(*, device: torch.device) -> float:
+    """Seconds per eager op, forward and its backward, on a one-element tensor (dispatch, autograd)."""
+    chain = 50
+    x = torch.ones(1, device=device, requires_grad=True)
+
+    def run() -> None:
+        y = x
+        for _ in range(chain):
+            y = y * 1.0001
+        y.backward()
+
+    return timed(run, device, repeats=9) / chain
+
+
+def adamw_rate(numel: int, *, device: torch.device) -> float:
+    """Bytes per second torch's fused AdamW moves on a flat fp32 tensor (28 B a parameter)."""
+    param = torch.zeros(max(1, numel), dtype=torch.float32, device=device, requires_grad=True)
+    param.grad = torch.randn_like(param)
+    optimizer = torch.optim.AdamW([param], lr=1e-4, fused=True)
+    return 28.0 * param.numel() / timed(optimizer.step, device)
+
+
+def _allreduce_worker(rank: int, init_file: str, sizes: list[int], out: Any) -> None:
+    """One of two processes: time all-reduces of ``sizes`` bytes (fp32) and put rank 0's on ``out``."""
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    device = torch.device("cpu")
+    seconds = []
+    for size in sizes:
+        buffer = torch.ones(max(1, size // 4))
+        seconds.append(timed(lambda buffer=buffer: torch.distributed.all_reduce(buffer), device, repeats=7))
+    torch.distributed.destroy_process_group()
+    if rank == 0:
+        out.put(seconds)
+
+
+def allreduce_costs(small: int = 4096, large: int = 16 * 2**20) -> tuple[float, float]:
+    """(latency s, bytes/s) of a two-process gloo all-reduce on this host: a line through two sizes.
+
+    ``bytes/s`` is of the ring all-reduce's bytes sent per rank, 2 (n - 1) / n x the buffer
+    (runner.comm.allreduce_bytes): one buffer's worth for two ranks.
+    """
+    import torch.multiprocessing as mp  # deferred: only a calibration of a collective spawns
+
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, f"init-{socket.gethostname()}")
+        workers = [
+            context.Process(target=_allreduce_worker, args=(rank, init_file, [small, large], queue))
+            for rank in range(2)
+        ]
+        for worker in workers:
+            worker.start()
+        small_s, large_s = queue.get(timeout=120)
+        for worker in workers:
+            worker.join(timeout=60)
+    per_byte = max(1e-12, (large_s - small_s) / (large - small))
+    return max(0.0, small_s - small * per_byte), 1.0 / per_byte
+
+
+__all__ = [
+    "MAX_GEMM_FLOPS",
+    "adamw_rate",
+    "allreduce_costs",
+    "attention_seconds",
+    "copy_rate",
+    "gemm_rates",
+    "op_seconds",
+    "threads",
+    "timed",
+]

@@ -1,0 +1,242 @@
+"""The constants of the step-time model: what one device was measured to reach, where and when.
+
+runner/plan/step_time.py asks a :class:`Calibration` for the rate of a GEMM at its shape,
+the time of the attention kernel at its shape, the bandwidth of a memory-bound kernel at its
+size, an eager op's dispatch time, the fused AdamW's bandwidth and a collective's latency and
+bandwidth. It answers from one of two places:
+
+- **this host's device** (``cluster=local``, or a named cluster's figures left unset): the
+  micro-benchmarks of runner/hardware/calibrate.py, run here with the threads a rank will
+  have, the first time a figure is asked for, and cached per device in
+  ``$LADDER_CACHE_DIR/calibration/`` (default ``~/.cache/ladder``). A plan of a new model
+  shape measures its GEMMs once, in about a second on a CPU.
+- **a named cluster's calibration file**, ``conf/cluster/calibration/<name>.json``, recorded
+  on such a device by ``python bench/calibrate_device.py --cluster <name>``. It says where and
+  when it was measured. A shape the file lacks takes the rate of its nearest measured shape
+  (by log distance of M, K and N). A cluster with no file of its own may borrow another's
+  (``calibration: <name>`` in its conf/cluster YAML): compute rates are then scaled by the
+  ratio of the two datasheet peaks, bandwidths kept, and the source says so.
+
+A figure neither measured nor recorded is None; the step-time model then says which term it
+could not predict.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CALIBRATION_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster" / "calibration"
+CACHE_ENV = "LADDER_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """Where this host's calibrations are cached: $LADDER_CACHE_DIR/calibration (~/.cache/ladder/...)."""
+    base = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "ladder")
+    return Path(base) / "calibration"
+
+
+def _key(*numbers: int) -> str:
+    return ",".join(str(int(n)) for n in numbers)
+
+
+def _unkey(key: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in key.split(","))
+
+
+def _nearest(table: dict[str, Any], wanted: tuple[int, ...]) -> tuple[tuple[int, ...], Any] | None:
+    """The entry whose key is nearest ``wanted`` in log space, with its key; None when empty."""
+    best: tuple[float, tuple[int, ...], Any] | None = None
+    for key, value in table.items():
+        shape = _unkey(key)
+        if len(shape) != len(wanted):
+            continue
+        distance = sum(math.log(max(a, 1) / max(b, 1)) ** 2 for a, b in zip(shape, wanted, strict=True))
+        if best is None or distance < best[0]:
+            best = (distance, shape, value)
+    return None if best is None else (best[1], best[2])
+
+
+@dataclass
+class Calibration:
+    """Measured figures of one device; see the module docstring for where each comes from."""
+
+    device: str  # e.g. "NVIDIA H200", "cpu x86_64"
+    dtype: str  # the compute dtype the GEMMs and kernels were timed in
+    threads: int  # torch intra-op threads while measuring (a CPU rank's; 0: not a CPU)
+    torch: str
+    measured: str  # ISO 8601, UTC, of the first figure
+    where: str  # the host it was measured on
+    gemms: dict[str, list[float]] = field(default_factory=dict)  # "m,k,n": [fwd, dX, dW] FLOP/s
+    attention: dict[str, list[float]] = field(default_factory=dict)  # "b,h,s,d": [fwd s, bwd s]
+    copies: dict[str, float] = field(default_factory=dict)  # "bytes": read + written per s
+    op_s: float | None = None  # one eager op, forward and backward
+    adamw_bytes_per_s: float | None = None  # fused AdamW, 28 B a parameter
+    allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
+    compute_scale: float = 1.0  # a borrowed calibration's peak ratio (see the module docstring)
+    source: str = ""  # in words: measured here (cached where), or the file and its origin
+    measure: Callable[[str, tuple[int, ...]], Any] | None = field(default=None, repr=False, compare=False)
+    path: Path | None = field(default=None, repr=False, compare=False)  # where new figures are saved
+
+    def _figure(self, table: dict[str, Any], kind: str, shape: tuple[int, ...]) -> tuple[Any, float]:
+        """The figure at ``shape``, measured now if this is the local device, else the nearest
+        recorded one; with the ratio (wanted / found) of the shapes' sizes. (None, 1) when none."""
+        key = _key(*shape)
+        if key not in table and self.measure is not None:
+            table[key] = self.measure(kind, shape)
+            self.save()
+        if key in table:
+            return table[key], 1.0
+        near = _nearest(table, shape)
+        if near is None:
+            return None, 1.0
+        return near[1], math.prod(shape) / max(1, math.prod(near[0]))
+
+    def gemm(self, m: int, k: int, n: int) -> tuple[float, float, float] | None:
+        """FLOP/s of the forward, input-gradient and weight-gradient GEMMs at (m, k, n)."""
+        rates, _ = self._figure(self.gemms, "gemm", (m, k, n))
+        if rates is None:
+            return None
+        return (rates[0] * self.compute_scale, rates[1] * self.compute_scale, rates[2] * self.compute_scale)
+
+    def attention_s(self, batch: int, heads: int, seq: int, head_dim: int) -> tuple[float, float] | None:
+        """Seconds of causal attention's forward and backward at (batch, heads, seq, head_dim).
+
+        A recorded shape other than this one is scaled by the ratio of the FLOPs, 4 b h s^2 d.
+        """
+        seconds, _ = self._figure(self.attention, "attention", (batch, heads, seq, head_dim))
+        if seconds is None:
+            return None
+        near = _nearest(self.attention, (batch, heads, seq, head_dim))
+        ratio = 1.0
+        if near is not None and _key(*near[0]) != _key(batch, heads, seq, head_dim):
+            b, h, s, d = near[0]
+            ratio = (batch * heads * seq * seq * head_dim) / max(1, b * h * s * s * d)
+        return (seconds[0] * ratio / self.compute_scale, seconds[1] * ratio / self.compute_scale)
+
+    def copy_rate(self, num_bytes: float) -> float | None:
+        """Bytes read plus written per second by a memory-bound kernel over ``num_bytes`` bytes
+        (measured at the power of two nearest it)."""
+        size = 2 ** max(10, round(math.log2(max(num_bytes, 1.0))))
+        rate, _ = self._figure(self.copies, "copy", (size,))
+        return rate
+
+    def _once(self, name: str) -> Any:
+        if getattr(self, name) is None and self.measure is not None:
+            setattr(self, name, self.measure(name, ()))
+            self.save()
+        return getattr(self, name)
+
+    def op_seconds(self) -> float | None:
+        """One eager op's dispatch, forward and backward."""
+        return self._once("op_s")
+
+    def adamw_rate(self) -> float | None:
+        """Fused AdamW's bytes per second (28 B a parameter)."""
+        return self._once("adamw_bytes_per_s")
+
+    def allreduce_costs(self) -> tuple[float, float] | None:
+        """(latency s, bytes/s sent per rank) of a two-rank all-reduce."""
+        costs = self._once("allreduce")
+        return None if costs is None else (float(costs[0]), float(costs[1]))
+
+    def record(self) -> dict[str, Any]:
+        """The calibration as its JSON file keeps it."""
+        keep = ("device", "dtype", "threads", "torch", "measured", "where", "gemms", "attention", "copies")
+        out = {name: getattr(self, name) for name in keep}
+        out.update(op_s=self.op_s, adamw_bytes_per_s=self.adamw_bytes_per_s, allreduce=self.allreduce)
+        return out
+
+    def save(self) -> None:
+        """Write the figures to ``path`` (a local device's cache); an unwritable file is skipped."""
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.path.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_text(json.dumps(self.record(), indent=1, sort_keys=True))
+            temporary.replace(self.path)
+        except OSError:
+            pass  # a read-only home: the figures stay in this process
+
+
+def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1.0) -> Calibration:
+    """A calibration from its JSON record (a file's, or this host's cache)."""
+    return Calibration(
+        device=str(record.get("device", "")),
+        dtype=str(record.get("dtype", "")),
+        threads=int(record.get("threads") or 0),
+        torch=str(record.get("torch", "")),
+        measured=str(record.get("measured", "")),
+        where=str(record.get("where", "")),
+        gemms=dict(record.get("gemms") or {}),
+        attention=dict(record.get("attention") or {}),
+        copies=dict(record.get("copies") or {}),
+        op_s=record.get("op_s"),
+        adamw_bytes_per_s=record.get("adamw_bytes_per_s"),
+        allreduce=record.get("allreduce"),
+        compute_scale=compute_scale,
+        source=source,
+    )
+
+
+def cluster_file(name: str) -> Path:
+    """conf/cluster/calibration/<name>.json."""
+    return CALIBRATION_GROUP / f"{name}.json"
+
+
+def load_cluster(
+    name: str, *, compute_scale: float = 1.0, borrowed_by: str | None = None
+) -> Calibration | None:
+    """A named cluster's recorded calibration (None: it has no file)."""
+    path = cluster_file(name)
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    words = f"recorded on {record.get('device')} ({record.get('where')}), {record.get('measured')}"
+    source = f"calibration file conf/cluster/calibration/{name}.json: {words}"
+    if borrowed_by is not None:
+        source = (
+            f"cluster {borrowed_by} borrows cluster {name}'s calibration, compute scaled by the datasheet "
+            f"peaks' ratio {compute_scale:.3g}, bandwidths as measured there; {source}"
+        )
+    return from_record(record, source=source, compute_scale=compute_scale)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+
+def local(
+    device: str, dtype: str, threads: int, torch_version: str, measure: Callable[[str, tuple[int, ...]], Any]
+) -> Calibration:
+    """This host's device: its cache, measured further on demand by ``measure(kind, shape)``."""
+    path = cache_dir() / f"{_slug(f'{device}-{dtype}-{threads}t-torch{torch_version}')}.json"
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    record: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            record = {}  # a damaged cache is measured again
+    record.update(device=device, dtype=dtype, threads=threads, torch=torch_version)
+    record.setdefault("measured", now)
+    record.setdefault("where", platform.node())
+    source = (
+        f"measured on this host ({device}, {dtype}, {threads} thread(s)) since {record['measured']}; "
+        f"cached in {path}"
+    )
+    calibration = from_record(record, source=source)
+    calibration.measure, calibration.path = measure, path
+    return calibration
+
+
+__all__ = ["CACHE_ENV", "Calibration", "cache_dir", "cluster_file", "from_record", "load_cluster", "local"]

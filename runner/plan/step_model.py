@@ -1,0 +1,259 @@
+"""The calibrated step time of one layout: named terms, each a count of work over a measured rate.
+
+runner/plan/step_time.py adds these up into the predicted step (and keeps the roofline beside
+it as the bound). Every rate is the device's own, at the shape the run will use
+(runner/plan/calibration.py). Per optimizer step, on the fullest rank (the pipeline stage
+with most layers, holding the output head), with ``T = micro x seq`` tokens per micro-batch
+and ``accum`` micro-batches:
+
+- ``gemm``: every linear layer's three GEMMs (forward X W, backward dY W^T and X^T dY; Narayanan
+  et al. 2021, arXiv 2104.04473, Sec. 5.1, the 2:4 forward:backward FLOPs) at (T, in, out), the
+  block matrices cut by tensor parallelism as runner/parallel/tensor.py cuts them (q, k, v, w1, w3
+  by output columns, wo, w2 by input rows, the head by vocabulary), at the measured FLOP/s of
+  each shape.
+- ``attention``: causal ``scaled_dot_product_attention`` (the kernel runner/model/transformer.py
+  calls) forward and backward at (micro, heads / tp, seq, head_dim), measured.
+- ``elementwise``: the memory-bound kernels around them (RMSNorm, RoPE, SwiGLU's gate, the
+  residual adds, the cross-entropy over the vocabulary; :data:`FORWARD_ELEMENTS`), bytes read
+  and written over the measured bandwidth of a copy that size, backward twice the forward
+  (each op's backward reads its input and the gradient and writes one).
+- ``dispatch``: the eager ops a step launches (:data:`OPS_PER_LAYER` per block), each at the
+  measured cost of one op's forward and backward: the floor a small model runs into.
+- ``recompute``: full recompute runs every block's forward again in backward (gemm, attention,
+  elementwise and dispatch forward shares); selective, the attention core's
+  (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 5).
+- ``grad accumulation``: micro-batches 2..accum add their gradients into the rank's gradient
+  buffer (read two, write one per parameter).
+- ``optimizer``: the fused AdamW step on the rank's parameters (1/dp of them under ZeRO),
+  28 bytes a parameter over its measured bandwidth, plus the gradient norm for clipping and,
+  under ZeRO and mixed precision, the copies between the model's and the optimizer's
+  parameters and gradients.
+- ``dp comm``, ``tp comm``, ``pp comm``: runner/plan/step_time.py's bytes per group over the
+  link, plus each collective's latency: DDP and ZeRO-1/2 reduce in buckets; ZeRO-3 gathers each
+  parameter tensor in forward and backward and reduce-scatters its gradient, every micro-batch.
+  Data-parallel traffic hides behind the backward with ``parallel.overlap_comm`` up to its length.
+- ``zero3 hooks``: ZeRO-3's per-parameter gather and release bookkeeping (DeepSpeed's
+  ``partitioned_param_coordinator``: fetch, wait, release around each module, forward and
+  backward), :data:`ZERO3_OPS_PER_PARAM` eager ops per parameter tensor and micro-batch.
+- ``bubble``: a 1F1B pipeline idles (pp - 1) / accum of its compute (Narayanan et al. 2021,
+  Sec. 2.2.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner.config import OptimizerName, Precision, Recompute, ZeroStage
+from runner.layout import Layout
+from runner.model.shape import n_kv_head
+from runner.parallel.pipeline_split import rank_param_numels
+from runner.plan.calibration import Calibration
+from runner.plan.memory import layers_per_stage
+from runner.plan.workload import Knobs, Workload
+
+# Elements each token reads plus writes in one block's memory-bound forward kernels
+# (runner/model/transformer.py), by the width they run at: two RMSNorms (pow, mean, scale,
+# gain: 7 h each) and two residual adds (3 h each) at d_model; RoPE on q and k (4 multiplies,
+# a subtract and an add of halves, the concatenation: 9 elements per channel) and the
+# attention output's transpose copy (2) at their widths; SwiGLU's silu and product (5 f).
+NORM_AND_RESIDUAL = 2 * 7 + 2 * 3  # x d_model
+ROPE = 9  # x (q width + k width)
+TRANSPOSE = 2  # x attention width
+SWIGLU = 5  # x ffn width
+CROSS_ENTROPY = 6  # x vocab: log-softmax forward (2), its backward (3), the gradient's cast (1)
+BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kernels
+# Eager ops of one block's forward (each with its backward): norms 2 x 6, q/k/v/o and
+# w1/w2/w3 projections 7, head views and transposes 6, RoPE 2 x 9, attention 1, residual
+# adds 2, SwiGLU 2, reshapes 2.
+OPS_PER_LAYER = 50
+ZERO3_OPS_PER_PARAM = 40  # fetch, all-gather, wait and release, forward and backward; grad reduce
+ADAMW_BYTES = 28  # fp32 p, g, m, v read; p, m, v written
+
+
+@dataclass(frozen=True)
+class Term:
+    """One named part of the predicted step: its seconds and, in words, what it counts."""
+
+    name: str
+    seconds: float
+    words: str
+
+
+def _elem_bytes(precision: Precision) -> int:
+    return 4 if precision == Precision.fp32 else 2
+
+
+def _gemm_shapes(workload: Workload, layout: Layout, tokens: int) -> list[tuple[str, int, int, int, int]]:
+    """(name, count, M, K, N) of every GEMM of one micro-batch's forward on the fullest rank."""
+    model, tp = workload.model, layout.tp
+    h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
+    kv = h * n_kv_head(model) // model.n_head
+    layers = layers_per_stage(model.n_layer, layout.pp)
+    return [
+        ("wq", layers, tokens, h, h // tp),
+        ("wk", layers, tokens, h, kv // tp),
+        ("wv", layers, tokens, h, kv // tp),
+        ("wo", layers, tokens, h // tp, h),
+        ("w1", layers, tokens, h, f // tp),
+        ("w3", layers, tokens, h, f // tp),
+        ("w2", layers, tokens, f // tp, h),
+        ("head", 1, tokens, h, v // tp),
+    ]
+
+
+@dataclass(frozen=True)
+class _Compute:
+    """One micro-batch's compute on the fullest rank, forward and backward, in seconds."""
+
+    gemm_forward: float
+    gemm_backward: float
+    attention_forward: float
+    attention_backward: float
+    elementwise_forward: float
+    dispatch: float  # forward and backward
+
+
+def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration) -> _Compute | None:
+    model, tp = workload.model, layout.tp
+    tokens = layout.micro_size * workload.seq_len
+    forward = backward = 0.0
+    for _name, count, m, k, n in _gemm_shapes(workload, layout, tokens):
+        rates = calibration.gemm(m, k, n)
+        if rates is None:
+            return None
+        flops = 2.0 * m * k * n
+        forward += count * flops / rates[0]
+        backward += count * (flops / rates[1] + flops / rates[2])
+    layers = layers_per_stage(model.n_layer, layout.pp)
+    head_dim = model.d_model // model.n_head
+    attention = calibration.attention_s(layout.micro_size, model.n_head // tp, workload.seq_len, head_dim)
+    op_s = calibration.op_seconds()
+    elem = _elem_bytes(workload.precision)
+    h, f = model.d_model, model.ffn_hidden
+    kv = h * n_kv_head(model) // model.n_head
+    per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
+    block_bytes = tokens * per_token * elem
+    head_bytes = tokens * CROSS_ENTROPY * (model.vocab_size / tp) * elem
+    block_rate = calibration.copy_rate(tokens * h * elem)
+    head_rate = calibration.copy_rate(tokens * model.vocab_size / tp * elem)
+    if attention is None or op_s is None or block_rate is None or head_rate is None:
+        return None
+    return _Compute(
+        gemm_forward=forward,
+        gemm_backward=backward,
+        attention_forward=layers * attention[0],
+        attention_backward=layers * attention[1],
+        elementwise_forward=layers * block_bytes / block_rate + head_bytes / head_rate,
+        dispatch=layers * OPS_PER_LAYER * op_s,
+    )
+
+
+def param_tensors(workload: Workload, layout: Layout) -> int:
+    """Parameter tensors on the fullest rank: 9 per block, the embedding, final norm and head."""
+    return 9 * layers_per_stage(workload.model.n_layer, layout.pp) + 3
+
+
+def _optimizer_term(
+    workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
+) -> Term | None:
+    rate = calibration.adamw_rate()
+    copy = calibration.copy_rate(4 * local)
+    if rate is None or copy is None:
+        return None
+    stepped = local / layout.dp if knobs.zero_stage >= ZeroStage.zero1 else local
+    elem = _elem_bytes(workload.precision)
+    # the gradient norm reads every gradient once; clipping scales them (read, write)
+    norm_bytes = 3 * local * elem
+    copies = 0.0
+    if knobs.zero_stage >= ZeroStage.zero1 or workload.precision != Precision.fp32:
+        # gradients into the fp32 partition, the updated fp32 partition back into the model's params
+        copies = stepped * (elem + 4) * 2
+    per_param = ADAMW_BYTES if workload.optimizer == OptimizerName.adamw else 12  # SGD: p, g, buf
+    seconds = stepped * per_param / rate + (norm_bytes + copies) / copy
+    return Term(
+        "optimizer",
+        seconds,
+        f"AdamW on {stepped:,.0f} params x {per_param} B at {rate / 1e9:.3g} GB/s; "
+        f"grad norm and copies {(norm_bytes + copies) / 1e9:.3g} GB",
+    )
+
+
+def comm_seconds(
+    bytes_: float, collectives: int, *, bandwidth: float | None, calibration: Calibration | None, local: bool
+) -> tuple[float | None, str]:
+    """Seconds of ``collectives`` collectives moving ``bytes_`` per rank, and where the figures came from.
+
+    A link of this host (ranks as processes here) takes the measured two-rank all-reduce's
+    latency and bandwidth; any other the cluster's link bandwidth and no latency.
+    """
+    measured = calibration.allreduce_costs() if (calibration is not None and local) else None
+    if measured is not None:
+        latency, rate = measured
+        return collectives * latency + bytes_ / rate, "measured all-reduce on this host"
+    if bandwidth is None:
+        return (0.0, "nothing to move") if bytes_ == 0 else (None, "link bandwidth unknown")
+    return bytes_ / bandwidth, "the cluster's link bandwidth"
+
+
+def compute_terms(
+    workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration
+) -> list[Term] | None:
+    """The compute-side terms of one optimizer step (None: a figure is missing)."""
+    micro = _micro_compute(workload, layout, calibration)
+    if micro is None:
+        return None
+    accum = layout.accum_steps
+    terms = [
+        Term(
+            "gemm",
+            accum * (micro.gemm_forward + micro.gemm_backward),
+            "forward + 2 backward GEMMs per linear",
+        ),
+        Term(
+            "attention",
+            accum * (micro.attention_forward + micro.attention_backward),
+            "causal SDPA forward + backward",
+        ),
+        Term(
+            "elementwise",
+            accum * micro.elementwise_forward * (1 + BACKWARD_ELEMENTS),
+            "norms, RoPE, SwiGLU, residuals, cross-entropy: bytes over copy bandwidth",
+        ),
+        Term("dispatch", accum * micro.dispatch, f"{OPS_PER_LAYER} eager ops per block, forward + backward"),
+    ]
+    if knobs.recompute == Recompute.full:
+        redo = micro.gemm_forward + micro.attention_forward + micro.elementwise_forward + micro.dispatch / 3
+        terms.append(Term("recompute", accum * redo, "full: every block's forward again"))
+    elif knobs.recompute == Recompute.selective:
+        terms.append(
+            Term("recompute", accum * micro.attention_forward, "selective: the attention core again")
+        )
+    local = sum(rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp))
+    copy = calibration.copy_rate(4 * local)
+    if accum > 1 and copy is not None:
+        elem = _elem_bytes(workload.precision)
+        terms.append(
+            Term(
+                "grad accumulation",
+                (accum - 1) * 3 * local * elem / copy,
+                "micro-batches 2..accum add into the grads",
+            )
+        )
+    optimizer = _optimizer_term(workload, knobs, layout, calibration, local)
+    if optimizer is None:
+        return None
+    terms.append(optimizer)
+    op_s = calibration.op_seconds()
+    if knobs.zero_stage == ZeroStage.zero3 and op_s is not None:
+        tensors = param_tensors(workload, layout)
+        terms.append(
+            Term(
+                "zero3 hooks",
+                accum * tensors * ZERO3_OPS_PER_PARAM * op_s,
+                f"{tensors} param tensors x {ZERO3_OPS_PER_PARAM} ops per micro-batch",
+            )
+        )
+    return terms
+
+
+__all__ = ["Term", "comm_seconds", "compute_terms", "param_tensors"]
