@@ -78,3 +78,17 @@ def host_plan_record(plan: Plan) -> dict[str, Any]:
 def device_plan_record(plan: Plan) -> dict[str, Any]:
     """The peak the plan puts on each device (plan=true's total), for summary.json beside the measured."""
     return {"planned_peak_gb": plan.memory.peak / 1e9, "fits": plan.fits}
+
+
+def step_time_plan_record(plan: Plan) -> dict[str, Any]:
+    """The plan's predicted step, for summary.json's ``step_time``: the run's end adds the measured
+    step beside it (runner/train/record.py ``measured_step_time``), so every run checks the model."""
+    time = plan.time
+    return {
+        "predicted_s": time.step_s,
+        "predicted_is_lower_bound": not time.complete,  # a needed link bandwidth is unknown
+        "terms_s": {term.name: term.seconds for term in time.terms},
+        "limit": time.limit,
+        "bound_s": time.bound_step_s,  # the roofline: compute at peak, links at full bandwidth
+        "calibration": time.calibration or None,  # None: no calibration, the prediction is the bound
+    }

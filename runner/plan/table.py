@@ -264,11 +264,20 @@ def _traffic_lines(plan: Plan) -> list[str]:
     return lines
 
 
+# How the plan names the roofline wherever it shows it (runner/plan/step_time.py roofline).
+BOUND_WORDS = "bound (roofline: compute at peak, links at full bandwidth)"
+
+
 def _time_lines(plan: Plan) -> list[str]:
-    """The predicted step (compute, bubble, exposed communication), evaluations, and what is not timed."""
+    """The predicted step (its terms, the term that limits it, the calibration) beside the roofline
+    bound; evaluations; and what is not timed."""
     w, k = plan.workload, plan.knobs
-    lines = ["time per step (predicted: compute at peak, links at full bandwidth; a bound on MFU)"]
-    lines += _step_lines(plan)
+    if plan.time.calibration:
+        lines = ["time per step (predicted: named terms on the device's measured rates; the bound beside it)"]
+        lines += _predicted_lines(plan)
+    else:
+        lines = ["time per step (no calibration: only the bound, compute at peak, links at full bandwidth)"]
+        lines += _step_lines(plan)
     if plan.eval_s is not None and plan.eval_share is not None:
         lines.append(
             f"  held-out evaluation every {w.eval_every} steps: {w.eval_batches} global batches forward "
@@ -283,29 +292,65 @@ def _time_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def _step_lines(plan: Plan) -> list[str]:
-    """The step's parts and its time, MFU and tokens/s (a bound where communication is unknown)."""
-    t, lay = plan.time, plan.layout
-    if t.compute_s is None:
-        return ["  not predicted: the peak FLOP/s is unknown (set cluster.peak_tflops)"]
-    overlap = (
+def _overlap_words(plan: Plan) -> str:
+    return (
         "overlapped with compute"
         if plan.knobs.overlap_comm
         else "not overlapped (parallel.overlap_comm=false)"
     )
+
+
+def _hypothetical(plan: Plan) -> str:
+    return "" if plan.fits and plan.host.fits else "  (hypothetical: it does not fit)"
+
+
+def _step_lines(plan: Plan) -> list[str]:
+    """The roofline's parts and its step, MFU and tokens/s, labelled as the bound (a lower bound on
+    the step where communication is unknown)."""
+    t, lay = plan.time, plan.layout
+    if t.compute_s is None:
+        return ["  not predicted: the peak FLOP/s is unknown (set cluster.peak_tflops)"]
     comm = "unknown" if t.comm_s is None else f"{t.comm_s:.3g} s"
     lines = [
         f"  compute {t.compute_s:.3g} s + pipeline bubble {t.bubble_s or 0:.3g} s"
-        f" ((pp-1)/accum = {lay.pp - 1}/{lay.accum_steps}) + comm {comm}, dp {overlap}"
+        f" ((pp-1)/accum = {lay.pp - 1}/{lay.accum_steps}) + comm {comm}, dp {_overlap_words(plan)}"
     ]
     assert t.step_s is not None and t.mfu is not None and t.tokens_per_s is not None
     if t.complete:
         lines.append(
-            f"  step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%, {t.tokens_per_s:,.0f} tokens/s"
-            + ("" if plan.fits and plan.host.fits else "  (hypothetical: it does not fit)")
+            f"  {BOUND_WORDS}: step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%, {t.tokens_per_s:,.0f} tokens/s"
+            + _hypothetical(plan)
         )
     else:
         lines.append(f"  step >= {t.step_s:.3g} s, MFU <= {100 * t.mfu:.1f}% (communication time unknown)")
+    return lines
+
+
+def _predicted_lines(plan: Plan) -> list[str]:
+    """The calibrated step: one line per term with its share, the limiting term, the step's time,
+    tokens/s and MFU, the roofline bound beside it, and where the figures came from."""
+    t = plan.time
+    assert t.step_s is not None and t.mfu is not None and t.tokens_per_s is not None
+    lines = [f"  {'term':<18}{'seconds':>10} {'share':>6}  what it counts; dp comm {_overlap_words(plan)}"]
+    for term in t.terms:
+        share = term.seconds / t.step_s if t.step_s else 0.0
+        lines.append(f"  {term.name:<18}{term.seconds:>10.3g} {100 * share:>5.1f}%  {term.words}")
+    limit = next((term for term in t.terms if term.name == t.limit), None)
+    if limit is not None and t.step_s:
+        lines.append(f"  limited by {limit.name}: {100 * limit.seconds / t.step_s:.0f}% of the step")
+    if t.complete:
+        lines.append(
+            f"  => predicted step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%, {t.tokens_per_s:,.0f} tokens/s"
+            + _hypothetical(plan)
+        )
+    else:
+        lines.append(
+            f"  => predicted step >= {t.step_s:.3g} s, MFU <= {100 * t.mfu:.1f}%, "
+            f"{t.tokens_per_s:,.0f} tokens/s at most (communication time unknown)"
+        )
+    if t.bound_step_s is not None and t.bound_mfu is not None:
+        lines.append(f"  {BOUND_WORDS}: step {t.bound_step_s:.3g} s, MFU {100 * t.bound_mfu:.1f}%")
+    lines.append(f"  calibration: {t.calibration}")
     return lines
 
 

@@ -123,14 +123,27 @@ def _plan_words(plan: dict[str, Any]) -> str:
         fits = plan.get("fits")
         verdict = "FITS" if fits is True else "DOES NOT FIT" if fits is False else "fit unknown"
         words.append(f"planned peak {peak / 1e9:.3g} GB per device ({verdict})")
-    time = plan.get("time") or {}
-    step_s, mfu = time.get("step_s"), time.get("mfu")
-    if isinstance(step_s, int | float) and isinstance(mfu, int | float):
-        bound = ">= " if time.get("step_s_is_lower_bound") else ""
-        words.append(f"step {bound}{step_s:.3g} s, MFU <= {100 * mfu:.1f}% (compute at peak)")
+    words += _time_words(plan.get("time") or {})
     if plan.get("batch_contract_error"):
         words.append(f"batch contract NOT met: {plan['batch_contract_error']}")
     return "; ".join(words)
+
+
+def _time_words(time: dict[str, Any]) -> list[str]:
+    """plan.json's step: the calibrated prediction and, beside it, the roofline bound; the bound
+    alone where the plan had no calibration (its step_s is then the bound's)."""
+    step_s, mfu = time.get("step_s"), time.get("mfu")
+    if not isinstance(step_s, int | float) or not isinstance(mfu, int | float):
+        return []
+    lower = time.get("step_s_is_lower_bound")
+    at_least, at_most = (">= ", "<= ") if lower else ("", "")
+    if not time.get("calibration"):
+        return [f"bound (compute at peak): step {at_least}{step_s:.3g} s, MFU <= {100 * mfu:.1f}%"]
+    words = [f"predicted step {at_least}{step_s:.3g} s, MFU {at_most}{100 * mfu:.1f}%"]
+    bound_s, bound_mfu = time.get("bound_step_s"), time.get("bound_mfu")
+    if isinstance(bound_s, int | float) and isinstance(bound_mfu, int | float):
+        words.append(f"bound (compute at peak): step {bound_s:.3g} s, MFU <= {100 * bound_mfu:.1f}%")
+    return words
 
 
 def is_run_dir(path: Path) -> bool:

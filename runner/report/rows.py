@@ -79,6 +79,7 @@ class Row:
     step_spread: float | None = None  # the step times' IQR over their median, after the first step
     noisy: bool | None = None  # step_spread above runner/metrics/step_spread.py's NOISY_ABOVE
     time_s: dict[str, float] = field(default_factory=dict)  # "step", STEP_PHASES, "comm_exposed" -> seconds
+    predicted_step_s: float | None = None  # the plan's step (summary.json's step_time, or plan.json)
     final_loss: float | None = None
     eval_loss: float | None = None  # the latest held-out loss (runner/train/evaluation.py), where evaluated
     steps: int | None = None
@@ -134,6 +135,8 @@ class Row:
                 "device_memory_gb": self.device_memory_gb,
                 "tokens_per_s_per_device": self.tokens_per_s_per_device,
                 "mfu": self.mfu,
+                "step_s": self.time_s.get("step"),
+                "predicted_step_s": self.predicted_step_s,
                 "step_iqr_over_median": self.step_spread,
                 "noisy": self.noisy,
                 **{f"time_{name}_pct": _percent(self.time_share(name)) for name in TIME_SHARES},
@@ -187,6 +190,13 @@ def _time_seconds(cell: Cell) -> dict[str, float]:
     keys = {phase: f"time/{phase}_s" for phase in ("step", *STEP_PHASES, "comm_exposed")}
     seconds = {name: _median_after_first(cell, key) for name, key in keys.items()}
     return {name: value for name, value in seconds.items() if value is not None}
+
+
+def _predicted_step(cell: Cell) -> float | None:
+    """The plan's predicted step: summary.json's step_time (recorded at launch), else a planned
+    cell's plan.json."""
+    recorded = _number(_dict(cell.summary.get("step_time")).get("predicted_s"))
+    return _first(recorded, _number(_dict(cell.plan.get("time")).get("step_s")))
 
 
 def _spread(cell: Cell) -> dict[str, Any] | None:
@@ -304,6 +314,7 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     if (spread := _spread(cell)) is not None:
         row.step_spread, row.noisy = float(spread["iqr_over_median"]), bool(spread["noisy"])
     row.time_s = _time_seconds(cell)
+    row.predicted_step_s = _predicted_step(cell)
     row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
     row.eval_loss = _first(_number(_dict(summary.get("eval")).get("loss")), _last_logged(cell, "eval/loss"))
     steps = _integer(summary.get("steps_completed"))
@@ -455,6 +466,8 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("device GB", lambda r: fmt_gb(r.device_memory_gb), group=MEMORY_GROUP, short="device"),
     Column("tokens/s/device", lambda r: _fmt(r.tokens_per_s_per_device, ",.0f")),
     Column("MFU %", lambda r: _fmt(None if r.mfu is None else 100 * r.mfu, ".1f")),
+    Column("step s", lambda r: _fmt(r.time_s.get("step"), ".3g")),
+    Column("pred step s", lambda r: _fmt(r.predicted_step_s, ".3g")),
     Column("step IQR %", _spread_shown),
     Column("step % fwd / bwd / opt / comm / p2p", _time_shares, numeric=False),
     Column("final loss", lambda r: _fmt(r.final_loss, ".4f")),
@@ -469,6 +482,8 @@ UNITS_NOTE = (
     "the measured total is the peak (CUDA's max_memory_allocated; on a CPU the high-water RSS, "
     "which leaves out memory allocated and never written, so a residual buffer can exceed it); "
     "tokens/s/device and MFU are medians over the logged steps after the first; "
+    "step s is the measured step time (same median), pred step s the plan's calibrated prediction "
+    "(summary.json's step_time, which also holds its error against the measured); "
     "step IQR % is the interquartile range of the step times over their median (after the first step), "
     f"noisy above {100 * NOISY_ABOVE:.0f}%: another process shared the cores, and the cell's speed "
     "is not comparable; "

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+import statistics
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from runner.diagnose.disk_room import no_room_words, out_of_room
 from runner.engine.compile_blocks import compile_summary
 from runner.metrics import goodput
 from runner.metrics.ledger import Estimate, Ledger, host_relative_errors, relative_errors
-from runner.metrics.step_spread import step_time_spread
+from runner.metrics.step_spread import WARMUP_STEPS, step_time_spread
 from runner.metrics.wall_clock import WallClock, wall_parts
 from runner.rundir.summary import read_summary, update_summary
 from runner.train.context import RunContext
@@ -71,19 +72,41 @@ def recorded_unless_out_of_room(status: dict[str, Any], run_dir: Path) -> Iterat
         log.error("the run's end could not be recorded in summary.json: %s", no_room_words(error, run_dir))
 
 
+def measured_step_time(
+    recorded: Any, step_s: Sequence[float], *, warmup: int = WARMUP_STEPS
+) -> dict[str, Any] | None:
+    """summary.json's ``step_time``: the plan's prediction, recorded at launch
+    (launchers/run_record.py ``step_time_plan_record``), with the attempt's measured step beside it:
+    the median of its step times after the first ``warmup`` (as the report's medians leave them
+    out) and the model's relative error, (predicted - measured) / measured. None: nothing to record."""
+    record = dict(recorded) if isinstance(recorded, dict) else {}
+    kept = list(step_s[warmup:])
+    if not kept:
+        return record or None
+    measured = statistics.median(kept)
+    predicted = record.get("predicted_s")
+    error = None
+    if isinstance(predicted, int | float) and not isinstance(predicted, bool) and measured > 0:
+        error = (predicted - measured) / measured
+    record.update(measured_s=measured, measured_steps=len(kept), error=error)
+    return record
+
+
 def _measurements(ctx: RunContext, setup: Setup, progress: Progress, wall: WallClock) -> dict[str, Any]:
     """summary.json's fields measured by this attempt: peaks, memory, speed, the step's probes."""
     last, run_dir = progress.last, ctx.run_dir
+    recorded = read_summary(run_dir)
     return {
         "final": last,
         "step_time_spread": step_time_spread(list(wall.step_times)),
+        "step_time": measured_step_time(recorded.get("step_time"), list(wall.step_times)),
         "peak_flops_per_device": setup.peak_flops,
         "peak_flops_source": setup.peak.source,
         "peak_flops_calibration": setup.peak.calibration_record(ranks=ctx.layout.gpus),
         "peak_memory_measure": setup.peak_memory.label,
         "cuda_allocator": setup.peak_memory.allocator_record(),
         "host_memory": {
-            **(read_summary(run_dir).get("host_memory") or {}),
+            **(recorded.get("host_memory") or {}),
             "measured_per_rank_gb": last.get("memory/host_peak_gb"),
             "measured": "the process's high-water RSS since it started, the most over ranks",
         },

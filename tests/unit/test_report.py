@@ -208,7 +208,7 @@ def test_a_planned_cell_shows_its_plan_and_is_not_taken_for_a_crash(tmp_path, ca
     assert row["status"] == "planned"
     assert row["error"] == (
         "plan=true: nothing launched; planned peak 3.2 GB per device (DOES NOT FIT); "
-        "step >= 3.79 s, MFU <= 42.0% (compute at peak)"
+        "bound (compute at peak): step >= 3.79 s, MFU <= 42.0%"
     )
     assert row["planned_peak_gb"] == 3.2 and row["est_total_gb"] == 2.5 and row["est_activations_gb"] == 1.5
     assert main(["report", str(tmp_path)]) == 0
@@ -309,6 +309,40 @@ def test_a_pipeline_cell_shows_its_stage_to_stage_share_and_chart_segment(tmp_pa
     assert "25 / 45 / 10 / 0 / 20" in capsys.readouterr().out
     chart = time_chart(build_rows(collect([tmp_path])))
     assert "p2p" in {item.name for item in chart.legend}
+
+
+def test_a_calibrated_plan_shows_its_predicted_step_and_the_bound_beside_it(tmp_path, capsys):
+    cell = tmp_path / "0"
+    (cell / ".hydra").mkdir(parents=True)
+    (cell / ".hydra" / "config.yaml").write_text("gpus: 1\n")
+    time = {"step_s": 0.273, "mfu": 0.751, "bound_step_s": 0.205, "bound_mfu": 1.0, "calibration": "here"}
+    (cell / "plan.json").write_text(json.dumps({"time": time}))
+    (row,) = report_json(tmp_path, capsys=capsys)
+    assert row["error"] == (
+        "plan=true: nothing launched; predicted step 0.273 s, MFU 75.1%; "
+        "bound (compute at peak): step 0.205 s, MFU <= 100.0%"
+    )
+    assert row["predicted_step_s"] == 0.273 and row["step_s"] is None
+
+
+def test_the_predicted_step_stands_beside_the_measured_in_every_format(tmp_path, capsys):
+    """summary.json's step_time (the plan's prediction, recorded at launch) beside the measured
+    median step: a column "pred step s" next to "step s" in Markdown and on the page."""
+    run = write_cell(tmp_path / "run", extra_metrics={"time/step_s": 0.5})
+    summary = json.loads((run / "summary.json").read_text())
+    summary["step_time"] = {"predicted_s": 0.4, "measured_s": 0.5, "error": -0.2}
+    (run / "summary.json").write_text(json.dumps(summary))
+    (row,) = report_json(run, capsys=capsys)
+    assert row["predicted_step_s"] == 0.4 and row["step_s"] == 0.5
+    assert main(["report", str(run), "--format", "md"]) == 0
+    header, _, line = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    cells = [cell.strip() for cell in header.split("|")]
+    at = cells.index("step s")
+    assert cells[at + 1] == "pred step s"
+    assert [cell.strip() for cell in line.split("|")][at : at + 2] == ["0.5", "0.4"]
+    page = tmp_path / "report.html"
+    assert main(["report", str(run), "--html", str(page), "--format", "csv"]) == 0
+    assert "pred step s" in page.read_text()
 
 
 def test_markdown_and_csv_list_every_cell(tmp_path, capsys):

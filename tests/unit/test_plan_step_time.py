@@ -1,0 +1,94 @@
+"""plan=true's time section: the calibrated prediction term by term, the term that limits the step,
+where the figures came from, and the roofline beside it as the bound; plan=true without a
+calibration shows the bound alone, as the bound."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from train_helpers import compose_config
+
+from launchers.run_record import step_time_plan_record
+from runner.plan import calibration as calibrations
+from runner.plan.planner import Plan, plan_config
+from runner.plan.table import format_plan
+
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
+
+BOUND = "bound (roofline: compute at peak, links at full bandwidth): step "
+# A CPU that reaches half its peak (the no_cpu_calibration fixture's 1e11 FLOP/s) in every GEMM:
+# fixed figures, so the test measures nothing on a shared host.
+FIGURES = {
+    "device": "cpu test",
+    "gemms": {"1024,128,128": [5e10, 5e10, 5e10]},
+    "attention": {"4,4,128,32": [1e-4, 2e-4]},
+    "copies": {"1048576": 1e10},
+    "op_s": 1e-5,
+    "adamw_bytes_per_s": 1e10,  # the first calibration's one figure; later ones keep one by size
+    "adamw": {"4194304": 1e10},
+    "allreduce": [1e-4, 1e9],
+}
+
+
+@pytest.fixture
+def fixed_calibration(monkeypatch):
+    """This host's calibration is FIGURES, not a measurement."""
+    record = calibrations.from_record(FIGURES, source="test figures: half the peak in every GEMM")
+    monkeypatch.setattr("runner.plan.hardware._measure_here", lambda *args, **kwargs: record)
+
+
+def _time_section(plan: Plan) -> str:
+    text = format_plan(plan)
+    return text[text.index("time per step") : text.index("checkpoint on disk")]
+
+
+def test_a_calibrated_plan_predicts_below_the_bound_names_its_terms_and_what_limits_it(fixed_calibration):
+    plan = plan_config(compose_config())  # tiny on cluster=local
+    section = _time_section(plan)
+    predicted = re.search(r"=> predicted step ([\d.]+) s, MFU ([\d.]+)%", section)
+    assert predicted is not None, section
+    assert float(predicted.group(2)) < 100
+    assert float(predicted.group(2)) == pytest.approx(100 * plan.time.mfu, abs=0.05)
+    bound = re.search(re.escape(BOUND) + r"([\d.]+) s, MFU ([\d.]+)%", section)
+    assert bound is not None and float(bound.group(2)) == pytest.approx(100.0)  # the roofline's MFU
+    assert float(bound.group(1)) < float(predicted.group(1))
+    assert "limited by gemm:" in section  # half the peak in every GEMM: they take most of the step
+    for term in plan.time.terms:
+        assert re.search(rf"^  {re.escape(term.name)} +[\d.e+-]+ +[\d.]+%  ", section, re.MULTILINE)
+    assert "calibration: test figures: half the peak in every GEMM" in section
+
+
+def test_without_a_calibration_the_plan_shows_the_roofline_as_the_bound(monkeypatch):
+    monkeypatch.setattr("runner.plan.hardware._calibration", lambda *args, **kwargs: None)
+    plan = plan_config(compose_config())
+    section = _time_section(plan)
+    assert "no calibration: only the bound" in section
+    assert f"  {BOUND}{plan.time.step_s:.3g} s, MFU 100.0%" in section
+    assert "predicted step" not in section and "limited by" not in section
+    record = step_time_plan_record(plan)
+    assert record["predicted_s"] == record["bound_s"] == plan.time.step_s
+    assert record["calibration"] is None and record["terms_s"] == {} and record["limit"] is None
+
+
+def test_a_named_cluster_plan_shows_the_terms_of_its_calibration_file():
+    if not calibrations.cluster_file("h200").is_file():
+        pytest.skip("conf/cluster/calibration/h200.json is not there yet")
+    plan = plan_config(
+        compose_config("model=llama_7b", "cluster=h200", "precision=bf16", "parallel=zero3", "gpus=8")
+    )
+    section = _time_section(plan)
+    assert plan.time.terms and f"limited by {plan.time.limit}:" in section
+    assert "  gemm " in section and "  dp comm " in section
+    assert "calibration: calibration file conf/cluster/calibration/h200.json" in section
+    assert BOUND in section
+
+
+def test_the_summary_record_carries_the_plans_prediction_terms_limit_and_bound(fixed_calibration):
+    plan = plan_config(compose_config())
+    record = step_time_plan_record(plan)
+    assert record["predicted_s"] == plan.time.step_s and record["predicted_s"] > record["bound_s"]
+    assert record["terms_s"] == {term.name: term.seconds for term in plan.time.terms}
+    assert sum(record["terms_s"].values()) == pytest.approx(record["predicted_s"])
+    assert record["limit"] == "gemm" and record["calibration"].startswith("test figures")
+    assert record["predicted_is_lower_bound"] is False
