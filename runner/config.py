@@ -397,6 +397,13 @@ class ClusterConfig:
             "a directory on the cluster's checkpoint filesystem, for a plan made elsewhere to weigh"
         ),
     )
+    calibration: str | None = field(
+        default=None,
+        metadata=about(
+            "the named cluster whose step-time calibration (conf/cluster/calibration/<name>.json) this "
+            "one borrows, compute scaled by the bf16 peaks' ratio; null: its own file, or none"
+        ),
+    )
     source: str = field(default="", metadata=about("where the figures come from: datasheets, or this host"))
 
 

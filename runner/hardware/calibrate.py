@@ -11,6 +11,7 @@ rank will have, and returns seconds or a rate:
   the kernel runner/model/transformer.py calls.
 - :func:`copy_rate`: bytes read plus written per second by a copy of ``num_bytes``, a
   stand-in for every memory-bound (elementwise) kernel of that size.
+- :func:`fresh_rate`: a CPU's bytes per second into freshly allocated large tensors (page faults).
 - :func:`op_seconds`: one eager op's dispatch, forward and autograd backward, on a
   one-element tensor: what a step pays per kernel whatever its size.
 - :func:`adamw_rate`: torch's fused AdamW (runner/engine/deepspeed_config.py asks for it) on
@@ -18,15 +19,15 @@ rank will have, and returns seconds or a rate:
 - :func:`allreduce_costs`: two processes' all-reduce over the backend the runner uses
   (gloo on CPU), at a small and a large size: latency and bytes per second.
 
-Every timing is the median of a few calls after warm-up calls.
+Every timing is the fastest of a few calls after warm-up calls.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -56,7 +57,8 @@ def _sync(device: torch.device) -> None:
 
 
 def timed(fn: Callable[[], Any], device: torch.device, *, repeats: int = 5, warmup: int = 2) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls, after ``warmup`` calls."""
+    """The fastest of ``repeats`` calls of ``fn()``, in seconds, after ``warmup`` calls: other work
+    on the device only ever slows a call down."""
     times = []
     for index in range(warmup + repeats):
         _sync(device)
@@ -65,25 +67,26 @@ def timed(fn: Callable[[], Any], device: torch.device, *, repeats: int = 5, warm
         _sync(device)
         if index >= warmup:
             times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return min(times)
 
 
 def gemm_rates(
     m: int, k: int, n: int, *, dtype: torch.dtype, device: torch.device, max_flops: float = MAX_GEMM_FLOPS
 ) -> tuple[float, float, float]:
-    """FLOP/s of X W, dY W^T and X^T dY at (m, k, n): a step's three GEMMs per linear layer."""
+    """FLOP/s of a linear layer's three GEMMs at (m, k, n), as nn.Linear lays them out (weight
+    (n, k)): forward X W^T, input gradient dY W, weight gradient dY^T X."""
     while 2.0 * m * k * n > max_flops and max(m, n) > 64:
         if m >= n:
             m //= 2
         else:
             n //= 2
     x = torch.randn(m, k, dtype=dtype, device=device)
-    w = torch.randn(k, n, dtype=dtype, device=device)
+    weight = torch.randn(n, k, dtype=dtype, device=device)  # nn.Linear's (out, in)
     dy = torch.randn(m, n, dtype=dtype, device=device)
     flops = 2.0 * m * k * n
-    forward = timed(lambda: x @ w, device)
-    grad_input = timed(lambda: dy @ w.T, device)
-    grad_weight = timed(lambda: x.T @ dy, device)
+    forward = timed(lambda: F.linear(x, weight), device)
+    grad_input = timed(lambda: dy @ weight, device)
+    grad_weight = timed(lambda: dy.T @ x, device)
     return flops / forward, flops / grad_input, flops / grad_weight
 
 
@@ -110,6 +113,17 @@ def copy_rate(num_bytes: int, *, device: torch.device) -> float:
     src = torch.empty(max(1, num_bytes), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     return 2.0 * src.numel() / timed(lambda: dst.copy_(src), device, repeats=9)
+
+
+def fresh_rate(num_bytes: int = 64 * 2**20, *, device: torch.device) -> float | None:
+    """Bytes per second zeroed in a freshly allocated ``num_bytes`` tensor on a CPU (None on CUDA,
+    whose caching allocator hands memory back warm). glibc serves allocations above its mmap
+    threshold (at most 32 MiB) from fresh pages and returns them at free: each use pays the
+    kernel's page faults, several times slower than writing warm memory."""
+    if device.type != "cpu":
+        return None
+    numel = max(1, num_bytes // 4)
+    return 4.0 * numel / timed(lambda: torch.zeros(numel), device, repeats=5)
 
 
 def op_seconds(*, device: torch.device) -> float:
@@ -142,7 +156,7 @@ def _allreduce_worker(rank: int, init_file: str, sizes: list[int], out: Any) -> 
     seconds = []
     for size in sizes:
         buffer = torch.ones(max(1, size // 4))
-        seconds.append(timed(lambda buffer=buffer: torch.distributed.all_reduce(buffer), device, repeats=7))
+        seconds.append(timed(functools.partial(torch.distributed.all_reduce, buffer), device, repeats=7))
     torch.distributed.destroy_process_group()
     if rank == 0:
         out.put(seconds)
@@ -179,6 +193,7 @@ __all__ = [
     "allreduce_costs",
     "attention_seconds",
     "copy_rate",
+    "fresh_rate",
     "gemm_rates",
     "op_seconds",
     "threads",

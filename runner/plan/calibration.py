@@ -79,20 +79,29 @@ class Calibration:
     attention: dict[str, list[float]] = field(default_factory=dict)  # "b,h,s,d": [fwd s, bwd s]
     copies: dict[str, float] = field(default_factory=dict)  # "bytes": read + written per s
     op_s: float | None = None  # one eager op, forward and backward
-    adamw_bytes_per_s: float | None = None  # fused AdamW, 28 B a parameter
+    adamw: dict[str, float] = field(default_factory=dict)  # "numel": fused AdamW bytes/s (28 B a param)
+    fresh_bytes_per_s: float | None = None  # zeroing fresh large CPU allocations (page faults); GPU: None
     allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
     compute_scale: float = 1.0  # a borrowed calibration's peak ratio (see the module docstring)
     source: str = ""  # in words: measured here (cached where), or the file and its origin
-    measure: Callable[[str, tuple[int, ...]], Any] | None = field(default=None, repr=False, compare=False)
+    # (figure, measured on a quiet host) for a kind and shape; None: a file, nothing is measured
+    measure: Callable[[str, tuple[int, ...]], tuple[Any, bool]] | None = field(
+        default=None, repr=False, compare=False
+    )
     path: Path | None = field(default=None, repr=False, compare=False)  # where new figures are saved
+    _measured: set[str] = field(default_factory=set, repr=False, compare=False)
+    _busy: set[tuple[str, str]] = field(default_factory=set, repr=False, compare=False)  # not to cache
 
     def _figure(self, table: dict[str, Any], kind: str, shape: tuple[int, ...]) -> tuple[Any, float]:
         """The figure at ``shape``, measured now if this is the local device, else the nearest
         recorded one; with the ratio (wanted / found) of the shapes' sizes. (None, 1) when none."""
         key = _key(*shape)
         if key not in table and self.measure is not None:
-            table[key] = self.measure(kind, shape)
-            self.save()
+            table[key], quiet = self.measure(kind, shape)
+            if quiet:
+                self.save()
+            else:
+                self._busy.add((kind, key))
         if key in table:
             return table[key], 1.0
         near = _nearest(table, shape)
@@ -130,18 +139,30 @@ class Calibration:
         return rate
 
     def _once(self, name: str) -> Any:
-        if getattr(self, name) is None and self.measure is not None:
-            setattr(self, name, self.measure(name, ()))
-            self.save()
+        if getattr(self, name) is None and self.measure is not None and name not in self._measured:
+            self._measured.add(name)  # a device without this figure (a GPU's all-reduce) asks once
+            value, quiet = self.measure(name, ())
+            setattr(self, name, value)
+            if quiet:
+                self.save()
+            else:
+                self._busy.add((name, ""))
         return getattr(self, name)
 
     def op_seconds(self) -> float | None:
         """One eager op's dispatch, forward and backward."""
         return self._once("op_s")
 
-    def adamw_rate(self) -> float | None:
-        """Fused AdamW's bytes per second (28 B a parameter)."""
-        return self._once("adamw_bytes_per_s")
+    def adamw_rate(self, numel: int) -> float | None:
+        """Fused AdamW's bytes per second (28 B a parameter) on ``numel`` parameters (measured at the
+        power of two nearest it, at most 2^25 on a CPU)."""
+        size = 2 ** min(25, max(12, round(math.log2(max(numel, 1)))))
+        rate, _ = self._figure(self.adamw, "adamw", (size,))
+        return rate
+
+    def fresh_rate(self) -> float | None:
+        """Bytes per second into freshly allocated large CPU tensors (None: not a CPU, or unmeasured)."""
+        return self._once("fresh_bytes_per_s")
 
     def allreduce_costs(self) -> tuple[float, float] | None:
         """(latency s, bytes/s sent per rank) of a two-rank all-reduce."""
@@ -150,9 +171,26 @@ class Calibration:
 
     def record(self) -> dict[str, Any]:
         """The calibration as its JSON file keeps it."""
-        keep = ("device", "dtype", "threads", "torch", "measured", "where", "gemms", "attention", "copies")
+        keep = (
+            "device",
+            "dtype",
+            "threads",
+            "torch",
+            "measured",
+            "where",
+            "gemms",
+            "attention",
+            "copies",
+            "adamw",
+        )
         out = {name: getattr(self, name) for name in keep}
-        out.update(op_s=self.op_s, adamw_bytes_per_s=self.adamw_bytes_per_s, allreduce=self.allreduce)
+        out.update(op_s=self.op_s, fresh_bytes_per_s=self.fresh_bytes_per_s, allreduce=self.allreduce)
+        tables = {"gemm": "gemms", "attention": "attention", "copy": "copies", "adamw": "adamw"}
+        for kind, key in self._busy:  # measured on a busy host: this process's, not the cache's
+            if kind in tables:
+                out[tables[kind]] = {k: v for k, v in out[tables[kind]].items() if k != key}
+            else:
+                out[kind] = None
         return out
 
     def save(self) -> None:
@@ -181,7 +219,8 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         attention=dict(record.get("attention") or {}),
         copies=dict(record.get("copies") or {}),
         op_s=record.get("op_s"),
-        adamw_bytes_per_s=record.get("adamw_bytes_per_s"),
+        adamw=dict(record.get("adamw") or {}),
+        fresh_bytes_per_s=record.get("fresh_bytes_per_s"),
         allreduce=record.get("allreduce"),
         compute_scale=compute_scale,
         source=source,
@@ -216,7 +255,11 @@ def _slug(text: str) -> str:
 
 
 def local(
-    device: str, dtype: str, threads: int, torch_version: str, measure: Callable[[str, tuple[int, ...]], Any]
+    device: str,
+    dtype: str,
+    threads: int,
+    torch_version: str,
+    measure: Callable[[str, tuple[int, ...]], tuple[Any, bool]],
 ) -> Calibration:
     """This host's device: its cache, measured further on demand by ``measure(kind, shape)``."""
     path = cache_dir() / f"{_slug(f'{device}-{dtype}-{threads}t-torch{torch_version}')}.json"

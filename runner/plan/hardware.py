@@ -28,10 +28,14 @@ from typing import Any
 
 from runner.config import ClusterConfig, Precision
 from runner.hardware.cgroup_memory import cgroup_memory_limit
+from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cuda_devices import cuda_available
 from runner.plan import calibration as calibrations
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
+# A calibration figure measured while other processes kept more than this many of the rank's
+# cores busy reads low: it is used by this plan but not cached, and measured again next time.
+BUSY_CORES = 0.25
 
 
 @dataclass(frozen=True)
@@ -160,17 +164,6 @@ def _cluster_file_value(name: str, key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-@functools.cache
-def _cluster_file_text(name: str, key: str) -> str | None:
-    """A text ``key`` of the shipped ``conf/cluster/<name>.yaml`` (None: no file, no key)."""
-    import yaml  # deferred: only a plan for a named cluster reads its datasheet
-
-    path = _CLUSTER_GROUP / f"{name}.yaml"
-    listed = yaml.safe_load(path.read_text()) if path.is_file() else None
-    value = listed.get(key) if isinstance(listed, dict) else None
-    return value if isinstance(value, str) else None
-
-
 def _cluster_source(cluster: ClusterConfig, key: str) -> str:
     """A named cluster's own figure is its datasheet's; one set elsewhere (an override) is config."""
     if cluster.name == "local":
@@ -201,7 +194,20 @@ def _measure_here(precision: Precision, *, cuda: bool, threads: int) -> calibrat
     name = torch.cuda.get_device_name(0) if cuda else f"cpu {platform.machine()} x{os.cpu_count()}"
     count = 0 if cuda else threads
 
-    def measure(kind: str, shape: tuple[int, ...]) -> Any:
+    def measure(kind: str, shape: tuple[int, ...]) -> tuple[Any, bool]:
+        """The figure from the quietest of up to three tries, and whether that try was quiet."""
+        tries = []
+        for _ in range(3):
+            others = OthersUse.start()
+            value = figure(kind, shape)
+            busy = 0.0 if cuda else (others.cores() or 0.0)
+            tries.append((busy, value))
+            if busy <= BUSY_CORES:
+                break
+        busy, value = min(tries, key=lambda t: t[0])
+        return value, busy <= BUSY_CORES
+
+    def figure(kind: str, shape: tuple[int, ...]) -> Any:
         with calibrate.threads(count or None):
             if kind == "gemm":
                 m, k, n = shape
@@ -213,8 +219,10 @@ def _measure_here(precision: Precision, *, cuda: bool, threads: int) -> calibrat
                 return calibrate.copy_rate(shape[0], device=device)
             if kind == "op_s":
                 return calibrate.op_seconds(device=device)
-            if kind == "adamw_bytes_per_s":
-                return calibrate.adamw_rate(2**26 if cuda else 2**22, device=device)
+            if kind == "adamw":
+                return calibrate.adamw_rate(shape[0], device=device)
+            if kind == "fresh_bytes_per_s":
+                return calibrate.fresh_rate(device=device)
             if kind == "allreduce":  # two ranks of this host over gloo; a GPU's links are the cluster's
                 return None if cuda else list(calibrate.allreduce_costs())
         raise ValueError(f"no calibration of {kind}")
@@ -230,9 +238,9 @@ def _calibration(
         recorded = calibrations.load_cluster(cluster.name)
         if recorded is not None:
             return recorded
-        lender = _cluster_file_text(cluster.name, "calibration")
+        lender = cluster.calibration
         lender_peak = _cluster_file_value(lender, "peak_tflops_bf16") if lender else None
-        own_peak = _cluster_file_value(cluster.name, "peak_tflops_bf16")
+        own_peak = cluster.peak_tflops_bf16
         if lender and lender_peak and own_peak:
             return calibrations.load_cluster(
                 lender, compute_scale=own_peak / lender_peak, borrowed_by=cluster.name

@@ -67,6 +67,7 @@ BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kerne
 # adds 2, SwiGLU 2, reshapes 2.
 OPS_PER_LAYER = 50
 ZERO3_OPS_PER_PARAM = 40  # fetch, all-gather, wait and release, forward and backward; grad reduce
+MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc malloc(3): DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 ADAMW_BYTES = 28  # fp32 p, g, m, v read; p, m, v written
 
 
@@ -113,6 +114,21 @@ class _Compute:
     dispatch: float  # forward and backward
 
 
+def _attention_from_gemms(
+    calibration: Calibration, batch_heads: int, seq: int, head_dim: int
+) -> tuple[float, float] | None:
+    """Attention without a measurement (a calibration file that has none): its FLOPs at the median
+    of the recorded GEMM rates. Causal attention computes half of the 4 s^2 d per head of QK^T and
+    PV forward (FlashAttention-2, Dao 2023, arXiv 2307.08691, Sec. 3.1: the masked blocks are
+    skipped); backward 2.5 times the forward FLOPs (same paper, Sec. 4.1)."""
+    rates = sorted(rate[0] for rate in calibration.gemms.values())
+    if not rates:
+        return None
+    rate = rates[len(rates) // 2] * calibration.compute_scale
+    forward = 2.0 * batch_heads * seq * seq * head_dim / rate
+    return forward, 2.5 * forward
+
+
 def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration) -> _Compute | None:
     model, tp = workload.model, layout.tp
     tokens = layout.micro_size * workload.seq_len
@@ -127,7 +143,11 @@ def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration)
     layers = layers_per_stage(model.n_layer, layout.pp)
     head_dim = model.d_model // model.n_head
     attention = calibration.attention_s(layout.micro_size, model.n_head // tp, workload.seq_len, head_dim)
-    op_s = calibration.op_seconds()
+    if attention is None:
+        attention = _attention_from_gemms(
+            calibration, layout.micro_size * model.n_head // tp, workload.seq_len, head_dim
+        )
+    op_s = calibration.op_seconds() or 0.0  # none recorded (a GPU's file): dispatch overlaps the kernels
     elem = _elem_bytes(workload.precision)
     h, f = model.d_model, model.ffn_hidden
     kv = h * n_kv_head(model) // model.n_head
@@ -136,7 +156,7 @@ def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration)
     head_bytes = tokens * CROSS_ENTROPY * (model.vocab_size / tp) * elem
     block_rate = calibration.copy_rate(tokens * h * elem)
     head_rate = calibration.copy_rate(tokens * model.vocab_size / tp * elem)
-    if attention is None or op_s is None or block_rate is None or head_rate is None:
+    if attention is None or block_rate is None or head_rate is None:
         return None
     return _Compute(
         gemm_forward=forward,
@@ -148,6 +168,31 @@ def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration)
     )
 
 
+def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) -> Term | None:
+    """Page faults of the step's large fresh tensors on a CPU (runner/hardware/calibrate.py
+    ``fresh_rate``): per micro-batch the logits, their log-softmax and both gradients
+    (T x vocab / tp), and the vocabulary matrices' gradients (the head's and the embedding's
+    dense one, vocab / tp x d_model), where each is above glibc's largest mmap threshold."""
+    rate = calibration.fresh_rate()
+    if rate is None:
+        return None
+    model, tp = workload.model, layout.tp
+    elem = _elem_bytes(workload.precision)
+    tokens = layout.micro_size * workload.seq_len
+    sizes = [tokens * model.vocab_size // tp * elem] * 4 + [model.vocab_size // tp * model.d_model * elem] * 2
+    if workload.precision != Precision.fp32:
+        sizes += [tokens * model.vocab_size // tp * 4] * 2  # the loss's fp32 logits and their gradient
+    fresh = sum(size for size in sizes if size >= MMAP_THRESHOLD_MAX)
+    if not fresh:
+        return None
+    seconds = layout.accum_steps * fresh / rate
+    return Term(
+        "fresh memory",
+        seconds,
+        f"{fresh / 1e9:.3g} GB of page faults per micro-batch at {rate / 1e9:.3g} GB/s",
+    )
+
+
 def param_tensors(workload: Workload, layout: Layout) -> int:
     """Parameter tensors on the fullest rank: 9 per block, the embedding, final norm and head."""
     return 9 * layers_per_stage(workload.model.n_layer, layout.pp) + 3
@@ -156,11 +201,11 @@ def param_tensors(workload: Workload, layout: Layout) -> int:
 def _optimizer_term(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> Term | None:
-    rate = calibration.adamw_rate()
+    stepped = local // layout.dp if knobs.zero_stage >= ZeroStage.zero1 else local
+    rate = calibration.adamw_rate(stepped)
     copy = calibration.copy_rate(4 * local)
     if rate is None or copy is None:
         return None
-    stepped = local / layout.dp if knobs.zero_stage >= ZeroStage.zero1 else local
     elem = _elem_bytes(workload.precision)
     # the gradient norm reads every gradient once; clipping scales them (read, write)
     norm_bytes = 3 * local * elem
@@ -228,6 +273,9 @@ def compute_terms(
         terms.append(
             Term("recompute", accum * micro.attention_forward, "selective: the attention core again")
         )
+    fresh = _fresh_term(workload, layout, calibration)
+    if fresh is not None:
+        terms.append(fresh)
     local = sum(rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp))
     copy = calibration.copy_rate(4 * local)
     if accum > 1 and copy is not None:
