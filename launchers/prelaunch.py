@@ -15,10 +15,8 @@ from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
 from runner.plan.planner import (
     Plan,
     gb,
-    knobs_from_config,
     micro_fit_for_config,
-    plan_layout,
-    workload_from_config,
+    plan_chosen,
 )
 from runner.preflight.validate import validate
 
@@ -26,27 +24,32 @@ log = logging.getLogger("ladder")
 
 
 def choose_layout_explained(config: TrainConfig) -> tuple[Layout, str | None]:
-    """The layout, and for ``micro_size=auto`` why that micro-batch (planned bytes vs device memory)."""
+    """The layout, and for ``micro_size=auto`` why that micro-batch (planned bytes vs device memory,
+    and with ``planner.objective=speed`` the predicted steps: runner/plan/planner.py ``MicroFit``)."""
     micro_size = parse_micro_size(config.batch.micro_size)
     fit = micro_fit_for_config(config) if micro_size is None else None
+    split: dict[str, Any] = dict(
+        gpus=config.gpus,
+        tp=config.parallel.tp,
+        pp=config.parallel.pp,
+        global_size=config.batch.global_size,
+    )
     try:
-        layout = resolve_layout(
-            gpus=config.gpus,
-            tp=config.parallel.tp,
-            pp=config.parallel.pp,
-            global_size=config.batch.global_size,
-            micro_size=micro_size,
-            fits=fit,
-        )
+        layout = resolve_layout(**split, micro_size=micro_size, fits=fit)
     except LayoutError as error:
         if fit is not None and fit.none_fit:
             raise LayoutError(fit.refusal()) from error
         raise
-    return layout, None if fit is None else fit.reason(layout.micro_size)
+    if fit is None:
+        return layout, None
+    chosen = fit.choose(layout.micro_size)
+    if chosen != layout.micro_size:
+        layout = resolve_layout(**split, micro_size=chosen)
+    return layout, fit.reason(layout.micro_size)
 
 
 def choose_layout(config: TrainConfig) -> Layout:
-    """The batch contract applied to this config (``micro_size=auto`` picks the largest that fits)."""
+    """The batch contract applied to this config (``micro_size=auto``: by ``planner.objective``)."""
     return choose_layout_explained(config)[0]
 
 
@@ -65,9 +68,10 @@ def deepspeed_config_for(
     )
 
 
-def launch_plan(config: TrainConfig) -> Plan:
-    """The plan of this run's own layout, without the peak (a CPU measurement the run makes itself)."""
-    return plan_layout(workload_from_config(config, with_peak=False), knobs_from_config(config))
+def launch_plan(config: TrainConfig, layout: Layout | None = None) -> Plan:
+    """The plan of this run's own layout (``layout``: as chosen; None: choose it now), without the
+    peak (a CPU measurement the run makes itself)."""
+    return plan_chosen(config, layout if layout is not None else choose_layout(config))
 
 
 def memory_warnings(plan: Plan) -> list[str]:
@@ -120,8 +124,8 @@ def local_launch_problems(config: TrainConfig) -> list[str]:
     try:
         validate(config, launcher=None if planning else "local")
         if not planning:
-            choose_layout_explained(config)
-            refuse_beyond_this_hosts_ram(launch_plan(config))
+            layout, _ = choose_layout_explained(config)
+            refuse_beyond_this_hosts_ram(launch_plan(config, layout))
     except (ConfigError, LayoutError) as error:
         return [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
     return []

@@ -192,7 +192,7 @@ def run(
     layout, micro_choice = choose_layout_explained(config)
     _check_world_size(config, env)
     lead = env is None or env.rank == 0
-    plan = launch_plan(config) if lead else None
+    plan = launch_plan(config, layout) if lead else None
     if env is None and plan is not None:
         refuse_beyond_this_hosts_ram(plan)
     disk, disk_warning = checkpoint_space(config, run_dir, layout)  # every rank: each refuses alike

@@ -83,6 +83,13 @@ class WandbMode(str, Enum):
     disabled = "disabled"
 
 
+class Objective(str, Enum):
+    """What ``batch.micro_size=auto`` optimises among the micro-batch sizes that fit."""
+
+    speed = "speed"  # the one the step-time model predicts fastest (ties: the largest)
+    memory = "memory"  # the largest that fits
+
+
 class OffloadPlacement(str, Enum):
     """What ZeRO-Offload keeps in host memory, from parallel.offload_optimizer and parallel.offload_param.
 
@@ -514,7 +521,17 @@ class PlannerConfig:
 
     recommend: bool = field(
         default=False,
-        metadata=about("plan the ladder of remedies and name the first layout that fits; implies plan=true"),
+        metadata=about(
+            "plan every layout of the ladder of remedies, rank those that fit by predicted tokens/s and "
+            "name the best; implies plan=true"
+        ),
+    )
+    objective: Objective = field(
+        default=Objective.speed,
+        metadata=about(
+            "batch.micro_size=auto takes, of the sizes that fit, the predicted fastest (speed; within 5%: "
+            "the largest) or the largest (memory)"
+        ),
     )
     headroom: float = field(
         default=0.9,

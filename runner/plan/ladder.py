@@ -1,4 +1,4 @@
-"""The ladder: when a model does not fit, try the remedies cheapest first and stop at the first that fits.
+"""The ladder: plan every remedy, cheapest first, and rank the layouts that fit by predicted speed.
 
 ``planner.recommend=true``. For the run's model, precision, optimizer, gpus, global batch
 and device, the rungs in order (DESIGN.md, "the cheap-to-costly order"):
@@ -16,29 +16,45 @@ and device, the rungs in order (DESIGN.md, "the cheap-to-costly order"):
    al. 2021, arXiv 2104.04473, Sec. 3.3: tensor parallel up to the node size, pipeline
    beyond it), with ZeRO 0 or 1 only (DeepSpeed's pipeline engine refuses ZeRO-2/3).
 
-Within rungs 4-7 the cheaper knobs are tried again in the same order (no recompute, then
-selective, then full; then a higher ZeRO stage; then offload), so a winner never
-recomputes, shards or offloads more than it needs. Every candidate takes the largest
-micro-batch that fits (auto). A candidate fits when its bytes fit the device and its node's
-host memory fits the host RAM (runner/plan/host.py: what every rank builds there, the whole
-model under tensor parallelism, offloaded states times the ranks per node). A rung
-that fails reports its closest candidate: its bytes against the usable memory and its
-largest term, or its host bytes per node. Layouts the runner cannot run yet
-(runner/plan/planner.py ``plan_only_reasons``) are planned all the same and marked "plan only".
+Within rungs 4-7 the cheaper knobs come first in the same order (no recompute, then
+selective, then full; then a higher ZeRO stage; then offload). Every candidate of every rung
+is planned, at the largest micro-batch that fits and at each smaller divisor of global/dp
+(its accumulation grows). A candidate fits when its bytes fit the device, its node's host
+memory fits the host RAM (runner/plan/host.py: what every rank builds there, the whole model
+under tensor parallelism, offloaded states times the ranks per node) and it holds the global batch.
+
+**The ranking.** Those that fit are ranked by predicted tokens/s (``plan.time.tokens_per_s``:
+runner/plan/step_time.py, the calibrated model where the device has a calibration, else the
+roofline bound). Offload's transfers and CPU optimizer step are not in that model, which would
+make an offloaded layout look as fast as its stage without offload: offloaded candidates are
+ranked only when nothing without offload fits. **The recommendation** is the cheapest
+candidate within :data:`NEAR_FASTEST` (2%) of the fastest's predicted tokens/s: the earliest
+rung, then the earliest candidate of its rung, then the largest micro-batch. A model that
+cannot tell two layouts apart by more than that does not justify the costlier one; without
+any prediction (no peak) that is the first layout that fits, cheapest first, as the ladder
+always chose.
+
+Each rung keeps its verdict, the explanation: its cheapest candidate that fits, else its
+closest one: its bytes against the usable memory and its largest term, or its host bytes per
+node. Layouts the runner cannot run yet (runner/plan/planner.py ``plan_only_reasons``) are
+planned all the same and marked "plan only".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.config import OffloadPlacement, Recompute, ZeroStage
+from runner.layout import divisors
 from runner.plan.planner import Knobs, Plan, Workload, gb, plan_layout
 
 # Each stage is tried as the conf/parallel option of its name (ddp, zero1, zero2, zero3).
 _STAGES = tuple(ZeroStage)
 _RECOMPUTES = (Recompute.none, Recompute.selective, Recompute.full)  # cheapest first
 _OFFLOADS = (OffloadPlacement.optimizer, OffloadPlacement.optimizer_and_params)  # least moved first
+NEAR_FASTEST = 0.02  # a cheaper candidate this close to the fastest's tokens/s is recommended instead
+SHOWN = 5  # ranked candidates printed
 
 
 @dataclass(frozen=True)
@@ -49,16 +65,39 @@ class Rung:
     plan: Plan  # the first candidate that fits, else the closest one
     fits: bool
     reason: str
+    fitting: int = 0  # its candidates (knobs x micro-batch) that fit
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout that fits: the rung it came from (0: the cheapest), its place there, its plan."""
+
+    rung: int
+    name: str  # the rung's
+    order: int  # its knobs' place in the rung, cheapest first
+    plan: Plan
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Predicted tokens/s (0.0: not predicted)."""
+        return self.plan.time.tokens_per_s or 0.0
+
+    @property
+    def cheapness(self) -> tuple[int, int, int]:
+        """The ladder's order: earlier rung, earlier knobs, larger micro-batch."""
+        return (self.rung, self.order, -self.plan.layout.micro_size)
 
 
 @dataclass(frozen=True)
 class Ladder:
-    """The rungs tried in order, the winner (None: nothing fits) and how to run it."""
+    """Every rung in order, the candidates that fit ranked fastest first, the recommendation
+    (None: nothing fits) and how to run it."""
 
     workload: Workload
     rungs: list[Rung]
-    winner: Rung | None
+    winner: Candidate | None
     overrides: list[str]
+    ranking: list[Candidate]
 
     @property
     def command(self) -> str:
@@ -159,17 +198,64 @@ def _verdict(plan: Plan) -> str:
     return text
 
 
-def _decide(name: str, candidates: list[Knobs], workload: Workload) -> Rung:
-    """The first candidate that fits device and host (and holds the global batch), else the closest one."""
-    plans = []
-    for knobs in candidates:
-        plan = plan_layout(workload, knobs)
-        if plan.fits and plan.host.fits and plan.contract_error is None:
-            return Rung(name, plan, True, _verdict(plan))
+def _smaller_micros(plan: Plan) -> list[int]:
+    """The divisors of global/dp below an auto plan's micro-batch, largest first (they hold less)."""
+    lay = plan.layout
+    return [m for m in reversed(divisors(lay.global_size // lay.dp)) if m < lay.micro_size]
+
+
+def _fits(plan: Plan) -> bool:
+    return plan.fits and plan.host.fits and plan.contract_error is None
+
+
+def _decide(
+    index: int, name: str, candidates: list[Knobs], workload: Workload
+) -> tuple[Rung, list[Candidate]]:
+    """Plan every candidate of a rung at each micro-batch that fits; the rung's verdict (its first
+    candidate that fits, else the closest one) and the candidates that fit."""
+    plans, fitting = [], []
+    for order, knobs in enumerate(candidates):
+        plan = plan_layout(workload, knobs)  # auto: the largest micro-batch that fits
         plans.append(plan)
+        if not _fits(plan):
+            continue
+        fitting.append(Candidate(index, name, order, plan))
+        if knobs.micro_size is None:
+            for micro in _smaller_micros(plan):
+                smaller = plan_layout(workload, replace(knobs, micro_size=micro))
+                if _fits(smaller):
+                    fitting.append(Candidate(index, name, order, smaller))
+    if fitting:
+        first = fitting[0].plan
+        return Rung(name, first, True, _verdict(first), len(fitting)), fitting
     held = [p for p in plans if p.contract_error is None]
     closest = min(held, key=lambda p: p.memory.peak) if held else plans[0]
-    return Rung(name, closest, False, _verdict(closest))
+    return Rung(name, closest, False, _verdict(closest)), []
+
+
+def _key(candidate: Candidate) -> tuple[Any, ...]:
+    """The same layout reached from two rungs (rung 1's micro = rung 2's auto under dp > 1) once."""
+    k, lay = candidate.plan.knobs, candidate.plan.layout
+    return (k.zero_stage, k.tp, k.pp, k.recompute, k.offload, lay.micro_size)
+
+
+def rank(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates fastest first by predicted tokens/s (ties: the cheaper first); offloaded ones
+    only when nothing without offload fits (the model leaves offload's transfers out)."""
+    seen: dict[tuple[Any, ...], Candidate] = {}
+    for c in candidates:
+        seen.setdefault(_key(c), c)
+    unique = list(seen.values())
+    kept = [c for c in unique if c.plan.knobs.offload == OffloadPlacement.none] or unique
+    return sorted(kept, key=lambda c: (-c.tokens_per_s, c.cheapness))
+
+
+def best(ranking: list[Candidate]) -> Candidate | None:
+    """The cheapest candidate within NEAR_FASTEST of the fastest's tokens/s (module docstring)."""
+    if not ranking:
+        return None
+    floor = ranking[0].tokens_per_s * (1 - NEAR_FASTEST)
+    return min((c for c in ranking if c.tokens_per_s >= floor), key=lambda c: c.cheapness)
 
 
 def overrides_for(plan: Plan) -> list[str]:
@@ -202,23 +288,46 @@ def overrides_for(plan: Plan) -> list[str]:
 
 
 def recommend(workload: Workload, *, overlap_comm: bool = False) -> Ladder:
-    """Walk the rungs cheapest first; stop at the first layout that fits."""
+    """Plan every rung, rank what fits by predicted tokens/s, recommend by the module docstring's rule."""
     tried: list[Rung] = []
-    for name, candidates in rungs(workload, overlap_comm=overlap_comm):
-        rung = _decide(name, candidates, workload)
+    fitting: list[Candidate] = []
+    for index, (name, candidates) in enumerate(rungs(workload, overlap_comm=overlap_comm)):
+        rung, fit = _decide(index, name, candidates, workload)
         tried.append(rung)
-        if rung.fits:
-            return Ladder(workload, tried, rung, overrides_for(rung.plan))
-    return Ladder(workload, tried, None, [])
+        fitting += fit
+    ranking = rank(fitting)
+    winner = best(ranking)
+    return Ladder(workload, tried, winner, [] if winner is None else overrides_for(winner.plan), ranking)
+
+
+def _candidate_record(place: int, c: Candidate) -> dict[str, Any]:
+    t = c.plan.time
+    return {
+        "rank": place,
+        "rung": c.name,
+        "knobs": c.plan.record()["knobs"],
+        "layout": c.plan.layout.record(),
+        "tokens_per_s": t.tokens_per_s,
+        "step_s": t.step_s,
+        "mfu": t.mfu,
+        "limit": t.limit,
+        "step_s_is_lower_bound": not t.complete,
+        "peak_bytes": c.plan.memory.peak,
+        "plan_only": c.plan.plan_only,
+        "overrides": overrides_for(c.plan),
+    }
 
 
 def recommendation_record(ladder: Ladder) -> dict[str, Any]:
-    """The ladder as JSON for plan.json: each rung's verdict, the winner's plan and overrides."""
+    """The ladder as JSON for plan.json: each rung's verdict, the ranking (every candidate that
+    fits, fastest first), the winner's plan and overrides, and the rule that chose it."""
+    winner = ladder.winner
     return {
         "rungs": [
             {
                 "rung": r.name,
                 "fits": r.fits,
+                "fitting": r.fitting,
                 "reason": r.reason,
                 "layout": r.plan.layout.record(),
                 "knobs": r.plan.record()["knobs"],
@@ -227,17 +336,29 @@ def recommendation_record(ladder: Ladder) -> dict[str, Any]:
             }
             for r in ladder.rungs
         ],
-        "winner": None if ladder.winner is None else ladder.winner.plan.record(),
+        "ranking": [_candidate_record(i, c) for i, c in enumerate(ladder.ranking, 1)],
+        "rule": (
+            f"ranked by predicted tokens/s; the recommendation is the cheapest (earliest rung, then "
+            f"knobs, then largest micro) within {NEAR_FASTEST:.0%} of the fastest"
+        ),
+        "winner_rung": None if winner is None else winner.name,
+        "winner_rank": None if winner is None else ladder.ranking.index(winner) + 1,
+        "winner": None if winner is None else winner.plan.record(),
         "overrides": ladder.overrides,
         "command": ladder.command,
     }
 
 
 __all__ = [
+    "NEAR_FASTEST",
+    "SHOWN",
+    "Candidate",
     "Ladder",
     "Rung",
+    "best",
     "overrides_for",
     "pp_degrees",
+    "rank",
     "recommend",
     "recommendation_record",
     "rungs",

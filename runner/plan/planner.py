@@ -10,17 +10,22 @@ memory, steady and while the model is built, is runner/plan/host.py's.
 
 The same arithmetic chooses ``batch.micro_size=auto`` for a real run: :class:`MicroFit`
 is the ``fits`` callable of runner.layout.resolve_layout. A layout fits when its planned
-bytes per device are at most ``planner.headroom`` x the device memory. The host check
+bytes per device are at most ``planner.headroom`` x the device memory. With
+``planner.objective=speed`` (the default) auto then takes, among the sizes that fit, the one
+the step-time model (runner/plan/step_time.py) predicts fastest, the largest of those within
+:data:`SPEED_TIE` of it; with ``memory`` (or no prediction: no peak) the largest that fits.
+The configured recompute (``model.activation_checkpointing``) is kept either way. The host check
 does not choose the micro-batch and refuses no run, as the device check refuses none with
 a fixed micro-batch: ``plan=true`` gives its verdict (the ladder counts it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.config import (
+    Objective,
     Offload,
     OffloadPlacement,
     TrainConfig,
@@ -33,6 +38,7 @@ from runner.layout import (
     Layout,
     LayoutError,
     data_parallel_size,
+    divisors,
     parse_micro_size,
     resolve_layout,
 )
@@ -45,6 +51,10 @@ from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traff
 from runner.plan.workload import Knobs, Workload
 
 GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
+# planner.objective=speed: a micro-batch predicted within this fraction of the fastest step counts
+# as fast as it, and the largest such wins (today's memory choice), so that a noisy calibration
+# (a CPU's) does not flip the choice between runs.
+SPEED_TIE = 0.05
 
 
 @dataclass(frozen=True)
@@ -297,11 +307,22 @@ def gb(num_bytes: float, digits: int = 1) -> str:
 
 
 class MicroFit:
-    """``fits(micro)`` for runner.layout.resolve_layout: planned bytes <= usable, remembering each try."""
+    """``fits(micro)`` for runner.layout.resolve_layout: planned bytes <= usable, remembering each try;
+    then :meth:`choose` among those that fit by ``objective`` (see the module docstring)."""
 
-    def __init__(self, workload: Workload, knobs: Knobs, *, dp: int, per_rank: int) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        knobs: Knobs,
+        *,
+        dp: int,
+        per_rank: int,
+        objective: Objective = Objective.memory,
+    ) -> None:
         self.workload, self.knobs, self.dp, self.per_rank = workload, knobs, dp, per_rank
+        self.objective = objective
         self.totals: dict[int, int] = {}
+        self.steps: dict[int, float | None] = {}  # predicted step seconds of each size weighed for speed
 
     def memory(self, micro: int) -> MemoryTerms:
         """Memory terms at this micro-batch size (accum = per-rank sequences / micro)."""
@@ -324,11 +345,59 @@ class MicroFit:
         dev = self.workload.device.memory_bytes.value or 0.0
         return f"{gb(self.workload.usable_bytes)} usable ({gb(dev)} x headroom {self.workload.headroom:g})"
 
+    def step_s(self, micro: int) -> float | None:
+        """The predicted step at this micro-batch size (runner/plan/step_time.py; None: no peak)."""
+        if micro not in self.steps:
+            w, k = self.workload, self.knobs
+            layout = resolve_layout(
+                gpus=w.gpus, tp=k.tp, pp=k.pp, global_size=self.per_rank * self.dp, micro_size=micro
+            )
+            self.steps[micro] = step_time(w, k, layout, traffic(w, k, layout)).step_s
+        return self.steps[micro]
+
+    def choose(self, largest: int) -> int:
+        """The size ``objective`` takes, given the largest that fits (runner.layout.resolve_layout's).
+
+        ``memory``: ``largest``. ``speed``: of the divisors of global/dp up to ``largest`` that fit
+        (each obeys resolve_layout's limits, being no larger), the largest whose predicted step is
+        within :data:`SPEED_TIE` of the fastest; ``largest`` when a step cannot be predicted.
+        """
+        if self.objective != Objective.speed:
+            return largest
+        sizes = [m for m in divisors(self.per_rank) if m <= largest and self(m)]
+        steps = {m: self.step_s(m) for m in sizes}
+        known = {m: s for m, s in steps.items() if s is not None}
+        if len(known) < len(sizes) or not known:
+            return largest
+        fastest = min(known.values())
+        return max(m for m, s in known.items() if s <= fastest * (1 + SPEED_TIE))
+
+    def _speed_words(self, chosen: int) -> str:
+        """For the speed objective: the predicted steps of the sizes weighed, and why ``chosen``."""
+        if self.objective != Objective.speed:
+            return ""
+        steps = {m: s for m, s in self.steps.items() if s is not None}
+        if chosen not in steps or len(steps) < 2:
+            if self.steps and chosen in self.steps and self.steps[chosen] is None:
+                return "; no step-time prediction (no peak): the largest that fits"
+            return ""
+        fastest = min(steps, key=lambda m: steps[m])
+        others = ", ".join(f"micro {m} {steps[m]:.3g} s" for m in sorted(steps, reverse=True) if m != chosen)
+        if fastest == chosen:
+            why = "predicted fastest"
+        else:
+            why = f"the largest within {SPEED_TIE:.0%} of the fastest (micro {fastest})"
+        return (
+            f"; chosen for predicted speed (planner.objective=speed): step {steps[chosen]:.3g} s, "
+            f"{why}; {others}"
+        )
+
     def reason(self, chosen: int) -> str:
-        """Why `chosen` was taken: its bytes, and what the next larger divisor would need."""
+        """Why `chosen` was taken: its bytes, the predicted steps weighed (speed), and what the next
+        larger divisor would need."""
         total = self.totals.get(chosen, self.memory(chosen).peak)
-        larger = sorted(m for m in self.totals if m > chosen)
-        head = f"micro {chosen}: {gb(total)} of {self._usable()}"
+        larger = sorted(m for m in self.totals if m > chosen and self.totals[m] > self.workload.usable_bytes)
+        head = f"micro {chosen}: {gb(total)} of {self._usable()}" + self._speed_words(chosen)
         if larger:
             return f"{head}; micro {larger[0]} would need {gb(self.totals[larger[0]])}"
         pp = self.knobs.pp
@@ -363,12 +432,16 @@ class MicroFit:
 
 
 def micro_fit_for_config(config: TrainConfig) -> MicroFit:
-    """The ``fits`` callable for a run's auto micro-batch (device memory only; no peak measured)."""
-    workload = workload_from_config(config, with_peak=False)
+    """The ``fits`` callable for a run's auto micro-batch: device memory, and with
+    ``planner.objective=speed`` the device's peak and calibration for the predicted steps."""
+    objective = config.planner.objective
+    workload = workload_from_config(config, with_peak=objective == Objective.speed)
     knobs = knobs_from_config(config)
     check_knobs(workload, knobs)
     dp = data_parallel_size(gpus=config.gpus, tp=knobs.tp, pp=knobs.pp)
-    return MicroFit(workload, knobs, dp=dp, per_rank=max(1, config.batch.global_size // dp))
+    return MicroFit(
+        workload, knobs, dp=dp, per_rank=max(1, config.batch.global_size // dp), objective=objective
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -400,8 +473,9 @@ def _split(workload: Workload, knobs: Knobs, dp: int) -> tuple[int, str | None]:
     return workload.global_size, None
 
 
-def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
-    """Plan one layout: resolve the batch contract (auto micro by memory), then memory, traffic, time.
+def plan_layout(workload: Workload, knobs: Knobs, *, objective: Objective = Objective.memory) -> Plan:
+    """Plan one layout: resolve the batch contract (auto micro by ``objective``: :meth:`MicroFit.choose`),
+    then memory, traffic, time.
 
     A global batch that dp does not divide is not refused here: the plan is made at the
     smallest multiple of dp above it and says so (``contract_error``), so that a sweep
@@ -411,7 +485,7 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
     dp = data_parallel_size(gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp)
     global_size, contract_error = _split(workload, knobs, dp)
     per_rank = global_size // dp
-    fit = MicroFit(workload, knobs, dp=dp, per_rank=per_rank)
+    fit = MicroFit(workload, knobs, dp=dp, per_rank=per_rank, objective=objective)
     micro = knobs.micro_size
     if micro is not None and per_rank % micro:
         contract_error = contract_error or f"batch.micro_size={micro} does not divide global/dp = {per_rank}"
@@ -422,6 +496,9 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
         choice = fit.refusal()
     elif micro is None:
         layout = resolve_layout(**common, micro_size=None, fits=fit)
+        chosen = fit.choose(layout.micro_size)
+        if chosen != layout.micro_size:
+            layout = resolve_layout(**common, micro_size=chosen)
         choice = fit.reason(layout.micro_size)
     else:
         layout = resolve_layout(**common, micro_size=micro)
@@ -453,7 +530,18 @@ def plan_layout(workload: Workload, knobs: Knobs) -> Plan:
 
 def plan_config(config: TrainConfig) -> Plan:
     """The plan of a run's configured layout (what ``plan=true`` prints)."""
-    return plan_layout(workload_from_config(config), knobs_from_config(config))
+    return plan_layout(
+        workload_from_config(config), knobs_from_config(config), objective=config.planner.objective
+    )
+
+
+def plan_chosen(config: TrainConfig, layout: Layout) -> Plan:
+    """The plan of a run's layout as it was chosen (``layout``: the auto micro-batch fixed), memory
+    only (no peak measured): what the launcher weighs before the ranks start."""
+    knobs = knobs_from_config(config)
+    if knobs.micro_size is None:
+        knobs = replace(knobs, micro_size=layout.micro_size)
+    return plan_layout(workload_from_config(config, with_peak=False), knobs)
 
 
 @dataclass(frozen=True)
@@ -488,6 +576,7 @@ class ResumePlan:
 
 
 __all__ = [
+    "SPEED_TIE",
     "Knobs",
     "MicroFit",
     "Plan",
@@ -498,6 +587,7 @@ __all__ = [
     "memory_at",
     "micro_fit_for_config",
     "offload_mode",
+    "plan_chosen",
     "plan_config",
     "plan_layout",
     "workload_from_config",

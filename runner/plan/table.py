@@ -15,7 +15,7 @@ from runner.memory import GiB, bytes_per_param
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
 from runner.plan.hardware import Figure
-from runner.plan.ladder import Ladder
+from runner.plan.ladder import NEAR_FASTEST, SHOWN, Candidate, Ladder
 from runner.plan.memory import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT, MemoryTerms
 from runner.plan.planner import GB, Plan, ResumePlan, gb
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout
@@ -430,8 +430,28 @@ def checkpoint_disk_line(need: DiskNeed, config: TrainConfig) -> str:
     return f"  train.checkpoint_every={every}: {need.arithmetic()} => {verdict}"
 
 
+def _ranked_line(place: int, candidate: Candidate, recommended: bool) -> str:
+    """One ranked candidate: its layout, predicted tokens/s, step, MFU and limiting term."""
+    plan = candidate.plan
+    t, lay = plan.time, plan.layout
+    head = f"  {place}. {plan.knobs.describe()}, micro {lay.micro_size} x accum {lay.accum_steps}"
+    if t.tokens_per_s is None or t.step_s is None or t.mfu is None:
+        text = f"{head}: no step-time prediction (peak unknown)"
+    else:
+        bound = "" if t.complete else " (comm unknown: bound)"
+        if plan.knobs.offload != OffloadPlacement.none:
+            bound += " (offload's transfers and CPU step not timed: a bound)"
+        text = (
+            f"{head}: {t.tokens_per_s:,.0f} tokens/s, step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%{bound}, "
+            f"limit {t.limit or 'n/a (roofline)'}"
+        )
+    if plan.plan_only:
+        text += " [plan only]"
+    return text + ("  <- recommended" if recommended else "")
+
+
 def format_ladder(ladder: Ladder) -> str:
-    """The rungs tried, cheapest first, each with its verdict; then the winner's command."""
+    """The rungs, cheapest first, each with its verdict; the fastest five that fit; the winner's command."""
     w = ladder.workload
     lines = [
         f"recommend: {w.model.name} on {w.gpus} x {w.cluster}, global {w.global_size}, "
@@ -439,13 +459,28 @@ def format_ladder(ladder: Ladder) -> str:
         f"{gb(w.headroom * float(w.device.host_memory_bytes.value or 0.0))} usable host RAM per node",
     ]
     for i, rung in enumerate(ladder.rungs, 1):
-        mark = "FITS" if rung.fits else "no"
-        lines.append(f"  {i:>2}. {rung.name:<36} {mark:<5} {rung.reason}")
-    if ladder.winner is None:
+        verdict = f"no    {rung.reason}"
+        if rung.fits:
+            verdict = f"FITS  {rung.fitting} fit, cheapest: {rung.reason}"
+        lines.append(f"  {i:>2}. {rung.name:<36} {verdict}")
+    winner = ladder.winner
+    if winner is None:
         lines.append("  nothing fits: add gpus, shorten data.seq_len, or lower batch.global_size")
         return "\n".join(lines)
+    first = next(rung for rung in ladder.rungs if rung.fits)
+    source = winner.plan.time.calibration or "the roofline bound (no calibration for this device)"
     lines.append(
-        f"first that fits: {ladder.winner.name}" + ("  [PLAN ONLY]" if ladder.winner.plan.plan_only else "")
+        f"cheapest rung that fits: {first.name}; {len(ladder.ranking)} layouts fit, fastest first by "
+        f"predicted tokens/s ({source}):"
+    )
+    place = ladder.ranking.index(winner) + 1
+    for i, candidate in enumerate(ladder.ranking[:SHOWN], 1):
+        lines.append(_ranked_line(i, candidate, candidate is winner))
+    if place > SHOWN:
+        lines.append(_ranked_line(place, winner, True))
+    why = "the fastest" if place == 1 else f"the cheapest within {NEAR_FASTEST:.0%} of #1's tokens/s"
+    lines.append(
+        f"recommended: #{place}, {winner.name} ({why})" + ("  [PLAN ONLY]" if winner.plan.plan_only else "")
     )
     lines.append(f"  {ladder.command}")
     lines.append("  (plus this run's other overrides)")

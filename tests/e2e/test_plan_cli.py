@@ -62,7 +62,7 @@ def test_recommend_implies_plan_and_names_the_winning_overrides(train):
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "first that fits: zero3" in result.stdout
+    assert "cheapest rung that fits: zero3" in result.stdout and "<- recommended" in result.stdout
     assert "model.activation_checkpointing=full" in result.stdout
     plan = json.loads((result.run_dir / "plan.json").read_text())
     assert plan["recommendation"]["winner"]["fits"] is True

@@ -17,7 +17,7 @@ from runner.layout import LayoutError, divisors
 from runner.plan.checkpoint_size import disk_need
 from runner.plan.hardware import resolve_device
 from runner.plan.job import plan_job, read_plan
-from runner.plan.ladder import recommend
+from runner.plan.ladder import NEAR_FASTEST, recommend
 from runner.plan.planner import (
     GB,
     ResumePlan,
@@ -112,7 +112,8 @@ def test_auto_micro_takes_the_largest_divisor_that_fits_a_small_device():
     assert sorted(totals) == [1, 2, 4, 8, 16]
     # A device whose usable memory (x 0.9) lies between micro 4's and micro 8's needs.
     device_gb = (totals[4] + totals[8]) / 2 / 0.9 / GB
-    config = _config(*base, f"cluster.device_memory_gb={device_gb}")
+    # planner.objective=memory: the largest that fits (speed would weigh the predicted steps).
+    config = _config(*base, f"cluster.device_memory_gb={device_gb}", "planner.objective=memory")
     layout, why = choose_layout_explained(config)
     assert (layout.micro_size, layout.accum_steps, layout.dp) == (4, 4, 2)
     assert why is not None
@@ -137,23 +138,28 @@ def test_a_fixed_micro_size_is_kept_and_no_memory_is_planned():
     assert (layout.micro_size, why) == (2, None)
 
 
-def test_recommend_walks_cheap_to_costly_and_says_why_each_rung_failed():
+def test_recommend_plans_every_rung_says_why_each_cheaper_one_failed_and_ranks_by_speed():
     workload = workload_from_config(_70b("gpus=64", "batch.global_size=512", "data.seq_len=4096"))
     ladder = recommend(workload)
     assert ladder.winner is not None
     names = [r.name for r in ladder.rungs]
     assert names[0].startswith("ddp, micro 8") and names[1] == "ddp, smaller micro + accumulation"
-    assert ladder.winner is ladder.rungs[-1]
-    for rung in ladder.rungs[:-1]:
+    first = next(i for i, rung in enumerate(ladder.rungs) if rung.fits)
+    assert ladder.rungs[first].name == "zero3"  # the cheapest rung that fits, as the walk found it
+    for rung in ladder.rungs[:first]:
         assert not rung.fits
         assert "GB > 72.0 GB usable (" in rung.reason, rung.reason
     # DDP's and ZeRO-1's cheapest failures are dominated by model states, not activations.
     assert "(optimizer " in ladder.rungs[1].reason
+    # Every rung after it is planned too, and what fits is ranked fastest first.
+    assert len(ladder.rungs) > first + 1 and ladder.rungs[-1].name.startswith("pp ")
+    speeds = [c.tokens_per_s for c in ladder.ranking]
+    assert speeds == sorted(speeds, reverse=True) and speeds[-1] > 0
     win = ladder.winner.plan
-    assert win.fits and win.contract_error is None
-    assert win.memory.total <= workload.usable_bytes
-    assert ladder.winner.name == "zero3"
-    assert "parallel=zero3" in ladder.overrides
+    assert win.fits and win.host.fits and win.contract_error is None
+    assert win.memory.peak <= workload.usable_bytes
+    assert ladder.winner.tokens_per_s >= (1 - NEAR_FASTEST) * speeds[0]
+    assert f"parallel={win.knobs.parallel}" in ladder.overrides
     assert f"batch.micro_size={win.layout.micro_size}" in ladder.overrides
     assert ladder.command.startswith("python train.py model=llama_70b cluster=h100_sxm gpus=64")
 
