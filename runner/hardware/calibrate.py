@@ -29,6 +29,7 @@ import functools
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,16 +40,44 @@ import torch.nn.functional as F
 MAX_GEMM_FLOPS = 2e9  # a forward above this is measured at a smaller M (see the module docstring)
 
 
+_neighbours = 0  # threads that run the measured work beside it: the host's other ranks (``threads``)
+
+
 @contextlib.contextmanager
-def threads(count: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to ``count`` (a rank's: runner/engine/distributed.py) meanwhile."""
-    before = torch.get_num_threads()
+def threads(count: int | None, *, neighbours: int = 0) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` (a rank's: runner/engine/distributed.py) meanwhile,
+    and the heavy measurements taken with ``neighbours`` copies of the same work running beside
+    them, as the host's other ranks will: they share its caches, memory bandwidth and clocks."""
+    global _neighbours
+    before, kept = torch.get_num_threads(), _neighbours
     if count:
         torch.set_num_threads(count)
+    _neighbours = neighbours
     try:
         yield
     finally:
         torch.set_num_threads(before)
+        _neighbours = kept
+
+
+@contextlib.contextmanager
+def _beside(fn: Callable[[], Any], count: int) -> Iterator[None]:
+    """``count`` threads run ``fn`` in a loop meanwhile (torch's ops release the GIL)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            fn()
+
+    workers = [threading.Thread(target=loop, daemon=True) for _ in range(count)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
 
 
 def _sync(device: torch.device) -> None:
@@ -56,17 +85,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], Any], device: torch.device, *, repeats: int = 5, warmup: int = 2) -> float:
+def timed(
+    fn: Callable[[], Any], device: torch.device, *, repeats: int = 5, warmup: int = 2, shared: bool = True
+) -> float:
     """The fastest of ``repeats`` calls of ``fn()``, in seconds, after ``warmup`` calls: other work
-    on the device only ever slows a call down."""
+    on the device only ever slows a call down. ``shared``: on a CPU, with the neighbours of
+    :func:`threads` running ``fn`` too (a measurement dominated by Python would contend for the
+    GIL instead, so op dispatch is timed alone)."""
     times = []
-    for index in range(warmup + repeats):
-        _sync(device)
-        started = time.perf_counter()
-        fn()
-        _sync(device)
-        if index >= warmup:
-            times.append(time.perf_counter() - started)
+    count = _neighbours if (shared and device.type == "cpu") else 0
+    with _beside(fn, count) if count else contextlib.nullcontext():
+        for index in range(warmup + repeats):
+            _sync(device)
+            started = time.perf_counter()
+            fn()
+            _sync(device)
+            if index >= warmup:
+                times.append(time.perf_counter() - started)
     return min(times)
 
 
@@ -137,7 +172,7 @@ def op_seconds(*, device: torch.device) -> float:
             y = y * 1.0001
         y.backward()
 
-    return timed(run, device, repeats=9) / chain
+    return timed(run, device, repeats=9, shared=False) / chain
 
 
 def adamw_rate(numel: int, *, device: torch.device) -> float:
@@ -145,6 +180,7 @@ def adamw_rate(numel: int, *, device: torch.device) -> float:
     param = torch.zeros(max(1, numel), dtype=torch.float32, device=device, requires_grad=True)
     param.grad = torch.randn_like(param)
     optimizer = torch.optim.AdamW([param], lr=1e-4, fused=True)
+    optimizer.step()  # its states exist before any neighbour (``threads``) steps the same ones
     return 28.0 * param.numel() / timed(optimizer.step, device)
 
 

@@ -181,7 +181,9 @@ def _link(cluster: ClusterConfig, key: str) -> Figure:
     return Figure(gbps * GB, _cluster_source(cluster, key))
 
 
-def _measure_here(precision: Precision, *, cuda: bool, threads: int) -> calibrations.Calibration:
+def _measure_here(
+    precision: Precision, *, cuda: bool, threads: int, ranks_here: int
+) -> calibrations.Calibration:
     """This host's device, measured on demand (runner/hardware/calibrate.py) and cached."""
     import platform
 
@@ -191,7 +193,8 @@ def _measure_here(precision: Precision, *, cuda: bool, threads: int) -> calibrat
 
     device = torch.device("cuda" if cuda else "cpu")
     dtype = {Precision.fp32: torch.float32, Precision.fp16: torch.float16}.get(precision, torch.bfloat16)
-    name = torch.cuda.get_device_name(0) if cuda else f"cpu {platform.machine()} x{os.cpu_count()}"
+    cores = f"cpu {platform.machine()}, {os.cpu_count()} cores, {ranks_here} rank(s)"
+    name = torch.cuda.get_device_name(0) if cuda else cores
     count = 0 if cuda else threads
 
     def measure(kind: str, shape: tuple[int, ...]) -> tuple[Any, bool]:
@@ -208,7 +211,7 @@ def _measure_here(precision: Precision, *, cuda: bool, threads: int) -> calibrat
         return value, busy <= BUSY_CORES
 
     def figure(kind: str, shape: tuple[int, ...]) -> Any:
-        with calibrate.threads(count or None):
+        with calibrate.threads(count or None, neighbours=0 if cuda else ranks_here - 1):
             if kind == "gemm":
                 m, k, n = shape
                 return list(calibrate.gemm_rates(m, k, n, dtype=dtype, device=device))
@@ -248,7 +251,11 @@ def _calibration(
         if cluster.device_memory_gb is not None:
             return None  # a named device that is not here, with no calibration: the roofline only
     threads = max(1, (os.cpu_count() or 1) // ranks_here)
-    return _measure_here(precision, cuda=cuda, threads=threads) if peak.value is not None else None
+    return (
+        _measure_here(precision, cuda=cuda, threads=threads, ranks_here=ranks_here)
+        if peak.value is not None
+        else None
+    )
 
 
 def resolve_device(
