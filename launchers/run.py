@@ -22,7 +22,7 @@ from launchers.prelaunch import (
 )
 from launchers.rank_exit import first_words, interruption_words, kill_evidence, rank_exit_words
 from launchers.resume import checkpoint_space, finished_already, prepare_resume, resume_plan
-from launchers.run_record import device_plan_record, host_plan_record, start_summary
+from launchers.run_record import device_plan_record, host_plan_record, start_summary, step_time_plan_record
 from runner.config import DataName, TrainConfig
 from runner.data.token_file import token_source_words
 from runner.diagnose import disk_room, oom_killer
@@ -145,6 +145,7 @@ def _record_plan(
         plan_warnings=warnings,
         host_memory=host_plan_record(plan),
         device_memory_plan=device_plan_record(plan),
+        step_time=step_time_plan_record(plan),
         checkpoint_disk=disk.record(),
     )
     for line in clear_stale_build_locks():

@@ -242,7 +242,13 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
         global_size=config.batch.global_size,
         gpus=config.gpus,
         headroom=config.planner.headroom,
-        device=resolve_device(config.cluster, config.precision.name, gpus=config.gpus, with_peak=with_peak),
+        device=resolve_device(
+            config.cluster,
+            config.precision.name,
+            gpus=config.gpus,
+            with_peak=with_peak,
+            measure_gpu=config.plan or config.planner.recommend,  # a run's launcher measures no GPU
+        ),
         cluster=config.cluster.name,
         compiled=config.train.compile,
         eval_every=config.train.eval_every,
@@ -536,12 +542,14 @@ def plan_config(config: TrainConfig) -> Plan:
 
 
 def plan_chosen(config: TrainConfig, layout: Layout) -> Plan:
-    """The plan of a run's layout as it was chosen (``layout``: the auto micro-batch fixed), memory
-    only (no peak measured): what the launcher weighs before the ranks start."""
+    """The plan of a run's layout as it was chosen (``layout``: the auto micro-batch fixed): what the
+    launcher weighs before the ranks start, and the step it predicts (summary.json ``step_time``);
+    with ``planner.objective=memory``, memory only (no peak measured)."""
     knobs = knobs_from_config(config)
     if knobs.micro_size is None:
         knobs = replace(knobs, micro_size=layout.micro_size)
-    return plan_layout(workload_from_config(config, with_peak=False), knobs)
+    speed = config.planner.objective == Objective.speed  # the peak is read already: the step is predicted
+    return plan_layout(workload_from_config(config, with_peak=speed), knobs)
 
 
 @dataclass(frozen=True)

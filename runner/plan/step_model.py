@@ -240,6 +240,16 @@ def comm_seconds(
     return bytes_ / bandwidth, "the cluster's link bandwidth"
 
 
+def forward_seconds(workload: Workload, layout: Layout, calibration: Calibration) -> float | None:
+    """The forward passes of one optimizer step (GEMMs, attention, memory-bound kernels, a third of
+    the dispatch): what a held-out evaluation of the same batch costs (None: a figure is missing)."""
+    micro = _micro_compute(workload, layout, calibration)
+    if micro is None:
+        return None
+    once = micro.gemm_forward + micro.attention_forward + micro.elementwise_forward + micro.dispatch / 3
+    return layout.accum_steps * once
+
+
 def compute_terms(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration
 ) -> list[Term] | None:
@@ -304,4 +314,4 @@ def compute_terms(
     return terms
 
 
-__all__ = ["Term", "comm_seconds", "compute_terms", "param_tensors"]
+__all__ = ["Term", "comm_seconds", "compute_terms", "forward_seconds", "param_tensors"]

@@ -43,7 +43,7 @@ from runner.layout import Layout
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.hardware import Device
 from runner.plan.memory import layers_per_stage
-from runner.plan.step_model import Term, comm_seconds, compute_terms, param_tensors
+from runner.plan.step_model import Term, comm_seconds, compute_terms, forward_seconds, param_tensors
 from runner.plan.workload import Knobs, Workload
 
 
@@ -84,6 +84,7 @@ class StepTime:
     terms: tuple[Term, ...] = ()
     bound_step_s: float | None = None  # the roofline: compute at peak, links at full bandwidth
     bound_mfu: float | None = None
+    forward_s: float | None = None  # the step's forward passes alone (calibrated; None: the bound's share)
     calibration: str = ""  # where the terms' figures came from ("": no calibration, the bound)
 
     @property
@@ -250,6 +251,7 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
         bound_step_s=bound.step_s,
         bound_mfu=bound.mfu,
         calibration=calibration.source,
+        forward_s=forward_seconds(workload, layout, calibration),
     )
 
 
@@ -317,20 +319,22 @@ def roofline(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Traf
 
 def eval_time(workload: Workload, knobs: Knobs, layout: Layout, step: StepTime) -> float | None:
     """Predicted seconds of one held-out evaluation (runner/train/evaluation.py): train.eval_batches
-    global batches, forward only, at peak, with a pipeline's inference bubble; None where the
-    step's compute is unknown.
+    global batches, forward only, with a pipeline's inference bubble; None where the step's compute
+    is unknown. Calibrated, the step's forward terms (``StepTime.forward_s``); on the bound:
 
     A forward pass is one third of a step's model FLOPs (2N of 6N per token: Kaplan et al. 2020,
     Sec. 2.1) and recomputes nothing, so it takes compute x (model/3) / (model + recomputed) of the
     step's compute. The bubble fraction (p - 1) / m is the step's (Narayanan et al. 2021).
     """
-    if step.compute_s is None:
-        return None
-    model_fpt = model_flops_per_token(
-        workload.model, num_params=workload.num_params, seq_len=workload.seq_len
-    )
-    redo = _recomputed_flops_per_token(workload, knobs.recompute)
-    forward = step.compute_s * (model_fpt / 3) / (model_fpt + redo)
+    forward = step.forward_s
+    if forward is None:
+        if step.compute_s is None:
+            return None
+        model_fpt = model_flops_per_token(
+            workload.model, num_params=workload.num_params, seq_len=workload.seq_len
+        )
+        redo = _recomputed_flops_per_token(workload, knobs.recompute)
+        forward = step.compute_s * (model_fpt / 3) / (model_fpt + redo)
     return workload.eval_batches * forward * (1 + (layout.pp - 1) / layout.accum_steps)
 
 
