@@ -1,0 +1,282 @@
+"""ZeRO-3's host overhead per parameter tensor, measured with DeepSpeed itself.
+
+ZeRO-3 gathers each partitioned parameter before its module runs and releases it after,
+forward and backward, through hooks DeepSpeed puts around every module
+(runtime/zero/parameter_offload.py, partitioned_param_coordinator.py), and hands each
+gradient to its reduce path (runtime/zero/stage3.py ``reduce_partition_and_remove_grads``).
+That bookkeeping is mostly Python on the host, paid per parameter tensor per micro-batch.
+Measured here (2-core CPU, torch 2.13, DeepSpeed 0.19.8, fp32, one rank): 0.30-0.32 ms a
+tensor of 4096 elements on a quiet host. Larger tensors add copies on top: 0.42 ms at 65k
+elements, 2.5 ms at 1M (about 0.5 ms per MB of fp32 parameter); this figure is the fixed part.
+The collectives themselves (world size 1 here) are the step model's ``dp comm`` term.
+
+:func:`zero3_param_seconds` times it in a child process (the caller gets no process group
+and no DeepSpeed import): one rank, world size 1, a stack of many small linear layers,
+initialized once at ZeRO stage 0 and once at stage 3 with the keys the runner's configs set
+(runner/engine/deepspeed_config.py ``_zero_section``). Its figure is the stage-3 micro-step
+(forward and backward, no optimizer step) minus the stage-0 one, over the number of
+parameter tensors. The fastest of a few rounds after warm-up counts, as in
+runner/hardware/calibrate.py: other work on the host only ever slows a round down.
+
+``python -m runner.hardware.calibrate_zero3 --device-type cpu`` runs the child's side and
+prints ``{"zero3_param_s": ...}`` as its last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 120.0  # the child takes about 5 s on a quiet 2-core CPU, 15-30 s on a busy one
+BLOCKS = 16  # of three nn.Linear(WIDTH, WIDTH, bias=False) each: 48 parameter tensors
+WIDTH = 64  # small: the GEMMs cost little beside the hooks
+BATCH = 8
+MICRO_STEPS = 2  # forward + backward per timed round
+ROUNDS = 8  # timed rounds per stage, after WARMUP_ROUNDS
+WARMUP_ROUNDS = 2  # ZeRO-3 traces the module order in its first micro-steps, then prefetches
+MIN_ROUNDS = 3  # timed rounds before TIMING_BUDGET_S may end the timing
+TIMING_BUDGET_S = 5.0  # a quiet 2-core CPU times all ROUNDS in about 1 s
+RESULT_KEY = "zero3_param_s"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def zero3_param_seconds(*, device_type: str, threads: int | None = None) -> float | None:
+    """Seconds of ZeRO-3's gather/release/reduce bookkeeping per parameter tensor per micro-batch
+    (forward and backward) at small tensors, on ``device_type`` ("cpu" or "cuda") with ``threads``
+    torch threads;
+    None when DeepSpeed is missing, or the measurement fails, times out or is lost in noise."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return None
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+    )
+    if device_type == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"  # chosen at DeepSpeed's import: before it
+    command = [sys.executable, "-m", "runner.hardware.calibrate_zero3", "--device-type", device_type]
+    if threads:
+        command += ["--threads", str(threads)]
+    try:
+        done = subprocess.run(
+            command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.SubprocessError):  # a timeout included
+        return None
+    if done.returncode != 0:
+        return None
+    for line in reversed(done.stdout.splitlines()):  # DeepSpeed may print above the result
+        try:
+            result = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(result, dict) and isinstance(result.get(RESULT_KEY), (int, float)):
+            seconds = float(result[RESULT_KEY])
+            return seconds if math.isfinite(seconds) and seconds > 0 else None  # <= 0: noise won
+    return None
+
+
+# ---- the child's side: runs under `python -m runner.hardware.calibrate_zero3` -------------------
+
+
+def _quiet_deepspeed() -> None:
+    """DeepSpeed's logs and deprecation warnings off, as runner/engine/initialize.py
+    ``_quiet_deepspeed`` turns them off: a warning printed at every collective would be timed
+    with ZeRO-3's hooks."""
+    import logging
+    import warnings
+
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.WARNING)
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+        category=FutureWarning,
+    )
+
+
+def _skip_inference_shm_op() -> None:
+    """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce (about 45 s on a fresh
+    machine), which only inference uses; mirrors runner/engine/distributed.py
+    ``skip_inference_shm_op``, which this layer may not import."""
+    import deepspeed.ops
+
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if compatible is not None:
+        compatible["deepspeed_shm_comm"] = False
+
+
+def _import_muon_uncompiled() -> None:
+    """Import DeepSpeed's Muon module (DeepSpeed imports it whatever the optimizer) without its
+    ``torch.compile`` decorations, which import TorchInductor (about 1.5 s): nothing here runs
+    Muon. runner/engine/fixes/muon_compiles_at_import.py defers them for a rank instead."""
+    import torch
+
+    def uncompiled(model: Any = None, **_: Any) -> Any:
+        return model if model is not None else (lambda fn: fn)
+
+    real = torch.compile
+    torch.compile = uncompiled  # type: ignore[assignment]
+    try:
+        __import__("deepspeed.runtime.zero.muon.original_muon")
+    except ImportError:  # a DeepSpeed before Muon
+        pass
+    finally:
+        torch.compile = real  # type: ignore[assignment]
+
+
+def _join_group(device_type: str, threads: int | None) -> Any:
+    """One rank's process group (gloo on CPU, nccl on CUDA); this rank's torch.device."""
+    import deepspeed
+    import torch
+
+    if device_type == "cpu":
+        _skip_inference_shm_op()
+        if threads:
+            torch.set_num_threads(threads)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    if device_type != "cuda":
+        return torch.device("cpu")
+    torch.cuda.set_device(0)
+    return torch.device("cuda", 0)
+
+
+def _model() -> Any:
+    """BLOCKS blocks of three small linear layers, a ReLU between: 3 * BLOCKS parameter tensors.
+
+    ZeRO-3 hooks every module, with parameters or not; the runner's TransformerBlock holds 9
+    parameter tensors in 12 modules (runner/model/transformer.py), as a block here holds 3 in 4.
+    """
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = (nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (BATCH, WIDTH) -> (BATCH, WIDTH)
+            return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+    torch.manual_seed(0)
+    return nn.Sequential(*(Block() for _ in range(BLOCKS)))
+
+
+def _ds_config(stage: int, params: int) -> dict[str, Any]:
+    """fp32, torch's AdamW, and the ZeRO keys runner/engine/deepspeed_config.py sets.
+
+    ``stage3_param_persistence_threshold`` 0 partitions every tensor, as a real model's large
+    ones are under the runner's default threshold (1e5 elements; these have 4096). The runner
+    leaves ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` at DeepSpeed's
+    defaults, and so does this. The reduce bucket is capped at the model's size as
+    ``reduce_bucket_elements`` caps it.
+    """
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": params,
+        "allgather_bucket_size": 500_000_000,
+    }
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+    return {
+        "train_batch_size": BATCH,
+        "train_micro_batch_size_per_gpu": BATCH,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": 1e-3, "torch_adam": True, "adam_w_mode": True},
+        },
+        "zero_optimization": zero,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _measure(device_type: str, threads: int | None) -> dict[str, float | int]:
+    """The child's measurement: (stage-3 micro-step - stage-0 micro-step) / parameter tensors,
+    with the micro-steps it is made of."""
+    import deepspeed
+    import torch
+
+    _quiet_deepspeed()
+    _import_muon_uncompiled()
+    device = _join_group(device_type, threads)
+    engines = {}
+    for stage in (0, 3):
+        model = _model()
+        params = sum(p.numel() for p in model.parameters())
+        engines[stage], *_ = deepspeed.initialize(model=model, config=_ds_config(stage, params))
+    x = torch.randn(BATCH, WIDTH, device=device)
+    # On a CPU the hooks are this thread's work: its CPU time leaves out the turns other processes
+    # take on a shared host's cores, which wall time counts. A GPU's micro-step is timed on the wall.
+    cuda = device_type == "cuda"
+    clock = time.perf_counter if cuda else time.thread_time
+
+    def round_seconds(engine: Any) -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        started = clock()
+        for _ in range(MICRO_STEPS):
+            engine.backward(engine(x).square().mean())  # no optimizer step: a step's, not a micro-batch's
+        if cuda:
+            torch.cuda.synchronize(device)
+        return (clock() - started) / MICRO_STEPS
+
+    best = {stage: math.inf for stage in engines}
+    timing = time.perf_counter()
+    for index in range(WARMUP_ROUNDS + ROUNDS):
+        for stage, engine in engines.items():  # interleaved: a burst of other work hits both
+            seconds = round_seconds(engine)
+            if index >= WARMUP_ROUNDS:
+                best[stage] = min(best[stage], seconds)
+        if index >= WARMUP_ROUNDS + MIN_ROUNDS - 1 and time.perf_counter() - timing > TIMING_BUDGET_S:
+            break  # a busy host: its quietest rounds so far
+    tensors = sum(1 for _ in engines[3].module.parameters())
+    torch.distributed.destroy_process_group()  # without it gloo may abort at exit
+    return {
+        RESULT_KEY: (best[3] - best[0]) / tensors,
+        "stage0_micro_s": best[0],
+        "stage3_micro_s": best[3],
+        "tensors": tensors,
+        "rounds": index + 1 - WARMUP_ROUNDS,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure in this process and print ``{"zero3_param_s": seconds, ...}`` as the last line."""
+    parser = argparse.ArgumentParser(description="ZeRO-3's host overhead per parameter tensor")
+    parser.add_argument("--device-type", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    print(json.dumps(_measure(args.device_type, args.threads)), flush=True)
+
+
+__all__ = ["zero3_param_seconds"]
+
+
+if __name__ == "__main__":
+    main()
