@@ -82,6 +82,7 @@ class Calibration:
     adamw: dict[str, float] = field(default_factory=dict)  # "numel": fused AdamW bytes/s (28 B a param)
     fresh_bytes_per_s: float | None = None  # zeroing fresh large CPU allocations (page faults); GPU: None
     allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
+    zero3_param_s: float | None = None  # ZeRO-3's hooks per parameter tensor and micro-batch, one rank
     compute_scale: float = 1.0  # a borrowed calibration's peak ratio (see the module docstring)
     source: str = ""  # in words: measured here (cached where), or the file and its origin
     # (figure, measured on a quiet host) for a kind and shape; None: a file, nothing is measured
@@ -169,6 +170,11 @@ class Calibration:
         costs = self._once("allreduce")
         return None if costs is None else (float(costs[0]), float(costs[1]))
 
+    def zero3_param_seconds(self) -> float | None:
+        """Seconds of ZeRO-3's gather/release/reduce bookkeeping per parameter tensor per
+        micro-batch, forward and backward (runner/hardware/calibrate_zero3.py)."""
+        return self._once("zero3_param_s")
+
     def record(self) -> dict[str, Any]:
         """The calibration as its JSON file keeps it."""
         keep = (
@@ -184,7 +190,12 @@ class Calibration:
             "adamw",
         )
         out = {name: getattr(self, name) for name in keep}
-        out.update(op_s=self.op_s, fresh_bytes_per_s=self.fresh_bytes_per_s, allreduce=self.allreduce)
+        out.update(
+            op_s=self.op_s,
+            fresh_bytes_per_s=self.fresh_bytes_per_s,
+            allreduce=self.allreduce,
+            zero3_param_s=self.zero3_param_s,
+        )
         tables = {"gemm": "gemms", "attention": "attention", "copy": "copies", "adamw": "adamw"}
         for kind, key in self._busy:  # measured on a busy host: this process's, not the cache's
             if kind in tables:
@@ -222,6 +233,7 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         adamw=dict(record.get("adamw") or {}),
         fresh_bytes_per_s=record.get("fresh_bytes_per_s"),
         allreduce=record.get("allreduce"),
+        zero3_param_s=record.get("zero3_param_s"),
         compute_scale=compute_scale,
         source=source,
     )
