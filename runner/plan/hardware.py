@@ -189,7 +189,7 @@ def _measure_here(
 
     import torch  # deferred: only a plan that predicts time on this host's device measures it
 
-    from runner.hardware import calibrate
+    from runner.hardware import calibrate, calibrate_zero3
 
     device = torch.device("cuda" if cuda else "cpu")
     dtype = {Precision.fp32: torch.float32, Precision.fp16: torch.float16}.get(precision, torch.bfloat16)
@@ -220,21 +220,33 @@ def _measure_here(
                 return list(calibrate.attention_seconds(b, h, s, d, dtype=dtype, device=device))
             if kind == "copy":
                 return calibrate.copy_rate(shape[0], device=device)
-            if kind == "op_s":
-                return calibrate.op_seconds(device=device)
             if kind == "adamw":
                 return calibrate.adamw_rate(shape[0], device=device)
-            if kind == "fresh_bytes_per_s":
-                return calibrate.fresh_rate(device=device)
             if kind == "allreduce":  # two ranks of this host over gloo; a GPU's links are the cluster's
                 return None if cuda else list(calibrate.allreduce_costs())
+            single = {
+                "op_s": lambda: calibrate.op_seconds(device=device),
+                "fresh_bytes_per_s": lambda: calibrate.fresh_rate(device=device),
+                # DeepSpeed itself, in a child process of one rank with this rank's threads
+                "zero3_param_s": lambda: calibrate_zero3.zero3_param_seconds(
+                    device_type=device.type, threads=count or None
+                ),
+            }
+            if kind in single:
+                return single[kind]()
         raise ValueError(f"no calibration of {kind}")
 
     return calibrations.local(name, str(dtype).removeprefix("torch."), count, torch.__version__, measure)
 
 
 def _calibration(
-    cluster: ClusterConfig, precision: Precision, *, cuda: bool, ranks_here: int, peak: Figure
+    cluster: ClusterConfig,
+    precision: Precision,
+    *,
+    cuda: bool,
+    ranks_here: int,
+    peak: Figure,
+    measure: bool = True,
 ) -> calibrations.Calibration | None:
     """The named cluster's calibration file (its own, or one it borrows), else this host's device."""
     if cluster.name != "local":
@@ -251,18 +263,26 @@ def _calibration(
         if cluster.device_memory_gb is not None:
             return None  # a named device that is not here, with no calibration: the roofline only
     threads = max(1, (os.cpu_count() or 1) // ranks_here)
-    return (
-        _measure_here(precision, cuda=cuda, threads=threads, ranks_here=ranks_here)
-        if peak.value is not None
-        else None
-    )
+    if peak.value is None:
+        return None
+    here = _measure_here(precision, cuda=cuda, threads=threads, ranks_here=ranks_here)
+    if not measure:  # the cached figures only: measuring would hold a CUDA context in this process
+        here.measure, here.path = None, None
+    return here
 
 
 def resolve_device(
-    cluster: ClusterConfig, precision: Precision, *, gpus: int, with_peak: bool = True
+    cluster: ClusterConfig,
+    precision: Precision,
+    *,
+    gpus: int,
+    with_peak: bool = True,
+    measure_gpu: bool = True,
 ) -> Device:
     """The device to plan `gpus` ranks on and its node's RAM: the cluster's figures, the rest detected here.
 
+    ``measure_gpu=False``: a GPU's calibration gives its cached figures and measures none (the
+    launching process of a run: a measurement would hold a CUDA context there while the ranks run).
     ``with_peak=False`` skips the peak (a CPU measurement costs about half a second): the
     memory check that ``batch.micro_size=auto`` needs does not use it.
     """
@@ -281,7 +301,9 @@ def resolve_device(
         intra_node_bytes_per_s=_link(cluster, "intra_node_gbps"),
         inter_node_bytes_per_s=_link(cluster, "inter_node_gbps"),
         is_host=cluster.device_memory_gb is None and not cuda,
-        calibration=_calibration(cluster, precision, cuda=cuda, ranks_here=ranks_here, peak=peak)
+        calibration=_calibration(
+            cluster, precision, cuda=cuda, ranks_here=ranks_here, peak=peak, measure=measure_gpu or not cuda
+        )
         if with_peak
         else None,
     )
