@@ -1,27 +1,47 @@
-"""What this device reaches on a training step's own work: GEMMs at a model's shapes, a copy,
-the fused AdamW step; raw figures for a step-time model, written as JSON with where and when.
+"""What this device reaches on a training step's own work, written as a calibration record of the
+step-time model (runner/plan/calibration.py ``Calibration.record()``'s format), with where and when.
 
-For each model, every matmul of one transformer block and of the output head at the batch's
-tokens (micro x seq), forward and the two backward GEMMs, timed in the run's precision:
-achieved TFLOP/s per shape, and the FLOP-weighted efficiency against the device's dense
-datasheet peak. Then the memory bandwidth of a large copy (bytes read + written per second),
-and torch's fused AdamW on a flat fp32 tensor (bytes the step moves per second: p, g, m, v
-read; p, m, v written, 28 bytes a parameter).
+Every figure runner/plan/step_model.py asks for, measured with runner/hardware/calibrate.py's
+micro-benchmarks at the shapes the models' runs use:
 
-    python bench/calibrate_device.py [--out calibration.json] [--models llama_1b,llama_7b]
+- ``gemms``: each linear layer of one transformer block and the output head (q, k, v, o, SwiGLU's
+  w1/w3/w2, head; no tensor parallelism) at M = micro x seq tokens for each micro-batch size,
+  forward, input- and weight-gradient FLOP/s. On CUDA at the full shape (calibrate.py's
+  ``max_flops`` halving is for a CPU's seconds; on a GPU a small GEMM is launch-bound).
+- ``attention``: causal SDPA forward and backward seconds at (micro, heads, seq, head_dim).
+- ``copies``: a copy's bytes read plus written per second at powers of two (the step model asks
+  for the power of two nearest each memory-bound kernel's bytes).
+- ``adamw``: fused AdamW bytes per second (28 B a parameter); the step model asks at the power of
+  two nearest the rank's parameters, at most 2^25 (runner/plan/calibration.py ``adamw_rate``).
+- ``op_s``: one eager op's dispatch, forward and backward.
+- ``fresh_bytes_per_s``: a CPU's page faults into fresh large tensors (None on CUDA).
+- ``allreduce``: two processes' gloo all-reduce on a CPU; None on one GPU (its links are the
+  cluster's).
+- ``zero3_param_s``: ZeRO-3's hooks per parameter tensor (runner/hardware/calibrate_zero3.py,
+  DeepSpeed in a child process), where that module exists.
 
-Without CUDA it measures the tiny model's shapes in fp32, in a few seconds.
+    python bench/calibrate_device.py [--out calibration.json] [--cluster NAME]
+        [--models llama_1b,llama_7b] [--micro 1,2,4,8] [--seq 2048]
+
+``--cluster NAME`` writes conf/cluster/calibration/NAME.json, the named cluster's file that
+``cluster=NAME`` plans with; ``--out`` (default calibration.json when no cluster is named) writes
+the same record there too. On CUDA (bf16, llama_1b and llama_7b at seq 2048) it takes well under
+a minute on an H200, most of it ZeRO-3's child process; without CUDA it measures the tiny
+model's shapes in fp32 at seq 128 in a few seconds (plus the all-reduce's and ZeRO-3's child
+processes).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
+import os
 import platform
-import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runner.config import ModelConfig  # noqa: E402
+from runner.hardware import calibrate  # noqa: E402
+from runner.plan.calibration import cluster_file, from_record  # noqa: E402
 
 
 def _model(name: str) -> ModelConfig:
@@ -41,26 +63,12 @@ def _model(name: str) -> ModelConfig:
     return ModelConfig(**fields)
 
 
-def _timed(fn: Any, *, repeats: int, cuda: bool) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls after two warm-up calls."""
-    times = []
-    for index in range(repeats + 2):
-        if cuda:
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        if index >= 2:
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def block_gemms(cfg: ModelConfig, tokens: int) -> dict[str, tuple[int, int, int]]:
     """(M, K, N) of each matmul in one block's forward and the output head, M = tokens.
 
-    runner/model/transformer.py: q, k, v projections (k and v with n_kv_head heads), the output
-    projection, SwiGLU's w1 and w3 (d_model -> ffn_hidden) and w2 (ffn_hidden -> d_model).
+    runner/plan/step_model.py ``_gemm_shapes`` at tp = 1 (runner/model/transformer.py): q, k, v
+    projections (k and v with n_kv_head heads), the output projection, SwiGLU's w1 and w3
+    (d_model -> ffn_hidden) and w2 (ffn_hidden -> d_model), the head (d_model -> vocab).
     """
     h, f = cfg.d_model, cfg.ffn_hidden
     kv = h * (cfg.n_kv_head or cfg.n_head) // cfg.n_head
@@ -76,84 +84,154 @@ def block_gemms(cfg: ModelConfig, tokens: int) -> dict[str, tuple[int, int, int]
     }
 
 
-def gemm_rates(cfg: ModelConfig, tokens: int, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
-    """Achieved FLOP/s of each shape: forward (x @ W), and backward's dX = dY @ W^T, dW = X^T @ dY."""
+def _key(*numbers: int) -> str:
+    """A figure's key in the record (runner/plan/calibration.py ``_key``): "m,k,n", "b,h,s,d", "bytes"."""
+    return ",".join(str(int(n)) for n in numbers)
+
+
+def _zero3_param_seconds(device: torch.device) -> float | None:
+    """runner/hardware/calibrate_zero3.py's figure, None where that module is not (yet) in the tree."""
+    if importlib.util.find_spec("runner.hardware.calibrate_zero3") is None:
+        print("zero3_param_s: runner/hardware/calibrate_zero3.py is not here; left None", flush=True)
+        return None
+    from runner.hardware import calibrate_zero3
+
+    threads = None if device.type == "cuda" else torch.get_num_threads()
+    return calibrate_zero3.zero3_param_seconds(device_type=device.type, threads=threads)
+
+
+def measure(
+    *, models: list[str], micros: list[int], seq: int, dtype: torch.dtype, device: torch.device
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The record's figures, and the seconds each kind took to measure."""
     cuda = device.type == "cuda"
-    rows = {}
-    for name, (m, k, n) in block_gemms(cfg, tokens).items():
-        x = torch.randn(m, k, dtype=dtype, device=device)
-        w = torch.randn(k, n, dtype=dtype, device=device)
-        dy = torch.randn(m, n, dtype=dtype, device=device)
-        repeats = 10 if cuda else 3
-        forward = _timed(lambda x=x, w=w: x @ w, repeats=repeats, cuda=cuda)
-        grad_input = _timed(lambda dy=dy, w=w: dy @ w.T, repeats=repeats, cuda=cuda)
-        grad_weight = _timed(lambda x=x, dy=dy: x.T @ dy, repeats=repeats, cuda=cuda)
-        flops = 2 * m * k * n
-        rows[name] = {
-            "mkn": [m, k, n],
-            "forward_flops_per_s": flops / forward,
-            "grad_input_flops_per_s": flops / grad_input,
-            "grad_weight_flops_per_s": flops / grad_weight,
-        }
-        del x, w, dy
-    return rows
+    max_flops = float("inf") if cuda else calibrate.MAX_GEMM_FLOPS
+    spent: dict[str, float] = {}
+
+    def timed(kind: str, fn: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        value = fn()
+        spent[kind] = spent.get(kind, 0.0) + time.perf_counter() - started
+        return value
+
+    gemms: dict[str, list[float]] = {}
+    attention: dict[str, list[float]] = {}
+    for name in models:
+        cfg = _model(name)
+        head_dim = cfg.d_model // cfg.n_head
+        for micro in micros:
+            for m, k, n in block_gemms(cfg, micro * seq).values():
+                if _key(m, k, n) not in gemms:  # w1 and w3 share a shape, so do wk and wv
+                    rates = timed(
+                        "gemms",
+                        lambda m=m, k=k, n=n: calibrate.gemm_rates(
+                            m, k, n, dtype=dtype, device=device, max_flops=max_flops
+                        ),
+                    )
+                    gemms[_key(m, k, n)] = list(rates)
+            shape = (micro, cfg.n_head, seq, head_dim)
+            if _key(*shape) not in attention:
+                seconds = timed(
+                    "attention",
+                    lambda shape=shape: calibrate.attention_seconds(*shape, dtype=dtype, device=device),
+                )
+                attention[_key(*shape)] = list(seconds)
+        print(f"{name}: gemms and attention measured", flush=True)
+    copy_sizes = [2**p for p in range(16, 33)] if cuda else [2**p for p in range(12, 25, 2)]
+    copies = {
+        _key(size): timed("copies", lambda size=size: calibrate.copy_rate(size, device=device))
+        for size in copy_sizes
+    }
+    adamw_sizes = (2**25, 2**26) if cuda else (2**20, 2**22)
+    adamw = {
+        _key(size): timed("adamw", lambda size=size: calibrate.adamw_rate(size, device=device))
+        for size in adamw_sizes
+    }
+    figures: dict[str, Any] = {
+        "gemms": gemms,
+        "attention": attention,
+        "copies": copies,
+        "adamw": adamw,
+        "op_s": timed("op_s", lambda: calibrate.op_seconds(device=device)),
+        "fresh_bytes_per_s": timed("fresh", lambda: calibrate.fresh_rate(device=device)),
+        # one GPU has no peer to reduce with: its links are the cluster's (conf/cluster/*.yaml)
+        "allreduce": None if cuda else timed("allreduce", lambda: list(calibrate.allreduce_costs())),
+        "zero3_param_s": timed("zero3", lambda: _zero3_param_seconds(device)),
+    }
+    return figures, spent
 
 
-def copy_bandwidth(device: torch.device, num_bytes: int) -> float:
-    """Bytes read plus written per second by a contiguous copy of ``num_bytes``."""
-    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    seconds = _timed(lambda: dst.copy_(src), repeats=10, cuda=device.type == "cuda")
-    return 2 * num_bytes / seconds
-
-
-def adamw_bandwidth(device: torch.device, numel: int) -> float:
-    """Bytes per second torch's fused AdamW moves on a flat fp32 parameter (28 bytes an element)."""
-    param = torch.zeros(numel, dtype=torch.float32, device=device, requires_grad=True)
-    param.grad = torch.randn_like(param)
-    optimizer = torch.optim.AdamW([param], lr=1e-4, fused=True)
-    seconds = _timed(optimizer.step, repeats=10, cuda=device.type == "cuda")
-    return 28 * numel / seconds
+def _print(record: dict[str, Any]) -> None:
+    print(f"{'gemm M, K, N':<24}{'fwd':>8}  {'dX':>8}  {'dW':>8}  TFLOP/s")
+    for key, rates in record["gemms"].items():
+        print(f"{key:<24}" + "  ".join(f"{rate / 1e12:8.2f}" for rate in rates))
+    print(f"{'attention b, h, s, d':<24}{'fwd ms':>8}  {'bwd ms':>8}")
+    for key, (forward, backward) in record["attention"].items():
+        print(f"{key:<24}{1e3 * forward:8.3f}  {1e3 * backward:8.3f}")
+    print(
+        "copy GB/s: "
+        + ", ".join(f"2^{int(k).bit_length() - 1} {v / 1e9:.0f}" for k, v in record["copies"].items())
+    )
+    print(
+        "fused AdamW GB/s: "
+        + ", ".join(f"2^{int(k).bit_length() - 1} {v / 1e9:.0f}" for k, v in record["adamw"].items())
+    )
+    fresh, zero3 = record["fresh_bytes_per_s"], record.get("zero3_param_s")
+    print(
+        f"op {1e6 * record['op_s']:.1f} us; fresh memory "
+        + ("-" if fresh is None else f"{fresh / 1e9:.1f} GB/s")
+        + f"; all-reduce {record['allreduce'] or '-'}; ZeRO-3 hooks "
+        + ("-" if zero3 is None else f"{1e3 * zero3:.3f} ms a param tensor")
+    )
 
 
 def main() -> None:
     """Measure and write the calibration record."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="calibration.json")
+    parser.add_argument(
+        "--out", default=None, help="the record's path (default calibration.json, no --cluster)"
+    )
+    parser.add_argument("--cluster", default=None, help="write conf/cluster/calibration/CLUSTER.json")
     parser.add_argument("--models", default=None, help="comma-separated conf/model options")
-    parser.add_argument("--micro", type=int, default=None)
+    parser.add_argument("--micro", default="1,2,4,8", help="comma-separated micro-batch sizes")
     parser.add_argument("--seq", type=int, default=None)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     models = (args.models or ("llama_1b,llama_7b" if cuda else "tiny")).split(",")
-    micro, seq = args.micro or 8, args.seq or (2048 if cuda else 128)
-    record: dict[str, Any] = {
-        "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "torch": torch.__version__,
+    micros = [int(m) for m in args.micro.split(",")]
+    seq = args.seq or (2048 if cuda else 128)
+    name = torch.cuda.get_device_name(0) if cuda else f"cpu {platform.machine()}, {os.cpu_count()} cores"
+    started = time.perf_counter()
+    measured = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    figures, spent = measure(models=models, micros=micros, seq=seq, dtype=dtype, device=device)
+    raw = {
+        "device": name,
         "dtype": str(dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "tokens": micro * seq,
-        "gemms": {},
+        "threads": 0 if cuda else torch.get_num_threads(),  # 0: not a CPU (runner/plan/calibration.py)
+        "torch": torch.__version__,
+        "measured": measured,
+        "where": (
+            f"{platform.node()}: {name}, bench/calibrate_device.py --models {','.join(models)} "
+            f"--micro {args.micro} --seq {seq}"
+        ),
+        **figures,
     }
-    for name in models:
-        record["gemms"][name] = gemm_rates(_model(name), micro * seq, dtype, device)
-        print(f"{name}: done", flush=True)
-    size = 4 * 2**30 if cuda else 256 * 2**20
-    record["copy_bytes_per_s"] = copy_bandwidth(device, size)
-    record["adamw_fused_bytes_per_s"] = adamw_bandwidth(device, (2**28 if cuda else 2**22))
-    Path(args.out).write_text(json.dumps(record, indent=1))
-    kinds = ("forward_flops_per_s", "grad_input_flops_per_s", "grad_weight_flops_per_s")
-    print(f"{'model':<10}{'gemm':<6}{'M, K, N':<24}{'fwd':>8}  {'dX':>8}  {'dW':>8}  TFLOP/s")
-    for name, rows in record["gemms"].items():
-        for shape, row in rows.items():
-            rates = "  ".join(f"{row[kind] / 1e12:8.1f}" for kind in kinds)
-            print(f"{name:<10}{shape:<6}{row['mkn']!s:<24}{rates}")
-    copy, adamw = record["copy_bytes_per_s"] / 1e9, record["adamw_fused_bytes_per_s"] / 1e9
-    print(f"copy {copy:.0f} GB/s; fused AdamW {adamw:.0f} GB/s")
+    # The loader's own round trip, so the file holds exactly what Calibration.record() writes
+    # (and what load_cluster reads back); a field an older calibration.py lacks is kept as measured.
+    record = {**raw, **from_record(raw, source="").record()}
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    paths = [Path(args.out or "calibration.json")] if args.out or not args.cluster else []
+    if args.cluster:
+        paths.append(cluster_file(args.cluster))
+    _print(record)
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"calibration: {path}")
+    took = ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in spent.items())
+    print(f"measured in {time.perf_counter() - started:.1f} s ({took})")
 
 
 if __name__ == "__main__":

@@ -4,15 +4,21 @@
 # ledger and its estimate, the held-out loss after the last step), the largest model (and its
 # largest micro-batch) plan says fits on one device, run for 10 steps, the plans beside the
 # measurements, and zero1 again with each block compiled. Results land in one folder (default
-# gpu_check/), with a table on stdout and results.json.
+# gpu_check/), with a table on stdout and results.json. Every run's row has the calibrated
+# step-time model's predicted step beside its measured median step and the error (summary.json
+# step_time), and the table ends with the model's median and largest error over the runs.
 #
 #   bench/gpu_check.sh [OUT_DIR]
 #
 # GPU_CHECK_PARTS picks the parts (comma-separated; default: tests,layouts,largest,compiled):
-# tests, layouts (ddp/zero1/zero3 and their plans), largest, compiled, and three more that
-# measure speed rather than prove paths: peer (bench/peer_gpu.py: ladder beside a plain
-# PyTorch loop), calibrate (bench/calibrate_device.py: GEMMs at the models' shapes, copy and
-# fused AdamW bandwidth) and zero3_micro1 (llama_7b under ZeRO-3 at micro 1).
+# tests, layouts (ddp/zero1/zero3 and their plans), largest, compiled, and four more that
+# measure speed rather than prove paths, opt-in (the default parts take about 420 s of the
+# 460 s budget on one H200: docs/benchmarks.md): peer (bench/peer_gpu.py: ladder beside a plain
+# PyTorch loop), calibrate (bench/calibrate_device.py: the step-time model's calibration record
+# at the models' shapes, into OUT_DIR/calibration.json, and on an H200 in full mode into
+# conf/cluster/calibration/h200.json too), recommend (plan=true planner.recommend=true for
+# llama_7b on one device, then the recommended layout for 5 steps as run_recommended: about
+# 2 minutes on an H200) and zero3_micro1 (llama_7b under ZeRO-3 at micro 1).
 #
 # Without a CUDA device it runs the same steps in a reduced mode (tiny model, fp32, 3 steps)
 # so the script is known to work before GPU time is spent.
@@ -45,10 +51,10 @@ fi
 parts=",${GPU_CHECK_PARTS:-tests,layouts,largest,compiled},"
 for part in ${GPU_CHECK_PARTS:+${GPU_CHECK_PARTS//,/ }}; do
   case "$part" in
-    tests | layouts | largest | compiled | peer | calibrate | zero3_micro1) ;;
+    tests | layouts | largest | compiled | peer | calibrate | recommend | zero3_micro1) ;;
     *)
       echo "gpu_check: GPU_CHECK_PARTS names no part '$part'; the parts are tests, layouts," \
-        "largest, compiled, peer, calibrate, zero3_micro1" >&2
+        "largest, compiled, peer, calibrate, recommend, zero3_micro1" >&2
       exit 2
       ;;
   esac
@@ -56,14 +62,16 @@ done
 wanted() { [[ "$parts" == *",$1,"* ]]; }
 mkdir -p "$out"
 
-if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+# The CUDA device's name ("" without one): the calibrate part names the cluster file by it.
+device_name=$("$python" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')")
+if [ -n "$device_name" ]; then
   mode=full model=llama_1b precision=bf16 steps=20 big_steps=10 extra="data.seq_len=2048 batch.global_size=16"
   candidates="llama_70b llama_7b llama_1b"  # largest first
 else
   mode=reduced model=tiny precision=fp32 steps=3 big_steps=2 extra="data.seq_len=128 batch.global_size=16"
   candidates="gpt2_124m tiny"
 fi
-echo "gpu_check: mode=$mode model=$model precision=$precision"
+echo "gpu_check: mode=$mode model=$model precision=$precision device=${device_name:-cpu}"
 # Each run's time limit: a hung run (a collective waits 10 minutes before it gives up) costs
 # its row, not the whole check. Full mode's runs take 1-2 minutes on one H100/H200-class GPU.
 if [ "$mode" = full ]; then run_limit=300 plan_limit=120; else run_limit=900 plan_limit=300; fi
@@ -103,15 +111,18 @@ base="precision=$precision data=synthetic logger=none $extra"
 common="model=$model $base"
 layouts="ddp zero1 zero3"
 wanted layouts || layouts=""
+# Each plan before its run: plan=true measures this device's calibration at the layout's shapes
+# (cached in ~/.cache/ladder), and a run's launcher predicts its step from cached figures only,
+# so on a fresh machine a run before its plan would have no predicted step in its row.
 for parallel in $layouts; do
   # shellcheck disable=SC2086  # $common holds several overrides on purpose
-  timed "run_$parallel" "$run_limit" "$python" train.py $common parallel=$parallel train.steps=$steps \
-    train.eval_every=$steps train.eval_batches=1 "hydra.run.dir=$out/run_$parallel" \
-    > "$out/run_$parallel.log" 2>&1 || echo "run $parallel failed: see $out/run_$parallel.log"
-  # shellcheck disable=SC2086
   timed "plan_$parallel" "$plan_limit" "$python" train.py $common parallel=$parallel plan=true \
     "hydra.run.dir=$out/plan_$parallel" \
     > "$out/plan_$parallel.log" 2>&1 || echo "plan $parallel failed: see $out/plan_$parallel.log"
+  # shellcheck disable=SC2086
+  timed "run_$parallel" "$run_limit" "$python" train.py $common parallel=$parallel train.steps=$steps \
+    train.eval_every=$steps train.eval_batches=1 "hydra.run.dir=$out/run_$parallel" \
+    > "$out/run_$parallel.log" 2>&1 || echo "run $parallel failed: see $out/run_$parallel.log"
 done
 # The largest model the planner says fits on one device, under ZeRO-1, else ZeRO-3 (whose
 # optimizer step copies one sub-group's gradients at a time, not the whole partition's),
@@ -156,10 +167,38 @@ if wanted compiled; then
     plan=true "hydra.run.dir=$out/plan_zero1_compiled" \
     > "$out/plan_zero1_compiled.log" 2>&1 || echo "compiled plan failed"
 fi
-# Speed rather than paths: what the device reaches on the models' own GEMMs and bandwidth...
+# Speed rather than paths: what the device reaches on the models' own GEMMs, attention, copies,
+# AdamW, op dispatch and ZeRO-3 hooks, as the step-time model's calibration record; on an H200
+# in full mode also as the h200 cluster's file (the record to commit is calibration.json here)...
 if wanted calibrate; then
+  cluster_file=()
+  [ "$mode" = full ] && [[ "$device_name" == *H200* ]] && cluster_file=(--cluster h200)
   timed calibrate "$run_limit" "$python" bench/calibrate_device.py --out "$out/calibration.json" \
-    > "$out/calibrate.log" 2>&1 || echo "calibration failed: see $out/calibrate.log"
+    "${cluster_file[@]}" > "$out/calibrate.log" 2>&1 || echo "calibration failed: see $out/calibrate.log"
+fi
+# ...what planner.recommend ranks fastest for llama_7b on this one device (tiny in reduced mode),
+# then that layout run for 5 steps: its row shows the predicted step beside the measured one.
+if wanted recommend; then
+  rec_model=llama_7b
+  [ "$mode" = full ] || rec_model=tiny
+  # shellcheck disable=SC2086
+  timed plan_recommend "$plan_limit" "$python" train.py $base model=$rec_model cluster=local gpus=1 \
+    plan=true planner.recommend=true "hydra.run.dir=$out/plan_recommend" \
+    > "$out/plan_recommend.log" 2>&1 || echo "recommend plan failed: see $out/plan_recommend.log"
+  # The winner's overrides (model, cluster, gpus, precision, seq, global batch, layout, micro),
+  # one a line, less plan=true (a plan-only winner is run anyway: its row says whether it could).
+  if recommended=$("$python" -c 'import json, sys
+overrides = (json.load(open(sys.argv[1])).get("recommendation") or {}).get("overrides") or []
+print("\n".join(o for o in overrides if o != "plan=true"))
+sys.exit(0 if overrides else 1)' "$out/plan_recommend/plan.json" 2> /dev/null); then
+    mapfile -t rec_overrides <<< "$recommended"
+    echo "gpu_check: recommended: ${rec_overrides[*]}"
+    timed run_recommended "$run_limit" "$python" train.py "${rec_overrides[@]}" data=synthetic logger=none \
+      train.steps=5 "hydra.run.dir=$out/run_recommended" \
+      > "$out/run_recommended.log" 2>&1 || echo "recommended run failed: see $out/run_recommended.log"
+  else
+    echo "gpu_check: no recommendation in $out/plan_recommend/plan.json (see $out/plan_recommend.log)"
+  fi
 fi
 # ...ladder beside a plain PyTorch loop of the same model and batch, eager and compiled...
 if wanted peer; then

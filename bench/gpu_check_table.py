@@ -6,11 +6,13 @@ import argparse
 import datetime
 import json
 import platform
+import statistics
 from pathlib import Path
 from typing import Any
 
 PHASES = ("forward", "backward", "optimizer")
-LAYOUTS = ("ddp", "zero1", "zero3", "largest", "zero1_compiled", "zero3_micro1")
+LAYOUTS = ("ddp", "zero1", "zero3", "largest", "zero1_compiled", "zero3_micro1", "recommended")
+RECOMMEND_PLAN = "plan_recommend"  # the recommended run's plan: plan.json's "recommendation"
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -32,6 +34,11 @@ def _row(out: Path, name: str) -> dict[str, Any]:
     later = metrics[1:] or metrics  # the first step holds allocation and warm-up
     memory = summary.get("memory", {})
     planned = _read(plan / "plan.json")
+    if name == "recommended":  # planned as the winner of planner.recommend's ranking
+        planned = (_read(out / RECOMMEND_PLAN / "plan.json").get("recommendation") or {}).get("winner") or {}
+    # The calibrated step-time model's prediction beside the run's median step after warm-up
+    # (runner/train/record.py measured_step_time; error = (predicted - measured) / measured).
+    step_time = summary.get("step_time") or {}
     return {
         "layout": name,
         "model": summary.get("model"),
@@ -40,6 +47,10 @@ def _row(out: Path, name: str) -> dict[str, Any]:
         "micro_size": summary.get("layout", {}).get("micro_size"),
         "tokens_per_s_per_device": _median([m["throughput/tokens_per_s_per_device"] for m in later]),
         "mfu": _median([m["throughput/mfu"] for m in later]),
+        "predicted_step_s": step_time.get("predicted_s"),
+        "measured_step_s": step_time.get("measured_s"),
+        "step_time_error": step_time.get("error"),
+        "step_time": step_time,
         # Where the step's time goes (runner/metrics/phase_clock.py), as shares of the step.
         "step_share": {
             phase: _median([m[f"time/{phase}_s"] / m["time/step_s"] for m in later if f"time/{phase}_s" in m])
@@ -99,6 +110,40 @@ def _label(row: dict[str, Any]) -> str:
     return f"largest/{row['parallel']}" if row["layout"] == "largest" and row["parallel"] else row["layout"]
 
 
+def _seconds(value: float | None, width: int) -> str:
+    return f"{value:>{width}.3f}" if value is not None else f"{'-':>{width}}"
+
+
+def _time_model_line(rows: list[dict[str, Any]]) -> str:
+    """The step-time model's accuracy over the runs that have both a prediction and a measurement."""
+    errors = sorted(abs(row["step_time_error"]) for row in rows if row["step_time_error"] is not None)
+    if not errors:
+        return "time model: no run has both a predicted and a measured step"
+    median = statistics.median(errors)
+    return (
+        f"time model: median |error| {100 * median:.1f}%, max {100 * errors[-1]:.1f}% over {len(errors)} runs"
+    )
+
+
+def _recommendation(out: Path) -> dict[str, Any]:
+    """What planner.recommend chose (the recommend part's plan.json), without the whole ranking."""
+    record = _read(out / RECOMMEND_PLAN / "plan.json").get("recommendation") or {}
+    ranking = record.get("ranking") or []
+    return {
+        "winner_rung": record.get("winner_rung"),
+        "winner_rank": record.get("winner_rank"),
+        "overrides": record.get("overrides"),
+        "command": record.get("command"),
+        "top": [
+            {
+                key: candidate.get(key)
+                for key in ("rank", "rung", "tokens_per_s", "step_s", "mfu", "overrides")
+            }
+            for candidate in ranking[:5]
+        ],
+    }
+
+
 def _planned_total_gb(planned: dict[str, Any]) -> float | None:
     memory = planned.get("memory_bytes", {})
     total = memory.get("peak", memory.get("total"))
@@ -116,7 +161,10 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     rows = [_row(args.out, name) for name in LAYOUTS]
-    header = f"{'layout':<15}{'model':<11}{'status':<11}{'micro':>6}{'tok/s/dev':>12}{'MFU':>8}{'peak GB':>9}"
+    header = (
+        f"{'layout':<15}{'model':<11}{'status':<11}{'micro':>6}{'tok/s/dev':>12}"
+        + f"{'pred s':>9}{'step s':>9}{'err %':>8}{'MFU':>8}{'peak GB':>9}"
+    )
     print(
         header
         + f"{'ledger est GB':>15}{'plan GB':>9}{'fwd/bwd/opt %':>16}{'build host GB':>15}"
@@ -127,6 +175,9 @@ def main() -> None:
         cells = [
             f"{_label(row):<15}{row['model'] or '-':<11}{row['status']:<11}{row['micro_size'] or '-':>6}",
             f"{row['tokens_per_s_per_device'] or 0:>12,.0f}",
+            _seconds(row["predicted_step_s"], 9),
+            _seconds(row["measured_step_s"], 9),
+            f"{100 * error:>+8.1f}" if (error := row["step_time_error"]) is not None else f"{'-':>8}",
             f"{(row['mfu'] or 0):>8.1%}",
             f"{row['peak_gb'] or 0:>9.2f}",
             f"{row['ledger_estimated_gb'] or 0:>15.2f}",
@@ -138,6 +189,12 @@ def main() -> None:
             f"{row['eval_loss']:>11.5f}" if row["eval_loss"] is not None else f"{'-':>11}",
         ]
         print("".join(cells))
+    recommendation = _recommendation(args.out)
+    if recommendation["command"]:
+        print(
+            f"recommended (rank {recommendation['winner_rank']} by predicted tok/s): "
+            + recommendation["command"]
+        )
     timings = _timings(args.out)
     if timings:
         slowest = sorted(timings, key=lambda t: -t["seconds"])[:3]
@@ -152,10 +209,13 @@ def main() -> None:
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "rows": rows,
+        "recommendation": recommendation,
+        "time_model": _time_model_line(rows),
         "timings": timings,
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print(f"results: {args.out / 'results.json'}")
+    print(results["time_model"])
 
 
 if __name__ == "__main__":
