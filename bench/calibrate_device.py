@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -124,8 +125,8 @@ def measure(
                 if _key(m, k, n) not in gemms:  # w1 and w3 share a shape, so do wk and wv
                     rates = timed(
                         "gemms",
-                        lambda m=m, k=k, n=n: calibrate.gemm_rates(
-                            m, k, n, dtype=dtype, device=device, max_flops=max_flops
+                        functools.partial(
+                            calibrate.gemm_rates, m, k, n, dtype=dtype, device=device, max_flops=max_flops
                         ),
                     )
                     gemms[_key(m, k, n)] = list(rates)
@@ -133,18 +134,18 @@ def measure(
             if _key(*shape) not in attention:
                 seconds = timed(
                     "attention",
-                    lambda shape=shape: calibrate.attention_seconds(*shape, dtype=dtype, device=device),
+                    functools.partial(calibrate.attention_seconds, *shape, dtype=dtype, device=device),
                 )
                 attention[_key(*shape)] = list(seconds)
         print(f"{name}: gemms and attention measured", flush=True)
     copy_sizes = [2**p for p in range(16, 33)] if cuda else [2**p for p in range(12, 25, 2)]
     copies = {
-        _key(size): timed("copies", lambda size=size: calibrate.copy_rate(size, device=device))
+        _key(size): timed("copies", functools.partial(calibrate.copy_rate, size, device=device))
         for size in copy_sizes
     }
     adamw_sizes = (2**25, 2**26) if cuda else (2**20, 2**22)
     adamw = {
-        _key(size): timed("adamw", lambda size=size: calibrate.adamw_rate(size, device=device))
+        _key(size): timed("adamw", functools.partial(calibrate.adamw_rate, size, device=device))
         for size in adamw_sizes
     }
     figures: dict[str, Any] = {

@@ -86,15 +86,22 @@ def _sync(device: torch.device) -> None:
 
 
 def timed(
-    fn: Callable[[], Any], device: torch.device, *, repeats: int = 5, warmup: int = 2, shared: bool = True
+    fn: Callable[[], Any],
+    device: torch.device,
+    *,
+    repeats: int = 5,
+    warmup: int = 2,
+    shared: bool = True,
+    beside: Callable[[], Callable[[], Any]] | None = None,
 ) -> float:
     """The fastest of ``repeats`` calls of ``fn()``, in seconds, after ``warmup`` calls: other work
     on the device only ever slows a call down. ``shared``: on a CPU, with the neighbours of
     :func:`threads` running ``fn`` too (a measurement dominated by Python would contend for the
-    GIL instead, so op dispatch is timed alone)."""
+    GIL instead, so op dispatch is timed alone). ``beside`` makes each neighbour its own copy of
+    the work where ``fn`` keeps state (autograd's gradients) that two threads must not share."""
     times = []
     count = _neighbours if (shared and device.type == "cpu") else 0
-    with _beside(fn, count) if count else contextlib.nullcontext():
+    with _beside(fn if beside is None else beside(), count) if count else contextlib.nullcontext():
         for index in range(warmup + repeats):
             _sync(device)
             started = time.perf_counter()

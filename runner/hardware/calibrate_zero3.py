@@ -231,10 +231,11 @@ def _measure(device_type: str, threads: int | None) -> dict[str, float | int]:
         params = sum(p.numel() for p in model.parameters())
         engines[stage], *_ = deepspeed.initialize(model=model, config=_ds_config(stage, params))
     x = torch.randn(BATCH, WIDTH, device=device)
-    # On a CPU the hooks are this thread's work: its CPU time leaves out the turns other processes
-    # take on a shared host's cores, which wall time counts. A GPU's micro-step is timed on the wall.
+    # Wall time: the hooks' waits (the gather's handles, the other threads DeepSpeed and torch run)
+    # are the step's as much as this thread's own work; the fastest rounds leave bursts of other
+    # processes' work out, and the planner keeps no figure measured on a busy host.
     cuda = device_type == "cuda"
-    clock = time.perf_counter if cuda else time.thread_time
+    clock = time.perf_counter
 
     def round_seconds(engine: Any) -> float:
         if cuda:

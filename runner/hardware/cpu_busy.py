@@ -45,14 +45,14 @@ class OthersUse:
 
     cpus: set[int]
     busy: float | None  # /proc/stat's busy seconds at the start; None where it cannot be read
-    own: float  # this process's CPU seconds at the start
+    own: float  # CPU seconds of this process and its waited-for children at the start
     wall: float
 
     @classmethod
     def start(cls) -> OthersUse:
         """Read the counters now."""
         cpus = _cpus()
-        return cls(cpus, _read_busy(cpus), time.process_time(), time.perf_counter())
+        return cls(cpus, _read_busy(cpus), _own_cpu_seconds(), time.perf_counter())
 
     def cores(self) -> float | None:
         """CPUs of this process's affinity that other processes kept busy since the start (None: unknown)."""
@@ -60,8 +60,15 @@ class OthersUse:
         wall = time.perf_counter() - self.wall
         if busy is None or self.busy is None or wall <= 0:
             return None
-        others = (busy - self.busy) - (time.process_time() - self.own)
+        others = (busy - self.busy) - (_own_cpu_seconds() - self.own)
         return max(0.0, others / wall)
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that ended and were waited for (a
+    measurement run in a child process, runner/hardware/calibrate_zero3.py, is not others' work)."""
+    times = os.times()
+    return time.process_time() + times.children_user + times.children_system
 
 
 def _read_busy(cpus: set[int]) -> float | None:

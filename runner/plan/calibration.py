@@ -79,6 +79,7 @@ class Calibration:
     attention: dict[str, list[float]] = field(default_factory=dict)  # "b,h,s,d": [fwd s, bwd s]
     copies: dict[str, float] = field(default_factory=dict)  # "bytes": read + written per s
     op_s: float | None = None  # one eager op, forward and backward
+    blocks: dict[str, float] = field(default_factory=dict)  # "micro,seq,d,heads,kv heads,ffn": fwd+bwd s
     adamw: dict[str, float] = field(default_factory=dict)  # "numel": fused AdamW bytes/s (28 B a param)
     fresh_bytes_per_s: float | None = None  # zeroing fresh large CPU allocations (page faults); GPU: None
     allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
@@ -132,10 +133,21 @@ class Calibration:
             ratio = (batch * heads * seq * seq * head_dim) / max(1, b * h * s * s * d)
         return (seconds[0] * ratio / self.compute_scale, seconds[1] * ratio / self.compute_scale)
 
+    def block_seconds(
+        self, micro: int, seq: int, d_model: int, heads: int, kv_heads: int, ffn: int
+    ) -> float | None:
+        """One transformer block's forward and backward, timed whole (runner/plan/block_timing.py);
+        only at this exact shape (None: a file that did not time it)."""
+        shape = (micro, seq, d_model, heads, kv_heads, ffn)
+        if _key(*shape) not in self.blocks and self.measure is None:
+            return None
+        seconds, _ = self._figure(self.blocks, "block", shape)
+        return seconds
+
     def copy_rate(self, num_bytes: float) -> float | None:
         """Bytes read plus written per second by a memory-bound kernel over ``num_bytes`` bytes
-        (measured at the power of two nearest it)."""
-        size = 2 ** max(10, round(math.log2(max(num_bytes, 1.0))))
+        (measured at the power of two nearest it, at most 256 MiB)."""
+        size = 2 ** min(28, max(10, round(math.log2(max(num_bytes, 1.0)))))  # 256 MiB: past every cache
         rate, _ = self._figure(self.copies, "copy", (size,))
         return rate
 
@@ -156,7 +168,7 @@ class Calibration:
 
     def adamw_rate(self, numel: int) -> float | None:
         """Fused AdamW's bytes per second (28 B a parameter) on ``numel`` parameters (measured at the
-        power of two nearest it, at most 2^25 on a CPU)."""
+        power of two nearest it, at most 2^25: 512 MiB of fp32 states, past every cache)."""
         size = 2 ** min(25, max(12, round(math.log2(max(numel, 1)))))
         rate, _ = self._figure(self.adamw, "adamw", (size,))
         return rate
@@ -187,6 +199,7 @@ class Calibration:
             "gemms",
             "attention",
             "copies",
+            "blocks",
             "adamw",
         )
         out = {name: getattr(self, name) for name in keep}
@@ -196,7 +209,13 @@ class Calibration:
             allreduce=self.allreduce,
             zero3_param_s=self.zero3_param_s,
         )
-        tables = {"gemm": "gemms", "attention": "attention", "copy": "copies", "adamw": "adamw"}
+        tables = {
+            "gemm": "gemms",
+            "attention": "attention",
+            "copy": "copies",
+            "adamw": "adamw",
+            "block": "blocks",
+        }
         for kind, key in self._busy:  # measured on a busy host: this process's, not the cache's
             if kind in tables:
                 out[tables[kind]] = {k: v for k, v in out[tables[kind]].items() if k != key}
@@ -230,6 +249,7 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         attention=dict(record.get("attention") or {}),
         copies=dict(record.get("copies") or {}),
         op_s=record.get("op_s"),
+        blocks=dict(record.get("blocks") or {}),
         adamw=dict(record.get("adamw") or {}),
         fresh_bytes_per_s=record.get("fresh_bytes_per_s"),
         allreduce=record.get("allreduce"),

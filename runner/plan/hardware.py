@@ -20,13 +20,14 @@ Units: bytes and bytes/s inside; the config's GB and GB/s are decimal (1e9).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.config import ClusterConfig, Precision
+from runner.config import ClusterConfig, ModelConfig, Precision
 from runner.hardware.cgroup_memory import cgroup_memory_limit
 from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cuda_devices import cuda_available
@@ -190,6 +191,7 @@ def _measure_here(
     import torch  # deferred: only a plan that predicts time on this host's device measures it
 
     from runner.hardware import calibrate, calibrate_zero3
+    from runner.plan.block_timing import block_seconds
 
     device = torch.device("cuda" if cuda else "cpu")
     dtype = {Precision.fp32: torch.float32, Precision.fp16: torch.float16}.get(precision, torch.bfloat16)
@@ -214,12 +216,20 @@ def _measure_here(
         with calibrate.threads(count or None, neighbours=0 if cuda else ranks_here - 1):
             if kind == "gemm":
                 m, k, n = shape
-                return list(calibrate.gemm_rates(m, k, n, dtype=dtype, device=device))
+                limit = float("inf") if cuda else calibrate.MAX_GEMM_FLOPS  # a GPU times the real shape
+                return list(calibrate.gemm_rates(m, k, n, dtype=dtype, device=device, max_flops=limit))
             if kind == "attention":
                 b, h, s, d = shape
                 return list(calibrate.attention_seconds(b, h, s, d, dtype=dtype, device=device))
             if kind == "copy":
                 return calibrate.copy_rate(shape[0], device=device)
+            if kind == "block":
+                micro, seq, d, heads, kv, ffn = shape
+                cfg = ModelConfig(
+                    name="block", n_layer=1, n_head=heads, n_kv_head=kv, d_model=d, ffn_hidden=ffn
+                )
+                cfg = dataclasses.replace(cfg, max_seq_len=seq)
+                return block_seconds(cfg, micro, seq, dtype=dtype, device=device)
             if kind == "adamw":
                 return calibrate.adamw_rate(shape[0], device=device)
             if kind == "allreduce":  # two ranks of this host over gloo; a GPU's links are the cluster's

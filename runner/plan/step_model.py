@@ -14,8 +14,8 @@ and ``accum`` micro-batches:
 - ``attention``: causal ``scaled_dot_product_attention`` (the kernel runner/model/transformer.py
   calls) forward and backward at (micro, heads / tp, seq, head_dim), measured.
 - ``elementwise``: the memory-bound kernels around them (RMSNorm, RoPE, SwiGLU's gate, the
-  residual adds, the cross-entropy over the vocabulary; :data:`FORWARD_ELEMENTS`), bytes read
-  and written over the measured bandwidth of a copy that size, backward twice the forward
+  residual adds, the cross-entropy over the vocabulary), bytes read and written over the
+  measured bandwidth of a copy of the whole pass's bytes, backward twice the forward
   (each op's backward reads its input and the gradient and writes one).
 - ``dispatch``: the eager ops a step launches (:data:`OPS_PER_LAYER` per block), each at the
   measured cost of one op's forward and backward: the floor a small model runs into.
@@ -32,9 +32,12 @@ and ``accum`` micro-batches:
   link, plus each collective's latency: DDP and ZeRO-1/2 reduce in buckets; ZeRO-3 gathers each
   parameter tensor in forward and backward and reduce-scatters its gradient, every micro-batch.
   Data-parallel traffic hides behind the backward with ``parallel.overlap_comm`` up to its length.
+- ``grad flatten``: DDP's (stage 0's) flattening of the gradients for their all-reduce and the
+  copy back, at the boundary.
 - ``zero3 hooks``: ZeRO-3's per-parameter gather and release bookkeeping (DeepSpeed's
   ``partitioned_param_coordinator``: fetch, wait, release around each module, forward and
-  backward), :data:`ZERO3_OPS_PER_PARAM` eager ops per parameter tensor and micro-batch.
+  backward), measured with DeepSpeed itself per parameter tensor and micro-batch.
+- ``zero3 gathers``: its passes over the parameters' bytes (:data:`ZERO3_PASSES`).
 - ``bubble``: a 1F1B pipeline idles (pp - 1) / accum of its compute (Narayanan et al. 2021,
   Sec. 2.2.1).
 """
@@ -66,7 +69,7 @@ BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kerne
 # w1/w2/w3 projections 7, head views and transposes 6, RoPE 2 x 9, attention 1, residual
 # adds 2, SwiGLU 2, reshapes 2.
 OPS_PER_LAYER = 50
-ZERO3_OPS_PER_PARAM = 40  # fetch, all-gather, wait and release, forward and backward; grad reduce
+ZERO3_PASSES = 3  # ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc malloc(3): DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 ADAMW_BYTES = 28  # fp32 p, g, m, v read; p, m, v written
 
@@ -112,6 +115,7 @@ class _Compute:
     attention_backward: float
     elementwise_forward: float
     dispatch: float  # forward and backward
+    in_place: float = 1.0  # the blocks' parts scaled by a block timed whole (``_in_place``)
 
 
 def _attention_from_gemms(
@@ -129,17 +133,37 @@ def _attention_from_gemms(
     return forward, 2.5 * forward
 
 
-def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration) -> _Compute | None:
-    model, tp = workload.model, layout.tp
-    tokens = layout.micro_size * workload.seq_len
-    forward = backward = 0.0
-    for _name, count, m, k, n in _gemm_shapes(workload, layout, tokens):
+def _gemm_seconds(
+    workload: Workload, layout: Layout, calibration: Calibration, tokens: int
+) -> tuple[list[float], list[float]] | None:
+    """(forward, backward) seconds of one micro-batch's GEMMs: [the blocks', the head's]."""
+    forward, backward = [0.0, 0.0], [0.0, 0.0]
+    for name, count, m, k, n in _gemm_shapes(workload, layout, tokens):
         rates = calibration.gemm(m, k, n)
         if rates is None:
             return None
-        flops = 2.0 * m * k * n
-        forward += count * flops / rates[0]
-        backward += count * (flops / rates[1] + flops / rates[2])
+        flops, where = 2.0 * m * k * n, int(name == "head")
+        forward[where] += count * flops / rates[0]
+        backward[where] += count * (flops / rates[1] + flops / rates[2])
+    return forward, backward
+
+
+def _in_place(workload: Workload, layout: Layout, calibration: Calibration, parts: float) -> float:
+    """One block timed whole (runner/plan/block_timing.py) over the sum of its parts ``parts``:
+    what the parts take together, in place; 1 where no block was timed (a file's device, tp > 1)."""
+    model = workload.model
+    if layout.tp > 1 or parts <= 0:
+        return 1.0
+    timed = calibration.block_seconds(
+        layout.micro_size, workload.seq_len, model.d_model, model.n_head, n_kv_head(model), model.ffn_hidden
+    )
+    return 1.0 if timed is None else timed / parts
+
+
+def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration) -> _Compute | None:
+    model, tp = workload.model, layout.tp
+    tokens = layout.micro_size * workload.seq_len
+    gemms = _gemm_seconds(workload, layout, calibration, tokens)
     layers = layers_per_stage(model.n_layer, layout.pp)
     head_dim = model.d_model // model.n_head
     attention = calibration.attention_s(layout.micro_size, model.n_head // tp, workload.seq_len, head_dim)
@@ -147,24 +171,33 @@ def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration)
         attention = _attention_from_gemms(
             calibration, layout.micro_size * model.n_head // tp, workload.seq_len, head_dim
         )
-    op_s = calibration.op_seconds() or 0.0  # none recorded (a GPU's file): dispatch overlaps the kernels
+    # A CPU runs each op as it is dispatched; a GPU queues kernels while the host dispatches the
+    # next, so the host's dispatch time hides behind them (a GPU's calibration has threads 0).
+    op_s = (calibration.op_seconds() or 0.0) if calibration.threads else 0.0
     elem = _elem_bytes(workload.precision)
     h, f = model.d_model, model.ffn_hidden
     kv = h * n_kv_head(model) // model.n_head
     per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
     block_bytes = tokens * per_token * elem
     head_bytes = tokens * CROSS_ENTROPY * (model.vocab_size / tp) * elem
-    block_rate = calibration.copy_rate(tokens * h * elem)
-    head_rate = calibration.copy_rate(tokens * model.vocab_size / tp * elem)
-    if attention is None or block_rate is None or head_rate is None:
+    # The rate of a copy as large as the whole forward's traffic: its tensors stream through the
+    # caches once, each written by one kernel and read by the next after others ran between.
+    block_rate = calibration.copy_rate(layers * block_bytes)
+    head_rate = calibration.copy_rate(head_bytes)
+    if gemms is None or attention is None or block_rate is None or head_rate is None:
         return None
+    (block_f, head_f), (block_b, head_b) = gemms
+    elementwise = block_bytes / block_rate
+    one_block = (block_f + block_b) / layers + sum(attention) + elementwise * (1 + BACKWARD_ELEMENTS)
+    scale = _in_place(workload, layout, calibration, one_block + OPS_PER_LAYER * op_s)
     return _Compute(
-        gemm_forward=forward,
-        gemm_backward=backward,
-        attention_forward=layers * attention[0],
-        attention_backward=layers * attention[1],
-        elementwise_forward=layers * block_bytes / block_rate + head_bytes / head_rate,
-        dispatch=layers * OPS_PER_LAYER * op_s,
+        gemm_forward=head_f + scale * block_f,
+        gemm_backward=head_b + scale * block_b,
+        attention_forward=scale * layers * attention[0],
+        attention_backward=scale * layers * attention[1],
+        elementwise_forward=scale * layers * elementwise + head_bytes / head_rate,
+        dispatch=scale * layers * OPS_PER_LAYER * op_s,
+        in_place=scale,
     )
 
 
@@ -190,6 +223,57 @@ def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) ->
         "fresh memory",
         seconds,
         f"{fresh / 1e9:.3g} GB of page faults per micro-batch at {rate / 1e9:.3g} GB/s",
+    )
+
+
+def _zero3_terms(workload: Workload, layout: Layout, calibration: Calibration, local: int) -> list[Term]:
+    """ZeRO-3's own work per micro-batch: its hooks per parameter tensor (measured with DeepSpeed,
+    runner/hardware/calibrate_zero3.py), and its passes over the parameters' bytes: each tensor
+    gathered into a whole buffer in forward and again in backward, its gradient reduce-scattered
+    out of one (:data:`ZERO3_PASSES`, each read and written), at the copy bandwidth; a tensor above
+    glibc's mmap threshold is a fresh allocation each time, at the page-fault rate on a CPU."""
+    terms = []
+    tensors, accum = param_tensors(workload, layout), layout.accum_steps
+    hooks = calibration.zero3_param_seconds()
+    if hooks is not None:
+        terms.append(
+            Term(
+                "zero3 hooks",
+                accum * tensors * hooks,
+                f"{tensors} param tensors x {1e3 * hooks:.3g} ms per micro-batch (measured with DeepSpeed)",
+            )
+        )
+    elem = _elem_bytes(workload.precision)
+    vocab = workload.model.vocab_size // layout.tp * workload.model.d_model * elem
+    large = vocab * (1 if workload.model.tie_embeddings else 2) if vocab >= MMAP_THRESHOLD_MAX else 0
+    copy, fresh = calibration.copy_rate(local * elem / tensors), calibration.fresh_rate()
+    if copy is None:
+        return terms
+    seconds = ZERO3_PASSES * 2 * (local * elem - large) / copy
+    seconds += ZERO3_PASSES * large / (fresh or copy)
+    terms.append(
+        Term(
+            "zero3 gathers",
+            accum * seconds,
+            f"{ZERO3_PASSES} passes over {local * elem / 1e9:.3g} GB of parameters per micro-batch",
+        )
+    )
+    return terms
+
+
+def _flatten_term(workload: Workload, calibration: Calibration, local: int) -> Term | None:
+    """DeepSpeed's stage-0 reduction at the boundary (``buffered_allreduce_fallback``, any number
+    of ranks): every gradient flattened into a new buffer (written fresh; on a CPU above glibc's
+    mmap threshold, page faults), reduced, and copied back (read and written)."""
+    elem = _elem_bytes(workload.precision)
+    grads = local * elem
+    copy = calibration.copy_rate(grads)
+    if copy is None:
+        return None
+    fresh = calibration.fresh_rate() if grads >= MMAP_THRESHOLD_MAX else None
+    seconds = 3 * grads / copy + (grads / fresh if fresh else 0.0)
+    return Term(
+        "grad flatten", seconds, f"{grads / 1e9:.3g} GB of gradients into a fresh flat buffer and back"
     )
 
 
@@ -301,16 +385,12 @@ def compute_terms(
     if optimizer is None:
         return None
     terms.append(optimizer)
-    op_s = calibration.op_seconds()
-    if knobs.zero_stage == ZeroStage.zero3 and op_s is not None:
-        tensors = param_tensors(workload, layout)
-        terms.append(
-            Term(
-                "zero3 hooks",
-                accum * tensors * ZERO3_OPS_PER_PARAM * op_s,
-                f"{tensors} param tensors x {ZERO3_OPS_PER_PARAM} ops per micro-batch",
-            )
-        )
+    if knobs.zero_stage == ZeroStage.zero3:
+        terms += _zero3_terms(workload, layout, calibration, local)
+    elif knobs.zero_stage == ZeroStage.ddp:
+        flatten = _flatten_term(workload, calibration, local)
+        if flatten is not None:
+            terms.append(flatten)
     return terms
 
 
