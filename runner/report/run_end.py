@@ -22,6 +22,8 @@ from runner.rundir.summary import read_summary
 SPEED_HEADERS = (
     "tokens/s/device",
     "MFU %",
+    "step s",
+    "pred step s",
     "step IQR %",
     "step % fwd / bwd / opt / comm / p2p",
     "final loss",

@@ -42,6 +42,8 @@ LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro"
 SPEED_COLUMNS = (
     "tokens/s/device",
     "MFU %",
+    "step s",
+    "pred step s",
     "step IQR %",
     "step % fwd / bwd / opt / comm / p2p",
     "final loss",
