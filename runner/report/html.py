@@ -46,7 +46,8 @@ th, td { padding: 3px 8px; border-bottom: 1px solid #e6e6e6; white-space: nowrap
 /* The cells' table wraps its headers and its cells at their spaces rather than run past the page:
    "est / meas" over two lines, overrides one per line. Only a window too narrow for every column's
    longest word scrolls it. */
-#cells th, #cells td { white-space: normal; vertical-align: top; padding: 3px 5px; }
+#cells { font-size: 12px; }
+#cells th, #cells td { white-space: normal; vertical-align: top; padding: 3px 4px; }
 #cells td.num { text-align: right; }
 td.noisy { background: #fff3cd; font-weight: 700; }
 th { background: #f4f4f4; text-align: left; }

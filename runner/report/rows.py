@@ -415,6 +415,7 @@ class Column:
 
 
 MEMORY_GROUP = "memory per device, GB: estimated / measured"
+STEP_GROUP = "step s"  # on the page: the measured and the predicted step under one header
 # summary.json's wall_time fields the flat row (CSV, JSON) carries, as wall_<field>.
 WALL_FIELDS = (
     "total_s",
@@ -466,8 +467,8 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("device GB", lambda r: fmt_gb(r.device_memory_gb), group=MEMORY_GROUP, short="device"),
     Column("tokens/s/device", lambda r: _fmt(r.tokens_per_s_per_device, ",.0f")),
     Column("MFU %", lambda r: _fmt(None if r.mfu is None else 100 * r.mfu, ".1f")),
-    Column("step s", lambda r: _fmt(r.time_s.get("step"), ".3g")),
-    Column("pred step s", lambda r: _fmt(r.predicted_step_s, ".3g")),
+    Column("step s", lambda r: _fmt(r.time_s.get("step"), ".3g"), group=STEP_GROUP, short="meas"),
+    Column("pred step s", lambda r: _fmt(r.predicted_step_s, ".3g"), group=STEP_GROUP, short="pred"),
     Column("step IQR %", _spread_shown),
     Column("step % fwd / bwd / opt / comm / p2p", _time_shares, numeric=False),
     Column("final loss", lambda r: _fmt(r.final_loss, ".4f")),

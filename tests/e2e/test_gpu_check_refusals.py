@@ -70,7 +70,7 @@ def test_a_part_it_does_not_have_is_refused_with_the_parts_it_has(tmp_path):
     result = _check(out, sys.executable, parts="peer,speed")
     assert result.returncode == 2
     assert "GPU_CHECK_PARTS names no part 'speed'" in result.stderr
-    assert "tests, layouts, largest, compiled, peer, calibrate, zero3_micro1" in result.stderr
+    assert "tests, layouts, largest, compiled, peer, calibrate, recommend, zero3_micro1" in result.stderr
     assert not out.exists()
 
 

@@ -342,7 +342,8 @@ def test_the_predicted_step_stands_beside_the_measured_in_every_format(tmp_path,
     assert [cell.strip() for cell in line.split("|")][at : at + 2] == ["0.5", "0.4"]
     page = tmp_path / "report.html"
     assert main(["report", str(run), "--html", str(page), "--format", "csv"]) == 0
-    assert "pred step s" in page.read_text()
+    html = page.read_text()  # one "step s" header over its measured and predicted columns
+    assert '<th colspan="2" class="group">step s</th>' in html and "<th>pred</th>" in html
 
 
 def test_markdown_and_csv_list_every_cell(tmp_path, capsys):
