@@ -103,6 +103,7 @@ def _quiet_deepspeed() -> None:
     """DeepSpeed's logs and deprecation warnings off, as runner/engine/initialize.py
     ``_quiet_deepspeed`` turns them off: a warning printed at every collective would be timed
     with ZeRO-3's hooks."""
+    # Deferred: the child process alone loads DeepSpeed and torch (the planner never does).
     import logging
     import warnings
 
@@ -120,6 +121,7 @@ def _skip_inference_shm_op() -> None:
     """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce (about 45 s on a fresh
     machine), which only inference uses; mirrors runner/engine/distributed.py
     ``skip_inference_shm_op``, which this layer may not import."""
+    # Deferred: the child process alone loads DeepSpeed and torch (the planner never does).
     import deepspeed.ops
 
     compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
@@ -131,6 +133,7 @@ def _import_muon_uncompiled() -> None:
     """Import DeepSpeed's Muon module (DeepSpeed imports it whatever the optimizer) without its
     ``torch.compile`` decorations, which import TorchInductor (about 1.5 s): nothing here runs
     Muon. runner/engine/fixes/muon_compiles_at_import.py defers them for a rank instead."""
+    # Deferred: the child process alone loads DeepSpeed and torch (the planner never does).
     import torch
 
     def uncompiled(model: Any = None, **_: Any) -> Any:
@@ -148,6 +151,7 @@ def _import_muon_uncompiled() -> None:
 
 def _join_group(device_type: str, threads: int | None) -> Any:
     """One rank's process group (gloo on CPU, nccl on CUDA); this rank's torch.device."""
+    # Deferred: the child process alone loads DeepSpeed and torch (the planner never does).
     import deepspeed
     import torch
 
@@ -169,6 +173,7 @@ def _model() -> Any:
     ZeRO-3 hooks every module, with parameters or not; the runner's TransformerBlock holds 9
     parameter tensors in 12 modules (runner/model/transformer.py), as a block here holds 3 in 4.
     """
+    # Deferred: the child process alone loads DeepSpeed and torch (the planner never does).
     import torch
     from torch import nn
 
@@ -219,6 +224,7 @@ def _ds_config(stage: int, params: int) -> dict[str, Any]:
 def _measure(device_type: str, threads: int | None) -> dict[str, float | int]:
     """The child's measurement: (stage-3 micro-step - stage-0 micro-step) / parameter tensors,
     with the micro-steps it is made of."""
+    # Deferred: only the child process imports DeepSpeed and torch; the planner's never does.
     import deepspeed
     import torch
 
