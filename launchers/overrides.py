@@ -97,6 +97,12 @@ def _type_problem(key: SchemaKey, value: Any) -> str | None:
             return value_problem(key, value)
         null = " or null" if key.optional else ""
         words = TYPE_WORDS.get(key.kind, key.kind.__name__)
+        if key.kind is int and isinstance(value, float) and value.is_integer():
+            # 1e9, as DeepSpeed's docs spell its sizes, is a float to Hydra's grammar.
+            return (
+                f"{key.path}={spell(value)}: must be {words}{null}, and Hydra reads 1e9-style numbers "
+                f"as floats; write it out: {key.path}={int(value)} ({key.meaning})"
+            )
         return f"{key.path}={spell(value)}: must be {words}{null} ({key.meaning}); e.g. {key.example()}"
     return None
 

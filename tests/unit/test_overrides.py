@@ -27,6 +27,7 @@ pytestmark = pytest.mark.unit
         (["gpus=two"], "gpus=two: must be a whole number"),
         (["train.steps=1.5"], "train.steps=1.5: must be a whole number"),
         (["optimizer.lr=fast"], "optimizer.lr=fast: must be a number"),
+        (["parallel.allgather_bucket_size=5e8"], "write it out: parallel.allgather_bucket_size=500000000"),
         (["train.on_nonfinite=ignore"], "train.on_nonfinite=ignore: must be one of stop, skip"),
         (["train.on_nonfinite=skp"], "did you mean train.on_nonfinite=skip?"),
         (["-m", "gpus=1,two"], "gpus=two: must be a whole number"),
