@@ -317,10 +317,29 @@ class ParallelConfig:
         default=500_000_000,
         metadata=about("elements DeepSpeed all-gathers at a time under ZeRO 1-2, its default", at_least=1),
     )
-    param_persistence_threshold: int = field(
-        default=100_000,
+    # ZeRO-3's parameter fetching; null derives a key from model.d_model as Hugging Face's
+    # DeepSpeed integration does (runner.engine.deepspeed_config.zero3_fetch).
+    param_persistence_threshold: int | None = field(
+        default=None,
         metadata=about(
-            "ZeRO-3 keeps parameters with fewer elements than this whole on every rank", at_least=0
+            "ZeRO-3 keeps parameters of at most this many elements whole on every rank; "
+            "null: 10 x model.d_model",
+            at_least=0,
+        ),
+    )
+    prefetch_bucket_size: int | None = field(
+        default=None,
+        metadata=about(
+            "elements ZeRO-3 gathers ahead of the module that needs them; 0: none; "
+            "null: 0.9 x model.d_model^2",
+            at_least=0,
+        ),
+    )
+    max_live_parameters: int = field(
+        default=1_000_000_000,
+        metadata=about(
+            "ZeRO-3 prefetches only while fewer elements than this are gathered; DeepSpeed's default",
+            at_least=0,
         ),
     )
     offload_optimizer: Offload = field(

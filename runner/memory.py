@@ -196,7 +196,7 @@ def deepspeed_residuals(  # noqa: PLR0913 - public estimator API: keyword argume
     - ``ipg_buckets``: stage 3 allocates its gradient-reduction bucket of
       ``reduce_bucket_size`` elements in the gradient dtype up front (stage3.py), whatever
       the model's size: 2 GB in fp32 at DeepSpeed's default of 5e8 elements.
-    - ``zero3_full_params (persistent or gathered)``: stage 3 keeps parameters smaller than
+    - ``zero3_full_params (persistent or gathered)``: stage 3 keeps parameters of at most
       ``stage3_param_persistence_threshold`` elements whole on every rank beside their
       partitions (dp > 1); pass their total element count as ``persistent_params``.
     - ``temp_grad_buffer_for_gpu_offload``: ZeRO-Offload at stages 1-2 keeps a staging

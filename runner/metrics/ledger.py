@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute, ZeroStage
-from runner.engine.deepspeed_config import reduce_bucket_elements
+from runner.engine.deepspeed_config import persistence_threshold_elements, reduce_bucket_elements
 from runner.memory import TRANSIENT_ITEMS, activation_items_total
 from runner.parallel.pipeline_split import stage_activations
 from runner.plan.memory import HeldStates, MemoryCase, held_states, offload_placement
@@ -270,7 +270,7 @@ def boundary_estimate(case: MemoryCase) -> Estimate:
       gradients exist only inside backward;
     - fp32 training at stages 1-3 steps an fp32 partition that is a second copy of the
       fp32 weights: ``fp32_master_copy`` = 4P/dp;
-    - stage 3 keeps parameters under ``stage3_param_persistence_threshold`` elements whole
+    - stage 3 keeps parameters of at most ``stage3_param_persistence_threshold`` elements whole
       on every rank (``zero3_full_params``) and allocates its gradient bucket of
       ``reduce_bucket_size`` elements up front (``ipg_buckets``);
     - partitions are padded to a multiple of dp;
@@ -381,7 +381,9 @@ def deepspeed_estimate(
         contiguous_gradients=parallel.contiguous_gradients,
         compiled=compiled,
         host_is_device=host_is_device,
-        param_persistence_threshold=parallel.param_persistence_threshold,
+        param_persistence_threshold=persistence_threshold_elements(
+            parallel.param_persistence_threshold, model
+        ),
     )
     return boundary_estimate(case)
 

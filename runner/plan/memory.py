@@ -412,8 +412,8 @@ class MemoryCase:
     contiguous_gradients: bool = True
     compiled: bool = False  # train.compile: the blocks' activations as their compiled graphs save them
     host_is_device: bool = False  # CPU ranks: the host memory is the device's
-    # ZeRO-3 keeps parameters under this many elements whole on every rank
-    # (parallel.param_persistence_threshold); 0: none counted, as the plan does.
+    # ZeRO-3 keeps parameters of at most this many elements whole on every rank: the threshold
+    # DeepSpeed is given (runner.engine.deepspeed_config.persistence_threshold_elements); 0: none.
     param_persistence_threshold: int = 0
 
     def __post_init__(self) -> None:
@@ -488,7 +488,9 @@ def held_states(case: MemoryCase) -> HeldStates:
         held = zero12_held_elements(numels, case.dp)
         if case.offload == OffloadPlacement.none:
             grads = case.bytes_per_elem * held
-    persistent = sum(n for n in numels if n < case.param_persistence_threshold) if stage == 3 else 0
+    # DeepSpeed keeps a tensor whole when ``ds_numel <= threshold`` (0.19.8 parameter_offload.py
+    # ``mark_persistent_parameters``): a tensor of exactly the threshold is kept.
+    persistent = sum(n for n in numels if n <= case.param_persistence_threshold) if stage == 3 else 0
     offloaded = {
         "params": states.host_params,
         "grads": states.host_grads,

@@ -31,7 +31,7 @@ from runner.config import (
     TrainConfig,
     ZeroStage,
 )
-from runner.engine.deepspeed_config import reduce_bucket_elements
+from runner.engine.deepspeed_config import persistence_threshold_elements, reduce_bucket_elements
 from runner.errors import ConfigError
 from runner.layout import (
     PIPELINE_MICRO_BATCHES_PER_STAGE,
@@ -230,6 +230,7 @@ def knobs_from_config(config: TrainConfig) -> Knobs:
         overlap_comm=par.overlap_comm,
         contiguous_gradients=par.contiguous_gradients,
         reduce_bucket_size=par.reduce_bucket_size,
+        param_persistence_threshold=par.param_persistence_threshold,
     )
 
 
@@ -305,6 +306,9 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
             contiguous_gradients=knobs.contiguous_gradients,
             compiled=workload.compiled,
             host_is_device=workload.device.is_host,
+            param_persistence_threshold=persistence_threshold_elements(
+                knobs.param_persistence_threshold, workload.model
+            ),
         )
     )
 

@@ -55,6 +55,9 @@ class Knobs:
     # Elements of DeepSpeed's gradient bucket (runner.engine.deepspeed_config.reduce_bucket_elements);
     # ZeRO-3 allocates it up front.
     reduce_bucket_size: int = 500_000_000
+    # parallel.param_persistence_threshold: ZeRO-3 keeps tensors of at most this many elements
+    # whole on every rank; None: from the model (runner.engine.deepspeed_config.zero3_fetch).
+    param_persistence_threshold: int | None = None
 
     def describe(self) -> str:
         """Short words for the layout: 'zero3 + full recompute + offload optimizer, tp 2'."""

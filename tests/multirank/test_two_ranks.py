@@ -60,6 +60,14 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
             assert SECRET.encode() not in path.read_bytes(), path
     for name in (".hydra/config.yaml", "deepspeed_config.json", "metrics.jsonl", "summary.json"):
         assert (run_dir / name).exists(), name
+    if parallel == "zero3":
+        # ZeRO-3's prefetch and persistence from the tiny model's width h = 256: 0.9 h^2, 10h.
+        zero = json.loads((run_dir / "deepspeed_config.json").read_text())["zero_optimization"]
+        assert (zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"]) == (
+            58_982,
+            2_560,
+        )
+        assert zero["stage3_max_live_parameters"] == 1_000_000_000
     summary = result.summary
     assert summary["status"] == "completed"
     assert summary["layout"] == {

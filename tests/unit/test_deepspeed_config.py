@@ -1,10 +1,13 @@
 """DeepSpeed's config dict for every parallel x precision: one pure function writes it."""
 
+import dataclasses
 import itertools
 
 import pytest
 from train_helpers import compose_config
 
+from launchers.overrides import override_problems
+from launchers.prelaunch import choose_layout, deepspeed_config_for
 from runner.config import (
     ModelConfig,
     Offload,
@@ -15,7 +18,10 @@ from runner.config import (
     PrecisionConfig,
 )
 from runner.engine.deepspeed_config import build_deepspeed_config, reduce_bucket_elements
+from runner.errors import ConfigError
 from runner.layout import resolve_layout
+from runner.model.shape import num_params
+from runner.preflight.validate import validate
 
 pytestmark = pytest.mark.unit
 
@@ -103,3 +109,75 @@ def test_the_gradient_bucket_is_never_larger_than_the_model():
         lr=1e-3,
     )
     assert config["zero_optimization"]["reduce_bucket_size"] == 3_229_952
+
+
+def _zero_section(*overrides: str) -> dict:
+    """The ``zero_optimization`` section of the deepspeed_config.json a run of these overrides writes."""
+    config = compose_config("gpus=8", "batch.global_size=8", "batch.micro_size=1", *overrides)
+    return deepspeed_config_for(config, choose_layout(config))["zero_optimization"]
+
+
+# model: (h, stage3_prefetch_bucket_size int(0.9 h^2), stage3_param_persistence_threshold 10h):
+# Hugging Face's DeepSpeed integration's "auto" (transformers integrations/deepspeed.py
+# HfTrainerDeepSpeedConfig.trainer_config_finalize).
+DERIVED = {
+    "tiny": (256, 58_982, 2_560),
+    "gpt2_124m": (768, 530_841, 7_680),
+    "llama_1b": (2048, 3_774_873, 20_480),
+    "llama_7b": (4096, 15_099_494, 40_960),
+}
+
+
+@pytest.mark.parametrize("model", list(DERIVED))
+def test_a_zero3_run_writes_its_fetch_knobs_derived_from_the_models_width(model):
+    h, prefetch, persistence = DERIVED[model]
+    shape = compose_config(f"model={model}").model
+    zero = _zero_section(f"model={model}", "parallel=zero3")
+    assert shape.d_model == h
+    assert zero["stage3_prefetch_bucket_size"] == prefetch
+    assert zero["stage3_param_persistence_threshold"] == persistence
+    assert zero["stage3_max_live_parameters"] == 1_000_000_000  # DeepSpeed's: Hugging Face leaves it too
+    # The norms' gains (h elements) stay whole on every rank; every matrix is partitioned.
+    assert h <= persistence < h * h
+    # The gradient bucket is DeepSpeed's at every stage, capped at the model (not h^2).
+    assert zero["reduce_bucket_size"] == min(500_000_000, num_params(shape))
+    # ZeRO 1-2 are given no stage-3 key.
+    zero2 = _zero_section(f"model={model}", "parallel=zero2")
+    assert zero2["reduce_bucket_size"] == zero["reduce_bucket_size"]
+    assert not [key for key in zero2 if key.startswith("stage3_")]
+
+
+def test_a_users_zero3_numbers_win_over_the_derived_ones():
+    zero = _zero_section(
+        "model=llama_7b",
+        "parallel=zero3",
+        "parallel.reduce_bucket_size=200000",
+        "parallel.prefetch_bucket_size=0",
+        "parallel.param_persistence_threshold=100000",
+        "parallel.max_live_parameters=300000000",
+    )
+    assert zero["reduce_bucket_size"] == 200_000
+    assert zero["stage3_prefetch_bucket_size"] == 0  # no prefetching
+    assert zero["stage3_param_persistence_threshold"] == 100_000  # DeepSpeed's own default
+    assert zero["stage3_max_live_parameters"] == 300_000_000
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "reduce_bucket_size"],
+)
+def test_a_bad_zero3_number_is_refused_naming_the_key_and_the_fix(key):
+    path = f"parallel.{key}"
+    # A word is refused on the command line, before Hydra composes anything.
+    [problem] = override_problems([f"{path}=lots"])
+    assert problem.startswith(f"{path}=lots: must be a whole number"), problem
+    # DeepSpeed's docs write 1e9; Hydra reads it as a float, and the refusal writes it out.
+    [problem] = override_problems([f"{path}=1e9"])
+    assert f"{path}=1e+09: must be a whole number" in problem and f"{path}=1000000000 (" in problem, problem
+    # A negative number composes (it is an int) and is refused before any rank starts.
+    config = compose_config("parallel=zero3")
+    negative = dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, **{key: -1}))
+    with pytest.raises(ConfigError) as refused:
+        validate(negative, launcher=None)
+    assert f"{path}=-1: must be " in str(refused.value)
+    assert f"e.g. {path}=" in str(refused.value)

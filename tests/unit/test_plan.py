@@ -484,6 +484,20 @@ def test_zero12s_backward_bucket_counts_where_it_is_live():
     assert short.residuals["reduce_bucket (at boundary)"] == tiny_bucket - short.activations > 0
 
 
+def test_zero3s_plan_holds_the_whole_tensors_deepspeed_is_given():
+    """ZeRO-3 keeps tensors of at most stage3_param_persistence_threshold elements whole on
+    every rank (DeepSpeed's ``<=``); the plan counts them as runner.engine.deepspeed_config gives
+    the threshold. llama_7b in bf16 on 8 devices: 10h keeps the 65 norms' gains whole; a
+    threshold of exactly h^2 keeps the 128 h x h matrices whole too."""
+    h, norms = 4096, 65 * 4096
+    base = ("model=llama_7b", "parallel=zero3", "precision=bf16", "cluster=h100_sxm")
+    whole = "zero3_full_params (persistent or gathered)"
+    assert plan_config(_config(*base, "gpus=8")).memory.residuals[whole] == 2 * norms
+    users = plan_config(_config(*base, "gpus=8", f"parallel.param_persistence_threshold={h * h}"))
+    assert users.memory.residuals[whole] == 2 * (norms + 32 * 4 * h * h)
+    assert whole not in plan_config(_config(*base, "gpus=1")).memory.residuals  # one rank partitions nothing
+
+
 def test_a_tied_heads_gradient_counts_where_it_outlasts_the_loss():
     """Autograd holds a tied head's weight gradient (V x h) from the head's backward to the
     embedding's (runner.plan.memory.tied_head_gradient_bytes). It adds to the peak only
