@@ -17,7 +17,8 @@ micro-benchmarks at the shapes the models' runs use:
 - ``fresh_bytes_per_s``: a CPU's page faults into fresh large tensors (None on CUDA).
 - ``allreduce``: two processes' gloo all-reduce on a CPU; None on one GPU (its links are the
   cluster's).
-- ``zero3_param_s``: ZeRO-3's hooks per parameter tensor (runner/hardware/calibrate_zero3.py,
+- ``engine_param_s``: DeepSpeed's engine over a bare loop per parameter tensor and micro-batch,
+  by ZeRO stage; ZeRO-3's hooks are stage 3's less stage 0's (runner/hardware/calibrate_zero3.py,
   DeepSpeed in a child process), where that module exists.
 
     python bench/calibrate_device.py [--out calibration.json] [--cluster NAME]
@@ -90,15 +91,15 @@ def _key(*numbers: int) -> str:
     return ",".join(str(int(n)) for n in numbers)
 
 
-def _zero3_param_seconds(device: torch.device) -> float | None:
-    """runner/hardware/calibrate_zero3.py's figure, None where that module is not (yet) in the tree."""
+def _engine_param_seconds(device: torch.device) -> dict[str, float] | None:
+    """runner/hardware/calibrate_zero3.py's figures, None where that module is not (yet) in the tree."""
     if importlib.util.find_spec("runner.hardware.calibrate_zero3") is None:
-        print("zero3_param_s: runner/hardware/calibrate_zero3.py is not here; left None", flush=True)
+        print("engine_param_s: runner/hardware/calibrate_zero3.py is not here; left None", flush=True)
         return None
     from runner.hardware import calibrate_zero3
 
     threads = None if device.type == "cuda" else torch.get_num_threads()
-    return calibrate_zero3.zero3_param_seconds(device_type=device.type, threads=threads)
+    return calibrate_zero3.engine_param_seconds(device_type=device.type, threads=threads)
 
 
 def measure(
@@ -157,7 +158,7 @@ def measure(
         "fresh_bytes_per_s": timed("fresh", lambda: calibrate.fresh_rate(device=device)),
         # one GPU has no peer to reduce with: its links are the cluster's (conf/cluster/*.yaml)
         "allreduce": None if cuda else timed("allreduce", lambda: list(calibrate.allreduce_costs())),
-        "zero3_param_s": timed("zero3", lambda: _zero3_param_seconds(device)),
+        "engine_param_s": timed("engine", lambda: _engine_param_seconds(device)),
     }
     return figures, spent
 
@@ -177,12 +178,15 @@ def _print(record: dict[str, Any]) -> None:
         "fused AdamW GB/s: "
         + ", ".join(f"2^{int(k).bit_length() - 1} {v / 1e9:.0f}" for k, v in record["adamw"].items())
     )
-    fresh, zero3 = record["fresh_bytes_per_s"], record.get("zero3_param_s")
+    fresh, engine = record["fresh_bytes_per_s"], record.get("engine_param_s") or {}
+    zero3 = engine["3"] - engine["0"] if {"0", "3"} <= set(engine) else record.get("zero3_param_s")
     print(
         f"op {1e6 * record['op_s']:.1f} us; fresh memory "
         + ("-" if fresh is None else f"{fresh / 1e9:.1f} GB/s")
         + f"; all-reduce {record['allreduce'] or '-'}; ZeRO-3 hooks "
         + ("-" if zero3 is None else f"{1e3 * zero3:.3f} ms a param tensor")
+        + "; engine by stage "
+        + (", ".join(f"{stage} {1e3 * value:.3f} ms" for stage, value in engine.items()) or "-")
     )
 
 

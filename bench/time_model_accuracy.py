@@ -8,6 +8,7 @@ ZeRO 1-3; two micro-batch sizes; recompute none and full; tiny and gpt2_124m in 
 
     python bench/time_model_accuracy.py [--rounds 1] [--only tiny] [--save runs.json]
     python bench/time_model_accuracy.py --measured runs.json   # predict again, no training
+    python bench/time_model_accuracy.py --keep runs/   # keep each run's directory (metrics.jsonl)
 
 The last line is ``median_abs_err=<x> max_abs_err=<y> rank_corr=<z>``: relative errors of
 predicted against measured (|p - m| / m), and Spearman's rank correlation between them. With
@@ -110,14 +111,16 @@ def main() -> None:
     parser.add_argument("--only", default="", help="layouts whose name contains this")
     parser.add_argument("--save", type=Path, help="write the measured step times here (JSON)")
     parser.add_argument("--measured", type=Path, help="read measured step times from here; train nothing")
+    parser.add_argument("--keep", type=Path, help="keep the runs' directories here (their metrics.jsonl)")
     args = parser.parse_args()
     layouts = {name: spec for name, spec in LAYOUTS.items() if args.only in name}
     measured: dict[str, list[float]] = json.loads(args.measured.read_text()) if args.measured else {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = str(args.keep) if args.keep else scratch
         if not args.measured:
             for round_ in range(args.rounds):
                 for index, (name, (overrides, steps)) in enumerate(layouts.items()):
-                    run_dir = Path(tmp) / f"run{round_}_{index}"
+                    run_dir = Path(tmp) / f"run{round_}_{index}_{name.replace(' ', '_')}"
                     measured.setdefault(name, []).append(_train(run_dir, overrides, steps))
                     print(f"round {round_ + 1}: {name}: {measured[name][-1]:.3f} s", flush=True)
             if args.save:

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import os
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -37,6 +38,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+# The all-gather is timed at this buffer, past a CPU's caches: gloo's all-gather slows from
+# about 2 GB/s received at 16 MiB to 0.65 GB/s at 64-256 MiB on a 2-core CPU (its all-reduce
+# keeps 2 GB/s), and ZeRO-1/2 gather the parameters in buckets of up to 5e8 elements.
+GATHER_BYTES = 64 * 2**20
 MAX_GEMM_FLOPS = 2e9  # a forward above this is measured at a smaller M (see the module docstring)
 
 
@@ -93,6 +98,7 @@ def timed(
     warmup: int = 2,
     shared: bool = True,
     beside: Callable[[], Callable[[], Any]] | None = None,
+    fastest: bool = False,
 ) -> float:
     """The fastest of ``repeats`` calls of ``fn()``, in seconds, after ``warmup`` calls: other work
     on the device only ever slows a call down. ``shared``: on a CPU, with the neighbours of
@@ -109,7 +115,7 @@ def timed(
             _sync(device)
             if index >= warmup:
                 times.append(time.perf_counter() - started)
-    return min(times)
+    return min(times) if fastest else statistics.median(times)
 
 
 def gemm_rates(
@@ -191,25 +197,41 @@ def adamw_rate(numel: int, *, device: torch.device) -> float:
     return 28.0 * param.numel() / timed(optimizer.step, device)
 
 
-def _allreduce_worker(rank: int, init_file: str, sizes: list[int], out: Any) -> None:
-    """One of two processes: time all-reduces of ``sizes`` bytes (fp32) and put rank 0's on ``out``."""
+def _allreduce_worker(rank: int, init_file: str, sizes: list[int], out: Any, gather: bool = False) -> None:
+    """One of two processes: time all-reduces (``gather``: all-gathers, each rank giving half) of
+    ``sizes`` bytes (fp32) and put rank 0's on ``out``."""
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     device = torch.device("cpu")
     seconds = []
     for size in sizes:
         buffer = torch.ones(max(1, size // 4))
-        seconds.append(timed(functools.partial(torch.distributed.all_reduce, buffer), device, repeats=7))
+        if gather:
+            part = torch.ones(max(1, size // 8))
+            gathered = functools.partial(
+                torch.distributed.all_gather_into_tensor, buffer[: 2 * part.numel()], part
+            )
+            seconds.append(timed(gathered, device, repeats=7, fastest=True))
+            continue
+        # the fastest: a collective's typical call in a step finds its peer ready; here a call
+        # often waits for the other process to be scheduled, which a step's do not (measured
+        # 0.3 ms fastest, 3 ms median on 2 cores, against 0.25 ms per collective in a run)
+        all_reduce = functools.partial(torch.distributed.all_reduce, buffer)
+        seconds.append(timed(all_reduce, device, repeats=7, fastest=True))
     torch.distributed.destroy_process_group()
     if rank == 0:
         out.put(seconds)
 
 
-def allreduce_costs(small: int = 4096, large: int = 16 * 2**20) -> tuple[float, float]:
+def allreduce_costs(
+    small: int = 4096, large: int = 16 * 2**20, *, gather: bool = False
+) -> tuple[float, float]:
     """(latency s, bytes/s) of a two-process gloo all-reduce on this host: a line through two sizes.
 
     ``bytes/s`` is of the ring all-reduce's bytes sent per rank, 2 (n - 1) / n x the buffer
-    (runner.comm.allreduce_bytes): one buffer's worth for two ranks.
+    (runner.comm.allreduce_bytes): one buffer's worth for two ranks. ``gather``: of an
+    all-gather into the buffer instead (each rank's half; bytes/s of the (n - 1) / n x the
+    buffer a rank receives, runner.comm.allgather_bytes), best timed at :data:`GATHER_BYTES`.
     """
     import torch.multiprocessing as mp  # deferred: only a calibration of a collective spawns
 
@@ -218,7 +240,7 @@ def allreduce_costs(small: int = 4096, large: int = 16 * 2**20) -> tuple[float, 
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, f"init-{socket.gethostname()}")
         workers = [
-            context.Process(target=_allreduce_worker, args=(rank, init_file, [small, large], queue))
+            context.Process(target=_allreduce_worker, args=(rank, init_file, [small, large], queue, gather))
             for rank in range(2)
         ]
         for worker in workers:
@@ -226,11 +248,13 @@ def allreduce_costs(small: int = 4096, large: int = 16 * 2**20) -> tuple[float, 
         small_s, large_s = queue.get(timeout=120)
         for worker in workers:
             worker.join(timeout=60)
-    per_byte = max(1e-12, (large_s - small_s) / (large - small))
-    return max(0.0, small_s - small * per_byte), 1.0 / per_byte
+    moved = 0.5 if gather else 1.0  # bytes a rank moves per buffer byte, two ranks
+    per_byte = max(1e-12, (large_s - small_s) / (moved * (large - small)))
+    return max(0.0, small_s - moved * small * per_byte), 1.0 / per_byte
 
 
 __all__ = [
+    "GATHER_BYTES",
     "MAX_GEMM_FLOPS",
     "adamw_rate",
     "allreduce_costs",

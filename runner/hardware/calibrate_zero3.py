@@ -1,4 +1,5 @@
-"""ZeRO-3's host overhead per parameter tensor, measured with DeepSpeed itself.
+"""DeepSpeed's host overhead per parameter tensor and micro-batch, ZeRO-3's above all, measured
+with DeepSpeed itself.
 
 ZeRO-3 gathers each partitioned parameter before its module runs and releases it after,
 forward and backward, through hooks DeepSpeed puts around every module
@@ -12,11 +13,15 @@ The collectives themselves (world size 1 here) are the step model's ``dp comm`` 
 
 :func:`zero3_param_seconds` times it in a child process (the caller gets no process group
 and no DeepSpeed import): one rank, world size 1, a stack of many small linear layers,
-initialized once at ZeRO stage 0 and once at stage 3 with the keys the runner's configs set
-(runner/engine/deepspeed_config.py ``_zero_section``). Its figure is the stage-3 micro-step
-(forward and backward, no optimizer step) minus the stage-0 one, over the number of
-parameter tensors. The fastest of a few rounds after warm-up counts, as in
-runner/hardware/calibrate.py: other work on the host only ever slows a round down.
+initialized once at each ZeRO stage with the keys the runner's configs set
+(runner/engine/deepspeed_config.py ``_zero_section``), and the same stack run bare. Its figure
+is the stage-3 micro-step (forward and backward, no optimizer step) minus the stage-0 one,
+over the number of parameter tensors. :func:`engine_param_seconds` gives every stage's
+micro-step minus the bare one the same way: the engine's own work between optimizer steps
+(its forward and backward wrappers, ZeRO-1 and 2's gradient hooks), which a CPU pays in
+Python per tensor (on a 2-core CPU, tens of microseconds at stage 0). The fastest of a few
+rounds after warm-up counts, as in runner/hardware/calibrate.py: other work on the host only
+ever slows a round down.
 
 ``python -m runner.hardware.calibrate_zero3 --device-type cpu`` runs the child's side and
 prints ``{"zero3_param_s": ...}`` as its last line of stdout.
@@ -40,6 +45,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120.0  # the child takes about 5 s on a quiet 2-core CPU, 15-30 s on a busy one
 BLOCKS = 16  # of three nn.Linear(WIDTH, WIDTH, bias=False) each: 48 parameter tensors
 WIDTH = 64  # small: the GEMMs cost little beside the hooks
+# ZeRO-3 timed again at this width (1 MB fp32 tensors) gives its cost per byte of parameter:
+# the gathers' and the gradients' copies, which grow with a tensor's size.
+WIDE = 512
 BATCH = 8
 MICRO_STEPS = 2  # forward + backward per timed round
 ROUNDS = 8  # timed rounds per stage, after WARMUP_ROUNDS
@@ -47,6 +55,8 @@ WARMUP_ROUNDS = 2  # ZeRO-3 traces the module order in its first micro-steps, th
 MIN_ROUNDS = 3  # timed rounds before TIMING_BUDGET_S may end the timing
 TIMING_BUDGET_S = 5.0  # a quiet 2-core CPU times all ROUNDS in about 1 s
 RESULT_KEY = "zero3_param_s"
+ENGINE_KEY = "engine_param_s"
+BYTE_KEY = "zero3_byte_s"  # in ENGINE_KEY's figures: ZeRO-3's seconds per byte of a gathered tensor
 
 
 def _free_port() -> int:
@@ -55,11 +65,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def zero3_param_seconds(*, device_type: str, threads: int | None = None) -> float | None:
-    """Seconds of ZeRO-3's gather/release/reduce bookkeeping per parameter tensor per micro-batch
-    (forward and backward) at small tensors, on ``device_type`` ("cpu" or "cuda") with ``threads``
-    torch threads;
-    None when DeepSpeed is missing, or the measurement fails, times out or is lost in noise."""
+def _child_result(device_type: str, threads: int | None) -> dict[str, Any] | None:
+    """The child's result (see :func:`_measure`); None when DeepSpeed is missing, or the
+    child fails or times out."""
     if importlib.util.find_spec("deepspeed") is None:
         return None
     env = dict(os.environ)
@@ -90,10 +98,43 @@ def zero3_param_seconds(*, device_type: str, threads: int | None = None) -> floa
             result = json.loads(line)
         except ValueError:
             continue
-        if isinstance(result, dict) and isinstance(result.get(RESULT_KEY), (int, float)):
-            seconds = float(result[RESULT_KEY])
-            return seconds if math.isfinite(seconds) and seconds > 0 else None  # <= 0: noise won
+        if isinstance(result, dict) and RESULT_KEY in result:
+            return result
     return None
+
+
+def _positive(value: Any) -> float | None:
+    """A finite figure above zero; None for anything else (<= 0: noise won)."""
+    if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None
+
+
+def zero3_param_seconds(*, device_type: str, threads: int | None = None) -> float | None:
+    """Seconds of ZeRO-3's gather/release/reduce bookkeeping per parameter tensor per micro-batch
+    (forward and backward) at small tensors, on ``device_type`` ("cpu" or "cuda") with ``threads``
+    torch threads;
+    None when DeepSpeed is missing, or the measurement fails, times out or is lost in noise."""
+    result = _child_result(device_type, threads)
+    return None if result is None else _positive(result.get(RESULT_KEY))
+
+
+def engine_param_seconds(*, device_type: str, threads: int | None = None) -> dict[str, float] | None:
+    """Seconds per parameter tensor per micro-batch that DeepSpeed's engine adds to a bare
+    forward and backward, at each ZeRO stage ("0" to "3"; a stage that measured at or below the
+    bare loop adds 0), between optimizer steps; ZeRO-3's own figure is "3" minus "0", at small
+    tensors. :data:`BYTE_KEY`: what ZeRO-3 adds per byte of a tensor beyond that, from the same
+    stack at width :data:`WIDE`. None as for :func:`zero3_param_seconds`."""
+    result = _child_result(device_type, threads)
+    figures = result.get(ENGINE_KEY) if result is not None else None
+    if not isinstance(figures, dict):
+        return None
+    kept = {
+        str(stage): max(0.0, float(value))
+        for stage, value in figures.items()
+        if isinstance(value, (int, float)) and math.isfinite(value)
+    }
+    return kept or None
 
 
 # ---- the child's side: runs under `python -m runner.hardware.calibrate_zero3` -------------------
@@ -167,7 +208,7 @@ def _join_group(device_type: str, threads: int | None) -> Any:
     return torch.device("cuda", 0)
 
 
-def _model() -> Any:
+def _model(width: int = WIDTH) -> Any:
     """BLOCKS blocks of three small linear layers, a ReLU between: 3 * BLOCKS parameter tensors.
 
     ZeRO-3 hooks every module, with parameters or not; the runner's TransformerBlock holds 9
@@ -180,13 +221,20 @@ def _model() -> Any:
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.a, self.b, self.c = (nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(3))
+            self.a, self.b, self.c = (nn.Linear(width, width, bias=False) for _ in range(3))
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (BATCH, WIDTH) -> (BATCH, WIDTH)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (BATCH, width) -> (BATCH, width)
             return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
     torch.manual_seed(0)
     return nn.Sequential(*(Block() for _ in range(BLOCKS)))
+
+
+# Micro-batches per optimizer step in the child's DeepSpeed configs: no timed micro-step reaches
+# the boundary, so each is a micro-batch's own work (ZeRO-1 and 2 reduce only there, or per
+# bucket), never the step's reduction or the optimizer's.
+NO_BOUNDARY = 1_000_000
+STAGES = (0, 1, 2, 3)
 
 
 def _ds_config(stage: int, params: int) -> dict[str, Any]:
@@ -208,9 +256,9 @@ def _ds_config(stage: int, params: int) -> dict[str, Any]:
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
     return {
-        "train_batch_size": BATCH,
+        "train_batch_size": BATCH * NO_BOUNDARY,
         "train_micro_batch_size_per_gpu": BATCH,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": NO_BOUNDARY,
         "optimizer": {
             "type": "AdamW",
             "params": {"lr": 1e-3, "torch_adam": True, "adam_w_mode": True},
@@ -221,9 +269,10 @@ def _ds_config(stage: int, params: int) -> dict[str, Any]:
     }
 
 
-def _measure(device_type: str, threads: int | None) -> dict[str, float | int]:
-    """The child's measurement: (stage-3 micro-step - stage-0 micro-step) / parameter tensors,
-    with the micro-steps it is made of."""
+def _measure(device_type: str, threads: int | None) -> dict[str, Any]:
+    """The child's measurement: each ZeRO stage's micro-step minus a bare loop's (the same model's
+    forward and backward, no engine), over the number of parameter tensors; ZeRO-3's figure
+    (stage 3 minus stage 0); and the micro-steps they are made of."""
     # Deferred: only the child process imports DeepSpeed and torch; the planner's never does.
     import deepspeed
     import torch
@@ -231,43 +280,56 @@ def _measure(device_type: str, threads: int | None) -> dict[str, float | int]:
     _quiet_deepspeed()
     _import_muon_uncompiled()
     device = _join_group(device_type, threads)
-    engines = {}
-    for stage in (0, 3):
-        model = _model()
+    runs: dict[str, Any] = {}
+    for name, stage, width in [*((str(s), s, WIDTH) for s in STAGES), ("wide0", 0, WIDE), ("wide3", 3, WIDE)]:
+        model = _model(width)
         params = sum(p.numel() for p in model.parameters())
-        engines[stage], *_ = deepspeed.initialize(model=model, config=_ds_config(stage, params))
-    x = torch.randn(BATCH, WIDTH, device=device)
+        runs[name], *_ = deepspeed.initialize(model=model, config=_ds_config(stage, params))
+    bare = _model().to(device)
+    inputs = {width: torch.randn(BATCH, width, device=device) for width in (WIDTH, WIDE)}
     # Wall time: the hooks' waits (the gather's handles, the other threads DeepSpeed and torch run)
     # are the step's as much as this thread's own work; the fastest rounds leave bursts of other
     # processes' work out, and the planner keeps no figure measured on a busy host.
     cuda = device_type == "cuda"
     clock = time.perf_counter
 
-    def round_seconds(engine: Any) -> float:
+    def micro_step(name: str) -> None:
+        x = inputs[WIDE if name.startswith("wide") else WIDTH]
+        if name == "bare":
+            bare(x).square().mean().backward()  # gradients accumulate, as between boundaries
+            return
+        engine = runs[name]
+        engine.backward(engine(x).square().mean())  # no optimizer step: a step's, not a micro-batch's
+
+    def round_seconds(name: str) -> float:
         if cuda:
             torch.cuda.synchronize(device)
         started = clock()
         for _ in range(MICRO_STEPS):
-            engine.backward(engine(x).square().mean())  # no optimizer step: a step's, not a micro-batch's
+            micro_step(name)
         if cuda:
             torch.cuda.synchronize(device)
         return (clock() - started) / MICRO_STEPS
 
-    best = {stage: math.inf for stage in engines}
+    names = ["bare", *runs]
+    best = dict.fromkeys(names, math.inf)
     timing = time.perf_counter()
     for index in range(WARMUP_ROUNDS + ROUNDS):
-        for stage, engine in engines.items():  # interleaved: a burst of other work hits both
-            seconds = round_seconds(engine)
+        for name in names:  # interleaved: a burst of other work hits all alike
+            seconds = round_seconds(name)
             if index >= WARMUP_ROUNDS:
-                best[stage] = min(best[stage], seconds)
+                best[name] = min(best[name], seconds)
         if index >= WARMUP_ROUNDS + MIN_ROUNDS - 1 and time.perf_counter() - timing > TIMING_BUDGET_S:
             break  # a busy host: its quietest rounds so far
-    tensors = sum(1 for _ in engines[3].module.parameters())
+    tensors = sum(1 for _ in bare.parameters())
     torch.distributed.destroy_process_group()  # without it gloo may abort at exit
+    small, wide = (best["3"] - best["0"]) / tensors, (best["wide3"] - best["wide0"]) / tensors
+    engine = {str(stage): (best[str(stage)] - best["bare"]) / tensors for stage in STAGES}
+    engine[BYTE_KEY] = (wide - small) / (4 * (WIDE * WIDE - WIDTH * WIDTH))  # fp32 bytes
     return {
-        RESULT_KEY: (best[3] - best[0]) / tensors,
-        "stage0_micro_s": best[0],
-        "stage3_micro_s": best[3],
+        RESULT_KEY: small,
+        ENGINE_KEY: engine,
+        "micro_s": best,
         "tensors": tensors,
         "rounds": index + 1 - WARMUP_ROUNDS,
     }
@@ -282,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(_measure(args.device_type, args.threads)), flush=True)
 
 
-__all__ = ["zero3_param_seconds"]
+__all__ = ["engine_param_seconds", "zero3_param_seconds"]
 
 
 if __name__ == "__main__":

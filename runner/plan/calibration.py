@@ -83,7 +83,10 @@ class Calibration:
     adamw: dict[str, float] = field(default_factory=dict)  # "numel": fused AdamW bytes/s (28 B a param)
     fresh_bytes_per_s: float | None = None  # zeroing fresh large CPU allocations (page faults); GPU: None
     allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
+    allgather: list[float] | None = None  # [latency s, bytes/s received], two ranks
     zero3_param_s: float | None = None  # ZeRO-3's hooks per parameter tensor and micro-batch, one rank
+    # DeepSpeed's engine over a bare loop, per parameter tensor and micro-batch, by ZeRO stage
+    engine_param_s: dict[str, float] | None = None
     compute_scale: float = 1.0  # a borrowed calibration's peak ratio (see the module docstring)
     source: str = ""  # in words: measured here (cached where), or the file and its origin
     # (figure, measured on a quiet host) for a kind and shape; None: a file, nothing is measured
@@ -182,10 +185,27 @@ class Calibration:
         costs = self._once("allreduce")
         return None if costs is None else (float(costs[0]), float(costs[1]))
 
+    def allgather_costs(self) -> tuple[float, float] | None:
+        """(latency s, bytes/s received per rank) of a two-rank all-gather."""
+        costs = self._once("allgather")
+        return None if costs is None else (float(costs[0]), float(costs[1]))
+
     def zero3_param_seconds(self) -> float | None:
         """Seconds of ZeRO-3's gather/release/reduce bookkeeping per parameter tensor per
-        micro-batch, forward and backward (runner/hardware/calibrate_zero3.py)."""
-        return self._once("zero3_param_s")
+        micro-batch, forward and backward (runner/hardware/calibrate_zero3.py): a file's figure,
+        else stage 3's engine figure minus stage 0's."""
+        if self.zero3_param_s is not None:
+            return self.zero3_param_s
+        engine = self.engine_param_seconds()
+        if engine is None or "3" not in engine:
+            return None
+        return max(0.0, engine["3"] - engine.get("0", 0.0))
+
+    def engine_param_seconds(self) -> dict[str, float] | None:
+        """Seconds DeepSpeed's engine adds to a bare forward and backward per parameter tensor per
+        micro-batch, by ZeRO stage ("0" to "3"; runner/hardware/calibrate_zero3.py)."""
+        figures = self._once("engine_param_s")
+        return None if figures is None else {str(k): float(v) for k, v in figures.items()}
 
     def record(self) -> dict[str, Any]:
         """The calibration as its JSON file keeps it."""
@@ -207,7 +227,9 @@ class Calibration:
             op_s=self.op_s,
             fresh_bytes_per_s=self.fresh_bytes_per_s,
             allreduce=self.allreduce,
+            allgather=self.allgather,
             zero3_param_s=self.zero3_param_s,
+            engine_param_s=self.engine_param_s,
         )
         tables = {
             "gemm": "gemms",
@@ -253,7 +275,9 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         adamw=dict(record.get("adamw") or {}),
         fresh_bytes_per_s=record.get("fresh_bytes_per_s"),
         allreduce=record.get("allreduce"),
+        allgather=record.get("allgather"),
         zero3_param_s=record.get("zero3_param_s"),
+        engine_param_s=record.get("engine_param_s"),
         compute_scale=compute_scale,
         source=source,
     )

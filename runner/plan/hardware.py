@@ -237,13 +237,19 @@ def _measure_here(
                 return block_seconds(cfg, micro, seq, dtype=dtype, device=device)
             if kind == "adamw":
                 return calibrate.adamw_rate(shape[0], device=device)
-            if kind == "allreduce":  # two ranks of this host over gloo; a GPU's links are the cluster's
-                return None if cuda else list(calibrate.allreduce_costs())
             single = {
                 "op_s": lambda: calibrate.op_seconds(device=device),
                 "fresh_bytes_per_s": lambda: calibrate.fresh_rate(device=device),
+                # two ranks of this host over gloo; a GPU's links are the cluster's
+                "allreduce": lambda: None if cuda else list(calibrate.allreduce_costs()),
+                # past the caches, as a ZeRO-1/2 parameter bucket is (gloo gathers slower there)
+                "allgather": lambda: (
+                    None
+                    if cuda
+                    else list(calibrate.allreduce_costs(large=calibrate.GATHER_BYTES, gather=True))
+                ),
                 # DeepSpeed itself, in a child process of one rank with this rank's threads
-                "zero3_param_s": lambda: calibrate_zero3.zero3_param_seconds(
+                "engine_param_s": lambda: calibrate_zero3.engine_param_seconds(
                     device_type=device.type, threads=count or None
                 ),
             }

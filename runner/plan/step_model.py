@@ -47,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.config import OptimizerName, Precision, Recompute, ZeroStage
+from runner.engine.deepspeed_config import persistence_threshold_elements
 from runner.layout import Layout
 from runner.model.shape import n_kv_head
 from runner.parallel.pipeline_split import rank_param_numels
@@ -71,6 +72,7 @@ BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kerne
 OPS_PER_LAYER = 50
 ZERO3_PASSES = 3  # ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc malloc(3): DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
+ZERO3_BYTE_KEY = "zero3_byte_s"  # runner/hardware/calibrate_zero3.py BYTE_KEY, in engine_param_s
 ADAMW_BYTES = 28  # fp32 p, g, m, v read; p, m, v written
 
 
@@ -226,14 +228,25 @@ def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) ->
     )
 
 
-def _zero3_terms(workload: Workload, layout: Layout, calibration: Calibration, local: int) -> list[Term]:
-    """ZeRO-3's own work per micro-batch: its hooks per parameter tensor (measured with DeepSpeed,
-    runner/hardware/calibrate_zero3.py), and its passes over the parameters' bytes: each tensor
-    gathered into a whole buffer in forward and again in backward, its gradient reduce-scattered
-    out of one (:data:`ZERO3_PASSES`, each read and written), at the copy bandwidth; a tensor above
-    glibc's mmap threshold is a fresh allocation each time, at the page-fault rate on a CPU."""
+def _zero3_terms(
+    workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
+) -> list[Term]:
+    """ZeRO-3's own work per micro-batch: its hooks per partitioned parameter tensor (measured with
+    DeepSpeed, runner/hardware/calibrate_zero3.py), and its passes over the parameters' bytes: each
+    tensor gathered into a whole buffer in forward and again in backward, its gradient
+    reduce-scattered out of one (:data:`ZERO3_PASSES`, each read and written), at the copy
+    bandwidth; a tensor above glibc's mmap threshold is a fresh allocation each time, at the
+    page-fault rate on a CPU. Where the device's calibration measured ZeRO-3's cost per byte
+    (runner/hardware/calibrate_zero3.py, DeepSpeed at two tensor sizes), that figure prices
+    the partitioned bytes instead: it holds every copy DeepSpeed makes of a tensor and its
+    gradient on that device, whatever their number. Tensors at or under the persistence
+    threshold stay whole on every rank (``stage3_param_persistence_threshold``): never gathered."""
     terms = []
-    tensors, accum = param_tensors(workload, layout), layout.accum_steps
+    threshold = persistence_threshold_elements(knobs.param_persistence_threshold, workload.model)
+    numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
+    tensors, accum = sum(1 for n in numels if n > threshold), layout.accum_steps
+    if not tensors:
+        return terms
     hooks = calibration.zero3_param_seconds()
     if hooks is not None:
         terms.append(
@@ -244,6 +257,18 @@ def _zero3_terms(workload: Workload, layout: Layout, calibration: Calibration, l
             )
         )
     elem = _elem_bytes(workload.precision)
+    per_byte = (calibration.engine_param_seconds() or {}).get(ZERO3_BYTE_KEY)
+    if per_byte is not None:
+        gathered = elem * sum(n for n in numels if n > threshold)
+        terms.append(
+            Term(
+                "zero3 copies",
+                accum * gathered * per_byte,
+                f"{gathered / 1e9:.3g} GB of partitioned parameters per micro-batch x "
+                f"{per_byte * 1e9:.3g} s/GB (measured with DeepSpeed)",
+            )
+        )
+        return terms
     vocab = workload.model.vocab_size // layout.tp * workload.model.d_model * elem
     large = vocab * (1 if workload.model.tie_embeddings else 2) if vocab >= MMAP_THRESHOLD_MAX else 0
     copy, fresh = calibration.copy_rate(local * elem / tensors), calibration.fresh_rate()
@@ -274,6 +299,26 @@ def _flatten_term(workload: Workload, calibration: Calibration, local: int) -> T
     seconds = 3 * grads / copy + (grads / fresh if fresh else 0.0)
     return Term(
         "grad flatten", seconds, f"{grads / 1e9:.3g} GB of gradients into a fresh flat buffer and back"
+    )
+
+
+def _engine_term(knobs: Knobs, layout: Layout, calibration: Calibration, tensors: int) -> Term | None:
+    """DeepSpeed's engine around each micro-batch on the host, per parameter tensor (measured with
+    DeepSpeed against a bare loop, runner/hardware/calibrate_zero3.py ``engine_param_seconds``):
+    its forward and backward wrappers, and ZeRO-1 and 2's gradient hooks. ZeRO-3's own hooks
+    beyond stage 0's are the ``zero3 hooks`` term."""
+    figures = calibration.engine_param_seconds()
+    if not figures:
+        return None
+    stage = 0 if knobs.zero_stage == ZeroStage.zero3 else int(knobs.zero_stage)
+    per_tensor = figures.get(str(stage))
+    if per_tensor is None:
+        return None
+    return Term(
+        "engine",
+        layout.accum_steps * tensors * per_tensor,
+        f"DeepSpeed's engine per micro-batch: {tensors} param tensors x {1e3 * per_tensor:.3g} ms "
+        "(measured against a bare loop)",
     )
 
 
@@ -308,17 +353,29 @@ def _optimizer_term(
 
 
 def comm_seconds(
-    bytes_: float, collectives: int, *, bandwidth: float | None, calibration: Calibration | None, local: bool
+    bytes_: float,
+    collectives: int,
+    *,
+    bandwidth: float | None,
+    calibration: Calibration | None,
+    local: bool,
+    gathered: float = 0.0,
 ) -> tuple[float | None, str]:
     """Seconds of ``collectives`` collectives moving ``bytes_`` per rank, and where the figures came from.
 
     A link of this host (ranks as processes here) takes the measured two-rank all-reduce's
-    latency and bandwidth; any other the cluster's link bandwidth and no latency.
+    latency and bandwidth, and the measured all-gather's bandwidth for the ``gathered`` part of
+    ``bytes_`` (gloo gathers slower than it reduces); any other the cluster's link bandwidth
+    and no latency.
     """
     measured = calibration.allreduce_costs() if (calibration is not None and local) else None
     if measured is not None:
         latency, rate = measured
-        return collectives * latency + bytes_ / rate, "measured all-reduce on this host"
+        gather = calibration.allgather_costs() if (calibration is not None and gathered) else None
+        if gather is None:
+            return collectives * latency + bytes_ / rate, "measured all-reduce on this host"
+        seconds = collectives * latency + (bytes_ - gathered) / rate + gathered / gather[1]
+        return seconds, "measured all-reduce and all-gather on this host"
     if bandwidth is None:
         return (0.0, "nothing to move") if bytes_ == 0 else (None, "link bandwidth unknown")
     return bytes_ / bandwidth, "the cluster's link bandwidth"
@@ -385,8 +442,11 @@ def compute_terms(
     if optimizer is None:
         return None
     terms.append(optimizer)
+    engine = _engine_term(knobs, layout, calibration, param_tensors(workload, layout))
+    if engine is not None:
+        terms.append(engine)
     if knobs.zero_stage == ZeroStage.zero3:
-        terms += _zero3_terms(workload, layout, calibration, local)
+        terms += _zero3_terms(workload, knobs, layout, calibration, local)
     elif knobs.zero_stage == ZeroStage.ddp:
         flatten = _flatten_term(workload, calibration, local)
         if flatten is not None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.comm import allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
+from runner.comm import allgather_bytes, allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
 from runner.config import ModelConfig, Precision, Recompute, ZeroStage
 from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_flops_per_token
 from runner.layout import Layout
@@ -56,6 +56,7 @@ class Traffic:
     link: str  # "intra-node" or "inter-node"
     bandwidth: float | None  # bytes/s one direction; None: unknown
     detail: str
+    gathered: float = 0.0  # of ``bytes``, those all-gathered (the rest all-reduced or reduce-scattered)
 
     @property
     def seconds(self) -> float | None:
@@ -155,11 +156,23 @@ def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
         dp_bytes, how = once + extra, f"grads reduce-scattered per micro-batch x accum {accum_steps}"
     else:
         dp_bytes, how = once, "gradients reduced once per step"
+    if workload.device.is_host and stage != ZeroStage.ddp:
+        # CPU ranks talk over gloo (runner/engine/distributed.py), which has no reduce-scatter:
+        # DeepSpeed's ZeRO-1/2 all-reduce the gradient bucket, and torch's gloo
+        # ``_reduce_scatter_base`` (ZeRO-3) all-reduces the whole buffer and keeps its part.
+        reduces = 1 if stage == ZeroStage.zero1 else accum_steps
+        grads = local * elem
+        dp_bytes += reduces * (allreduce_bytes(grads, dp) - reduce_scatter_bytes(grads, dp))
+        how += "; gloo all-reduces where ZeRO reduce-scatters"
+    # ZeRO-1/2 gather the updated parameters once a step; ZeRO-3 gathers them in forward and
+    # backward every micro-batch (runner.comm.zero_step_bytes).
+    gathers = {ZeroStage.zero1: 1, ZeroStage.zero2: 1, ZeroStage.zero3: 2 * accum_steps}.get(stage, 0)
+    gathered = gathers * allgather_bytes(local * elem, dp)
     per_node = workload.device.per_node
     within = layout.gpus <= per_node
     where = f"{layout.gpus} gpus {'<=' if within else '>'} {per_node} per node"
     link = _link(workload.device, inside_node=within)
-    return Traffic("dp", dp_bytes, *link, f"ZeRO-{int(stage)}: {how}; {where}")
+    return Traffic("dp", dp_bytes, *link, f"ZeRO-{int(stage)}: {how}; {where}", gathered=gathered)
 
 
 def model_flops_per_token(model: ModelConfig, *, num_params: int, seq_len: int) -> float:
@@ -208,6 +221,7 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
             bandwidth=group.bandwidth,
             calibration=calibration,
             local=calibration.measure is not None and group.link == "intra-node",
+            gathered=group.gathered,
         )
         if seconds is None:
             exposed = None
