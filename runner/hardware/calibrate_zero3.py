@@ -237,13 +237,13 @@ NO_BOUNDARY = 1_000_000
 STAGES = (0, 1, 2, 3)
 
 
-def _ds_config(stage: int, params: int) -> dict[str, Any]:
+def _ds_config(stage: int, params: int, width: int) -> dict[str, Any]:
     """fp32, torch's AdamW, and the ZeRO keys runner/engine/deepspeed_config.py sets.
 
     ``stage3_param_persistence_threshold`` 0 partitions every tensor, as a real model's large
-    ones are under the runner's default threshold (1e5 elements; these have 4096). The runner
-    leaves ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` at DeepSpeed's
-    defaults, and so does this. The reduce bucket is capped at the model's size as
+    ones are above the runner's derived threshold (10 h). The prefetch bucket is the runner's
+    derived 0.9 h^2 at this stack's width; ``stage3_max_live_parameters`` stays DeepSpeed's
+    default, as the runner leaves it. The reduce bucket is capped at the model's size as
     ``reduce_bucket_elements`` caps it.
     """
     zero: dict[str, Any] = {
@@ -255,6 +255,9 @@ def _ds_config(stage: int, params: int) -> dict[str, Any]:
     }
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
+        # about one matrix ahead, as the runner's derived 0.9 h^2 (runner/engine/deepspeed_config.py
+        # ``zero3_fetch``) prefetches a model of width h
+        zero["stage3_prefetch_bucket_size"] = int(0.9 * width * width)
     return {
         "train_batch_size": BATCH * NO_BOUNDARY,
         "train_micro_batch_size_per_gpu": BATCH,
@@ -284,7 +287,7 @@ def _measure(device_type: str, threads: int | None) -> dict[str, Any]:
     for name, stage, width in [*((str(s), s, WIDTH) for s in STAGES), ("wide0", 0, WIDE), ("wide3", 3, WIDE)]:
         model = _model(width)
         params = sum(p.numel() for p in model.parameters())
-        runs[name], *_ = deepspeed.initialize(model=model, config=_ds_config(stage, params))
+        runs[name], *_ = deepspeed.initialize(model=model, config=_ds_config(stage, params, width))
     bare = _model().to(device)
     inputs = {width: torch.randn(BATCH, width, device=device) for width in (WIDTH, WIDE)}
     # Wall time: the hooks' waits (the gather's handles, the other threads DeepSpeed and torch run)

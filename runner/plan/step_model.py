@@ -241,7 +241,7 @@ def _zero3_terms(
     the partitioned bytes instead: it holds every copy DeepSpeed makes of a tensor and its
     gradient on that device, whatever their number. Tensors at or under the persistence
     threshold stay whole on every rank (``stage3_param_persistence_threshold``): never gathered."""
-    terms = []
+    terms: list[Term] = []
     threshold = persistence_threshold_elements(knobs.param_persistence_threshold, workload.model)
     numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
     tensors, accum = sum(1 for n in numels if n > threshold), layout.accum_steps
@@ -284,6 +284,38 @@ def _zero3_terms(
         )
     )
     return terms
+
+
+def _zero_grads_term(
+    workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
+) -> Term | None:
+    """ZeRO-1/2's copies of the gradients (DeepSpeed 0.19.8 stage_1_and_2.py): at each reduce (once
+    a step at stage 1, every micro-batch at stage 2) every gradient is copied into the contiguous
+    reduce bucket (``contiguous_gradients``) and the bucket flattened for the collective
+    (``flatten_dense_tensors``); at the step the rank's partition is flattened once more into a
+    new buffer for the optimizer. Each is written fresh: above glibc's mmap threshold at the
+    page-fault rate on a CPU, else read and written at the copy bandwidth."""
+    elem = _elem_bytes(workload.precision)
+    grads = local * elem
+    stepped = grads // max(1, layout.dp)
+    reduces = 1 if knobs.zero_stage == ZeroStage.zero1 else layout.accum_steps
+
+    def write(num_bytes: float) -> float | None:
+        fresh = calibration.fresh_rate() if num_bytes >= MMAP_THRESHOLD_MAX else None
+        copy = calibration.copy_rate(num_bytes)
+        if fresh is not None:
+            return num_bytes / fresh
+        return None if copy is None else 2 * num_bytes / copy
+
+    bucket, partition = write(grads), write(stepped)
+    if bucket is None or partition is None:
+        return None
+    return Term(
+        "zero grads",
+        reduces * 2 * bucket + partition,
+        f"{grads / 1e9:.3g} GB of gradients into the reduce bucket and flattened, x {reduces}; "
+        "the rank's partition flattened for the step",
+    )
 
 
 def _flatten_term(workload: Workload, calibration: Calibration, local: int) -> Term | None:
@@ -442,16 +474,23 @@ def compute_terms(
     if optimizer is None:
         return None
     terms.append(optimizer)
-    engine = _engine_term(knobs, layout, calibration, param_tensors(workload, layout))
-    if engine is not None:
-        terms.append(engine)
-    if knobs.zero_stage == ZeroStage.zero3:
+    return terms + _engine_terms(workload, knobs, layout, calibration, local)
+
+
+def _engine_terms(
+    workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
+) -> list[Term]:
+    """DeepSpeed's own work at the layout's ZeRO stage: its engine per micro-batch, and the
+    stage's copies of the gradients or parameters."""
+    stage = knobs.zero_stage
+    terms = [_engine_term(knobs, layout, calibration, param_tensors(workload, layout))]
+    if stage == ZeroStage.zero3:
         terms += _zero3_terms(workload, knobs, layout, calibration, local)
-    elif knobs.zero_stage == ZeroStage.ddp:
-        flatten = _flatten_term(workload, calibration, local)
-        if flatten is not None:
-            terms.append(flatten)
-    return terms
+    elif stage in (ZeroStage.zero1, ZeroStage.zero2):
+        terms.append(_zero_grads_term(workload, knobs, layout, calibration, local))
+    else:
+        terms.append(_flatten_term(workload, calibration, local))
+    return [term for term in terms if term is not None]
 
 
 __all__ = ["Term", "comm_seconds", "compute_terms", "forward_seconds", "param_tensors"]
