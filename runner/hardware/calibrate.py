@@ -17,7 +17,8 @@ rank will have, and returns seconds or a rate:
 - :func:`adamw_rate`: torch's fused AdamW (runner/engine/deepspeed_config.py asks for it) on
   a flat fp32 tensor, in bytes per second at 28 B a parameter (p, g, m, v read; p, m, v written).
 - :func:`allreduce_costs`: two processes' all-reduce over the backend the runner uses
-  (gloo on CPU), at a small and a large size: latency and bytes per second.
+  (gloo on CPU), at a small and a large size: latency and bytes per second;
+  :func:`allgather_costs` the same of an all-gather.
 
 Every timing is the fastest of a few calls after warm-up calls.
 """
@@ -222,16 +223,24 @@ def _allreduce_worker(rank: int, init_file: str, sizes: list[int], out: Any, gat
         out.put(seconds)
 
 
-def allreduce_costs(
-    small: int = 4096, large: int = 16 * 2**20, *, gather: bool = False
-) -> tuple[float, float]:
+def allreduce_costs(small: int = 4096, large: int = 16 * 2**20) -> tuple[float, float]:
     """(latency s, bytes/s) of a two-process gloo all-reduce on this host: a line through two sizes.
 
     ``bytes/s`` is of the ring all-reduce's bytes sent per rank, 2 (n - 1) / n x the buffer
-    (runner.comm.allreduce_bytes): one buffer's worth for two ranks. ``gather``: of an
-    all-gather into the buffer instead (each rank's half; bytes/s of the (n - 1) / n x the
-    buffer a rank receives, runner.comm.allgather_bytes), best timed at :data:`GATHER_BYTES`.
+    (runner.comm.allreduce_bytes): one buffer's worth for two ranks.
     """
+    return _collective_costs(small, large, gather=False)
+
+
+def allgather_costs(small: int = 4096, large: int = GATHER_BYTES) -> tuple[float, float]:
+    """(latency s, bytes/s) of a two-process gloo all-gather into a buffer of each size (each
+    rank gives half); ``bytes/s`` of the (n - 1) / n x the buffer a rank receives
+    (runner.comm.allgather_bytes)."""
+    return _collective_costs(small, large, gather=True)
+
+
+def _collective_costs(small: int, large: int, *, gather: bool) -> tuple[float, float]:
+    """A line through two sizes' timings of the collective (see :func:`allreduce_costs`)."""
     import torch.multiprocessing as mp  # deferred: only a calibration of a collective spawns
 
     context = mp.get_context("spawn")
@@ -256,6 +265,7 @@ __all__ = [
     "GATHER_BYTES",
     "MAX_GEMM_FLOPS",
     "adamw_rate",
+    "allgather_costs",
     "allreduce_costs",
     "attention_seconds",
     "copy_rate",

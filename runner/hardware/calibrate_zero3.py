@@ -11,13 +11,13 @@ tensor of 4096 elements on a quiet host. Larger tensors add copies on top: 0.42 
 elements, 2.5 ms at 1M (about 0.5 ms per MB of fp32 parameter); this figure is the fixed part.
 The collectives themselves (world size 1 here) are the step model's ``dp comm`` term.
 
-:func:`zero3_param_seconds` times it in a child process (the caller gets no process group
+:func:`engine_param_seconds` times it in a child process (the caller gets no process group
 and no DeepSpeed import): one rank, world size 1, a stack of many small linear layers,
 initialized once at each ZeRO stage with the keys the runner's configs set
-(runner/engine/deepspeed_config.py ``_zero_section``), and the same stack run bare. Its figure
-is the stage-3 micro-step (forward and backward, no optimizer step) minus the stage-0 one,
-over the number of parameter tensors. :func:`engine_param_seconds` gives every stage's
-micro-step minus the bare one the same way: the engine's own work between optimizer steps
+(runner/engine/deepspeed_config.py ``_zero_section``), and the same stack run bare. ZeRO-3's
+figure is the stage-3 micro-step (forward and backward, no optimizer step) minus the stage-0
+one, over the number of parameter tensors; every stage's micro-step minus the bare one, the
+same way, is: the engine's own work between optimizer steps
 (its forward and backward wrappers, ZeRO-1 and 2's gradient hooks), which a CPU pays in
 Python per tensor (on a 2-core CPU, tens of microseconds at stage 0). The fastest of a few
 rounds after warm-up counts, as in runner/hardware/calibrate.py: other work on the host only
@@ -103,28 +103,12 @@ def _child_result(device_type: str, threads: int | None) -> dict[str, Any] | Non
     return None
 
 
-def _positive(value: Any) -> float | None:
-    """A finite figure above zero; None for anything else (<= 0: noise won)."""
-    if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
-        return float(value)
-    return None
-
-
-def zero3_param_seconds(*, device_type: str, threads: int | None = None) -> float | None:
-    """Seconds of ZeRO-3's gather/release/reduce bookkeeping per parameter tensor per micro-batch
-    (forward and backward) at small tensors, on ``device_type`` ("cpu" or "cuda") with ``threads``
-    torch threads;
-    None when DeepSpeed is missing, or the measurement fails, times out or is lost in noise."""
-    result = _child_result(device_type, threads)
-    return None if result is None else _positive(result.get(RESULT_KEY))
-
-
 def engine_param_seconds(*, device_type: str, threads: int | None = None) -> dict[str, float] | None:
     """Seconds per parameter tensor per micro-batch that DeepSpeed's engine adds to a bare
     forward and backward, at each ZeRO stage ("0" to "3"; a stage that measured at or below the
     bare loop adds 0), between optimizer steps; ZeRO-3's own figure is "3" minus "0", at small
     tensors. :data:`BYTE_KEY`: what ZeRO-3 adds per byte of a tensor beyond that, from the same
-    stack at width :data:`WIDE`. None as for :func:`zero3_param_seconds`."""
+    stack at width :data:`WIDE`. None when DeepSpeed is missing, or the child fails or times out."""
     result = _child_result(device_type, threads)
     figures = result.get(ENGINE_KEY) if result is not None else None
     if not isinstance(figures, dict):
@@ -347,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(_measure(args.device_type, args.threads)), flush=True)
 
 
-__all__ = ["engine_param_seconds", "zero3_param_seconds"]
+__all__ = ["BYTE_KEY", "engine_param_seconds"]
 
 
 if __name__ == "__main__":

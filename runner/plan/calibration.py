@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.hardware import calibrate_zero3
+
 CALIBRATION_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster" / "calibration"
 CACHE_ENV = "LADDER_CACHE_DIR"
 
@@ -200,6 +202,11 @@ class Calibration:
         if engine is None or "3" not in engine:
             return None
         return max(0.0, engine["3"] - engine.get("0", 0.0))
+
+    def zero3_byte_seconds(self) -> float | None:
+        """Seconds ZeRO-3 adds per byte of a gathered tensor per micro-batch, beyond its per-tensor
+        figure (runner/hardware/calibrate_zero3.py ``BYTE_KEY``); None where it was not measured."""
+        return (self.engine_param_seconds() or {}).get(calibrate_zero3.BYTE_KEY)
 
     def engine_param_seconds(self) -> dict[str, float] | None:
         """Seconds DeepSpeed's engine adds to a bare forward and backward per parameter tensor per

@@ -243,11 +243,7 @@ def _measure_here(
                 # two ranks of this host over gloo; a GPU's links are the cluster's
                 "allreduce": lambda: None if cuda else list(calibrate.allreduce_costs()),
                 # past the caches, as a ZeRO-1/2 parameter bucket is (gloo gathers slower there)
-                "allgather": lambda: (
-                    None
-                    if cuda
-                    else list(calibrate.allreduce_costs(large=calibrate.GATHER_BYTES, gather=True))
-                ),
+                "allgather": lambda: None if cuda else list(calibrate.allgather_costs()),
                 # DeepSpeed itself, in a child process of one rank with this rank's threads
                 "engine_param_s": lambda: calibrate_zero3.engine_param_seconds(
                     device_type=device.type, threads=count or None

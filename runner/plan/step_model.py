@@ -72,7 +72,6 @@ BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kerne
 OPS_PER_LAYER = 50
 ZERO3_PASSES = 3  # ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc malloc(3): DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
-ZERO3_BYTE_KEY = "zero3_byte_s"  # runner/hardware/calibrate_zero3.py BYTE_KEY, in engine_param_s
 ADAMW_BYTES = 28  # fp32 p, g, m, v read; p, m, v written
 
 
@@ -257,7 +256,7 @@ def _zero3_terms(
             )
         )
     elem = _elem_bytes(workload.precision)
-    per_byte = (calibration.engine_param_seconds() or {}).get(ZERO3_BYTE_KEY)
+    per_byte = calibration.zero3_byte_seconds()
     if per_byte is not None:
         gathered = elem * sum(n for n in numels if n > threshold)
         terms.append(
