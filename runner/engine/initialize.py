@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from runner.config import OptimizerConfig, Precision
+from runner.engine import zero_step_copies
 from runner.engine.fixes import (
     fp16_stage0_loss_scale,
     pickle_in_checkpoints,
@@ -86,7 +87,9 @@ def initialize_engine(
     layout: Layout,
     precision: Precision,
 ) -> Any:
-    """``deepspeed.initialize`` with ladder's parameter groups and schedule, then :func:`apply_fixes`."""
+    """``deepspeed.initialize`` with ladder's parameter groups and schedule, then :func:`apply_fixes`,
+    then ZeRO's optimizer step without its two needless passes over the gradients
+    (runner/engine/zero_step_copies.py)."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
 
@@ -106,4 +109,5 @@ def initialize_engine(
         lr_scheduler=lambda torch_optimizer: torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lr_lambda),
     )
     apply_fixes(engine, layout=layout, precision=precision, grad_clip=optimizer.grad_clip)
+    zero_step_copies.install(engine)
     return engine

@@ -301,9 +301,10 @@ def optimizer_step_bytes(
     Backward's activations are freed by then; the model states and these copies are live
     (DeepSpeed 0.19.8):
 
-    - ZeRO 1-2 (stage_1_and_2.py ``step``): each group's gradient partition is flattened
-      into one tensor in its own dtype, and that cast to fp32 (``.to`` is no copy in fp32),
-      both live at the cast: (g + 4) B per element of the partition in 16-bit, 4 B in fp32.
+    - ZeRO 1-2 (stage_1_and_2.py ``step``): each group's gradient partition written into
+      one new fp32 tensor, 4 B per element of the partition. In 16-bit DeepSpeed flattens it
+      in its own dtype first and casts that (g + 4 B live at the cast); ladder writes the
+      fp32 tensor in one pass (runner/engine/zero_step_copies.py).
     - ZeRO-3 (stage3.py ``_prepare_fp32_grad_for_sub_group``): the same, one sub-group at a
       time, at most ``sub_group_size`` (1e9) elements.
     - ZeRO-0 in 16-bit (FP16_UnfusedOptimizer ``step``, bf16 and fp16): an fp32 copy of every
@@ -315,20 +316,20 @@ def optimizer_step_bytes(
     - An offloaded optimizer steps on the host: none on the device.
 
     Measured with bench/step_peak.py (tiny, bf16, micro 1, seq 16, where the step outgrows
-    backward): ZeRO-1 and -2 peak at 22.07 B per parameter (2 + 2 + 12 of the states, 6 of
-    these), ZeRO-0 at 20.1 (16 + 4), ZeRO-3 at 24.5 (18 with its bucket + 6), a pipeline's
-    bf16 stage 0 at 22.2 (16 + 6); before this term the plan was 10-24% short there. A
-    large model on few devices peaks here: llama_7b under ZeRO-1 on one device holds
-    22 x 6.74e9 B = 148 GB at its step.
+    backward): ZeRO-1 and -2 peak at 20.2 B per parameter (2 + 2 + 12 of the states, 4 of
+    these; 22.07 with DeepSpeed's 16-bit flat copy), ZeRO-0 at 20.1 (16 + 4), ZeRO-3 at 22.2
+    (18 with its bucket + 4; 24.5 with the flat copy), a pipeline's bf16 stage 0 at 22.2
+    (16 + 6); before this term the plan was 10-24% short there. A large model on few
+    devices peaks here: llama_7b under ZeRO-1 on one device holds 20 x 6.74e9 B = 135 GB
+    at its step.
     """
     if offload != OffloadPlacement.none:
         return 0
-    copy = 4 if precision == Precision.fp32 else 2 + 4  # the flat copy, and in 16-bit its fp32 cast
     partition = -(-local // dp)
     if zero_stage in (1, 2):
-        return copy * partition
+        return 4 * partition  # the fp32 partition, written in one pass
     if zero_stage == 3:
-        return copy * min(partition, SUB_GROUP_ELEMENTS)
+        return 4 * min(partition, SUB_GROUP_ELEMENTS)
     if precision == Precision.fp32:
         return 0
     return (4 + 2) * local if pp > 1 and precision == Precision.bf16 else 4 * local

@@ -82,8 +82,8 @@ def test_a_large_tied_vocabularys_gradients_joining_are_planned():
 
 
 def test_a_16_bit_optimizer_steps_gradient_copies_are_planned():
-    """Short sequences in bf16, where the optimizer step outgrows backward: ZeRO 1-2 flatten the
-    gradient partition and cast it to fp32, 22 B a parameter live. Measured 0.996 of the
+    """Short sequences in bf16, where the optimizer step outgrows backward: ZeRO 1-2 write the
+    gradient partition into fp32 in one pass, 20 B a parameter live. Measured 0.991 of the
     allocator's peak at both (0.819 and 0.815 before the plan counted the step); 10% under
     allowed, as above, for a stray tensor freed late (ZeRO-0's unfused wrapper, 20 B a
     parameter at its step: 0.996, 0.896 before, is too close to that bound to test here)."""
