@@ -182,6 +182,10 @@ class Plan:
                 "mfu": self.time.mfu,
                 "tokens_per_s": self.time.tokens_per_s,
                 "terms_s": {t.name: t.seconds for t in self.time.terms},
+                # the step's passes over gradients and weights (runner/plan/step_copies.py), by term
+                "term_parts_s": {
+                    t.name: {part.name: part.seconds for part in t.parts} for t in self.time.terms if t.parts
+                },
                 "limit": self.time.limit,
                 "bound_step_s": self.time.bound_step_s,
                 "bound_mfu": self.time.bound_mfu,

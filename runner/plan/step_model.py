@@ -25,15 +25,16 @@ and ``accum`` micro-batches:
 - ``grad accumulation``: micro-batches 2..accum add their gradients into the rank's gradient
   buffer (read two, write one per parameter).
 - ``optimizer``: the fused AdamW step on the rank's parameters (1/dp of them under ZeRO),
-  28 bytes a parameter over its measured bandwidth, plus the gradient norm for clipping and,
-  under ZeRO and mixed precision, the copies between the model's and the optimizer's
-  parameters and gradients.
+  28 bytes a parameter over its measured bandwidth, plus the passes that feed it: the
+  gradient norm, the gradients' fp32 copy, the weights copied back, DeepSpeed's clip where it
+  is a pass of its own (runner/plan/step_copies.py, one line each under the term).
 - ``dp comm``, ``tp comm``, ``pp comm``: runner/plan/step_time.py's bytes per group over the
   link, plus each collective's latency: DDP and ZeRO-1/2 reduce in buckets; ZeRO-3 gathers each
   parameter tensor in forward and backward and reduce-scatters its gradient, every micro-batch.
   Data-parallel traffic hides behind the backward with ``parallel.overlap_comm`` up to its length.
 - ``grad flatten``: DDP's (stage 0's) flattening of the gradients for their all-reduce and the
-  copy back, at the boundary.
+  copy back, at the boundary; ``zero grads``: ZeRO-1/2's copies of the gradients into the
+  reduce bucket and its flattening, at each reduce (runner/plan/step_copies.py).
 - ``zero3 hooks``: ZeRO-3's per-parameter gather and release bookkeeping (DeepSpeed's
   ``partitioned_param_coordinator``: fetch, wait, release around each module, forward and
   backward), measured with DeepSpeed itself per parameter tensor and micro-batch.
@@ -46,13 +47,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.config import OptimizerName, Precision, Recompute, ZeroStage
+from runner.config import OffloadPlacement, OptimizerName, Precision, Recompute, ZeroStage
 from runner.engine.deepspeed_config import persistence_threshold_elements
 from runner.layout import Layout
 from runner.model.shape import n_kv_head
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.calibration import Calibration
 from runner.plan.memory import layers_per_stage
+from runner.plan.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.plan.workload import Knobs, Workload
 
 # Elements each token reads plus writes in one block's memory-bound forward kernels
@@ -82,6 +84,7 @@ class Term:
     name: str
     seconds: float
     words: str
+    parts: tuple[Term, ...] = ()  # the lines it sums, where the plan shows them (the step's copies)
 
 
 def _elem_bytes(precision: Precision) -> int:
@@ -285,52 +288,56 @@ def _zero3_terms(
     return terms
 
 
-def _zero_grads_term(
+def _copy_seconds(copy: StepCopy, calibration: Calibration) -> float | None:
+    """One pass of runner/plan/step_copies.py: its bytes read and written at the copy bandwidth of a
+    tensor its size; a fresh tensor above glibc's mmap threshold written at the page-fault rate on
+    a CPU instead."""
+    size = max(copy.read, copy.written) / copy.times
+    rate = calibration.copy_rate(size)
+    if rate is None:
+        return None
+    fresh = (
+        calibration.fresh_rate() if copy.fresh and copy.written / copy.times >= MMAP_THRESHOLD_MAX else None
+    )
+    if fresh is not None:
+        return copy.read / rate + copy.written / fresh
+    return (copy.read + copy.written) / rate
+
+
+def priced_copies(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
-) -> Term | None:
-    """ZeRO-1/2's copies of the gradients (DeepSpeed 0.19.8 stage_1_and_2.py): at each reduce (once
-    a step at stage 1, every micro-batch at stage 2) every gradient is copied into the contiguous
-    reduce bucket (``contiguous_gradients``) and the bucket flattened for the collective
-    (``flatten_dense_tensors``); at the step the rank's partition is flattened once more into a
-    new buffer for the optimizer. Each is written fresh: above glibc's mmap threshold at the
-    page-fault rate on a CPU, else read and written at the copy bandwidth."""
-    elem = _elem_bytes(workload.precision)
-    grads = local * elem
-    stepped = grads // max(1, layout.dp)
-    reduces = 1 if knobs.zero_stage == ZeroStage.zero1 else layout.accum_steps
-
-    def write(num_bytes: float) -> float | None:
-        fresh = calibration.fresh_rate() if num_bytes >= MMAP_THRESHOLD_MAX else None
-        copy = calibration.copy_rate(num_bytes)
-        if fresh is not None:
-            return num_bytes / fresh
-        return None if copy is None else 2 * num_bytes / copy
-
-    bucket, partition = write(grads), write(stepped)
-    if bucket is None or partition is None:
+) -> list[tuple[StepCopy, float]] | None:
+    """Each pass the step makes over gradients and parameters (runner/plan/step_copies.py) with its
+    seconds (None: a figure is missing)."""
+    copies = step_copies(
+        zero_stage=knobs.zero_stage,
+        precision=workload.precision,
+        offload=knobs.offload,
+        dp=layout.dp,
+        accum_steps=layout.accum_steps,
+        local=local,
+    )
+    priced = [(copy, _copy_seconds(copy, calibration)) for copy in copies]
+    if any(seconds is None for _, seconds in priced):
         return None
-    return Term(
-        "zero grads",
-        reduces * 2 * bucket + partition,
-        f"{grads / 1e9:.3g} GB of gradients into the reduce bucket and flattened, x {reduces}; "
-        "the rank's partition flattened for the step",
+    return [(copy, seconds) for copy, seconds in priced if seconds is not None]
+
+
+def _copy_lines(priced: list[tuple[StepCopy, float]], term: str) -> tuple[Term, ...]:
+    """The passes of ``priced`` that belong to ``term``, one line each: GB read + written, and where."""
+    return tuple(
+        Term(copy.name, seconds, f"{(copy.read + copy.written) / 1e9:.3g} GB; {copy.source}")
+        for copy, seconds in priced
+        if copy.term == term
     )
 
 
-def _flatten_term(workload: Workload, calibration: Calibration, local: int) -> Term | None:
-    """DeepSpeed's stage-0 reduction at the boundary (``buffered_allreduce_fallback``, any number
-    of ranks): every gradient flattened into a new buffer (written fresh; on a CPU above glibc's
-    mmap threshold, page faults), reduced, and copied back (read and written)."""
-    elem = _elem_bytes(workload.precision)
-    grads = local * elem
-    copy = calibration.copy_rate(grads)
-    if copy is None:
+def _copies_term(name: str, priced: list[tuple[StepCopy, float]], words: str) -> Term | None:
+    """The passes of ``priced`` that belong to term ``name``, summed (None: the layout has none)."""
+    lines = _copy_lines(priced, name)
+    if not lines:
         return None
-    fresh = calibration.fresh_rate() if grads >= MMAP_THRESHOLD_MAX else None
-    seconds = 3 * grads / copy + (grads / fresh if fresh else 0.0)
-    return Term(
-        "grad flatten", seconds, f"{grads / 1e9:.3g} GB of gradients into a fresh flat buffer and back"
-    )
+    return Term(name, sum(line.seconds for line in lines), words, parts=lines)
 
 
 def _engine_term(knobs: Knobs, layout: Layout, calibration: Calibration, tensors: int) -> Term | None:
@@ -359,27 +366,35 @@ def param_tensors(workload: Workload, layout: Layout) -> int:
 
 
 def _optimizer_term(
-    workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
+    workload: Workload,
+    knobs: Knobs,
+    layout: Layout,
+    calibration: Calibration,
+    local: int,
+    priced: list[tuple[StepCopy, float]],
 ) -> Term | None:
+    """The fused optimizer's own pass over the stepped parameters, at its measured bandwidth, and
+    the step's passes that prepare its gradients and return its weights (runner/plan/step_copies.py)."""
     stepped = local // layout.dp if knobs.zero_stage >= ZeroStage.zero1 else local
     rate = calibration.adamw_rate(stepped)
-    copy = calibration.copy_rate(4 * local)
-    if rate is None or copy is None:
+    if rate is None:
         return None
-    elem = _elem_bytes(workload.precision)
-    # the gradient norm reads every gradient once; clipping scales them (read, write)
-    norm_bytes = 3 * local * elem
-    copies = 0.0
-    if knobs.zero_stage >= ZeroStage.zero1 or workload.precision != Precision.fp32:
-        # gradients into the fp32 partition, the updated fp32 partition back into the model's params
-        copies = stepped * (elem + 4) * 2
     per_param = ADAMW_BYTES if workload.optimizer == OptimizerName.adamw else 12  # SGD: p, g, buf
-    seconds = stepped * per_param / rate + (norm_bytes + copies) / copy
+    name = "AdamW" if workload.optimizer == OptimizerName.adamw else "SGD"
+    own = Term(
+        f"fused {name}",
+        stepped * per_param / rate,
+        f"{stepped * per_param / 1e9:.3g} GB: {stepped:,.0f} params x {per_param} B at {rate / 1e9:.3g} GB/s",
+    )
+    lines = (own, *_copy_lines(priced, OPTIMIZER))
+    # runner/engine/zero_step_copies.py: under ZeRO on the device, the clip is no pass of its own
+    folded = knobs.zero_stage != ZeroStage.ddp and knobs.offload == OffloadPlacement.none
     return Term(
         "optimizer",
-        seconds,
-        f"AdamW on {stepped:,.0f} params x {per_param} B at {rate / 1e9:.3g} GB/s; "
-        f"grad norm and copies {(norm_bytes + copies) / 1e9:.3g} GB",
+        sum(line.seconds for line in lines),
+        f"{name} and the passes that feed it: {len(lines) - 1} below"
+        + ("; the clip inside its kernel" if folded else ""),
+        parts=lines,
     )
 
 
@@ -469,15 +484,23 @@ def compute_terms(
                 "micro-batches 2..accum add into the grads",
             )
         )
-    optimizer = _optimizer_term(workload, knobs, layout, calibration, local)
+    priced = priced_copies(workload, knobs, layout, calibration, local)
+    if priced is None:
+        return None
+    optimizer = _optimizer_term(workload, knobs, layout, calibration, local, priced)
     if optimizer is None:
         return None
     terms.append(optimizer)
-    return terms + _engine_terms(workload, knobs, layout, calibration, local)
+    return terms + _engine_terms(workload, knobs, layout, calibration, local, priced)
 
 
 def _engine_terms(
-    workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
+    workload: Workload,
+    knobs: Knobs,
+    layout: Layout,
+    calibration: Calibration,
+    local: int,
+    priced: list[tuple[StepCopy, float]],
 ) -> list[Term]:
     """DeepSpeed's own work at the layout's ZeRO stage: its engine per micro-batch, and the
     stage's copies of the gradients or parameters."""
@@ -486,10 +509,10 @@ def _engine_terms(
     if stage == ZeroStage.zero3:
         terms += _zero3_terms(workload, knobs, layout, calibration, local)
     elif stage in (ZeroStage.zero1, ZeroStage.zero2):
-        terms.append(_zero_grads_term(workload, knobs, layout, calibration, local))
+        terms.append(_copies_term(ZERO_GRADS, priced, "gradients into the reduce bucket and flattened"))
     else:
-        terms.append(_flatten_term(workload, calibration, local))
+        terms.append(_copies_term(FLATTEN, priced, "gradients into a fresh flat buffer and back"))
     return [term for term in terms if term is not None]
 
 
-__all__ = ["Term", "comm_seconds", "compute_terms", "forward_seconds", "param_tensors"]
+__all__ = ["Term", "comm_seconds", "compute_terms", "forward_seconds", "param_tensors", "priced_copies"]

@@ -335,6 +335,9 @@ def _predicted_lines(plan: Plan) -> list[str]:
     for term in t.terms:
         share = term.seconds / t.step_s if t.step_s else 0.0
         lines.append(f"  {term.name:<18}{term.seconds:>10.3g} {100 * share:>5.1f}%  {term.words}")
+        for part in term.parts:  # the step's passes over gradients and weights, one by one
+            share = part.seconds / t.step_s if t.step_s else 0.0
+            lines.append(f"    - {part.name:<40}{part.seconds:>10.3g} {100 * share:>5.1f}%  {part.words}")
     limit = next((term for term in t.terms if term.name == t.limit), None)
     if limit is not None and t.step_s:
         lines.append(f"  limited by {limit.name}: {100 * limit.seconds / t.step_s:.0f}% of the step")

@@ -10,8 +10,10 @@ import pytest
 from train_helpers import compose_config
 
 from launchers.run_record import step_time_plan_record
+from runner.config import OffloadPlacement, Precision, ZeroStage
 from runner.plan import calibration as calibrations
 from runner.plan.planner import Plan, plan_config
+from runner.plan.step_copies import step_copies
 from runner.plan.table import format_plan
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
@@ -92,3 +94,46 @@ def test_the_summary_record_carries_the_plans_prediction_terms_limit_and_bound(f
     assert sum(record["terms_s"].values()) == pytest.approx(record["predicted_s"])
     assert record["limit"] == "gemm" and record["calibration"].startswith("test figures")
     assert record["predicted_is_lower_bound"] is False
+
+
+def _parts(plan: Plan, term: str) -> dict[str, float]:
+    found = next(t for t in plan.time.terms if t.name == term)
+    return {part.name: part.seconds for part in found.parts}
+
+
+def test_the_plan_lists_each_pass_over_the_gradients_under_the_term_it_costs(fixed_calibration):
+    """runner/plan/step_copies.py: a reader sees which copies the step makes and what each costs;
+    under ZeRO ladder's step has no clip pass of its own (runner/engine/zero_step_copies.py), the
+    plain all-reduce keeps DeepSpeed's."""
+    zero1 = plan_config(compose_config("parallel=zero1", "gpus=2"))
+    ddp = plan_config(compose_config("parallel=ddp", "gpus=2"))
+    section = _time_section(zero1)
+    for term in ("optimizer", "zero grads"):
+        parts = _parts(zero1, term)
+        assert sum(parts.values()) == pytest.approx(
+            next(t.seconds for t in zero1.time.terms if t.name == term)
+        )
+        for name in parts:
+            assert re.search(rf"^    - {re.escape(name)} +[\d.e+-]+ +[\d.]+%  [\d.e+-]+ GB", section, re.M)
+    optimizer = _parts(zero1, "optimizer")
+    assert list(optimizer)[:2] == ["fused AdamW", "gradient norm"]
+    assert "partition written as fp32 gradients" in optimizer
+    assert "clip: fp32 gradients scaled" not in optimizer
+    assert "clip: fp32 gradients scaled" in _parts(ddp, "optimizer")
+    assert set(_parts(ddp, "grad flatten")) == {
+        "gradients flattened for the all-reduce",
+        "all-reduced gradients copied back",
+    }
+
+
+@pytest.mark.parametrize("stage", [ZeroStage.zero1, ZeroStage.zero2, ZeroStage.zero3])
+def test_a_16_bit_zero_step_writes_its_fp32_gradients_once_and_scales_them_in_the_kernel(stage):
+    """2 B read and 4 B written per stepped element: no 16-bit flat copy before the cast, and no
+    clip pass (DeepSpeed's own step makes both; offloaded, its clip stays)."""
+    common = {"precision": Precision.bf16, "dp": 2, "accum_steps": 2, "local": 1000}
+    lean = {c.name: c for c in step_copies(zero_stage=stage, offload=OffloadPlacement.none, **common)}
+    fp32 = lean["partition written as fp32 gradients"]
+    assert (fp32.read, fp32.written) == (2 * 500, 4 * 500)
+    assert not any(name.startswith("clip") for name in lean)
+    offloaded = step_copies(zero_stage=stage, offload=OffloadPlacement.optimizer, **common)
+    assert any(c.name.startswith("clip") for c in offloaded)
