@@ -18,7 +18,9 @@
 # at the models' shapes, into OUT_DIR/calibration.json, and on an H200 in full mode into
 # conf/cluster/calibration/h200.json too), recommend (plan=true planner.recommend=true for
 # llama_7b on one device, then the recommended layout for 5 steps as run_recommended: about
-# 2 minutes on an H200) and zero3_micro1 (llama_7b under ZeRO-3 at micro 1).
+# 2 minutes on an H200), zero3_micro1 (llama_7b under ZeRO-3 at micro 1) and copies
+# (bench/zero_step_copies.py: llama_1b's ZeRO-1 and ZeRO-3 optimizer step as DeepSpeed runs it
+# beside ladder's, which skips three copies of the gradients).
 #
 # Without a CUDA device it runs the same steps in a reduced mode (tiny model, fp32, 3 steps)
 # so the script is known to work before GPU time is spent.
@@ -51,10 +53,10 @@ fi
 parts=",${GPU_CHECK_PARTS:-tests,layouts,largest,compiled},"
 for part in ${GPU_CHECK_PARTS:+${GPU_CHECK_PARTS//,/ }}; do
   case "$part" in
-    tests | layouts | largest | compiled | peer | calibrate | recommend | zero3_micro1) ;;
+    tests | layouts | largest | compiled | peer | calibrate | recommend | zero3_micro1 | copies) ;;
     *)
       echo "gpu_check: GPU_CHECK_PARTS names no part '$part'; the parts are tests, layouts," \
-        "largest, compiled, peer, calibrate, recommend, zero3_micro1" >&2
+        "largest, compiled, peer, calibrate, recommend, zero3_micro1, copies" >&2
       exit 2
       ;;
   esac
@@ -214,6 +216,13 @@ if wanted zero3_micro1; then
   timed run_zero3_micro1 "$run_limit" "$python" train.py $base model=$big parallel=zero3 \
     batch.micro_size=1 train.steps=5 "hydra.run.dir=$out/run_zero3_micro1" \
     > "$out/run_zero3_micro1.log" 2>&1 || echo "zero3 micro 1 run failed"
+fi
+# ...and ZeRO's optimizer step as DeepSpeed runs it beside ladder's (the optimizer phase of each).
+if wanted copies; then
+  copies_args=(--model llama_1b --stages 1,3 --micro 4 --seq 2048 --rounds 2 --steps 3)
+  [ "$mode" = full ] || copies_args=(--model tiny --stages 1,3 --micro 2 --seq 64 --rounds 2 --steps 2)
+  timed copies "$run_limit" env PYTHONPATH=. "$python" bench/zero_step_copies.py "${copies_args[@]}" \
+    > "$out/copies.log" 2>&1 || echo "copies bench failed: see $out/copies.log"
 fi
 
 "$python" bench/gpu_check_table.py "$out" --mode "$mode"
