@@ -150,6 +150,21 @@ def _planned_total_gb(planned: dict[str, Any]) -> float | None:
     return None if total is None else total / 1e9
 
 
+# The speed benches' verdict lines, kept from their logs: (part, log file, line prefix).
+BENCH_LINES = (("peer", "peer.log", "ratio="), ("copies", "copies.log", "opt_ratio "))
+
+
+def _bench_lines(out: Path) -> dict[str, list[str]]:
+    """Each speed bench's verdict lines (bench/peer_gpu.py's ratios, bench/zero_step_copies.py's
+    opt_ratio), for the parts that ran."""
+    found: dict[str, list[str]] = {}
+    for part, name, prefix in BENCH_LINES:
+        log = out / name
+        if log.is_file():
+            found[part] = [line for line in log.read_text().splitlines() if line.startswith(prefix)]
+    return found
+
+
 def main() -> None:
     """Print the table and write results.json into the output folder."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -202,6 +217,9 @@ def main() -> None:
             f"wall seconds: {sum(t['seconds'] for t in timings)} in {len(timings)} parts; slowest "
             + ", ".join(f"{t['part']} {t['seconds']}" for t in slowest)
         )
+    benches = _bench_lines(args.out)
+    for part, lines in benches.items():
+        print(f"{part}: " + ("; ".join(lines) or f"no verdict line (see {args.out}/{part}.log)"))
     results = {
         "date": datetime.date.today().isoformat(),
         "mode": args.mode,
@@ -212,6 +230,7 @@ def main() -> None:
         "recommendation": recommendation,
         "time_model": _time_model_line(rows),
         "timings": timings,
+        "benches": benches,
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print(f"results: {args.out / 'results.json'}")
