@@ -67,6 +67,11 @@ def _zero_optimizer(engine: Any) -> tuple[Any, int] | None:
     return (wrapper, stage) if plain else None
 
 
+def _fp32_partitions(wrapper: Any, stage: int) -> list[torch.Tensor]:
+    """The fp32 partitions the inner optimizer steps (its master weights), one per group."""
+    return wrapper.fp32_partitioned_groups_flat if stage == 3 else wrapper.single_partition_of_fp32_groups
+
+
 def cast_in_one_pass(tensors: Sequence[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
     """``tensors`` flattened into one new ``dtype`` tensor of ``numel`` elements, zero-padded at the end:
     what DeepSpeed's flatten-then-``.to`` makes, written once."""
@@ -87,7 +92,7 @@ def cast_in_one_pass(tensors: Sequence[torch.Tensor], numel: int, dtype: torch.d
 def _install_one_cast(wrapper: Any, stage: int) -> bool:
     """Stage 1-2: DeepSpeed's pre-flattened-partition hook returns the fp32 partition; stage 3:
     ``_prepare_fp32_grad_for_sub_group`` writes it in one pass."""
-    masters = wrapper.fp32_partitioned_groups_flat if stage == 3 else wrapper.single_partition_of_fp32_groups
+    masters = _fp32_partitions(wrapper, stage)
     if wrapper.dtype == masters[0].dtype:  # the model's parameters' dtype, the gradients' too
         return False  # fp32 training: DeepSpeed's ``.to`` is already no copy
     if stage == 3:
@@ -174,16 +179,13 @@ def _install_clip_in_kernel(wrapper: Any, stage: int) -> bool:
     inner = wrapper.optimizer
     if not getattr(inner, "_step_supports_amp_scaling", False):
         return False  # not a fused torch optimizer: DeepSpeed's own pass stays
-    masters = wrapper.fp32_partitioned_groups_flat if stage == 3 else wrapper.single_partition_of_fp32_groups
+    device = _fp32_partitions(wrapper, stage)[0].device
 
-    def hand_over(total_norm: Any) -> None:
+    def unscale_and_clip(grads_or_group: Any, total_norm: Any) -> None:
         if stage != 3 and wrapper.clip_grad == 0.0 and wrapper.loss_scale == 1.0:
             return  # DeepSpeed's stage 1-2 skip the pass here too
         combined = _combined_scale(wrapper, total_norm)
-        inner.grad_scale = torch.as_tensor(combined, dtype=torch.float32, device=masters[0].device)
-
-    def unscale_and_clip(first: Any, total_norm: Any) -> None:
-        hand_over(total_norm)
+        inner.grad_scale = torch.as_tensor(combined, dtype=torch.float32, device=device)
 
     step_one: Callable[[int], None] = wrapper._optimizer_step
 

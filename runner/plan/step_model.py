@@ -304,7 +304,7 @@ def _copy_seconds(copy: StepCopy, calibration: Calibration) -> float | None:
     return (copy.read + copy.written) / rate
 
 
-def priced_copies(
+def _priced_copies(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> list[tuple[StepCopy, float]] | None:
     """Each pass the step makes over gradients and parameters (runner/plan/step_copies.py) with its
@@ -484,7 +484,7 @@ def compute_terms(
                 "micro-batches 2..accum add into the grads",
             )
         )
-    priced = priced_copies(workload, knobs, layout, calibration, local)
+    priced = _priced_copies(workload, knobs, layout, calibration, local)
     if priced is None:
         return None
     optimizer = _optimizer_term(workload, knobs, layout, calibration, local, priced)
@@ -515,4 +515,4 @@ def _engine_terms(
     return [term for term in terms if term is not None]
 
 
-__all__ = ["Term", "comm_seconds", "compute_terms", "forward_seconds", "param_tensors", "priced_copies"]
+__all__ = ["Term", "comm_seconds", "compute_terms", "forward_seconds", "param_tensors"]
