@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -208,12 +211,27 @@ def launch_sweep(
     log.info("SLURM sweep of %d cell(s) into %s", len(cells), sweep_dir)
     jobs: dict[int, Any] = {}
     try:
-        submit(launcher, cells, jobs)
-        never = wait(jobs)
+        with ctrl_c_interrupts():
+            submit(launcher, cells, jobs)
+            never = wait(jobs)
     except KeyboardInterrupt:  # Ctrl-C stops this process watching; the jobs queued are SLURM's now
         print(stopped_watching(sweep_dir, [job.job_id for job in jobs.values()]), file=sys.stderr, flush=True)
         sys.exit(130)  # 128 + SIGINT, the shell's convention
     return collect(cells, jobs, never)
+
+
+@contextmanager
+def ctrl_c_interrupts() -> Iterator[None]:
+    """Within: SIGINT raises KeyboardInterrupt, even where this process was started with it ignored
+    (a command a script ran with ``&``), as the local launcher takes SIGINT over for its ranks."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def stopped_watching(sweep_dir: Path, job_ids: list[str]) -> str:

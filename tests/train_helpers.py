@@ -242,6 +242,16 @@ def run_torchrun(
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
+def fp16_kernels_env(present: bool = True) -> dict[str, str]:
+    """PYTHONPATH with tests/fp16_on_cpu first: DeepSpeed's CPU accelerator in train.py and every
+    rank answers ``present`` when asked whether this CPU has fp16 kernels."""
+    paths = [str(ROOT / "tests" / "fp16_on_cpu"), os.environ.get("PYTHONPATH", "")]
+    return {
+        "PYTHONPATH": os.pathsep.join(path for path in paths if path),
+        "LADDER_TEST_FP16_KERNELS": "yes" if present else "no",
+    }
+
+
 def run_on_any_gpus(*overrides: str, run_dir: Path, env: dict[str, str] | None = None) -> TrainResult:
     """``run_train``, or ``run_torchrun`` where ``gpus`` exceeds this host's cores (which ladder's
     local launcher refuses: it keeps one rank per core)."""

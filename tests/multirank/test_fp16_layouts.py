@@ -19,11 +19,10 @@ ranks overflowed once more than one rank, skipping a step the others took.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
-from train_helpers import ROOT, TrainResult, run_on_any_gpus, run_train
+from train_helpers import TrainResult, fp16_kernels_env, run_on_any_gpus, run_train
 
 pytestmark = pytest.mark.multirank
 
@@ -56,18 +55,12 @@ LAYOUTS = {
 FP16_TOLERANCE = 5e-4
 
 
-def fp16_env() -> dict[str, str]:
-    """PYTHONPATH with tests/fp16_on_cpu first: its sitecustomize runs in train.py and every rank."""
-    paths = [str(ROOT / "tests" / "fp16_on_cpu"), os.environ.get("PYTHONPATH", "")]
-    return {"PYTHONPATH": os.pathsep.join(path for path in paths if path)}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, TrainResult]:
     root: Path = tmp_path_factory.mktemp("fp16")
     results = {}
     for index, (name, layout) in enumerate(LAYOUTS.items()):
-        result = run_on_any_gpus(*layout, *FP16, run_dir=root / f"run{index}", env=fp16_env())
+        result = run_on_any_gpus(*layout, *FP16, run_dir=root / f"run{index}", env=fp16_kernels_env())
         assert result.returncode == 0, (name, result.stderr[-3000:])
         results[name] = result
     return results
@@ -138,7 +131,7 @@ def test_a_run_moves_across_layouts_with_its_loss_scale(runs, tmp_path):
     for last_step, leg in legs.items():
         steps = (f"train.steps={last_step}", f"train.checkpoint_every={last_step}")
         resume = ("train.resume=auto",) if last_step > 1 else ()
-        result = run_on_any_gpus(*leg, *EXPERIMENT, *steps, *resume, run_dir=run_dir, env=fp16_env())
+        result = run_on_any_gpus(*leg, *EXPERIMENT, *steps, *resume, run_dir=run_dir, env=fp16_kernels_env())
         assert result.returncode == 0, (leg, result.stderr[-3000:])
     plain = runs["ddp on 1"].metrics
     moved = result.metrics
@@ -177,7 +170,7 @@ def growth_runs(tmp_path_factory) -> dict[str, TrainResult]:
         "zero1 on 2": ("parallel=zero1", "gpus=2", *EXPERIMENT, *UNCLIPPED),
     }
     for name, overrides in cases.items():
-        result = run_train(*overrides, run_dir=root / name, env=fp16_env())
+        result = run_train(*overrides, run_dir=root / name, env=fp16_kernels_env())
         assert result.returncode == 0, (name, result.stderr[-3000:])
         runs[name] = result
     return runs

@@ -204,37 +204,69 @@ def test_a_refused_sweep_resume_on_slurm_leaves_every_file_as_it_was(sweep, slur
 
 def test_ctrl_c_stops_watching_and_leaves_the_jobs_running_with_how_to_follow_them(slurm_cluster, tmp_path):
     """Ctrl-C on the launching process (SIGINT to its terminal's group): no traceback, the job ids
-    with how to follow and stop them, and the sweep's job runs on to its end in SLURM."""
+    with how to follow and stop them, and the sweep's job runs on to its end in SLURM.
+
+    The SIGINT waits for the state it needs, not for a time: the launcher has said it queued the
+    job (it watches from then on), and the job is still pending, held behind a job that takes
+    the whole node until the launcher has stopped. Started with SIGINT ignored, as a command a
+    script runs with ``&`` is, the launcher still takes Ctrl-C (``ctrl_c_interrupts``)."""
     sweep_dir = tmp_path / "sweep"
-    before = set(slurm_cluster.job_ids())
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            "-m",
-            "hydra/launcher=slurm",
-            "gpus=1",
-            "train.steps=3",
-            "logger=none",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=clean_env(slurm_cluster.env()),
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 120
-    while not set(slurm_cluster.job_ids()) - before:
-        assert proc.poll() is None and time.monotonic() < deadline, "no job was submitted"
-        time.sleep(0.2)
-    (job_id,) = set(slurm_cluster.job_ids()) - before
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr[-3000:]
-    assert "Traceback" not in stderr
-    assert f"go on in SLURM: {job_id}" in stderr and f"scancel {job_id}" in stderr
-    assert f"ladder report {sweep_dir}" in stderr
+    blocker = slurm_cluster.client(
+        "sbatch", "--parsable", "--exclusive", "--output=/dev/null", "--wrap", "sleep 600"
+    ).stdout.strip()
+    try:
+        assert _state_becomes(slurm_cluster, blocker, "RUNNING"), slurm_cluster.logs()
+        before = set(slurm_cluster.job_ids())
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "train.py"),
+                "-m",
+                "hydra/launcher=slurm",
+                "gpus=1",
+                "train.steps=3",
+                "logger=none",
+                f"hydra.sweep.dir={sweep_dir}",
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=clean_env(slurm_cluster.env()),
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+        said = _read_until(proc, "SLURM job(s) ")
+        (job_id,) = set(slurm_cluster.job_ids()) - before
+        assert f"SLURM job(s) {job_id}: " in said
+        assert _final_state(slurm_cluster, job_id, timeout=0) == "PENDING"
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        slurm_cluster.client("scancel", blocker)
+    output = said + rest
+    assert proc.returncode == 130, output[-3000:]
+    assert "Traceback" not in output
+    assert f"go on in SLURM: {job_id}" in rest and f"scancel {job_id}" in rest
+    assert f"ladder report {sweep_dir}" in rest
     assert _final_state(slurm_cluster, job_id, timeout=240) == "COMPLETED"
     assert json.loads((sweep_dir / "0" / "summary.json").read_text())["status"] == "completed"
+
+
+def _read_until(proc: subprocess.Popen[str], fragment: str) -> str:
+    """The process's output up to and including the first line holding ``fragment``."""
+    assert proc.stdout is not None
+    lines = []
+    while fragment not in (line := proc.stdout.readline()):
+        assert line, f"it ended ({proc.wait()}) before saying {fragment!r}:\n{''.join(lines)[-3000:]}"
+        lines.append(line)
+    return "".join([*lines, line])
+
+
+def _state_becomes(cluster, job_id: str, state: str, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while cluster.client("squeue", "-h", "-j", job_id, "-o", "%T").stdout.strip() != state:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

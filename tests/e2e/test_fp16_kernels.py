@@ -1,0 +1,68 @@
+"""precision=fp16 on a CPU: it trains where the CPU has fp16 kernels, and is refused before
+launch where it has none; both on every host.
+
+The expectation comes from the probe ladder itself asks (runner/preflight/validate.py
+``fp16_supported``: DeepSpeed's CPU accelerator). The host's own answer runs as it is; the
+other answer is forced by tests/fp16_on_cpu (``LADDER_TEST_FP16_KERNELS``), so a CPU with
+AVX512-FP16 or AMX-FP16 meets the refusal and one without them trains fp16 (torch computes
+fp16 on any CPU, its matmuls in fp32 where it has no fp16 kernels: runner/hardware/cpu_half_matmul.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from train_helpers import TrainResult, fp16_kernels_env, run_train
+
+from runner.preflight.validate import fp16_supported
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 7
+# tests/multirank/test_fp16_layouts.py's experiment on one rank: the dynamic loss scale starts
+# at 2^16, step 0 overflows and is skipped, and 3 steps without an overflow double it back.
+FP16_RUN = (
+    "precision=fp16",
+    "precision.loss_scale_window=3",
+    "batch.global_size=16",
+    "batch.micro_size=4",
+    "data.seq_len=16",
+    "optimizer.lr=1e-3",
+    "model.d_model=128",
+    "model.ffn_hidden=344",
+    "logger=none",
+    f"train.steps={STEPS}",
+)
+SCALES = [2.0**16] + [2.0**15] * 4 + [2.0**16] * 2
+
+
+@pytest.fixture(scope="module")
+def by_answer(tmp_path_factory) -> dict[bool, TrainResult]:
+    """The run under this host's own answer, and under the other one forced: keyed by the answer."""
+    root = tmp_path_factory.mktemp("fp16_kernels")
+    host = fp16_supported()
+    print(f"this host's CPU has fp16 kernels (DeepSpeed's CPU accelerator): {host}")
+    return {
+        host: run_train(*FP16_RUN, run_dir=root / "host"),
+        not host: run_train(*FP16_RUN, run_dir=root / "forced", env=fp16_kernels_env(not host)),
+    }
+
+
+def test_fp16_trains_with_a_loss_scale_that_skips_and_grows_where_the_cpu_has_fp16_kernels(by_answer):
+    result = by_answer[True]
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = result.metrics
+    assert [m["train/loss_scale"] for m in metrics] == SCALES
+    assert [not math.isfinite(float(m["grad_norm"])) for m in metrics] == [True] + [False] * (STEPS - 1)
+    assert result.summary["fp16_loss_scale"] == {"final_scale": 2.0**16, "overflow_steps": [0]}
+    assert metrics[-1]["loss"] < metrics[1]["loss"] - 0.5  # it trains
+
+
+def test_fp16_is_refused_before_launch_where_the_cpu_has_none(by_answer):
+    result = by_answer[False]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "precision=fp16: this host has no CUDA device and its CPU no fp16 kernels" in result.stderr
+    assert "use precision=bf16" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not result.run_dir.exists(), "a refused run leaves no directory behind"
