@@ -242,14 +242,17 @@ def run_torchrun(
     return TrainResult(proc.returncode, proc.stdout, proc.stderr, run_dir)
 
 
-def fp16_kernels_env(present: bool = True) -> dict[str, str]:
-    """PYTHONPATH with tests/fp16_on_cpu first: DeepSpeed's CPU accelerator in train.py and every
-    rank answers ``present`` when asked whether this CPU has fp16 kernels."""
-    paths = [str(ROOT / "tests" / "fp16_on_cpu"), os.environ.get("PYTHONPATH", "")]
-    return {
+def cpu_answers_env(*, fp16_kernels: bool = True, half_gemm: bool | None = None) -> dict[str, str]:
+    """PYTHONPATH with tests/cpu_answers first: in train.py and every rank, DeepSpeed's CPU
+    accelerator answers ``fp16_kernels``, and ladder's 16-bit GEMM probe ``half_gemm`` (None: torch's)."""
+    paths = [str(ROOT / "tests" / "cpu_answers"), os.environ.get("PYTHONPATH", "")]
+    env = {
         "PYTHONPATH": os.pathsep.join(path for path in paths if path),
-        "LADDER_TEST_FP16_KERNELS": "yes" if present else "no",
+        "LADDER_TEST_FP16_KERNELS": "yes" if fp16_kernels else "no",
     }
+    if half_gemm is not None:
+        env["LADDER_TEST_HALF_GEMM"] = "yes" if half_gemm else "no"
+    return env
 
 
 def run_on_any_gpus(*overrides: str, run_dir: Path, env: dict[str, str] | None = None) -> TrainResult:

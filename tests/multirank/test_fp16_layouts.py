@@ -1,6 +1,6 @@
 """fp16 keeps the experiment across layouts: stage 0 scales its loss, clips by the whole model.
 
-DeepSpeed's fp16 paths on a CPU: tests/fp16_on_cpu tells its CPU accelerator that this CPU
+DeepSpeed's fp16 paths on a CPU: tests/cpu_answers tells its CPU accelerator that this CPU
 has fp16 kernels (torch computes fp16 on any CPU, more slowly), nothing else changed. tiny
 at half its width (d_model 128), global batch 16 as micro 4, sequences of 16, lr 1e-3, 7
 steps; dynamic loss scale from 2^16, so step 0 overflows and is skipped on every layout
@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 
 import pytest
-from train_helpers import TrainResult, fp16_kernels_env, run_on_any_gpus, run_train
+from train_helpers import TrainResult, cpu_answers_env, run_on_any_gpus, run_train
 
 pytestmark = pytest.mark.multirank
 
@@ -60,7 +60,7 @@ def runs(tmp_path_factory) -> dict[str, TrainResult]:
     root: Path = tmp_path_factory.mktemp("fp16")
     results = {}
     for index, (name, layout) in enumerate(LAYOUTS.items()):
-        result = run_on_any_gpus(*layout, *FP16, run_dir=root / f"run{index}", env=fp16_kernels_env())
+        result = run_on_any_gpus(*layout, *FP16, run_dir=root / f"run{index}", env=cpu_answers_env())
         assert result.returncode == 0, (name, result.stderr[-3000:])
         results[name] = result
     return results
@@ -131,7 +131,7 @@ def test_a_run_moves_across_layouts_with_its_loss_scale(runs, tmp_path):
     for last_step, leg in legs.items():
         steps = (f"train.steps={last_step}", f"train.checkpoint_every={last_step}")
         resume = ("train.resume=auto",) if last_step > 1 else ()
-        result = run_on_any_gpus(*leg, *EXPERIMENT, *steps, *resume, run_dir=run_dir, env=fp16_kernels_env())
+        result = run_on_any_gpus(*leg, *EXPERIMENT, *steps, *resume, run_dir=run_dir, env=cpu_answers_env())
         assert result.returncode == 0, (leg, result.stderr[-3000:])
     plain = runs["ddp on 1"].metrics
     moved = result.metrics
@@ -170,7 +170,7 @@ def growth_runs(tmp_path_factory) -> dict[str, TrainResult]:
         "zero1 on 2": ("parallel=zero1", "gpus=2", *EXPERIMENT, *UNCLIPPED),
     }
     for name, overrides in cases.items():
-        result = run_train(*overrides, run_dir=root / name, env=fp16_kernels_env())
+        result = run_train(*overrides, run_dir=root / name, env=cpu_answers_env())
         assert result.returncode == 0, (name, result.stderr[-3000:])
         runs[name] = result
     return runs
