@@ -76,7 +76,7 @@ CASES = [
     (["model.vocab_size=100"], ["model.vocab_size=100", "data.path"]),
     (["data.dtype=int8"], ["data.dtype", "int8", "uint16"]),
     # contradictory options
-    # (precision=fp16 on a CPU without fp16 kernels: tests/e2e/test_fp16_kernels.py)
+    # (precision=fp16 on a CPU without fp16 kernels: tests/e2e/test_cpu_kernels.py)
     (
         ["parallel=ddp", "parallel.offload_optimizer=cpu"],
         ["parallel.offload_optimizer=cpu", "parallel=zero2"],
