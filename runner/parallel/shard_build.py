@@ -24,8 +24,8 @@ from runner.model.transformer import Transformer, build_model, write_initial_sha
 
 
 def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...]]]:
-    """For each tensor-parallel weight under ``module``, by id: the dim it is cut along, where
-    this rank's slice starts, and the whole weight's shape."""
+    """For each tensor-parallel weight (and column-parallel bias) under ``module``, by id: the dim
+    it is cut along, where this rank's slice starts, and the whole tensor's shape."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.module_inject.layers import LinearAllreduce, TensorParallel_Layer
 
@@ -34,7 +34,10 @@ def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...
         if isinstance(layer, TensorParallel_Layer) and getattr(layer, "is_tp_parallel", False):
             dim = 1 if isinstance(layer, LinearAllreduce) else 0  # row-parallel: input features
             start = sum(layer._partition_sizes[: layer.tp_index])
-            offsets[id(layer.weight)] = (dim, start, tuple(layer._orig_weight_shape))
+            whole = tuple(layer._orig_weight_shape)
+            offsets[id(layer.weight)] = (dim, start, whole)
+            if dim == 0 and getattr(layer, "bias", None) is not None:
+                offsets[id(layer.bias)] = (0, start, whole[:1])  # a column-parallel bias: cut with its rows
     return offsets
 
 

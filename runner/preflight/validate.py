@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.config import DataName, Offload, ParallelConfig, Precision, TrainConfig
+from runner.config import DataName, Offload, ParallelConfig, Precision, RopeScaling, TrainConfig
 from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import TOKEN_DTYPES, token_file_problem, token_files
 from runner.errors import ConfigError
@@ -82,6 +82,16 @@ def _problems(config: TrainConfig) -> list[str]:
         f"{model.name}; lower data.seq_len or raise model.max_seq_len",
     )
     need(data.dtype in TOKEN_DTYPES, f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32")
+    need(
+        model.name != "hf" or model.hf_config is not None,
+        "model=hf needs model.hf_config=PATH: a Hugging Face config.json, or the model directory holding one",
+    )
+    need(
+        model.rope_scaling != RopeScaling.llama3 or model.rope_high_freq_factor > model.rope_low_freq_factor,
+        f"model.rope_high_freq_factor={model.rope_high_freq_factor} must exceed model.rope_low_freq_factor="
+        f"{model.rope_low_freq_factor}: llama3 scaling blends the wavelengths between original/high and "
+        "original/low (Llama 3.1: 4 and 1)",
+    )
     need(
         model.d_model % model.n_head == 0,
         f"model.d_model={model.d_model} is not divisible by model.n_head={model.n_head}; "
