@@ -386,6 +386,12 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
     return view
 
 
+def universal_copy(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str:
+    """The checkpoint in the universal format under the model's names, converted once; returns its
+    tag (``ladder export`` reads each parameter's ``zero/<name>/fp32.pt`` from it)."""
+    return _converted(run_dir, record, model)
+
+
 def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str:
     """Convert the checkpoint to the universal format under the model's names (once); returns its tag."""
     root = run_dir / CHECKPOINT_DIR
