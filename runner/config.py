@@ -247,6 +247,13 @@ class ModelConfig:
             "a Hugging Face config.json, or the model directory holding one, that sets the shape (model=hf)"
         ),
     )
+    init_from: str | None = field(
+        default=None,
+        metadata=about(
+            "a Hugging Face safetensors directory (or ladder export's) whose weights start training; "
+            "null: seeded random weights"
+        ),
+    )
     init_std: float = field(
         default=0.02,
         metadata=about("standard deviation of the initial weights, as GPT-2's 0.02", above=0),

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from runner.config import ModelConfig
+from runner.model.hf_weights import write_shard, write_values
 from runner.model.meta import materialize
-from runner.model.transformer import Transformer, build_model, write_initial_shard, write_initial_values
+from runner.model.transformer import Transformer, build_model
 
 
 def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...]]]:
@@ -45,7 +46,8 @@ def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...
 def write_initial_weights(
     module: nn.Module, cfg: ModelConfig, *, seed: int, name_of: Callable[[str], str] | None = None
 ) -> None:
-    """Write every parameter's initial values (a shard: its slice of the whole weight's).
+    """Write every parameter's initial values (a shard: its slice of the whole weight's), drawn,
+    or read from ``cfg.init_from`` (runner/model/hf_weights.py).
 
     ``name_of(name)`` maps a parameter name of ``module`` to runner/model/transformer.py's name (default:
     the same); a tied weight is written once, under its first name.
@@ -55,9 +57,9 @@ def write_initial_weights(
         whole = name if name_of is None else name_of(name)
         if id(param) in shards:
             dim, start, shape = shards[id(param)]
-            write_initial_shard(param, cfg, whole, shape, seed=seed, dim=dim, start=start)
+            write_shard(param, cfg, whole, shape, seed=seed, dim=dim, start=start)
         else:
-            write_initial_values(param, cfg, whole, param.shape, seed=seed)
+            write_values(param, cfg, whole, param.shape, seed=seed)
 
 
 def autotp_replace(module: nn.Module, *, tp: int, group: Any, vocab_parallel_head: bool) -> None:
