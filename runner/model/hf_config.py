@@ -142,7 +142,7 @@ def read_hf_config(path: str) -> dict[str, Any]:
     return hf
 
 
-def architecture(hf: dict[str, Any]) -> str:
+def architecture(hf: dict[str, Any], *, source: str = "config.json") -> str:
     """The supported architecture ``hf`` names (``architectures``, else ``model_type``); refuses others."""
     names = hf.get("architectures")
     by_type = {model_type: arch for arch, model_type in MODEL_TYPES.items()}
@@ -152,7 +152,7 @@ def architecture(hf: dict[str, Any]) -> str:
         return str(names[0])
     given = f"architectures={names!r}" if names is not None else f"model_type={hf.get('model_type')!r}"
     raise ConfigError(
-        f"  - {given}: ladder's decoder reads only {', '.join(SUPPORTED)} "
+        f"  - {source}: {given}: ladder's decoder reads only {', '.join(SUPPORTED)} "
         f"(model_type {', '.join(MODEL_TYPES.values())}); use a config.json of one of them"
     )
 
@@ -279,7 +279,7 @@ def model_config_from_hf(
     ladder trains is the same as transformers' for every sequence it can feed.
     """
     base = base if base is not None else ModelConfig(name=name)
-    arch = architecture(hf)
+    arch = architecture(hf, source=source)
     problems = [
         f"{key}: missing; add it (every config.json of {arch} has it)" for key in REQUIRED if key not in hf
     ]
