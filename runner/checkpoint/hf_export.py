@@ -39,7 +39,6 @@ from typing import Any
 import torch
 import yaml
 from deepspeed.checkpoint.constants import PARAM
-from safetensors.torch import save_file
 
 from runner.checkpoint import store
 from runner.config import ModelConfig
@@ -229,6 +228,9 @@ def _write_shards(
     folder: Path, zero: Path, tensors: dict[str, tuple[str, tuple[int, ...]]], plan: list[list[str]]
 ) -> dict[str, str]:
     """Write each shard of ``plan`` into ``folder``, one at a time; returns the index's weight_map."""
+    # Deferred: only an export needs safetensors (the hf extra, pyproject.toml).
+    from safetensors.torch import save_file
+
     weight_map = {}
     for index, shard in enumerate(plan):
         file = _shard_name(index, len(plan))

@@ -20,9 +20,9 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from runner.config import ModelConfig
 from runner.model.build_method import DRAW_BLOCK
@@ -35,9 +35,18 @@ SINGLE_FILE = "model.safetensors"
 _DERIVED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def _safe_open() -> Any:
+    """safetensors' ``safe_open``, imported where init_from is used: the hf extra (pyproject.toml)."""
+    # Deferred: a run without model.init_from needs no safetensors installed.
+    from safetensors import safe_open
+
+    return safe_open
+
+
 @functools.lru_cache(maxsize=4)
 def weight_files(folder: str) -> dict[str, str]:
     """Each tensor's safetensors file in ``folder``, by name (from the index, or the one file)."""
+    safe_open = _safe_open()
     root = Path(folder)
     if (root / INDEX_FILE).is_file():
         weight_map: dict[str, str] = json.loads((root / INDEX_FILE).read_text())["weight_map"]
@@ -50,6 +59,7 @@ def weight_files(folder: str) -> dict[str, str]:
 
 def header_shapes(folder: str) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape in ``folder``'s safetensors files, read from their headers only."""
+    safe_open = _safe_open()
     shapes = {}
     by_file: dict[str, list[str]] = {}
     for name, file in weight_files(folder).items():
@@ -94,7 +104,7 @@ def _rows(cfg: ModelConfig, name: str, top: int, bottom: int) -> torch.Tensor:
     """Rows [top, bottom) of ladder parameter ``name`` (the elements, for a vector), fp32."""
     assert cfg.init_from is not None
     hf = hf_name(name)
-    with safe_open(weight_files(cfg.init_from)[hf], framework="pt") as handle:
+    with _safe_open()(weight_files(cfg.init_from)[hf], framework="pt") as handle:
         return handle.get_slice(hf)[top:bottom].float()
 
 
@@ -143,7 +153,7 @@ def write_shard(
         return
     hf = hf_name(name)
     band = max(1, DRAW_BLOCK // shape[1])
-    with safe_open(weight_files(cfg.init_from)[hf], framework="pt") as handle:
+    with _safe_open()(weight_files(cfg.init_from)[hf], framework="pt") as handle:
         view = handle.get_slice(hf)
         for top in range(0, shape[0], band):
             bottom = min(shape[0], top + band)

@@ -108,3 +108,27 @@ def test_layout_starts_from_the_imported_weights_and_exports_ladders_logits(
     assert difference <= 1e-4
     # trained: the exported weights are not the imported ones
     assert not torch.equal(exported.lm_head.weight, source.lm_head.weight)
+
+
+def test_deepspeeds_zero_to_fp32_finds_the_newest_checkpoint_without_a_tag(
+    layout_run: TrainResult, tmp_path: Path
+):
+    """The zero_to_fp32.py DeepSpeed copies beside a ZeRO-3 run's checkpoints reads
+    checkpoints/latest, which ladder keeps, and joins the same weights the export reads."""
+    summary = layout_run.summary
+    if summary["zero_stage"] != 3:
+        pytest.skip("zero_to_fp32.py joins data-parallel partitions: ZeRO-3's case")
+    checkpoints = layout_run.run_dir / "checkpoints"
+    assert (checkpoints / "latest").read_text() == TAG
+    done = subprocess.run(
+        [sys.executable, str(checkpoints / "zero_to_fp32.py"), str(checkpoints), str(tmp_path / "fp32")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    joined = torch.load(tmp_path / "fp32" / "pytorch_model.bin", weights_only=True)
+    ladder = _ladder_at_checkpoint(layout_run.run_dir)
+    for name, param in ladder.named_parameters():
+        assert torch.equal(joined[name], param), name
