@@ -10,8 +10,8 @@ a full shard is written and let go. The host holds at most one shard and one ten
 
 OUT_DIR holds what ``transformers.AutoModelForCausalLM.from_pretrained`` loads:
 
-    config.json                       runner/model/hf_config.py hf_config_from_model, plus a
-                                      "ladder" key: the run directory, tag and step it came from
+    config.json                       runner/model/hf_config.py hf_config_from_model
+    ladder_export.json                the run directory, tag and step the weights came from
     model.safetensors                 one shard, or
     model-0000K-of-0000N.safetensors  several, and model.safetensors.index.json (weight_map)
 
@@ -42,6 +42,7 @@ from deepspeed.checkpoint.constants import PARAM
 
 from runner.checkpoint import store
 from runner.config import ModelConfig
+from runner.errors import ConfigError
 from runner.model.hf_config import hf_config_from_model, resolve_hf_model
 from runner.model.hf_names import hf_shapes
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, UNIVERSAL_SUFFIX, latest, tag_for
@@ -50,6 +51,7 @@ from runner.rundir.summary import read_summary
 CONFIG_FILE = "config.json"
 SINGLE_SHARD = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+PROVENANCE_FILE = "ladder_export.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default, "5GB" (GB = 1e9)
 
 
@@ -83,7 +85,13 @@ def model_config(run_dir: Path) -> ModelConfig:
             default = field.default
             value = saved[field.name]
             values[field.name] = type(default)(value) if isinstance(default, Enum) else value
-    return resolve_hf_model(ModelConfig(**values))
+    try:
+        return resolve_hf_model(ModelConfig(**values))
+    except ConfigError as error:
+        raise ExportError(
+            f"{run_dir}'s model.hf_config={values.get('hf_config')} no longer reads as the run's model "
+            f"(run ladder export from the directory the run started in, or put the file back):\n{error}"
+        ) from None
 
 
 def checkpoint_record(run_dir: Path, step: int | None) -> dict[str, Any]:
@@ -250,9 +258,11 @@ def _write_config(
     weight_map: dict[str, str],
     sizes: list[tuple[str, int]],
 ) -> None:
-    """config.json with the run and step the weights came from; the index past one shard."""
+    """config.json, ladder_export.json (the run and step the weights came from; config.json stays
+    transformers' own, which model.hf_config reads back), and the index past one shard."""
     config = hf_config_from_model(cfg, dtype="float32")
-    config["ladder"] = {
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    provenance = {
         "run_dir": str(run_dir.resolve()),
         "tag": record["tag"],
         "completed_steps": record["completed_steps"],
@@ -260,7 +270,7 @@ def _write_config(
         "layout": record["layout"],
         "model": cfg.name,
     }
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    (folder / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     if len(set(weight_map.values())) > 1:
         index = {"metadata": {"total_size": sum(size for _, size in sizes)}, "weight_map": weight_map}
         (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

@@ -95,26 +95,67 @@ def test_step_0_loss_after_import_is_transformers_loss_on_the_same_batch(
     assert abs(loss - expected) <= 1e-5 * abs(expected), (loss, expected)
 
 
-def test_export_loads_in_transformers_with_ladders_logits(imported_run: TrainResult, tmp_path: Path):
-    out = tmp_path / "exported"
+@pytest.fixture(scope="module")
+def exported(imported_run: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The imported run's checkpoint exported, in shards of at most 100 KB."""
+    out = tmp_path_factory.mktemp("exported") / "model"
     done = _export(str(imported_run.run_dir), str(out), "--max-shard-size", "100KB")
     assert done.returncode == 0, done.stderr
     assert "peak host memory" in done.stdout
-    index = json.loads((out / "model.safetensors.index.json").read_text())
-    assert len(set(index["weight_map"].values())) > 1  # several shards, as the size asked
-    config = json.loads((out / "config.json").read_text())
-    assert config["ladder"]["tag"] == TAG and config["ladder"]["completed_steps"] == STEPS
+    return out
 
-    exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+
+def _ladder_at_checkpoint(run_dir: Path) -> torch.nn.Module:
+    """ladder's model with the weights of the run's stage-0 checkpoint, under ladder's own names."""
     from runner.checkpoint.hf_export import model_config
 
-    ladder = build_model(model_config(imported_run.run_dir))
-    states = safe_load.load(imported_run.run_dir / "checkpoints" / TAG / "mp_rank_00_model_states.pt")
+    ladder = build_model(model_config(run_dir))
+    states = safe_load.load(run_dir / "checkpoints" / TAG / "mp_rank_00_model_states.pt")
     ladder.load_state_dict(states["module"])
+    return ladder
+
+
+def test_export_loads_in_transformers_with_ladders_logits(imported_run: TrainResult, exported: Path):
+    index = json.loads((exported / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1  # several shards, as the size asked
+    provenance = json.loads((exported / "ladder_export.json").read_text())
+    assert provenance["tag"] == TAG and provenance["completed_steps"] == STEPS
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
+    ladder = _ladder_at_checkpoint(imported_run.run_dir)
     tokens = torch.randint(0, 256, (2, SEQ_LEN), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        difference = (exported(tokens).logits - ladder(tokens)).abs().max().item()
+        difference = (model(tokens).logits - ladder(tokens)).abs().max().item()
     assert difference <= 1e-4
+
+
+def test_a_run_from_the_export_starts_from_the_checkpoints_weights(
+    imported_run: TrainResult, exported: Path, tmp_path: Path
+):
+    """Exported, then imported again under ddp: the new run's first loss is the checkpoint's
+    model's loss on that batch (AdamW's moments and the schedule start afresh: an export
+    carries weights only)."""
+    result = run_train(
+        "model=hf",
+        f"model.hf_config={exported}",
+        f"model.init_from={exported}",
+        "data=synthetic",
+        f"data.seq_len={SEQ_LEN}",
+        f"batch.global_size={GLOBAL}",
+        f"batch.micro_size={GLOBAL}",
+        "train.steps=1",
+        "logger=none",
+        run_dir=tmp_path / "run",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    inputs, targets = BatchSource(
+        DataConfig(name=DataName.synthetic, seq_len=SEQ_LEN), 256, seed=0, global_size=GLOBAL
+    ).global_batch(0)
+    with torch.no_grad():
+        logits = _ladder_at_checkpoint(imported_run.run_dir)(inputs)
+        expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
+    loss = result.metrics[0]["loss"]
+    assert abs(loss - expected) <= 1e-5 * abs(expected), (loss, expected)
 
 
 def test_export_refuses_a_non_empty_out_dir_and_a_run_without_checkpoint(
@@ -136,6 +177,10 @@ def test_export_refuses_a_non_empty_out_dir_and_a_run_without_checkpoint(
     assert done.returncode == 2
     assert "no complete checkpoint" in done.stderr and "train.checkpoint_every" in done.stderr
     assert not (tmp_path / "new").exists()
+
+    done = _export(str(imported_run.run_dir), str(tmp_path / "new"), "--step", "1")
+    assert done.returncode == 2
+    assert "--step 1" in done.stderr and "try --step in {2}" in done.stderr
 
 
 def test_init_from_with_a_wrong_shape_is_refused_before_launch(qwen2_dir: Path, tmp_path: Path):
