@@ -20,7 +20,7 @@ from runner.model.transformer import build_model
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.e2e, pytest.mark.hf]
 
 SEQ_LEN, GLOBAL, STEPS = 32, 4, 2
 TAG = "step_00000002"

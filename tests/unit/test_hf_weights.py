@@ -18,7 +18,7 @@ from runner.parallel.shard_build import write_initial_weights
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.unit, pytest.mark.hf]
 
 SHAPE = dict(
     hidden_size=64,
