@@ -110,14 +110,13 @@ def test_layout_starts_from_the_imported_weights_and_exports_ladders_logits(
     assert not torch.equal(exported.lm_head.weight, source.lm_head.weight)
 
 
+@pytest.mark.parametrize("layout_run", ["zero3"], indirect=True)  # ZeRO-3's partitions to join
 def test_deepspeeds_zero_to_fp32_finds_the_newest_checkpoint_without_a_tag(
     layout_run: TrainResult, tmp_path: Path
 ):
     """The zero_to_fp32.py DeepSpeed copies beside a ZeRO-3 run's checkpoints reads
     checkpoints/latest, which ladder keeps, and joins the same weights the export reads."""
-    summary = layout_run.summary
-    if summary["zero_stage"] != 3:
-        pytest.skip("zero_to_fp32.py joins data-parallel partitions: ZeRO-3's case")
+    assert layout_run.summary["zero_stage"] == 3
     checkpoints = layout_run.run_dir / "checkpoints"
     assert (checkpoints / "latest").read_text() == TAG
     done = subprocess.run(
