@@ -11,12 +11,14 @@ composes, so the node stored in the ConfigStore is an unlocked copy
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import TrainConfig
+from runner.model.hf_config import resolve_hf_model
 
 
 def _unlock(node: Any) -> None:
@@ -49,11 +51,16 @@ def register_configs() -> None:
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Convert a composed Hydra config into the frozen typed root config."""
+    """Convert a composed Hydra config into the frozen typed root config.
+
+    A ``model.hf_config`` file is read here, once (runner/model/hf_config.py): every consumer
+    (the plan, the ledger, the ranks, a recommended command) sees the model's whole shape.
+    A file it cannot read or map raises ConfigError, refused before launch.
+    """
     config = OmegaConf.to_object(cfg)
     if not isinstance(config, TrainConfig):
         raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
-    return config
+    return dataclasses.replace(config, model=resolve_hf_model(config.model))
 
 
 def load_config(run_dir: Path) -> TrainConfig:

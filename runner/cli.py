@@ -3,6 +3,7 @@
 ladder report PATH...                      a table of every cell, best cells marked
 ladder report PATH... --format md|csv|json text for piping
 ladder report PATH... --html out.html      one self-contained page with charts
+ladder export RUN_DIR OUT_DIR [--step N]   a checkpoint as a Hugging Face model directory
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 EXIT_USAGE = 2  # bad input: a missing path, a path with no run in it (argparse uses 2 too)
 
@@ -46,6 +48,45 @@ def _report(args: argparse.Namespace) -> int:
         write_html(args.html, render_html(cells, rows, agreements, sources=sources))
         print(f"ladder report: wrote {args.html} ({len(rows)} cells)", file=sys.stderr)
     return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+
+    # Deferred: torch and DeepSpeed load only for the subcommand that needs them (start-up time).
+    from runner.checkpoint.hf_export import ExportError, export
+
+    try:
+        result = export(
+            args.run_dir, args.out_dir, step=args.step, force=args.force, max_shard_bytes=args.max_shard_bytes
+        )
+    except ExportError as error:
+        print(f"ladder export: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    print(
+        f"ladder export: wrote {result.out_dir} from {result.tag}: {result.tensors} tensors in "
+        f"{result.shards} shard(s), the largest shard {result.largest_shard_bytes / 1e9:.3f} GB, the "
+        f"largest tensor {result.largest_tensor_bytes / 1e9:.3f} GB; peak host memory "
+        f"{result.peak_host_bytes / 1e9:.3f} GB (GB = 1e9 bytes)"
+        + (
+            f", the conversion to the universal format in its own process "
+            f"{result.conversion_peak_host_bytes / 1e9:.3f} GB"
+            if result.conversion_peak_host_bytes
+            else ""
+        )
+    )
+    return 0
+
+
+def _byte_size(text: str) -> int:
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
+    unit = text[-2:].upper()
+    try:
+        value = int(float(text[:-2]) * units[unit]) if unit in units else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size like 5GB, 500MB or a byte count, got {text}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def _positive(text: str) -> float:
@@ -86,7 +127,39 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 1e-3 for fp32, 5e-2 when a cell trains in 16-bit)",
     )
     report.set_defaults(handler=_report)
+    _add_export(commands)
     return parser
+
+
+def _add_export(commands: Any) -> None:
+    """``ladder export``'s arguments."""
+    export = commands.add_parser(
+        "export",
+        help="write a run's checkpoint as a Hugging Face model directory",
+        description=(
+            "Write config.json and safetensors shards that transformers' "
+            "AutoModelForCausalLM.from_pretrained(OUT_DIR) loads, from a checkpoint of any layout."
+        ),
+    )
+    export.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    export.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="an empty or new directory")
+    export.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the checkpoint after N steps (default: the newest)",
+    )
+    export.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
+    export.add_argument(
+        "--max-shard-size",
+        dest="max_shard_bytes",
+        type=_byte_size,
+        default="5GB",
+        metavar="SIZE",
+        help="largest safetensors shard, as transformers' save_pretrained (default 5GB, GB = 1e9 bytes)",
+    )
+    export.set_defaults(handler=_export)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -61,6 +61,13 @@ class Recompute(str, Enum):
     selective = "selective"
 
 
+class RopeScaling(str, Enum):
+    """How RoPE's frequencies are rescaled for contexts longer than pretraining's."""
+
+    none = "none"
+    llama3 = "llama3"  # Llama 3.1's: long wavelengths slowed by a factor, a smooth band between
+
+
 class DataName(str, Enum):
     """Where tokens come from."""
 
@@ -204,6 +211,48 @@ class ModelConfig:
     norm_eps: float = field(default=1e-5, metadata=about("epsilon of each RMSNorm", above=0))
     rope_theta: float = field(
         default=10000.0, metadata=about("base of the rotary position embedding's frequencies", above=0)
+    )
+    rope_scaling: RopeScaling = field(
+        default=RopeScaling.none,
+        metadata=about("RoPE frequency scaling: none, or llama3 (Llama 3.1's, with the rope_* keys below)"),
+    )
+    rope_scaling_factor: float = field(
+        default=8.0,
+        metadata=about("llama3 scaling: long wavelengths' frequencies are divided by this", at_least=1),
+    )
+    rope_low_freq_factor: float = field(
+        default=1.0,
+        metadata=about(
+            "llama3 scaling: wavelengths above rope_original_max_seq_len / this are scaled whole", above=0
+        ),
+    )
+    rope_high_freq_factor: float = field(
+        default=4.0,
+        metadata=about(
+            "llama3 scaling: wavelengths below rope_original_max_seq_len / this are left as they are; "
+            "above rope_low_freq_factor",
+            above=0,
+        ),
+    )
+    rope_original_max_seq_len: int = field(
+        default=8192,
+        metadata=about("llama3 scaling: the context length the model was pretrained at", at_least=1),
+    )
+    qkv_bias: bool = field(
+        default=False, metadata=about("the query, key and value projections have biases (Qwen2)")
+    )
+    hf_config: str | None = field(
+        default=None,
+        metadata=about(
+            "a Hugging Face config.json, or the model directory holding one, that sets the shape (model=hf)"
+        ),
+    )
+    init_from: str | None = field(
+        default=None,
+        metadata=about(
+            "a Hugging Face safetensors directory (or ladder export's) whose weights start training; "
+            "null: seeded random weights"
+        ),
     )
     init_std: float = field(
         default=0.02,

@@ -5,6 +5,7 @@ Layout of ``<run_dir>/checkpoints/``:
     step_00000004/          DeepSpeed's files (model, optimizer, LR schedule) + rng_rank<N>.pt
     .partial-step_00000006/ a save in progress (or one that a crash cut short): never loaded
     latest.json             the newest complete checkpoint: tag, completed steps, layout, skipped steps
+    latest                  its tag alone, DeepSpeed's pointer, for zero_to_fp32.py and DeepSpeed's tools
 
 A save goes to ``.partial-<tag>``; after every rank has written, rank 0 renames it to
 ``<tag>`` (an atomic rename) and only then rewrites ``latest.json`` (atomically too). A
@@ -73,6 +74,7 @@ from runner.rundir.summary import write_json_atomic
 
 PARTIAL_PREFIX = ".partial-"
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
+DEEPSPEED_LATEST = "latest"  # DeepSpeed's pointer file: the newest tag, for its own tools
 STAGE0_SUFFIX = "_ddp"  # the universal checkpoint as a stage-0 engine's own file
 # latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's
 # splits (runner/checkpoint/tp_splits.py); one without it resumes on its own layout only.
@@ -149,8 +151,22 @@ def save(
                 **({STAGE_SPLITS: True} if layout.pp > 1 and layout.tp > 1 else {}),
             },
         )
+        _write_deepspeed_latest(root, tag)
         _prune(root, keep=keep, newest=tag)
     barrier()
+
+
+def _write_deepspeed_latest(root: Path, tag: str) -> None:
+    """DeepSpeed's own pointer, ``checkpoints/latest`` (the tag as text), written atomically.
+
+    ladder loads by tag and saves with ``save_latest=False``; DeepSpeed's tools that read a
+    checkpoint folder without a tag (the ``zero_to_fp32.py`` it copies beside a ZeRO run's
+    checkpoints, ``deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint``)
+    look for this file.
+    """
+    fresh = root / ".latest.tmp"
+    fresh.write_text(tag)
+    os.replace(fresh, root / DEEPSPEED_LATEST)
 
 
 class CheckpointWriteError(RuntimeError):
@@ -384,6 +400,12 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
         _link_as_pipeline(root / tag, partial, model)
         partial.rename(root / view)
     return view
+
+
+def universal_copy(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str:
+    """The checkpoint in the universal format under the model's names, converted once; returns its
+    tag (``ladder export`` reads each parameter's ``zero/<name>/fp32.pt`` from it)."""
+    return _converted(run_dir, record, model)
 
 
 def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str:

@@ -18,9 +18,10 @@ from runner.hardware.peak_flops import torch_dtype
 from runner.hardware.peak_memory import PeakMemory, host_peak_bytes, host_rss_bytes
 from runner.layout import Layout
 from runner.model.build_method import BY_STAGE, PARTITIONED, SHARD, build_method_for
+from runner.model.meta import materialize
 from runner.model.transformer import build_model, num_params
 from runner.parallel.pipeline import build_pipeline
-from runner.parallel.shard_build import build_cut_model
+from runner.parallel.shard_build import build_cut_model, write_initial_weights
 from runner.parallel.tensor import split_token_embedding
 
 
@@ -58,6 +59,12 @@ def build_for_layout(
             config.model, seed=config.seed, ds_config=ds_config, device=device, tp=layout.tp
         )
         split_token_embedding(model, tp=layout.tp)
+        return model
+    if config.model.init_from is not None:  # read, not drawn: no throwaway random weights first
+        model = build_model(config.model, device="meta", dtype=dtype)
+        materialize(model, device)
+        write_initial_weights(model, config.model, seed=config.seed)
+        model.init_rope(device)
         return model
     return build_model(
         config.model, seed=config.seed, device=device, dtype=torch_dtype(config.precision.name)

@@ -18,7 +18,8 @@ norms it keeps whole stay zero.Init's partitions. Measured on 4 CPU ranks
 memory rises 0.024 GB (whole: 0.061 GB), with losses and gradient norms bit for bit the
 whole build's over 5 steps.
 
-Initial values are the same as every other layout's: each rank draws only the elements
+Initial values are the same as every other layout's: each rank draws (or reads, with
+``model.init_from``: runner/model/hf_weights.py) only the elements
 of its own partitions (runner/model/transformer.py's ``initial_values`` draws a parameter in chunks,
 each from its own generator), with no communication, so the ranks share the drawing.
 """
@@ -31,7 +32,8 @@ import torch
 from torch import nn
 
 from runner.config import ModelConfig
-from runner.model.transformer import Transformer, write_initial_values
+from runner.model.hf_weights import write_values
+from runner.model.transformer import Transformer
 
 
 def build_partitioned(
@@ -74,9 +76,7 @@ def _write_partition(param: Any, cfg: ModelConfig, name: str, *, seed: int) -> N
     start = dist.get_rank(group=param.ds_process_group) * part.ds_numel
     stop = min(start + part.ds_numel, param.ds_numel)
     if stop > start:
-        write_initial_values(
-            part.narrow(0, 0, stop - start), cfg, name, param.ds_shape, seed=seed, start=start
-        )
+        write_values(part.narrow(0, 0, stop - start), cfg, name, param.ds_shape, seed=seed, start=start)
 
 
 def held_numel(model: nn.Module) -> int:

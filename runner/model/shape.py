@@ -41,6 +41,8 @@ def num_params(cfg: ModelConfig) -> int:
     C, V, F_ = cfg.d_model, cfg.vocab_size, cfg.ffn_hidden
     kv_dim = n_kv_head(cfg) * (C // cfg.n_head)
     attention = C * C + 2 * C * kv_dim + C * C  # wq, wk, wv, wo
+    if cfg.qkv_bias:
+        attention += C + 2 * kv_dim  # wq, wk, wv's biases
     feed_forward = 3 * C * F_  # w1, w2, w3
     norms = 2 * C  # attention_norm, ffn_norm
     per_layer = attention + feed_forward + norms
@@ -51,14 +53,18 @@ def num_params(cfg: ModelConfig) -> int:
 
 def layer_param_numels(model: ModelConfig, tp: int = 1) -> list[int]:
     """Numel of each parameter tensor of one transformer block a rank holds, in module order:
-    attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3.
+    attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3 (with ``qkv_bias``, each of wq, wk
+    and wv followed by its bias).
 
-    With ``tp`` > 1 the attention and MLP matrices hold 1/tp each and the norm gains stay
-    whole (the partition of runner/parallel/tensor.py).
+    With ``tp`` > 1 the attention and MLP matrices hold 1/tp each, the column-parallel
+    biases with them, and the norm gains stay whole (the partition of runner/parallel/tensor.py).
     """
     h, f = model.d_model, model.ffn_hidden
     kv_width = n_kv_head(model) * (h // model.n_head)
     q, kv, ffn = h * h // tp, h * kv_width // tp, h * f // tp  # one rank's shard of each matrix
+    if model.qkv_bias:
+        q_bias, kv_bias = h // tp, kv_width // tp
+        return [h, q, q_bias, kv, kv_bias, kv, kv_bias, q, h, ffn, ffn, ffn]
     return [h, q, kv, kv, q, h, ffn, ffn, ffn]
 
 

@@ -6,8 +6,10 @@ arXiv 2307.09288): token embedding, then `n_layer` pre-norm blocks of
     x = x + attention(attention_norm(x))       # causal self-attention with RoPE
     x = x + feed_forward(ffn_norm(x))          # SwiGLU MLP
 
-then a final RMSNorm and a bias-free projection to the vocabulary. No biases,
-no dropout, no learned positions.
+then a final RMSNorm and a bias-free projection to the vocabulary. No dropout, no
+learned positions, and no biases except, with ``qkv_bias`` (Qwen2, arXiv 2407.10671),
+on the query, key and value projections. RoPE's frequencies may be rescaled for long
+contexts as Llama 3.1 does (``rope_scaling=llama3``).
 
 Module names (`tok_embeddings`, `layers.{i}.attention.wq`, `feed_forward.w2`,
 `output`, ...) follow Meta's reference implementation on purpose: tensor-parallel
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from runner.config import ModelConfig, Recompute
+from runner.config import ModelConfig, Recompute, RopeScaling
 from runner.model.build_method import DRAW_BLOCK
 from runner.model.meta import materialize
 from runner.model.shape import check_shape, n_kv_head
@@ -62,7 +64,8 @@ def initial_values(
     partitions) draws the same values as the whole model on one device, and only those.
     Normal(0, init_std) (GPT-2, Radford et al. 2019); the residual projections wo and w2
     scaled by 1/sqrt(2 n_layer), the number of residual layers (same paper, sec. 2.3), so
-    the residual stream's variance does not grow with depth; RMSNorm gains at one.
+    the residual stream's variance does not grow with depth; RMSNorm gains at one; biases
+    at zero.
     """
     numel = math.prod(shape)
     stop = numel if stop is None else stop
@@ -71,6 +74,8 @@ def initial_values(
     out = torch.empty(stop - start)
     if name.endswith("norm.weight"):
         return out.fill_(1.0)
+    if name.endswith(".bias"):  # zero, as nn.Linear's users (Megatron-LM, HF's _init_weights) start them
+        return out.zero_()
     std = cfg.init_std
     if name.endswith(_RESIDUAL_PROJECTIONS):
         std /= math.sqrt(2 * cfg.n_layer)
@@ -163,12 +168,38 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def rope_cache(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables for RoPE, each (max_seq_len, head_dim // 2), in fp32."""
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE's angular frequency of each channel pair, (head_dim // 2,) in fp32, scaled as cfg says."""
+    head_dim = cfg.d_model // cfg.n_head
     # RoFormer (Su et al. 2021, arXiv 2104.09864) eq. 15: channel pair i rotates
     # at frequency theta^(-2i/d); position m rotates it by angle m * freq_i.
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
-    angles = torch.outer(torch.arange(max_seq_len).float(), inv_freq)  # (T, hs/2)
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    if cfg.rope_scaling == RopeScaling.llama3:
+        inv_freq = llama3_scaled(inv_freq, cfg)
+    return inv_freq
+
+
+def llama3_scaled(inv_freq: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling of the frequencies ``inv_freq``.
+
+    As transformers' modeling_rope_utils.py ``_compute_llama3_parameters`` (and Meta's
+    llama-models ``apply_scaling``): a wavelength shorter than original / high_freq_factor
+    keeps its frequency, one longer than original / low_freq_factor has it divided by
+    ``factor``, and the band between blends the two by a ramp linear in original / wavelength.
+    """
+    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    original = cfg.rope_original_max_seq_len
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_cache(cfg: ModelConfig, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables for RoPE's first ``seq_len`` positions, each (seq_len, head_dim // 2), in fp32."""
+    angles = torch.outer(torch.arange(seq_len).float(), rope_frequencies(cfg))  # (T, hs/2)
     return angles.cos(), angles.sin()
 
 
@@ -191,9 +222,9 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = cfg.d_model // cfg.n_head
         n_kv = n_kv_head(cfg)
-        self.wq = nn.Linear(cfg.d_model, cfg.n_head * self.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=False)
+        self.wq = nn.Linear(cfg.d_model, cfg.n_head * self.head_dim, bias=cfg.qkv_bias)
+        self.wk = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=cfg.qkv_bias)
+        self.wv = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=False)
         self.selective_recompute = cfg.activation_checkpointing == Recompute.selective
 
@@ -317,11 +348,7 @@ class Transformer(nn.Module):
 
     def init_rope(self, device: torch.device) -> None:
         """The RoPE tables for `max_seq_len` positions, on `device`."""
-        cos, sin = rope_cache(
-            self.cfg.d_model // self.cfg.n_head,
-            self.cfg.max_seq_len,
-            self.cfg.rope_theta,
-        )
+        cos, sin = rope_cache(self.cfg, self.cfg.max_seq_len)
         self.rope_cos = cos.to(device)
         self.rope_sin = sin.to(device)
 

@@ -62,7 +62,7 @@ class RotaryTables(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        cos, sin = rope_cache(cfg.d_model // cfg.n_head, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rope_cache(cfg, cfg.max_seq_len)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

@@ -19,13 +19,14 @@ import torch
 from torch import nn
 
 from runner.config import ModelConfig
+from runner.model.hf_weights import write_shard, write_values
 from runner.model.meta import materialize
-from runner.model.transformer import Transformer, build_model, write_initial_shard, write_initial_values
+from runner.model.transformer import Transformer, build_model
 
 
 def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...]]]:
-    """For each tensor-parallel weight under ``module``, by id: the dim it is cut along, where
-    this rank's slice starts, and the whole weight's shape."""
+    """For each tensor-parallel weight (and column-parallel bias) under ``module``, by id: the dim
+    it is cut along, where this rank's slice starts, and the whole tensor's shape."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.module_inject.layers import LinearAllreduce, TensorParallel_Layer
 
@@ -34,7 +35,10 @@ def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...
         if isinstance(layer, TensorParallel_Layer) and getattr(layer, "is_tp_parallel", False):
             dim = 1 if isinstance(layer, LinearAllreduce) else 0  # row-parallel: input features
             start = sum(layer._partition_sizes[: layer.tp_index])
-            offsets[id(layer.weight)] = (dim, start, tuple(layer._orig_weight_shape))
+            whole = tuple(layer._orig_weight_shape)
+            offsets[id(layer.weight)] = (dim, start, whole)
+            if dim == 0 and getattr(layer, "bias", None) is not None:
+                offsets[id(layer.bias)] = (0, start, whole[:1])  # a column-parallel bias: cut with its rows
     return offsets
 
 
@@ -42,7 +46,8 @@ def shard_offsets(module: nn.Module) -> dict[int, tuple[int, int, tuple[int, ...
 def write_initial_weights(
     module: nn.Module, cfg: ModelConfig, *, seed: int, name_of: Callable[[str], str] | None = None
 ) -> None:
-    """Write every parameter's initial values (a shard: its slice of the whole weight's).
+    """Write every parameter's initial values (a shard: its slice of the whole weight's), drawn,
+    or read from ``cfg.init_from`` (runner/model/hf_weights.py).
 
     ``name_of(name)`` maps a parameter name of ``module`` to runner/model/transformer.py's name (default:
     the same); a tied weight is written once, under its first name.
@@ -52,9 +57,9 @@ def write_initial_weights(
         whole = name if name_of is None else name_of(name)
         if id(param) in shards:
             dim, start, shape = shards[id(param)]
-            write_initial_shard(param, cfg, whole, shape, seed=seed, dim=dim, start=start)
+            write_shard(param, cfg, whole, shape, seed=seed, dim=dim, start=start)
         else:
-            write_initial_values(param, cfg, whole, param.shape, seed=seed)
+            write_values(param, cfg, whole, param.shape, seed=seed)
 
 
 def autotp_replace(module: nn.Module, *, tp: int, group: Any, vocab_parallel_head: bool) -> None:

@@ -27,7 +27,7 @@ def block_seconds(cfg: ModelConfig, micro: int, seq: int, *, dtype: Any, device:
     from runner.model.transformer import TransformerBlock, rope_cache
 
     cfg = dataclasses.replace(cfg, activation_checkpointing=Recompute.none)
-    cos, sin = rope_cache(cfg.d_model // cfg.n_head, seq, cfg.rope_theta)
+    cos, sin = rope_cache(cfg, seq)
     cos, sin = cos.to(device), sin.to(device)
 
     def block_step() -> Any:

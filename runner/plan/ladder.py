@@ -47,6 +47,7 @@ from typing import Any
 
 from runner.config import OffloadPlacement, Recompute, ZeroStage
 from runner.layout import divisors
+from runner.plan.command import model_overrides, workload_overrides
 from runner.plan.planner import Knobs, Plan, Workload, gb, plan_layout
 
 # Each stage is tried as the conf/parallel option of its name (ddp, zero1, zero2, zero3).
@@ -262,7 +263,7 @@ def overrides_for(plan: Plan) -> list[str]:
     """The command-line overrides that run (or plan) exactly this layout for this workload."""
     w, k = plan.workload, plan.knobs
     out = [
-        f"model={w.model.name}",
+        *model_overrides(w.model),
         f"cluster={w.cluster}",
         f"gpus={w.gpus}",
         f"precision={w.precision.value}",
@@ -282,6 +283,7 @@ def overrides_for(plan: Plan) -> list[str]:
     if k.recompute != Recompute.none:
         out.append(f"model.activation_checkpointing={k.recompute.value}")
     out.append(f"batch.micro_size={plan.layout.micro_size}")
+    out += workload_overrides(w)
     if plan.plan_only:
         out.append("plan=true")
     return out

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.config import DataName, Offload, ParallelConfig, Precision, TrainConfig
+from runner.config import DataName, Offload, ParallelConfig, Precision, RopeScaling, TrainConfig
 from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import TOKEN_DTYPES, token_file_problem, token_files
 from runner.errors import ConfigError
 from runner.hardware.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
+from runner.model.hf_weights import init_from_problems
 from runner.parallel.tensor import tp_node_problems, tp_problems
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
 from runner.preflight.wandb_credentials import credentials_problems
@@ -83,6 +84,16 @@ def _problems(config: TrainConfig) -> list[str]:
     )
     need(data.dtype in TOKEN_DTYPES, f"data.dtype={data.dtype!r}: use uint8, uint16 or uint32")
     need(
+        model.name != "hf" or model.hf_config is not None,
+        "model=hf needs model.hf_config=PATH: a Hugging Face config.json, or the model directory holding one",
+    )
+    need(
+        model.rope_scaling != RopeScaling.llama3 or model.rope_high_freq_factor > model.rope_low_freq_factor,
+        f"model.rope_high_freq_factor={model.rope_high_freq_factor} must exceed model.rope_low_freq_factor="
+        f"{model.rope_low_freq_factor}: llama3 scaling blends the wavelengths between original/high and "
+        "original/low (Llama 3.1: 4 and 1)",
+    )
+    need(
         model.d_model % model.n_head == 0,
         f"model.d_model={model.d_model} is not divisible by model.n_head={model.n_head}; "
         f"pick n_head among the divisors of d_model",
@@ -113,6 +124,7 @@ def _problems(config: TrainConfig) -> list[str]:
         f"after the first steps' warm-up), or -1 for none",
     )
     problems += tp_problems(config.model, tp=config.parallel.tp)
+    problems += init_from_problems(config.model)
     if config.cluster.gpus_per_node is not None:
         problems += tp_node_problems(
             config.parallel.tp,

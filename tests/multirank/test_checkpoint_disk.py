@@ -129,7 +129,9 @@ def test_a_save_that_runs_out_of_room_is_removed_and_the_run_continues_once_ther
     assert "no room" in error and "train.resume=auto continues the run from step_00000004" in error
     assert error in said
     checkpoints = run_dir / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest.json", "step_00000004"]  # no partial
+    # no partial; DeepSpeed's pointer (latest) beside ladder's record
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "latest.json", "step_00000004"]
+    assert (checkpoints / "latest").read_text() == "step_00000004"  # DeepSpeed's pointer names it too
     assert json.loads((checkpoints / "latest.json").read_text())["completed_steps"] == 4
 
     filler.unlink()

@@ -391,7 +391,7 @@ def _block_case(
     if compiled:
         block.compile()  # as runner/engine/compile_blocks.py does with train.compile=true
     # RoPE tables stay fp32, as DeepSpeed keeps fp32 buffers under bf16 (see _cast_like_deepspeed).
-    cos, sin = rope_cache(cfg.d_model // cfg.n_head, SEQ, cfg.rope_theta)
+    cos, sin = rope_cache(cfg, SEQ)
     x0 = torch.randn(MICRO, SEQ, cfg.d_model, dtype=dtype, requires_grad=True)
 
     def forward() -> torch.Tensor:

@@ -1,0 +1,200 @@
+"""Hugging Face round trips: a transformers model's weights start a run (model.init_from), and the
+run's checkpoint comes back out as a directory transformers loads (ladder export)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from train_helpers import ROOT, TrainResult, clean_env, run_train
+
+from runner.config import DataConfig, DataName
+from runner.data.batches import BatchSource
+from runner.engine.fixes import pickle_in_checkpoints as safe_load
+from runner.model.transformer import build_model
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.hf]
+
+SEQ_LEN, GLOBAL, STEPS = 32, 4, 2
+TAG = "step_00000002"
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 (q/k/v biases, untied head) with random weights, as save_pretrained writes it."""
+    folder = tmp_path_factory.mktemp("qwen2")
+    config = transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():  # biases drawn, not zero: a bias that went missing would show
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def imported_run(tmp_path_factory: pytest.TempPathFactory, qwen2_dir: Path) -> TrainResult:
+    """Two fp32 steps from the Qwen2's weights, one checkpoint at the end."""
+    run_dir = tmp_path_factory.mktemp("imported") / "run"
+    result = run_train(
+        "model=hf",
+        f"model.hf_config={qwen2_dir}",
+        f"model.init_from={qwen2_dir}",
+        "data=synthetic",
+        f"data.seq_len={SEQ_LEN}",
+        f"batch.global_size={GLOBAL}",
+        f"batch.micro_size={GLOBAL}",
+        f"train.steps={STEPS}",
+        f"train.checkpoint_every={STEPS}",
+        "logger=none",
+        run_dir=run_dir,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def _export(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runner.cli", "export", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=clean_env(),
+    )
+
+
+def test_step_0_loss_after_import_is_transformers_loss_on_the_same_batch(
+    imported_run: TrainResult, qwen2_dir: Path
+):
+    inputs, targets = BatchSource(
+        DataConfig(name=DataName.synthetic, seq_len=SEQ_LEN), 256, seed=0, global_size=GLOBAL
+    ).global_batch(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(qwen2_dir).eval()
+    with torch.no_grad():
+        expected = F.cross_entropy(model(inputs).logits.flatten(0, 1), targets.flatten()).item()
+    loss = imported_run.metrics[0]["loss"]
+    assert abs(loss - expected) <= 1e-5 * abs(expected), (loss, expected)
+
+
+@pytest.fixture(scope="module")
+def exported(imported_run: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The imported run's checkpoint exported, in shards of at most 100 KB."""
+    out = tmp_path_factory.mktemp("exported") / "model"
+    done = _export(str(imported_run.run_dir), str(out), "--max-shard-size", "100KB")
+    assert done.returncode == 0, done.stderr
+    assert "peak host memory" in done.stdout
+    return out
+
+
+def _ladder_at_checkpoint(run_dir: Path) -> torch.nn.Module:
+    """ladder's model with the weights of the run's stage-0 checkpoint, under ladder's own names."""
+    from runner.checkpoint.hf_export import model_config
+
+    ladder = build_model(model_config(run_dir))
+    states = safe_load.load(run_dir / "checkpoints" / TAG / "mp_rank_00_model_states.pt")
+    ladder.load_state_dict(states["module"])
+    return ladder
+
+
+def test_export_loads_in_transformers_with_ladders_logits(imported_run: TrainResult, exported: Path):
+    index = json.loads((exported / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1  # several shards, as the size asked
+    provenance = json.loads((exported / "ladder_export.json").read_text())
+    assert provenance["tag"] == TAG and provenance["completed_steps"] == STEPS
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
+    ladder = _ladder_at_checkpoint(imported_run.run_dir)
+    tokens = torch.randint(0, 256, (2, SEQ_LEN), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        difference = (model(tokens).logits - ladder(tokens)).abs().max().item()
+    assert difference <= 1e-4
+
+
+def test_a_run_from_the_export_starts_from_the_checkpoints_weights(
+    imported_run: TrainResult, exported: Path, tmp_path: Path
+):
+    """Exported, then imported again under ddp: the new run's first loss is the checkpoint's
+    model's loss on that batch (AdamW's moments and the schedule start afresh: an export
+    carries weights only)."""
+    result = run_train(
+        "model=hf",
+        f"model.hf_config={exported}",
+        f"model.init_from={exported}",
+        "data=synthetic",
+        f"data.seq_len={SEQ_LEN}",
+        f"batch.global_size={GLOBAL}",
+        f"batch.micro_size={GLOBAL}",
+        "train.steps=1",
+        "logger=none",
+        run_dir=tmp_path / "run",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    inputs, targets = BatchSource(
+        DataConfig(name=DataName.synthetic, seq_len=SEQ_LEN), 256, seed=0, global_size=GLOBAL
+    ).global_batch(0)
+    with torch.no_grad():
+        logits = _ladder_at_checkpoint(imported_run.run_dir)(inputs)
+        expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
+    loss = result.metrics[0]["loss"]
+    assert abs(loss - expected) <= 1e-5 * abs(expected), (loss, expected)
+
+
+def test_export_refuses_a_non_empty_out_dir_and_a_run_without_checkpoint(
+    imported_run: TrainResult, tmp_path: Path
+):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    done = _export(str(imported_run.run_dir), str(out))
+    assert done.returncode == 2
+    assert f"OUT_DIR {out} is not empty" in done.stderr and "--force" in done.stderr
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert not list(tmp_path.glob(".taken.partial-*"))
+
+    empty_run = tmp_path / "run"
+    (empty_run / ".hydra").mkdir(parents=True)
+    (empty_run / ".hydra" / "config.yaml").write_text("model:\n  name: tiny\n")
+    done = _export(str(empty_run), str(tmp_path / "new"))
+    assert done.returncode == 2
+    assert "no complete checkpoint" in done.stderr and "train.checkpoint_every" in done.stderr
+    assert not (tmp_path / "new").exists()
+
+    done = _export(str(imported_run.run_dir), str(tmp_path / "new"), "--step", "1")
+    assert done.returncode == 2
+    assert "--step 1" in done.stderr and "try --step in {2}" in done.stderr
+
+
+def test_init_from_with_a_wrong_shape_is_refused_before_launch(qwen2_dir: Path, tmp_path: Path):
+    result = run_train(
+        "model=tiny",  # d_model 256: the Qwen2's is 64
+        f"model.init_from={qwen2_dir}",
+        "logger=none",
+        run_dir=tmp_path / "run",
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    said = result.stderr
+    assert (
+        f"model.init_from={qwen2_dir}: model.embed_tokens.weight has shape (256, 64), this model's (256, 256)"
+        in said
+    )
+    assert "model.hf_config" in said  # the fix
+    assert not (tmp_path / "run" / "checkpoints").exists()
