@@ -15,7 +15,7 @@ $(BIN)/python:
 # Installed once, again only when pyproject.toml changes.
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,hf]'
 	@touch $@
 
 setup: $(VENV)/.installed  ## create .venv and install ladder with its dev tools (CPU torch when no torch is there)

@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_tokenize(commands: argparse._SubParsersAction) -> None:
     """``ladder tokenize``'s arguments."""
-    from runner.data.text_documents import TXT_SPLITS
+    from runner.data.text_documents import TXT_SPLITS  # deferred: start-up time of the other commands
 
     tokenize = commands.add_parser(
         "tokenize",

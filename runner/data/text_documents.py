@@ -54,7 +54,7 @@ def _kind(path: Path) -> str:
 def _parquet_column_problem(path: Path, column: str) -> str | None:
     """What keeps ``column`` of the Parquet file from being read as text, or None."""
     try:
-        import pyarrow as pa
+        import pyarrow as pa  # deferred: only Parquet inputs need it (the hf extra)
         import pyarrow.parquet as pq
     except ImportError:
         return f"input {path} is Parquet, which needs the pyarrow package: {PYARROW_EXTRA}"
@@ -153,7 +153,7 @@ def _jsonl_documents(path: Path, field_name: str) -> Iterator[tuple[str, int]]:
 
 def _parquet_documents(path: Path, column: str) -> Iterator[tuple[str, int]]:
     """A Parquet file's documents (column ``column``), each with its share of the file's bytes."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: only Parquet inputs need it (the hf extra)
 
     parquet = pq.ParquetFile(path)
     rows, size = max(parquet.metadata.num_rows, 1), path.stat().st_size

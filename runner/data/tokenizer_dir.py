@@ -90,7 +90,7 @@ def load_tokenizer(directory: str | Path, *, key: str) -> Tokenizer:
     if problem is not None:
         raise TokenizerError(problem)
     try:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # deferred: only runs that name a tokenizer need it
     except ImportError as error:
         raise TokenizerError(f"{key}={directory} needs the tokenizers package: {HF_EXTRA}") from error
     try:
