@@ -12,6 +12,7 @@ from typing import Any
 from launchers.resume import ResumeSource
 from launchers.slurm_job import slurm_job_record
 from runner.config import TrainConfig
+from runner.data.tokenizer_dir import tokenizer_identity
 from runner.engine.schedule import scaled_lr
 from runner.layout import Layout
 from runner.model.shape import num_params
@@ -62,6 +63,7 @@ def start_summary(
         lr=scaled_lr(config.optimizer, global_size=layout.global_size),
         slurm=slurm_job_record(os.environ),  # job id, nodes, tasks; None outside SLURM
         layout_history=history,
+        **({"tokenizer": tokenizer_identity(config.data.tokenizer)} if config.data.tokenizer else {}),
     )
 
 

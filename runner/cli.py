@@ -4,17 +4,21 @@ ladder report PATH...                      a table of every cell, best cells mar
 ladder report PATH... --format md|csv|json text for piping
 ladder report PATH... --html out.html      one self-contained page with charts
 ladder export RUN_DIR OUT_DIR [--step N]   a checkpoint as a Hugging Face model directory
+ladder tokenize --tokenizer DIR INPUT... --out PATH
+                                           text, JSON Lines or Parquet to the token file data.path reads
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 EXIT_USAGE = 2  # bad input: a missing path, a path with no run in it (argparse uses 2 too)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -86,6 +90,52 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"a size like 5GB, 500MB or a byte count, got {text}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+def _tokenize(args: argparse.Namespace) -> int:
+
+    # Deferred: rich's progress and the document readers load only for this command.
+    from rich.console import Console
+
+    from runner.data.text_documents import DocumentOptions, input_problems
+    from runner.data.tokenize_progress import PREFIX, result_lines, tokenize_progress
+    from runner.data.tokenize_text import TOKENIZER_KEY, tokenize_to_file
+    from runner.data.tokenizer_dir import tokenizer_dir_problem
+
+    options = DocumentOptions(split=args.split, field=args.field, column=args.column)
+    problems = input_problems(args.inputs, options)
+    problems.append(tokenizer_dir_problem(args.tokenizer, key=TOKENIZER_KEY) or "")
+    if not args.out.parent.is_dir():
+        problems.append(f"--out={args.out}: no such directory {args.out.parent}; create it first")
+    problems = [problem for problem in problems if problem]
+    if problems:
+        print("\n".join(f"{PREFIX}: {problem}" for problem in problems), file=sys.stderr)
+        return EXIT_USAGE
+    console = Console(stderr=True)
+    total = sum(path.stat().st_size for path in args.inputs)
+    try:
+        with tokenize_progress(total, console) as progress:
+            result = tokenize_to_file(
+                args.inputs,
+                args.out,
+                args.tokenizer,
+                options=options,
+                eos=args.eos,
+                workers=args.workers,
+                progress=progress,
+            )
+    except ValueError as error:  # a document or tokenizer the checks above could not see
+        print(f"{PREFIX}: {error}; nothing written to {args.out}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{PREFIX}: interrupted; nothing written to {args.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print("\n".join(result_lines(result, str(args.tokenizer), args.workers)))
+    return 0
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
 
 
@@ -128,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(handler=_report)
     _add_export(commands)
+    _add_tokenize(commands)
     return parser
 
 
@@ -160,6 +211,46 @@ def _add_export(commands: Any) -> None:
         help="largest safetensors shard, as transformers' save_pretrained (default 5GB, GB = 1e9 bytes)",
     )
     export.set_defaults(handler=_export)
+
+
+def _add_tokenize(commands: argparse._SubParsersAction) -> None:
+    """``ladder tokenize``'s arguments."""
+    from runner.data.text_documents import TXT_SPLITS  # deferred: start-up time of the other commands
+
+    tokenize = commands.add_parser(
+        "tokenize",
+        help="turn text into the token file data.path reads",
+        description=(
+            "Tokenize plain text (.txt), JSON Lines (.jsonl, .json) or Parquet (.parquet) with the Hugging "
+            "Face tokenizer in DIR, offline, into one llm.c token shard (uint16 ids when the vocabulary "
+            "fits, else uint32): each document followed by the tokenizer's end-of-text token. Written "
+            "to a temporary file and renamed: a failed run leaves no output."
+        ),
+    )
+    tokenize.add_argument("inputs", nargs="+", type=Path, metavar="INPUT", help="text, JSON Lines or Parquet")
+    tokenize.add_argument(
+        "--tokenizer", required=True, type=Path, metavar="DIR", help="a directory holding tokenizer.json"
+    )
+    tokenize.add_argument("--out", required=True, type=Path, metavar="PATH", help="the token file to write")
+    tokenize.add_argument(
+        "--split",
+        choices=TXT_SPLITS,
+        default="file",
+        help="a .txt file's documents: the whole file (default), each line, or paragraphs between "
+        "blank lines",
+    )
+    tokenize.add_argument("--field", default="text", help="JSON Lines: the field holding the text (text)")
+    tokenize.add_argument("--column", default="text", help="Parquet: the column holding the text (text)")
+    tokenize.add_argument(
+        "--eos", metavar="TOKEN", help="the end-of-text token; default: the tokenizer's eos_token"
+    )
+    tokenize.add_argument(
+        "--workers",
+        type=_at_least_one,
+        default=os.cpu_count() or 1,
+        help="processes that encode (default: this host's cores)",
+    )
+    tokenize.set_defaults(handler=_tokenize)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -424,6 +424,10 @@ class DataConfig:
     max_bytes: int = field(
         default=16_000_000, metadata=about("cap on the built-in text corpus, in bytes", at_least=1)
     )
+    tokenizer: str | None = field(
+        default=None,
+        metadata=about("the Hugging Face tokenizer directory data.path was tokenized with; null: none"),
+    )
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ one corpus, read as their concatenation in sorted order. Each file is one of:
   also modded-nanogpt's FineWeb shards): a header of 256 int32 (magic, version, token count),
   then the tokens, uint16 for magic 20240520 version 1 (GPT-2), uint32 for 20240801
   version 7 (Llama 3). Recognised only where the file's size is exactly the header's count.
+  ``ladder tokenize`` writes this format (``llmc_header``), and in the header's unused ints the
+  sha256 of the tokenizer that wrote it (``llmc_tokenizer_sha256``).
 
 numpy only, so the launching process checks the files before any rank starts
 (runner.preflight.validate) and each rank opens them the same way (runner.data.batches.BatchSource).
@@ -33,6 +35,10 @@ _SCAN_CHUNK = 1 << 22
 NPY_MAGIC = b"\x93NUMPY"
 LLMC_HEADER_INT32 = 256
 LLMC_FORMATS = {(20240520, 1): "uint16", (20240801, 7): "uint32"}  # (magic, version) -> token dtype
+# llm.c reads header[0:3] and writes zeros after them; ladder tokenize puts this mark in
+# header[3] and the tokenizer's sha256 (runner.data.tokenizer_dir.tokenizer_sha256) in header[4:12].
+LLMC_TOKENIZER_MARK = 0x4C444452  # "LDDR"
+LLMC_COUNT_MAX = 2**31 - 1  # the header's count is an int32
 
 
 class TokenShards:
@@ -79,6 +85,31 @@ def _llmc_dtype(head: bytes, n_bytes: int) -> str | None:
     if dtype is None or n_bytes != LLMC_HEADER_INT32 * 4 + count * np.dtype(dtype).itemsize:
         return None
     return dtype
+
+
+def llmc_header(dtype: str, count: int, tokenizer_sha256: str | None = None) -> bytes:
+    """The 1024-byte header of an llm.c shard of ``count`` tokens of ``dtype`` (uint16 or uint32),
+    as karpathy/llm.c ``dev/data/data_common.py`` ``write_datafile`` writes it."""
+    if not 0 <= count <= LLMC_COUNT_MAX:
+        raise ValueError(f"an llm.c shard holds 0 to {LLMC_COUNT_MAX:,} tokens, not {count:,}")
+    magic, version = next(key for key, kind in LLMC_FORMATS.items() if kind == dtype)
+    header = np.zeros(LLMC_HEADER_INT32, dtype="<i4")
+    header[0:3] = magic, version, count
+    if tokenizer_sha256 is not None:
+        header[3] = LLMC_TOKENIZER_MARK
+        header[4:12] = np.frombuffer(bytes.fromhex(tokenizer_sha256), dtype="<i4")
+    return header.tobytes()
+
+
+def llmc_tokenizer_sha256(file: Path) -> str | None:
+    """The sha256 of the tokenizer that wrote this llm.c shard (``ladder tokenize``), or None:
+    another format, or a shard written elsewhere."""
+    with file.open("rb") as handle:
+        head = handle.read(LLMC_HEADER_INT32 * 4)
+    if len(head) < 48 or _llmc_dtype(head, file.stat().st_size) is None:
+        return None
+    header = np.frombuffer(head[:48], dtype="<i4")
+    return header[4:12].tobytes().hex() if int(header[3]) == LLMC_TOKENIZER_MARK else None
 
 
 def _open_one(file: Path, dtype: str, shown: str, key: str = "data.path") -> tuple[np.ndarray, str]:
@@ -190,8 +221,11 @@ def token_file_problem(
 
 
 __all__ = [
+    "LLMC_COUNT_MAX",
     "TOKEN_DTYPES",
     "TokenShards",
+    "llmc_header",
+    "llmc_tokenizer_sha256",
     "open_token_file",
     "open_tokens",
     "token_file_problem",

@@ -15,7 +15,8 @@ from typing import Any
 
 from runner.config import DataName, Offload, ParallelConfig, Precision, RopeScaling, TrainConfig
 from runner.data.text_corpus import builtin_held_out_text
-from runner.data.token_file import TOKEN_DTYPES, token_file_problem, token_files
+from runner.data.token_file import TOKEN_DTYPES, llmc_tokenizer_sha256, token_file_problem, token_files
+from runner.data.tokenizer_dir import TokenizerError, load_tokenizer, tokenizer_sha256, vocab_size
 from runner.errors import ConfigError
 from runner.hardware.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
@@ -114,6 +115,8 @@ def _problems(config: TrainConfig) -> list[str]:
             config, "data.path", data.path, "leave data.path unset for the built-in text"
         )
         need(problem is None, problem or "")
+    if data.tokenizer is not None:
+        problems += _tokenizer_problems(config)
     _check_evaluation(config, need)
     _check_offload(config.parallel, need)
     train = config.train
@@ -132,6 +135,40 @@ def _problems(config: TrainConfig) -> list[str]:
             where=f"cluster={config.cluster.name} ({config.cluster.gpus_per_node} gpus per node)",
         )
     return problems
+
+
+def _tokenizer_problems(config: TrainConfig) -> list[str]:
+    """data.tokenizer: a tokenizer directory whose ids fit model.vocab_size, and the one that
+    wrote data.path where ladder tokenize recorded it in the file's header."""
+    data, vocab = config.data, config.model.vocab_size
+    key = f"data.tokenizer={data.tokenizer}"
+    if data.name != DataName.text or data.path is None:
+        return [
+            f"{key} names the tokenizer of data.path's tokens, and data.path is unset; give data.path "
+            f"(a token file from ladder tokenize) or unset data.tokenizer"
+        ]
+    assert data.tokenizer is not None
+    try:
+        tokenizer = load_tokenizer(data.tokenizer, key="data.tokenizer")
+    except TokenizerError as error:
+        return [str(error)]
+    ids = vocab_size(tokenizer)
+    if ids > vocab:
+        return [
+            f"{key} produces ids up to {ids - 1} ({ids:,} in its vocabulary), more than "
+            f"model.vocab_size={vocab}; set model.vocab_size={ids} (or more), or pick a model preset "
+            f"whose vocabulary holds {ids:,} ids"
+        ]
+    sha256 = tokenizer_sha256(data.tokenizer)
+    for file in token_files(data.path):
+        written_by = llmc_tokenizer_sha256(file) if file.is_file() else None
+        if written_by is not None and written_by != sha256:
+            return [
+                f"data.path={file} was tokenized with another tokenizer (sha256 {written_by[:12]}) than "
+                f"{key} (sha256 {sha256[:12]}); point data.tokenizer at the tokenizer that wrote it, or "
+                f"tokenize the text again: ladder tokenize --tokenizer {data.tokenizer} ... --out {file}"
+            ]
+    return []
 
 
 def _check_offload(parallel: ParallelConfig, need: Callable[[bool, str], None]) -> None:
