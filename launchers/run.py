@@ -21,7 +21,13 @@ from launchers.prelaunch import (
     refuse_beyond_this_hosts_ram,
 )
 from launchers.rank_exit import first_words, interruption_words, kill_evidence, rank_exit_words
-from launchers.resume import checkpoint_space, finished_already, prepare_resume, resume_plan
+from launchers.resume import (
+    checkpoint_space,
+    finished_already,
+    no_checkpoint_words,
+    prepare_resume,
+    resume_plan,
+)
 from launchers.run_record import device_plan_record, host_plan_record, start_summary, step_time_plan_record
 from runner.config import DataName, TrainConfig
 from runner.data.token_file import token_source_words
@@ -190,9 +196,12 @@ def run(
         return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir))
     if (finished := finished_already(config, run_dir)) is not None:
         raise NothingToTrain(finished, read_summary(run_dir))
+    lead = env is None or env.rank == 0
+    starting_over = no_checkpoint_words(config, run_dir)  # train.resume=required refuses here
+    if starting_over is not None and lead:
+        log.warning("%s", starting_over)
     layout, micro_choice = choose_layout_explained(config)
     _check_world_size(config, env)
-    lead = env is None or env.rank == 0
     plan = launch_plan(config, layout) if lead else None
     if env is None and plan is not None:
         refuse_beyond_this_hosts_ram(plan)
