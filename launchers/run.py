@@ -180,6 +180,21 @@ def _check_world_size(config: TrainConfig, env: DistributedEnv | None) -> None:
         )
 
 
+def _choose_accelerator() -> None:
+    """Name DeepSpeed's accelerator before planning, resuming or a rank imports DeepSpeed.
+
+    Imported with DS_ACCELERATOR unset on a host without CUDA, DeepSpeed logs ``Setting accelerator
+    to CPU. If you have GPU or other accelerator, we were unable to detect it`` (deepspeed/accelerator/
+    real_accelerator.py ``get_accelerator``), once in every process that imports it. Choosing it as
+    the ranks do (runner/engine/distributed.py ``select_accelerator``) leaves it unsaid; no warning
+    of anyone else's is filtered.
+    """
+    # Deferred: torch loads only once the command is past its refusals of the command line.
+    from runner.engine.distributed import select_accelerator
+
+    select_accelerator()
+
+
 def run(
     config: TrainConfig, *, run_dir: Path, identity: RunIdentity, experiment: str | None = None
 ) -> dict[str, Any]:
@@ -191,6 +206,7 @@ def run(
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
     planning = config.plan or config.planner.recommend  # recommend implies plan
+    _choose_accelerator()
     validate(config, launcher=None if planning else launcher)
     if planning:
         return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir))

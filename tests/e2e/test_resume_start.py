@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from train_helpers import run_train
+from train_helpers import TrainResult, run_train
 
 pytestmark = pytest.mark.e2e
 
@@ -38,11 +38,23 @@ def test_required_refuses_a_directory_with_no_checkpoint_and_names_the_run_near_
     assert not run_dir.exists()  # nothing left behind
 
 
-def test_auto_says_on_its_first_line_that_it_starts_at_step_0(tmp_path):
-    run_dir = _saved_run(tmp_path / "outputs").parent / TYPO
-    result = run_train("train.resume=auto", "train.steps=1", "data=synthetic", "logger=none", run_dir=run_dir)
-    assert result.returncode == 0, result.stderr[-2000:]
-    first = next(line for line in (result.stdout + result.stderr).splitlines() if line.strip())
+@pytest.fixture(scope="module")
+def started_over(tmp_path_factory) -> TrainResult:
+    """train.resume=auto in a mistyped directory beside a run that saved a checkpoint: one step."""
+    run_dir = _saved_run(tmp_path_factory.mktemp("auto") / "outputs").parent / TYPO
+    return run_train("train.resume=auto", "train.steps=1", "data=synthetic", "logger=none", run_dir=run_dir)
+
+
+def test_auto_says_on_its_first_line_that_it_starts_at_step_0(started_over):
+    assert started_over.returncode == 0, started_over.stderr[-2000:]
+    said = started_over.stdout + started_over.stderr
+    first = next(line for line in said.splitlines() if line.strip())
     assert f"no checkpoint in {TYPO}: starting at step 0" in first, first
     assert f"run directories near it with checkpoints: {RUN}" in first
-    assert json.loads((run_dir / "summary.json").read_text())["steps_completed"] == 1
+    assert json.loads((started_over.run_dir / "summary.json").read_text())["steps_completed"] == 1
+
+
+def test_deepspeeds_accelerator_guess_is_not_printed_and_the_runs_warnings_stay(started_over):
+    said = started_over.stdout + started_over.stderr
+    assert "Setting accelerator to CPU" not in said  # deepspeed/accelerator/real_accelerator.py
+    assert "[ladder][WARNING] - no checkpoint in" in said  # a warning of the run's own, kept
