@@ -34,6 +34,8 @@ from runner.data.token_file import token_source_words
 from runner.diagnose import disk_room, oom_killer
 from runner.environment import DistributedEnv, from_environment
 from runner.errors import ConfigError
+from runner.hardware import calibration_seconds
+from runner.metrics.wall_clock import BeforeRanks, process_start
 from runner.plan.checkpoint_size import DiskNeed
 from runner.plan.job import plan_job
 from runner.plan.planner import Plan
@@ -224,7 +226,8 @@ def run(
     disk, disk_warning = checkpoint_space(config, run_dir, layout)  # every rank: each refuses alike
     resume = prepare_resume(config, layout, run_dir, lead=lead)
     ds_config = deepspeed_config_for(config, layout, load_universal=resume.universal)
-    job = RankJob(config=config, layout=layout, ds_config=ds_config)
+    before = BeforeRanks(started=process_start(), calibration_s=calibration_seconds.spent())
+    job = RankJob(config=config, layout=layout, ds_config=ds_config, before=before)
     if plan is not None:  # the lead process: rank 0, or the local launcher
         # Nobody but the owner (and its group) may write into a run: drop "other" write bits.
         run_dir.chmod(run_dir.stat().st_mode & ~0o002)

@@ -490,7 +490,8 @@ UNITS_NOTE = (
     "is not comparable; "
     "step % is each phase's seconds over the step's (same medians), comm the exposed communication "
     "inside them; "
-    "wall s is the latest attempt's wall time on rank 0 from its process's start, steps % the share "
-    "its optimizer steps took (the rest: launch, build, engine, setup, checkpoints, evaluations, logging); "
+    "wall s is the latest attempt's wall time on rank 0 from its command's start, steps % the share "
+    "its optimizer steps took (the rest: prelaunch, calibration, launch, build, engine, setup, "
+    "checkpoints, evaluations, logging); "
     "best marks the completed cells with the highest MFU, the lowest peak memory, the lowest final loss."
 )

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from runner.metrics import goodput
 from runner.metrics.step_spread import NOISY_ABOVE
+from runner.metrics.wall_clock import SHOWN_IF_SPENT
 from runner.report.compare import LossAgreement
 from runner.report.rows import (
     BEST_PEAK,
@@ -134,20 +135,33 @@ def memory_table(rows: Sequence[Row], *, title: str) -> Table:
     return table
 
 
-WALL_PARTS = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "eval", "other")
-_WALL_SHORT = {"checkpoint": "ckpt"}
+WALL_PARTS = (
+    "prelaunch",
+    "calibration",
+    "launch",
+    "build",
+    "engine",
+    "resume",
+    "setup",
+    "steps",
+    "checkpoint",
+    "eval",
+    "other",
+)
+_WALL_SHORT = {"checkpoint": "ckpt", "prelaunch": "pre", "calibration": "calib"}
 
 
 def wall_table(rows: Sequence[Row], *, title: str) -> Table:
     """Where each cell's wall time went, in seconds (runner/metrics/wall_clock.py): its parts, which add up
-    to the total, the steps' share, and the checkpoints' count and write speed. ``resume`` shows
-    only where some cell loaded a checkpoint and ``eval`` where some cell evaluated, so the table
+    to the total, the steps' share, and the checkpoints' count and write speed. ``prelaunch``,
+    ``calibration`` and ``resume`` show only where some cell spent time on them and ``eval`` where
+    some cell evaluated, so the table
     fits 80 columns. Below it, a cell that took
     more than one attempt has its goodput across them (runner/metrics/goodput.py)."""
     shown = [r for r in rows if r.wall]
-    resumed = any((r.wall.get("resume_s") or 0) >= 0.05 for r in shown)
+    spent = {p for p in SHOWN_IF_SPENT if any((r.wall.get(f"{p}_s") or 0) >= 0.05 for r in shown)}
     evaluated = any(r.wall.get("evaluations") for r in shown)
-    parts = [p for p in WALL_PARTS if (p != "resume" or resumed) and (p != "eval" or evaluated)]
+    parts = [p for p in WALL_PARTS if (p not in SHOWN_IF_SPENT or p in spent) and (p != "eval" or evaluated)]
     restarted = [f"{r.cell_id}: {line}" for r in shown if (line := goodput.describe(r.goodput))]
     table = Table(
         title=title,

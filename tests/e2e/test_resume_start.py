@@ -58,3 +58,11 @@ def test_deepspeeds_accelerator_guess_is_not_printed_and_the_runs_warnings_stay(
     said = started_over.stdout + started_over.stderr
     assert "Setting accelerator to CPU" not in said  # deepspeed/accelerator/real_accelerator.py
     assert "[ladder][WARNING] - no checkpoint in" in said  # a warning of the run's own, kept
+
+
+def test_the_wall_time_runs_from_the_command_with_the_wait_before_the_ranks(started_over):
+    wall = json.loads((started_over.run_dir / "summary.json").read_text())["wall_time"]
+    assert wall["prelaunch_s"] > 0  # the launching process's composing, checking and planning
+    assert "calibration_s" in wall and wall["measured"] == "rank 0, this attempt, from its command's start"
+    line = next(line for line in started_over.stdout.splitlines() if line.startswith("wall time "))
+    assert "prelaunch " in line
