@@ -104,7 +104,7 @@ def _say_how_to_continue(stopped: Preempted, run_dir: Path) -> None:
     print(f"ladder: run stopped: {stopped}", file=sys.stderr)
     print(
         "  continue with: the same torchrun (or deepspeed) command, ending in "
-        f"train.resume=auto hydra.run.dir={run_dir}",
+        f"train.resume=required hydra.run.dir={run_dir}",
         file=sys.stderr,
     )
 
@@ -163,11 +163,17 @@ def main(cfg: DictConfig) -> float | None:
 
 
 def continue_command(argv: list[str], run_dir: Path, sweep_dir: Path | None) -> str:
-    """The command that continues a stopped run (or, with -m, its sweep) where it was saved."""
+    """The command that continues a stopped run (or, with -m, its sweep) where it was saved.
+
+    A run continues with train.resume=required: a mistyped directory is refused, not trained
+    from step 0. A sweep's cells that never started, or saved nothing, have no checkpoint: it
+    continues with train.resume=auto, which starts those at step 0.
+    """
     dir_key = "hydra.run.dir" if sweep_dir is None else "hydra.sweep.dir"
     kept = [arg for arg in argv[1:] if not arg.startswith(("train.resume=", f"{dir_key}="))]
     where = run_dir if sweep_dir is None else sweep_dir
-    return shlex.join(["python", argv[0], *kept, "train.resume=auto", f"{dir_key}={where}"])
+    resume = "train.resume=required" if sweep_dir is None else "train.resume=auto"
+    return shlex.join(["python", argv[0], *kept, resume, f"{dir_key}={where}"])
 
 
 def _refuse(problems: list[str]) -> NoReturn:

@@ -50,9 +50,9 @@ def _lead() -> bool:
 
 
 def _resumes(config: DictConfig) -> bool:
-    """A resumed run (train.resume=auto, or a requeued job) re-enters its own directory."""
+    """A resumed run (train.resume=auto or required, or a requeued job) re-enters its own directory."""
     resume = OmegaConf.select(config, "train.resume")
-    return requeued(os.environ) or getattr(resume, "value", resume) == "auto"
+    return requeued(os.environ) or getattr(resume, "value", resume) in ("auto", "required")
 
 
 class ProtectRunDirs(Callback):

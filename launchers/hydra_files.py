@@ -156,6 +156,11 @@ def _made_here(run_dir: Path) -> Path | None:
     return None
 
 
+def made_by_this_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` did not exist before this process began its run (or its sweep)."""
+    return _made_here(run_dir.resolve()) is not None
+
+
 def remove_refused_run_dir(run_dir: Path) -> bool:
     """A run refused before launch: remove the directory this process made for it.
 

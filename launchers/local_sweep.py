@@ -65,7 +65,7 @@ def cells_refusal(launcher: Any, job_overrides: Sequence[Sequence[str]], initial
         cell, problems = cell_problems(launcher, overrides)
         for problem in problems:
             found.setdefault(problem, []).append(label)
-        if cell is not None and not problems and cell.train.resume != Resume.auto:
+        if cell is not None and not problems and cell.train.resume == Resume.never:
             fresh.append(cell)
     if not found and (disk := sweep_disk_problem(fresh, Path(str(config.hydra.sweep.dir)))) is not None:
         found[disk] = ["all of them"]

@@ -7,17 +7,19 @@ whether its checkpoints fit on the run directory's filesystem.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.hydra_files import keep_earlier_attempt
+from launchers.hydra_files import keep_earlier_attempt, made_by_this_run
 from launchers.prelaunch import choose_layout
-from runner.config import TrainConfig
+from runner.config import Resume, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import Layout, LayoutError
 from runner.metrics import goodput
@@ -62,6 +64,61 @@ def finished_already(config: TrainConfig, run_dir: Path) -> str | None:
     return None
 
 
+NEAR_RUNS = 3  # run directories named beside a new one that holds no checkpoint
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the user would type it: relative to the working directory when under it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def runs_near(run_dir: Path) -> list[Path]:
+    """The run directories under ``run_dir``'s grandparent (``outputs/``: its date folders' runs,
+    and a sweep's cells) that hold a complete checkpoint, the names likest ``run_dir``'s first."""
+    root = run_dir.parent.parent
+    held = {
+        folder.parent
+        for pattern in (
+            f"*/*/{checkpoint_record.CHECKPOINT_DIR}",
+            f"*/*/*/{checkpoint_record.CHECKPOINT_DIR}",
+        )
+        for folder in root.glob(pattern)
+    }
+    found = [run for run in held if run != run_dir and checkpoint_record.latest(run) is not None]
+    name = os.path.relpath(run_dir, root)
+
+    def likeness(run: Path) -> float:
+        return difflib.SequenceMatcher(None, name, os.path.relpath(run, root)).ratio()
+
+    return sorted(found, key=likeness, reverse=True)[:NEAR_RUNS]
+
+
+def no_checkpoint_words(config: TrainConfig, run_dir: Path) -> str | None:
+    """A resumed run whose directory holds no complete checkpoint: what the run says on its first
+    line (``no checkpoint in DIR: starting at step 0``), naming the run directories near a new one
+    that hold checkpoints. ``train.resume=required`` refuses it instead (ConfigError), before any
+    rank starts. None: the run continues a checkpoint, or does not resume."""
+    if not resumes(config.train) or checkpoint_record.latest(run_dir) is not None:
+        return None
+    near = runs_near(run_dir) if made_by_this_run(run_dir) else []
+    where = _shown(run_dir)
+    nearby = (
+        f"; run directories near it with checkpoints: {', '.join(_shown(run) for run in near)}"
+        if near
+        else ""
+    )
+    if config.train.resume == Resume.required:
+        fix = f"hydra.run.dir={_shown(near[0])}" if near else "the hydra.run.dir of the run to continue"
+        raise ConfigError(
+            f"  - train.resume=required: no checkpoint in {where}, nothing to resume{nearby}. "
+            f"Name the run to continue ({fix}), or train.resume=auto to start at step 0 when there is none"
+        )
+    return f"no checkpoint in {where}: starting at step 0{nearby}"
+
+
 @dataclass(frozen=True)
 class ResumeSource:
     """What a run continues from: the checkpoint's record (None: from scratch), whether DeepSpeed
@@ -83,7 +140,7 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
     record = checkpoint.latest(run_dir)
     if record is None:
         if lead and (kept := keep_earlier_attempt(run_dir)) is not None:
-            log.info("no checkpoint to continue from: starting over; the earlier attempt is in %s", kept)
+            log.info("the earlier attempt's files are in %s", kept)
         return ResumeSource()
     stage, precision = config.parallel.zero_stage, config.precision.name
     try:

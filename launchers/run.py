@@ -21,13 +21,21 @@ from launchers.prelaunch import (
     refuse_beyond_this_hosts_ram,
 )
 from launchers.rank_exit import first_words, interruption_words, kill_evidence, rank_exit_words
-from launchers.resume import checkpoint_space, finished_already, prepare_resume, resume_plan
+from launchers.resume import (
+    checkpoint_space,
+    finished_already,
+    no_checkpoint_words,
+    prepare_resume,
+    resume_plan,
+)
 from launchers.run_record import device_plan_record, host_plan_record, start_summary, step_time_plan_record
 from runner.config import DataName, TrainConfig
 from runner.data.token_file import token_source_words
 from runner.diagnose import disk_room, oom_killer
 from runner.environment import DistributedEnv, from_environment
 from runner.errors import ConfigError
+from runner.hardware import calibration_seconds
+from runner.metrics.wall_clock import BeforeRanks, process_start
 from runner.plan.checkpoint_size import DiskNeed
 from runner.plan.job import plan_job
 from runner.plan.planner import Plan
@@ -174,6 +182,21 @@ def _check_world_size(config: TrainConfig, env: DistributedEnv | None) -> None:
         )
 
 
+def _choose_accelerator() -> None:
+    """Name DeepSpeed's accelerator before planning, resuming or a rank imports DeepSpeed.
+
+    Imported with DS_ACCELERATOR unset on a host without CUDA, DeepSpeed logs ``Setting accelerator
+    to CPU. If you have GPU or other accelerator, we were unable to detect it`` (deepspeed/accelerator/
+    real_accelerator.py ``get_accelerator``), once in every process that imports it. Choosing it as
+    the ranks do (runner/engine/distributed.py ``select_accelerator``) leaves it unsaid; no warning
+    of anyone else's is filtered.
+    """
+    # Deferred: torch loads only once the command is past its refusals of the command line.
+    from runner.engine.distributed import select_accelerator
+
+    select_accelerator()
+
+
 def run(
     config: TrainConfig, *, run_dir: Path, identity: RunIdentity, experiment: str | None = None
 ) -> dict[str, Any]:
@@ -185,21 +208,26 @@ def run(
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
     planning = config.plan or config.planner.recommend  # recommend implies plan
+    _choose_accelerator()
     validate(config, launcher=None if planning else launcher)
     if planning:
         return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir))
     if (finished := finished_already(config, run_dir)) is not None:
         raise NothingToTrain(finished, read_summary(run_dir))
+    lead = env is None or env.rank == 0
+    starting_over = no_checkpoint_words(config, run_dir)  # train.resume=required refuses here
+    if starting_over is not None and lead:
+        log.warning("%s", starting_over)
     layout, micro_choice = choose_layout_explained(config)
     _check_world_size(config, env)
-    lead = env is None or env.rank == 0
     plan = launch_plan(config, layout) if lead else None
     if env is None and plan is not None:
         refuse_beyond_this_hosts_ram(plan)
     disk, disk_warning = checkpoint_space(config, run_dir, layout)  # every rank: each refuses alike
     resume = prepare_resume(config, layout, run_dir, lead=lead)
     ds_config = deepspeed_config_for(config, layout, load_universal=resume.universal)
-    job = RankJob(config=config, layout=layout, ds_config=ds_config)
+    before = BeforeRanks(started=process_start(), calibration_s=calibration_seconds.spent())
+    job = RankJob(config=config, layout=layout, ds_config=ds_config, before=before)
     if plan is not None:  # the lead process: rank 0, or the local launcher
         # Nobody but the owner (and its group) may write into a run: drop "other" write bits.
         run_dir.chmod(run_dir.stat().st_mode & ~0o002)

@@ -126,7 +126,7 @@ def plan_cell(
     with open_dict(cell_cfg.hydra.job):
         cell_cfg.hydra.job.num = num  # as the task sets it; the sweep subdir is named after it
     run_dir = Path(str(cell_cfg.hydra.sweep.dir)) / str(cell_cfg.hydra.sweep.subdir)
-    if config is not None and config.train.resume != Resume.auto:
+    if config is not None and config.train.resume == Resume.never:
         problems += filter(None, [disk_problem(disk_need(config, run_dir), config)])
     cell = Cell(num, overrides, run_dir, placement, folder, int(launcher["max_num_timeout"]), params, config)
     return (None if problems else cell), problems
@@ -147,7 +147,7 @@ def plan_sweep(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_jo
         for problem in problems:
             found.setdefault(problem, []).append(label)
     fresh = [
-        cell.config for cell in cells if cell.config is not None and cell.config.train.resume != Resume.auto
+        cell.config for cell in cells if cell.config is not None and cell.config.train.resume == Resume.never
     ]
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir))
     if not found and (disk := sweep_disk_problem(fresh, sweep_dir, at_once=True)) is not None:

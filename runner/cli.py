@@ -44,8 +44,9 @@ def _report(args: argparse.Namespace) -> int:
     agreements += loss_agreement(cells, tolerance=args.loss_tol, metric=EVAL_LOSS)
     sources = [str(p) for p in args.paths]
     if args.format == "table":
-        console = output_console(piped_width=200)
-        print_report(rows, agreements, console=console, title=f"ladder report: {', '.join(sources)}")
+        console = output_console(piped_width=200 if args.wide else 120)
+        title = f"ladder report: {', '.join(sources)}"
+        print_report(rows, agreements, console=console, title=title, wide=args.wide)
     else:
         sys.stdout.write(render_text(rows, args.format))
     if args.html is not None:
@@ -166,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("table", "md", "csv", "json"),
         default="table",
         help="table (default, for the terminal), or md, csv, json for piping",
+    )
+    report.add_argument(
+        "--wide",
+        action="store_true",
+        help="the table with every column (layout, step phases, memory per term, wall time's parts); "
+        "by default the most telling ones, in 120 columns",
     )
     report.add_argument("--html", type=Path, metavar="OUT", help="also write one self-contained HTML page")
     report.add_argument(

@@ -531,6 +531,7 @@ class Resume(str, Enum):
 
     never = "never"
     auto = "auto"
+    required = "required"  # as auto, but refused before launch when there is no checkpoint
 
 
 class OnNonFinite(str, Enum):
@@ -553,7 +554,10 @@ class TrainLoopConfig:
     )
     resume: Resume = field(
         default=Resume.never,
-        metadata=about("never, or auto: continue from the run directory's latest complete checkpoint"),
+        metadata=about(
+            "never; auto: continue from the run directory's latest complete checkpoint, else start "
+            "at step 0; required: as auto, but refuse the run when there is none"
+        ),
     )
     on_nonfinite: OnNonFinite = field(
         default=OnNonFinite.stop,

@@ -1,9 +1,13 @@
-"""Where one attempt's wall time went, on rank 0: from its process's start to its summary.
+"""Where one attempt's wall time went, on rank 0: from its command's start to its summary.
 
 The per-step phases (runner/metrics/phase_clock.py) say where a step's time goes; this says where
 the run's goes, the accounting behind "goodput" (the share of wall time spent training),
 in parts a user can act on:
 
+    prelaunch    the launching process before it started the ranks (``python train.py`` on this
+                 host): composing, checking and planning the run, a checkpoint's conversion
+    calibration  of the launching process's time, the step-time model measuring this host's
+                 device (runner/plan/hardware.py; cached, so mostly a device's first run)
     launch       the interpreter, torch and DeepSpeed's imports, the process group; under
                  torchrun or srun also the conversion of a checkpoint moved onto this
                  layout (rank 0 converts; layout_history and goodput name its seconds)
@@ -16,8 +20,10 @@ in parts a user can act on:
     eval         the held-out evaluations (train.eval_every)
     other        between the steps: metric reductions and logging, the stop check
 
-The parts add up to ``total_s``. Marks are ``time.time()``; the process's start is the
-kernel's (``process_start``), so a rank's launch includes the imports before any ladder code ran.
+The parts add up to ``total_s``. Marks are ``time.time()``; a process's start is the
+kernel's (``process_start``), so the total includes the imports before any ladder code ran. Under
+torchrun or srun the rank is the command: its planning and calibration fall in its own launch,
+calibration named apart.
 ``process_group_s``, a part of launch, is the time rank 0 took to join the process group:
 mostly the wait for the last rank to arrive, so a launch long on it points at another rank's
 start (its imports, a slow node), one long without it at this rank's own.
@@ -28,13 +34,15 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 STEP_TIMES_KEPT = 100_000  # the latest steps' seconds kept for their spread (about 3 MB)
-SETUP_PHASES = ("launch", "build", "engine", "resume", "setup")
+SETUP_PHASES = ("prelaunch", "calibration", "launch", "build", "engine", "resume", "setup")
+SHOWN_IF_SPENT = ("prelaunch", "calibration", "resume")  # in the run's line only where they took time
 
 
 def process_start() -> float:
@@ -68,14 +76,40 @@ def folder_bytes(folder: Path) -> int:
     return sum(sizes.values())
 
 
-class WallClock:
-    """The attempt's parts: ``mark`` ends a setup phase; steps and saves are added as they end."""
+@dataclass(frozen=True)
+class BeforeRanks:
+    """The launching process's part of the wait: when the command started (its process's start)
+    and the seconds of it the step-time model's calibration took."""
 
-    def __init__(self, started: float | None = None, *, process_group_s: float = 0.0) -> None:
-        self.started = process_start() if started is None else started
+    started: float
+    calibration_s: float = 0.0
+
+
+class WallClock:
+    """The attempt's parts: ``mark`` ends a setup phase; steps and saves are added as they end.
+
+    ``before``: the launching process's start and calibration, where it started this rank (the
+    total then runs from the command's start); None: from this process's start.
+    """
+
+    def __init__(
+        self,
+        started: float | None = None,
+        *,
+        process_group_s: float = 0.0,
+        before: BeforeRanks | None = None,
+    ) -> None:
+        own = process_start() if started is None else started
         self.process_group_s = process_group_s  # of launch: joining the process group
-        self._last = self.started
         self.setup: dict[str, float] = dict.fromkeys(SETUP_PHASES, 0.0)
+        self.started = own if before is None else min(own, before.started)
+        self._last = own
+        if before is not None:
+            self.setup["calibration"] = before.calibration_s
+            # A rank the launching process started: the wait before it is the launcher's. A rank
+            # that is itself the command (torchrun) calibrated in its own launch: left out of it.
+            self.setup["prelaunch"] = max(0.0, own - before.started - before.calibration_s)
+            self._last = max(own, before.started + before.calibration_s)
         self.steps_s = 0.0
         self.steps = 0
         self.first_step_s: float | None = None
@@ -147,7 +181,7 @@ class WallClock:
             "evaluations": self.evaluations,
             "other_s": max(0.0, training - self.steps_s - self.checkpoint_s - self.eval_s),
             "steps_share": self.steps_s / total if total > 0 else None,
-            "measured": "rank 0, this attempt, from its process's start",
+            "measured": "rank 0, this attempt, from its command's start",
         }
 
 
@@ -165,7 +199,7 @@ def describe(wall: dict[str, Any] | None) -> str | None:
     parts = [f"steps {wall['steps_s']:.1f} s ({100 * (wall.get('steps_share') or 0):.0f}%)"]
     for phase in SETUP_PHASES:
         seconds = wall.get(f"{phase}_s") or 0.0
-        if phase != "resume" or seconds >= 0.05:  # resume: only where a checkpoint was loaded
+        if phase not in SHOWN_IF_SPENT or seconds >= 0.05:  # resume: where a checkpoint was loaded
             parts.append(f"{phase} {seconds:.1f} s")
         if phase == "launch" and (wall.get("process_group_s") or 0.0) >= 0.05:
             parts[-1] += f" ({wall['process_group_s']:.1f} s of it joining the process group)"

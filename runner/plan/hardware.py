@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import ClusterConfig, ModelConfig, Precision
+from runner.hardware import calibration_seconds
 from runner.hardware.cgroup_memory import cgroup_memory_limit
 from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cuda_devices import cuda_available
@@ -253,7 +254,8 @@ def _measure_here(
                 return single[kind]()
         raise ValueError(f"no calibration of {kind}")
 
-    return calibrations.local(name, str(dtype).removeprefix("torch."), count, torch.__version__, measure)
+    timed = calibration_seconds.timed(measure)  # the run's wall time names these seconds
+    return calibrations.local(name, str(dtype).removeprefix("torch."), count, torch.__version__, timed)
 
 
 def _calibration(

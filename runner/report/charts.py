@@ -176,6 +176,8 @@ def time_chart(rows: Sequence[Row]) -> Chart:
 
 # Where a run's wall time goes (runner/metrics/wall_clock.py), in the order the chart stacks them.
 WALL_COLORS = {
+    "prelaunch": "#999933",
+    "calibration": "#DDCC77",
     "launch": "#56B4E9",
     "build": "#E69F00",
     "engine": "#CC79A7",
@@ -210,8 +212,10 @@ def wall_chart(rows: Sequence[Row]) -> Chart:
         svg=stacked_bar_chart(bars, title="Wall time of the run by part", y_label="seconds", unit="s"),
         legend=[LegendItem(p, c, kind="box") for p, c in WALL_COLORS.items() if p in drawn],
         caption=(
-            "For each cell, the latest attempt's wall time on rank 0 from its process's start: launch "
-            "(interpreter, imports, process group), build (the model), engine (deepspeed.initialize), "
+            "For each cell, the latest attempt's wall time on rank 0 from its command's start: prelaunch "
+            "(the launching process before the ranks), calibration (its step-time model measuring the "
+            "device), launch (interpreter, imports, process group), build (the model), "
+            "engine (deepspeed.initialize), "
             "resume (loading a checkpoint), setup (the rest before the first step), the optimizer steps, "
             "the checkpoint saves, the held-out evaluations and what lies between the steps. "
             "The steps' share is the attempt's goodput."

@@ -478,19 +478,23 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("best", lambda r: ", ".join(r.best), numeric=False),
 )
 
+# What each display column means, one line each: the terminal's legend lists those of its table.
+COLUMN_MEANINGS: dict[str, str] = {
+    "GB": "GB = 1e9 bytes; memory per term: estimated / measured (– where not recorded)",
+    "peak GB": "the measured peak: CUDA's max_memory_allocated, on a CPU the high-water RSS",
+    "tokens/s/device": "tokens/s per device, the median over the logged steps after the first",
+    "MFU %": "model FLOP/s per device over its peak FLOP/s, the same median",
+    "step s": "the measured step time (same median)",
+    "pred step s": "the plan's calibrated prediction (summary.json's step_time, with its error)",
+    "step IQR %": f"the step times' IQR over their median; noisy above {100 * NOISY_ABOVE:.0f}%: "
+    "another process shared the cores",
+    "step % fwd / bwd / opt / comm / p2p": "each phase's share of the step; comm: exposed communication",
+    "wall s (steps %)": "the latest attempt's wall time from the command's start; the steps' share",
+    "best": "the completed cells with the highest MFU, the lowest peak memory, the lowest final loss",
+}
 UNITS_NOTE = (
-    "GB = 1e9 bytes; memory per term is estimated / measured (– where not recorded); "
-    "the measured total is the peak (CUDA's max_memory_allocated; on a CPU the high-water RSS, "
-    "which leaves out memory allocated and never written, so a residual buffer can exceed it); "
-    "tokens/s/device and MFU are medians over the logged steps after the first; "
-    "step s is the measured step time (same median), pred step s the plan's calibrated prediction "
-    "(summary.json's step_time, which also holds its error against the measured); "
-    "step IQR % is the interquartile range of the step times over their median (after the first step), "
-    f"noisy above {100 * NOISY_ABOVE:.0f}%: another process shared the cores, and the cell's speed "
-    "is not comparable; "
-    "step % is each phase's seconds over the step's (same medians), comm the exposed communication "
-    "inside them; "
-    "wall s is the latest attempt's wall time on rank 0 from its process's start, steps % the share "
-    "its optimizer steps took (the rest: launch, build, engine, setup, checkpoints, evaluations, logging); "
-    "best marks the completed cells with the highest MFU, the lowest peak memory, the lowest final loss."
+    "; ".join(
+        f"{header}: {meaning}" if header != "GB" else meaning for header, meaning in COLUMN_MEANINGS.items()
+    )
+    + "."
 )

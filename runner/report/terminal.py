@@ -17,13 +17,14 @@ from rich.text import Text
 
 from runner.metrics import goodput
 from runner.metrics.step_spread import NOISY_ABOVE
+from runner.metrics.wall_clock import SHOWN_IF_SPENT
 from runner.report.compare import LossAgreement
 from runner.report.rows import (
     BEST_PEAK,
+    COLUMN_MEANINGS,
     DISPLAY_COLUMNS,
     MARKED_COLUMN,
     TERMS,
-    UNITS_NOTE,
     Column,
     Row,
     fmt_gb,
@@ -38,6 +39,19 @@ _STATUS_STYLE = {
     "planned": "cyan",
 }
 _BY_HEADER = {c.header: c for c in DISPLAY_COLUMNS}
+# The default table: what tells the cells apart first, narrow enough for 120 columns.
+TELLING_COLUMNS = (
+    "cell",
+    "overrides",
+    "tokens/s/device",
+    "MFU %",
+    "peak GB",
+    "step s",
+    "final loss",
+    "wall s (steps %)",
+    "status",
+    "best",
+)
 LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro", "accum", "global")
 SPEED_COLUMNS = (
     "tokens/s/device",
@@ -134,20 +148,33 @@ def memory_table(rows: Sequence[Row], *, title: str) -> Table:
     return table
 
 
-WALL_PARTS = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "eval", "other")
-_WALL_SHORT = {"checkpoint": "ckpt"}
+WALL_PARTS = (
+    "prelaunch",
+    "calibration",
+    "launch",
+    "build",
+    "engine",
+    "resume",
+    "setup",
+    "steps",
+    "checkpoint",
+    "eval",
+    "other",
+)
+_WALL_SHORT = {"checkpoint": "ckpt", "prelaunch": "pre", "calibration": "calib"}
 
 
 def wall_table(rows: Sequence[Row], *, title: str) -> Table:
     """Where each cell's wall time went, in seconds (runner/metrics/wall_clock.py): its parts, which add up
-    to the total, the steps' share, and the checkpoints' count and write speed. ``resume`` shows
-    only where some cell loaded a checkpoint and ``eval`` where some cell evaluated, so the table
+    to the total, the steps' share, and the checkpoints' count and write speed. ``prelaunch``,
+    ``calibration`` and ``resume`` show only where some cell spent time on them and ``eval`` where
+    some cell evaluated, so the table
     fits 80 columns. Below it, a cell that took
     more than one attempt has its goodput across them (runner/metrics/goodput.py)."""
     shown = [r for r in rows if r.wall]
-    resumed = any((r.wall.get("resume_s") or 0) >= 0.05 for r in shown)
+    spent = {p for p in SHOWN_IF_SPENT if any((r.wall.get(f"{p}_s") or 0) >= 0.05 for r in shown)}
     evaluated = any(r.wall.get("evaluations") for r in shown)
-    parts = [p for p in WALL_PARTS if (p != "resume" or resumed) and (p != "eval" or evaluated)]
+    parts = [p for p in WALL_PARTS if (p not in SHOWN_IF_SPENT or p in spent) and (p != "eval" or evaluated)]
     restarted = [f"{r.cell_id}: {line}" for r in shown if (line := goodput.describe(r.goodput))]
     table = Table(
         title=title,
@@ -202,21 +229,49 @@ def output_console(*, piped_width: int) -> Console:
     return console
 
 
-def print_report(
-    rows: Sequence[Row], agreements: Sequence[LossAgreement], *, console: Console, title: str
-) -> None:
-    """Print the tables, units, loss-curve verdicts and the error of each cell that did not complete."""
+def legend(headers: Sequence[str]) -> list[str]:
+    """One short line per shown column that needs saying, in the table's order (rows.py's meanings)."""
+    lines = [f"{_SHORT.get(h, h)}: {COLUMN_MEANINGS[h]}" for h in headers if h in COLUMN_MEANINGS]
+    return [COLUMN_MEANINGS["GB"], *lines]
+
+
+def _print_tables(rows: Sequence[Row], *, console: Console, title: str, wide: bool) -> tuple[str, ...]:
+    """The report's tables (see print_report); the display columns they showed."""
+    if not wide:
+        headers = with_eval_loss(TELLING_COLUMNS, rows)
+        console.print(rows_table(rows, headers=headers, title=title))
+        return headers
     speed = with_eval_loss(SPEED_COLUMNS, rows)
-    wide = rows_table(rows, headers=LAYOUT_COLUMNS + speed, title=f"{title}: layout and speed")
-    if Measurement.get(console, console.options.update_width(1 << 16), wide).maximum <= console.width:
-        console.print(wide)
+    table = rows_table(rows, headers=LAYOUT_COLUMNS + speed, title=f"{title}: layout and speed")
+    if Measurement.get(console, console.options.update_width(1 << 16), table).maximum <= console.width:
+        console.print(table)
     else:  # a narrow terminal: two tables rather than truncated numbers
         console.print(rows_table(rows, headers=LAYOUT_COLUMNS, title=f"{title}: layout"))
         console.print(rows_table(rows, headers=("cell", *speed), title="speed and loss"))
     console.print(memory_table(rows, title="memory per device, GB = 1e9 bytes"))
     if any(row.wall for row in rows):
         console.print(wall_table(rows, title="wall time per cell, s (rank 0, latest attempt)"))
-    console.print(Text(UNITS_NOTE, style="dim"))
+    return (*LAYOUT_COLUMNS, *speed, "peak GB", "wall s (steps %)")
+
+
+def print_report(
+    rows: Sequence[Row],
+    agreements: Sequence[LossAgreement],
+    *,
+    console: Console,
+    title: str,
+    wide: bool = False,
+) -> None:
+    """Print the tables, the legend, loss-curve verdicts and the error of each cell that did not complete.
+
+    By default one table of the most telling columns, which fits 120 columns; ``wide``: every
+    column, the layout's, the memory per term and the wall time's parts.
+    """
+    headers = _print_tables(rows, console=console, title=title, wide=wide)
+    for line in legend(headers):
+        console.print(Text(line, style="dim"), overflow="fold")
+    if not wide:
+        console.print(Text("--wide: every column, memory per term and the wall time's parts", style="dim"))
     for agreement in agreements:
         style = {True: "green", False: "bold red", None: "yellow"}[agreement.coincide]
         console.print(Text(f"{agreement.label}: {agreement.verdict()}", style=style))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from runner.config import TrainConfig
 from runner.environment import DistributedEnv
 from runner.layout import Layout
+from runner.metrics.wall_clock import BeforeRanks
 from runner.rundir.identity import RunIdentity
 
 if TYPE_CHECKING:  # torch only for the annotation: the launching process never imports it
@@ -31,6 +32,7 @@ class RankJob:
     config: TrainConfig
     layout: Layout
     ds_config: dict[str, Any]
+    before: BeforeRanks | None = None  # the launching process's wait, counted in the wall time
 
 
 @dataclass(frozen=True)

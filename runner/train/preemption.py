@@ -65,8 +65,9 @@ def requeued(environ: Mapping[str, str]) -> bool:
 
 
 def resumes(train: TrainLoopConfig, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the run loads its directory's latest checkpoint: train.resume=auto, or a requeued job."""
-    return train.resume == Resume.auto or requeued(os.environ if environ is None else environ)
+    """Whether the run loads its directory's latest checkpoint: train.resume=auto or required, or a
+    requeued job."""
+    return train.resume != Resume.never or requeued(os.environ if environ is None else environ)
 
 
 class Preempted(BaseException):

@@ -41,7 +41,8 @@ def _failed(error: BaseException, run_dir: Path) -> dict[str, Any]:
 
 def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, Any]:
     """Set up, train and record this rank's attempt; rank 0's summary (empty on other ranks)."""
-    wall = WallClock(process_group_s=ctx.process_group_s)  # where this attempt's time goes
+    # Where this attempt's time goes, from the command's start.
+    wall = WallClock(process_group_s=ctx.process_group_s, before=ctx.job.before)
     wall.mark("launch")
     setup = set_up(ctx, wall, until_return)
     progress = Progress(step=setup.resumed.start_step)

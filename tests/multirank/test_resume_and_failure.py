@@ -161,7 +161,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_continues_to_the_same
     assert not list(run_dir.glob("failure_rank*.json"))
     (line,) = [line for line in said.splitlines() if "continue with:" in line]
     command = shlex.split(line.split("continue with:", 1)[1])
-    assert command[-2:] == ["train.resume=auto", f"hydra.run.dir={run_dir}"]
+    assert command[-2:] == ["train.resume=required", f"hydra.run.dir={run_dir}"]
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
     resumed = subprocess.run(
@@ -215,7 +215,7 @@ def test_ranks_under_torchrun_save_a_checkpoint_when_torchrun_is_stopped(tmp_pat
     assert summary["error"].startswith(f"stopped by SIGTERM after {stopped_at} steps with checkpoint")
     assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["completed_steps"] == stopped_at
     said = stderr.read_text()
-    assert f"train.resume=auto hydra.run.dir={run_dir}" in said, said[-3000:]
+    assert f"train.resume=required hydra.run.dir={run_dir}" in said, said[-3000:]
 
     resumed = run_torchrun(*args, "train.resume=auto", nproc=2, run_dir=run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

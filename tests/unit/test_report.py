@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
 from runner.cli import main
 from runner.report.charts import loss_chart, memory_chart, time_chart
@@ -21,6 +22,7 @@ from runner.report.collect import collect, expected_sweep
 from runner.report.compare import config_diff, loss_agreement
 from runner.report.rows import build_rows
 from runner.report.svg import nice_ticks
+from runner.report.terminal import print_report
 
 pytestmark = pytest.mark.unit
 
@@ -286,7 +288,7 @@ def test_each_cell_shows_where_its_step_time_goes(tmp_path, capsys):
     assert rows["a"]["time_optimizer_pct"] == pytest.approx(10)
     assert rows["a"]["time_comm_exposed_pct"] == pytest.approx(5)
     assert rows["b"]["time_forward_pct"] is None
-    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path), "--wide"]) == 0
     out = capsys.readouterr().out
     assert "30 / 60 / 10 / 5 / –" in out  # no pipeline: no stage-to-stage time
 
@@ -305,7 +307,7 @@ def test_a_pipeline_cell_shows_its_stage_to_stage_share_and_chart_segment(tmp_pa
     rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
     assert rows["pp"]["time_p2p_pct"] == pytest.approx(20)
     assert rows["plain"]["time_p2p_pct"] is None
-    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path), "--wide"]) == 0
     assert "25 / 45 / 10 / 0 / 20" in capsys.readouterr().out
     chart = time_chart(build_rows(collect([tmp_path])))
     assert "p2p" in {item.name for item in chart.legend}
@@ -495,7 +497,7 @@ def test_the_peak_the_plan_put_on_the_device_shows_beside_the_measured(tmp_path,
     write_cell(tmp_path / "older", peak_gb=2.5)  # a run from before plans were recorded
     rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
     assert rows["planned"]["planned_peak_gb"] == 11.5 and rows["older"]["planned_peak_gb"] is None
-    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path), "--wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
     plan_lines = [line.split() for line in lines if line.split()[:1] == ["plan"]]
     assert plan_lines == [["plan", "11.5"]]
@@ -556,7 +558,7 @@ def test_each_cell_shows_where_its_wall_time_went(tmp_path, capsys):
     assert rows["timed"]["wall_checkpoints"] == 3 and rows["older"]["wall_total_s"] is None
     assert main(["report", str(tmp_path), "--format", "md"]) == 0
     assert "| 20.0 (50%) |" in capsys.readouterr().out
-    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path), "--wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
     (timed_line,) = [line.split() for line in lines if line.split()[:2] == ["timed", "20.0"]]
     # total, launch, build, engine, setup, steps, ckpt, other (no resume: none loaded), steps%, saves, GB/s
@@ -597,7 +599,7 @@ def test_a_cell_of_several_attempts_shows_its_goodput_across_them(tmp_path, caps
         "restarted: goodput over 2 attempts: 45% (18.0 s of kept steps in 40.0 s of attempts); "
         "3 steps trained again (2.0 s); 5.0 s between attempts"
     )
-    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path), "--wide"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert said in out and "once: goodput" not in out
     page = tmp_path / "report.html"
@@ -619,15 +621,15 @@ def test_an_evaluated_cell_shows_its_held_out_loss_and_evaluation_time(tmp_path,
     rows = {r["cell"]: r for r in report_json(tmp_path, capsys=capsys)}
     assert (rows["evaluated"]["eval_loss"], rows["plain"]["eval_loss"]) == (3.25, None)
     assert rows["evaluated"]["wall_eval_s"] == 2.5
-    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path), "--wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any("3.2500" in line for line in lines)
     (header,) = [line.split() for line in lines if line.split()[:2] == ["cell", "total"]]
     assert header[header.index("steps") + 2] == "eval"  # steps, ckpt, eval, other
-    assert main(["report", str(tmp_path / "plain")]) == 0
+    assert main(["report", str(tmp_path / "plain"), "--wide"]) == 0
     assert " eval " not in capsys.readouterr().out
     monkeypatch.setenv("COLUMNS", "80")  # a narrow terminal shortens names and headers, never numbers
-    assert main(["report", str(tmp_path)]) == 0
+    assert main(["report", str(tmp_path), "--wide"]) == 0
     narrow = capsys.readouterr().out.splitlines()
     assert max(len(line) for line in narrow) <= 80
     losses = [line.split()[-3:-1] for line in narrow if "3.2500" in line]
@@ -702,7 +704,7 @@ def test_a_cell_whose_step_times_spread_wide_is_flagged_noisy_in_every_view(tmp_
         (pytest.approx(0.9), True),
     ]
     monkeypatch.delenv("COLUMNS", raising=False)
-    assert main(["report", str(tmp_path / "sweep")]) == 0
+    assert main(["report", str(tmp_path / "sweep"), "--wide"]) == 0
     out = capsys.readouterr().out
     assert "90 noisy" in out and "noisy: cell 1: the step times' IQR is above 25% of their median" in out
     page_path = tmp_path / "report.html"
@@ -738,3 +740,25 @@ def test_on_a_cpu_the_measured_bar_reaches_the_measured_peak(tmp_path):
         chart.svg
     )
     assert "rest of peak" in {item.name for item in chart.legend}
+
+
+def test_the_default_table_fits_120_columns_and_wide_shows_every_column(tmp_path, capsys, monkeypatch):
+    """Piped or on a 120-column terminal, the report fits, the most telling columns first, and its
+    legend is one short line per column; --wide has the layout, step phases, memory and wall parts."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped, as to a file
+    sweep = write_sweep(tmp_path)
+    assert main(["report", str(sweep)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 120, max(lines, key=len)
+    (header,) = [line.split() for line in lines if line.split()[:2] == ["cell", "overrides"]]
+    assert header[2:5] == ["tok/s/dev", "MFU", "%"]  # speed first, after what the cell is
+    assert not any(word in " ".join(lines) for word in ("dp·tp·pp", "fwd/bwd/opt/comm/p2p", "est / meas"))
+    assert any(line.startswith("MFU %: model FLOP/s per device") for line in lines)  # its own line
+    assert "--wide" in lines[-1] or any("--wide:" in line for line in lines)
+    console = Console(width=120, record=True, file=io.StringIO())
+    print_report(build_rows(collect([sweep])), [], console=console, title="ladder report")
+    assert max(len(line) for line in console.export_text().splitlines()) <= 120
+    assert main(["report", str(sweep), "--wide"]) == 0
+    wide = capsys.readouterr().out
+    for header in ("dp·tp·pp", "fwd/bwd/opt/comm/p2p %", "micro", "accum", "memory per device", "wall time"):
+        assert header in wide, header

@@ -64,7 +64,7 @@ def test_the_continue_command_keeps_the_overrides_and_names_the_directory(tmp_pa
 
     argv = ["train.py", "gpus=2", "train.resume=never", "hydra.run.dir=old", "optimizer.lr=1e-3"]
     assert continue_command(argv, tmp_path / "run", None) == (
-        f"python train.py gpus=2 optimizer.lr=1e-3 train.resume=auto hydra.run.dir={tmp_path / 'run'}"
+        f"python train.py gpus=2 optimizer.lr=1e-3 train.resume=required hydra.run.dir={tmp_path / 'run'}"
     )
     sweep = ["train.py", "-m", "parallel=ddp,zero1", "hydra.sweep.dir=s"]
     assert continue_command(sweep, tmp_path / "s" / "0", tmp_path / "s") == (

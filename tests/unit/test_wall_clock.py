@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from runner.metrics.wall_clock import WallClock, describe, folder_bytes, process_start, wall_parts
+from runner.metrics.wall_clock import (
+    BeforeRanks,
+    WallClock,
+    describe,
+    folder_bytes,
+    process_start,
+    wall_parts,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +37,10 @@ def test_the_parts_add_up_to_the_total_and_the_steps_share_is_theirs():
     time.sleep(0.01)
     clock.checkpoint(0.01, 50_000_000)
     wall = clock.summary()
-    parts = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "other")
+    parts = (
+        *("prelaunch", "calibration", "launch", "build", "engine", "resume", "setup"),
+        *("steps", "checkpoint", "other"),
+    )
     assert sum(wall[f"{part}_s"] for part in parts) == pytest.approx(wall["total_s"], rel=1e-6)
     assert wall["launch_s"] == pytest.approx(2.0, abs=0.1) and wall["build_s"] >= 0.02
     assert (wall["steps"], wall["first_step_s"], wall["checkpoints"]) == (3, 0.03, 1)
@@ -84,3 +94,28 @@ def test_the_process_start_is_the_kernels_and_a_checkpoints_bytes_are_its_files(
     os.link(tmp_path / "step_00000004" / "a.pt", tmp_path / "step_00000004" / "a_again.pt")
     (tmp_path / "step_00000004" / "view.pt").symlink_to(tmp_path / "step_00000004" / "sub" / "b.pt")
     assert folder_bytes(tmp_path / "step_00000004") == 123
+
+
+def test_the_total_runs_from_the_command_with_its_calibration_a_part_of_its_own():
+    # python train.py started 10 s ago and calibrated for 4 s; it started this rank 2 s ago.
+    now = time.time()
+    clock = WallClock(started=now - 2.0, before=BeforeRanks(started=now - 10.0, calibration_s=4.0))
+    clock.mark("launch")
+    wall = clock.summary()
+    assert wall["total_s"] == pytest.approx(10.0, abs=0.1)
+    assert wall["calibration_s"] == 4.0
+    assert wall["prelaunch_s"] == pytest.approx(4.0, abs=0.1) and wall["launch_s"] == pytest.approx(
+        2.0, abs=0.1
+    )
+    parts = [
+        value for key, value in wall_parts(clock, wall).items() if key not in ("total_s", "first_step_s")
+    ]
+    assert sum(parts) - wall["process_group_s"] == pytest.approx(wall["total_s"], rel=1e-6)
+    line = describe(wall) or ""
+    assert line.startswith("wall time 10.0 s:") and "calibration 4.0 s" in line and "prelaunch 4.0 s" in line
+    # A rank that is itself the command (torchrun): its calibration comes out of its own launch.
+    rank = WallClock(started=now - 6.0, before=BeforeRanks(started=now - 6.0, calibration_s=4.0))
+    rank.mark("launch")
+    wall = rank.summary()
+    assert wall["total_s"] == pytest.approx(6.0, abs=0.1) and wall["prelaunch_s"] == 0.0
+    assert wall["launch_s"] == pytest.approx(2.0, abs=0.1) and "prelaunch" not in (describe(wall) or "")
