@@ -175,19 +175,25 @@ def _check_world_size(config: TrainConfig, env: DistributedEnv | None) -> None:
 
 
 def run(
-    config: TrainConfig, *, run_dir: Path, identity: RunIdentity, experiment: str | None = None
+    config: TrainConfig,
+    *,
+    run_dir: Path,
+    identity: RunIdentity,
+    experiment: str | None = None,
+    given: list[str] | None = None,
 ) -> dict[str, Any]:
     """Validate, then train (or plan) one Hydra job; returns the run's summary.
 
     ``experiment`` is the conf/experiment/ option the config was composed with, if any (Hydra's
     choice: the composed config holds its values, not its name); summary.json records it.
+    ``given``: the command line's overrides (a plan's recommended command carries them).
     """
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
     planning = config.plan or config.planner.recommend  # recommend implies plan
     validate(config, launcher=None if planning else launcher)
     if planning:
-        return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir))
+        return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir), given=given)
     if (finished := finished_already(config, run_dir)) is not None:
         raise NothingToTrain(finished, read_summary(run_dir))
     layout, micro_choice = choose_layout_explained(config)

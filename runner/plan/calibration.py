@@ -295,20 +295,28 @@ def cluster_file(name: str) -> Path:
     return CALIBRATION_GROUP / f"{name}.json"
 
 
+def recorded_dtype(name: str) -> str:
+    """The dtype a named cluster's calibration file timed its kernels in ("" without a file)."""
+    path = cluster_file(name)
+    return str(json.loads(path.read_text()).get("dtype", "")) if path.is_file() else ""
+
+
 def load_cluster(
-    name: str, *, compute_scale: float = 1.0, borrowed_by: str | None = None
+    name: str, *, compute_scale: float = 1.0, borrowed_by: str | None = None, scaled_because: str = ""
 ) -> Calibration | None:
-    """A named cluster's recorded calibration (None: it has no file)."""
+    """A named cluster's recorded calibration (None: it has no file); ``compute_scale`` and its
+    reason (``scaled_because``) where it serves another device or precision."""
     path = cluster_file(name)
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
-    words = f"recorded on {record.get('device')} ({record.get('where')}), {record.get('measured')}"
-    source = f"calibration file conf/cluster/calibration/{name}.json: {words}"
+    words = f"recorded on {record.get('device')} ({record.get('where')}) in {record.get('dtype')}, "
+    source = f"calibration file conf/cluster/calibration/{name}.json: {words}{record.get('measured')}"
     if borrowed_by is not None:
+        whose = "its own" if borrowed_by == name else f"cluster {name}'s"
         source = (
-            f"cluster {borrowed_by} borrows cluster {name}'s calibration, compute scaled by the datasheet "
-            f"peaks' ratio {compute_scale:.3g}, bandwidths as measured there; {source}"
+            f"cluster {borrowed_by} uses {whose} calibration, compute scaled by {compute_scale:.3g} "
+            f"({scaled_because}), bandwidths as measured there; {source}"
         )
     return from_record(record, source=source, compute_scale=compute_scale)
 
@@ -345,4 +353,13 @@ def local(
     return calibration
 
 
-__all__ = ["CACHE_ENV", "Calibration", "cache_dir", "cluster_file", "from_record", "load_cluster", "local"]
+__all__ = [
+    "CACHE_ENV",
+    "Calibration",
+    "cache_dir",
+    "cluster_file",
+    "from_record",
+    "load_cluster",
+    "local",
+    "recorded_dtype",
+]

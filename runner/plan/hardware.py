@@ -256,6 +256,34 @@ def _measure_here(
     return calibrations.local(name, str(dtype).removeprefix("torch."), count, torch.__version__, measure)
 
 
+def _recorded(
+    cluster: ClusterConfig, lender: str, precision: Precision, peak: Figure
+) -> calibrations.Calibration | None:
+    """A calibration file (the cluster's own, or the one it borrows) for ``precision`` on ``peak``.
+
+    A file's compute rates were recorded in its dtype (bfloat16 for every file shipped) on its
+    device. They serve another device or precision scaled by the ratio of this plan's peak to the
+    recorded device's datasheet peak in the recorded dtype (conf/cluster/<lender>.yaml), so the
+    prediction and its bound rest on the same peak: an fp32 plan on an H200 (67 TFLOP/s dense
+    fp32, no tensor cores: ladder does not enable TF32) runs its GEMMs at 67/989 of the bf16 rates.
+    Without both peaks the compute rates cannot be carried over: no calibration, the bound only.
+    """
+    record_dtype = calibrations.recorded_dtype(lender)
+    key = "peak_tflops_fp32" if record_dtype == "float32" else "peak_tflops_bf16"
+    lender_peak = _cluster_file_value(lender, key)
+    if peak.value is None or not lender_peak:
+        return None
+    scale = peak.value / (lender_peak * 1e12)
+    dtype = {Precision.fp32: "float32", Precision.fp16: "float16"}.get(precision, "bfloat16")
+    if lender == cluster.name and dtype == record_dtype and abs(scale - 1.0) < 1e-9:
+        return calibrations.load_cluster(lender)
+    why = f"{peak.source}, {peak.value / 1e12:g} TFLOP/s {precision.value}, over {lender}'s {record_dtype} "
+    why += f"datasheet peak {lender_peak:g} TFLOP/s"
+    return calibrations.load_cluster(
+        lender, compute_scale=scale, borrowed_by=cluster.name, scaled_because=why
+    )
+
+
 def _calibration(
     cluster: ClusterConfig,
     precision: Precision,
@@ -267,16 +295,9 @@ def _calibration(
 ) -> calibrations.Calibration | None:
     """The named cluster's calibration file (its own, or one it borrows), else this host's device."""
     if cluster.name != "local":
-        recorded = calibrations.load_cluster(cluster.name)
-        if recorded is not None:
-            return recorded
-        lender = cluster.calibration
-        lender_peak = _cluster_file_value(lender, "peak_tflops_bf16") if lender else None
-        own_peak = cluster.peak_tflops_bf16
-        if lender and lender_peak and own_peak:
-            return calibrations.load_cluster(
-                lender, compute_scale=own_peak / lender_peak, borrowed_by=cluster.name
-            )
+        lender = cluster.name if calibrations.cluster_file(cluster.name).is_file() else cluster.calibration
+        if lender and calibrations.cluster_file(lender).is_file():
+            return _recorded(cluster, lender, precision, peak)
         if cluster.device_memory_gb is not None:
             return None  # a named device that is not here, with no calibration: the roofline only
     threads = max(1, (os.cpu_count() or 1) // ranks_here)
