@@ -125,6 +125,7 @@ def main(cfg: DictConfig) -> float | None:
             run_dir=run_dir,
             identity=_identity(run_dir),
             experiment=hydra_cfg.runtime.choices.get("experiment"),
+            given=list(hydra_cfg.overrides.task),
         )
         if cfg.plan or cfg.planner.recommend:  # its verdict becomes the exit status, once Hydra is done
             plan_exit.note(

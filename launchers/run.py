@@ -198,12 +198,18 @@ def _choose_accelerator() -> None:
 
 
 def run(
-    config: TrainConfig, *, run_dir: Path, identity: RunIdentity, experiment: str | None = None
+    config: TrainConfig,
+    *,
+    run_dir: Path,
+    identity: RunIdentity,
+    experiment: str | None = None,
+    given: list[str] | None = None,
 ) -> dict[str, Any]:
     """Validate, then train (or plan) one Hydra job; returns the run's summary.
 
     ``experiment`` is the conf/experiment/ option the config was composed with, if any (Hydra's
     choice: the composed config holds its values, not its name); summary.json records it.
+    ``given``: the command line's overrides (a plan's recommended command carries them).
     """
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
@@ -211,7 +217,7 @@ def run(
     _choose_accelerator()
     validate(config, launcher=None if planning else launcher)
     if planning:
-        return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir))
+        return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir), given=given)
     if (finished := finished_already(config, run_dir)) is not None:
         raise NothingToTrain(finished, read_summary(run_dir))
     lead = env is None or env.rank == 0

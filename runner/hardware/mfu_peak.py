@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import platform
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -78,7 +79,8 @@ PERCENTILE = 80
 # (runner/hardware/cpu_busy.py: at most BUSY_CORES beyond the cores the run's other ranks use)
 # and its rounds agree within SETTLED_SPREAD (IQR over median), as on quiet cores they do.
 # Otherwise the next runs calibrate again and the highest figure is kept meanwhile (another
-# process only ever slows a round); rounds that disagree on quiet cores, up to TRIES times.
+# process only ever slows a round); rounds that disagree on quiet cores, up to TRIES times; a
+# figure from busy cores (provisional) once a run finds the cores quiet.
 SETTLED_SPREAD = 0.10
 BUSY_CORES = 0.25
 TRIES = 3
@@ -163,10 +165,25 @@ def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[s
     return {**earlier, "tries": measured["tries"]}  # slowed now: the earlier, higher figure stays
 
 
+QUIET_LOOK_S = 0.25  # how long a run watches the cores before calibrating a provisional figure again
+
+
+def _quiet_now() -> bool:
+    """Whether the cores are quiet now (as :func:`_calibration` counts busy), over a short look."""
+    threads = torch.get_num_threads()
+    others = OthersUse.start()
+    time.sleep(QUIET_LOOK_S)
+    cores = others.cores()
+    return cores is not None and cores <= max(0, len(others.cpus) - threads) + BUSY_CORES
+
+
 def _final(entry: dict[str, Any] | None) -> bool:
-    """Whether a kept calibration is reused unmeasured: settled, or spread on quiet cores TRIES times."""
-    if entry is None or entry.get("busy"):
+    """Whether a kept calibration is reused unmeasured: settled, or spread on quiet cores TRIES times;
+    a provisional one (measured on busy cores) while the cores are still busy."""
+    if entry is None:
         return False
+    if entry.get("busy"):
+        return not _quiet_now()
     return bool(entry.get("settled")) or int(entry.get("tries", 0)) >= TRIES
 
 
@@ -200,7 +217,10 @@ def _source(entry: dict[str, Any], *, ranks: int, path: Path) -> str:
         conditions += f", {entry['precision']} matmuls computed in fp32"
     state = ""
     if entry.get("busy"):
-        state = f"; provisional: other processes held {entry['others_cores']:.1f} cores, calibrating again"
+        state = (
+            f"; provisional: other processes held {entry['others_cores']:.1f} cores, calibrating again "
+            "once they are quiet"
+        )
     elif not entry.get("settled"):
         again = "calibrating again" if not _final(entry) else f"kept after {entry.get('tries')} calibrations"
         state = f"; its rounds spread {100 * entry['spread']:.0f}%, {again}"

@@ -17,6 +17,8 @@ bandwidth. It answers from one of two places:
   (``calibration: <name>`` in its conf/cluster YAML): compute rates are then scaled by the
   ratio of the two datasheet peaks, bandwidths kept, and the source says so.
 
+A figure measured while other processes held the cores is cached too, marked provisional: it
+serves every plan meanwhile, and the first later plan that finds the host quiet measures it again.
 A figure neither measured nor recorded is None; the step-time model then says which term it
 could not predict.
 """
@@ -96,19 +98,42 @@ class Calibration:
         default=None, repr=False, compare=False
     )
     path: Path | None = field(default=None, repr=False, compare=False)  # where new figures are saved
+    # whether the host is quiet now (a local device's): a provisional figure is measured again then
+    quiet: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
+    # a CPU's caps on what it measures (None: none), stated in the terms that use them
+    gemm_cap_flops: float | None = field(default=None, repr=False, compare=False)
+    block_cap_params: float | None = field(default=None, repr=False, compare=False)
     _measured: set[str] = field(default_factory=set, repr=False, compare=False)
-    _busy: set[tuple[str, str]] = field(default_factory=set, repr=False, compare=False)  # not to cache
+    # (kind, shape key) of figures measured on a busy host: cached, used, and provisional, that is
+    # measured again by the first later plan that finds the host quiet
+    provisional: set[tuple[str, str]] = field(default_factory=set, repr=False, compare=False)
+    _retried: set[tuple[str, str]] = field(default_factory=set, repr=False, compare=False)
+
+    def _stale(self, kind: str, key: str) -> bool:
+        """A provisional figure not yet measured again in this process, on a host now quiet."""
+        if (kind, key) not in self.provisional or (kind, key) in self._retried or self.measure is None:
+            return False
+        self._retried.add((kind, key))
+        return self.quiet is not None and self.quiet()
+
+    def _measure(self, kind: str, shape: tuple[int, ...]) -> Any:
+        """Measure now, cache it, and mark it provisional when the host was busy meanwhile."""
+        assert self.measure is not None
+        value, quiet = self.measure(kind, shape)
+        key = (kind, _key(*shape) if shape else "")
+        if quiet:
+            self.provisional.discard(key)
+        else:
+            self.provisional.add(key)
+        return value
 
     def _figure(self, table: dict[str, Any], kind: str, shape: tuple[int, ...]) -> tuple[Any, float]:
         """The figure at ``shape``, measured now if this is the local device, else the nearest
         recorded one; with the ratio (wanted / found) of the shapes' sizes. (None, 1) when none."""
         key = _key(*shape)
-        if key not in table and self.measure is not None:
-            table[key], quiet = self.measure(kind, shape)
-            if quiet:
-                self.save()
-            else:
-                self._busy.add((kind, key))
+        if self.measure is not None and (key not in table or self._stale(kind, key)):
+            table[key] = self._measure(kind, shape)
+            self.save()
         if key in table:
             return table[key], 1.0
         near = _nearest(table, shape)
@@ -144,10 +169,27 @@ class Calibration:
         """One transformer block's forward and backward, timed whole (runner/plan/block_timing.py);
         only at this exact shape (None: a file that did not time it)."""
         shape = (micro, seq, d_model, heads, kv_heads, ffn)
-        if _key(*shape) not in self.blocks and self.measure is None:
+        if _key(*shape) not in self.blocks and (self.measure is None or self.block_too_large(shape)):
             return None
         seconds, _ = self._figure(self.blocks, "block", shape)
         return seconds
+
+    def block_too_large(self, shape: tuple[int, ...]) -> bool:
+        """Whether a block of (micro, seq, d_model, heads, kv heads, ffn) is past the CPU's cap
+        on the blocks it times whole (its parameters: q, o at d^2, k, v at d x kv width, 3 d x ffn)."""
+        if self.block_cap_params is None:
+            return False
+        _, _, d, heads, kv_heads, ffn = shape
+        return 2 * d * d + 2 * d * (d * kv_heads // heads) + 3 * d * ffn > self.block_cap_params
+
+    def describe(self) -> str:
+        """Where the figures came from, and how many are provisional (measured on a busy host)."""
+        if not self.provisional:
+            return self.source
+        return (
+            f"{self.source}; {len(self.provisional)} figure(s) measured while other processes held the "
+            "cores: provisional, measured again by a plan on a quiet host"
+        )
 
     def copy_rate(self, num_bytes: float) -> float | None:
         """Bytes read plus written per second by a memory-bound kernel over ``num_bytes`` bytes
@@ -157,14 +199,14 @@ class Calibration:
         return rate
 
     def _once(self, name: str) -> Any:
-        if getattr(self, name) is None and self.measure is not None and name not in self._measured:
+        if (
+            self.measure is not None
+            and name not in self._measured
+            and (getattr(self, name) is None or self._stale(name, ""))
+        ):
             self._measured.add(name)  # a device without this figure (a GPU's all-reduce) asks once
-            value, quiet = self.measure(name, ())
-            setattr(self, name, value)
-            if quiet:
-                self.save()
-            else:
-                self._busy.add((name, ""))
+            setattr(self, name, self._measure(name, ()))
+            self.save()
         return getattr(self, name)
 
     def op_seconds(self) -> float | None:
@@ -238,18 +280,7 @@ class Calibration:
             zero3_param_s=self.zero3_param_s,
             engine_param_s=self.engine_param_s,
         )
-        tables = {
-            "gemm": "gemms",
-            "attention": "attention",
-            "copy": "copies",
-            "adamw": "adamw",
-            "block": "blocks",
-        }
-        for kind, key in self._busy:  # measured on a busy host: this process's, not the cache's
-            if kind in tables:
-                out[tables[kind]] = {k: v for k, v in out[tables[kind]].items() if k != key}
-            else:
-                out[kind] = None
+        out["provisional"] = sorted([kind, key] for kind, key in self.provisional)
         return out
 
     def save(self) -> None:
@@ -287,6 +318,7 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         engine_param_s=record.get("engine_param_s"),
         compute_scale=compute_scale,
         source=source,
+        provisional={(str(kind), str(key)) for kind, key in record.get("provisional") or []},
     )
 
 
@@ -295,20 +327,28 @@ def cluster_file(name: str) -> Path:
     return CALIBRATION_GROUP / f"{name}.json"
 
 
+def recorded_dtype(name: str) -> str:
+    """The dtype a named cluster's calibration file timed its kernels in ("" without a file)."""
+    path = cluster_file(name)
+    return str(json.loads(path.read_text()).get("dtype", "")) if path.is_file() else ""
+
+
 def load_cluster(
-    name: str, *, compute_scale: float = 1.0, borrowed_by: str | None = None
+    name: str, *, compute_scale: float = 1.0, borrowed_by: str | None = None, scaled_because: str = ""
 ) -> Calibration | None:
-    """A named cluster's recorded calibration (None: it has no file)."""
+    """A named cluster's recorded calibration (None: it has no file); ``compute_scale`` and its
+    reason (``scaled_because``) where it serves another device or precision."""
     path = cluster_file(name)
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
-    words = f"recorded on {record.get('device')} ({record.get('where')}), {record.get('measured')}"
-    source = f"calibration file conf/cluster/calibration/{name}.json: {words}"
+    words = f"recorded on {record.get('device')} ({record.get('where')}) in {record.get('dtype')}, "
+    source = f"calibration file conf/cluster/calibration/{name}.json: {words}{record.get('measured')}"
     if borrowed_by is not None:
+        whose = "its own" if borrowed_by == name else f"cluster {name}'s"
         source = (
-            f"cluster {borrowed_by} borrows cluster {name}'s calibration, compute scaled by the datasheet "
-            f"peaks' ratio {compute_scale:.3g}, bandwidths as measured there; {source}"
+            f"cluster {borrowed_by} uses {whose} calibration, compute scaled by {compute_scale:.3g} "
+            f"({scaled_because}), bandwidths as measured there; {source}"
         )
     return from_record(record, source=source, compute_scale=compute_scale)
 
@@ -323,8 +363,10 @@ def local(
     threads: int,
     torch_version: str,
     measure: Callable[[str, tuple[int, ...]], tuple[Any, bool]],
+    quiet: Callable[[], bool] | None = None,
 ) -> Calibration:
-    """This host's device: its cache, measured further on demand by ``measure(kind, shape)``."""
+    """This host's device: its cache, measured further on demand by ``measure(kind, shape)``;
+    a provisional figure measured again where ``quiet()`` says the host is quiet now."""
     path = cache_dir() / f"{_slug(f'{device}-{dtype}-{threads}t-torch{torch_version}')}.json"
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record: dict[str, Any] = {}
@@ -341,8 +383,17 @@ def local(
         f"cached in {path}"
     )
     calibration = from_record(record, source=source)
-    calibration.measure, calibration.path = measure, path
+    calibration.measure, calibration.path, calibration.quiet = measure, path, quiet
     return calibration
 
 
-__all__ = ["CACHE_ENV", "Calibration", "cache_dir", "cluster_file", "from_record", "load_cluster", "local"]
+__all__ = [
+    "CACHE_ENV",
+    "Calibration",
+    "cache_dir",
+    "cluster_file",
+    "from_record",
+    "load_cluster",
+    "local",
+    "recorded_dtype",
+]

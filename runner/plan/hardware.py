@@ -20,10 +20,14 @@ Units: bytes and bytes/s inside; the config's GB and GB/s are decimal (1e9).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
+import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,9 +41,16 @@ from runner.plan import calibration as calibrations
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
 # A calibration figure measured while other processes kept more than this many of the rank's
-# cores busy reads low: it is used by this plan but not cached, and measured again next time.
+# cores busy reads low: it is cached marked provisional, and measured again by a later plan that
+# finds the host quiet (runner/plan/calibration.py).
 BUSY_CORES = 0.25
 BUSY_WINDOW_S = 0.2  # the shortest measurement whose busy cores are read
+QUIET_SAMPLE_S = 0.25  # how long a plan watches the host before measuring a provisional figure again
+PROGRESS_AFTER_S = 2.0  # a measurement still running after this long says on stderr what it measures
+# A CPU times a block whole (runner/plan/block_timing.py) only up to this many parameters: llama_1b's
+# block (about 6e7) is timed; llama_7b's (2e8) and llama_70b's (8.6e8: 3.4 GB in fp32, twice over
+# with the neighbour rank's copy) are not, and their parts go unscaled (the gemm term says so).
+BLOCK_CAP_PARAMS = 1e8
 
 
 @dataclass(frozen=True)
@@ -185,6 +196,19 @@ def _link(cluster: ClusterConfig, key: str) -> Figure:
     return Figure(gbps * GB, _cluster_source(cluster, key))
 
 
+def _quietest(figure: Callable[[], Any], *, timed_busy: bool) -> tuple[Any, bool]:
+    """``figure()`` once, and whether the host was quiet meanwhile (``timed_busy=False``: a GPU,
+    whose measurement other CPU work does not slow). A busy figure is not tried again now: it is
+    cached provisional and measured again by a later plan on a quiet host."""
+    others, started = OthersUse.start(), time.perf_counter()
+    value = figure()
+    # /proc/stat counts in ticks (10 ms): a shorter measurement cannot tell, and the
+    # fastest of its repeats already leaves a burst of other work out.
+    short = time.perf_counter() - started < BUSY_WINDOW_S
+    busy = 0.0 if (not timed_busy or short) else (others.cores() or 0.0)
+    return value, busy <= BUSY_CORES
+
+
 def _measure_here(
     precision: Precision, *, cuda: bool, threads: int, ranks_here: int
 ) -> calibrations.Calibration:
@@ -203,20 +227,9 @@ def _measure_here(
     count = 0 if cuda else threads
 
     def measure(kind: str, shape: tuple[int, ...]) -> tuple[Any, bool]:
-        """The figure from the quietest of up to three tries, and whether that try was quiet."""
-        tries = []
-        for _ in range(3):
-            others, started = OthersUse.start(), time.perf_counter()
-            value = figure(kind, shape)
-            # /proc/stat counts in ticks (10 ms): a shorter measurement cannot tell, and the
-            # fastest of its repeats already leaves a burst of other work out.
-            short = time.perf_counter() - started < BUSY_WINDOW_S
-            busy = 0.0 if (cuda or short) else (others.cores() or 0.0)
-            tries.append((busy, value))
-            if busy <= BUSY_CORES:
-                break
-        busy, value = min(tries, key=lambda t: t[0])
-        return value, busy <= BUSY_CORES
+        """The figure, and whether the host was quiet while it was measured."""
+        with _progress(kind, shape, str(dtype).removeprefix("torch.")):
+            return _quietest(functools.partial(figure, kind, shape), timed_busy=not cuda)
 
     def figure(kind: str, shape: tuple[int, ...]) -> Any:
         with calibrate.threads(count or None, neighbours=0 if cuda else ranks_here - 1):
@@ -254,8 +267,86 @@ def _measure_here(
                 return single[kind]()
         raise ValueError(f"no calibration of {kind}")
 
-    timed = calibration_seconds.timed(measure)  # the run's wall time names these seconds
-    return calibrations.local(name, str(dtype).removeprefix("torch."), count, torch.__version__, timed)
+    here = calibrations.local(
+        name,
+        str(dtype).removeprefix("torch."),
+        count,
+        torch.__version__,
+        calibration_seconds.timed(measure),  # the run's wall time names these seconds
+        quiet=_quiet_now,
+    )
+    if not cuda:  # a GPU times the real shapes
+        here.gemm_cap_flops, here.block_cap_params = calibrate.MAX_GEMM_FLOPS, BLOCK_CAP_PARAMS
+    return here
+
+
+# What each kind of calibration figure times, for the progress line.
+_WHAT = {
+    "gemm": "GEMM (M x K x N) {shape} {dtype}, forward and both backward",
+    "attention": "causal attention (batch, heads, seq, head dim) {shape} {dtype}",
+    "copy": "copy bandwidth over {shape} bytes",
+    "block": "one transformer block (micro, seq, d_model, heads, kv heads, ffn) {shape} {dtype}, whole",
+    "adamw": "fused AdamW over {shape} parameters",
+    "op_s": "one eager op's dispatch",
+    "fresh_bytes_per_s": "page faults of fresh tensors",
+    "allreduce": "a two-process gloo all-reduce",
+    "allgather": "a two-process gloo all-gather",
+    "engine_param_s": "DeepSpeed's engine per parameter tensor, ZeRO stages 0-3 (a child process)",
+}
+
+
+@contextlib.contextmanager
+def _progress(kind: str, shape: tuple[int, ...], dtype: str) -> Iterator[None]:
+    """One line on stderr if the measurement is still running after PROGRESS_AFTER_S: what it times."""
+    what = _WHAT.get(kind, kind).format(shape="x".join(str(n) for n in shape), dtype=dtype)
+    timer = threading.Timer(
+        PROGRESS_AFTER_S,
+        lambda: print(f"ladder: calibrating this host: {what} ...", file=sys.stderr, flush=True),
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+@functools.cache
+def _quiet_now() -> bool:
+    """Whether other processes kept at most BUSY_CORES of this process's CPUs busy over a short look
+    (once per process): a provisional figure is measured again only then."""
+    others = OthersUse.start()
+    time.sleep(QUIET_SAMPLE_S)
+    cores = others.cores()
+    return cores is not None and cores <= BUSY_CORES
+
+
+def _recorded(
+    cluster: ClusterConfig, lender: str, precision: Precision, peak: Figure
+) -> calibrations.Calibration | None:
+    """A calibration file (the cluster's own, or the one it borrows) for ``precision`` on ``peak``.
+
+    A file's compute rates were recorded in its dtype (bfloat16 for every file shipped) on its
+    device. They serve another device or precision scaled by the ratio of this plan's peak to the
+    recorded device's datasheet peak in the recorded dtype (conf/cluster/<lender>.yaml), so the
+    prediction and its bound rest on the same peak: an fp32 plan on an H200 (67 TFLOP/s dense
+    fp32, no tensor cores: ladder does not enable TF32) runs its GEMMs at 67/989 of the bf16 rates.
+    Without both peaks the compute rates cannot be carried over: no calibration, the bound only.
+    """
+    record_dtype = calibrations.recorded_dtype(lender)
+    key = "peak_tflops_fp32" if record_dtype == "float32" else "peak_tflops_bf16"
+    lender_peak = _cluster_file_value(lender, key)
+    if peak.value is None or not lender_peak:
+        return None
+    scale = peak.value / (lender_peak * 1e12)
+    dtype = {Precision.fp32: "float32", Precision.fp16: "float16"}.get(precision, "bfloat16")
+    if lender == cluster.name and dtype == record_dtype and abs(scale - 1.0) < 1e-9:
+        return calibrations.load_cluster(lender)
+    why = f"{peak.source}, {peak.value / 1e12:g} TFLOP/s {precision.value}, over {lender}'s {record_dtype} "
+    why += f"datasheet peak {lender_peak:g} TFLOP/s"
+    return calibrations.load_cluster(
+        lender, compute_scale=scale, borrowed_by=cluster.name, scaled_because=why
+    )
 
 
 def _calibration(
@@ -269,16 +360,9 @@ def _calibration(
 ) -> calibrations.Calibration | None:
     """The named cluster's calibration file (its own, or one it borrows), else this host's device."""
     if cluster.name != "local":
-        recorded = calibrations.load_cluster(cluster.name)
-        if recorded is not None:
-            return recorded
-        lender = cluster.calibration
-        lender_peak = _cluster_file_value(lender, "peak_tflops_bf16") if lender else None
-        own_peak = cluster.peak_tflops_bf16
-        if lender and lender_peak and own_peak:
-            return calibrations.load_cluster(
-                lender, compute_scale=own_peak / lender_peak, borrowed_by=cluster.name
-            )
+        lender = cluster.name if calibrations.cluster_file(cluster.name).is_file() else cluster.calibration
+        if lender and calibrations.cluster_file(lender).is_file():
+            return _recorded(cluster, lender, precision, peak)
         if cluster.device_memory_gb is not None:
             return None  # a named device that is not here, with no calibration: the roofline only
     threads = max(1, (os.cpu_count() or 1) // ranks_here)

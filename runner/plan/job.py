@@ -86,11 +86,14 @@ def _plan_disk(config: TrainConfig, run_dir: Path, resume: ResumePlan | None) ->
     return disk_need(config, run_dir), config.cluster.name == "local"
 
 
-def plan_job(config: TrainConfig, *, run_dir: Path, resume: ResumePlan | None = None) -> dict[str, Any]:
+def plan_job(
+    config: TrainConfig, *, run_dir: Path, resume: ResumePlan | None = None, given: list[str] | None = None
+) -> dict[str, Any]:
     """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record,
     whose ``exit_code`` is the plan's verdict (:func:`plan_exit_code`).
 
-    ``resume``: with train.resume=auto, what the run directory holds (else None).
+    ``resume``: with train.resume=auto, what the run directory holds (else None). ``given``: the
+    command line's overrides, which the recommended command carries.
     """
     plan = plan_config(config)
     record = plan.record()
@@ -108,7 +111,7 @@ def plan_job(config: TrainConfig, *, run_dir: Path, resume: ResumePlan | None = 
         text += "\n" + unseen_filesystem_line(disk, config)
     ladder = None
     if config.planner.recommend:
-        ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm)
+        ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm, given=given)
         record["recommendation"] = recommendation_record(ladder)
         text += "\n" + format_ladder(ladder)
     # The disk as a run weighs it: periodic checkpoints or a move's copy that cannot fit refuse the

@@ -99,11 +99,13 @@ class Ladder:
     winner: Candidate | None
     overrides: list[str]
     ranking: list[Candidate]
+    carried: tuple[str, ...] = ()  # the plan's own overrides the layout leaves as they were
 
     @property
     def command(self) -> str:
-        """The command line that runs (or, for plan-only layouts, plans) the winner."""
-        return "python train.py " + " ".join(self.overrides) if self.overrides else ""
+        """The command line that runs (or, for plan-only layouts, plans) the winner: its layout's
+        overrides, then every other override the plan was given (:func:`carried_overrides`)."""
+        return "python train.py " + " ".join([*self.overrides, *self.carried]) if self.overrides else ""
 
 
 def tp_degrees(workload: Workload) -> list[int]:
@@ -169,6 +171,11 @@ def rungs(workload: Workload, *, overlap_comm: bool = False) -> list[tuple[str, 
     return ladder
 
 
+# An offloaded layout's transfers and CPU optimizer step are not in the step-time model: its
+# verdict and ranked line carry this mark, not a step time (docs/memory-and-plan.md).
+OFFLOAD_MARK = "offload: not modelled (its transfers and CPU optimizer step are not timed), no step time"
+
+
 def _usable(workload: Workload) -> str:
     return f"{gb(workload.usable_bytes)} usable"
 
@@ -191,7 +198,9 @@ def _verdict(plan: Plan) -> str:
         )
     text = f"{head}: {gb(m.peak)} of {_usable(w)}"
     t = plan.time
-    if t.step_s is not None and t.mfu is not None:
+    if plan.knobs.offload != OffloadPlacement.none:
+        text += f"; {OFFLOAD_MARK}"
+    elif t.step_s is not None and t.mfu is not None:
         bound = "" if t.complete else " (comm unknown: bound)"
         text += f"; step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%{bound}"
     if plan.plan_only:
@@ -289,7 +298,36 @@ def overrides_for(plan: Plan) -> list[str]:
     return out
 
 
-def recommend(workload: Workload, *, overlap_comm: bool = False) -> Ladder:
+# Keys the recommended layout decides (with those :func:`overrides_for` writes), and the plan's own
+# switches: a plan's override of one of these is not carried into the recommended command.
+_DECIDED = frozenset(
+    {
+        "plan",
+        "parallel.zero_stage",
+        "parallel.tp",
+        "parallel.pp",
+        "parallel.offload_optimizer",
+        "parallel.offload_param",
+        "model.activation_checkpointing",
+        "batch.micro_size",
+    }
+)
+
+
+def carried_overrides(given: list[str], layout: list[str]) -> tuple[str, ...]:
+    """Of the overrides the plan was given (Hydra's task overrides), those the recommended command
+    must carry to plan the same experiment: all but the layout's keys, planner.* and hydra.*."""
+    decided = _DECIDED | {o.split("=", 1)[0] for o in layout}
+    kept = []
+    for override in given:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in decided or key.startswith(("planner.", "hydra.", "hydra/")):
+            continue
+        kept.append(override)
+    return tuple(kept)
+
+
+def recommend(workload: Workload, *, overlap_comm: bool = False, given: list[str] | None = None) -> Ladder:
     """Plan every rung, rank what fits by predicted tokens/s, recommend by the module docstring's rule."""
     tried: list[Rung] = []
     fitting: list[Candidate] = []
@@ -299,7 +337,8 @@ def recommend(workload: Workload, *, overlap_comm: bool = False) -> Ladder:
         fitting += fit
     ranking = rank(fitting)
     winner = best(ranking)
-    return Ladder(workload, tried, winner, [] if winner is None else overrides_for(winner.plan), ranking)
+    overrides = [] if winner is None else overrides_for(winner.plan)
+    return Ladder(workload, tried, winner, overrides, ranking, carried_overrides(given or [], overrides))
 
 
 def _candidate_record(place: int, c: Candidate) -> dict[str, Any]:
@@ -353,11 +392,13 @@ def recommendation_record(ladder: Ladder) -> dict[str, Any]:
 
 __all__ = [
     "NEAR_FASTEST",
+    "OFFLOAD_MARK",
     "SHOWN",
     "Candidate",
     "Ladder",
     "Rung",
     "best",
+    "carried_overrides",
     "overrides_for",
     "pp_degrees",
     "rank",

@@ -164,6 +164,38 @@ def _in_place(workload: Workload, layout: Layout, calibration: Calibration, part
     return 1.0 if timed is None else timed / parts
 
 
+def _gemm_caveats(workload: Workload, layout: Layout, calibration: Calibration, micro: _Compute) -> str:
+    """What the gemm line rests on beyond each shape's own measurement: a CPU's capped shapes
+    (runner/hardware/calibrate.py ``gemm_rates``), and the blocks' in-place scale or its absence."""
+    words = ""
+    cap = calibration.gemm_cap_flops
+    tokens = layout.micro_size * workload.seq_len
+    if cap is not None:
+        over = [name for name, _, m, k, n in _gemm_shapes(workload, layout, tokens) if 2.0 * m * k * n > cap]
+        if over:
+            words += (
+                f"; {', '.join(over)} above {cap:.3g} FLOP: measured with M or N halved to under it, "
+                "that rate applied to the full FLOPs"
+            )
+    model = workload.model
+    shape = (
+        layout.micro_size,
+        workload.seq_len,
+        model.d_model,
+        model.n_head,
+        n_kv_head(model),
+        model.ffn_hidden,
+    )
+    if micro.in_place != 1.0:
+        words += f"; blocks' parts x {micro.in_place:.3g}, one block timed whole"
+    elif layout.tp == 1 and calibration.block_too_large(shape):
+        words += (
+            f"; a block above {calibration.block_cap_params:.3g} parameters is not timed whole on a CPU: "
+            "parts unscaled"
+        )
+    return words
+
+
 def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration) -> _Compute | None:
     model, tp = workload.model, layout.tp
     tokens = layout.micro_size * workload.seq_len
@@ -449,7 +481,7 @@ def compute_terms(
         Term(
             "gemm",
             accum * (micro.gemm_forward + micro.gemm_backward),
-            "forward + 2 backward GEMMs per linear",
+            "forward + 2 backward GEMMs per linear" + _gemm_caveats(workload, layout, calibration, micro),
         ),
         Term(
             "attention",

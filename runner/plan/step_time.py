@@ -264,7 +264,7 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
         terms=tuple(terms),
         bound_step_s=bound.step_s,
         bound_mfu=bound.mfu,
-        calibration=calibration.source,
+        calibration=calibration.describe(),
         forward_s=forward_seconds(workload, layout, calibration),
     )
 

@@ -15,7 +15,7 @@ from runner.memory import GiB, bytes_per_param
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
 from runner.plan.hardware import Figure
-from runner.plan.ladder import NEAR_FASTEST, SHOWN, Candidate, Ladder
+from runner.plan.ladder import NEAR_FASTEST, OFFLOAD_MARK, SHOWN, Candidate, Ladder
 from runner.plan.memory import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT, MemoryTerms
 from runner.plan.planner import GB, Plan, ResumePlan, gb
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout
@@ -438,12 +438,12 @@ def _ranked_line(place: int, candidate: Candidate, recommended: bool) -> str:
     plan = candidate.plan
     t, lay = plan.time, plan.layout
     head = f"  {place}. {plan.knobs.describe()}, micro {lay.micro_size} x accum {lay.accum_steps}"
-    if t.tokens_per_s is None or t.step_s is None or t.mfu is None:
+    if plan.knobs.offload != OffloadPlacement.none:
+        text = f"{head}: {OFFLOAD_MARK}"
+    elif t.tokens_per_s is None or t.step_s is None or t.mfu is None:
         text = f"{head}: no step-time prediction (peak unknown)"
     else:
         bound = "" if t.complete else " (comm unknown: bound)"
-        if plan.knobs.offload != OffloadPlacement.none:
-            bound += " (offload's transfers and CPU step not timed: a bound)"
         text = (
             f"{head}: {t.tokens_per_s:,.0f} tokens/s, step {t.step_s:.3g} s, MFU {100 * t.mfu:.1f}%{bound}, "
             f"limit {t.limit or 'n/a (roofline)'}"
@@ -486,7 +486,6 @@ def format_ladder(ladder: Ladder) -> str:
         f"recommended: #{place}, {winner.name} ({why})" + ("  [PLAN ONLY]" if winner.plan.plan_only else "")
     )
     lines.append(f"  {ladder.command}")
-    lines.append("  (plus this run's other overrides)")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ run directory gets any file of the runner's.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,10 @@ def value_problem(key: SchemaKey, value: Any) -> str | None:
             hint = f"; did you mean {key.path}={close[0]}?" if close else ""
             return f"{key.path}={value}: must be one of {', '.join(options)} ({key.meaning}){hint}"
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        # inf and nan pass every range check written as a comparison (nan fails none), and
+        # torch refuses them only inside a rank, with a traceback.
+        return f"{key.path}={spell(value)}: must be a finite number ({key.meaning}); e.g. {key.example()}"
     if key.valid is None or not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
     if key.valid.holds(value):
@@ -327,6 +332,37 @@ def cuda_launch_problems(config: TrainConfig, environ: dict[str, str] | None = N
     return problems
 
 
+DEVICE_MEMORY_TOLERANCE = 0.15  # CUDA's total memory against the datasheet's: 150.7e9 B on an H200 (141 GB)
+
+
+def named_device_problems(config: TrainConfig) -> list[str]:
+    """A named GPU cluster launched on this host: this host must have such a device.
+
+    Without one the ranks would train on whatever is here (the CPU) and report MFU against the
+    named device's peak. The device is recognised by its memory, the one figure every cluster
+    file gives (conf/cluster/<name>.yaml ``device_memory_gb``), within DEVICE_MEMORY_TOLERANCE.
+    """
+    cluster = config.cluster
+    if cluster.name == "local" or cluster.device_memory_gb is None:
+        return []
+    wanted = cluster.device_memory_gb * 1e9
+    found = "no CUDA device"
+    if cuda_available():
+        # Deferred: torch loads only where a CUDA device is there to ask.
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        if abs(props.total_memory - wanted) <= DEVICE_MEMORY_TOLERANCE * wanted:
+            return []
+        found = f"a {props.name} with {props.total_memory / 1e9:.0f} GB"
+    return [
+        f"cluster={cluster.name}: the local launcher trains on this host, which has {found}, not "
+        f"cluster {cluster.name}'s device ({cluster.device_memory_gb:g} GB). Size it without launching: "
+        f"python train.py cluster={cluster.name} plan=true ...; or run it on such a cluster: "
+        f"python train.py -m hydra/launcher=slurm cluster={cluster.name} ..."
+    ]
+
+
 def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
     """Problems only a real launch has (planning skips them)."""
     problems = batch_contract_problems(config)
@@ -340,6 +376,7 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
     problems += cuda_launch_problems(config)
     problems += credentials_problems(config.logger)
     if launcher == "local":
+        problems += named_device_problems(config)
         available, what = host_ranks_available()
         if config.gpus > available:
             problems.append(

@@ -59,6 +59,14 @@ CASES = [
         ["optimizer.weight_decay=-1", "0 or more", "e.g. optimizer.weight_decay=0.1"],
     ),
     (["optimizer.beta2=1"], ["optimizer.beta2=1", "in [0, 1)"]),
+    # non-finite floats pass a range written as comparisons; torch would refuse them in a rank
+    (["optimizer.lr=inf"], ["optimizer.lr=inf", "finite", "e.g. optimizer.lr="]),
+    (["optimizer.grad_clip=nan"], ["optimizer.grad_clip=nan", "finite"]),
+    # a named GPU cluster on a host without its device would train on the CPU
+    (
+        ["cluster=h200"],
+        ["cluster=h200", "this host, which has", "plan=true", "hydra/launcher=slurm"],
+    ),
     # more than all of this host's RAM (the figure given here: a run within the headroom warns)
     (
         ["cluster.host_memory_gb=0.2"],

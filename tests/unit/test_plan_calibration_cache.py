@@ -1,0 +1,75 @@
+"""This host's calibration: a figure measured on a busy host is cached provisional and measured
+again only by a later plan on a quiet host; a long measurement says what it measures."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from train_helpers import compose_config
+
+from runner.plan import calibration as calibrations
+from runner.plan import hardware
+from runner.plan.planner import plan_config
+
+pytestmark = pytest.mark.unit
+
+
+def _local(answers: list[tuple[Any, bool]], asked: list[tuple[str, tuple[int, ...]]], quiet: bool):
+    """A local calibration whose measurements pop ``answers`` (value, quiet) and log what was asked."""
+
+    def measure(kind: str, shape: tuple[int, ...]) -> tuple[Any, bool]:
+        asked.append((kind, shape))
+        return answers.pop(0)
+
+    return calibrations.local("cpu test", "float32", 1, "2.13.0", measure, quiet=lambda: quiet)
+
+
+def test_a_busy_figure_is_cached_provisional_and_measured_again_on_a_quiet_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(calibrations.CACHE_ENV, str(tmp_path))
+    asked: list[tuple[str, tuple[int, ...]]] = []
+    first = _local([([1e9, 1e9, 1e9], False)], asked, quiet=False)
+    assert first.gemm(64, 64, 64) == (1e9, 1e9, 1e9)
+    assert "provisional" in first.describe()
+    # a later plan on a host still busy uses the cached figure and measures nothing
+    busy = _local([], asked, quiet=False)
+    assert busy.gemm(64, 64, 64) == (1e9, 1e9, 1e9) and len(asked) == 1
+    # a later plan on a quiet host measures it again, once, and keeps the quiet figure for good
+    quiet = _local([([2e9, 2e9, 2e9], True)], asked, quiet=True)
+    assert quiet.gemm(64, 64, 64) == (2e9, 2e9, 2e9)
+    assert quiet.gemm(64, 64, 64) == (2e9, 2e9, 2e9) and len(asked) == 2
+    assert "provisional" not in quiet.describe()
+    assert _local([], asked, quiet=True).gemm(64, 64, 64) == (2e9, 2e9, 2e9) and len(asked) == 2
+
+
+def test_a_measurement_past_two_seconds_says_what_it_measures(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(hardware, "PROGRESS_AFTER_S", 0.05)
+    with hardware._progress("gemm", (128, 8192, 1024), "bfloat16"):
+        time.sleep(0.3)
+    with hardware._progress("copy", (1024,), "float32"):
+        pass  # done before the line is due: nothing said
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "calibrating this host: GEMM (M x K x N) 128x8192x1024 bfloat16" in err
+
+
+def test_a_datasheet_cluster_never_measures_this_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(calibrations.CACHE_ENV, str(tmp_path))
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("measured this host")
+
+    monkeypatch.setattr(hardware, "_measure_here", refuse)
+    monkeypatch.setattr(hardware, "measured_cpu_peak", refuse)
+    for cluster in ("h200", "h100_sxm", "a100_80g"):
+        config = compose_config("model=llama_70b", f"cluster={cluster}", "parallel=zero3", "gpus=64")
+        assert plan_config(config).time.calibration
+    assert not list(tmp_path.iterdir())
