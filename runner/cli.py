@@ -91,6 +91,9 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"a size like 5GB, 500MB or a byte count, got {text}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def _tokenize(args: argparse.Namespace) -> int:
 
     # Deferred: rich's progress and the document readers load only for this command.
