@@ -21,7 +21,6 @@ from runner.data.tokenizer_dir import TokenizerError, load_tokenizer, tokenizer_
 from runner.errors import ConfigError
 from runner.hardware.cuda_devices import cuda_available, cuda_device_count
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
-from runner.model.hf_weights import init_from_problems
 from runner.parallel.tensor import tp_node_problems, tp_problems
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
 from runner.preflight.wandb_credentials import credentials_problems
@@ -132,7 +131,12 @@ def _problems(config: TrainConfig) -> list[str]:
         f"after the first steps' warm-up), or -1 for none",
     )
     problems += tp_problems(config.model, tp=config.parallel.tp)
-    problems += init_from_problems(config.model)
+    if config.model.init_from is not None:
+        # Deferred: its tensor names come from a model on the meta device, and a refusal
+        # answers before torch is imported (tests/e2e/test_refusals.py).
+        from runner.model.hf_weights import init_from_problems
+
+        problems += init_from_problems(config.model)
     if config.cluster.gpus_per_node is not None:
         problems += tp_node_problems(
             config.parallel.tp,
