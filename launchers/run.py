@@ -214,8 +214,8 @@ def run(
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
     planning = config.plan or config.planner.recommend  # recommend implies plan
-    _choose_accelerator()
     validate(config, launcher=None if planning else launcher)
+    _choose_accelerator()  # after the refusals, which answer before torch is imported
     if planning:
         return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir), given=given)
     if (finished := finished_already(config, run_dir)) is not None:
