@@ -114,7 +114,8 @@ def test_sigkill_mid_run_then_resume_reproduces_the_uninterrupted_losses(tmp_pat
     assert kept == ["step_00000006", "step_00000008"]  # train.keep_checkpoints=2
     # Where the resumed attempt's wall time went: its parts add up, the load and each save counted.
     wall = resumed.summary["wall_time"]
-    parts = ("launch", "build", "engine", "resume", "setup", "steps", "checkpoint", "other")
+    parts = ("prelaunch", "calibration", "launch", "build", "engine", "resume", "setup")
+    parts += ("steps", "checkpoint", "other")
     assert sum(wall[f"{part}_s"] for part in parts) == pytest.approx(wall["total_s"], rel=1e-6)
     assert wall["steps"] == 8 - latest["completed_steps"] and wall["resume_s"] > 0
     assert wall["checkpoints"] == (8 - latest["completed_steps"]) // 2
