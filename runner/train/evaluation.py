@@ -6,7 +6,7 @@ each cut over the data-parallel ranks and their micro-batches as a training step
 run the forward pass only (``torch.no_grad``, the module in eval mode). The loss is the mean
 over every sequence, so a layout change leaves it as it leaves the training loss: the same
 experiment, the same number. Under a pipeline DeepSpeed's ``eval_batch`` runs the inference
-schedule and averages over micro-batches and pipelines (``PipelineSteps.eval_loss``).
+schedule and averages over micro-batches and pipelines (runner/train/trainer.py ``Trainer._held_out_loss``).
 """
 
 from __future__ import annotations

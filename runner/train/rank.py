@@ -4,9 +4,9 @@ Every rank runs this, whoever started it (the local launcher, torchrun, the deep
 launcher or srun). Rank 0 also owns the metric sinks and writes ``summary.json``. The
 parts, in the order they run:
 
-- runner/train/setup.py   model, engine (DeepSpeed's faults fixed), resume, batches, instruments;
-- runner/train/loop.py    the steps (runner/train/step.py: one interface, pp = 1 or pp > 1);
-- runner/train/record.py  summary.json, however the attempt ended.
+- runner/train/trainer.py  the trainer: built from runner/train/setup.py's parts (model, engine
+  with DeepSpeed's faults fixed, resume, sinks), then the steps;
+- runner/train/record.py   summary.json, however the attempt ended.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from runner.metrics.wall_clock import WallClock
 from runner.rundir.identity import RunIdentity
 from runner.rundir.summary import read_summary
 from runner.train.context import RankJob, RunContext
-from runner.train.loop import Progress, train_steps
 from runner.train.preemption import Preempted, StopSignals
 from runner.train.record import record_end, recorded_unless_out_of_room
-from runner.train.setup import set_up
+from runner.train.trainer import Trainer
 
 log = logging.getLogger("ladder")
 
@@ -44,15 +43,14 @@ def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, A
     # Where this attempt's time goes, from the command's start.
     wall = WallClock(process_group_s=ctx.process_group_s, before=ctx.job.before)
     wall.mark("launch")
-    setup = set_up(ctx, wall, until_return)
-    progress = Progress(step=setup.resumed.start_step)
+    trainer = Trainer(ctx, wall, until_return)
     status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
     interruption: dict[str, Any] | None = None
     try:
-        train_steps(ctx, setup, progress, wall)
+        trainer.train()
         status = {"status": "completed", "error": None}
-        mfu = progress.last.get("throughput/mfu")
-        if ctx.lead and (overrun := above_calibrated_peak(setup.peak, mfu, ctx.config.precision.name)):
+        mfu = trainer.progress.last.get("throughput/mfu")
+        if ctx.lead and (overrun := above_calibrated_peak(trainer.peak, mfu, ctx.config.precision.name)):
             log.warning("%s", overrun)
     except Preempted as stopped:
         status = {"status": "interrupted", "error": stopped.record["reason"]}
@@ -70,8 +68,8 @@ def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, A
                 if interruption is not None:  # each stop at a signal, across requeues
                     earlier = read_summary(ctx.run_dir).get("interruptions") or []
                     status["interruptions"] = [*earlier, interruption]
-                summary = record_end(ctx, setup, progress, wall, status)
-        for sink in setup.sinks:
+                summary = record_end(trainer, status)
+        for sink in trainer.sinks:
             sink.close(summary)
     return summary
 

@@ -19,12 +19,11 @@ from runner.engine.compile_blocks import compile_summary
 from runner.metrics import goodput
 from runner.metrics.ledger import Estimate, Ledger, host_relative_errors, relative_errors
 from runner.metrics.step_spread import WARMUP_STEPS, step_time_spread
-from runner.metrics.wall_clock import WallClock, wall_parts
+from runner.metrics.wall_clock import wall_parts
 from runner.rundir.summary import read_summary, update_summary
-from runner.train.context import RunContext
 from runner.train.evaluation import evaluation_summary
-from runner.train.loop import Progress
-from runner.train.setup import Setup
+from runner.train.pipeline_hooks import pipeline_summary
+from runner.train.trainer import Trainer
 
 log = logging.getLogger("ladder")
 
@@ -92,51 +91,55 @@ def measured_step_time(
     return record
 
 
-def _measurements(ctx: RunContext, setup: Setup, progress: Progress, wall: WallClock) -> dict[str, Any]:
+def _measurements(trainer: Trainer) -> dict[str, Any]:
     """summary.json's fields measured by this attempt: peaks, memory, speed, the step's probes."""
+    ctx, progress, wall = trainer.ctx, trainer.progress, trainer.wall
     last, run_dir = progress.last, ctx.run_dir
     recorded = read_summary(run_dir)
     return {
         "final": last,
         "step_time_spread": step_time_spread(list(wall.step_times)),
         "step_time": measured_step_time(recorded.get("step_time"), list(wall.step_times)),
-        "peak_flops_per_device": setup.peak_flops,
-        "peak_flops_source": setup.peak.source,
-        "peak_flops_calibration": setup.peak.calibration_record(ranks=ctx.layout.gpus),
-        "peak_memory_measure": setup.peak_memory.label,
-        "cuda_allocator": setup.peak_memory.allocator_record(),
+        "peak_flops_per_device": trainer.peak_flops,
+        "peak_flops_source": trainer.peak.source,
+        "peak_flops_calibration": trainer.peak.calibration_record(ranks=ctx.layout.gpus),
+        "peak_memory_measure": trainer.peak_memory.label,
+        "cuda_allocator": trainer.peak_memory.allocator_record(),
         "host_memory": {
             **(recorded.get("host_memory") or {}),
             "measured_per_rank_gb": last.get("memory/host_peak_gb"),
             "measured": "the process's high-water RSS since it started, the most over ranks",
         },
         "memory": memory_summary(
-            setup.estimate,
+            trainer.estimate,
             progress.ledger,
             peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
             measured_at=f"each term at its most over ranks, step {progress.ledger_step} accumulation "
             "boundary (before the optimizer step)",
         ),
         "accelerator": ctx.accelerator,
-        "model_build": {"rank": 0, **setup.model_build},
-        "compile": compile_summary(setup.compiled_blocks) if setup.compiled_blocks else None,
-        **setup.parts.probes.summary(seq_len=ctx.config.data.seq_len),
-        "pipeline": setup.steps.summary(step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s")),
-        "skipped_steps": setup.parts.nonfinite.summary(),
-        "fp16_loss_scale": setup.overflows.summary(),
+        "model_build": {"rank": 0, **trainer.model_build},
+        "compile": compile_summary(trainer.compiled_blocks) if trainer.compiled_blocks else None,
+        **trainer.probes.summary(seq_len=ctx.config.data.seq_len),
+        "pipeline": pipeline_summary(
+            trainer.engine, ctx.layout, step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s")
+        )
+        if trainer.pipeline is not None
+        else None,
+        "skipped_steps": trainer.nonfinite.summary(),
+        "fp16_loss_scale": trainer.overflows.summary(),
     }
 
 
-def record_end(
-    ctx: RunContext, setup: Setup, progress: Progress, wall: WallClock, status: dict[str, Any]
-) -> dict[str, Any]:
+def record_end(trainer: Trainer, status: dict[str, Any]) -> dict[str, Any]:
     """Rank 0 writes the attempt's end into summary.json and returns it; ``status`` holds
     ``status`` and ``error`` (empty: another rank failed first and recorded why)."""
+    ctx, progress, wall = trainer.ctx, trainer.progress, trainer.wall
     run_dir = ctx.run_dir
     completed = (progress.step + 1) if status.get("status") in ("completed", "interrupted") else progress.step
     wall_time = wall.summary()
-    if setup.attempt is not None:
-        setup.attempt.end(
+    if trainer.attempt is not None:
+        trainer.attempt.end(
             status=status.get("status") or "failed",
             steps_completed=completed,
             steps_s=wall.steps_s,
@@ -146,16 +149,16 @@ def record_end(
         evaluation_summary(
             ctx.config.train, ctx.config.data, progress.evaluated, global_size=ctx.layout.global_size
         )
-        if setup.held_out is not None
+        if trainer.held_out is not None
         else None
     )
     return update_summary(
         run_dir,
         **status,
         steps_completed=completed,
-        **_measurements(ctx, setup, progress, wall),
-        resumed_from_step=setup.resumed.start_step or None,
-        profile=setup.profiler.summary(run_dir),
+        **_measurements(trainer),
+        resumed_from_step=trainer.resumed.start_step or None,
+        profile=trainer.profiler.summary(run_dir),
         wall_time=wall_time,
         eval=evaluated,
         goodput=goodput.account(run_dir),

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from runner.checkpoint import store as checkpoint
 from runner.metrics.wall_clock import WallClock, folder_bytes
 from runner.train.context import RunContext
 from runner.train.preemption import REQUEUE, Preempted, StopSignals, restarts
-from runner.train.setup import Setup
 
 log = logging.getLogger("ladder")
 
@@ -35,27 +35,22 @@ def slow_save_warning(save_s: float, *, source: str, warned: bool) -> None:
         )
 
 
-def save(ctx: RunContext, setup: Setup, wall: WallClock, *, completed_steps: int) -> None:
-    """Save a checkpoint after ``completed_steps``, timed into the run's wall clock."""
+def save(
+    ctx: RunContext, wall: WallClock, engine: Any, record: checkpoint.SaveRecord, *, expected_bytes: int
+) -> None:
+    """Save the checkpoint ``record`` describes, timed into the run's wall clock; ``expected_bytes``:
+    its planned size, to check what the save wrote."""
     config = ctx.config
     saving = time.perf_counter()
-    record = checkpoint.SaveRecord(
-        completed_steps=completed_steps,
-        layout=ctx.layout,
-        zero_stage=config.parallel.zero_stage,
-        skipped_steps=tuple(setup.parts.nonfinite.skipped),
-        noise_scale=setup.parts.probes.noise.state(),
-        loss_scale=setup.overflows.state(),
-    )
     checkpoint.save(
-        setup.engine,
+        engine,
         ctx.run_dir,
         record,
         rank=ctx.rank,
         keep=config.train.keep_checkpoints,
-        expected_bytes=setup.checkpoint_bytes,
+        expected_bytes=expected_bytes,
     )
-    tag = checkpoint.tag_for(completed_steps)
+    tag = checkpoint.tag_for(record.completed_steps)
     written = ctx.run_dir / checkpoint.CHECKPOINT_DIR / tag
     wall.checkpoint(time.perf_counter() - saving, folder_bytes(written) if ctx.lead else 0)
     if ctx.lead:

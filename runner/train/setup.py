@@ -1,8 +1,7 @@
-"""Everything one rank builds before its first step: model, engine, resume, batches, instruments.
+"""What one rank builds before its first step: model, engine, resume, sinks, the memory estimate.
 
-:func:`set_up` returns a :class:`Setup`; the loop (runner/train/loop.py) runs steps with it
-and runner/train/record.py writes summary.json from it. Each part is built by its own small
-function below, in the order the rank needs them.
+Each part is built by its own small function below; the trainer (runner/train/trainer.py
+``Trainer.__init__``) calls them in the order the rank needs them and holds what they return.
 """
 
 from __future__ import annotations
@@ -25,26 +24,14 @@ from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
 from runner.engine.initialize import before_build, initialize_engine
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
 from runner.hardware.cpu_half_matmul import computes_in_fp32, half_matmuls_in_fp32
-from runner.hardware.mfu_peak import Peak, resolve_peak
 from runner.hardware.peak_flops import torch_dtype
-from runner.hardware.peak_memory import PeakMemory, host_peak_bytes
-from runner.metrics import goodput
 from runner.metrics.ledger import Estimate, RankBatch, deepspeed_estimate
-from runner.metrics.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 from runner.metrics.sinks import MetricSink, build_sinks
-from runner.metrics.step_probes import StepProbes
-from runner.metrics.step_profiler import StepProfiler
 from runner.metrics.throughput import FlopsBudget
 from runner.metrics.wall_clock import WallClock
 from runner.model.transformer import num_params
-from runner.plan.checkpoint_size import config_checkpoint_bytes
 from runner.train.context import RunContext
-from runner.train.micro_steps import MicroBatchSteps
-from runner.train.nonfinite import NonFiniteGuard, injected_nan_steps
-from runner.train.over_ranks import mean_over_ranks
-from runner.train.pipeline_steps import PipelineSteps
 from runner.train.preemption import resumes
-from runner.train.step import StepParts, Steps
 
 log = logging.getLogger("ladder")
 
@@ -59,31 +46,6 @@ class Resumed:
     def saved(self, key: str) -> Any:
         """A field the checkpoint's record keeps (None from scratch or where it has none)."""
         return None if self.record is None else self.record.get(key)
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What one rank built for its attempt; the loop and the summary read it."""
-
-    engine: Any
-    steps: Steps  # pp = 1 or pp > 1 (runner/train/step.py)
-    parts: StepParts
-    resumed: Resumed
-    model_build: dict[str, Any]  # summary.json's model_build (runner/engine/build.py)
-    compiled_blocks: int  # train.compile: blocks compiled; 0 otherwise
-    peak: Peak  # the peak FLOP/s MFU divides by, and where it came from
-    peak_flops: float  # that peak, averaged over the ranks
-    flops: FlopsBudget
-    held_out: BatchSource | None  # train.eval_every > 0: the held-out sequences
-    overflows: fp16_loss_scale.OverflowLog
-    estimate: Estimate  # the ledger's estimate, by term (runner/metrics/ledger.py)
-    peak_memory: PeakMemory
-    host_high_water: int  # the process's high-water RSS before training, the build's included
-    profiler: StepProfiler
-    sinks: list[MetricSink]  # rank 0 only
-    attempt: goodput.AttemptLog | None  # rank 0 only: this attempt in the run's goodput log
-    checkpoint_bytes: int  # one checkpoint's planned bytes, to check what a save wrote
-    fault_step: int | None  # LADDER_INJECT_FAULT (tests of failure)
 
 
 def flops_budget(model: ModelConfig, *, seq_len: int) -> FlopsBudget:
@@ -192,13 +154,7 @@ def resume(ctx: RunContext, engine: Any) -> Resumed:
     return Resumed(start_step=start_step, record=record)
 
 
-def build_steps(ctx: RunContext, parts: StepParts) -> Steps:
-    """The step's implementation, chosen once: DeepSpeed's PipelineEngine schedules a pipeline's
-    micro-batches itself; without one, the rank runs them."""
-    return PipelineSteps(ctx, parts) if ctx.layout.pp > 1 else MicroBatchSteps(ctx, parts)
-
-
-def _sinks(ctx: RunContext) -> list[MetricSink]:
+def sinks_for(ctx: RunContext) -> list[MetricSink]:
     """Rank 0's metric sinks (runner/metrics/sinks.py); the other ranks log nothing."""
     if not ctx.lead:
         return []
@@ -214,7 +170,7 @@ def _sinks(ctx: RunContext) -> list[MetricSink]:
     )
 
 
-def _estimate(ctx: RunContext) -> Estimate:
+def memory_estimate(ctx: RunContext) -> Estimate:
     """The ledger's estimate of this rank's memory, by term (runner/metrics/ledger.py)."""
     config, layout = ctx.config, ctx.layout
     return deepspeed_estimate(
@@ -233,88 +189,11 @@ def _estimate(ctx: RunContext) -> Estimate:
     )
 
 
-def _step_parts(ctx: RunContext, engine: Any, resumed: Resumed, batches: BatchSource) -> StepParts:
-    """The step's non-finite guard, phase clock and probes, beside its batches."""
-    config, layout = ctx.config, ctx.layout
-    nonfinite = NonFiniteGuard(
-        config.train.on_nonfinite,
-        max_skipped=config.train.max_skipped_steps,
-        skipped=resumed.saved("skipped_steps") or [],
-    )
-    # The noise scale and exposed communication, read as the step runs (runner/metrics/step_probes.py).
-    probes = StepProbes(engine, layout=layout, device=ctx.device, tied_embeddings=config.model.tie_embeddings)
-    if resumed.saved("noise_scale"):
-        probes.noise.restore(resumed.saved("noise_scale"))  # its EMAs go on where the checkpoint left them
-    # Where each step's time goes (runner/metrics/phase_clock.py); a pipeline marks its instructions.
-    clock = PhaseClock(ctx.device, PHASES if layout.pp == 1 else PIPELINE_PHASES)
-    return StepParts(
-        engine=engine,
-        batches=batches,
-        nonfinite=nonfinite,
-        clock=clock,
-        probes=probes,
-        nan_steps=injected_nan_steps(ctx.rank),
-    )
-
-
-def _held_out(ctx: RunContext) -> BatchSource | None:
+def held_out_batches(ctx: RunContext) -> BatchSource | None:
     """The held-out sequences of train.eval_every (None: no evaluation)."""
     config = ctx.config
     if config.train.eval_every <= 0:
         return None
     return BatchSource(
         config.data, config.model.vocab_size, config.seed, ctx.layout.global_size, held_out=True
-    )
-
-
-def set_up(ctx: RunContext, wall: WallClock, until_return: contextlib.ExitStack) -> Setup:
-    """Build this rank's attempt; ``until_return`` holds what stays entered from the engine's
-    construction until the attempt ends (16-bit matmuls in fp32 on a CPU)."""
-    config, layout = ctx.config, ctx.layout
-    engine, model_build, compiled = build_engine(ctx, wall)
-    # From here on, not in the build: its ops need none of it (runner/hardware/cpu_half_matmul.py).
-    until_return.enter_context(matmuls_for(ctx))
-    resumed = resume(ctx, engine)
-    wall.mark("resume")
-    peak = resolve_peak(config.cluster, config.precision.name, accelerator=ctx.accelerator, ranks=layout.gpus)
-    peak_flops = mean_over_ranks(torch.tensor([peak.flops], dtype=torch.float64, device=ctx.device))
-    batches = BatchSource(config.data, config.model.vocab_size, config.seed, layout.global_size)
-    held_out = _held_out(ctx)
-    sinks = _sinks(ctx)
-    if ctx.lead:
-        log.info("peak FLOP/s per device: %.3g (%s)", peak_flops, peak.source)
-    estimate = _estimate(ctx)
-    # The step's peak is measured from here: what was built before counts in the host mark only.
-    peak_memory = PeakMemory(ctx.device)
-    host_high_water = host_peak_bytes()  # the build's included: a CPU reset below clears it
-    peak_memory.reset()
-    parts = _step_parts(ctx, engine, resumed, batches)
-    steps = build_steps(ctx, parts)
-    profiler = StepProfiler(config.train.profile_step, run_dir=ctx.run_dir, rank=ctx.rank, device=ctx.device)
-    wall.mark("setup")
-    return Setup(
-        engine=engine,
-        steps=steps,
-        parts=parts,
-        resumed=resumed,
-        model_build=model_build,
-        compiled_blocks=compiled,
-        peak=peak,
-        peak_flops=peak_flops,
-        flops=flops_budget(config.model, seq_len=config.data.seq_len),
-        held_out=held_out,
-        overflows=fp16_loss_scale.OverflowLog(engine, resumed.saved("fp16_loss_scale")),
-        estimate=estimate,
-        peak_memory=peak_memory,
-        host_high_water=host_high_water,
-        profiler=profiler,
-        sinks=sinks,
-        # Every attempt in this run directory, for goodput across restarts (runner/metrics/goodput.py).
-        attempt=goodput.AttemptLog(
-            ctx.run_dir, started=wall.started, from_step=resumed.start_step, launcher=ctx.env.source
-        )
-        if ctx.lead
-        else None,
-        checkpoint_bytes=config_checkpoint_bytes(config),
-        fault_step=injected_fault(ctx.rank),
     )
