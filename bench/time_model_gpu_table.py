@@ -13,6 +13,12 @@ other than ladder, are listed under the table, unpredicted.
     python bench/time_model_gpu_table.py            # the table, then median/max error and rank
     python bench/time_model_gpu_table.py --fit      # also the least-squares ZeRO-3 hook figure
     python bench/time_model_gpu_table.py --json rows.json
+    python bench/time_model_gpu_table.py --runs gpu_check/ [--cluster h200]   # a new check's runs
+
+``--runs DIR``: instead of the committed steps, the runs ``DIR/run_tm_*`` that bench/gpu_check.sh's
+``timemodel`` part wrote (each its median step after the first from metrics.jsonl, its overrides
+from Hydra's ``.hydra/overrides.yaml``), planned with their own overrides, or on ``--cluster``'s
+calibration file with ``gpus=1`` where one is named.
 
 The last line is ``median_abs_err=<x> max_abs_err=<y> rank_corr=<z>`` over the predicted rows
 (relative errors, Spearman's rank correlation), as bench/time_model_accuracy.py prints it.
@@ -218,6 +224,31 @@ def measurements() -> list[Measured]:
     return rows
 
 
+def new_runs(folder: Path, cluster: str | None) -> list[Measured]:
+    """bench/gpu_check.sh's ``timemodel`` runs in ``folder``: each run's median step after the
+    first and the overrides it ran with (on ``cluster``'s calibration, one GPU, where named)."""
+    import yaml
+
+    rows = []
+    for run in sorted(path for path in folder.glob("run_tm_*") if path.is_dir()):
+        metrics, hydra = run / "metrics.jsonl", run / ".hydra" / "overrides.yaml"
+        if not metrics.is_file() or not hydra.is_file():
+            rows.append(Measured(run.name, None, None, str(run), "no metrics.jsonl or .hydra/overrides.yaml"))
+            continue
+        skip: tuple[str, ...] = ("hydra.", "train.steps=", "train.eval", "logger=")
+        if cluster is not None:
+            skip += ("cluster=", "gpus=")
+        kept = [o for o in yaml.safe_load(hydra.read_text()) if not o.startswith(skip)]
+        overrides = kept + ([f"cluster={cluster}", "gpus=1"] if cluster is not None else [])
+        try:
+            step = _metrics_median(run)
+        except (ValueError, statistics.StatisticsError):
+            rows.append(Measured(run.name, None, None, str(metrics), "fewer than two steps"))
+            continue
+        rows.append(Measured(run.name.removeprefix("run_tm_"), overrides, step, str(metrics)))
+    return rows
+
+
 def _plan(row: Measured) -> None:
     """Plan the row's overrides on cluster=h200 and fill in its prediction."""
     from hydra import compose, initialize_config_dir
@@ -322,9 +353,8 @@ def table(rows: list[Measured]) -> str:
         lines.append(f"{r.label:<30}{measured}{predicted}{error}  {fitted:<14}  {r.source}{note}")
     for r in rows:
         if r.overrides is None:
-            lines.append(f"not predicted: {r.label} ({r.source}): its overrides are not recorded")
-    for source, what in NOT_LADDER:
-        lines.append(f"not predicted: {what} ({source}): not ladder")
+            why = r.note or "its overrides are not recorded"
+            lines.append(f"not predicted: {r.label} ({r.source}): {why}")
     return "\n".join(lines)
 
 
@@ -333,11 +363,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="print the least-squares ZeRO-3 hook figure")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--runs", default=None, help="a gpu_check folder's run_tm_* runs instead")
+    parser.add_argument("--cluster", default=None, help="with --runs: plan them on this cluster's file")
     args = parser.parse_args(argv)
-    rows = measurements()
+    rows = new_runs(Path(args.runs), args.cluster) if args.runs else measurements()
     for row in rows:
         _plan(row)
     print(table(rows))
+    if not args.runs:
+        for source, what in NOT_LADDER:
+            print(f"not predicted: {what} ({source}): not ladder")
     if args.fit:
         fitted = fit_hooks(rows)
         if fitted is None:

@@ -279,7 +279,15 @@ class Calibration:
 
     def engine_param_seconds(self) -> dict[str, float] | None:
         """Seconds DeepSpeed's engine adds to a bare forward and backward per parameter tensor per
-        micro-batch, by ZeRO stage ("0" to "3"; runner/hardware/calibrate_zero3.py)."""
+        micro-batch, by ZeRO stage ("0" to "3", and stage 3 all-persistent;
+        runner/hardware/calibrate_zero3.py). A cache from before the all-persistent run is measured
+        again, once."""
+        stale = (
+            isinstance(self.engine_param_s, dict)
+            and calibrate_zero3.PERSISTENT_KEY not in self.engine_param_s
+        )
+        if stale and self.measure is not None and "engine_param_s" not in self._measured:
+            self.engine_param_s = None
         figures = self._once("engine_param_s")
         return None if figures is None else {str(k): float(v) for k, v in figures.items()}
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from train_helpers import compose_config
 
 from runner.config import Precision
@@ -96,7 +95,7 @@ def h200_plans() -> dict[str, Plan]:
     with every tensor persistent."""
     return {
         "derived": plan_config(compose_config(*H200_7B)),
-        "persistent": plan_config(compose_config(*H200_7B, "parallel.param_persistence_threshold=10000000000")),
+        "persistent": plan_config(compose_config(*H200_7B, f"parallel.param_persistence_threshold={10**10}")),
     }
 
 
