@@ -18,8 +18,12 @@ micro-benchmarks at the shapes the models' runs use:
 - ``allreduce``: two processes' gloo all-reduce on a CPU; None on one GPU (its links are the
   cluster's).
 - ``engine_param_s``: DeepSpeed's engine over a bare loop per parameter tensor and micro-batch,
-  by ZeRO stage; ZeRO-3's hooks are stage 3's less stage 0's (runner/hardware/calibrate_zero3.py,
+  by ZeRO stage, and stage 3 with every tensor persistent (runner/hardware/calibrate_zero3.py,
   DeepSpeed in a child process), where that module exists.
+- ``zero3_hook_s``, ``zero3_gather_s`` (:func:`zero3_figures`): ZeRO-3's hooks per tensor visited
+  (all-persistent stage 3 less stage 0) and a gather's own cost per gathered tensor (stage 3 less
+  all-persistent stage 3), from the same child.
+- ``sources`` (:func:`figure_sources`): the micro-benchmark behind each figure, in words.
 
     python bench/calibrate_device.py [--out calibration.json] [--cluster NAME]
         [--models llama_1b,llama_7b] [--micro 1,2,4,8] [--seq 2048]
@@ -102,6 +106,49 @@ def _engine_param_seconds(device: torch.device) -> dict[str, float] | None:
     return calibrate_zero3.engine_param_seconds(device_type=device.type, threads=threads)
 
 
+def zero3_figures(engine: dict[str, float] | None) -> dict[str, float | None]:
+    """ZeRO-3's two per-tensor figures from runner/hardware/calibrate_zero3.py's micro-benchmark
+    (DeepSpeed, one rank, this device): its hooks per tensor visited (stage 3 with every tensor
+    persistent less stage 0) and a gather's own cost per gathered tensor (stage 3 less the
+    all-persistent run); None where the child did not measure them."""
+    from runner.hardware import calibrate_zero3
+
+    engine = engine or {}
+    persistent = engine.get(calibrate_zero3.PERSISTENT_KEY)
+    if persistent is None or "0" not in engine or "3" not in engine:
+        return {"zero3_hook_s": None, "zero3_gather_s": None}
+    return {
+        "zero3_hook_s": max(0.0, persistent - engine["0"]),
+        "zero3_gather_s": max(0.0, engine["3"] - persistent),
+    }
+
+
+def figure_sources(figures: dict[str, Any]) -> dict[str, str]:
+    """The micro-benchmark that measured each figure of the record (runner/plan/calibration.py
+    ``Calibration.sources``), and why a figure left None is."""
+    here = "bench/calibrate_device.py measure: runner/hardware/calibrate.py"
+    zero3 = "bench/calibrate_device.py zero3_figures: runner/hardware/calibrate_zero3.py engine_param_seconds"
+    measured = {
+        "gemms": f"{here} gemm_rates (forward, dX, dW) at each GEMM of a block and the head",
+        "attention": f"{here} attention_seconds, causal SDPA forward and backward",
+        "copies": f"{here} copy_rate, bytes read + written per s at powers of two",
+        "adamw": f"{here} adamw_rate, fused AdamW (28 B a parameter)",
+        "op_s": f"{here} op_seconds, one eager op forward and backward",
+        "fresh_bytes_per_s": f"{here} fresh_rate, zeroing fresh large CPU tensors",
+        "allreduce": f"{here} allreduce_costs, two gloo processes",
+        "engine_param_s": (
+            "bench/calibrate_device.py: runner/hardware/calibrate_zero3.py engine_param_seconds, "
+            "each ZeRO stage's micro-step less a bare loop's per tensor (DeepSpeed, one rank)"
+        ),
+        "zero3_hook_s": f"{zero3}, stage 3 with every tensor persistent less stage 0, per tensor visited",
+        "zero3_gather_s": f"{zero3}, stage 3 less stage 3 with every tensor persistent, per gathered tensor",
+    }
+    return {
+        name: words if figures.get(name) not in (None, {}) else f"not measured on this device ({words})"
+        for name, words in measured.items()
+    }
+
+
 def measure(
     *, models: list[str], micros: list[int], seq: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[dict[str, Any], dict[str, float]]:
@@ -160,6 +207,7 @@ def measure(
         "allreduce": None if cuda else timed("allreduce", lambda: list(calibrate.allreduce_costs())),
         "engine_param_s": timed("engine", lambda: _engine_param_seconds(device)),
     }
+    figures.update(zero3_figures(figures["engine_param_s"]))
     return figures, spent
 
 
@@ -179,12 +227,14 @@ def _print(record: dict[str, Any]) -> None:
         + ", ".join(f"2^{int(k).bit_length() - 1} {v / 1e9:.0f}" for k, v in record["adamw"].items())
     )
     fresh, engine = record["fresh_bytes_per_s"], record.get("engine_param_s") or {}
-    zero3 = engine["3"] - engine["0"] if {"0", "3"} <= set(engine) else record.get("zero3_param_s")
+    hook, gather = record.get("zero3_hook_s"), record.get("zero3_gather_s")
     print(
         f"op {1e6 * record['op_s']:.1f} us; fresh memory "
         + ("-" if fresh is None else f"{fresh / 1e9:.1f} GB/s")
         + f"; all-reduce {record['allreduce'] or '-'}; ZeRO-3 hooks "
-        + ("-" if zero3 is None else f"{1e3 * zero3:.3f} ms a param tensor")
+        + ("-" if hook is None else f"{1e3 * hook:.3f} ms a param tensor visited")
+        + ", gather "
+        + ("-" if gather is None else f"{1e3 * gather:.3f} ms a gathered tensor")
         + "; engine by stage "
         + (", ".join(f"{stage} {1e3 * value:.3f} ms" for stage, value in engine.items()) or "-")
     )
@@ -225,6 +275,7 @@ def main() -> None:
     }
     # The loader's own round trip, so the file holds exactly what Calibration.record() writes
     # (and what load_cluster reads back); a field an older calibration.py lacks is kept as measured.
+    raw["sources"] = figure_sources(raw)
     record = {**raw, **from_record(raw, source="").record()}
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"
     paths = [Path(args.out or "calibration.json")] if args.out or not args.cluster else []

@@ -20,7 +20,14 @@
 # llama_7b on one device, then the recommended layout for 5 steps as run_recommended: about
 # 2 minutes on an H200), zero3_micro1 (llama_7b under ZeRO-3 at micro 1) and copies
 # (bench/zero_step_copies.py: llama_1b's ZeRO-1 and ZeRO-3 optimizer step as DeepSpeed runs it
-# beside ladder's, which skips three copies of the gradients).
+# beside ladder's, which skips three copies of the gradients), and timemodel: every GPU figure the
+# step-time model needs in one call (GPU_CHECK_PARTS=timemodel GPU_CHECK_BUDGET_S=420: about 5
+# minutes on one H200, under 7 with the install): bench/calibrate_device.py's micro-benchmarks
+# (unless calibrate runs too) with ZeRO-3's hooks per tensor visited and its gather per gathered
+# tensor, then a few measured steps (run_tm_*: llama_1b zero1 eager and compiled, zero3 with the
+# derived persistence threshold and with every tensor persistent, llama_7b zero3 micro 1 all
+# persistent; reduced mode: tiny, eager and the two zero3 runs), and
+# bench/time_model_gpu_table.py's table of them beside their predictions (time_model.txt).
 #
 # Without a CUDA device it runs the same steps in a reduced mode (tiny model, fp32, 3 steps)
 # so the script is known to work before GPU time is spent.
@@ -53,10 +60,10 @@ fi
 parts=",${GPU_CHECK_PARTS:-tests,layouts,largest,compiled},"
 for part in ${GPU_CHECK_PARTS:+${GPU_CHECK_PARTS//,/ }}; do
   case "$part" in
-    tests | layouts | largest | compiled | peer | calibrate | recommend | zero3_micro1 | copies) ;;
+    tests | layouts | largest | compiled | peer | calibrate | recommend | zero3_micro1 | copies | timemodel) ;;
     *)
       echo "gpu_check: GPU_CHECK_PARTS names no part '$part'; the parts are tests, layouts," \
-        "largest, compiled, peer, calibrate, recommend, zero3_micro1, copies" >&2
+        "largest, compiled, peer, calibrate, recommend, zero3_micro1, copies, timemodel" >&2
       exit 2
       ;;
   esac
@@ -223,6 +230,42 @@ if wanted copies; then
   [ "$mode" = full ] || copies_args=(--model tiny --stages 1,3 --micro 2 --seq 64 --rounds 2 --steps 2)
   timed copies "$run_limit" env PYTHONPATH=. "$python" bench/zero_step_copies.py "${copies_args[@]}" \
     > "$out/copies.log" 2>&1 || echo "copies bench failed: see $out/copies.log"
+fi
+# ...and every figure the step-time model needs from this device: its calibration (ZeRO-3's hook
+# split included) and measured steps to set beside the model's predictions.
+if wanted timemodel; then
+  if ! wanted calibrate; then
+    timed calibrate "$run_limit" "$python" bench/calibrate_device.py --out "$out/calibration.json" \
+      > "$out/calibrate.log" 2>&1 || echo "calibration failed: see $out/calibrate.log"
+  fi
+  persistent="parallel.param_persistence_threshold=10000000000"  # every tensor whole: hooks, no gathers
+  if [ "$mode" = full ]; then
+    # name|steps|overrides
+    tm_cases=(
+      "eager|8|model=$model parallel=zero1 batch.micro_size=8"
+      "compiled|8|model=$model parallel=zero1 batch.micro_size=8 train.compile=true"
+      "zero3|8|model=$model parallel=zero3 batch.micro_size=8"
+      "zero3_persistent|8|model=$model parallel=zero3 batch.micro_size=8 $persistent"
+      "zero3_7b_micro1_persistent|4|model=llama_7b parallel=zero3 batch.micro_size=1 $persistent"
+    )
+  else
+    tm_cases=(
+      "eager|3|model=$model parallel=zero1 batch.micro_size=8"
+      "zero3|3|model=$model parallel=zero3 batch.micro_size=8"
+      "zero3_persistent|3|model=$model parallel=zero3 batch.micro_size=8 $persistent"
+    )
+  fi
+  for case in "${tm_cases[@]}"; do
+    IFS='|' read -r name tm_steps tm_overrides <<< "$case"
+    # shellcheck disable=SC2086  # the case's overrides, several on purpose
+    timed "run_tm_$name" "$run_limit" "$python" train.py $base train.steps=$tm_steps $tm_overrides \
+      "hydra.run.dir=$out/run_tm_$name" > "$out/run_tm_$name.log" 2>&1 || echo "time model run $name failed"
+  done
+  tm_cluster=()
+  [ "$mode" = full ] && [[ "$device_name" == *H200* ]] && tm_cluster=(--cluster h200)
+  "$python" bench/time_model_gpu_table.py --runs "$out" "${tm_cluster[@]}" --json "$out/time_model.json" \
+    > "$out/time_model.txt" 2>&1 \
+    || echo "time model table failed: see $out/time_model.txt"
 fi
 
 "$python" bench/gpu_check_table.py "$out" --mode "$mode"

@@ -11,6 +11,33 @@ tensor of 4096 elements on a quiet host. Larger tensors add copies on top: 0.42 
 elements, 2.5 ms at 1M (about 0.5 ms per MB of fp32 parameter); this figure is the fixed part.
 The collectives themselves (world size 1 here) are the step model's ``dp comm`` term.
 
+What DeepSpeed 0.19.8 does, and so what each figure is paid by:
+
+- per module, persistent parameters or not: four hooks (runtime/zero/parameter_offload.py
+  ``_register_deepspeed_module``): the forward pre-hook (``pre_sub_module_forward_function``:
+  the coordinator's ``trace_prologue`` and ``fetch_sub_module``), the forward hook
+  (``_post_forward_module_hook``: ``release_sub_module``), and two ``torch.autograd.Function``
+  wrappers around the module's outputs and inputs that call the same fetch and release in
+  backward (``pre_sub_module_backward_function``, ``post_sub_module_backward_function``);
+- per parameter tensor visited, persistent or not (runtime/zero/partitioned_param_coordinator.py):
+  ``_fetch_sub_module_impl`` builds the module's parameter set, adds the module to each
+  tensor's ``ds_active_sub_modules``, checks its status and, once the trace is complete, pops it
+  off the prefetch queue (the trace holds persistent tensors too: ``record_parameters``);
+  ``release_sub_module`` discards it again and asks ``__params_to_release``; and stage 3's
+  gradient hook (runtime/zero/stage3.py ``create_reduce_and_remove_grad_hooks``,
+  ``reduce_partition_and_remove_grads``) copies every gradient into the reduce bucket;
+- per gathered tensor only (``ds_persist`` false): ``__all_gather_params_`` allocates the whole
+  tensor and launches ``all_gather_coalesced``, the wait on its handle, and ``__release_param``'s
+  ``partition`` that frees it; a persistent tensor is ``AVAILABLE`` already, so
+  ``fetch_sub_module`` finds nothing to gather and ``__params_to_release`` leaves it whole.
+
+So the child times stage 3 twice at the small width: every tensor gathered (threshold 0, "3")
+and every tensor persistent (:data:`ALL_PERSISTENT`, :data:`PERSISTENT_KEY`). The persistent
+run less stage 0 is the hooks, per tensor visited; "3" less the persistent run is the gather's
+own cost, per gathered tensor. A block here holds 3 tensors in 4 modules, as the runner's
+TransformerBlock holds 9 in 12 (runner/model/transformer.py), so the per-module hooks are
+folded into the per-tensor figure at the ratio a real model has.
+
 :func:`engine_param_seconds` times it in a child process (the caller gets no process group
 and no DeepSpeed import): one rank, world size 1, a stack of many small linear layers,
 initialized once at each ZeRO stage with the keys the runner's configs set
@@ -57,6 +84,10 @@ TIMING_BUDGET_S = 5.0  # a quiet 2-core CPU times all ROUNDS in about 1 s
 RESULT_KEY = "zero3_param_s"
 ENGINE_KEY = "engine_param_s"
 BYTE_KEY = "zero3_byte_s"  # in ENGINE_KEY's figures: ZeRO-3's seconds per byte of a gathered tensor
+# In ENGINE_KEY's figures: stage 3 with every tensor persistent (never gathered), per tensor: the
+# hooks alone (:func:`_ds_config`'s ``persistent``), against "3", where every tensor is gathered.
+PERSISTENT_KEY = "3p"
+ALL_PERSISTENT = 10**10  # stage3_param_persistence_threshold above every tensor: none is gathered
 
 
 def _free_port() -> int:
@@ -106,9 +137,11 @@ def _child_result(device_type: str, threads: int | None) -> dict[str, Any] | Non
 def engine_param_seconds(*, device_type: str, threads: int | None = None) -> dict[str, float] | None:
     """Seconds per parameter tensor per micro-batch that DeepSpeed's engine adds to a bare
     forward and backward, at each ZeRO stage ("0" to "3"; a stage that measured at or below the
-    bare loop adds 0), between optimizer steps; ZeRO-3's own figure is "3" minus "0", at small
-    tensors. :data:`BYTE_KEY`: what ZeRO-3 adds per byte of a tensor beyond that, from the same
-    stack at width :data:`WIDE`. None when DeepSpeed is missing, or the child fails or times out."""
+    bare loop adds 0), between optimizer steps; :data:`PERSISTENT_KEY`: stage 3 with every tensor
+    persistent. ZeRO-3's hooks per tensor visited are that less "0"; its gather per gathered
+    tensor, "3" less that (at small tensors). :data:`BYTE_KEY`: what ZeRO-3 adds per byte of a
+    tensor beyond that, from the same stack at width :data:`WIDE`. None when DeepSpeed is missing,
+    or the child fails or times out."""
     result = _child_result(device_type, threads)
     figures = result.get(ENGINE_KEY) if result is not None else None
     if not isinstance(figures, dict):
@@ -221,11 +254,12 @@ NO_BOUNDARY = 1_000_000
 STAGES = (0, 1, 2, 3)
 
 
-def _ds_config(stage: int, params: int, width: int) -> dict[str, Any]:
+def _ds_config(stage: int, params: int, width: int, *, persistent: bool = False) -> dict[str, Any]:
     """fp32, torch's AdamW, and the ZeRO keys runner/engine/deepspeed_config.py sets.
 
     ``stage3_param_persistence_threshold`` 0 partitions every tensor, as a real model's large
-    ones are above the runner's derived threshold (10 h). The prefetch bucket is the runner's
+    ones are above the runner's derived threshold (10 h); ``persistent`` keeps every tensor whole
+    (:data:`ALL_PERSISTENT`), so that run pays the hooks and no gather. The prefetch bucket is the runner's
     derived 0.9 h^2 at this stack's width; ``stage3_max_live_parameters`` stays DeepSpeed's
     default, as the runner leaves it. The reduce bucket is capped at the model's size as
     ``reduce_bucket_elements`` caps it.
@@ -238,7 +272,7 @@ def _ds_config(stage: int, params: int, width: int) -> dict[str, Any]:
         "allgather_bucket_size": 500_000_000,
     }
     if stage == 3:
-        zero["stage3_param_persistence_threshold"] = 0
+        zero["stage3_param_persistence_threshold"] = ALL_PERSISTENT if persistent else 0
         # about one matrix ahead, as the runner's derived 0.9 h^2 (runner/engine/deepspeed_config.py
         # ``zero3_fetch``) prefetches a model of width h
         zero["stage3_prefetch_bucket_size"] = int(0.9 * width * width)
@@ -268,10 +302,17 @@ def _measure(device_type: str, threads: int | None) -> dict[str, Any]:
     _import_muon_uncompiled()
     device = _join_group(device_type, threads)
     runs: dict[str, Any] = {}
-    for name, stage, width in [*((str(s), s, WIDTH) for s in STAGES), ("wide0", 0, WIDE), ("wide3", 3, WIDE)]:
+    stacks = [
+        *((str(s), s, WIDTH) for s in STAGES),
+        (PERSISTENT_KEY, 3, WIDTH),
+        ("wide0", 0, WIDE),
+        ("wide3", 3, WIDE),
+    ]
+    for name, stage, width in stacks:
         model = _model(width)
         params = sum(p.numel() for p in model.parameters())
-        runs[name], *_ = deepspeed.initialize(model=model, config=_ds_config(stage, params, width))
+        config = _ds_config(stage, params, width, persistent=name == PERSISTENT_KEY)
+        runs[name], *_ = deepspeed.initialize(model=model, config=config)
     bare = _model().to(device)
     inputs = {width: torch.randn(BATCH, width, device=device) for width in (WIDTH, WIDE)}
     # Wall time: the hooks' waits (the gather's handles, the other threads DeepSpeed and torch run)
@@ -311,7 +352,7 @@ def _measure(device_type: str, threads: int | None) -> dict[str, Any]:
     tensors = sum(1 for _ in bare.parameters())
     torch.distributed.destroy_process_group()  # without it gloo may abort at exit
     small, wide = (best["3"] - best["0"]) / tensors, (best["wide3"] - best["wide0"]) / tensors
-    engine = {str(stage): (best[str(stage)] - best["bare"]) / tensors for stage in STAGES}
+    engine = {name: (best[name] - best["bare"]) / tensors for name in (*map(str, STAGES), PERSISTENT_KEY)}
     engine[BYTE_KEY] = (wide - small) / (4 * (WIDE * WIDE - WIDTH * WIDTH))  # fp32 bytes
     return {
         RESULT_KEY: small,
@@ -331,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(_measure(args.device_type, args.threads)), flush=True)
 
 
-__all__ = ["BYTE_KEY", "engine_param_seconds"]
+__all__ = ["BYTE_KEY", "PERSISTENT_KEY", "engine_param_seconds"]
 
 
 if __name__ == "__main__":

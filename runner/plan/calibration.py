@@ -88,10 +88,18 @@ class Calibration:
     fresh_bytes_per_s: float | None = None  # zeroing fresh large CPU allocations (page faults); GPU: None
     allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
     allgather: list[float] | None = None  # [latency s, bytes/s received], two ranks
-    zero3_param_s: float | None = None  # ZeRO-3's hooks per parameter tensor and micro-batch, one rank
+    # ZeRO-3 per micro-batch, one rank (runner/hardware/calibrate_zero3.py): its module hooks' cost
+    # per parameter tensor visited, persistent or not, and a gather's own cost per gathered tensor
+    zero3_hook_s: float | None = None
+    zero3_gather_s: float | None = None
     # DeepSpeed's engine over a bare loop, per parameter tensor and micro-batch, by ZeRO stage
     engine_param_s: dict[str, float] | None = None
     compute_scale: float = 1.0  # a borrowed calibration's peak ratio (see the module docstring)
+    # figure -> the micro-benchmark that measured it (a file's ``sources``)
+    sources: dict[str, str] = field(default_factory=dict)
+    # figure -> {"summary": words, "method": ..., "data": [...]}: a figure fitted to measured steps,
+    # not measured by a micro-benchmark (a file's ``fitted``)
+    fitted: dict[str, Any] = field(default_factory=dict)
     source: str = ""  # in words: measured here (cached where), or the file and its origin
     # (figure, measured on a quiet host) for a kind and shape; None: a file, nothing is measured
     measure: Callable[[str, tuple[int, ...]], tuple[Any, bool]] | None = field(
@@ -234,16 +242,35 @@ class Calibration:
         costs = self._once("allgather")
         return None if costs is None else (float(costs[0]), float(costs[1]))
 
-    def zero3_param_seconds(self) -> float | None:
-        """Seconds of ZeRO-3's gather/release/reduce bookkeeping per parameter tensor per
-        micro-batch, forward and backward (runner/hardware/calibrate_zero3.py): a file's figure,
-        else stage 3's engine figure minus stage 0's."""
-        if self.zero3_param_s is not None:
-            return self.zero3_param_s
+    def zero3_hook_seconds(self) -> float | None:
+        """Seconds of ZeRO-3's module hooks per parameter tensor visited per micro-batch, forward and
+        backward, persistent tensors included (runner/hardware/calibrate_zero3.py): a file's figure,
+        else the engine's all-persistent stage-3 figure less stage 0's; None where neither is."""
+        if self.zero3_hook_s is not None:
+            return self.zero3_hook_s
+        engine = self.engine_param_seconds()
+        if engine is None or calibrate_zero3.PERSISTENT_KEY not in engine:
+            return None
+        return max(0.0, engine[calibrate_zero3.PERSISTENT_KEY] - engine.get("0", 0.0))
+
+    def zero3_gather_seconds(self) -> float | None:
+        """Seconds ZeRO-3 adds per gathered (not persistent) parameter tensor per micro-batch beyond
+        the hooks: a file's figure, else the engine's stage 3 less its all-persistent stage 3 (a
+        record without that: stage 3 less stage 0, all of it per gathered tensor)."""
+        if self.zero3_gather_s is not None:
+            return self.zero3_gather_s
         engine = self.engine_param_seconds()
         if engine is None or "3" not in engine:
             return None
-        return max(0.0, engine["3"] - engine.get("0", 0.0))
+        below = engine.get(calibrate_zero3.PERSISTENT_KEY, engine.get("0", 0.0))
+        return max(0.0, engine["3"] - below)
+
+    def fitted_words(self, figure: str) -> str | None:
+        """In words, what ``figure`` was fitted to (None: a micro-benchmark measured it)."""
+        fit = self.fitted.get(figure)
+        if fit is None:
+            return None
+        return str(fit.get("summary") or fit.get("method") or "fitted to measured steps")
 
     def zero3_byte_seconds(self) -> float | None:
         """Seconds ZeRO-3 adds per byte of a gathered tensor per micro-batch, beyond its per-tensor
@@ -252,7 +279,15 @@ class Calibration:
 
     def engine_param_seconds(self) -> dict[str, float] | None:
         """Seconds DeepSpeed's engine adds to a bare forward and backward per parameter tensor per
-        micro-batch, by ZeRO stage ("0" to "3"; runner/hardware/calibrate_zero3.py)."""
+        micro-batch, by ZeRO stage ("0" to "3", and stage 3 all-persistent;
+        runner/hardware/calibrate_zero3.py). A cache from before the all-persistent run is measured
+        again, once."""
+        stale = (
+            isinstance(self.engine_param_s, dict)
+            and calibrate_zero3.PERSISTENT_KEY not in self.engine_param_s
+        )
+        if stale and self.measure is not None and "engine_param_s" not in self._measured:
+            self.engine_param_s = None
         figures = self._once("engine_param_s")
         return None if figures is None else {str(k): float(v) for k, v in figures.items()}
 
@@ -277,9 +312,14 @@ class Calibration:
             fresh_bytes_per_s=self.fresh_bytes_per_s,
             allreduce=self.allreduce,
             allgather=self.allgather,
-            zero3_param_s=self.zero3_param_s,
+            zero3_hook_s=self.zero3_hook_s,
+            zero3_gather_s=self.zero3_gather_s,
             engine_param_s=self.engine_param_s,
         )
+        if self.sources:
+            out["sources"] = dict(self.sources)
+        if self.fitted:
+            out["fitted"] = dict(self.fitted)
         out["provisional"] = sorted([kind, key] for kind, key in self.provisional)
         return out
 
@@ -314,8 +354,12 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         fresh_bytes_per_s=record.get("fresh_bytes_per_s"),
         allreduce=record.get("allreduce"),
         allgather=record.get("allgather"),
-        zero3_param_s=record.get("zero3_param_s"),
+        zero3_hook_s=record.get("zero3_hook_s"),
+        # an older record's ``zero3_param_s`` was all of ZeRO-3's cost per gathered tensor
+        zero3_gather_s=record.get("zero3_gather_s", record.get("zero3_param_s")),
         engine_param_s=record.get("engine_param_s"),
+        sources=dict(record.get("sources") or {}),
+        fitted=dict(record.get("fitted") or {}),
         compute_scale=compute_scale,
         source=source,
         provisional={(str(kind), str(key)) for kind, key in record.get("provisional") or []},

@@ -186,6 +186,8 @@ class Plan:
                 "term_parts_s": {
                     t.name: {part.name: part.seconds for part in t.parts} for t in self.time.terms if t.parts
                 },
+                # calibration figures fitted to measured steps, not micro-benchmarked, by term
+                "terms_fitted": {t.name: list(t.fitted) for t in self.time.terms if t.fitted},
                 "limit": self.time.limit,
                 "bound_step_s": self.time.bound_step_s,
                 "bound_mfu": self.time.bound_mfu,

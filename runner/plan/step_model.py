@@ -35,10 +35,13 @@ and ``accum`` micro-batches:
 - ``grad flatten``: DDP's (stage 0's) flattening of the gradients for their all-reduce and the
   copy back, at the boundary; ``zero grads``: ZeRO-1/2's copies of the gradients into the
   reduce bucket and its flattening, at each reduce (runner/plan/step_copies.py).
-- ``zero3 hooks``: ZeRO-3's per-parameter gather and release bookkeeping (DeepSpeed's
-  ``partitioned_param_coordinator``: fetch, wait, release around each module, forward and
-  backward), measured with DeepSpeed itself per parameter tensor and micro-batch.
-- ``zero3 gathers``: its passes over the parameters' bytes (:data:`ZERO3_PASSES`).
+- ``zero3 hooks``: ZeRO-3's module hooks and their fetch and release bookkeeping (DeepSpeed's
+  ``parameter_offload`` and ``partitioned_param_coordinator``), forward and backward, paid by
+  every parameter tensor they visit, persistent or not; ``zero3 fetches``: a gather's own launch,
+  wait and free, paid by each gathered (not persistent) tensor. Both measured with DeepSpeed
+  itself per tensor and micro-batch (``_zero3_terms`` cites the functions), or marked FITTED.
+- ``zero3 gathers`` (or ``zero3 copies``): its passes over the gathered parameters' bytes
+  (:data:`ZERO3_PASSES`).
 - ``bubble``: a 1F1B pipeline idles (pp - 1) / accum of its compute (Narayanan et al. 2021,
   Sec. 2.2.1).
 """
@@ -72,7 +75,10 @@ BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kerne
 # w1/w2/w3 projections 7, head views and transposes 6, RoPE 2 x 9, attention 1, residual
 # adds 2, SwiGLU 2, reshapes 2.
 OPS_PER_LAYER = 50
-ZERO3_PASSES = 3  # ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad
+# ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad. Counted,
+# not measured: DeepSpeed 0.19.8 runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
+# (forward and backward) and runtime/zero/stage3.py ``__reduce_and_partition_ipg_grads``.
+ZERO3_PASSES = 3
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc malloc(3): DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 ADAMW_BYTES = 28  # fp32 p, g, m, v read; p, m, v written
 
@@ -85,6 +91,7 @@ class Term:
     seconds: float
     words: str
     parts: tuple[Term, ...] = ()  # the lines it sums, where the plan shows them (the step's copies)
+    fitted: tuple[str, ...] = ()  # calibration figures it rests on that were fitted, not measured
 
 
 def _elem_bytes(precision: Precision) -> int:
@@ -262,34 +269,68 @@ def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) ->
     )
 
 
+def _figure_words(calibration: Calibration, figure: str) -> tuple[str, tuple[str, ...]]:
+    """How a calibration figure was got, in words, and (figure,) where it was fitted, not measured."""
+    fitted = calibration.fitted_words(figure)
+    if fitted is not None:
+        return f"FITTED, not micro-benchmarked: {fitted}", (figure,)
+    return "measured with DeepSpeed", ()
+
+
 def _zero3_terms(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> list[Term]:
-    """ZeRO-3's own work per micro-batch: its hooks per partitioned parameter tensor (measured with
-    DeepSpeed, runner/hardware/calibrate_zero3.py), and its passes over the parameters' bytes: each
-    tensor gathered into a whole buffer in forward and again in backward, its gradient
-    reduce-scattered out of one (:data:`ZERO3_PASSES`, each read and written), at the copy
-    bandwidth; a tensor above glibc's mmap threshold is a fresh allocation each time, at the
-    page-fault rate on a CPU. Where the device's calibration measured ZeRO-3's cost per byte
-    (runner/hardware/calibrate_zero3.py, DeepSpeed at two tensor sizes), that figure prices
-    the partitioned bytes instead: it holds every copy DeepSpeed makes of a tensor and its
-    gradient on that device, whatever their number. Tensors at or under the persistence
-    threshold stay whole on every rank (``stage3_param_persistence_threshold``): never gathered."""
+    """ZeRO-3's own work per micro-batch, as DeepSpeed 0.19.8 does it (runner/hardware/calibrate_zero3.py
+    names each function):
+
+    - ``zero3 hooks``: every parameter tensor its hooks visit, persistent or not: the four module
+      hooks (runtime/zero/parameter_offload.py ``_register_deepspeed_module``) call the
+      coordinator's ``fetch_sub_module`` and ``release_sub_module``
+      (runtime/zero/partitioned_param_coordinator.py) for every module in forward and backward,
+      which walk each tensor of the module, gathered or not, and stage 3's gradient hook
+      (runtime/zero/stage3.py ``reduce_partition_and_remove_grads``) takes every gradient. The
+      modules' own share is folded in per tensor (12 modules to 9 tensors in a block, as measured).
+    - ``zero3 fetches``: a gathered tensor's own launch, wait and free (``__all_gather_params_``,
+      its handle's ``wait``, ``__release_param``), which a tensor at or under the persistence
+      threshold (``stage3_param_persistence_threshold``) never pays: it stays whole on every rank.
+    - its passes over the gathered parameters' bytes: each tensor gathered into a whole buffer in
+      forward and again in backward, its gradient reduce-scattered out of one
+      (:data:`ZERO3_PASSES`, each read and written), at the copy bandwidth; a tensor above glibc's
+      mmap threshold is a fresh allocation each time, at the page-fault rate on a CPU. Where the
+      device's calibration measured ZeRO-3's cost per byte (DeepSpeed at two tensor sizes), that
+      figure prices the gathered bytes instead (``zero3 copies``): it holds every copy DeepSpeed
+      makes of a tensor and its gradient on that device, whatever their number.
+    """
     terms: list[Term] = []
     threshold = persistence_threshold_elements(knobs.param_persistence_threshold, workload.model)
     numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
-    tensors, accum = sum(1 for n in numels if n > threshold), layout.accum_steps
-    if not tensors:
-        return terms
-    hooks = calibration.zero3_param_seconds()
+    visited, accum = len(numels), layout.accum_steps
+    tensors = sum(1 for n in numels if n > threshold)  # gathered
+    hooks = calibration.zero3_hook_seconds()
     if hooks is not None:
+        how, fitted = _figure_words(calibration, "zero3_hook_s")
         terms.append(
             Term(
                 "zero3 hooks",
-                accum * tensors * hooks,
-                f"{tensors} param tensors x {1e3 * hooks:.3g} ms per micro-batch (measured with DeepSpeed)",
+                accum * visited * hooks,
+                f"{visited} param tensors visited ({tensors} gathered, {visited - tensors} persistent) "
+                f"x {1e3 * hooks:.3g} ms per micro-batch ({how})",
+                fitted=fitted,
             )
         )
+    gather = calibration.zero3_gather_seconds()
+    if gather and tensors:
+        how, fitted = _figure_words(calibration, "zero3_gather_s")
+        terms.append(
+            Term(
+                "zero3 fetches",
+                accum * tensors * gather,
+                f"{tensors} gathered param tensors x {1e3 * gather:.3g} ms per micro-batch ({how})",
+                fitted=fitted,
+            )
+        )
+    if not tensors:
+        return terms
     elem = _elem_bytes(workload.precision)
     per_byte = calibration.zero3_byte_seconds()
     if per_byte is not None:

@@ -81,3 +81,28 @@ def test_the_parts_asked_for_run_and_no_others(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     timed = [part["part"] for part in json.loads((out / "results.json").read_text())["timings"]]
     assert timed == ["run_zero1_compiled", "plan_zero1_compiled"]
+
+
+def test_the_timemodel_part_records_the_figures_and_steps_the_time_model_needs(tmp_path):
+    """GPU_CHECK_PARTS=timemodel in reduced mode (no CUDA here; about 40 s on 2 cores): the
+    device's calibration with ZeRO-3's hooks and gather figures and each figure's source, three
+    tiny runs, and their measured steps beside the predictions, the all-persistent ZeRO-3 run
+    paying the hooks."""
+    out = tmp_path / "check"
+    result = _check(out, sys.executable, parts="timemodel")
+    assert result.returncode == 0, result.stderr[-2000:]
+    timings = json.loads((out / "results.json").read_text())["timings"]
+    assert [(part["part"], part["exit_status"]) for part in timings] == [
+        ("calibrate", 0),
+        ("run_tm_eager", 0),
+        ("run_tm_zero3", 0),
+        ("run_tm_zero3_persistent", 0),
+    ]
+    calibration = json.loads((out / "calibration.json").read_text())
+    assert calibration["zero3_hook_s"] > 0 and calibration["zero3_gather_s"] is not None
+    assert "calibrate_zero3.py" in calibration["sources"]["zero3_hook_s"]
+    rows = {row["label"]: row for row in json.loads((out / "time_model.json").read_text())}
+    assert set(rows) == {"eager", "zero3", "zero3_persistent"}
+    assert all(row["measured_s"] > 0 and row["predicted_s"] > 0 for row in rows.values())
+    assert rows["zero3_persistent"]["hook_x"] > 0 and rows["eager"]["hook_x"] == 0
+    assert (out / "time_model.txt").read_text().splitlines()[-1].startswith("median_abs_err=")

@@ -6,53 +6,122 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from train_helpers import compose_config
 
 from runner.config import Precision
 from runner.hardware import calibrate_zero3
 from runner.plan import calibration as calibrations
 from runner.plan import hardware
+from runner.plan.planner import Plan, plan_config
+from runner.plan.table import format_plan
 
 pytestmark = pytest.mark.unit
 
 
 def test_the_engine_overhead_is_measured_with_deepspeed() -> None:
-    """One DeepSpeed child (about 8 s here): the engine adds at most a few milliseconds per
+    """One DeepSpeed child (about 10 s here): the engine adds at most a few milliseconds per
     tensor and micro-batch on a CPU at every stage, never 50 ms; ZeRO-3 (its gathers and
-    releases) adds the most, and more for a larger tensor: some seconds per GB."""
+    releases) adds the most, and more for a larger tensor: some seconds per GB. With every
+    tensor persistent (nothing gathered) stage 3 still pays its hooks over stage 0's."""
     seconds = calibrate_zero3.engine_param_seconds(device_type="cpu", threads=1)
     assert seconds is not None, "the child failed: run python -m runner.hardware.calibrate_zero3"
     per_byte = seconds.pop(calibrate_zero3.BYTE_KEY)
-    assert set(seconds) == {"0", "1", "2", "3"}
+    assert set(seconds) == {"0", "1", "2", "3", calibrate_zero3.PERSISTENT_KEY}
     assert all(0 <= value < 0.05 for value in seconds.values())
     assert seconds["3"] == max(seconds.values()) > 0
+    assert seconds[calibrate_zero3.PERSISTENT_KEY] > seconds["0"]
     assert 0 < per_byte * 1e9 < 100
 
 
 def test_the_planner_asks_for_it_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The planner's local calibration measures the engine's figures once, with the rank's
-    threads, and ZeRO-3's own figure is stage 3's less stage 0's."""
+    threads; ZeRO-3's hooks are its all-persistent stage 3 less stage 0, its gather stage 3
+    less the all-persistent one."""
     monkeypatch.setenv(calibrations.CACHE_ENV, str(tmp_path))
     asked: list[dict[str, object]] = []
+    figures = {"0": 0.25e-3, "1": 0.3e-3, "2": 0.5e-3, "3": 1.5e-3, calibrate_zero3.PERSISTENT_KEY: 1.25e-3}
 
     def fake(**kwargs: object) -> dict[str, float]:
         asked.append(kwargs)
-        return {"0": 0.25e-3, "1": 0.3e-3, "2": 0.5e-3, "3": 1.5e-3}
+        return dict(figures)
 
     monkeypatch.setattr(calibrate_zero3, "engine_param_seconds", fake)
     local = hardware._measure_here(Precision.fp32, cuda=False, threads=1, ranks_here=1)
-    assert local.zero3_param_seconds() == pytest.approx(1.25e-3)
-    assert local.engine_param_seconds() == {"0": 0.25e-3, "1": 0.3e-3, "2": 0.5e-3, "3": 1.5e-3}
+    assert local.zero3_hook_seconds() == pytest.approx(1e-3)
+    assert local.zero3_gather_seconds() == pytest.approx(0.25e-3)
+    assert local.engine_param_seconds() == figures
     assert asked == [{"device_type": "cpu", "threads": 1}]
 
 
-def test_a_record_keeps_the_figure() -> None:
-    """A calibration file written and read back keeps the figures; an older file without them
-    has none (and, being a file, measures nothing)."""
-    record = {"device": "cpu", "zero3_param_s": 1.25e-3, "engine_param_s": {"0": 1e-4}}
-    recorded = calibrations.from_record(record, source="test")
-    back = calibrations.from_record(recorded.record(), source="test")
-    assert back.record()["zero3_param_s"] == 1.25e-3
-    assert back.zero3_param_seconds() == 1.25e-3
+def test_a_record_keeps_the_figures() -> None:
+    """A calibration file written and read back keeps the figures, their sources and fits; an
+    older file's single ZeRO-3 figure is its cost per gathered tensor; a file without any has
+    none (and, being a file, measures nothing)."""
+    record = {
+        "device": "cpu",
+        "zero3_hook_s": 1e-3,
+        "zero3_gather_s": 0.25e-3,
+        "engine_param_s": {"0": 1e-4},
+        "sources": {"copies": "runner/hardware/calibrate.py copy_rate"},
+        "fitted": {"zero3_hook_s": {"summary": "least squares over 2 steps", "data": ["a", "b"]}},
+    }
+    back = calibrations.from_record(calibrations.from_record(record, source="test").record(), source="test")
+    assert back.zero3_hook_seconds() == 1e-3 and back.zero3_gather_seconds() == 0.25e-3
     assert back.engine_param_seconds() == {"0": 1e-4}
-    older = calibrations.from_record({}, source="an older file")
-    assert older.zero3_param_seconds() is None and older.engine_param_seconds() is None
+    assert back.record()["sources"] == record["sources"] and back.record()["fitted"] == record["fitted"]
+    assert back.fitted_words("zero3_hook_s") == "least squares over 2 steps"
+    assert back.fitted_words("zero3_gather_s") is None
+    older = calibrations.from_record({"zero3_param_s": 1.2e-3}, source="an older file")
+    assert older.zero3_gather_seconds() == 1.2e-3 and older.zero3_hook_seconds() is None
+    bare = calibrations.from_record({}, source="no figures")
+    assert bare.zero3_hook_seconds() is None and bare.engine_param_seconds() is None
+
+
+H200_7B = (
+    "model=llama_7b",
+    "cluster=h200",
+    "gpus=1",
+    "precision=bf16",
+    "data.seq_len=2048",
+    "batch.global_size=16",
+    "parallel=zero3",
+    "batch.micro_size=1",
+)
+
+
+@pytest.fixture(scope="module")
+def h200_plans() -> dict[str, Plan]:
+    """llama_7b under ZeRO-3 on one H200 at micro 1, with the derived persistence threshold and
+    with every tensor persistent."""
+    return {
+        "derived": plan_config(compose_config(*H200_7B)),
+        "persistent": plan_config(compose_config(*H200_7B, f"parallel.param_persistence_threshold={10**10}")),
+    }
+
+
+def _terms(plan: Plan) -> dict[str, float]:
+    return {term.name: term.seconds for term in plan.time.terms}
+
+
+def test_every_tensor_persistent_still_pays_the_hooks_but_no_gather(h200_plans: dict[str, Plan]) -> None:
+    """DeepSpeed's hooks visit every tensor, persistent or not: keeping every tensor whole drops
+    the gathers' terms but not the hooks, so the step stays most of what it was."""
+    derived, persistent = _terms(h200_plans["derived"]), _terms(h200_plans["persistent"])
+    assert derived["zero3 hooks"] > 0
+    assert persistent["zero3 hooks"] == pytest.approx(derived["zero3 hooks"])
+    assert "zero3 gathers" in derived and "zero3 gathers" not in persistent
+    hooks = next(t for t in h200_plans["persistent"].time.terms if t.name == "zero3 hooks")
+    assert hooks.words.startswith("291 param tensors visited (0 gathered, 291 persistent)")
+    assert h200_plans["persistent"].time.step_s > 0.8 * h200_plans["derived"].time.step_s
+
+
+def test_a_term_priced_by_a_fitted_figure_says_so(h200_plans: dict[str, Plan], tmp_path: Path) -> None:
+    """h200.json's hook figure is fitted to measured steps, not micro-benchmarked: the plan's
+    line for it says FITTED and what it was fitted to, and plan.json names the figure."""
+    plan = h200_plans["derived"]
+    line = next(line for line in format_plan(plan).splitlines() if line.strip().startswith("zero3 hooks"))
+    assert "FITTED, not micro-benchmarked: least squares over" in line
+    assert "bench/time_model_gpu_table.py --fit" in line
+    assert plan.record()["time"]["terms_fitted"] == {"zero3 hooks": ["zero3_hook_s"]}
+    gemm = next(line for line in format_plan(plan).splitlines() if line.strip().startswith("gemm "))
+    assert "FITTED" not in gemm
