@@ -14,8 +14,9 @@ from launchers.prelaunch import launch_plan
 from runner.config import TrainConfig
 from runner.diagnose import oom_killer, out_of_memory
 from runner.rundir import checkpoint_record
+from runner.rundir.outcome import INTERRUPTED, record_interrupted
 from runner.rundir.run_files import read_failures
-from runner.rundir.summary import read_summary, update_summary
+from runner.rundir.summary import read_summary
 
 log = logging.getLogger("ladder")
 
@@ -62,7 +63,7 @@ def interruption_words(run_dir: Path, stopped_by: str | None, *, killed: bool) -
     marked interrupted here, with the newest checkpoint a resume would load.
     """
     summary = read_summary(run_dir)
-    if summary.get("status") == "interrupted":  # rank 0 wrote it after the checkpoint
+    if summary.get("status") == INTERRUPTED:  # rank 0 wrote it after the checkpoint
         return str(summary.get("error"))
     latest = checkpoint_record.latest(run_dir)
     how = f"killed at a second {stopped_by}" if killed else f"stopped by {stopped_by}"
@@ -80,7 +81,7 @@ def interruption_words(run_dir: Path, stopped_by: str | None, *, killed: bool) -
         words = words if "train.resume=auto" in words else f"{words}; {kept}"
     else:
         words = f"{how} before the ranks saved a checkpoint; {kept}"
-    update_summary(run_dir, status="interrupted", error=words)
+    record_interrupted(run_dir, words=words)
     return words
 
 

@@ -42,7 +42,15 @@ from runner.plan.planner import Plan
 from runner.preflight.build_locks import clear_stale_build_locks
 from runner.preflight.validate import validate
 from runner.rundir.identity import RunIdentity
-from runner.rundir.run_files import read_failures, with_notes, write_deepspeed_config, write_failure
+from runner.rundir.outcome import (
+    COMPLETED,
+    FAILED,
+    INTERRUPTED,
+    record_failed,
+    record_rank_cause,
+    record_rank_failure,
+)
+from runner.rundir.run_files import read_failures, with_notes, write_deepspeed_config
 from runner.rundir.summary import read_summary, update_summary
 from runner.train.context import RankJob
 from runner.train.preemption import Preempted
@@ -70,10 +78,10 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, 
     config = job.config
     oom_counts = oom_killer.read_counts()  # the kernel's, before the ranks start
     result = launch_local(job=job, run_dir=run_dir, identity=identity)
-    if result.failed_rank is None and read_summary(run_dir).get("status") == "completed":
+    if result.failed_rank is None and read_summary(run_dir).get("status") == COMPLETED:
         return read_summary(run_dir)  # every step done: a stop signal came during the last one
     if result.stopped_by is not None or (
-        result.failed_rank is None and read_summary(run_dir).get("status") == "interrupted"
+        result.failed_rank is None and read_summary(run_dir).get("status") == INTERRUPTED
     ):
         raise RunInterrupted(interruption_words(run_dir, result.stopped_by, killed=result.killed))
     if result.failed_rank is None:
@@ -90,11 +98,11 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, 
         cause += f"; then rank {failures[0]['rank']} failed: {first_words(str(failures[0]['error']))}"
     elif failures:
         rank, cause = failures[0]["rank"], str(failures[0]["error"])
-    elif recorded.get("status") == "failed" and recorded.get("error"):
+    elif recorded.get("status") == FAILED and recorded.get("error"):
         # No failure record (a full disk): rank 0's summary, written over its old bytes, says why.
         rank, cause = 0, str(recorded["error"])
     try:
-        update_summary(run_dir, status="failed", failed_rank=rank, error=cause)
+        record_failed(run_dir, error=cause, failed_rank=rank)
     except OSError as error:
         if not disk_room.out_of_room(error):
             raise
@@ -115,15 +123,11 @@ def _run_external(job: RankJob, run_dir: Path, identity: RunIdentity, env: Distr
         # --kill-on-bad-exit) stops the others, rank 0 included, before they could.
         words = disk_room.no_room_words(error, run_dir) if disk_room.out_of_room(error) else with_notes(error)
         try:
-            write_failure(run_dir, rank=env.rank, error=error)
+            record_rank_failure(run_dir, rank=env.rank, error=error)
         except OSError as unwritten:  # a full disk fails the records as it failed the run
             _unrecorded(unwritten, env.rank, run_dir)
         try:
-            recorded = read_summary(run_dir)
-            # Rank 0's own record (it names no failed_rank) lacks the error's notes; any other stays.
-            own = env.rank == 0 and recorded.get("failed_rank") is None
-            if recorded.get("status") != "failed" or own:
-                update_summary(run_dir, status="failed", failed_rank=env.rank, error=words)
+            record_rank_cause(run_dir, rank=env.rank, words=words)
         except OSError as unwritten:
             _unrecorded(unwritten, env.rank, run_dir)
         raise

@@ -21,6 +21,7 @@ from runner.plan.planner import (
 )
 from runner.rundir import layout_history
 from runner.rundir.identity import RunIdentity
+from runner.rundir.outcome import RUNNING
 from runner.rundir.summary import read_summary, update_summary
 
 log = logging.getLogger("ladder")
@@ -36,6 +37,7 @@ def start_summary(
     resume: ResumeSource,
     experiment: str | None = None,
 ) -> None:
+    """The prelaunch phase's summary: status running, the run's identity, layout and history."""
     resumed = resume.record
     this = layout_history.segment(
         from_step=resumed["completed_steps"] if resumed else 0,
@@ -48,7 +50,7 @@ def start_summary(
     history = layout_history.extended(read_summary(run_dir).get("layout_history"), resumed, this)
     update_summary(
         run_dir,
-        status="running",
+        status=RUNNING,
         error=None,
         name=identity.name,
         group=identity.group,

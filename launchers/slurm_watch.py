@@ -20,7 +20,8 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 
 from launchers.slurm_submission import Cell
-from runner.rundir.summary import read_summary, update_summary
+from runner.rundir.outcome import FAILED, record_failed_if_running
+from runner.rundir.summary import read_summary
 
 log = logging.getLogger("ladder.slurm")
 POLL_S = 1.0  # result files are checked this often (submitit's Job.wait does the same)
@@ -120,9 +121,7 @@ def wait(jobs: dict[int, Any]) -> dict[int, str]:
 def _failed(cell: Cell, message: str) -> JobReturn:
     """A failed cell's JobReturn; its summary says failed even when rank 0 was killed mid-run."""
 
-    if read_summary(cell.run_dir).get("status", "running") == "running":
-        cell.run_dir.mkdir(parents=True, exist_ok=True)
-        update_summary(cell.run_dir, status="failed", error=message.splitlines()[0])
+    record_failed_if_running(cell.run_dir, error=message.splitlines()[0])
     ret = JobReturn(overrides=cell.overrides, status=JobStatus.FAILED)
     ret.return_value = SlurmJobFailed(f"cell {cell.label}: {message}")
     return ret
@@ -140,7 +139,7 @@ def _recorded_error(cell: Cell) -> str | None:
     memory one with where and the plan's terms, runner/diagnose/out_of_memory.py), or None."""
 
     recorded = read_summary(cell.run_dir)
-    error = recorded.get("error") if recorded.get("status") == "failed" else None
+    error = recorded.get("error") if recorded.get("status") == FAILED else None
     return str(error) if error else None
 
 

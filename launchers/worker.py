@@ -23,7 +23,7 @@ from pathlib import Path
 
 from runner.environment import from_environment
 from runner.rundir.identity import RunIdentity
-from runner.rundir.run_files import write_failure
+from runner.rundir.outcome import record_rank_failure
 from runner.train.context import RankJob
 from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
     except BaseException as error:
         trace = traceback.format_exc()
         try:
-            write_failure(run_dir, rank=env.rank, error=error, trace=trace)
+            record_rank_failure(run_dir, rank=env.rank, error=error, trace=trace)
         except OSError as unwritten:  # a full disk: the record fails as the run did
             print(f"ladder: rank {env.rank} could not record its failure: {unwritten}", file=sys.stderr)
         print(trace, file=sys.stderr, end="")

@@ -39,6 +39,11 @@ def _report(args: argparse.Namespace) -> int:
     except ReportInputError as error:
         print(f"ladder report: {error}", file=sys.stderr)
         return EXIT_USAGE
+    for cell in cells:  # one malformed summary does not hide the other cells
+        if cell.summary_error is not None:
+            print(
+                f"ladder report: skipped the summary of {cell.cell_id}: {cell.summary_error}", file=sys.stderr
+            )
     rows = build_rows(cells)
     agreements = loss_agreement(cells, tolerance=args.loss_tol)
     agreements += loss_agreement(cells, tolerance=args.loss_tol, metric=EVAL_LOSS)

@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-SUMMARY_FILE = "summary.json"
+from runner.rundir.summary import SUMMARY_FILE, SummaryError, load_summary
+
 METRICS_FILE = "metrics.jsonl"
 PLAN_FILE = "plan.json"
 CONFIG_FILE = Path(".hydra") / "config.yaml"
@@ -56,13 +57,17 @@ class Cell:
     problems: list[str] = field(default_factory=list)
     missing: bool = False
     plan: dict[str, Any] = field(default_factory=dict)  # plan.json: a plan=true cell's plan
+    summary_error: str | None = None  # why summary.json was skipped (not JSON, a key of the wrong type)
 
     @property
     def status(self) -> str:
-        """completed, failed, running (as summary.json says), planned (plan=true: plan.json, nothing
-        launched), unfinished (no summary) or missing."""
+        """completed, failed, running, interrupted (as summary.json says), planned (plan=true:
+        plan.json, nothing launched), unfinished (no summary), unreadable (summary.json skipped)
+        or missing."""
         if self.missing:
             return "missing"
+        if self.summary_error is not None:
+            return "unreadable"
         status = self.summary.get("status")
         if isinstance(status, str) and status:
             return status
@@ -75,6 +80,8 @@ class Cell:
         """Why the cell did not complete, in one line; None for a completed cell."""
         if self.status == "completed":
             return None
+        if self.summary_error is not None:
+            return self.summary_error
         error = self.summary.get("error")
         if error:
             rank = self.summary.get("failed_rank")
@@ -210,9 +217,24 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     return records
 
 
+def _read_summary(run_dir: Path, problems: list[str]) -> tuple[dict[str, Any], str | None]:
+    """summary.json through its schema (runner/rundir/summary.py), upgraded from an older one;
+    a malformed one is skipped, and why is returned and kept among the cell's problems."""
+    try:
+        summary = load_summary(run_dir)
+    except SummaryError as error:
+        problems.append(f"{SUMMARY_FILE} skipped: {error}")
+        return {}, str(error)
+    except OSError as error:
+        problems.append(f"{SUMMARY_FILE} skipped: {error}")
+        return {}, f"{run_dir / SUMMARY_FILE}: unreadable ({error})"
+    return ({} if summary is None else summary.to_dict()), None
+
+
 def read_cell(run_dir: Path, *, cell_id: str) -> Cell:
     """Read one run directory; files that are absent or unreadable leave their part empty."""
     problems: list[str] = []
+    summary, summary_error = _read_summary(run_dir, problems)
     config = _read_yaml(run_dir / CONFIG_FILE, problems)
     overrides = _read_yaml(run_dir / OVERRIDES_FILE, problems)
     failures = [_read_json(p, problems) for p in sorted(run_dir.glob("failure_rank*.json"))]
@@ -220,7 +242,8 @@ def read_cell(run_dir: Path, *, cell_id: str) -> Cell:
     return Cell(
         run_dir=run_dir,
         cell_id=cell_id,
-        summary=_read_json(run_dir / SUMMARY_FILE, problems),
+        summary=summary,
+        summary_error=summary_error,
         metrics=_read_metrics(run_dir / METRICS_FILE, problems),
         config=config if isinstance(config, dict) else {},
         overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],

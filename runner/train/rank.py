@@ -23,6 +23,7 @@ from runner.environment import DistributedEnv
 from runner.hardware.mfu_peak import above_calibrated_peak
 from runner.metrics.wall_clock import WallClock
 from runner.rundir.identity import RunIdentity
+from runner.rundir.outcome import COMPLETED, FAILED, INTERRUPTED, attempt_status, failure_recorded
 from runner.rundir.summary import read_summary
 from runner.train.context import RankJob, RunContext
 from runner.train.preemption import Preempted, StopSignals
@@ -35,7 +36,7 @@ log = logging.getLogger("ladder")
 def _failed(error: BaseException, run_dir: Path) -> dict[str, Any]:
     """The status of an attempt that ``error`` ended, in words (a full disk says where)."""
     words = no_room_words(error, run_dir) if out_of_room(error) else f"{type(error).__name__}: {error}"
-    return {"status": "failed", "error": words}
+    return attempt_status(FAILED, words)
 
 
 def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, Any]:
@@ -44,16 +45,16 @@ def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, A
     wall = WallClock(process_group_s=ctx.process_group_s, before=ctx.job.before)
     wall.mark("launch")
     trainer = Trainer(ctx, wall, until_return)
-    status: dict[str, Any] = {"status": "failed", "error": "interrupted"}
+    status: dict[str, Any] = attempt_status(FAILED, "interrupted")
     interruption: dict[str, Any] | None = None
     try:
         trainer.train()
-        status = {"status": "completed", "error": None}
+        status = attempt_status(COMPLETED)
         mfu = trainer.progress.last.get("throughput/mfu")
         if ctx.lead and (overrun := above_calibrated_peak(trainer.peak, mfu, ctx.config.precision.name)):
             log.warning("%s", overrun)
     except Preempted as stopped:
-        status = {"status": "interrupted", "error": stopped.record["reason"]}
+        status = attempt_status(INTERRUPTED, stopped.record["reason"])
         interruption = stopped.record
         raise
     except BaseException as error:
@@ -61,7 +62,7 @@ def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, A
         raise
     finally:
         summary: dict[str, Any] = {}
-        if status["status"] == "failed" and read_summary(ctx.run_dir).get("status") == "failed":
+        if status["status"] == FAILED and failure_recorded(ctx.run_dir):
             status = {}  # another rank failed first and recorded why: keep its cause
         if ctx.lead:
             with recorded_unless_out_of_room(status, ctx.run_dir):

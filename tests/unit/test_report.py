@@ -762,3 +762,17 @@ def test_the_default_table_fits_120_columns_and_wide_shows_every_column(tmp_path
     wide = capsys.readouterr().out
     for header in ("dp·tp·pp", "fwd/bwd/opt/comm/p2p %", "micro", "accum", "memory per device", "wall time"):
         assert header in wide, header
+
+
+def test_a_malformed_summary_is_skipped_and_named_while_the_other_cells_are_reported(tmp_path, capsys):
+    sweep = write_sweep(tmp_path)
+    (sweep / "0" / "summary.json").write_text('{"status": "completed", "steps_completed": "eight"}')
+    rows = report_json(sweep, capsys=capsys)
+    by_cell = {r["cell"]: r for r in rows}
+    assert sorted(by_cell) == ["0", "1", "2", "3"]
+    assert by_cell["0"]["status"] == "unreadable"
+    assert "key 'steps_completed' is 'eight'" in by_cell["0"]["error"]
+    assert by_cell["1"]["status"] == "completed" and by_cell["2"]["status"] == "failed"
+    assert main(["report", str(sweep), "--format", "csv"]) == 0
+    said = capsys.readouterr().err
+    assert "skipped the summary of 0" in said and str(sweep / "0" / "summary.json") in said

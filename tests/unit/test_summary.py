@@ -9,7 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from runner.rundir.summary import read_summary, update_summary
+from runner.rundir.outcome import (
+    record_failed,
+    record_failed_if_running,
+    record_interrupted,
+    record_rank_cause,
+)
+from runner.rundir.summary import (
+    SCHEMA_VERSION,
+    RunSummary,
+    SummaryError,
+    load_summary,
+    parse_summary,
+    read_summary,
+    update_summary,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -60,3 +74,61 @@ def test_what_does_not_fit_over_the_old_summary_is_cut_to_the_status(tmp_path: P
 def test_a_full_disk_with_no_old_summary_raises(tmp_path: Path, full_disk: None) -> None:
     with pytest.raises(OSError, match="No space left"):
         update_summary(tmp_path, status="failed")
+
+
+def test_a_summary_round_trips_through_its_schema(tmp_path: Path) -> None:
+    update_summary(tmp_path, status="running", layout={"dp": 2}, steps_completed=None)
+    record_failed(tmp_path, error="RuntimeError: boom", failed_rank=1)
+    loaded = load_summary(tmp_path)
+    assert loaded == RunSummary(
+        schema=SCHEMA_VERSION,
+        status="failed",
+        error="RuntimeError: boom",
+        failed_rank=1,
+        records={"layout": {"dp": 2}},
+    )
+    assert loaded is not None
+    assert parse_summary(loaded.to_dict(), tmp_path / "summary.json") == loaded
+
+
+def test_a_summary_written_before_the_schema_reads_and_is_upgraded(tmp_path: Path) -> None:
+    old = {"status": "completed", "error": None, "steps_completed": 8, "final": {"loss": 3.2}}
+    (tmp_path / "summary.json").write_text(json.dumps(old))
+    loaded = load_summary(tmp_path)
+    assert loaded is not None
+    assert (loaded.schema, loaded.status, loaded.steps_completed) == (SCHEMA_VERSION, "completed", 8)
+    assert loaded.records == {"final": {"loss": 3.2}}
+    update_summary(tmp_path, note="resumed")  # a resumed old run keeps its summary's version
+    assert "schema" not in read_summary(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"status": "comp', "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"status": "done"}', "key 'status' is 'done'"),
+        ('{"status": "failed", "failed_rank": "1"}', "key 'failed_rank' is '1', expected an integer rank"),
+        ('{"schema": 99}', "upgrade ladder"),
+    ],
+)
+def test_a_malformed_summary_is_refused_naming_the_file_and_key(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    (tmp_path / "summary.json").write_text(text)
+    with pytest.raises(SummaryError) as refused:
+        load_summary(tmp_path)
+    assert str(tmp_path / "summary.json") in str(refused.value)
+    assert words in str(refused.value)
+
+
+def test_the_first_failure_recorded_stays_the_cause(tmp_path: Path) -> None:
+    update_summary(tmp_path, status="running")
+    record_rank_cause(tmp_path, rank=1, words="RuntimeError: CUDA out of memory")
+    record_rank_cause(tmp_path, rank=2, words="DistBackendError: Connection closed by peer")
+    record_failed_if_running(tmp_path, error="job 7 ended FAILED")  # the scheduler's verdict comes last
+    summary = read_summary(tmp_path)
+    assert (summary["status"], summary["failed_rank"]) == ("failed", 1)
+    assert summary["error"] == "RuntimeError: CUDA out of memory"
+    record_interrupted(tmp_path, words="stopped by SIGTERM")
+    assert read_summary(tmp_path)["status"] == "interrupted"
