@@ -182,15 +182,17 @@ def test_export_loads_in_transformers_with_ladders_logits(imported_run: TrainRes
 def test_a_run_from_the_export_starts_from_the_checkpoints_weights(
     imported_run: TrainResult, exported: Path, tokenized: dict[str, Path], tmp_path: Path
 ):
-    """Exported, then imported again under ddp: the new run's first loss is the checkpoint's
-    model's loss on that batch (AdamW's moments and the schedule start afresh: an export
-    carries weights only)."""
+    """Exported, then imported again under ddp, reading on from the run's data
+    (data.skip_steps): the new run's first loss is the checkpoint's model's loss on the batch of
+    the run's next step (AdamW's moments and the schedule start afresh: an export carries
+    weights only)."""
     result = run_train(
         "model=hf",
         f"model.hf_config={exported}",
         f"model.init_from={exported}",
         f"data.path={tokenized['tokens']}",
         f"data.tokenizer={exported}",  # the tokenizer the export carries
+        f"data.skip_steps={STEPS}",
         f"data.seq_len={SEQ_LEN}",
         f"batch.global_size={GLOBAL}",
         f"batch.micro_size={GLOBAL}",
@@ -199,7 +201,7 @@ def test_a_run_from_the_export_starts_from_the_checkpoints_weights(
         run_dir=tmp_path / "run",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    inputs, targets = BatchSource(_data(tokenized), 256, seed=0, global_size=GLOBAL).global_batch(0)
+    inputs, targets = BatchSource(_data(tokenized), 256, seed=0, global_size=GLOBAL).global_batch(STEPS)
     with torch.no_grad():
         logits = _ladder_at_checkpoint(imported_run.run_dir)(inputs)
         expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
