@@ -67,7 +67,13 @@ def _export(args: argparse.Namespace) -> int:
 
     try:
         result = export(
-            args.run_dir, args.out_dir, step=args.step, force=args.force, max_shard_bytes=args.max_shard_bytes
+            args.run_dir,
+            args.out_dir,
+            step=args.step,
+            force=args.force,
+            max_shard_bytes=args.max_shard_bytes,
+            tokenizer=args.tokenizer,
+            with_tokenizer=not args.no_tokenizer,
         )
     except ExportError as error:
         print(f"ladder export: {error}", file=sys.stderr)
@@ -224,6 +230,16 @@ def _add_export(commands: Any) -> None:
         default="5GB",
         metavar="SIZE",
         help="largest safetensors shard, as transformers' save_pretrained (default 5GB, GB = 1e9 bytes)",
+    )
+    export.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the run's tokenizer is now (default: the data.tokenizer summary.json records)",
+    )
+    export.add_argument(
+        "--no-tokenizer", action="store_true", help="export the weights without the run's tokenizer"
     )
     export.set_defaults(handler=_export)
 

@@ -428,6 +428,14 @@ class DataConfig:
         default=None,
         metadata=about("the Hugging Face tokenizer directory data.path was tokenized with; null: none"),
     )
+    skip_steps: int = field(
+        default=0,
+        metadata=about(
+            "step t trains on the batch of step t + skip_steps: a run from an export continues its "
+            "run's data (ladder_export.json completed_steps)",
+            at_least=0,
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ OUT_DIR holds what ``transformers.AutoModelForCausalLM.from_pretrained`` loads:
 
     config.json                       runner/model/hf_config.py hf_config_from_model
     ladder_export.json                the run directory, tag and step the weights came from
+    tokenizer.json, ...               the run's tokenizer (data.tokenizer), if it named one
     model.safetensors                 one shard, or
     model-0000K-of-0000N.safetensors  several, and model.safetensors.index.json (weight_map)
 
@@ -42,6 +43,7 @@ from deepspeed.checkpoint.constants import PARAM
 
 from runner.checkpoint import store
 from runner.config import ModelConfig
+from runner.data.tokenizer_dir import tokenizer_files, tokenizer_identity, tokenizer_sha256
 from runner.errors import ConfigError
 from runner.model.hf_config import hf_config_from_model, resolve_hf_model
 from runner.model.hf_names import hf_shapes
@@ -180,6 +182,36 @@ def _convert_in_child(run_dir: Path, record: dict[str, Any]) -> tuple[str, int]:
     return tag, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
+def run_tokenizer(run_dir: Path, override: Path | None) -> dict[str, Any] | None:
+    """The identity of the tokenizer to copy: the one summary.json records (at its path, or at
+    ``override``), checked against its recorded sha256; None when the run recorded none."""
+    recorded = read_summary(run_dir).get("tokenizer")
+    if not recorded:
+        if override is not None:
+            raise ExportError(
+                f"--tokenizer {override}: {run_dir}'s summary.json records no tokenizer (data.tokenizer "
+                "was unset), so there is none to check it against; copy its files into OUT_DIR yourself"
+            )
+        return None
+    directory = Path(override) if override is not None else Path(recorded["path"])
+    fixes = (
+        "point at the run's tokenizer with --tokenizer DIR (its files must hash to the recorded "
+        "sha256), or export the weights alone with --no-tokenizer"
+    )
+    if not directory.is_dir():
+        raise ExportError(
+            f"the run's tokenizer {directory} (data.tokenizer, sha256 {recorded['sha256']}) no longer "
+            f"exists; {fixes}"
+        )
+    found = tokenizer_sha256(directory)
+    if found != recorded["sha256"]:
+        raise ExportError(
+            f"the tokenizer in {directory} changed since the run recorded it: its files hash to sha256 "
+            f"{found}, the run's tokenizer to {recorded['sha256']} (summary.json); {fixes}"
+        )
+    return tokenizer_identity(directory)
+
+
 def check_out_dir(out_dir: Path, *, force: bool) -> None:
     """Refuse an OUT_DIR that holds files, unless ``force``."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -199,11 +231,15 @@ def export(
     step: int | None = None,
     force: bool = False,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    tokenizer: Path | None = None,
+    with_tokenizer: bool = True,
 ) -> ExportResult:
-    """Write the run's checkpoint (the newest, or ``step``'s) as a Hugging Face model in ``out_dir``."""
+    """Write the run's checkpoint (the newest, or ``step``'s) as a Hugging Face model in ``out_dir``,
+    with the run's tokenizer (or the copy at ``tokenizer``) unless ``with_tokenizer`` is false."""
     check_out_dir(out_dir, force=force)
     cfg = model_config(run_dir)
     record = checkpoint_record(run_dir, step)
+    identity = run_tokenizer(run_dir, tokenizer) if with_tokenizer else None
     tag, conversion_peak = _convert_in_child(run_dir, record)
     zero = run_dir / CHECKPOINT_DIR / tag / "zero"
     tensors = hf_shapes(cfg)
@@ -214,7 +250,18 @@ def export(
     partial.mkdir()
     try:
         weight_map = _write_shards(partial, zero, tensors, plan)
-        _write_config(partial, cfg, run_dir=run_dir, record=record, weight_map=weight_map, sizes=sizes)
+        _write_config(
+            partial,
+            cfg,
+            run_dir=run_dir,
+            record=record,
+            weight_map=weight_map,
+            sizes=sizes,
+            tokenizer=identity,
+        )
+        if identity is not None:
+            for file in tokenizer_files(identity["path"]):
+                shutil.copy2(file, partial / file.name)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -257,8 +304,9 @@ def _write_config(
     record: dict[str, Any],
     weight_map: dict[str, str],
     sizes: list[tuple[str, int]],
+    tokenizer: dict[str, Any] | None,
 ) -> None:
-    """config.json, ladder_export.json (the run and step the weights came from; config.json stays
+    """config.json, ladder_export.json (the run, step and tokenizer the files came from; config.json stays
     transformers' own, which model.hf_config reads back), and the index past one shard."""
     config = hf_config_from_model(cfg, dtype="float32")
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
@@ -269,6 +317,7 @@ def _write_config(
         "zero_stage": record["zero_stage"],
         "layout": record["layout"],
         "model": cfg.name,
+        "tokenizer": tokenizer,  # its path, sha256 and files, or None: none copied
     }
     (folder / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     if len(set(weight_map.values())) > 1:

@@ -10,6 +10,10 @@ fixed by (seed, t) alone:
   `start .. start+size-1` takes `offsets[start:start+size]`;
 - synthetic tokens: sequence p is drawn from `np.random.default_rng([seed, t, p])`.
 
+``data.skip_steps=N`` shifts the stream: step t draws step t + N's batch, so a run started
+from another run's weights after N steps (``model.init_from`` of its export) reads on where
+that run stopped.
+
 Inputs are the first `seq_len` tokens of each sequence and targets the last
 `seq_len` (the inputs shifted by one token).
 
@@ -81,6 +85,8 @@ class BatchSource:
         self.seed = seed
         self.global_size = global_size
         self._stream = (EVAL_STREAM,) if held_out else ()
+        # data.skip_steps: step t draws what step t + skip_steps draws (training batches only).
+        self._skip = 0 if held_out else data_cfg.skip_steps
         self.tokens: np.ndarray | TokenShards | None = None  # None: synthetic
         if data_cfg.name == DataName.synthetic:
             return
@@ -112,7 +118,7 @@ class BatchSource:
         """Start offsets of all global_size sequences of step `step` (real tokens)."""
         if self.tokens is None:
             raise ValueError("synthetic data has no offsets")
-        rng = np.random.default_rng([self.seed, *self._stream, step])
+        rng = np.random.default_rng([self.seed, *self._stream, step + self._skip])
         # The last start that still leaves seq_len + 1 tokens is len - seq_len - 1.
         high = len(self.tokens) - self.seq_len
         return rng.integers(0, high, size=self.global_size)
@@ -127,7 +133,7 @@ class BatchSource:
         L = self.seq_len + 1
         if self.tokens is None:
             rows = [
-                np.random.default_rng([self.seed, *self._stream, step, p]).integers(
+                np.random.default_rng([self.seed, *self._stream, step + self._skip, p]).integers(
                     0, self.vocab_size, size=L
                 )
                 for p in range(start, start + size)

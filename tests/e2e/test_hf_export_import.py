@@ -1,9 +1,11 @@
 """Hugging Face round trips: a transformers model's weights start a run (model.init_from), and the
-run's checkpoint comes back out as a directory transformers loads (ladder export)."""
+run's checkpoint comes back out as a directory transformers loads (ladder export), with the
+tokenizer its token file was made with."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +15,10 @@ import torch
 import torch.nn.functional as F
 from train_helpers import ROOT, TrainResult, clean_env, run_train
 
+from runner.checkpoint.hf_export import ExportError, export
 from runner.config import DataConfig, DataName
 from runner.data.batches import BatchSource
+from runner.data.tokenizer_dir import tokenizer_sha256
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
 from runner.model.transformer import build_model
 
@@ -24,6 +28,51 @@ pytestmark = [pytest.mark.e2e, pytest.mark.hf]
 
 SEQ_LEN, GLOBAL, STEPS = 32, 4, 2
 TAG = "step_00000002"
+EOS = "<|endoftext|>"
+# The standard library's own prose: what the tokenizer learns and the token file holds.
+TEXT = "\n\n".join(doc or "" for doc in (json.__doc__, shutil.__doc__, subprocess.__doc__))
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A BPE tokenizer of 200 ids (within the Qwen2's 256) saved by transformers' save_pretrained,
+    and TEXT turned by ``ladder tokenize`` into the token file the run trains on."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    root = tmp_path_factory.mktemp("tokenizer")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator([TEXT] * 4, trainers.BpeTrainer(vocab_size=200, special_tokens=[EOS]))
+    directory = root / "tokenizer"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS).save_pretrained(directory)
+    (root / "text.txt").write_text(TEXT)
+    tokens = root / "tokens.bin"
+    ladder = str(Path(sys.executable).parent / "ladder")
+    done = subprocess.run(
+        [
+            ladder,
+            "tokenize",
+            "--tokenizer",
+            str(directory),
+            "text.txt",
+            "--split",
+            "line",
+            "--workers",
+            "1",
+            "--out",
+            str(tokens),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {"tokenizer": directory, "tokens": tokens}
+
+
+def _data(tokenized: dict[str, Path]) -> DataConfig:
+    return DataConfig(name=DataName.text, seq_len=SEQ_LEN, path=str(tokenized["tokens"]))
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +101,17 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def imported_run(tmp_path_factory: pytest.TempPathFactory, qwen2_dir: Path) -> TrainResult:
-    """Two fp32 steps from the Qwen2's weights, one checkpoint at the end."""
+def imported_run(
+    tmp_path_factory: pytest.TempPathFactory, qwen2_dir: Path, tokenized: dict[str, Path]
+) -> TrainResult:
+    """Two fp32 steps from the Qwen2's weights on the tokenized text, one checkpoint at the end."""
     run_dir = tmp_path_factory.mktemp("imported") / "run"
     result = run_train(
         "model=hf",
         f"model.hf_config={qwen2_dir}",
         f"model.init_from={qwen2_dir}",
-        "data=synthetic",
+        f"data.path={tokenized['tokens']}",
+        f"data.tokenizer={tokenized['tokenizer']}",
         f"data.seq_len={SEQ_LEN}",
         f"batch.global_size={GLOBAL}",
         f"batch.micro_size={GLOBAL}",
@@ -83,11 +135,9 @@ def _export(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_step_0_loss_after_import_is_transformers_loss_on_the_same_batch(
-    imported_run: TrainResult, qwen2_dir: Path
+    imported_run: TrainResult, qwen2_dir: Path, tokenized: dict[str, Path]
 ):
-    inputs, targets = BatchSource(
-        DataConfig(name=DataName.synthetic, seq_len=SEQ_LEN), 256, seed=0, global_size=GLOBAL
-    ).global_batch(0)
+    inputs, targets = BatchSource(_data(tokenized), 256, seed=0, global_size=GLOBAL).global_batch(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(qwen2_dir).eval()
     with torch.no_grad():
         expected = F.cross_entropy(model(inputs).logits.flatten(0, 1), targets.flatten()).item()
@@ -130,16 +180,19 @@ def test_export_loads_in_transformers_with_ladders_logits(imported_run: TrainRes
 
 
 def test_a_run_from_the_export_starts_from_the_checkpoints_weights(
-    imported_run: TrainResult, exported: Path, tmp_path: Path
+    imported_run: TrainResult, exported: Path, tokenized: dict[str, Path], tmp_path: Path
 ):
-    """Exported, then imported again under ddp: the new run's first loss is the checkpoint's
-    model's loss on that batch (AdamW's moments and the schedule start afresh: an export
-    carries weights only)."""
+    """Exported, then imported again under ddp, reading on from the run's data
+    (data.skip_steps): the new run's first loss is the checkpoint's model's loss on the batch of
+    the run's next step (AdamW's moments and the schedule start afresh: an export carries
+    weights only)."""
     result = run_train(
         "model=hf",
         f"model.hf_config={exported}",
         f"model.init_from={exported}",
-        "data=synthetic",
+        f"data.path={tokenized['tokens']}",
+        f"data.tokenizer={exported}",  # the tokenizer the export carries
+        f"data.skip_steps={STEPS}",
         f"data.seq_len={SEQ_LEN}",
         f"batch.global_size={GLOBAL}",
         f"batch.micro_size={GLOBAL}",
@@ -148,14 +201,61 @@ def test_a_run_from_the_export_starts_from_the_checkpoints_weights(
         run_dir=tmp_path / "run",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    inputs, targets = BatchSource(
-        DataConfig(name=DataName.synthetic, seq_len=SEQ_LEN), 256, seed=0, global_size=GLOBAL
-    ).global_batch(0)
+    inputs, targets = BatchSource(_data(tokenized), 256, seed=0, global_size=GLOBAL).global_batch(STEPS)
     with torch.no_grad():
         logits = _ladder_at_checkpoint(imported_run.run_dir)(inputs)
         expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
     loss = result.metrics[0]["loss"]
     assert abs(loss - expected) <= 1e-5 * abs(expected), (loss, expected)
+
+
+def test_export_carries_the_runs_tokenizer(exported: Path, tokenized: dict[str, Path]):
+    """AutoTokenizer loads the export's copy, which encodes as the tokenizer the run trained with;
+    ladder_export.json names it by its sha256."""
+    original = transformers.AutoTokenizer.from_pretrained(tokenized["tokenizer"])
+    copied = transformers.AutoTokenizer.from_pretrained(exported)
+    text = TEXT.splitlines()[0] + " " + EOS
+    assert copied(text)["input_ids"] == original(text)["input_ids"]
+    assert len(original(text)["input_ids"]) > 3
+    provenance = json.loads((exported / "ladder_export.json").read_text())
+    assert provenance["tokenizer"]["sha256"] == tokenizer_sha256(tokenized["tokenizer"])
+    assert tokenizer_sha256(exported) == tokenizer_sha256(tokenized["tokenizer"])
+
+
+def test_export_refuses_a_changed_or_missing_tokenizer_before_writing(
+    imported_run: TrainResult, exported: Path, tokenized: dict[str, Path], tmp_path: Path
+):
+    """A run whose recorded tokenizer changed, or is gone, exports only when told where the same
+    tokenizer is (--tokenizer) or to leave it out (--no-tokenizer)."""
+    run_dir = tmp_path / "run"  # a copy, its summary.json pointed at a tokenizer that changes
+    shutil.copytree(imported_run.run_dir, run_dir)
+    moved = tmp_path / "tokenizer"
+    shutil.copytree(tokenized["tokenizer"], moved)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    recorded = summary["tokenizer"]["sha256"]
+    summary["tokenizer"]["path"] = str(moved)
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    config = json.loads((moved / "tokenizer_config.json").read_text())
+    (moved / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 7}))
+    changed = tokenizer_sha256(moved)
+
+    out = tmp_path / "out"
+    done = _export(str(run_dir), str(out))
+    assert done.returncode == 2, done.stderr[-3000:]
+    for words in (str(moved), changed, recorded, "--tokenizer DIR", "--no-tokenizer"):
+        assert words in done.stderr, words
+    assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))
+
+    shutil.rmtree(moved)
+    with pytest.raises(ExportError, match=f"{moved} .*no longer exists.*--tokenizer DIR"):
+        export(run_dir, out)
+    assert not out.exists()
+
+    export(run_dir, out, tokenizer=tokenized["tokenizer"])
+    assert tokenizer_sha256(out) == recorded
+    export(run_dir, out, force=True, with_tokenizer=False)
+    assert not (out / "tokenizer.json").exists()
+    assert json.loads((out / "ladder_export.json").read_text())["tokenizer"] is None
 
 
 def test_export_refuses_a_non_empty_out_dir_and_a_run_without_checkpoint(

@@ -69,6 +69,19 @@ def test_steps_differ_and_seed_reproduces(data_cfg: DataConfig) -> None:
 
 
 @pytest.mark.parametrize("data_cfg", [TEXT, SYNTHETIC], ids=["text", "synthetic"])
+def test_skip_steps_reads_on_from_step_n(data_cfg: DataConfig) -> None:
+    """data.skip_steps=N: step t is step t + N of the unshifted stream; evaluation is not shifted."""
+    plain = BatchSource(data_cfg, vocab_size=256, seed=0, global_size=GLOBAL)
+    shifted_cfg = dataclasses.replace(data_cfg, skip_steps=3)
+    shifted = BatchSource(shifted_cfg, vocab_size=256, seed=0, global_size=GLOBAL)
+    for step in (0, 2):
+        assert torch.equal(shifted.global_batch(step)[0], plain.global_batch(step + 3)[0])
+    held_out = BatchSource(shifted_cfg, vocab_size=256, seed=0, global_size=GLOBAL, held_out=True)
+    unshifted = BatchSource(data_cfg, vocab_size=256, seed=0, global_size=GLOBAL, held_out=True)
+    assert torch.equal(held_out.global_batch(0)[0], unshifted.global_batch(0)[0])
+
+
+@pytest.mark.parametrize("data_cfg", [TEXT, SYNTHETIC], ids=["text", "synthetic"])
 def test_targets_are_inputs_shifted(data_cfg: DataConfig) -> None:
     """int64 (size, seq_len) inputs and targets; targets[t] is the token after inputs[t]."""
     source = BatchSource(data_cfg, vocab_size=256, seed=0, global_size=GLOBAL)
