@@ -4,7 +4,7 @@
 ``plan=true`` (runner/plan/job.py ``plan_job``) prints it as a table (runner/plan/table.py),
 walks the ladder (runner/plan/ladder.py) and writes ``plan.json``: those build on this
 module, which imports neither. Nothing is allocated: the parameter count is analytic
-(runner.model.shape.num_params) and every term is arithmetic (runner/plan/memory.py,
+(runner.model.shape.num_params) and every term is arithmetic (runner/memory_model/peak.py,
 runner/plan/step_time.py) on the device figures of runner/plan/hardware.py; a node's host
 memory, steady and while the model is built, is runner/plan/host.py's.
 
@@ -42,11 +42,12 @@ from runner.layout import (
     parse_micro_size,
     resolve_layout,
 )
+from runner.memory_model.case import MemoryCase, offload_placement
+from runner.memory_model.peak import MemoryTerms, memory_terms
 from runner.model.shape import num_params as count_params
 from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
 from runner.plan.hardware import resolve_device
 from runner.plan.host import HostMemory, host_memory
-from runner.plan.memory import MemoryCase, MemoryTerms, memory_terms, offload_placement
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.plan.workload import Knobs, Workload
 
@@ -209,7 +210,7 @@ class Plan:
 
 def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> OffloadPlacement:
     """The config's two offload enums as runner.memory.model_states' offload placement
-    (runner.plan.memory.offload_placement), refusing what the planner cannot model (ConfigError)."""
+    (runner.memory_model.case.offload_placement), refusing what the planner cannot model (ConfigError)."""
     try:
         return offload_placement(offload_optimizer, offload_param)
     except ValueError:
