@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, Recompute, ZeroStage
-from runner.engine.deepspeed_config import persistence_threshold_elements, reduce_bucket_elements
+from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, ZeroStage
 from runner.memory_model.activations import TRANSIENT_ITEMS, activation_items_total
-from runner.memory_model.case import HeldStates, MemoryCase, held_states, offload_placement
+from runner.memory_model.case import HeldStates, MemoryCase, case_from_config, held_states, offload_placement
 from runner.parallel.pipeline_split import stage_blocks
 
 
@@ -151,27 +150,19 @@ def deepspeed_estimate(
     The parameter count is the model's tensors', as the rank holds them
     (runner.parallel.pipeline_split.rank_param_numels).
     """
-    case = MemoryCase(
-        model=model,
+    case = case_from_config(
+        model,
+        parallel,
         precision=precision,
         optimizer=optimizer,
-        zero_stage=ZeroStage(parallel.zero_stage),
+        offload=offload_placement(parallel.offload_optimizer, parallel.offload_param),
+        recompute=model.activation_checkpointing,
         seq_len=batch.seq_len,
         micro_size=batch.micro_size,
         dp=batch.dp,
-        tp=parallel.tp,
-        pp=parallel.pp,
         accum_steps=batch.accum_steps,
-        offload=offload_placement(parallel.offload_optimizer, parallel.offload_param),
-        recompute=Recompute(model.activation_checkpointing),
-        reduce_bucket_size=reduce_bucket_elements(parallel.reduce_bucket_size, model),
-        overlap_comm=parallel.overlap_comm,
-        contiguous_gradients=parallel.contiguous_gradients,
         compiled=compiled,
         host_is_device=host_is_device,
-        param_persistence_threshold=persistence_threshold_elements(
-            parallel.param_persistence_threshold, model
-        ),
     )
     return boundary_estimate(case)
 

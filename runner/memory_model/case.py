@@ -6,6 +6,7 @@ estimate (runner.memory_model.boundary) both build on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from runner.config import (
     ModelConfig,
@@ -16,6 +17,7 @@ from runner.config import (
     Recompute,
     ZeroStage,
 )
+from runner.engine.deepspeed_config import persistence_threshold_elements, reduce_bucket_elements
 from runner.memory_model.activations import BlockShape, block_graph, model_block_shape
 from runner.memory_model.states import (
     ModelStates,
@@ -93,6 +95,69 @@ class MemoryCase:
     def bytes_per_elem(self) -> int:
         """Bytes of one element of the model dtype: the weights, gradients and activations."""
         return 4 if self.precision == Precision.fp32 else 2
+
+
+class LayoutKnobs(Protocol):
+    """The layout settings a case takes from a run's ``parallel`` config: runner.config.ParallelConfig
+    itself, or the plan's runner.plan.workload.Knobs (which the ladder varies)."""
+
+    @property
+    def zero_stage(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def overlap_comm(self) -> bool: ...
+    @property
+    def contiguous_gradients(self) -> bool: ...
+    @property
+    def reduce_bucket_size(self) -> int: ...
+    @property
+    def param_persistence_threshold(self) -> int | None: ...
+
+
+def case_from_config(  # noqa: PLR0913 - one keyword per thing a device's memory depends on
+    model: ModelConfig,
+    layout: LayoutKnobs,
+    *,
+    precision: Precision | str,
+    optimizer: OptimizerName | str,
+    offload: OffloadPlacement,
+    recompute: Recompute | str,
+    seq_len: int,
+    micro_size: int,
+    dp: int,
+    accum_steps: int | None,
+    compiled: bool,
+    host_is_device: bool,
+) -> MemoryCase:
+    """The MemoryCase of a run's fullest rank from its config: the one adapter the plan and the ledger share.
+
+    DeepSpeed's gradient bucket and ZeRO-3's persistence threshold are taken as the engine is
+    given them (runner.engine.deepspeed_config ``reduce_bucket_elements``,
+    ``persistence_threshold_elements``).
+    """
+    return MemoryCase(
+        model=model,
+        precision=Precision(precision),
+        optimizer=OptimizerName(optimizer),
+        zero_stage=ZeroStage(layout.zero_stage),
+        seq_len=seq_len,
+        micro_size=micro_size,
+        dp=dp,
+        tp=layout.tp,
+        pp=layout.pp,
+        accum_steps=accum_steps,
+        offload=offload,
+        recompute=Recompute(recompute),
+        reduce_bucket_size=reduce_bucket_elements(layout.reduce_bucket_size, model),
+        overlap_comm=layout.overlap_comm,
+        contiguous_gradients=layout.contiguous_gradients,
+        compiled=compiled,
+        host_is_device=host_is_device,
+        param_persistence_threshold=persistence_threshold_elements(layout.param_persistence_threshold, model),
+    )
 
 
 @dataclass(frozen=True)
@@ -195,4 +260,4 @@ def held_states(case: MemoryCase) -> HeldStates:
     )
 
 
-__all__ = ["HeldStates", "MemoryCase", "held_states", "offload_placement"]
+__all__ = ["HeldStates", "LayoutKnobs", "MemoryCase", "case_from_config", "held_states", "offload_placement"]

@@ -31,7 +31,6 @@ from runner.config import (
     TrainConfig,
     ZeroStage,
 )
-from runner.engine.deepspeed_config import persistence_threshold_elements, reduce_bucket_elements
 from runner.errors import ConfigError
 from runner.layout import (
     PIPELINE_MICRO_BATCHES_PER_STAGE,
@@ -42,7 +41,7 @@ from runner.layout import (
     parse_micro_size,
     resolve_layout,
 )
-from runner.memory_model.case import MemoryCase, offload_placement
+from runner.memory_model.case import case_from_config, offload_placement
 from runner.memory_model.peak import MemoryTerms, memory_terms
 from runner.model.shape import num_params as count_params
 from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
@@ -293,27 +292,19 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
 def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, accum_steps: int) -> MemoryTerms:
     """Every memory term per device for these knobs at this micro-batch size."""
     return memory_terms(
-        MemoryCase(
-            model=workload.model,
+        case_from_config(
+            workload.model,
+            knobs,
             precision=workload.precision,
             optimizer=workload.optimizer,
-            zero_stage=knobs.zero_stage,
+            offload=knobs.offload,
+            recompute=knobs.recompute,
             seq_len=workload.seq_len,
             micro_size=micro_size,
             dp=dp,
-            tp=knobs.tp,
-            pp=knobs.pp,
             accum_steps=accum_steps,
-            offload=knobs.offload,
-            recompute=knobs.recompute,
-            reduce_bucket_size=reduce_bucket_elements(knobs.reduce_bucket_size, workload.model),
-            overlap_comm=knobs.overlap_comm,
-            contiguous_gradients=knobs.contiguous_gradients,
             compiled=workload.compiled,
             host_is_device=workload.device.is_host,
-            param_persistence_threshold=persistence_threshold_elements(
-                knobs.param_persistence_threshold, workload.model
-            ),
         )
     )
 
