@@ -1,6 +1,6 @@
 """The peak of a run's tensor memory, measured, against ``plan=true``'s peak: one table, one run.
 
-``plan=true`` (runner/plan/memory.py) adds up the bytes a device holds at the step's
+``plan=true`` (runner/memory_model/peak.py) adds up the bytes a device holds at the step's
 peak: the weights, gradients and optimizer states, the activations, and DeepSpeed's
 residual lines, among them what comes and goes inside backward (ZeRO 1-2's gradient
 bucket, a tied output head's gradient). This measures the same peak on one CPU rank the
@@ -43,9 +43,11 @@ from runner.engine import zero_step_copies
 from runner.engine.deepspeed_config import build_deepspeed_config
 from runner.engine.distributed import skip_inference_shm_op
 from runner.layout import resolve_layout
+from runner.memory_model.case import MemoryCase
+from runner.memory_model.peak import memory_terms
+from runner.memory_model.peak_lines import TIED_HEAD_GRADIENT
 from runner.model.transformer import build_model, lm_loss
 from runner.parallel.pipeline import build_pipeline
-from runner.plan.memory import TIED_HEAD_GRADIENT, MemoryCase, memory_terms
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ and 4, doing the same arithmetic:
 - **one cast** (16-bit training only; in fp32, ``.to`` copies nothing already): the
   gradients are written straight into the fp32 partition, each by one casting copy.
   The 16-bit flat copy is never made: 2 B per element of the partition less at the
-  step's peak (runner/plan/memory.py ``optimizer_step_bytes``), one read and one write of
+  step's peak (runner/memory_model/peak_lines.py ``optimizer_step_bytes``), one read and one write of
   it less in time.
 - **the clip inside the optimizer's kernel**: torch's fused AdamW and SGD divide the
   gradients by ``optimizer.grad_scale`` inside their kernel (the hook torch's GradScaler

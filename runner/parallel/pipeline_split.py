@@ -1,4 +1,4 @@
-"""The pipeline's stage split by arithmetic: which layers, parameters and activations each stage holds.
+"""The pipeline's stage split by arithmetic: which layers and parameters each stage holds.
 
 runner/parallel/pipeline.py builds the stages; this module only counts, without torch, so the
 launching process and ``plan=true`` can size a pipeline in a fraction of a second.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 
 from runner.config import ModelConfig
-from runner.memory import TRANSIENT_ITEMS
 from runner.model.shape import embedding_numels, layer_param_numels, param_numels
 
 
@@ -59,21 +58,4 @@ def rank_param_numels(model: ModelConfig, *, tp: int = 1, pp: int = 1) -> list[i
     return max(stage_param_numels(model, pp, tp=tp), key=sum)
 
 
-def stage_activations(items: dict[str, int], *, n_layer: int, pp: int) -> list[int]:
-    """Bytes each stage saves over one micro-batch, from runner/memory.py's whole-model items.
-
-    A stage saves its blocks' share; the first also what the lookup saves (``embedding.*``),
-    the last the final norm, the output head's input and the loss (``transient.*`` are not
-    saved).
-    """
-    per_block = items["blocks"] // n_layer
-    outside = {k: v for k, v in items.items() if k != "blocks" and k not in TRANSIENT_ITEMS}
-    first_only = sum(outside.pop(k) for k in [k for k in outside if k.startswith("embedding.")])
-    blocks = stage_blocks(n_layer, pp)
-    return [
-        n * per_block + (first_only if s == 0 else 0) + (sum(outside.values()) if s == pp - 1 else 0)
-        for s, n in enumerate(blocks)
-    ]
-
-
-__all__ = ["rank_param_numels", "stage_activations", "stage_blocks", "stage_bounds", "stage_param_numels"]
+__all__ = ["rank_param_numels", "stage_blocks", "stage_bounds", "stage_param_numels"]

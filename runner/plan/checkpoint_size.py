@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.config import ModelConfig, OptimizerName, Precision, TrainConfig, ZeroStage
-from runner.memory import FP32_BYTES, bytes_per_param
+from runner.memory_model.states import bytes_per_param
+from runner.memory_model.units import FP32_BYTES
 from runner.model.shape import num_params, param_numels
 
 

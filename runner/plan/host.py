@@ -10,7 +10,7 @@ before any GPU does, in two phases that do not overlap:
   rank's shard, cut on the meta device before anything is allocated
   (runner/parallel/shard_build.py). ZeRO-3 builds
   under ``zero.Init`` (runner/engine/zero_init.py; with tensor parallelism over each rank's
-  data-parallel group, AutoTP then cutting the shards on the device: runner/plan/memory.py
+  data-parallel group, AutoTP then cutting the shards on the device: runner/memory_model/peak.py
   ``zero3_tp_build_bytes``), which creates each module on the device in the model dtype and
   partitions it as its constructor returns (DeepSpeed 0.19.8
   runtime/zero/partition_parameters.py: tensors on ``local_device``, partitions on
@@ -53,7 +53,8 @@ from typing import Any
 
 from runner.config import ModelConfig, OffloadPlacement, Precision, ZeroStage
 from runner.layout import Layout
-from runner.memory import FP32_BYTES, HALF_BYTES
+from runner.memory_model.peak import MemoryTerms
+from runner.memory_model.units import FP32_BYTES, HALF_BYTES
 from runner.model.build_method import (
     BY_STAGE,
     DRAW_BLOCK,
@@ -65,7 +66,6 @@ from runner.model.build_method import (
 from runner.model.shape import num_params as count_params
 from runner.model.shape import param_numels
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.plan.memory import MemoryTerms
 from runner.plan.workload import Knobs, Workload
 
 GB = 1e9  # decimal gigabyte, as runner/plan/planner.py
@@ -304,7 +304,7 @@ def _steady_bytes(workload: Workload, knobs: Knobs, layout: Layout, memory: Memo
 def host_memory(workload: Workload, knobs: Knobs, layout: Layout, memory: MemoryTerms) -> HostMemory:
     """A node's host memory for this layout (see the module docstring).
 
-    ``memory``: the device's terms (runner/plan/memory.py), whose ``host`` lines are each
+    ``memory``: the device's terms (runner/memory_model/peak.py), whose ``host`` lines are each
     rank's offloaded terms and DeepSpeed's host buffers, and whose total CPU ranks hold in
     host memory.
     """

@@ -4,7 +4,7 @@
 ``plan=true`` (runner/plan/job.py ``plan_job``) prints it as a table (runner/plan/table.py),
 walks the ladder (runner/plan/ladder.py) and writes ``plan.json``: those build on this
 module, which imports neither. Nothing is allocated: the parameter count is analytic
-(runner.model.shape.num_params) and every term is arithmetic (runner/plan/memory.py,
+(runner.model.shape.num_params) and every term is arithmetic (runner/memory_model/peak.py,
 runner/plan/step_time.py) on the device figures of runner/plan/hardware.py; a node's host
 memory, steady and while the model is built, is runner/plan/host.py's.
 
@@ -31,7 +31,6 @@ from runner.config import (
     TrainConfig,
     ZeroStage,
 )
-from runner.engine.deepspeed_config import persistence_threshold_elements, reduce_bucket_elements
 from runner.errors import ConfigError
 from runner.layout import (
     PIPELINE_MICRO_BATCHES_PER_STAGE,
@@ -42,11 +41,12 @@ from runner.layout import (
     parse_micro_size,
     resolve_layout,
 )
+from runner.memory_model.case import case_from_config, offload_placement
+from runner.memory_model.peak import MemoryTerms, memory_terms
 from runner.model.shape import num_params as count_params
 from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
 from runner.plan.hardware import resolve_device
 from runner.plan.host import HostMemory, host_memory
-from runner.plan.memory import MemoryCase, MemoryTerms, memory_terms, offload_placement
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.plan.workload import Knobs, Workload
 
@@ -211,7 +211,7 @@ class Plan:
 
 def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> OffloadPlacement:
     """The config's two offload enums as runner.memory.model_states' offload placement
-    (runner.plan.memory.offload_placement), refusing what the planner cannot model (ConfigError)."""
+    (runner.memory_model.case.offload_placement), refusing what the planner cannot model (ConfigError)."""
     try:
         return offload_placement(offload_optimizer, offload_param)
     except ValueError:
@@ -294,27 +294,19 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
 def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, accum_steps: int) -> MemoryTerms:
     """Every memory term per device for these knobs at this micro-batch size."""
     return memory_terms(
-        MemoryCase(
-            model=workload.model,
+        case_from_config(
+            workload.model,
+            knobs,
             precision=workload.precision,
             optimizer=workload.optimizer,
-            zero_stage=knobs.zero_stage,
+            offload=knobs.offload,
+            recompute=knobs.recompute,
             seq_len=workload.seq_len,
             micro_size=micro_size,
             dp=dp,
-            tp=knobs.tp,
-            pp=knobs.pp,
             accum_steps=accum_steps,
-            offload=knobs.offload,
-            recompute=knobs.recompute,
-            reduce_bucket_size=reduce_bucket_elements(knobs.reduce_bucket_size, workload.model),
-            overlap_comm=knobs.overlap_comm,
-            contiguous_gradients=knobs.contiguous_gradients,
             compiled=workload.compiled,
             host_is_device=workload.device.is_host,
-            param_persistence_threshold=persistence_threshold_elements(
-                knobs.param_persistence_threshold, workload.model
-            ),
         )
     )
 

@@ -53,10 +53,10 @@ from dataclasses import dataclass
 from runner.config import OffloadPlacement, OptimizerName, Precision, Recompute, ZeroStage
 from runner.engine.deepspeed_config import persistence_threshold_elements
 from runner.layout import Layout
+from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.shape import n_kv_head
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.calibration import Calibration
-from runner.plan.memory import layers_per_stage
 from runner.plan.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.plan.workload import Knobs, Workload
 

@@ -11,12 +11,14 @@ import re
 from pathlib import Path
 
 from runner.config import OffloadPlacement, TrainConfig
-from runner.memory import GiB, bytes_per_param
+from runner.memory_model.peak import MemoryTerms
+from runner.memory_model.peak_lines import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
+from runner.memory_model.states import bytes_per_param
+from runner.memory_model.units import GiB
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
 from runner.plan.hardware import Figure
 from runner.plan.ladder import NEAR_FASTEST, OFFLOAD_MARK, SHOWN, Candidate, Ladder
-from runner.plan.memory import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT, MemoryTerms
 from runner.plan.planner import GB, Plan, ResumePlan, gb
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout
 
@@ -26,10 +28,14 @@ _W = 38  # width of the label column
 
 # Residual lines computed outside runner.memory.deepspeed_residuals, by the function that does.
 _RESIDUAL_SOURCES = {
-    "reduce_bucket (in backward)": "runner.memory.zero12_backward_buckets, where live (runner.plan.memory)",
-    TIED_HEAD_GRADIENT: "autograd holds it through backward (runner.plan.memory.tied_head_gradient_bytes)",
+    "reduce_bucket (in backward)": (
+        "runner.memory.zero12_backward_buckets, where live (runner.memory_model.peak)"
+    ),
+    TIED_HEAD_GRADIENT: (
+        "autograd holds it through backward (runner.memory_model.peak_lines.tied_head_gradient_bytes)"
+    ),
     "reduce_bucket (at boundary)": "a pipeline's ZeRO-1 second bucket, beyond the freed activations",
-    ALLREDUCE_FLAT: "ZeRO-0's flat gradient copy, beyond the freed activations (runner.plan.memory)",
+    ALLREDUCE_FLAT: "ZeRO-0's flat gradient copy, beyond the freed activations (runner.memory_model.peak)",
 }
 
 
@@ -195,9 +201,9 @@ def _memory_lines(plan: Plan) -> list[str]:
     ]
     lines += _residual_lines(m)
     if m.grads_after_peak:
-        why = "one micro-batch a step (runner.plan.memory.grads_after_activation_peak)"
+        why = "one micro-batch a step (runner.memory_model.peak_lines.grads_after_activation_peak)"
         if m.activation_note:  # a pipeline's first stage
-            why = "first stage's first backward (runner.plan.memory.first_stage_grads_after_peak)"
+            why = "first stage's first backward (runner.memory_model.peak_lines.first_stage_grads_after_peak)"
         lines.append(_row("grads made after the activation peak", -m.grads_after_peak, why))
     lines.append(_row("total", m.total))
     if m.step:

@@ -11,11 +11,11 @@ from runner.checkpoint import store as checkpoint
 from runner.config import ModelConfig
 from runner.layout import resolve_layout
 from runner.memory import TRANSIENT_ITEMS, BlockShape, activation_items_total
+from runner.memory_model.boundary import stage_activations
 from runner.model.shape import layer_param_numels
 from runner.model.transformer import num_params
 from runner.parallel.pipeline_split import (
     rank_param_numels,
-    stage_activations,
     stage_blocks,
     stage_bounds,
     stage_param_numels,

@@ -45,10 +45,11 @@ def _70b(*overrides: str) -> TrainConfig:
 
 
 def _terms(model: Any = None, **knobs: Any) -> Any:
-    """runner.plan.memory.memory_terms for the tiny model (or ``model``): fp32 AdamW, ZeRO-0,
+    """runner.memory_model.peak.memory_terms for the tiny model (or ``model``): fp32 AdamW, ZeRO-0,
     one rank, seq 128, micro 4, accum 2, unless ``knobs`` say otherwise."""
     from runner.config import ModelConfig
-    from runner.plan.memory import MemoryCase, memory_terms
+    from runner.memory_model.case import MemoryCase
+    from runner.memory_model.peak import memory_terms
 
     defaults: dict[str, Any] = dict(
         precision="fp32",
@@ -420,7 +421,7 @@ def test_a_pipelines_first_stage_in_bf16_at_zero0_has_its_gradients_from_the_sta
     measured 0.0813 GB; planned 0.0777 discounting it, 0.0810 counting it). fp32 and ZeRO-1 make
     their gradients in that backward."""
     from runner.config import ModelConfig
-    from runner.plan.memory import BF16_PARAM_GRADS
+    from runner.memory_model.peak_lines import BF16_PARAM_GRADS
 
     tiny = ModelConfig()
     shape = {"pp": 2, "micro_size": 8, "seq_len": 128}
@@ -440,7 +441,7 @@ def test_a_pipelines_first_stage_in_bf16_at_zero0_has_its_gradients_from_the_sta
 
 def test_zero3_with_tp_plans_the_build_where_it_holds_more_than_the_steps():
     """zero.Init holds 1/dp of the whole model before AutoTP cuts 1/tp of it: the peak at tp 8, fp32."""
-    from runner.plan.memory import zero3_tp_build_bytes
+    from runner.memory_model.peak_lines import zero3_tp_build_bytes
 
     plan = plan_config(_70b("parallel=zero3", "parallel.tp=8", "precision=fp32", "gpus=8"))
     model = plan.workload.model
@@ -457,7 +458,7 @@ def test_zero3_with_tp_plans_the_build_where_it_holds_more_than_the_steps():
 
 def test_zero12s_backward_bucket_counts_where_it_is_live():
     """The bucket comes at the first parameter gradient, after the loss's tensors are freed
-    (runner.plan.memory.beyond_activations_after_head): the tiny model's 256-entry vocabulary
+    (runner.memory_model.peak_lines.beyond_activations_after_head): the tiny model's 256-entry vocabulary
     frees little, so most of its 12.9 MB fp32 bucket adds to the peak; gpt2_124m's loss frees
     0.62 GB at micro 8, more than its 0.49 GB bucket, which then adds nothing at ZeRO-2.
     ZeRO-1 keeps the bucket to the step's boundary: with accumulation all of it adds."""
@@ -500,14 +501,18 @@ def test_zero3s_plan_holds_the_whole_tensors_deepspeed_is_given():
 
 def test_a_tied_heads_gradient_counts_where_it_outlasts_the_loss():
     """Autograd holds a tied head's weight gradient (V x h) from the head's backward to the
-    embedding's (runner.plan.memory.tied_head_gradient_bytes). It adds to the peak only
+    embedding's (runner.memory_model.peak_lines.tied_head_gradient_bytes). It adds to the peak only
     beyond what the loss frees: gpt2_124m at ZeRO-2 (micro 8, seq 128), whose loss frees
     more than its 0.49 GB bucket alone, but not more than the bucket and the 0.15 GB
     gradient together (measured 1.981 GB above the step's start, planned 1.980 with the
     final norm's backward working set, which comes after the head's)."""
     import dataclasses
 
-    from runner.plan.memory import TIED_HEAD_GRADIENT, beyond_activations_after_head, tied_head_gradient_bytes
+    from runner.memory_model.peak_lines import (
+        TIED_HEAD_GRADIENT,
+        beyond_activations_after_head,
+        tied_head_gradient_bytes,
+    )
 
     gpt2 = compose_config("model=gpt2_124m").model
     tied = 4 * 50257 * 768
@@ -537,7 +542,7 @@ def test_a_tied_heads_gradient_counts_where_it_outlasts_the_loss():
 def test_one_micro_batch_a_step_makes_its_gradients_after_the_activation_peak():
     """ZeRO 0-2 start a step without gradients; backward makes them as it frees the
     activations, so with one micro-batch a step the plan's peak holds the larger of the two
-    (runner.plan.memory.grads_after_activation_peak): gpt2_124m at micro 8, seq 128 drops its
+    (runner.memory_model.peak_lines.grads_after_activation_peak): gpt2_124m at micro 8, seq 128 drops its
     0.49 GB of fp32 gradients from the total (measured 2.929 GB at ZeRO-0, planned 2.928).
     ZeRO-3's gradient partitions persist, and with accumulation the first micro-batch's
     gradients are live at the next one's loss: there all of them count."""
@@ -562,10 +567,10 @@ def test_one_micro_batch_a_step_makes_its_gradients_after_the_activation_peak():
 
 def test_zero0s_flat_allreduce_copy_counts_where_it_outgrows_the_activations():
     """ZeRO-0 all-reduces its gradients at the boundary through one flat copy (up to 5e8
-    elements and a tensor; runner.plan.memory.allreduce_flat_bytes), after the activations
+    elements and a tensor; runner.memory_model.peak_lines.allreduce_flat_bytes), after the activations
     are freed: at micro 8, seq 128 gpt2_124m's activations hide it; at micro 1, seq 16 the
     plan adds what it needs beyond them, with one micro-batch a step or more."""
-    from runner.plan.memory import ALLREDUCE_FLAT, allreduce_flat_bytes
+    from runner.memory_model.peak_lines import ALLREDUCE_FLAT, allreduce_flat_bytes
 
     gpt2 = compose_config("model=gpt2_124m").model
     grads = 4 * 123_551_232
