@@ -20,6 +20,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from runner.rundir.metrics_file import METRICS_FILE
 from runner.rundir.run_files import DEEPSPEED_CONFIG_FILE
 
 HYDRA_DIR = ".hydra"
@@ -193,7 +194,7 @@ def _remove_if_empty(folder: Path) -> bool:
 
 # What an attempt leaves in its run directory, besides checkpoints (none, when it starts
 # over), Hydra's train.log (appended to) and wandb/ (one folder per wandb run).
-ATTEMPT_FILES = ("metrics.jsonl", "summary.json", DEEPSPEED_CONFIG_FILE, "profile")
+ATTEMPT_FILES = (METRICS_FILE, "summary.json", DEEPSPEED_CONFIG_FILE, "profile")
 
 
 def keep_earlier_attempt(run_dir: Path) -> Path | None:

@@ -29,6 +29,7 @@ from runner.plan.planner import (
     ResumePlan,
 )
 from runner.rundir import checkpoint_record
+from runner.rundir.metrics_file import metrics_path, truncate_metrics
 from runner.rundir.summary import read_summary
 from runner.train.preemption import resumes
 
@@ -135,21 +136,21 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
     if not resumes(config.train):  # train.resume=auto, or a job SLURM requeued (runner/train/preemption.py)
         return ResumeSource()
     # Deferred: the checkpoint code loads torch and DeepSpeed, needed only when there is one to load.
-    from runner.checkpoint import store as checkpoint
+    from runner.checkpoint import resume_rules, universal_conversion
 
-    record = checkpoint.latest(run_dir)
+    record = checkpoint_record.latest(run_dir)
     if record is None:
         if lead and (kept := keep_earlier_attempt(run_dir)) is not None:
             log.info("the earlier attempt's files are in %s", kept)
         return ResumeSource()
     stage, precision = config.parallel.zero_stage, config.precision.name
     try:
-        checkpoint.check_resumable(
+        resume_rules.check_resumable(
             record, layout=layout, zero_stage=stage, optimizer=config.optimizer.name.value
         )
     except ValueError as error:
         raise ConfigError(f"  - {error}") from None
-    converts = checkpoint.needs_universal(record, layout=layout, zero_stage=stage)
+    converts = resume_rules.needs_universal(record, layout=layout, zero_stage=stage)
     conversion = None
     if lead:
         if converts:
@@ -158,7 +159,7 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
                 conversion = _measured(
                     run_dir / checkpoint_record.CHECKPOINT_DIR,
                     functools.partial(
-                        checkpoint.convert_for,
+                        universal_conversion.convert_for,
                         run_dir,
                         record,
                         layout=layout,
@@ -173,12 +174,12 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
                 seconds, size = conversion["seconds"], conversion["bytes"]
                 log.info("converted %s in %.1f s (%.1f MB written)", record["tag"], seconds, size / 1e6)
                 goodput.record_conversion(run_dir, seconds=seconds, size=int(size), tag=record["tag"])
-        checkpoint.truncate_metrics(run_dir / "metrics.jsonl", completed_steps=record["completed_steps"])
+        truncate_metrics(metrics_path(run_dir), completed_steps=record["completed_steps"])
     elif converts:
-        checkpoint.wait_for(
-            run_dir, checkpoint.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
+        universal_conversion.wait_for(
+            run_dir, resume_rules.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
         )
-    universal = checkpoint.loads_universal(record, layout=layout, zero_stage=stage, precision=precision)
+    universal = resume_rules.loads_universal(record, layout=layout, zero_stage=stage, precision=precision)
     return ResumeSource(record, universal, conversion)
 
 
@@ -205,9 +206,9 @@ def _disk_need(
     conversion = None
     if record is not None and layout is not None:
         # Deferred: the checkpoint code loads torch and DeepSpeed, needed only when there is one to load.
-        from runner.checkpoint import store as checkpoint
+        from runner.checkpoint import universal_conversion
 
-        conversion = checkpoint.conversion(
+        conversion = universal_conversion.conversion(
             run_dir,
             record,
             layout=layout,
@@ -252,11 +253,11 @@ def resume_plan(config: TrainConfig, run_dir: Path) -> ResumePlan | None:
     if record is None:
         return ResumePlan(need)
     # Deferred: the checkpoint code loads torch and DeepSpeed, needed only when there is one to load.
-    from runner.checkpoint import store as checkpoint
+    from runner.checkpoint import resume_rules
 
     if layout is not None:
         try:
-            checkpoint.check_resumable(
+            resume_rules.check_resumable(
                 record,
                 layout=layout,
                 zero_stage=config.parallel.zero_stage,

@@ -1,7 +1,8 @@
 """``ladder export RUN_DIR OUT_DIR``: a checkpoint of any layout as a Hugging Face model directory.
 
-The checkpoint goes through DeepSpeed's universal format first (runner/checkpoint/store.py
-``universal_copy``, converted once beside it, as a resume onto another layout converts it),
+The checkpoint goes through DeepSpeed's universal format first
+(runner/checkpoint/universal_conversion.py ``universal_copy``, converted once beside it, as a
+resume onto another layout converts it),
 which holds every parameter whole under ladder's names, ``zero/<name>/fp32.pt``, whatever
 layout wrote it: ddp, ZeRO 1-3, tp, pp and their mixes. The conversion runs in a child process
 (it holds the optimizer's state too); this process then streams: one tensor is read
@@ -41,7 +42,7 @@ import torch
 import yaml
 from deepspeed.checkpoint.constants import PARAM
 
-from runner.checkpoint import store
+from runner.checkpoint import universal_conversion
 from runner.config import ModelConfig
 from runner.data.tokenizer_dir import tokenizer_files, tokenizer_identity, tokenizer_sha256
 from runner.errors import ConfigError
@@ -340,7 +341,7 @@ def _convert_main(argv: list[str]) -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("record")
     args = parser.parse_args(argv)
-    store.universal_copy(args.run_dir, json.loads(args.record), model_config(args.run_dir))
+    universal_conversion.universal_copy(args.run_dir, json.loads(args.record), model_config(args.run_dir))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ not to, no optimizer): each parameter's whole fp32 weight and Adam moments from
 ``zero/<name>/``, sliced for this rank by the partition AutoTP recorded on the parameter
 (DeepSpeed's ``_resolve_autotp_partition``, which ZeRO's universal loading slices by too).
 Under a pipeline too (tp x pp): each stage's ranks read the universal checkpoint through the
-pipeline's view of it, under the stage's own parameter names (runner/checkpoint/store.py).
+pipeline's view of it, under the stage's own parameter names (runner/checkpoint/universal_conversion.py).
 """
 
 from __future__ import annotations

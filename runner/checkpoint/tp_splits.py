@@ -3,7 +3,7 @@
 ``ds_to_universal`` (DeepSpeed 0.19.8) joins each tensor's tensor-parallel shards by the
 record AutoTP leaves on the model (``UNIVERSAL_CHECKPOINT_INFO``: which tensors are split
 by rows, by columns or by vocabulary, which are whole, as affine maps), saved in every
-model-states file. Two layouts leave it incomplete, and runner/checkpoint/store.py completes it
+model-states file. Two layouts leave it incomplete, and runner/checkpoint/universal_conversion.py completes it
 before each save:
 
 - ZeRO-3 with tp: the tensors AutoTP leaves whole (the norms) are recorded with the shape

@@ -13,12 +13,12 @@ The words go on the error as a note (PEP 678), so the failure record, summary.js
 
 from __future__ import annotations
 
-import json
 import resource
 from pathlib import Path
 
 from runner.config import TrainConfig
 from runner.plan.planner import Plan, gb, knobs_from_config, plan_layout, workload_from_config
+from runner.rundir.metrics_file import metrics_path, read_records
 from runner.rundir.run_files import add_note
 
 CPU_ALLOCATOR_WORDS = "can't allocate memory"  # c10/core/impl/alloc_cpu.cpp, DefaultCPUAllocator
@@ -38,15 +38,9 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 def last_measured(run_dir: Path) -> tuple[int, float] | None:
     """(step, ``memory/peak_gb``) of the run's last step in metrics.jsonl, or None before any."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return None
+    records, _ = read_records(metrics_path(run_dir))  # a line cut short by a killed attempt: skipped
     last = None
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a killed attempt
-            continue
+    for record in records:
         if "memory/peak_gb" in record and "step" in record:
             last = (int(record["step"]), float(record["memory/peak_gb"]))
     return last

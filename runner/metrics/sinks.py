@@ -1,5 +1,5 @@
 """Metric sinks behind one small interface: JSONL (always), wandb, and the console
-(runner/metrics/console.py).
+(runner/metrics/console.py); JSONL's file is runner/rundir/metrics_file.py's.
 
 A sink receives ``log(step, metrics)`` for each logged step and ``close(summary)``
 once. Adding a sink touches no training code: :func:`build_sinks` is the only place
@@ -8,16 +8,14 @@ that knows them.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from runner.config import LoggerConfig, WandbMode
 from runner.metrics.console import ConsoleSink
+from runner.rundir.metrics_file import JsonlSink, metrics_path
 
 log = logging.getLogger("ladder")
 
@@ -30,36 +28,6 @@ class MetricSink(Protocol):
 
     def close(self, summary: dict[str, Any]) -> None:
         """Flush and finish with the run's summary."""
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN and inf are not JSON: write them as strings so every line stays valid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
-class JsonlSink:
-    """``metrics.jsonl``: one JSON object per logged step, each written whole and flushed.
-
-    Each line holds the step, when it was written (``timestamp``, seconds since the epoch:
-    runner/metrics/goodput.py dates an attempt killed outright by it) and the step's metrics.
-
-    One ``write`` per line on an unbuffered file: a process killed mid-run leaves
-    complete lines only (the kernel holds what was written).
-    """
-
-    def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Append one line."""
-        record = {"step": step, "timestamp": time.time(), **{k: _json_safe(v) for k, v in metrics.items()}}
-        os.write(self._fd, (json.dumps(record) + "\n").encode())
-
-    def close(self, summary: dict[str, Any]) -> None:
-        """Close the file."""
-        os.close(self._fd)
 
 
 class WandbSink:
@@ -155,7 +123,7 @@ def build_sinks(
     run_id: str,
 ) -> list[MetricSink]:
     """The sinks of rank 0: JSONL always, the console, and wandb unless disabled."""
-    sinks: list[MetricSink] = [JsonlSink(run_dir / "metrics.jsonl")]
+    sinks: list[MetricSink] = [JsonlSink(metrics_path(run_dir))]
     if logger.progress:
         sinks.append(ConsoleSink(total_steps))
     if logger.name == "wandb" and logger.mode != WandbMode.disabled:

@@ -5,7 +5,7 @@ embedding (layer 0), the blocks (1..n_layer), the final norm (n_layer + 1) and t
 output head (n_layer + 2); a tied embedding is DeepSpeed's ``tied_modules.<key>``. The
 same weight has another name in the plain model. Initial values are drawn by the plain
 name (so every layout starts alike), and a checkpoint moves between a pipeline and a
-plain layout by renaming (runner/checkpoint/store.py).
+plain layout by renaming (runner/checkpoint/universal_conversion.py).
 """
 
 from __future__ import annotations

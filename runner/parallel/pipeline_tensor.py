@@ -133,7 +133,8 @@ def split_stage(pipe: Any, *, embedding_type: type[nn.Embedding], head_type: typ
     if head is not None:
         pipe.loss_fn = VocabParallelLoss(head)
     # How each of this stage's tensors is split, for DeepSpeed's universal checkpoint, as
-    # AutoTP's engine records it for a whole model; runner/checkpoint/store.py joins the stages'.
+    # AutoTP's engine records it for a whole model; runner/checkpoint/universal_conversion.py
+    # joins the stages'.
     from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
     from deepspeed.module_inject.layers import collect_autotp_universal_checkpoint_info
 

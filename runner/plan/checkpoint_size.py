@@ -23,7 +23,7 @@ each rank's RNG file, ZeRO-3's partition metadata and each tensor's pickled reco
 hundred bytes apiece (1.4% of tiny at half width). Every leg of tests/train_helpers.py
 ``run_in_legs`` checks it within 2%.
 
-A checkpoint is written beside the ones kept (runner/checkpoint/store.py writes
+A checkpoint is written beside the ones kept (runner/checkpoint/save.py writes
 ``.partial-<tag>``, then drops the oldest), so a run keeping K of them holds K + 1 at its
 peak.
 
@@ -126,7 +126,8 @@ def universal_bytes(
 
     See the module docstring; ``precision`` and the layout are the saved checkpoint's. While
     ``ds_to_universal`` runs, beside its temporary fragments, two files hold more than they
-    keep (ladder trims both after it, runner/checkpoint/store.py ``_loadable_at_every_stage``): from
+    keep (ladder trims both after it, runner/checkpoint/universal_every_stage.py
+    ``loadable_at_every_stage``): from
     ZeRO-3, ``zero/optimizer_state.pt`` is rank 0's whole optimizer file (its fp32 partition
     and moments); from ZeRO 1-2 in fp32, a tied weight's second name is saved as a view of
     the model-states file's storage, so with every weight of that file.
@@ -188,7 +189,7 @@ class DiskNeed:
         """Checkpoints on disk at the peak beyond those there now.
 
         Each save writes its checkpoint before it drops the oldest beyond ``kept``
-        (runner/checkpoint/store.py ``_prune``): a run that saves often enough peaks at K + 1.
+        (runner/checkpoint/save.py ``_prune``): a run that saves often enough peaks at K + 1.
         """
         return self._peak - self.on_disk
 

@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
+from runner.rundir.metrics_file import METRICS_FILE, read_records
 from runner.rundir.summary import SUMMARY_FILE, SummaryError, load_summary
 
-METRICS_FILE = "metrics.jsonl"
 PLAN_FILE = "plan.json"
 CONFIG_FILE = Path(".hydra") / "config.yaml"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
@@ -198,20 +198,7 @@ def _read_yaml(path: Path, problems: list[str]) -> Any:
 
 
 def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    bad = 0
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            bad += 1  # a killed run can leave half a line
-            continue
-        if isinstance(record, dict):
-            records.append(record)
+    records, bad = read_records(path)
     if bad:
         problems.append(f"{METRICS_FILE}: skipped {bad} unreadable line(s)")
     return records

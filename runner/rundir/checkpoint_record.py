@@ -1,7 +1,9 @@
 """Which checkpoint a run directory holds, read without torch: ``checkpoints/latest.json``.
 
 The launching process asks this before it decides anything (is there a run to continue,
-is it finished?); runner/checkpoint/store.py writes the record and loads the checkpoint.
+is it finished?); runner/checkpoint/save.py writes the record and runner/checkpoint/restore.py
+loads the checkpoint. The names of ``checkpoints/``'s entries and ``latest.json``'s marks are
+kept here, for both.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from typing import Any
 CHECKPOINT_DIR = "checkpoints"
 LATEST_FILE = "latest.json"
 UNIVERSAL_SUFFIX = "_universal"  # a checkpoint converted for another layout: <tag>_universal*
+PARTIAL_PREFIX = ".partial-"  # a save or a conversion in progress: .partial-<tag>, never loaded
+# latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's
+# splits (runner/checkpoint/tp_splits.py); one without it resumes on its own layout only.
+STAGE_SPLITS = "every_stages_splits_recorded"
 
 
 def tag_for(completed_steps: int) -> str:

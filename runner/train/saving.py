@@ -11,8 +11,9 @@ import os
 import time
 from typing import Any
 
-from runner.checkpoint import store as checkpoint
+from runner.checkpoint import save as checkpoint
 from runner.metrics.wall_clock import WallClock, folder_bytes
+from runner.rundir import checkpoint_record
 from runner.train.context import RunContext
 from runner.train.preemption import REQUEUE, Preempted, StopSignals, restarts
 
@@ -50,8 +51,8 @@ def save(
         keep=config.train.keep_checkpoints,
         expected_bytes=expected_bytes,
     )
-    tag = checkpoint.tag_for(record.completed_steps)
-    written = ctx.run_dir / checkpoint.CHECKPOINT_DIR / tag
+    tag = checkpoint_record.tag_for(record.completed_steps)
+    written = ctx.run_dir / checkpoint_record.CHECKPOINT_DIR / tag
     wall.checkpoint(time.perf_counter() - saving, folder_bytes(written) if ctx.lead else 0)
     if ctx.lead:
         log.info("%s", wall.last_save(tag))
@@ -74,7 +75,7 @@ def stopped(ctx: RunContext, completed: int, asked: int, stop: StopSignals) -> P
     )
     if asked == REQUEUE and source == "slurm":
         requeued, outcome = stop.hand_back() if ctx.lead else (None, "rank 0 hands the job back")
-    tag = checkpoint.tag_for(completed)
+    tag = checkpoint_record.tag_for(completed)
     return Preempted(
         {
             "signal": name,

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from runner.checkpoint import store as checkpoint
+from runner.checkpoint import restore
+from runner.checkpoint.resume_rules import resume_tag
 from runner.config import ModelConfig, to_dict
 from runner.data.batches import BatchSource
 from runner.engine.build import build_measured
@@ -30,6 +31,7 @@ from runner.metrics.sinks import MetricSink, build_sinks
 from runner.metrics.throughput import FlopsBudget
 from runner.metrics.wall_clock import WallClock
 from runner.model.transformer import num_params
+from runner.rundir import checkpoint_record
 from runner.train.context import RunContext
 from runner.train.preemption import resumes
 
@@ -138,13 +140,13 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[Any, dict[str, Any],
 def resume(ctx: RunContext, engine: Any) -> Resumed:
     """Load the run's latest checkpoint when the run resumes (train.resume=auto, a requeue)."""
     config = ctx.config
-    record = checkpoint.latest(ctx.run_dir) if resumes(config.train) else None
+    record = checkpoint_record.latest(ctx.run_dir) if resumes(config.train) else None
     if record is None:
         return Resumed()
     # Onto another layout: converted by the launching process (launchers/run.py).
     stage, precision = config.parallel.zero_stage, config.precision.name
-    tag = checkpoint.resume_tag(record, layout=ctx.layout, zero_stage=stage, precision=precision)
-    start_step = checkpoint.load(engine, ctx.run_dir, tag=tag, rank=ctx.rank)
+    tag = resume_tag(record, layout=ctx.layout, zero_stage=stage, precision=precision)
+    start_step = restore.load(engine, ctx.run_dir, tag=tag, rank=ctx.rank)
     # fp16: the loss scale goes on where it was, on any layout (DeepSpeed's is in files only
     # the same layout reads).
     window = config.precision.loss_scale_window

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from runner.checkpoint import store as checkpoint
+from runner.checkpoint import save as checkpoint
 from runner.config import Precision
 from runner.data.batches import BatchSource, rank_slice
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale

@@ -20,7 +20,7 @@ from train_helpers import (
 )
 
 from runner.checkpoint import stage0 as checkpoint_stage0
-from runner.checkpoint import store as checkpoint
+from runner.checkpoint import universal_conversion as checkpoint
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
 
 pytestmark = pytest.mark.multirank

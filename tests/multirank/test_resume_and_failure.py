@@ -27,7 +27,7 @@ from train_helpers import (
     start_train,
 )
 
-from runner.checkpoint import store as checkpoint
+from runner.checkpoint import resume_rules as checkpoint
 from runner.diagnose.oom_killer import read_counts
 from runner.layout import resolve_layout
 from runner.metrics import goodput

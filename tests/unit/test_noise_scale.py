@@ -115,7 +115,7 @@ def test_smooths_numerator_and_denominator_not_the_ratio() -> None:
 
 
 def test_a_restored_state_goes_on_as_if_never_stopped() -> None:
-    """A resumed run takes up the checkpoint's EMAs (runner/checkpoint/store.py's latest.json)."""
+    """A resumed run takes up the checkpoint's EMAs (runner/checkpoint/save.py's latest.json)."""
     steps = [(5.0, 4, 2.0, 16), (4.0, 4, 1.5, 16), (6.0, 2, 1.0, 16), (3.0, 2, 1.2, 16)]
 
     def fold(noise: NoiseScale, part: list[tuple[float, int, float, int]]) -> float | None:

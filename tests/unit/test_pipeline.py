@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from runner.checkpoint import store as checkpoint
+from runner.checkpoint import resume_rules as checkpoint
 from runner.config import ModelConfig
 from runner.layout import resolve_layout
 from runner.memory import TRANSIENT_ITEMS, BlockShape, activation_items_total
@@ -20,6 +20,7 @@ from runner.parallel.pipeline_split import (
     stage_bounds,
     stage_param_numels,
 )
+from runner.rundir import checkpoint_record
 
 pytestmark = pytest.mark.unit
 
@@ -120,11 +121,11 @@ def test_a_tp_x_pp_checkpoint_moves_to_any_layout_once_it_records_every_stages_s
         "tag": "step_00000004",
         "layout": three_d.record(),
         "zero_stage": 1,
-        checkpoint.STAGE_SPLITS: True,
+        checkpoint_record.STAGE_SPLITS: True,
     }
     for layout in (plain, resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)):
         checkpoint.check_resumable(record, layout=layout, zero_stage=2)
-    earlier = {key: value for key, value in record.items() if key != checkpoint.STAGE_SPLITS}
+    earlier = {key: value for key, value in record.items() if key != checkpoint_record.STAGE_SPLITS}
     checkpoint.check_resumable(earlier, layout=three_d, zero_stage=1)  # its own layout: DeepSpeed's files
     with pytest.raises(ValueError, match=r"without the record.*own layout only: keep gpus=4 parallel\.pp=2"):
         checkpoint.check_resumable(earlier, layout=plain, zero_stage=1)

@@ -8,9 +8,10 @@ import pytest
 from train_helpers import compose_config
 
 from launchers.resume import _measured, finished_already
-from runner.checkpoint import store as checkpoint
+from runner.checkpoint import resume_rules as checkpoint
 from runner.config import Precision
 from runner.layout import resolve_layout
+from runner.rundir import checkpoint_record
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +33,7 @@ def test_stage0_at_tp1_pp1_moves_to_and_from_every_zero_stage_and_split():
             ddp, layout
         )
         assert checkpoint.loads_universal(ddp, layout=layout, zero_stage=stage)
-    tp_pp = {**_record(1, gpus=4, tp=2, pp=2), checkpoint.STAGE_SPLITS: True}
+    tp_pp = {**_record(1, gpus=4, tp=2, pp=2), checkpoint_record.STAGE_SPLITS: True}
     for record in (_record(3, gpus=2), _record(1, gpus=4, tp=2), tp_pp):
         checkpoint.check_resumable(record, layout=_layout(1), zero_stage=0)
         assert checkpoint.resume_tag(record, layout=_layout(1), zero_stage=0) == "step_00000004_universal_ddp"
@@ -110,7 +111,7 @@ def _run_dir(tmp_path, *, status: str | None, steps_done: int | None, checkpoint
     if status is not None:
         (run_dir / "summary.json").write_text(json.dumps({"status": status, "steps_completed": steps_done}))
     if checkpoint_at is not None:
-        tag = checkpoint.tag_for(checkpoint_at)
+        tag = checkpoint_record.tag_for(checkpoint_at)
         (run_dir / "checkpoints" / tag).mkdir(parents=True)
         record = {"tag": tag, "completed_steps": checkpoint_at}
         (run_dir / "checkpoints" / "latest.json").write_text(json.dumps(record))

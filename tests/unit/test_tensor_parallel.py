@@ -175,7 +175,7 @@ def test_planner_counts_the_vocabulary_split_embeddings(tied, measured):
 
 def test_a_zero_tensor_parallel_checkpoint_moves_to_any_layout_through_the_universal_one():
     """AutoTP's shards are joined by DeepSpeed's conversion at ZeRO 1-3, by ladder's at stage 0."""
-    from runner.checkpoint.store import check_resumable, needs_universal
+    from runner.checkpoint.resume_rules import check_resumable, needs_universal
 
     saved = resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)
     record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 1}
@@ -200,7 +200,7 @@ def test_a_zero_tensor_parallel_checkpoint_moves_to_any_layout_through_the_unive
 
 
 def test_a_failed_conversion_is_refused_with_deepspeeds_word_and_the_checkpoints_own_layout(tmp_path):
-    from runner.checkpoint.store import _unconverted
+    from runner.checkpoint.universal_conversion import _unconverted
 
     saved = resolve_layout(gpus=4, tp=2, pp=1, global_size=16, micro_size=4)
     record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 3}
