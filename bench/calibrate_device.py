@@ -54,7 +54,8 @@ sys.path.insert(0, str(ROOT))
 
 from runner.config import ModelConfig  # noqa: E402
 from runner.hardware import calibrate  # noqa: E402
-from runner.plan.calibration import cluster_file, from_record  # noqa: E402
+from runner.plan.block_timing import cross_entropy_seconds, rest_seconds  # noqa: E402
+from runner.plan.calibration import cluster_file, floor_shape, from_record  # noqa: E402
 
 
 def _model(name: str) -> ModelConfig:
@@ -102,6 +103,49 @@ def _engine_param_seconds(device: torch.device) -> dict[str, float] | None:
     return calibrate_zero3.engine_param_seconds(device_type=device.type, threads=threads)
 
 
+def _rest_figures(
+    cfg: ModelConfig,
+    micros: list[int],
+    seq: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    timed: Callable[[str, Callable[[], Any]], Any],
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """One block's non-GEMM part (runner/plan/block_timing.py ``rest_seconds``) at each micro-batch
+    and at its dispatch floor's trivial shape (runner/plan/calibration.py ``floor_shape``), eager,
+    and compiled on CUDA (torch.compile takes a minute a shape on a CPU: its mode records eager
+    only); the cross-entropy over (micro x seq, vocab)."""
+    import dataclasses
+
+    from runner.model.shape import n_kv_head
+
+    kinds = ["rest", "rest_compiled"] if device.type == "cuda" else ["rest"]
+    rest: dict[str, dict[str, float]] = {kind: {} for kind in kinds}
+    heads, kv = cfg.n_head, n_kv_head(cfg)
+    floor = floor_shape(heads, kv)
+    shapes = [floor] + [(micro, seq, cfg.d_model, heads, kv, cfg.ffn_hidden) for micro in micros]
+    for kind in kinds:
+        for shape in shapes:
+            micro, at_seq, d, h, k, f = shape
+            block = ModelConfig(name="block", n_layer=1, n_head=h, n_kv_head=k, d_model=d, ffn_hidden=f)
+            block = dataclasses.replace(block, max_seq_len=max(at_seq, 8))
+            rest[kind][_key(*shape)] = timed(
+                kind,
+                functools.partial(
+                    rest_seconds, block, micro, at_seq, dtype=dtype, device=device, compiled=kind != "rest"
+                ),
+            )
+    loss = {
+        _key(micro * seq, cfg.vocab_size): timed(
+            "cross_entropy",
+            functools.partial(cross_entropy_seconds, micro * seq, cfg.vocab_size, dtype=dtype, device=device),
+        )
+        for micro in micros
+    }
+    return rest, {"cross_entropy": loss}
+
+
 def measure(
     *, models: list[str], micros: list[int], seq: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[dict[str, Any], dict[str, float]]:
@@ -118,6 +162,8 @@ def measure(
 
     gemms: dict[str, list[float]] = {}
     attention: dict[str, list[float]] = {}
+    rests: dict[str, dict[str, float]] = {"rest": {}, "rest_compiled": {}}
+    losses: dict[str, dict[str, float]] = {"cross_entropy": {}}
     for name in models:
         cfg = _model(name)
         head_dim = cfg.d_model // cfg.n_head
@@ -138,7 +184,11 @@ def measure(
                     functools.partial(calibrate.attention_seconds, *shape, dtype=dtype, device=device),
                 )
                 attention[_key(*shape)] = list(seconds)
-        print(f"{name}: gemms and attention measured", flush=True)
+        rest, loss = _rest_figures(cfg, micros, seq, dtype=dtype, device=device, timed=timed)
+        for table, figures_ in ((rests, rest), (losses, loss)):
+            for key, value in figures_.items():
+                table.setdefault(key, {}).update(value)
+        print(f"{name}: gemms, attention, non-GEMM parts and cross-entropy measured", flush=True)
     copy_sizes = [2**p for p in range(16, 33)] if cuda else [2**p for p in range(12, 25, 2)]
     copies = {
         _key(size): timed("copies", functools.partial(calibrate.copy_rate, size, device=device))
@@ -154,6 +204,8 @@ def measure(
         "attention": attention,
         "copies": copies,
         "adamw": adamw,
+        **rests,
+        **losses,
         "op_s": timed("op_s", lambda: calibrate.op_seconds(device=device)),
         "fresh_bytes_per_s": timed("fresh", lambda: calibrate.fresh_rate(device=device)),
         # one GPU has no peer to reduce with: its links are the cluster's (conf/cluster/*.yaml)
