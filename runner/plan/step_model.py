@@ -14,11 +14,14 @@ and ``accum`` micro-batches:
 - ``attention``: causal ``scaled_dot_product_attention`` (the kernel runner/model/transformer.py
   calls) forward and backward at (micro, heads / tp, seq, head_dim), measured.
 - ``elementwise``: the memory-bound kernels around them (RMSNorm, RoPE, SwiGLU's gate, the
-  residual adds, the cross-entropy over the vocabulary), bytes read and written over the
-  measured bandwidth of a copy of the whole pass's bytes, backward twice the forward
-  (each op's backward reads its input and the gradient and writes one).
-- ``dispatch``: the eager ops a step launches (:data:`OPS_PER_LAYER` per block), each at the
-  measured cost of one op's forward and backward: the floor a small model runs into.
+  residual adds, the cross-entropy over the vocabulary). Measured where the calibration has it
+  (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
+  with ``train.compile``, under torch.compile, less its dispatch floor; the loss at (tokens,
+  vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes,
+  backward twice the forward, and the term says it is not measured at this shape.
+- ``dispatch``: the same non-GEMM ops at a trivial shape: what launching them costs whatever
+  their size. Else :data:`OPS_PER_LAYER` eager ops per block at one op's measured cost (a CPU's),
+  labelled as not measured at this shape.
 - ``recompute``: full recompute runs every block's forward again in backward (gemm, attention,
   elementwise and dispatch forward shares); selective, the attention core's
   (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 5).
