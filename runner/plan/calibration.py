@@ -211,15 +211,18 @@ class Calibration:
     ) -> tuple[float, float, str] | None:
         """One block's non-GEMM part, forward and backward (runner/plan/block_timing.py
         ``rest_seconds``): (seconds at this shape, seconds at a trivial shape of the same ops: their
-        dispatch floor, how it was had). A CPU measures at most ``rest_cap_elements`` a tensor and
-        scales the part above the floor by the tokens; a file takes its nearest recorded shape,
-        scaled by the tokens and widths above the floor. None: neither measured nor recorded."""
+        dispatch floor, how it was had). A CPU measures at most ``rest_cap_elements`` a tensor
+        (compiled: at micro 1) and scales the part above the floor by the tokens; a file takes its
+        nearest recorded shape, scaled by the tokens and widths above the floor. None: neither
+        measured nor recorded."""
         table, kind = (self.rest_compiled, "rest_compiled") if compiled else (self.rest, "rest")
         shape = (micro, seq, d_model, heads, kv_heads, ffn)
         trivial = floor_shape(heads, kv_heads)
         if self.measure is None and not table:
             return None
         at_micro, at_seq = self._capped_tokens(micro, seq, max(d_model, ffn))
+        if compiled and self.rest_cap_elements is not None:
+            at_micro = 1  # a CPU compiles once a shape (a minute): every micro-batch size shares micro 1
         measured_shape = (at_micro, at_seq, d_model, heads, kv_heads, ffn)
         floor, _ = self._figure(table, kind, trivial)
         found, _ = self._figure(table, kind, measured_shape)
