@@ -58,7 +58,8 @@ sys.path.insert(0, str(ROOT))
 
 from runner.config import ModelConfig  # noqa: E402
 from runner.hardware import calibrate  # noqa: E402
-from runner.plan.calibration import cluster_file, from_record  # noqa: E402
+from runner.plan.block_timing import cross_entropy_seconds, rest_seconds  # noqa: E402
+from runner.plan.calibration import cluster_file, floor_shape, from_record  # noqa: E402
 
 
 def _model(name: str) -> ModelConfig:
@@ -127,6 +128,7 @@ def figure_sources(figures: dict[str, Any]) -> dict[str, str]:
     """The micro-benchmark that measured each figure of the record (runner/plan/calibration.py
     ``Calibration.sources``), and why a figure left None is."""
     here = "bench/calibrate_device.py measure: runner/hardware/calibrate.py"
+    rest = "one block's non-GEMM part forward and backward at each micro-batch and its trivial shape"
     zero3 = "bench/calibrate_device.py zero3_figures: runner/hardware/calibrate_zero3.py engine_param_seconds"
     measured = {
         "gemms": f"{here} gemm_rates (forward, dX, dW) at each GEMM of a block and the head",
@@ -142,11 +144,63 @@ def figure_sources(figures: dict[str, Any]) -> dict[str, str]:
         ),
         "zero3_hook_s": f"{zero3}, stage 3 with every tensor persistent less stage 0, per tensor visited",
         "zero3_gather_s": f"{zero3}, stage 3 less stage 3 with every tensor persistent, per gathered tensor",
+        "rest": f"bench/calibrate_device.py _rest_figures: runner/plan/block_timing.py rest_seconds, {rest}",
+        "rest_compiled": (
+            f"bench/calibrate_device.py _rest_figures: runner/plan/block_timing.py rest_seconds, {rest}, "
+            "under torch.compile"
+        ),
+        "cross_entropy": (
+            "bench/calibrate_device.py _rest_figures: runner/plan/block_timing.py cross_entropy_seconds, "
+            "the loss forward and backward at (tokens, vocab)"
+        ),
     }
     return {
         name: words if figures.get(name) not in (None, {}) else f"not measured on this device ({words})"
         for name, words in measured.items()
     }
+
+
+def _rest_figures(
+    cfg: ModelConfig,
+    micros: list[int],
+    seq: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    timed: Callable[[str, Callable[[], Any]], Any],
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """One block's non-GEMM part (runner/plan/block_timing.py ``rest_seconds``) at each micro-batch
+    and at its dispatch floor's trivial shape (runner/plan/calibration.py ``floor_shape``), eager,
+    and compiled on CUDA (torch.compile takes a minute a shape on a CPU: its mode records eager
+    only); the cross-entropy over (micro x seq, vocab)."""
+    import dataclasses
+
+    from runner.model.shape import n_kv_head
+
+    kinds = ["rest", "rest_compiled"] if device.type == "cuda" else ["rest"]
+    rest: dict[str, dict[str, float]] = {kind: {} for kind in kinds}
+    heads, kv = cfg.n_head, n_kv_head(cfg)
+    floor = floor_shape(heads, kv)
+    shapes = [floor] + [(micro, seq, cfg.d_model, heads, kv, cfg.ffn_hidden) for micro in micros]
+    for kind in kinds:
+        for shape in shapes:
+            micro, at_seq, d, h, k, f = shape
+            block = ModelConfig(name="block", n_layer=1, n_head=h, n_kv_head=k, d_model=d, ffn_hidden=f)
+            block = dataclasses.replace(block, max_seq_len=max(at_seq, 8))
+            rest[kind][_key(*shape)] = timed(
+                kind,
+                functools.partial(
+                    rest_seconds, block, micro, at_seq, dtype=dtype, device=device, compiled=kind != "rest"
+                ),
+            )
+    loss = {
+        _key(micro * seq, cfg.vocab_size): timed(
+            "cross_entropy",
+            functools.partial(cross_entropy_seconds, micro * seq, cfg.vocab_size, dtype=dtype, device=device),
+        )
+        for micro in micros
+    }
+    return rest, {"cross_entropy": loss}
 
 
 def measure(
@@ -165,6 +219,8 @@ def measure(
 
     gemms: dict[str, list[float]] = {}
     attention: dict[str, list[float]] = {}
+    rests: dict[str, dict[str, float]] = {"rest": {}, "rest_compiled": {}}
+    losses: dict[str, dict[str, float]] = {"cross_entropy": {}}
     for name in models:
         cfg = _model(name)
         head_dim = cfg.d_model // cfg.n_head
@@ -185,7 +241,11 @@ def measure(
                     functools.partial(calibrate.attention_seconds, *shape, dtype=dtype, device=device),
                 )
                 attention[_key(*shape)] = list(seconds)
-        print(f"{name}: gemms and attention measured", flush=True)
+        rest, loss = _rest_figures(cfg, micros, seq, dtype=dtype, device=device, timed=timed)
+        for table, figures_ in ((rests, rest), (losses, loss)):
+            for key, value in figures_.items():
+                table.setdefault(key, {}).update(value)
+        print(f"{name}: gemms, attention, non-GEMM parts and cross-entropy measured", flush=True)
     copy_sizes = [2**p for p in range(16, 33)] if cuda else [2**p for p in range(12, 25, 2)]
     copies = {
         _key(size): timed("copies", functools.partial(calibrate.copy_rate, size, device=device))
@@ -201,6 +261,8 @@ def measure(
         "attention": attention,
         "copies": copies,
         "adamw": adamw,
+        **rests,
+        **losses,
         "op_s": timed("op_s", lambda: calibrate.op_seconds(device=device)),
         "fresh_bytes_per_s": timed("fresh", lambda: calibrate.fresh_rate(device=device)),
         # one GPU has no peer to reduce with: its links are the cluster's (conf/cluster/*.yaml)

@@ -69,6 +69,21 @@ def _nearest(table: dict[str, Any], wanted: tuple[int, ...]) -> tuple[tuple[int,
     return None if best is None else (best[1], best[2])
 
 
+def floor_shape(heads: int, kv_heads: int) -> tuple[int, int, int, int, int, int]:
+    """The trivial (micro, seq, d, heads, kv heads, ffn) whose non-GEMM part runs the same ops as a
+    block of ``heads`` and ``kv_heads`` (GQA's repeat where it has one): their dispatch floor."""
+    rep = max(1, heads // max(1, kv_heads))
+    return (1, 8, 8 * rep, rep, 1, 16)
+
+
+def _found(table: dict[str, Any], wanted: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ``_figure`` answered ``wanted`` from: itself where recorded, else its nearest."""
+    if _key(*wanted) in table:
+        return wanted
+    near = _nearest(table, wanted)
+    return wanted if near is None else near[0]
+
+
 @dataclass
 class Calibration:
     """Measured figures of one device; see the module docstring for where each comes from."""
@@ -85,6 +100,11 @@ class Calibration:
     op_s: float | None = None  # one eager op, forward and backward
     blocks: dict[str, float] = field(default_factory=dict)  # "micro,seq,d,heads,kv heads,ffn": fwd+bwd s
     adamw: dict[str, float] = field(default_factory=dict)  # "numel": fused AdamW bytes/s (28 B a param)
+    # one block's non-GEMM part, fwd+bwd s, eager and compiled (runner/plan/block_timing.py
+    # ``rest_seconds``): "micro,seq,d,heads,kv heads,ffn"
+    rest: dict[str, float] = field(default_factory=dict)
+    rest_compiled: dict[str, float] = field(default_factory=dict)
+    cross_entropy: dict[str, float] = field(default_factory=dict)  # "tokens,vocab": the loss fwd+bwd s
     fresh_bytes_per_s: float | None = None  # zeroing fresh large CPU allocations (page faults); GPU: None
     allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
     allgather: list[float] | None = None  # [latency s, bytes/s received], two ranks
@@ -111,6 +131,8 @@ class Calibration:
     # a CPU's caps on what it measures (None: none), stated in the terms that use them
     gemm_cap_flops: float | None = field(default=None, repr=False, compare=False)
     block_cap_params: float | None = field(default=None, repr=False, compare=False)
+    # a CPU's cap on the elements of the largest tensor of a non-GEMM or loss measurement
+    rest_cap_elements: int | None = field(default=None, repr=False, compare=False)
     _measured: set[str] = field(default_factory=set, repr=False, compare=False)
     # (kind, shape key) of figures measured on a busy host: cached, used, and provisional, that is
     # measured again by the first later plan that finds the host quiet
@@ -181,6 +203,64 @@ class Calibration:
             return None
         seconds, _ = self._figure(self.blocks, "block", shape)
         return seconds
+
+    def _capped_tokens(self, micro: int, seq: int, width: int) -> tuple[int, int]:
+        """(micro, seq) halved, micro first, until micro x seq x ``width`` is under the CPU's cap."""
+        cap = self.rest_cap_elements
+        while cap is not None and micro * seq * width > cap and (micro > 1 or seq > 8):
+            if micro > 1:
+                micro //= 2
+            else:
+                seq //= 2
+        return micro, seq
+
+    def rest_seconds(
+        self, micro: int, seq: int, d_model: int, heads: int, kv_heads: int, ffn: int, *, compiled: bool
+    ) -> tuple[float, float, str] | None:
+        """One block's non-GEMM part, forward and backward (runner/plan/block_timing.py
+        ``rest_seconds``): (seconds at this shape, seconds at a trivial shape of the same ops: their
+        dispatch floor, how it was had). A CPU measures at most ``rest_cap_elements`` a tensor
+        (compiled: at micro 1) and scales the part above the floor by the tokens; a file takes its
+        nearest recorded shape, scaled by the tokens and widths above the floor. None: neither
+        measured nor recorded."""
+        table, kind = (self.rest_compiled, "rest_compiled") if compiled else (self.rest, "rest")
+        shape = (micro, seq, d_model, heads, kv_heads, ffn)
+        trivial = floor_shape(heads, kv_heads)
+        if self.measure is None and not table:
+            return None
+        at_micro, at_seq = self._capped_tokens(micro, seq, max(d_model, ffn))
+        if compiled and self.rest_cap_elements is not None:
+            at_micro = 1  # a CPU compiles once a shape (a minute): every micro-batch size shares micro 1
+        measured_shape = (at_micro, at_seq, d_model, heads, kv_heads, ffn)
+        floor, _ = self._figure(table, kind, trivial)
+        found, _ = self._figure(table, kind, measured_shape)
+        if found is None:
+            return None
+        near_shape = _found(table, measured_shape)
+        floor = min(float(floor or 0.0), float(found))
+        nm, ns, nd, _, _, nf = near_shape
+        scale = (micro * seq * (3 * d_model + ffn)) / max(1, nm * ns * (3 * nd + nf))
+        where = "measured" if self.measure is not None else "recorded"
+        words = f"{where} at this shape"
+        if near_shape != shape:
+            words = f"{where} at {_key(*near_shape)}, scaled by the tokens and widths"
+        return floor + (float(found) - floor) * scale, floor, words
+
+    def cross_entropy_s(self, tokens: int, vocab: int) -> tuple[float, str] | None:
+        """The loss's forward and backward over (tokens, vocab) logits (runner/plan/block_timing.py
+        ``cross_entropy_seconds``), scaled by the elements from a capped or nearest shape; None: none."""
+        if self.measure is None and not self.cross_entropy:
+            return None
+        at_tokens, _ = self._capped_tokens(tokens, 1, vocab) if self.rest_cap_elements else (tokens, 1)
+        found, _ = self._figure(self.cross_entropy, "cross_entropy", (at_tokens, vocab))
+        if found is None:
+            return None
+        near = _found(self.cross_entropy, (at_tokens, vocab))
+        where = "measured" if self.measure is not None else "recorded"
+        words = f"{where} at this shape"
+        if near != (tokens, vocab):
+            words = f"{where} at (tokens, vocab) {_key(*near)}, scaled by the elements"
+        return float(found) * tokens * vocab / max(1, near[0] * near[1]), words
 
     def block_too_large(self, shape: tuple[int, ...]) -> bool:
         """Whether a block of (micro, seq, d_model, heads, kv heads, ffn) is past the CPU's cap
@@ -305,6 +385,9 @@ class Calibration:
             "copies",
             "blocks",
             "adamw",
+            "rest",
+            "rest_compiled",
+            "cross_entropy",
         )
         out = {name: getattr(self, name) for name in keep}
         out.update(
@@ -351,6 +434,9 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         op_s=record.get("op_s"),
         blocks=dict(record.get("blocks") or {}),
         adamw=dict(record.get("adamw") or {}),
+        rest=dict(record.get("rest") or {}),
+        rest_compiled=dict(record.get("rest_compiled") or {}),
+        cross_entropy=dict(record.get("cross_entropy") or {}),
         fresh_bytes_per_s=record.get("fresh_bytes_per_s"),
         allreduce=record.get("allreduce"),
         allgather=record.get("allgather"),
@@ -436,6 +522,7 @@ __all__ = [
     "Calibration",
     "cache_dir",
     "cluster_file",
+    "floor_shape",
     "from_record",
     "load_cluster",
     "local",

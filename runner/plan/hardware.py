@@ -51,6 +51,10 @@ PROGRESS_AFTER_S = 2.0  # a measurement still running after this long says on st
 # block (about 6e7) is timed; llama_7b's (2e8) and llama_70b's (8.6e8: 3.4 GB in fp32, twice over
 # with the neighbour rank's copy) are not, and their parts go unscaled (the gemm term says so).
 BLOCK_CAP_PARAMS = 1e8
+# A CPU measures a block's non-GEMM part and the loss with at most this many elements in the
+# largest tensor (64 MiB in fp32), halving micro then seq to fit; the part above the ops' dispatch
+# floor is scaled by the tokens (runner/plan/calibration.py ``rest_seconds``), and the term says so.
+REST_CAP_ELEMENTS = 2**24
 
 
 @dataclass(frozen=True)
@@ -218,7 +222,7 @@ def _measure_here(
     import torch  # deferred: only a plan that predicts time on this host's device measures it
 
     from runner.hardware import calibrate, calibrate_zero3
-    from runner.plan.block_timing import block_seconds
+    from runner.plan.block_timing import block_seconds, cross_entropy_seconds, rest_seconds
 
     device = torch.device("cuda" if cuda else "cpu")
     dtype = {Precision.fp32: torch.float32, Precision.fp16: torch.float16}.get(precision, torch.bfloat16)
@@ -249,6 +253,16 @@ def _measure_here(
                 )
                 cfg = dataclasses.replace(cfg, max_seq_len=seq)
                 return block_seconds(cfg, micro, seq, dtype=dtype, device=device)
+            if kind in ("rest", "rest_compiled"):
+                micro, seq, d, heads, kv, ffn = shape
+                cfg = ModelConfig(
+                    name="block", n_layer=1, n_head=heads, n_kv_head=kv, d_model=d, ffn_hidden=ffn
+                )
+                cfg = dataclasses.replace(cfg, max_seq_len=seq)
+                compiled = kind == "rest_compiled"
+                return rest_seconds(cfg, micro, seq, dtype=dtype, device=device, compiled=compiled)
+            if kind == "cross_entropy":
+                return cross_entropy_seconds(shape[0], shape[1], dtype=dtype, device=device)
             if kind == "adamw":
                 return calibrate.adamw_rate(shape[0], device=device)
             single = {
@@ -277,6 +291,7 @@ def _measure_here(
     )
     if not cuda:  # a GPU times the real shapes
         here.gemm_cap_flops, here.block_cap_params = calibrate.MAX_GEMM_FLOPS, BLOCK_CAP_PARAMS
+        here.rest_cap_elements = REST_CAP_ELEMENTS
     return here
 
 
@@ -286,6 +301,10 @@ _WHAT = {
     "attention": "causal attention (batch, heads, seq, head dim) {shape} {dtype}",
     "copy": "copy bandwidth over {shape} bytes",
     "block": "one transformer block (micro, seq, d_model, heads, kv heads, ffn) {shape} {dtype}, whole",
+    "rest": "one block's non-GEMM part (micro, seq, d_model, heads, kv heads, ffn) {shape} {dtype}, eager",
+    "rest_compiled": "one block's non-GEMM part (micro, seq, d_model, heads, kv heads, ffn) {shape} {dtype}, "
+    "torch.compile (compiling takes a minute on a CPU)",
+    "cross_entropy": "the cross-entropy over (tokens, vocab) {shape} {dtype}",
     "adamw": "fused AdamW over {shape} parameters",
     "op_s": "one eager op's dispatch",
     "fresh_bytes_per_s": "page faults of fresh tensors",

@@ -14,11 +14,14 @@ and ``accum`` micro-batches:
 - ``attention``: causal ``scaled_dot_product_attention`` (the kernel runner/model/transformer.py
   calls) forward and backward at (micro, heads / tp, seq, head_dim), measured.
 - ``elementwise``: the memory-bound kernels around them (RMSNorm, RoPE, SwiGLU's gate, the
-  residual adds, the cross-entropy over the vocabulary), bytes read and written over the
-  measured bandwidth of a copy of the whole pass's bytes, backward twice the forward
-  (each op's backward reads its input and the gradient and writes one).
-- ``dispatch``: the eager ops a step launches (:data:`OPS_PER_LAYER` per block), each at the
-  measured cost of one op's forward and backward: the floor a small model runs into.
+  residual adds, the cross-entropy over the vocabulary). Measured where the calibration has it
+  (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
+  with ``train.compile``, under torch.compile, less its dispatch floor; the loss at (tokens,
+  vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes,
+  backward twice the forward, and the term says it is not measured at this shape.
+- ``dispatch``: the same non-GEMM ops at a trivial shape: what launching them costs whatever
+  their size. Else :data:`OPS_PER_LAYER` eager ops per block at one op's measured cost (a CPU's),
+  labelled as not measured at this shape.
 - ``recompute``: full recompute runs every block's forward again in backward (gemm, attention,
   elementwise and dispatch forward shares); selective, the attention core's
   (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 5).
@@ -127,6 +130,8 @@ class _Compute:
     elementwise_forward: float
     dispatch: float  # forward and backward
     in_place: float = 1.0  # the blocks' parts scaled by a block timed whole (``_in_place``)
+    elementwise_words: str = ""  # where the elementwise and dispatch figures came from
+    dispatch_words: str = ""
 
 
 def _attention_from_gemms(
@@ -214,34 +219,87 @@ def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration)
         attention = _attention_from_gemms(
             calibration, layout.micro_size * model.n_head // tp, workload.seq_len, head_dim
         )
-    # A CPU runs each op as it is dispatched; a GPU queues kernels while the host dispatches the
-    # next, so the host's dispatch time hides behind them (a GPU's calibration has threads 0).
-    op_s = (calibration.op_seconds() or 0.0) if calibration.threads else 0.0
-    elem = _elem_bytes(workload.precision)
-    h, f = model.d_model, model.ffn_hidden
-    kv = h * n_kv_head(model) // model.n_head
-    per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
-    block_bytes = tokens * per_token * elem
-    head_bytes = tokens * CROSS_ENTROPY * (model.vocab_size / tp) * elem
-    # The rate of a copy as large as the whole forward's traffic: its tensors stream through the
-    # caches once, each written by one kernel and read by the next after others ran between.
-    block_rate = calibration.copy_rate(layers * block_bytes)
-    head_rate = calibration.copy_rate(head_bytes)
-    if gemms is None or attention is None or block_rate is None or head_rate is None:
+    if gemms is None or attention is None:
+        return None
+    rest = _rest(workload, layout, calibration, layers)
+    if rest is None:
         return None
     (block_f, head_f), (block_b, head_b) = gemms
-    elementwise = block_bytes / block_rate
-    one_block = (block_f + block_b) / layers + sum(attention) + elementwise * (1 + BACKWARD_ELEMENTS)
-    scale = _in_place(workload, layout, calibration, one_block + OPS_PER_LAYER * op_s)
+    block_rest, floor, head_elementwise, elementwise_words, dispatch_words = rest
+    one_block = (block_f + block_b) / layers + sum(attention) + block_rest
+    scale = _in_place(workload, layout, calibration, one_block)
+    elementwise = (block_rest - floor) / (1 + BACKWARD_ELEMENTS)  # one block's forward share
     return _Compute(
         gemm_forward=head_f + scale * block_f,
         gemm_backward=head_b + scale * block_b,
         attention_forward=scale * layers * attention[0],
         attention_backward=scale * layers * attention[1],
-        elementwise_forward=scale * layers * elementwise + head_bytes / head_rate,
-        dispatch=scale * layers * OPS_PER_LAYER * op_s,
+        elementwise_forward=scale * layers * elementwise + head_elementwise,
+        dispatch=scale * layers * floor,
         in_place=scale,
+        elementwise_words=elementwise_words,
+        dispatch_words=dispatch_words,
     )
+
+
+def _rest(
+    workload: Workload, layout: Layout, calibration: Calibration, layers: int
+) -> tuple[float, float, float, str, str] | None:
+    """One block's non-GEMM part forward + backward, its dispatch floor (both seconds), the
+    cross-entropy's forward share, and in words where each came from (None: a figure is missing).
+
+    Measured (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape,
+    eager or compiled as the run asks, its floor the same ops at a trivial shape; the loss at
+    (tokens, vocab / tp). Not measured on the device (a calibration file without them): the
+    bytes of :data:`NORM_AND_RESIDUAL` ... over the copy bandwidth, :data:`OPS_PER_LAYER` eager
+    ops at one op's measured dispatch (a CPU's; a GPU's queue hides it), and the term says so."""
+    model, tp = workload.model, layout.tp
+    tokens = layout.micro_size * workload.seq_len
+    elem = _elem_bytes(workload.precision)
+    h, f = model.d_model, model.ffn_hidden
+    kv = h * n_kv_head(model) // model.n_head
+    heads, kv_heads = model.n_head // tp, max(1, n_kv_head(model) // tp)
+    shape = (layout.micro_size, workload.seq_len, h, heads, kv_heads, f // tp)
+    mode = "compiled" if workload.compiled else "eager"
+    measured = calibration.rest_seconds(*shape, compiled=workload.compiled)
+    loss = calibration.cross_entropy_s(tokens, model.vocab_size // tp)
+    missing = []
+    if measured is not None:
+        block_rest, floor, how = measured
+        block_words = f"the block's non-GEMM part {mode}, {how}"
+        dispatch_words = f"its ops at a trivial shape ({how.split(' at ')[0]}): the floor their dispatch sets"
+    else:
+        # A CPU runs each op as it is dispatched; a GPU queues kernels while the host dispatches
+        # the next, so the host's dispatch time hides behind them (a GPU's calibration has threads 0).
+        op_s = (calibration.op_seconds() or 0.0) if calibration.threads else 0.0
+        per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
+        block_bytes = tokens * per_token * elem
+        # The rate of a copy as large as the whole forward's traffic: its tensors stream through the
+        # caches once, each written by one kernel and read by the next after others ran between.
+        block_rate = calibration.copy_rate(layers * block_bytes)
+        if block_rate is None:
+            return None
+        floor = OPS_PER_LAYER * op_s
+        block_rest = block_bytes / block_rate * (1 + BACKWARD_ELEMENTS) + floor
+        block_words = "norms, RoPE, SwiGLU, residuals: bytes over copy bandwidth, not measured at this shape"
+        dispatch_words = (
+            f"{OPS_PER_LAYER} eager ops per block at one op's dispatch, not measured at this shape"
+        )
+        missing.append(f"the block's non-GEMM part ({mode})")
+    if loss is not None:
+        head, loss_words = loss[0] / (1 + BACKWARD_ELEMENTS), f"cross-entropy {loss[1]}"
+    else:
+        head_bytes = tokens * CROSS_ENTROPY * (model.vocab_size / tp) * elem
+        head_rate = calibration.copy_rate(head_bytes)
+        if head_rate is None:
+            return None
+        head = head_bytes / head_rate
+        loss_words = "cross-entropy: bytes over copy bandwidth, not measured at this shape"
+        missing.append("the cross-entropy")
+    words = f"{block_words}; {loss_words}"
+    if missing and calibration.measure is None:
+        words += f"; {' and '.join(missing)} not measured on this device ({calibration.device})"
+    return block_rest, floor, head, words, dispatch_words
 
 
 def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) -> Term | None:
@@ -532,9 +590,9 @@ def compute_terms(
         Term(
             "elementwise",
             accum * micro.elementwise_forward * (1 + BACKWARD_ELEMENTS),
-            "norms, RoPE, SwiGLU, residuals, cross-entropy: bytes over copy bandwidth",
+            micro.elementwise_words,
         ),
-        Term("dispatch", accum * micro.dispatch, f"{OPS_PER_LAYER} eager ops per block, forward + backward"),
+        Term("dispatch", accum * micro.dispatch, micro.dispatch_words),
     ]
     if knobs.recompute == Recompute.full:
         redo = micro.gemm_forward + micro.attention_forward + micro.elementwise_forward + micro.dispatch / 3

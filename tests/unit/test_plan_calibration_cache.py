@@ -73,3 +73,26 @@ def test_a_datasheet_cluster_never_measures_this_host(
         config = compose_config("model=llama_70b", f"cluster={cluster}", "parallel=zero3", "gpus=64")
         assert plan_config(config).time.calibration
     assert not list(tmp_path.iterdir())
+
+
+def test_a_capped_non_gemm_part_is_measured_small_cached_and_scaled_to_the_runs_tokens(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(calibrations.CACHE_ENV, str(tmp_path))
+    asked: list[tuple[str, tuple[int, ...]]] = []
+    # the floor at the trivial shape, then the capped shape: 1 ms of ops plus 9 ms of bytes
+    here = _local([(1e-3, True), (1e-2, True)], asked, quiet=True)
+    here.rest_cap_elements = 2**20
+    seconds, floor, words = here.rest_seconds(8, 2048, 2048, 16, 8, 8192, compiled=False)  # type: ignore[misc]
+    trivial = calibrations.floor_shape(16, 8)
+    assert asked == [("rest", trivial), ("rest", (1, 128, 2048, 16, 8, 8192))]  # 128 x 8192 = 2^20
+    assert floor == 1e-3 and seconds == pytest.approx(1e-3 + 9e-3 * 128)  # 16,384 tokens / 128
+    assert words == "measured at 1,128,2048,16,8,8192, scaled by the tokens and widths"
+    again = _local([], asked, quiet=True)  # a later plan: the cache, nothing measured
+    again.rest_cap_elements = 2**20
+    assert again.rest_seconds(8, 2048, 2048, 16, 8, 8192, compiled=False) == (seconds, floor, words)
+    assert len(asked) == 2
+    assert calibrations.from_record(again.record(), source="").rest == again.rest
+    assert "non-GEMM part (micro, seq, d_model, heads, kv heads, ffn) 1x128x2048x16x8x8192" in (
+        hardware._WHAT["rest"].format(shape="1x128x2048x16x8x8192", dtype="float32")
+    )

@@ -137,3 +137,51 @@ def test_a_16_bit_zero_step_writes_its_fp32_gradients_once_and_scales_them_in_th
     assert not any(name.startswith("clip") for name in lean)
     offloaded = step_copies(zero_stage=stage, offload=OffloadPlacement.optimizer, **common)
     assert any(c.name.startswith("clip") for c in offloaded)
+
+
+def _term(plan: Plan, name: str):
+    return next(t for t in plan.time.terms if t.name == name)
+
+
+@pytest.fixture
+def measured_parts(monkeypatch):
+    """FIGURES plus a block's non-GEMM part (eager twice the compiled), its dispatch floor and the loss."""
+    floor = calibrations._key(*calibrations.floor_shape(4, 4))
+    record = {
+        **FIGURES,
+        "rest": {floor: 1e-4, "8,128,256,4,4,688": 4e-3},
+        "rest_compiled": {floor: 1e-4, "8,128,256,4,4,688": 2e-3},
+        "cross_entropy": {"1024,512": 1e-3},
+    }
+    calibration = calibrations.from_record(record, source="test figures with measured parts")
+    monkeypatch.setattr("runner.plan.hardware._measure_here", lambda *args, **kwargs: calibration)
+
+
+def test_a_compiled_run_is_predicted_from_its_compiled_block_faster_than_eager(measured_parts):
+    eager = plan_config(compose_config())
+    compiled = plan_config(compose_config("train.compile=true"))
+    assert compiled.time.step_s < eager.time.step_s
+    assert _term(compiled, "elementwise").seconds < _term(eager, "elementwise").seconds
+    assert "non-GEMM part eager, recorded" in _term(eager, "elementwise").words
+    assert "non-GEMM part compiled, recorded" in _term(compiled, "elementwise").words
+    assert "cross-entropy recorded" in _term(eager, "elementwise").words
+    assert "trivial shape" in _term(eager, "dispatch").words
+    assert "non-GEMM part compiled" in _time_section(compiled)
+
+
+def test_a_calibration_without_the_measured_parts_says_which_terms_it_guesses(fixed_calibration):
+    plan = plan_config(compose_config("train.compile=true"))
+    words = _term(plan, "elementwise").words
+    assert "bytes over copy bandwidth, not measured at this shape" in words
+    assert "the block's non-GEMM part (compiled) and the cross-entropy not measured on this device" in words
+    assert "not measured at this shape" in _term(plan, "dispatch").words
+
+
+def test_a_datasheet_cluster_whose_file_lacks_the_parts_states_it():
+    if not calibrations.cluster_file("h200").is_file():
+        pytest.skip("conf/cluster/calibration/h200.json is not there yet")
+    plan = plan_config(compose_config("model=llama_1b", "cluster=h200", "precision=bf16", "gpus=1"))
+    if calibrations.load_cluster("h200").rest:  # type: ignore[union-attr]
+        pytest.skip("h200.json records the non-GEMM parts")
+    assert "not measured on this device (NVIDIA H200" in _term(plan, "elementwise").words
+    assert "not measured on this device" in _time_section(plan)
