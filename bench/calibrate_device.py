@@ -171,8 +171,8 @@ def _rest_figures(
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """One block's non-GEMM part (runner/plan/block_timing.py ``rest_seconds``) at each micro-batch
     and at its dispatch floor's trivial shape (runner/plan/calibration.py ``floor_shape``), eager,
-    and compiled on CUDA (torch.compile takes a minute a shape on a CPU: its mode records eager
-    only); the cross-entropy over (micro x seq, vocab)."""
+    and compiled on CUDA at the floor and the largest micro-batch (torch.compile takes a minute a
+    shape on a CPU: its mode records eager only); the cross-entropy over (micro x seq, vocab)."""
     import dataclasses
 
     from runner.model.shape import n_kv_head
@@ -183,7 +183,10 @@ def _rest_figures(
     floor = floor_shape(heads, kv)
     shapes = [floor] + [(micro, seq, cfg.d_model, heads, kv, cfg.ffn_hidden) for micro in micros]
     for kind in kinds:
-        for shape in shapes:
+        # Compiling is paid per shape (tens of seconds on a GPU): the compiled part is measured
+        # at the floor and the largest micro-batch only; the plan reads the nearest shape.
+        at = shapes if kind == "rest" else [floor, shapes[-1]]
+        for shape in at:
             micro, at_seq, d, h, k, f = shape
             block = ModelConfig(name="block", n_layer=1, n_head=h, n_kv_head=k, d_model=d, ffn_hidden=f)
             block = dataclasses.replace(block, max_seq_len=max(at_seq, 8))
