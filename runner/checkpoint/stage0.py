@@ -127,9 +127,15 @@ def to_universal(source: Path, output: Path, model: ModelConfig, *, tp: int = 1)
     for index, name in enumerate(names.in_order):
         shape = names.shapes[name]
         weights[name] = join_tp_shards(name, [rank[name] for rank in held], shape)
-        states = [adam["state"][index] for adam, _ in parts]
-        moments[name] = {key: join_tp_shards(name, [s[key] for s in states], shape) for key in ADAM_MOMENTS}
-        moments[name]["step"] = states[0]["step"]
+        # An optimizer without moments (SGD without momentum) keeps no state: nothing to join.
+        states = [adam["state"].get(index, {}) for adam, _ in parts]
+        moments[name] = {
+            key: join_tp_shards(name, [s[key] for s in states], shape)
+            for key in ADAM_MOMENTS
+            if key in states[0]
+        }
+        if "step" in states[0]:
+            moments[name]["step"] = states[0]["step"]
     first = {**ranks[0], "mp_world_size": 1}  # one model-states file, as at tp 1
     write_universal(output, first, names, weights=weights, moments=moments, hyper=parts[0][0][PARAM_GROUPS])
 
@@ -166,8 +172,10 @@ def write_universal(
         folder.mkdir(parents=True)
         torch.save(_fragment(weights[name]), folder / "fp32.pt")
         for key in ADAM_MOMENTS:
-            torch.save(_fragment(moments[name][key]), folder / f"{key}.pt")
-        torch.save(torch.as_tensor(moments[name]["step"]).detach().clone(), folder / "step.pt")
+            if key in moments[name]:  # a stateless optimizer's checkpoint holds fp32 alone
+                torch.save(_fragment(moments[name][key]), folder / f"{key}.pt")
+        if "step" in moments[name]:
+            torch.save(torch.as_tensor(moments[name]["step"]).detach().clone(), folder / "step.pt")
     for alias, owner in names.tied.items():  # as ds_to_universal: the weight, under its second name
         (zero / alias).mkdir()
         torch.save({PARAM: weights[owner].detach().float().clone()}, zero / alias / "fp32.pt")

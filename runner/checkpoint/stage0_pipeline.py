@@ -106,12 +106,12 @@ def _bf16_stage(
     weights: dict[str, torch.Tensor] = {}
     moments: Moments = {}
     for group in range(len(parts[0]["single_partition_of_fp32_groups"])):
-        step = parts[0]["base_optimizer_state"]["state"][group]["step"]
+        step = parts[0]["base_optimizer_state"]["state"].get(group, {}).get("step")
         pieces: dict[str, list[tuple[int, dict[str, torch.Tensor]]]] = {}
         for dp_rank, part in enumerate(parts):
-            adam = part["base_optimizer_state"]["state"][group]
+            adam = part["base_optimizer_state"]["state"].get(group, {})  # empty: SGD without momentum
             flat = {"fp32": part["single_partition_of_fp32_groups"][group]}
-            flat.update({key: adam[key] for key in ADAM_MOMENTS})
+            flat.update({key: adam[key] for key in ADAM_MOMENTS if key in adam})
             size = flat["fp32"].numel()
             for name, address in part["param_slice_mappings"][group].items():
                 span = slice(address.start, address.start + address.numel)
@@ -127,7 +127,8 @@ def _bf16_stage(
                 )
             weights[name] = whole.pop("fp32").reshape(shapes[name])
             moments[name] = {key: value.reshape(shapes[name]) for key, value in whole.items()}
-            moments[name]["step"] = step
+            if step is not None:
+                moments[name]["step"] = step
     return weights, moments, parts[0]["base_optimizer_state"]["param_groups"]
 
 
@@ -200,8 +201,13 @@ def to_universal(source: Path, output: Path, model: ModelConfig, *, pp: int, tp:
             shape = names.shapes[name]
             weights[name] = join_tp_shards(name, [rank.weights[name] for rank in ranks], shape)
             adam = [rank.moments[name] for rank in ranks]
-            moments[name] = {key: join_tp_shards(name, [a[key] for a in adam], shape) for key in ADAM_MOMENTS}
-            moments[name]["step"] = adam[0]["step"]
+            moments[name] = {
+                key: join_tp_shards(name, [a[key] for a in adam], shape)
+                for key in ADAM_MOMENTS
+                if key in adam[0]
+            }
+            if "step" in adam[0]:
+                moments[name]["step"] = adam[0]["step"]
         if stage == 0:  # one model-states file, as a checkpoint of one model-parallel rank
             first, hyper = {**ranks[0].states, "mp_world_size": 1}, ranks[0].hyper
     missing = [name for name in names.in_order if name not in moments]

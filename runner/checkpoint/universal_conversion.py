@@ -137,10 +137,14 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
 def universal_copy(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str:
     """The checkpoint in the universal format under the model's names, converted once; returns its
     tag (``ladder export`` reads each parameter's ``zero/<name>/fp32.pt`` from it)."""
-    return _converted(run_dir, record, model)
+    return _converted(run_dir, record, model, caller=EXPORT)
 
 
-def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str:
+RESUME = "train.resume=auto"
+EXPORT = "ladder export"
+
+
+def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig, *, caller: str = RESUME) -> str:
     """Convert the checkpoint to the universal format under the model's names (once); returns its tag."""
     root = run_dir / CHECKPOINT_DIR
     tag = record["tag"] + UNIVERSAL_SUFFIX
@@ -148,9 +152,9 @@ def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str
         partial = root / (PARTIAL_PREFIX + tag)
         shutil.rmtree(partial, ignore_errors=True)
         if record["zero_stage"] == 0:  # ladder joins stage 0's shards itself, under the model's names
-            _stage0_to_universal(root / record["tag"], partial, record, model)
+            _stage0_to_universal(root / record["tag"], partial, record, model, caller)
         else:
-            _ds_to_universal(root / record["tag"], partial, record)
+            _ds_to_universal(root / record["tag"], partial, record, caller)
             if record["layout"].get("pp", 1) > 1:
                 _rename_parameters(partial / "zero", lambda name: pipeline_names.model_name(model, name))
         loadable_at_every_stage(partial)
@@ -158,7 +162,7 @@ def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str
     return tag
 
 
-def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any]) -> None:
+def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any], caller: str) -> None:
     """DeepSpeed's conversion of a ZeRO 1-3 checkpoint, in a subprocess; refused with its last word."""
     converted = subprocess.run(
         [
@@ -185,10 +189,12 @@ def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any]) -> Non
         pointer.unlink()
     if converted.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise ValueError(_unconverted(record, converted.stderr, source))
+        raise ValueError(_unconverted(record, converted.stderr, source, caller))
 
 
-def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], model: ModelConfig) -> None:
+def _stage0_to_universal(
+    source: Path, partial: Path, record: dict[str, Any], model: ModelConfig, caller: str
+) -> None:
     """ladder's conversion of a stage-0 checkpoint (runner/checkpoint/stage0.py); refused with its reason."""
     partial.mkdir(parents=True)
     try:
@@ -199,22 +205,25 @@ def _stage0_to_universal(source: Path, partial: Path, record: dict[str, Any], mo
             checkpoint_stage0.to_universal(source, partial, model, tp=tp)
     except ValueError as error:
         shutil.rmtree(partial, ignore_errors=True)
-        raise ValueError(
-            f"train.resume=auto: {record['tag']} cannot move to another layout: {error}"
-        ) from None
+        raise ValueError(f"{caller}: {record['tag']} cannot move to another layout: {error}") from None
 
 
-def _unconverted(record: dict[str, Any], stderr: str, source: Path) -> str:
-    """The refusal when ds_to_universal fails: its last word, the room it had, and how to resume
-    all the same."""
+def _unconverted(record: dict[str, Any], stderr: str, source: Path, caller: str) -> str:
+    """The refusal when ds_to_universal fails: its last word, the room it had, and what to do
+    instead (``caller``: the command that needed the conversion)."""
     keep = own_layout(record)
     last = (stderr.strip().splitlines() or ["(it printed nothing)"])[-1]
     room = (
         f"the universal copy goes beside the checkpoint ({folder_bytes(source) / 1e9:.3f} GB) on a "
         f"filesystem with {shutil.disk_usage(source).free / 1e9:.3f} GB free"
     )
+    if caller == EXPORT:
+        return (
+            f"{caller}: DeepSpeed's ds_to_universal could not convert {record['tag']} to the universal "
+            f"format: {last} ({room}). Export another checkpoint with --step N, or free room beside it"
+        )
     return (
-        f"train.resume=auto: DeepSpeed's ds_to_universal could not convert {record['tag']} for this "
+        f"{caller}: DeepSpeed's ds_to_universal could not convert {record['tag']} for this "
         f"layout: {last} ({room}). Resume on the checkpoint's own layout ({keep}), or start a new run "
         f"directory"
     )

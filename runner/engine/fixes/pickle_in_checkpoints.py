@@ -106,6 +106,9 @@ def convert_to_universal(argv: list[str]) -> None:
     # Deferred: only a conversion to the universal format runs ds_to_universal.
     from deepspeed.checkpoint import ds_to_universal
 
+    from runner.engine.fixes import stateless_optimizer_universal
+
+    stateless_optimizer_universal.install()
     sys.argv = ["ds_to_universal", *argv]
     with weights_only_loads():
         ds_to_universal.main(ds_to_universal.parse_arguments())
