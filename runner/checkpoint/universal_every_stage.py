@@ -72,7 +72,8 @@ def _complete_optimizer_state(folder: Path) -> None:
     state.setdefault(DS_VERSION, deepspeed.__version__)
     step_files = sorted(zero.glob("*/step.pt"))
     if OPTIMIZER_STATE_DICT in state:  # written from stage 3: one step for every parameter
-        step = state[OPTIMIZER_STATE_DICT]["state"][0]["step"]
+        # An optimizer without moments (SGD without momentum) keeps no state, and so no step.
+        step = state[OPTIMIZER_STATE_DICT]["state"].get(0, {}).get("step")
         # It is rank 0's optimizer file whole: its fp32 partition and moments, which no loader
         # reads from here (they come from zero/<name>/), 12 B a parameter / dp on disk.
         state.pop("fp32_flat_groups", None)
@@ -81,7 +82,7 @@ def _complete_optimizer_state(folder: Path) -> None:
         }
         for param_dir in sorted(p.parent for p in zero.glob("*/fp32.pt")):
             _wrap_stage3_fragments(param_dir)
-            if not (param_dir / "step.pt").exists():
+            if step is not None and not (param_dir / "step.pt").exists():
                 torch.save(step, param_dir / "step.pt")
     elif step_files:  # written from stage 1-2: every step.pt holds the same step
         step = safe_load.load(step_files[0])
@@ -116,6 +117,8 @@ def _wrap_stage3_fragments(param_dir: Path) -> None:
     """
     for key in ("fp32", "exp_avg", "exp_avg_sq"):
         path = param_dir / f"{key}.pt"
+        if not path.exists():
+            continue  # a moment the optimizer does not keep (SGD without momentum)
         fragment = safe_load.load(path)
         if torch.is_tensor(fragment):
             torch.save({PARAM: fragment}, path)
