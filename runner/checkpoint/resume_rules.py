@@ -53,7 +53,9 @@ def check_resumable(
     if not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return
     if optimizer != OptimizerName.adamw:
-        # ds_to_universal (and ladder's stage-0 conversion) carry Adam's exp_avg and exp_avg_sq.
+        # The conversions carry a moment-free optimizer's fp32 weights too (ladder export reads
+        # them: runner/engine/fixes/stateless_optimizer_universal.py), but the way back into a
+        # stage-0 checkpoint (runner/checkpoint/stage0.py from_universal) rebuilds Adam's state.
         raise ValueError(
             f"train.resume=auto: {record['tag']} would move to another layout through DeepSpeed's "
             f"universal format, which carries Adam's state only "
