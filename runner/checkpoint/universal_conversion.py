@@ -162,7 +162,7 @@ def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig, *, cal
     return tag
 
 
-def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any], caller: str) -> None:
+def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any], caller: str = RESUME) -> None:
     """DeepSpeed's conversion of a ZeRO 1-3 checkpoint, in a subprocess; refused with its last word."""
     converted = subprocess.run(
         [
@@ -208,7 +208,7 @@ def _stage0_to_universal(
         raise ValueError(f"{caller}: {record['tag']} cannot move to another layout: {error}") from None
 
 
-def _unconverted(record: dict[str, Any], stderr: str, source: Path, caller: str) -> str:
+def _unconverted(record: dict[str, Any], stderr: str, source: Path, caller: str = RESUME) -> str:
     """The refusal when ds_to_universal fails: its last word, the room it had, and what to do
     instead (``caller``: the command that needed the conversion)."""
     keep = own_layout(record)

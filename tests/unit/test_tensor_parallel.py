@@ -211,3 +211,8 @@ def test_a_failed_conversion_is_refused_with_deepspeeds_word_and_the_checkpoints
     assert "ValueError: Rank 0 supplied a shard of 256 elements (" in message
     assert "the universal copy goes beside the checkpoint (0.002 GB) on a filesystem with" in message
     assert "(gpus=4 parallel.tp=2 parallel.zero_stage=3)" in message
+    assert message.startswith("train.resume=auto: ")
+    # the same failure met by ladder export names that command and an export's way out
+    exported = _unconverted(record, stderr, tmp_path, "ladder export")
+    assert exported.startswith("ladder export: ") and "train.resume" not in exported
+    assert "--step N" in exported
