@@ -7,172 +7,39 @@ config once into a frozen :class:`TrainConfig`; nothing in runner/ imports Hydra
 OmegaConf, and nothing below the launch layer sees a ``DictConfig``.
 
 Each key's field carries its meaning in one line and, for a number, its valid range
-(:func:`about`): ``python train.py --help`` prints the one, runner/preflight/validate.py
-checks the other before any rank starts.
+(runner/key_metadata.py :func:`about`): ``python train.py --help`` prints the one,
+runner/preflight/validate.py checks the other before any rank starts. A key with a closed set
+of values is typed with its Enum (runner/config_choices.py), re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import Enum
 from typing import Any
+
+from runner.config_choices import (
+    DataName,
+    LrScaling,
+    Objective,
+    Offload,
+    OffloadPlacement,
+    OnNonFinite,
+    OptimizerName,
+    Precision,
+    Recompute,
+    Resume,
+    RopeScaling,
+    Schedule,
+    WandbMode,
+    ZeroStage,
+)
+from runner.key_metadata import about
 
 # A field Hydra's composition must fill (OmegaConf's MISSING, spelt as OmegaConf spells it):
 # each root field names a config group that conf/config.yaml's defaults list chooses.
 MISSING: Any = "???"
-
-
-class Precision(str, Enum):
-    """Training precision: fp32 everywhere, or 16-bit compute with fp32 master weights."""
-
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class OptimizerName(str, Enum):
-    """Optimizers the runner builds."""
-
-    adamw = "adamw"
-    sgd = "sgd"
-
-
-class Schedule(str, Enum):
-    """Learning-rate shape after warmup."""
-
-    cosine = "cosine"
-    constant = "constant"
-
-
-class LrScaling(str, Enum):
-    """How the learning rate follows a global batch that differs from the reference batch."""
-
-    none = "none"
-    linear = "linear"
-    sqrt = "sqrt"
-
-
-class Recompute(str, Enum):
-    """Activation checkpointing: none, whole blocks, or only the attention core."""
-
-    none = "none"
-    full = "full"
-    selective = "selective"
-
-
-class RopeScaling(str, Enum):
-    """How RoPE's frequencies are rescaled for contexts longer than pretraining's."""
-
-    none = "none"
-    llama3 = "llama3"  # Llama 3.1's: long wavelengths slowed by a factor, a smooth band between
-
-
-class DataName(str, Enum):
-    """Where tokens come from."""
-
-    text = "text"
-    synthetic = "synthetic"
-
-
-class Offload(str, Enum):
-    """Where ZeRO keeps an offloaded tensor."""
-
-    none = "none"
-    cpu = "cpu"
-
-
-class WandbMode(str, Enum):
-    """wandb's modes: offline needs no account and no network."""
-
-    offline = "offline"
-    online = "online"
-    disabled = "disabled"
-
-
-class Objective(str, Enum):
-    """What ``batch.micro_size=auto`` optimises among the micro-batch sizes that fit."""
-
-    speed = "speed"  # the one the step-time model predicts fastest (ties: the largest)
-    memory = "memory"  # the largest that fits
-
-
-class OffloadPlacement(str, Enum):
-    """What ZeRO-Offload keeps in host memory, from parallel.offload_optimizer and parallel.offload_param.
-
-    ``optimizer``: the optimizer states and the fp32 gradient partition the CPU optimizer steps
-    (ZeRO stages 1-3; Ren et al. 2021, arXiv 2101.06840); ``optimizer+params``: the 16-bit
-    parameter partition too (ZeRO stage 3 only).
-    """
-
-    none = "none"
-    optimizer = "optimizer"
-    optimizer_and_params = "optimizer+params"
-
-
-class ZeroStage(IntEnum):
-    """ZeRO stage (Rajbhandari et al. 2019, arXiv 1910.02054): what is partitioned over dp.
-
-    Each name is the conf/parallel option that sets this stage and nothing else.
-    """
-
-    ddp = 0  # nothing partitioned: plain data parallel
-    zero1 = 1  # optimizer states
-    zero2 = 2  # + gradients
-    zero3 = 3  # + parameters
-
-
-# What each key means and which values it takes, kept beside its default so that neither can
-# drift: ``python train.py --help`` prints the meaning (launchers/help.py), and
-# runner/preflight/validate.py refuses a value outside the range before any rank starts.
-HELP = "help"
-RANGE = "range"
-
-
-@dataclass(frozen=True)
-class Range:
-    """A numeric key's valid values: a lower and an upper bound, each included unless open."""
-
-    low: float | None = None  # None: unbounded
-    high: float | None = None
-    low_open: bool = False  # True: ``low`` itself is out of range
-    high_open: bool = False
-
-    def holds(self, value: float) -> bool:
-        """Whether ``value`` lies in the range."""
-        above_low = self.low is None or value > self.low or (value == self.low and not self.low_open)
-        below_high = self.high is None or value < self.high or (value == self.high and not self.high_open)
-        return above_low and below_high
-
-    def words(self) -> str:
-        """The range as a refusal says it: ``at least 1``, ``positive``, ``in (0, 1]``."""
-        if self.low is not None and self.high is not None:
-            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-            return f"in {left}{self.low:g}, {self.high:g}{right}"
-        if self.low is not None and self.low_open:
-            return "positive" if self.low == 0 else f"above {self.low:g}"
-        if self.low is not None:
-            return "0 or more" if self.low == 0 else f"at least {self.low:g}"
-        if self.high is not None:
-            return f"below {self.high:g}" if self.high_open else f"at most {self.high:g}"
-        return "any number"
-
-
-def about(
-    meaning: str,
-    *,
-    at_least: float | None = None,
-    above: float | None = None,
-    at_most: float | None = None,
-    below: float | None = None,
-) -> dict[str, Any]:
-    """A key's field metadata: its meaning in one line, and (for a number) its valid range."""
-    valid = None
-    if (at_least, above, at_most, below) != (None, None, None, None):
-        low = above if above is not None else at_least
-        high = below if below is not None else at_most
-        valid = Range(low, high, low_open=above is not None, high_open=below is not None)
-    return {HELP: meaning, RANGE: valid}
 
 
 @dataclass(frozen=True)
@@ -534,21 +401,6 @@ class BatchConfig:
     )
 
 
-class Resume(str, Enum):
-    """Where a run starts: from scratch, or from the latest complete checkpoint of its directory."""
-
-    never = "never"
-    auto = "auto"
-    required = "required"  # as auto, but refused before launch when there is no checkpoint
-
-
-class OnNonFinite(str, Enum):
-    """What a non-finite loss does: stop the run, or skip the step's update and go on."""
-
-    stop = "stop"
-    skip = "skip"
-
-
 @dataclass(frozen=True)
 class TrainLoopConfig:
     """Length of the run, checkpoints, resume and what a non-finite loss does."""
@@ -674,3 +526,36 @@ def to_dict(config: Any) -> dict[str, Any]:
         return value
 
     return convert(dataclasses.asdict(config))
+
+
+# The schemas, and the closed sets of values their keys take (runner/config_choices.py), which
+# the code imports from here alongside them.
+__all__ = [
+    "MISSING",
+    "BatchConfig",
+    "ClusterConfig",
+    "DataConfig",
+    "DataName",
+    "LoggerConfig",
+    "LrScaling",
+    "ModelConfig",
+    "Objective",
+    "Offload",
+    "OffloadPlacement",
+    "OnNonFinite",
+    "OptimizerConfig",
+    "OptimizerName",
+    "ParallelConfig",
+    "PlannerConfig",
+    "Precision",
+    "PrecisionConfig",
+    "Recompute",
+    "Resume",
+    "RopeScaling",
+    "Schedule",
+    "TrainConfig",
+    "TrainLoopConfig",
+    "WandbMode",
+    "ZeroStage",
+    "to_dict",
+]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from runner.config import HELP, MISSING, RANGE, Range, TrainConfig
+from runner.config import MISSING, TrainConfig
+from runner.key_metadata import HELP, RANGE, Range
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class SchemaKey:
 
     @property
     def is_enum(self) -> bool:
-        """A key whose values are a closed set (an Enum of runner/config.py)."""
+        """A key whose values are a closed set (an Enum of runner/config_choices.py)."""
         return isinstance(self.kind, type) and issubclass(self.kind, Enum)
 
     def example(self) -> str:

@@ -18,10 +18,10 @@ from runner.config import (
     OptimizerConfig,
     ParallelConfig,
     PrecisionConfig,
-    Range,
     TrainConfig,
 )
 from runner.errors import ConfigError
+from runner.key_metadata import Range
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell
 from runner.preflight.validate import range_problems, validate
 

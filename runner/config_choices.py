@@ -1,0 +1,126 @@
+"""The closed sets of values the config's keys take: each an Enum whose values are the spellings
+conf/ and the command line use.
+
+runner/config.py types its keys with these (and re-exports them), so composition refuses any
+other value with its key path. Two are read off keys rather than typing one: :class:`ZeroStage`
+(parallel.zero_stage, named by conf/parallel's options) and :class:`OffloadPlacement` (the two
+parallel.offload_* keys together).
+"""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum
+
+
+class Precision(str, Enum):
+    """Training precision: fp32 everywhere, or 16-bit compute with fp32 master weights."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class OptimizerName(str, Enum):
+    """Optimizers the runner builds."""
+
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class Schedule(str, Enum):
+    """Learning-rate shape after warmup."""
+
+    cosine = "cosine"
+    constant = "constant"
+
+
+class LrScaling(str, Enum):
+    """How the learning rate follows a global batch that differs from the reference batch."""
+
+    none = "none"
+    linear = "linear"
+    sqrt = "sqrt"
+
+
+class Recompute(str, Enum):
+    """Activation checkpointing: none, whole blocks, or only the attention core."""
+
+    none = "none"
+    full = "full"
+    selective = "selective"
+
+
+class RopeScaling(str, Enum):
+    """How RoPE's frequencies are rescaled for contexts longer than pretraining's."""
+
+    none = "none"
+    llama3 = "llama3"  # Llama 3.1's: long wavelengths slowed by a factor, a smooth band between
+
+
+class DataName(str, Enum):
+    """Where tokens come from."""
+
+    text = "text"
+    synthetic = "synthetic"
+
+
+class Offload(str, Enum):
+    """Where ZeRO keeps an offloaded tensor."""
+
+    none = "none"
+    cpu = "cpu"
+
+
+class WandbMode(str, Enum):
+    """wandb's modes: offline needs no account and no network."""
+
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class Objective(str, Enum):
+    """What ``batch.micro_size=auto`` optimises among the micro-batch sizes that fit."""
+
+    speed = "speed"  # the one the step-time model predicts fastest (ties: the largest)
+    memory = "memory"  # the largest that fits
+
+
+class OffloadPlacement(str, Enum):
+    """What ZeRO-Offload keeps in host memory, from parallel.offload_optimizer and parallel.offload_param.
+
+    ``optimizer``: the optimizer states and the fp32 gradient partition the CPU optimizer steps
+    (ZeRO stages 1-3; Ren et al. 2021, arXiv 2101.06840); ``optimizer+params``: the 16-bit
+    parameter partition too (ZeRO stage 3 only).
+    """
+
+    none = "none"
+    optimizer = "optimizer"
+    optimizer_and_params = "optimizer+params"
+
+
+class ZeroStage(IntEnum):
+    """ZeRO stage (Rajbhandari et al. 2019, arXiv 1910.02054): what is partitioned over dp.
+
+    Each name is the conf/parallel option that sets this stage and nothing else.
+    """
+
+    ddp = 0  # nothing partitioned: plain data parallel
+    zero1 = 1  # optimizer states
+    zero2 = 2  # + gradients
+    zero3 = 3  # + parameters
+
+
+class Resume(str, Enum):
+    """Where a run starts: from scratch, or from the latest complete checkpoint of its directory."""
+
+    never = "never"
+    auto = "auto"
+    required = "required"  # as auto, but refused before launch when there is no checkpoint
+
+
+class OnNonFinite(str, Enum):
+    """What a non-finite loss does: stop the run, or skip the step's update and go on."""
+
+    stop = "stop"
+    skip = "skip"
