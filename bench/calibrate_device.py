@@ -1,8 +1,8 @@
 """What this device reaches on a training step's own work, written as a calibration record of the
 step-time model (runner/plan/calibration.py ``Calibration.record()``'s format), with where and when.
 
-Every figure runner/plan/step_model.py asks for, measured with runner/hardware/calibrate.py's
-micro-benchmarks at the shapes the models' runs use:
+Every figure runner/plan/calibrated_terms.py and micro_batch_compute.py ask for, measured with
+runner/hardware/calibrate.py's micro-benchmarks at the shapes the models' runs use:
 
 - ``gemms``: each linear layer of one transformer block and the output head (q, k, v, o, SwiGLU's
   w1/w3/w2, head; no tensor parallelism) at M = micro x seq tokens for each micro-batch size,
@@ -73,7 +73,7 @@ def _model(name: str) -> ModelConfig:
 def block_gemms(cfg: ModelConfig, tokens: int) -> dict[str, tuple[int, int, int]]:
     """(M, K, N) of each matmul in one block's forward and the output head, M = tokens.
 
-    runner/plan/step_model.py ``_gemm_shapes`` at tp = 1 (runner/model/transformer.py): q, k, v
+    runner/plan/micro_batch_compute.py ``_gemm_shapes`` at tp = 1 (runner/model/transformer.py): q, k, v
     projections (k and v with n_kv_head heads), the output projection, SwiGLU's w1 and w3
     (d_model -> ffn_hidden) and w2 (ffn_hidden -> d_model), the head (d_model -> vocab).
     """

@@ -1,6 +1,7 @@
 """The constants of the step-time model: what one device was measured to reach, where and when.
 
-runner/plan/step_time.py asks a :class:`Calibration` for the rate of a GEMM at its shape,
+The step-time model (runner/plan/step_time.py, its terms priced by runner/plan/calibrated_terms.py
+and micro_batch_compute.py) asks a :class:`Calibration` for the rate of a GEMM at its shape,
 the time of the attention kernel at its shape, the bandwidth of a memory-bound kernel at its
 size, an eager op's dispatch time, the fused AdamW's bandwidth and a collective's latency and
 bandwidth. It answers from one of two places:

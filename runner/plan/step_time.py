@@ -1,8 +1,8 @@
-"""Communication bytes per step per device, and a predicted step time and MFU, for one layout.
+"""One layout's step time and MFU, predicted and bounded, and the bytes each device communicates.
 
-The prediction is a roofline, not a simulation: compute runs at the device's peak, each
+The bound is a roofline, not a simulation: compute runs at the device's peak, each
 collective at its link's bandwidth, and what is not overlapped adds up. It is an optimistic
-bound: real steps are slower (kernel efficiency, latency, stragglers), so a predicted MFU
+bound: real steps are slower (kernel efficiency, latency, stragglers), so its MFU
 is the most a layout could reach, useful to rank layouts against each other.
 
 Bytes (what one device sends, equally what it receives; runner.comm's ring figures):
@@ -26,7 +26,7 @@ fit in one (gpus <= gpus_per_node), else it crosses nodes; tensor parallel stays
 node. With ``parallel.overlap_comm`` the data-parallel traffic hides behind compute up to
 the compute time; tensor- and pipeline-parallel traffic is on the critical path.
 
-That roofline is kept as the *bound*. The *prediction* is runner/plan/step_model.py's named
+That roofline is kept as the *bound*. The *prediction* is runner/plan/calibrated_terms.py's named
 terms on the device's calibration (runner/plan/calibration.py): what each GEMM, kernel, copy,
 optimizer step and collective takes on that device, at the run's shapes. Without a
 calibration (none measured, none recorded for the cluster) the prediction is the bound.
@@ -42,8 +42,8 @@ from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_f
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
+from runner.plan.calibrated_terms import Term, comm_seconds, compute_terms, forward_seconds, param_tensors
 from runner.plan.hardware import Device
-from runner.plan.step_model import Term, comm_seconds, compute_terms, forward_seconds, param_tensors
 from runner.plan.workload import Knobs, Workload
 
 
@@ -72,7 +72,7 @@ class Traffic:
 class StepTime:
     """Predicted time of one optimizer step and the MFU it implies (None: peak unknown).
 
-    With a calibration, ``step_s`` is the sum of ``terms`` (runner/plan/step_model.py); the
+    With a calibration, ``step_s`` is the sum of ``terms`` (runner/plan/calibrated_terms.py); the
     roofline stays beside it as ``bound_step_s`` / ``bound_mfu``. Without one they are equal.
     """
 
@@ -289,7 +289,7 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int) ->
         return 1 + (1 if knobs.zero_stage == ZeroStage.zero1 else 0)
     if group == "tp":
         per_layer = 6 if knobs.recompute == Recompute.full else 4
-        layers = (param_tensors - 3) // 9  # runner/plan/step_model.py param_tensors: 9 per block
+        layers = (param_tensors - 3) // 9  # runner/plan/calibrated_terms.py param_tensors: 9 per block
         return accum * (layers * per_layer + 2)
     return 2 * accum
 

@@ -3,38 +3,28 @@
 runner/plan/step_time.py adds these up into the predicted step (and keeps the roofline beside
 it as the bound). Every rate is the device's own, at the shape the run will use
 (runner/plan/calibration.py). Per optimizer step, on the fullest rank (the pipeline stage
-with most layers, holding the output head), with ``T = micro x seq`` tokens per micro-batch
-and ``accum`` micro-batches:
+with most layers, holding the output head), with ``accum`` micro-batches:
 
-- ``gemm``: every linear layer's three GEMMs (forward X W, backward dY W^T and X^T dY; Narayanan
-  et al. 2021, arXiv 2104.04473, Sec. 5.1, the 2:4 forward:backward FLOPs) at (T, in, out), the
-  block matrices cut by tensor parallelism as runner/parallel/tensor.py cuts them (q, k, v, w1, w3
-  by output columns, wo, w2 by input rows, the head by vocabulary), at the measured FLOP/s of
-  each shape.
-- ``attention``: causal ``scaled_dot_product_attention`` (the kernel runner/model/transformer.py
-  calls) forward and backward at (micro, heads / tp, seq, head_dim), measured.
-- ``elementwise``: the memory-bound kernels around them (RMSNorm, RoPE, SwiGLU's gate, the
-  residual adds, the cross-entropy over the vocabulary). Measured where the calibration has it
-  (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
-  with ``train.compile``, under torch.compile, less its dispatch floor; the loss at (tokens,
-  vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes,
-  backward twice the forward, and the term says it is not measured at this shape.
-- ``dispatch``: the same non-GEMM ops at a trivial shape: what launching them costs whatever
-  their size. Else :data:`OPS_PER_LAYER` eager ops per block at one op's measured cost (a CPU's),
-  labelled as not measured at this shape.
+- ``gemm``, ``attention``, ``elementwise``, ``dispatch``: one micro-batch's compute, ``accum``
+  times (runner/plan/micro_batch_compute.py prices each).
 - ``recompute``: full recompute runs every block's forward again in backward (gemm, attention,
   elementwise and dispatch forward shares); selective, the attention core's
   (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 5).
 - ``grad accumulation``: micro-batches 2..accum add their gradients into the rank's gradient
   buffer (read two, write one per parameter).
+- ``fresh memory``: a CPU's page faults on the step's tensors above glibc's mmap threshold, each
+  allocated afresh every micro-batch (the logits, their gradients, the vocabulary matrices').
+- ``engine``: DeepSpeed's engine around each micro-batch, per parameter tensor, measured against
+  a bare loop (runner/hardware/calibrate_zero3.py ``engine_param_seconds``).
 - ``optimizer``: the fused AdamW step on the rank's parameters (1/dp of them under ZeRO),
   28 bytes a parameter over its measured bandwidth, plus the passes that feed it: the
   gradient norm, the gradients' fp32 copy, the weights copied back, DeepSpeed's clip where it
   is a pass of its own (runner/plan/step_copies.py, one line each under the term).
 - ``dp comm``, ``tp comm``, ``pp comm``: runner/plan/step_time.py's bytes per group over the
-  link, plus each collective's latency: DDP and ZeRO-1/2 reduce in buckets; ZeRO-3 gathers each
-  parameter tensor in forward and backward and reduce-scatters its gradient, every micro-batch.
-  Data-parallel traffic hides behind the backward with ``parallel.overlap_comm`` up to its length.
+  link, plus each collective's latency (:func:`comm_seconds`): DDP and ZeRO-1/2 reduce in
+  buckets; ZeRO-3 gathers each parameter tensor in forward and backward and reduce-scatters its
+  gradient, every micro-batch. Data-parallel traffic hides behind the backward with
+  ``parallel.overlap_comm`` up to its length.
 - ``grad flatten``: DDP's (stage 0's) flattening of the gradients for their all-reduce and the
   copy back, at the boundary; ``zero grads``: ZeRO-1/2's copies of the gradients into the
   reduce bucket and its flattening, at each reduce (runner/plan/step_copies.py).
@@ -57,27 +47,12 @@ from runner.config import OffloadPlacement, OptimizerName, Precision, Recompute,
 from runner.engine.deepspeed_config import persistence_threshold_elements
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
-from runner.model.shape import n_kv_head
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.calibration import Calibration
+from runner.plan.micro_batch_compute import BACKWARD_ELEMENTS, element_bytes, gemm_caveats, micro_compute
 from runner.plan.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.plan.workload import Knobs, Workload
 
-# Elements each token reads plus writes in one block's memory-bound forward kernels
-# (runner/model/transformer.py), by the width they run at: two RMSNorms (pow, mean, scale,
-# gain: 7 h each) and two residual adds (3 h each) at d_model; RoPE on q and k (4 multiplies,
-# a subtract and an add of halves, the concatenation: 9 elements per channel) and the
-# attention output's transpose copy (2) at their widths; SwiGLU's silu and product (5 f).
-NORM_AND_RESIDUAL = 2 * 7 + 2 * 3  # x d_model
-ROPE = 9  # x (q width + k width)
-TRANSPOSE = 2  # x attention width
-SWIGLU = 5  # x ffn width
-CROSS_ENTROPY = 6  # x vocab: log-softmax forward (2), its backward (3), the gradient's cast (1)
-BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kernels
-# Eager ops of one block's forward (each with its backward): norms 2 x 6, q/k/v/o and
-# w1/w2/w3 projections 7, head views and transposes 6, RoPE 2 x 9, attention 1, residual
-# adds 2, SwiGLU 2, reshapes 2.
-OPS_PER_LAYER = 50
 # ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad. Counted,
 # not measured: DeepSpeed 0.19.8 runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
 # (forward and backward) and runtime/zero/stage3.py ``__reduce_and_partition_ipg_grads``.
@@ -97,211 +72,6 @@ class Term:
     fitted: tuple[str, ...] = ()  # calibration figures it rests on that were fitted, not measured
 
 
-def _elem_bytes(precision: Precision) -> int:
-    return 4 if precision == Precision.fp32 else 2
-
-
-def _gemm_shapes(workload: Workload, layout: Layout, tokens: int) -> list[tuple[str, int, int, int, int]]:
-    """(name, count, M, K, N) of every GEMM of one micro-batch's forward on the fullest rank."""
-    model, tp = workload.model, layout.tp
-    h, f, v = model.d_model, model.ffn_hidden, model.vocab_size
-    kv = h * n_kv_head(model) // model.n_head
-    layers = layers_per_stage(model.n_layer, layout.pp)
-    return [
-        ("wq", layers, tokens, h, h // tp),
-        ("wk", layers, tokens, h, kv // tp),
-        ("wv", layers, tokens, h, kv // tp),
-        ("wo", layers, tokens, h // tp, h),
-        ("w1", layers, tokens, h, f // tp),
-        ("w3", layers, tokens, h, f // tp),
-        ("w2", layers, tokens, f // tp, h),
-        ("head", 1, tokens, h, v // tp),
-    ]
-
-
-@dataclass(frozen=True)
-class _Compute:
-    """One micro-batch's compute on the fullest rank, forward and backward, in seconds."""
-
-    gemm_forward: float
-    gemm_backward: float
-    attention_forward: float
-    attention_backward: float
-    elementwise_forward: float
-    dispatch: float  # forward and backward
-    in_place: float = 1.0  # the blocks' parts scaled by a block timed whole (``_in_place``)
-    elementwise_words: str = ""  # where the elementwise and dispatch figures came from
-    dispatch_words: str = ""
-
-
-def _attention_from_gemms(
-    calibration: Calibration, batch_heads: int, seq: int, head_dim: int
-) -> tuple[float, float] | None:
-    """Attention without a measurement (a calibration file that has none): its FLOPs at the median
-    of the recorded GEMM rates. Causal attention computes half of the 4 s^2 d per head of QK^T and
-    PV forward (FlashAttention-2, Dao 2023, arXiv 2307.08691, Sec. 3.1: the masked blocks are
-    skipped); backward 2.5 times the forward FLOPs (same paper, Sec. 4.1)."""
-    rates = sorted(rate[0] for rate in calibration.gemms.values())
-    if not rates:
-        return None
-    rate = rates[len(rates) // 2] * calibration.compute_scale
-    forward = 2.0 * batch_heads * seq * seq * head_dim / rate
-    return forward, 2.5 * forward
-
-
-def _gemm_seconds(
-    workload: Workload, layout: Layout, calibration: Calibration, tokens: int
-) -> tuple[list[float], list[float]] | None:
-    """(forward, backward) seconds of one micro-batch's GEMMs: [the blocks', the head's]."""
-    forward, backward = [0.0, 0.0], [0.0, 0.0]
-    for name, count, m, k, n in _gemm_shapes(workload, layout, tokens):
-        rates = calibration.gemm(m, k, n)
-        if rates is None:
-            return None
-        flops, where = 2.0 * m * k * n, int(name == "head")
-        forward[where] += count * flops / rates[0]
-        backward[where] += count * (flops / rates[1] + flops / rates[2])
-    return forward, backward
-
-
-def _in_place(workload: Workload, layout: Layout, calibration: Calibration, parts: float) -> float:
-    """One block timed whole (runner/plan/block_timing.py) over the sum of its parts ``parts``:
-    what the parts take together, in place; 1 where no block was timed (a file's device, tp > 1)."""
-    model = workload.model
-    if layout.tp > 1 or parts <= 0:
-        return 1.0
-    timed = calibration.block_seconds(
-        layout.micro_size, workload.seq_len, model.d_model, model.n_head, n_kv_head(model), model.ffn_hidden
-    )
-    return 1.0 if timed is None else timed / parts
-
-
-def _gemm_caveats(workload: Workload, layout: Layout, calibration: Calibration, micro: _Compute) -> str:
-    """What the gemm line rests on beyond each shape's own measurement: a CPU's capped shapes
-    (runner/hardware/calibrate.py ``gemm_rates``), and the blocks' in-place scale or its absence."""
-    words = ""
-    cap = calibration.gemm_cap_flops
-    tokens = layout.micro_size * workload.seq_len
-    if cap is not None:
-        over = [name for name, _, m, k, n in _gemm_shapes(workload, layout, tokens) if 2.0 * m * k * n > cap]
-        if over:
-            words += (
-                f"; {', '.join(over)} above {cap:.3g} FLOP: measured with M or N halved to under it, "
-                "that rate applied to the full FLOPs"
-            )
-    model = workload.model
-    shape = (
-        layout.micro_size,
-        workload.seq_len,
-        model.d_model,
-        model.n_head,
-        n_kv_head(model),
-        model.ffn_hidden,
-    )
-    if micro.in_place != 1.0:
-        words += f"; blocks' parts x {micro.in_place:.3g}, one block timed whole"
-    elif layout.tp == 1 and calibration.block_too_large(shape):
-        words += (
-            f"; a block above {calibration.block_cap_params:.3g} parameters is not timed whole on a CPU: "
-            "parts unscaled"
-        )
-    return words
-
-
-def _micro_compute(workload: Workload, layout: Layout, calibration: Calibration) -> _Compute | None:
-    model, tp = workload.model, layout.tp
-    tokens = layout.micro_size * workload.seq_len
-    gemms = _gemm_seconds(workload, layout, calibration, tokens)
-    layers = layers_per_stage(model.n_layer, layout.pp)
-    head_dim = model.d_model // model.n_head
-    attention = calibration.attention_s(layout.micro_size, model.n_head // tp, workload.seq_len, head_dim)
-    if attention is None:
-        attention = _attention_from_gemms(
-            calibration, layout.micro_size * model.n_head // tp, workload.seq_len, head_dim
-        )
-    if gemms is None or attention is None:
-        return None
-    rest = _rest(workload, layout, calibration, layers)
-    if rest is None:
-        return None
-    (block_f, head_f), (block_b, head_b) = gemms
-    block_rest, floor, head_elementwise, elementwise_words, dispatch_words = rest
-    one_block = (block_f + block_b) / layers + sum(attention) + block_rest
-    scale = _in_place(workload, layout, calibration, one_block)
-    elementwise = (block_rest - floor) / (1 + BACKWARD_ELEMENTS)  # one block's forward share
-    return _Compute(
-        gemm_forward=head_f + scale * block_f,
-        gemm_backward=head_b + scale * block_b,
-        attention_forward=scale * layers * attention[0],
-        attention_backward=scale * layers * attention[1],
-        elementwise_forward=scale * layers * elementwise + head_elementwise,
-        dispatch=scale * layers * floor,
-        in_place=scale,
-        elementwise_words=elementwise_words,
-        dispatch_words=dispatch_words,
-    )
-
-
-def _rest(
-    workload: Workload, layout: Layout, calibration: Calibration, layers: int
-) -> tuple[float, float, float, str, str] | None:
-    """One block's non-GEMM part forward + backward, its dispatch floor (both seconds), the
-    cross-entropy's forward share, and in words where each came from (None: a figure is missing).
-
-    Measured (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape,
-    eager or compiled as the run asks, its floor the same ops at a trivial shape; the loss at
-    (tokens, vocab / tp). Not measured on the device (a calibration file without them): the
-    bytes of :data:`NORM_AND_RESIDUAL` ... over the copy bandwidth, :data:`OPS_PER_LAYER` eager
-    ops at one op's measured dispatch (a CPU's; a GPU's queue hides it), and the term says so."""
-    model, tp = workload.model, layout.tp
-    tokens = layout.micro_size * workload.seq_len
-    elem = _elem_bytes(workload.precision)
-    h, f = model.d_model, model.ffn_hidden
-    kv = h * n_kv_head(model) // model.n_head
-    heads, kv_heads = model.n_head // tp, max(1, n_kv_head(model) // tp)
-    shape = (layout.micro_size, workload.seq_len, h, heads, kv_heads, f // tp)
-    mode = "compiled" if workload.compiled else "eager"
-    measured = calibration.rest_seconds(*shape, compiled=workload.compiled)
-    loss = calibration.cross_entropy_s(tokens, model.vocab_size // tp)
-    missing = []
-    if measured is not None:
-        block_rest, floor, how = measured
-        block_words = f"the block's non-GEMM part {mode}, {how}"
-        dispatch_words = f"its ops at a trivial shape ({how.split(' at ')[0]}): the floor their dispatch sets"
-    else:
-        # A CPU runs each op as it is dispatched; a GPU queues kernels while the host dispatches
-        # the next, so the host's dispatch time hides behind them (a GPU's calibration has threads 0).
-        op_s = (calibration.op_seconds() or 0.0) if calibration.threads else 0.0
-        per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
-        block_bytes = tokens * per_token * elem
-        # The rate of a copy as large as the whole forward's traffic: its tensors stream through the
-        # caches once, each written by one kernel and read by the next after others ran between.
-        block_rate = calibration.copy_rate(layers * block_bytes)
-        if block_rate is None:
-            return None
-        floor = OPS_PER_LAYER * op_s
-        block_rest = block_bytes / block_rate * (1 + BACKWARD_ELEMENTS) + floor
-        block_words = "norms, RoPE, SwiGLU, residuals: bytes over copy bandwidth, not measured at this shape"
-        dispatch_words = (
-            f"{OPS_PER_LAYER} eager ops per block at one op's dispatch, not measured at this shape"
-        )
-        missing.append(f"the block's non-GEMM part ({mode})")
-    if loss is not None:
-        head, loss_words = loss[0] / (1 + BACKWARD_ELEMENTS), f"cross-entropy {loss[1]}"
-    else:
-        head_bytes = tokens * CROSS_ENTROPY * (model.vocab_size / tp) * elem
-        head_rate = calibration.copy_rate(head_bytes)
-        if head_rate is None:
-            return None
-        head = head_bytes / head_rate
-        loss_words = "cross-entropy: bytes over copy bandwidth, not measured at this shape"
-        missing.append("the cross-entropy")
-    words = f"{block_words}; {loss_words}"
-    if missing and calibration.measure is None:
-        words += f"; {' and '.join(missing)} not measured on this device ({calibration.device})"
-    return block_rest, floor, head, words, dispatch_words
-
-
 def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) -> Term | None:
     """Page faults of the step's large fresh tensors on a CPU (runner/hardware/calibrate.py
     ``fresh_rate``): per micro-batch the logits, their log-softmax and both gradients
@@ -311,7 +81,7 @@ def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) ->
     if rate is None:
         return None
     model, tp = workload.model, layout.tp
-    elem = _elem_bytes(workload.precision)
+    elem = element_bytes(workload.precision)
     tokens = layout.micro_size * workload.seq_len
     sizes = [tokens * model.vocab_size // tp * elem] * 4 + [model.vocab_size // tp * model.d_model * elem] * 2
     if workload.precision != Precision.fp32:
@@ -389,7 +159,7 @@ def _zero3_terms(
         )
     if not tensors:
         return terms
-    elem = _elem_bytes(workload.precision)
+    elem = element_bytes(workload.precision)
     per_byte = calibration.zero3_byte_seconds()
     if per_byte is not None:
         gathered = elem * sum(n for n in numels if n > threshold)
@@ -561,7 +331,7 @@ def comm_seconds(
 def forward_seconds(workload: Workload, layout: Layout, calibration: Calibration) -> float | None:
     """The forward passes of one optimizer step (GEMMs, attention, memory-bound kernels, a third of
     the dispatch): what a held-out evaluation of the same batch costs (None: a figure is missing)."""
-    micro = _micro_compute(workload, layout, calibration)
+    micro = micro_compute(workload, layout, calibration)
     if micro is None:
         return None
     once = micro.gemm_forward + micro.attention_forward + micro.elementwise_forward + micro.dispatch / 3
@@ -572,7 +342,7 @@ def compute_terms(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration
 ) -> list[Term] | None:
     """The compute-side terms of one optimizer step (None: a figure is missing)."""
-    micro = _micro_compute(workload, layout, calibration)
+    micro = micro_compute(workload, layout, calibration)
     if micro is None:
         return None
     accum = layout.accum_steps
@@ -580,7 +350,7 @@ def compute_terms(
         Term(
             "gemm",
             accum * (micro.gemm_forward + micro.gemm_backward),
-            "forward + 2 backward GEMMs per linear" + _gemm_caveats(workload, layout, calibration, micro),
+            "forward + 2 backward GEMMs per linear" + gemm_caveats(workload, layout, calibration, micro),
         ),
         Term(
             "attention",
@@ -607,7 +377,7 @@ def compute_terms(
     local = sum(rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp))
     copy = calibration.copy_rate(4 * local)
     if accum > 1 and copy is not None:
-        elem = _elem_bytes(workload.precision)
+        elem = element_bytes(workload.precision)
         terms.append(
             Term(
                 "grad accumulation",
