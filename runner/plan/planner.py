@@ -5,7 +5,7 @@
 walks the ladder (runner/plan/ladder.py) and writes ``plan.json``: those build on this
 module, which imports neither. Nothing is allocated: the parameter count is analytic
 (runner.model.shape.num_params) and every term is arithmetic (runner/memory_model/peak.py,
-runner/plan/step_time.py) on the device figures of runner/plan/hardware.py; a node's host
+runner/plan/step_time.py) on the device figures of runner/plan/device_figures.py; a node's host
 memory, steady and while the model is built, is runner/plan/host.py's.
 
 The same arithmetic chooses ``batch.micro_size=auto`` for a real run: :class:`MicroFit`
@@ -45,7 +45,7 @@ from runner.memory_model.case import case_from_config, offload_placement
 from runner.memory_model.peak import MemoryTerms, memory_terms
 from runner.model.shape import num_params as count_params
 from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
-from runner.plan.hardware import resolve_device
+from runner.plan.device_figures import resolve_device
 from runner.plan.host import HostMemory, host_memory
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.plan.workload import Knobs, Workload

@@ -309,7 +309,8 @@ def cuda_launch_problems(config: TrainConfig, environ: dict[str, str] | None = N
 
     DeepSpeed takes its accelerator from DS_ACCELERATOR when it is imported; ``cpu`` would
     put the engine on the host beside the model's CUDA tensors. MFU divides by the device's
-    dense datasheet peak, known by name (runner/hardware/peak_flops.py) unless the cluster gives one.
+    dense datasheet peak, known by name (runner/hardware/peak_flops.py) unless the cluster gives one
+    (runner/hardware/mfu_peak.py resolve_peak).
     """
     if not cuda_available():
         return []
@@ -321,18 +322,13 @@ def cuda_launch_problems(config: TrainConfig, environ: dict[str, str] | None = N
             "DS_ACCELERATOR, or hide the devices (CUDA_VISIBLE_DEVICES=) to train on the CPU"
         )
     # Deferred: the peak's module loads torch; only a launch on CUDA devices reaches this check.
-    from runner.hardware.mfu_peak import planning_peak
+    from runner.hardware.mfu_peak import resolve_peak
+    from runner.hardware.peak_flops import UnknownDeviceError
 
-    if planning_peak(config.cluster, config.precision.name) is None:
-        # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
-        import torch
-
-        from runner.hardware.peak_flops import UnknownDeviceError, peak_flops_for_cuda_device
-
-        try:
-            peak_flops_for_cuda_device(torch.cuda.get_device_name(), config.precision.name.value)
-        except UnknownDeviceError as error:
-            problems.append(str(error))
+    try:  # the peak the ranks will divide by, resolved as they resolve it
+        resolve_peak(config.cluster, config.precision.name, accelerator="cuda")
+    except UnknownDeviceError as error:
+        problems.append(str(error))
     return problems
 
 
