@@ -49,6 +49,7 @@ from runner.plan.device_figures import resolve_device
 from runner.plan.host import HostMemory, host_memory
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.plan.workload import Knobs, Workload
+from runner.rules import layout_problems, offload_pair_problems, offload_switches, pipeline_engine_problems
 
 GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
 # planner.objective=speed: a micro-batch predicted within this fraction of the fastest step counts
@@ -211,20 +212,26 @@ class Plan:
 
 def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> OffloadPlacement:
     """The config's two offload enums as runner.memory.model_states' offload placement
-    (runner.memory_model.case.offload_placement), refusing what the planner cannot model (ConfigError)."""
-    try:
-        return offload_placement(offload_optimizer, offload_param)
-    except ValueError:
-        raise ConfigError(
-            "  - parallel.offload_param=cpu with parallel.offload_optimizer=none: the planner models "
-            "optimizer offload, or optimizer + parameter offload; set parallel.offload_optimizer=cpu too "
-            "(or, to run it unplanned, give batch.micro_size=<n> instead of auto)"
-        ) from None
+    (runner.memory_model.case.offload_placement), refusing a pair no placement makes (ConfigError)."""
+    _refuse(offload_pair_problems(offload_optimizer, offload_param))
+    return offload_placement(offload_optimizer, offload_param)
 
 
 def knobs_from_config(config: TrainConfig) -> Knobs:
     """The layout knobs a run's config sets."""
     par = config.parallel
+    # Asked of the config's own offload switches: Knobs' placement cannot hold parameters offloaded
+    # without the optimizer states, which the rule names (runner/rules/offload_stages.py).
+    _refuse(
+        layout_problems(
+            config.model,
+            zero_stage=par.zero_stage,
+            tp=par.tp,
+            pp=par.pp,
+            offload_optimizer=par.offload_optimizer,
+            offload_param=par.offload_param,
+        )
+    )
     return Knobs(
         parallel=par.name,
         zero_stage=ZeroStage(par.zero_stage),
@@ -274,21 +281,25 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
 # --------------------------------------------------------------------------------------
 
 
+def _refuse(problems: list[str]) -> None:
+    """Raise ConfigError listing ``problems``, in runner/preflight/validate.py's form; nothing if none."""
+    if problems:
+        raise ConfigError("\n".join(f"  - {p}" for p in problems))
+
+
 def check_knobs(workload: Workload, knobs: Knobs) -> None:
-    """Refuse knobs the estimators cannot plan, naming the key (ConfigError)."""
-    model = workload.model
-    n_kv = model.n_kv_head or model.n_head
-    for name, value in (("model.n_head", model.n_head), ("model.n_kv_head", n_kv)):
-        if value % knobs.tp:
-            raise ConfigError(
-                f"  - parallel.tp={knobs.tp} must divide {name}={value} (tensor parallel splits heads)"
-            )
-    if model.ffn_hidden % knobs.tp:
-        raise ConfigError(f"  - parallel.tp={knobs.tp} must divide model.ffn_hidden={model.ffn_hidden}")
-    if knobs.offload == OffloadPlacement.optimizer and knobs.zero_stage == ZeroStage.ddp:
-        raise ConfigError("  - parallel.offload_optimizer=cpu needs ZeRO: use parallel=zero1, zero2 or zero3")
-    if knobs.offload == OffloadPlacement.optimizer_and_params and knobs.zero_stage != ZeroStage.zero3:
-        raise ConfigError("  - parallel.offload_param=cpu needs ZeRO stage 3: use parallel=zero3")
+    """Refuse knobs no plan can size, in the words a run is refused with (runner.rules.layout_problems)."""
+    offload_optimizer, offload_param = offload_switches(knobs.offload)
+    _refuse(
+        layout_problems(
+            workload.model,
+            zero_stage=knobs.zero_stage,
+            tp=knobs.tp,
+            pp=knobs.pp,
+            offload_optimizer=offload_optimizer,
+            offload_param=offload_param,
+        )
+    )
 
 
 def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, accum_steps: int) -> MemoryTerms:
@@ -460,16 +471,15 @@ def micro_fit_for_config(config: TrainConfig) -> MicroFit:
 
 
 def plan_only_reasons(knobs: Knobs) -> list[str]:
-    """Why the runner cannot run these knobs yet (empty when it can)."""
-    reasons = []
-    if knobs.pp > 1:
-        # The same refusals as runner/preflight/validate.py pipeline_problems, for a run.
-        if knobs.zero_stage >= ZeroStage.zero2:
-            # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8).
-            reasons.append("DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")
-        if knobs.offload != OffloadPlacement.none:
-            reasons.append(f"parallel.pp={knobs.pp} with offload: not run under a pipeline here")
-    return reasons
+    """Why the runner cannot run these knobs yet (empty when it can): the refusals of a run's launch
+    that a plan sizes all the same (runner.rules.pipeline_engine_problems)."""
+    offload_optimizer, offload_param = offload_switches(knobs.offload)
+    return pipeline_engine_problems(
+        pp=knobs.pp,
+        zero_stage=knobs.zero_stage,
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+    )
 
 
 def _split(workload: Workload, knobs: Knobs, dp: int) -> tuple[int, str | None]:
