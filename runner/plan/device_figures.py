@@ -9,7 +9,8 @@ cluster leaves unset (``null``, as ``cluster=local`` does) is detected on this h
 - peak FLOP/s: resolved as a run's MFU resolves it (runner.hardware.mfu_peak.resolve_peak): on
   CUDA the dense datasheet figure for the detected device name ("datasheet"); on CPU the
   matmul calibration kept for this machine ("measured"), read once per process and precision.
-- GPUs per node: CUDA's device count, or one rank per CPU core (as runner.preflight.validate counts).
+- GPUs per node: CUDA's device count, or one rank per CPU core (runner/hardware/host_ranks.py, as the
+  local launcher places them).
 - host RAM per node: this host's RAM, the smaller of physical RAM and the cgroup limit
   ("detected"); a named cluster gives its system datasheet's figure.
 - link bandwidths: never detected. Unset means unknown, and no communication time is
@@ -37,6 +38,7 @@ from runner.hardware import calibration_seconds
 from runner.hardware.cgroup_memory import cgroup_memory_limit
 from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cuda_devices import cuda_available
+from runner.hardware.host_ranks import host_ranks
 from runner.plan import calibration as calibrations
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
@@ -106,14 +108,11 @@ def measured_cpu_peak(precision: str) -> float:
     return best_cpu_peak(Precision(precision)).flops
 
 
-def _gpus_per_node(cluster: ClusterConfig, cuda: bool) -> Figure:
+def _gpus_per_node(cluster: ClusterConfig) -> Figure:
     if cluster.gpus_per_node is not None:
         return Figure(cluster.gpus_per_node, f"cluster {cluster.name}")
-    if cuda:
-        import torch  # deferred: only where CUDA is there; a plan elsewhere does without torch
-
-        return Figure(torch.cuda.device_count(), "detected: CUDA device count")
-    return Figure(os.cpu_count() or 1, "detected: one rank per CPU core")
+    count, cuda = host_ranks()
+    return Figure(count, "detected: CUDA device count" if cuda else "detected: one rank per CPU core")
 
 
 def _memory(cluster: ClusterConfig, *, cuda: bool, ranks_here: int) -> Figure:
@@ -410,7 +409,7 @@ def resolve_device(
     """
     needs_detection = cluster.device_memory_gb is None or cluster.gpus_per_node is None
     cuda = cuda_available() if needs_detection or with_peak else False
-    per_node = _gpus_per_node(cluster, cuda)
+    per_node = _gpus_per_node(cluster)
     ranks_here = max(1, min(gpus, int(per_node.value or 1)))
     memory = _memory(cluster, cuda=cuda, ranks_here=ranks_here)
     peak = _peak(cluster, precision, cuda=cuda) if with_peak else Figure(None, "not resolved")

@@ -21,7 +21,8 @@ from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import TOKEN_DTYPES, llmc_tokenizer_sha256, token_file_problem, token_files
 from runner.data.tokenizer_dir import TokenizerError, load_tokenizer, tokenizer_sha256, vocab_size
 from runner.errors import ConfigError
-from runner.hardware.cuda_devices import cuda_available, cuda_device_count
+from runner.hardware.cuda_devices import cuda_available
+from runner.hardware.host_ranks import host_ranks
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
 from runner.preflight.wandb_credentials import credentials_problems
@@ -29,12 +30,11 @@ from runner.rules import head_problems, layout_problems, pipeline_engine_problem
 
 
 def host_ranks_available() -> tuple[int, str]:
-    """How many ranks the local launcher can place on this host, and what they are."""
-    count = cuda_device_count()
-    if count:
+    """How many ranks the local launcher places on this host (runner/hardware/host_ranks.py), in words."""
+    count, cuda = host_ranks()
+    if cuda:
         return count, f"{count} CUDA device(s)"
-    cores = os.cpu_count() or 1
-    return cores, f"no CUDA device and {cores} CPU core(s) (one rank per core)"
+    return count, f"no CUDA device and {count} CPU core(s) (one rank per core)"
 
 
 def value_problem(key: SchemaKey, value: Any) -> str | None:
