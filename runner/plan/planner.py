@@ -49,7 +49,13 @@ from runner.plan.device_figures import resolve_device
 from runner.plan.host import HostMemory, host_memory
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.plan.workload import Knobs, Workload
-from runner.rules import layout_problems, offload_pair_problems, offload_switches, pipeline_engine_problems
+from runner.rules import (
+    config_layout_problems,
+    layout_problems,
+    offload_pair_problems,
+    offload_switches,
+    pipeline_engine_problems,
+)
 
 GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
 # planner.objective=speed: a micro-batch predicted within this fraction of the fastest step counts
@@ -219,19 +225,10 @@ def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> OffloadP
 
 def knobs_from_config(config: TrainConfig) -> Knobs:
     """The layout knobs a run's config sets."""
+    # Asked of the config itself, as validate asks it: Knobs' placement cannot hold parameters
+    # offloaded without the optimizer states, nor Knobs the cluster's node size.
+    _refuse(config_layout_problems(config))
     par = config.parallel
-    # Asked of the config's own offload switches: Knobs' placement cannot hold parameters offloaded
-    # without the optimizer states, which the rule names (runner/rules/offload_stages.py).
-    _refuse(
-        layout_problems(
-            config.model,
-            zero_stage=par.zero_stage,
-            tp=par.tp,
-            pp=par.pp,
-            offload_optimizer=par.offload_optimizer,
-            offload_param=par.offload_param,
-        )
-    )
     return Knobs(
         parallel=par.name,
         zero_stage=ZeroStage(par.zero_stage),

@@ -26,7 +26,7 @@ from runner.hardware.host_ranks import host_ranks
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
 from runner.preflight.wandb_credentials import credentials_problems
-from runner.rules import head_problems, layout_problems, pipeline_engine_problems, tp_node_problems
+from runner.rules import config_layout_problems, head_problems, pipeline_engine_problems, tp_node_problems
 
 
 def host_ranks_available() -> tuple[int, str]:
@@ -115,15 +115,7 @@ def _problems(config: TrainConfig) -> list[str]:
     if data.tokenizer is not None:
         problems += _tokenizer_problems(config)
     _check_evaluation(config, need)
-    par = config.parallel
-    problems += layout_problems(
-        model,
-        zero_stage=par.zero_stage,
-        tp=par.tp,
-        pp=par.pp,
-        offload_optimizer=par.offload_optimizer,
-        offload_param=par.offload_param,
-    )
+    problems += config_layout_problems(config)
     train = config.train
     need(
         train.profile_step < train.steps,
@@ -137,12 +129,6 @@ def _problems(config: TrainConfig) -> list[str]:
         from runner.model.hf_weights import init_from_problems
 
         problems += init_from_problems(config.model)
-    if config.cluster.gpus_per_node is not None:
-        problems += tp_node_problems(
-            config.parallel.tp,
-            ranks_per_node=config.cluster.gpus_per_node,
-            where=f"cluster={config.cluster.name} ({config.cluster.gpus_per_node} gpus per node)",
-        )
     return problems
 
 

@@ -18,11 +18,11 @@ stage; what DeepSpeed's pipeline engine runs).
 
 from __future__ import annotations
 
-from runner.config import ModelConfig, Offload
+from runner.config import ModelConfig, Offload, TrainConfig
 from runner.rules.head_layout import head_problems
 from runner.rules.offload_stages import offload_pair_problems, offload_problems, offload_switches
 from runner.rules.pipeline_stages import pipeline_depth_problems, pipeline_engine_problems
-from runner.rules.tensor_split import tp_node_problems, tp_problems, tp_split_problems
+from runner.rules.tensor_split import tp_cluster_problems, tp_node_problems, tp_problems, tp_split_problems
 
 
 def layout_problems(
@@ -43,7 +43,25 @@ def layout_problems(
     ]
 
 
+def config_layout_problems(config: TrainConfig) -> list[str]:
+    """:func:`layout_problems` of a run's config, then its tensor-parallel group against the
+    cluster's node (where the cluster gives its gpus per node)."""
+    par = config.parallel
+    return [
+        *layout_problems(
+            config.model,
+            zero_stage=par.zero_stage,
+            tp=par.tp,
+            pp=par.pp,
+            offload_optimizer=par.offload_optimizer,
+            offload_param=par.offload_param,
+        ),
+        *tp_cluster_problems(par.tp, config.cluster),
+    ]
+
+
 __all__ = [
+    "config_layout_problems",
     "head_problems",
     "layout_problems",
     "offload_pair_problems",
@@ -51,6 +69,7 @@ __all__ = [
     "offload_switches",
     "pipeline_depth_problems",
     "pipeline_engine_problems",
+    "tp_cluster_problems",
     "tp_node_problems",
     "tp_problems",
     "tp_split_problems",

@@ -8,7 +8,7 @@ hidden features; the group all-reduces every block's activations, so it sits ins
 
 from __future__ import annotations
 
-from runner.config import ModelConfig
+from runner.config import ClusterConfig, ModelConfig
 
 LISTED_DIVISORS_UP_TO = 64  # the fix lists tp degrees up to this many ranks
 
@@ -53,4 +53,13 @@ def tp_node_problems(tp: int, *, ranks_per_node: int, where: str) -> list[str]:
     ]
 
 
-__all__ = ["tp_node_problems", "tp_problems", "tp_split_problems"]
+def tp_cluster_problems(tp: int, cluster: ClusterConfig) -> list[str]:
+    """Why a tensor-parallel group cannot sit inside one of the cluster's nodes (empty when it can, or
+    when the cluster does not say how many gpus a node has: cluster=local's launcher counts this host)."""
+    if cluster.gpus_per_node is None:
+        return []
+    where = f"cluster={cluster.name} ({cluster.gpus_per_node} gpus per node)"
+    return tp_node_problems(tp, ranks_per_node=cluster.gpus_per_node, where=where)
+
+
+__all__ = ["tp_cluster_problems", "tp_node_problems", "tp_problems", "tp_split_problems"]

@@ -59,6 +59,8 @@ CASES = [
         ["model.n_kv_head=1", "key/value heads"],
     ),
     (["parallel.tp=2", "model.ffn_hidden=689", "gpus=2"], REFUSED, ["model.ffn_hidden=689", "{1, 13, 53}"]),
+    # a tensor-parallel group inside one node (h100_sxm: 8 gpus per node)
+    (["parallel.tp=16", "model.n_head=16", "gpus=16"], REFUSED, ["(8 gpus per node)", "{1, 2, 4, 8}"]),
     # the heads themselves
     (["model.n_kv_head=3"], REFUSED, ["model.n_kv_head=3", "model.n_head=4"]),
     (["model.n_head=256"], REFUSED, ["model.d_model=256 / model.n_head=256 = 1: an odd head size"]),
