@@ -5,9 +5,10 @@ Every place that needs a rule asks its function here:
 
 - the refusal before launch and before ``plan=true`` (runner/preflight/validate.py);
 - the planner (runner/plan/planner.py): ``check_knobs`` refuses what no plan can size
-  (:func:`layout_problems`), ``plan_only_reasons`` marks what a plan sizes but the runner does
-  not run (:func:`pipeline_engine_problems`), and the ladder (runner/plan/ladder.py) tries only
-  the tp and pp degrees these allow;
+  (:func:`layout_problems`; of a run's config ``knobs_from_config`` asks
+  :func:`config_layout_problems`, the cluster's node size included), ``plan_only_reasons`` marks
+  what a plan sizes but the runner does not run (:func:`pipeline_engine_problems`), and the
+  ladder (runner/plan/ladder.py) tries only the tp and pp degrees these allow;
 - the estimators' own checks (runner/memory_model/, runner/model/shape.py,
   runner/parallel/pipeline_split.py), which raise ValueError in the same words.
 
