@@ -13,7 +13,7 @@ from train_helpers import REFERENCE_STEPS, SMALL_EXPERIMENT, TrainResult, run_tr
 @pytest.fixture
 def no_cpu_calibration(monkeypatch):
     """Plans on cluster=local would measure the CPU for half a second; a fixed figure is enough in tests."""
-    monkeypatch.setattr("runner.plan.hardware.measured_cpu_peak", lambda precision: 1e11)
+    monkeypatch.setattr("runner.plan.device_figures.measured_cpu_peak", lambda precision: 1e11)
 
 
 @pytest.fixture

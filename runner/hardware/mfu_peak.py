@@ -4,6 +4,8 @@ Order: ``cluster.peak_tflops`` (an explicit override) > the cluster group's dens
 for the run's precision > on CUDA, the detected device's dense figure (an unknown device
 is an error, never a silent fallback) > on CPU, a matmul calibration made once per machine
 (CPU, threads per rank, precision, torch version), reported as measured with its thread count.
+:func:`resolve_peak` is that order, for a run's MFU, the plan's device (runner/plan/device_figures.py)
+and the refusal of an unknown CUDA device (runner/preflight/validate.py) alike.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -25,6 +28,10 @@ from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cpu_half_matmul import computes_in_fp32
 from runner.hardware.peak_flops import calibrate_cpu_rounds, peak_flops_for_cuda_device, torch_dtype
 from runner.rundir.summary import write_json_atomic
+
+# Where a peak came from: cluster.peak_tflops, the cluster group's figure for the precision, the
+# CUDA device's datasheet figure, or this CPU's matmul calibration.
+PeakOrigin = Literal["config", "cluster", "datasheet", "measured"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class Peak:
     source: str
     calibrated: bool = False  # this CPU's matmul calibration (best_cpu_peak), not a figure given
     detail: dict[str, Any] | None = None  # a calibration's record: its rounds, threads, torch, date
+    origin: PeakOrigin = "config"
 
     def calibration_record(self, *, ranks: int) -> dict[str, Any] | None:
         """summary.json's ``peak_flops_calibration``: the calibration and the run's ranks x threads."""
@@ -44,17 +52,37 @@ class Peak:
         return {**self.detail, "ranks": ranks, "threads_per_rank": threads, "threads_in_all": ranks * threads}
 
 
-def resolve_peak(cluster: ClusterConfig, precision: Precision, *, accelerator: str, ranks: int = 1) -> Peak:
-    """The peak for this run; on CPU the calibration kept for this machine (measured once, 1.4 s)."""
+def cluster_peak_key(precision: Precision) -> str:
+    """The cluster key that holds the dense peak for ``precision`` (fp16 runs at bf16's)."""
+    return "peak_tflops_fp32" if precision == Precision.fp32 else "peak_tflops_bf16"
+
+
+def resolve_peak(
+    cluster: ClusterConfig,
+    precision: Precision,
+    *,
+    accelerator: str,
+    ranks: int = 1,
+    cpu_peak: Callable[[Precision], Peak] | None = None,
+) -> Peak:
+    """The peak for this run, in the module docstring's order; on CPU the calibration kept for this
+    machine (measured once, 1.4 s), or ``cpu_peak(precision)`` where the caller keeps its own.
+
+    Raises UnknownDeviceError (runner/hardware/peak_flops.py) for a CUDA device the table does not
+    know, unless the cluster gives the peak.
+    """
     if cluster.peak_tflops is not None:
         return Peak(cluster.peak_tflops * 1e12, "cluster.peak_tflops")
-    table = cluster.peak_tflops_fp32 if precision == Precision.fp32 else cluster.peak_tflops_bf16
+    key = cluster_peak_key(precision)
+    table = getattr(cluster, key)
     if table is not None:
-        field = "peak_tflops_fp32" if precision == Precision.fp32 else "peak_tflops_bf16"
-        return Peak(table * 1e12, f"cluster {cluster.name}.{field}")
+        return Peak(table * 1e12, f"cluster {cluster.name}.{key}", origin="cluster")
     if accelerator == "cuda":
         name = torch.cuda.get_device_name()
-        return Peak(peak_flops_for_cuda_device(name, precision.value), f"dense datasheet figure for {name}")
+        figure = peak_flops_for_cuda_device(name, precision.value)
+        return Peak(figure, f"datasheet: dense, {name}", origin="datasheet")
+    if cpu_peak is not None:
+        return cpu_peak(precision)
     return best_cpu_peak(precision, ranks=ranks)
 
 
@@ -205,7 +233,8 @@ def best_cpu_peak(precision: Precision, *, ranks: int = 1) -> Peak:
         peaks[key] = entry
         _write_cache(path, peaks)
     assert entry is not None
-    return Peak(entry["flops"], _source(entry, ranks=ranks, path=path), calibrated=True, detail=entry)
+    source = _source(entry, ranks=ranks, path=path)
+    return Peak(entry["flops"], source, calibrated=True, detail=entry, origin="measured")
 
 
 def _source(entry: dict[str, Any], *, ranks: int, path: Path) -> str:
@@ -252,13 +281,3 @@ def above_calibrated_peak(peak: Peak, mfu: float | None, precision: Precision) -
         f"({peak.flops / 1e9:.1f} GFLOP/s, on cores other processes held); the next runs calibrate "
         f"again ({path})"
     )
-
-
-def planning_peak(cluster: ClusterConfig, precision: Precision) -> Peak | None:
-    """The cluster's configured peak for planning; None when only a measurement could tell."""
-    if cluster.peak_tflops is not None:
-        return Peak(cluster.peak_tflops * 1e12, "cluster.peak_tflops")
-    table = cluster.peak_tflops_fp32 if precision == Precision.fp32 else cluster.peak_tflops_bf16
-    if table is None:
-        return None
-    return Peak(table * 1e12, f"cluster {cluster.name}")

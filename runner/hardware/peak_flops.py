@@ -44,6 +44,10 @@ _PRECISIONS = ("bf16", "fp16", "fp32", "tf32")
 class UnknownDeviceError(ValueError):
     """No dense peak is known for this device: the user must give one (cluster.peak_tflops)."""
 
+    def __init__(self, message: str, *, device_name: str) -> None:
+        super().__init__(message)
+        self.device_name = device_name  # as torch.cuda.get_device_name() names it
+
 
 def device_key(device_name: str) -> str | None:
     """The PEAK_TFLOPS key for a CUDA device name, or None when the device is not in the table."""
@@ -71,7 +75,8 @@ def peak_flops_for_cuda_device(device_name: str, precision: str, *, tf32: bool =
         raise UnknownDeviceError(
             f"no dense peak FLOP/s is known for CUDA device {device_name!r} ({prec}); known: "
             f"{', '.join(PEAK_TFLOPS)}. Set cluster.peak_tflops=<dense TFLOP/s per device at "
-            f"{prec}> to give it (from the device's datasheet, without the sparsity factor)"
+            f"{prec}> to give it (from the device's datasheet, without the sparsity factor)",
+            device_name=device_name,
         )
     return PEAK_TFLOPS[key][prec] * 1e12
 

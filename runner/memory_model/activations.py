@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from runner.config import ModelConfig, Recompute, ZeroStage
 from runner.memory_model.units import BOOL_BYTES, FP32_BYTES, HALF_BYTES, INT64_BYTES, _choice
+from runner.rules import head_problems, tp_split_problems
 
 # Precision, optimizer, offload placement, recompute mode and ZeRO stage are runner.config's
 # enums; every function here takes the member or its plain value ("bf16", 3), as notebooks pass.
@@ -147,14 +148,12 @@ class BlockShape:
             raise ValueError(f"graph={self.graph!r} is not one of {', '.join(_GRAPHS)}")
         if self.bytes_per_elem not in (HALF_BYTES, FP32_BYTES):
             raise ValueError(f"bytes_per_elem={self.bytes_per_elem} must be 2 (bf16/fp16) or 4 (fp32)")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.n_heads % n_kv:
-            raise ValueError(f"n_kv_heads={n_kv} must divide n_heads={self.n_heads}")
-        # Megatron-style tensor parallelism splits heads and the MLP's hidden width.
-        for name, value in (("n_heads", self.n_heads), ("n_kv_heads", n_kv), ("ffn_hidden", ffn)):
-            if value % self.tp:
-                raise ValueError(f"tp={self.tp} must divide {name}={value}")
+        # The shapes a run is refused (runner/rules/): whole heads of an even size, and under
+        # Megatron-style tensor parallelism whole heads and MLP features on every rank.
+        problems = head_problems(d_model=self.d_model, n_head=self.n_heads, n_kv_head=self.n_kv_heads)
+        problems += tp_split_problems(self.tp, n_head=self.n_heads, n_kv_head=self.n_kv_heads, ffn_hidden=ffn)
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @property
     def kv_heads(self) -> int:

@@ -27,18 +27,18 @@ from runner.memory_model.states import (
     zero12_held_elements,
 )
 from runner.parallel.pipeline_split import rank_param_numels
+from runner.rules import offload_pair_problems
 
 
 def offload_placement(offload_optimizer: Offload, offload_param: Offload) -> OffloadPlacement:
     """The config's two offload switches as one placement: none, optimizer, or optimizer+params.
 
     DeepSpeed offloads parameters only beside the optimizer (ZeRO-Infinity's CPU layout);
-    parameters alone are refused (ValueError).
+    parameters alone are refused (ValueError, in runner.rules.offload_pair_problems's words).
     """
-    if offload_param == Offload.cpu and offload_optimizer != Offload.cpu:
-        raise ValueError(
-            "parameter offload without optimizer offload is not a placement the estimators model"
-        )
+    problems = offload_pair_problems(offload_optimizer, offload_param)
+    if problems:
+        raise ValueError("; ".join(problems))
     if offload_param == Offload.cpu:
         return OffloadPlacement.optimizer_and_params
     return OffloadPlacement.optimizer if offload_optimizer == Offload.cpu else OffloadPlacement.none

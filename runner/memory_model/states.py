@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from runner.config import OffloadPlacement, OptimizerName, Precision, ZeroStage
 from runner.memory_model.units import FP32_BYTES, HALF_BYTES, _choice, _shard
+from runner.rules import offload_problems, offload_switches
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,9 @@ def model_states(
     if dp < 1:
         raise ValueError(f"dp={dp} must be >= 1")
     off = _choice(offload, OffloadPlacement, "offload")
-    if off == OffloadPlacement.optimizer and zero_stage == 0:
-        raise ValueError(
-            "offload='optimizer' needs ZeRO stage 1, 2 or 3 (DeepSpeed offloads only under ZeRO)"
-        )
-    if off == OffloadPlacement.optimizer_and_params and zero_stage != 3:
-        raise ValueError(f"offload='optimizer+params' needs ZeRO stage 3, got zero_stage={zero_stage}")
+    problems = offload_problems(zero_stage, *offload_switches(off))  # runner.rules.offload_stages
+    if problems:
+        raise ValueError("; ".join(problems))
 
     w, g, o = bytes_per_param(precision, optimizer)
     # ZeRO, arXiv 1910.02054, Sec. 5.1-5.3: P_os (stage >= 1), P_g (>= 2), P_p (3).

@@ -7,7 +7,7 @@ in parts a user can act on:
     prelaunch    the launching process before it started the ranks (``python train.py`` on this
                  host): composing, checking and planning the run, a checkpoint's conversion
     calibration  of the launching process's time, the step-time model measuring this host's
-                 device (runner/plan/hardware.py; cached, so mostly a device's first run)
+                 device (runner/plan/device_figures.py; cached, so mostly a device's first run)
     launch       the interpreter, torch and DeepSpeed's imports, the process group; under
                  torchrun or srun also the conversion of a checkpoint moved onto this
                  layout (rank 0 converts; layout_history and goodput name its seconds)

@@ -7,6 +7,8 @@ without importing torch (a refused run answers in about a second).
 from __future__ import annotations
 
 from runner.config import ModelConfig
+from runner.errors import ConfigError
+from runner.rules import head_problems
 
 
 def n_kv_head(cfg: ModelConfig) -> int:
@@ -15,24 +17,10 @@ def n_kv_head(cfg: ModelConfig) -> int:
 
 
 def check_shape(cfg: ModelConfig) -> None:
-    """Reject shapes the attention layout cannot represent, naming the fix."""
-    if cfg.d_model % cfg.n_head != 0:
-        raise ValueError(
-            f"model.d_model={cfg.d_model} is not divisible by model.n_head="
-            f"{cfg.n_head}; choose n_head dividing d_model"
-        )
-    head_dim = cfg.d_model // cfg.n_head
-    if head_dim % 2 != 0:
-        raise ValueError(
-            f"head size d_model/n_head = {cfg.d_model}/{cfg.n_head} = {head_dim} "
-            "is odd; RoPE rotates pairs of channels, so it must be even"
-        )
-    n_kv = n_kv_head(cfg)
-    if n_kv < 1 or cfg.n_head % n_kv != 0:
-        raise ValueError(
-            f"model.n_kv_head={n_kv} must divide model.n_head={cfg.n_head} "
-            "(each key/value head serves n_head/n_kv_head query heads)"
-        )
+    """Reject shapes the attention layout cannot represent, naming the fix (runner.rules.head_problems)."""
+    problems = head_problems(d_model=cfg.d_model, n_head=cfg.n_head, n_kv_head=cfg.n_kv_head)
+    if problems:
+        raise ConfigError("\n".join(f"  - {p}" for p in problems))
 
 
 def num_params(cfg: ModelConfig) -> int:

@@ -18,12 +18,15 @@ import itertools
 
 from runner.config import ModelConfig
 from runner.model.shape import embedding_numels, layer_param_numels, param_numels
+from runner.rules import pipeline_depth_problems
 
 
 def stage_blocks(n_layer: int, pp: int) -> list[int]:
     """Transformer blocks on each stage: ceil(L / pp) on the first L mod pp stages, floor after."""
-    if not 1 <= pp <= n_layer:
-        raise ValueError(f"pp={pp} must lie in [1, n_layer={n_layer}]: each stage needs a block")
+    if pp < 1:
+        raise ValueError(f"pp={pp}: a pipeline has at least one stage")
+    if problems := pipeline_depth_problems(n_layer=n_layer, pp=pp):
+        raise ValueError("; ".join(problems))
     fewer, extra = divmod(n_layer, pp)
     return [fewer + (1 if stage < extra else 0) for stage in range(pp)]
 

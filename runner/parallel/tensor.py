@@ -26,13 +26,14 @@ DeepSpeed's mesh (``deepspeed/utils/groups.py``, ``_init_tp_mesh_device``) is
 ``tp*d .. tp*d + tp-1`` form one tensor-parallel group and share data-parallel index
 ``d = rank // tp``, which is how runner/train/rank.py hands out batches (both ranks of a group
 see the same micro-batches, as AutoTP checks on the first forward).
+
+What this split needs of the model (tp divides the heads and the MLP width) and of the
+cluster (a group inside one node) are rules of runner/rules/tensor_split.py.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-from runner.config import ModelConfig
 
 if TYPE_CHECKING:  # the launching process builds DeepSpeed's config from here without torch
     import torch
@@ -88,42 +89,6 @@ def deepspeed_train_batch_size(*, global_size: int, tp: int, zero_stage: int) ->
     if zero_stage == 3:
         return None
     return global_size * tp
-
-
-def tp_problems(model: ModelConfig, *, tp: int) -> list[str]:
-    """Why ``parallel.tp`` cannot split this model (empty when it can)."""
-    if tp == 1:
-        return []
-    checks = [("model.n_head", model.n_head, "query heads")]
-    if model.n_kv_head is not None:  # unset: as many as n_head, checked above
-        checks.append(("model.n_kv_head", model.n_kv_head, "key/value heads"))
-    checks.append(("model.ffn_hidden", model.ffn_hidden, "MLP hidden features"))
-    problems = []
-    for key, value, what in checks:
-        if value % tp:
-            problems.append(
-                f"parallel.tp={tp} does not divide {key}={value}: each tensor-parallel rank holds "
-                f"{value}/{tp} {what}; use parallel.tp in {_divisors_text(value)}"
-            )
-    return problems
-
-
-def _divisors_text(value: int) -> str:
-    return "{" + ", ".join(str(d) for d in range(1, value + 1) if value % d == 0 and d <= 64) + "}"
-
-
-def tp_node_problems(tp: int, *, ranks_per_node: int, where: str) -> list[str]:
-    """Why a tensor-parallel group of ``tp`` ranks cannot sit inside one node (empty when it can)."""
-    if tp <= ranks_per_node:
-        return []
-    fitting = [d for d in (1, 2, 4, 8, 16, 32) if d <= ranks_per_node]
-    # Megatron-LM keeps tensor parallelism inside a node (Narayanan et al. 2021, arXiv
-    # 2104.04473, Sec. 3.3): it all-reduces activations twice per block, forward and backward.
-    return [
-        f"parallel.tp={tp} exceeds {where}: a tensor-parallel group all-reduces every block's "
-        f"activations and must sit inside one node; use parallel.tp in "
-        f"{{{', '.join(map(str, fitting))}}} and parallel.pp (or more dp) across nodes"
-    ]
 
 
 def is_sharded(param: torch.nn.Parameter) -> bool:

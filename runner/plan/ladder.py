@@ -49,6 +49,7 @@ from runner.config import OffloadPlacement, Recompute, ZeroStage
 from runner.layout import divisors
 from runner.plan.command import model_overrides, workload_overrides
 from runner.plan.planner import Knobs, Plan, Workload, gb, plan_layout
+from runner.rules import pipeline_depth_problems, tp_problems
 
 # Each stage is tried as the conf/parallel option of its name (ddp, zero1, zero2, zero3).
 _STAGES = tuple(ZeroStage)
@@ -109,23 +110,23 @@ class Ladder:
 
 
 def tp_degrees(workload: Workload) -> list[int]:
-    """Tensor-parallel degrees to try: powers of 2 up to gpus_per_node dividing heads, kv heads, MLP width."""
-    model = workload.model
-    n_kv = model.n_kv_head or model.n_head
+    """Tensor-parallel degrees to try: powers of 2 up to gpus_per_node dividing gpus, that split the
+    heads, kv heads and MLP width (runner.rules.tp_problems)."""
     degrees, t = [], 2
     while t <= min(workload.device.per_node, workload.gpus):
-        if not (model.n_head % t or n_kv % t or model.ffn_hidden % t or workload.gpus % t):
+        if workload.gpus % t == 0 and not tp_problems(workload.model, tp=t):
             degrees.append(t)
         t *= 2
     return degrees
 
 
 def pp_degrees(workload: Workload, tp: int) -> list[int]:
-    """Pipeline degrees across nodes: powers of 2 with tp x pp dividing gpus and pp <= n_layer."""
+    """Pipeline degrees across nodes: powers of 2 with tp x pp dividing gpus and a block on every stage
+    (runner.rules.pipeline_depth_problems)."""
     if workload.gpus <= workload.device.per_node:
         return []
     degrees, p = [], 2
-    while tp * p <= workload.gpus and p <= workload.model.n_layer:
+    while tp * p <= workload.gpus and not pipeline_depth_problems(n_layer=workload.model.n_layer, pp=p):
         if workload.gpus % (tp * p) == 0:
             degrees.append(p)
         p *= 2

@@ -5,7 +5,7 @@
 walks the ladder (runner/plan/ladder.py) and writes ``plan.json``: those build on this
 module, which imports neither. Nothing is allocated: the parameter count is analytic
 (runner.model.shape.num_params) and every term is arithmetic (runner/memory_model/peak.py,
-runner/plan/step_time.py) on the device figures of runner/plan/hardware.py; a node's host
+runner/plan/step_time.py) on the device figures of runner/plan/device_figures.py; a node's host
 memory, steady and while the model is built, is runner/plan/host.py's.
 
 The same arithmetic chooses ``batch.micro_size=auto`` for a real run: :class:`MicroFit`
@@ -45,10 +45,17 @@ from runner.memory_model.case import case_from_config, offload_placement
 from runner.memory_model.peak import MemoryTerms, memory_terms
 from runner.model.shape import num_params as count_params
 from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
-from runner.plan.hardware import resolve_device
+from runner.plan.device_figures import resolve_device
 from runner.plan.host import HostMemory, host_memory
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.plan.workload import Knobs, Workload
+from runner.rules import (
+    config_layout_problems,
+    layout_problems,
+    offload_pair_problems,
+    offload_switches,
+    pipeline_engine_problems,
+)
 
 GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
 # planner.objective=speed: a micro-batch predicted within this fraction of the fastest step counts
@@ -211,19 +218,16 @@ class Plan:
 
 def offload_mode(offload_optimizer: Offload, offload_param: Offload) -> OffloadPlacement:
     """The config's two offload enums as runner.memory.model_states' offload placement
-    (runner.memory_model.case.offload_placement), refusing what the planner cannot model (ConfigError)."""
-    try:
-        return offload_placement(offload_optimizer, offload_param)
-    except ValueError:
-        raise ConfigError(
-            "  - parallel.offload_param=cpu with parallel.offload_optimizer=none: the planner models "
-            "optimizer offload, or optimizer + parameter offload; set parallel.offload_optimizer=cpu too "
-            "(or, to run it unplanned, give batch.micro_size=<n> instead of auto)"
-        ) from None
+    (runner.memory_model.case.offload_placement), refusing a pair no placement makes (ConfigError)."""
+    _refuse(offload_pair_problems(offload_optimizer, offload_param))
+    return offload_placement(offload_optimizer, offload_param)
 
 
 def knobs_from_config(config: TrainConfig) -> Knobs:
     """The layout knobs a run's config sets."""
+    # Asked of the config itself, as validate asks it: Knobs' placement cannot hold parameters
+    # offloaded without the optimizer states, nor Knobs the cluster's node size.
+    _refuse(config_layout_problems(config))
     par = config.parallel
     return Knobs(
         parallel=par.name,
@@ -274,21 +278,25 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
 # --------------------------------------------------------------------------------------
 
 
+def _refuse(problems: list[str]) -> None:
+    """Raise ConfigError listing ``problems``, in runner/preflight/validate.py's form; nothing if none."""
+    if problems:
+        raise ConfigError("\n".join(f"  - {p}" for p in problems))
+
+
 def check_knobs(workload: Workload, knobs: Knobs) -> None:
-    """Refuse knobs the estimators cannot plan, naming the key (ConfigError)."""
-    model = workload.model
-    n_kv = model.n_kv_head or model.n_head
-    for name, value in (("model.n_head", model.n_head), ("model.n_kv_head", n_kv)):
-        if value % knobs.tp:
-            raise ConfigError(
-                f"  - parallel.tp={knobs.tp} must divide {name}={value} (tensor parallel splits heads)"
-            )
-    if model.ffn_hidden % knobs.tp:
-        raise ConfigError(f"  - parallel.tp={knobs.tp} must divide model.ffn_hidden={model.ffn_hidden}")
-    if knobs.offload == OffloadPlacement.optimizer and knobs.zero_stage == ZeroStage.ddp:
-        raise ConfigError("  - parallel.offload_optimizer=cpu needs ZeRO: use parallel=zero1, zero2 or zero3")
-    if knobs.offload == OffloadPlacement.optimizer_and_params and knobs.zero_stage != ZeroStage.zero3:
-        raise ConfigError("  - parallel.offload_param=cpu needs ZeRO stage 3: use parallel=zero3")
+    """Refuse knobs no plan can size, in the words a run is refused with (runner.rules.layout_problems)."""
+    offload_optimizer, offload_param = offload_switches(knobs.offload)
+    _refuse(
+        layout_problems(
+            workload.model,
+            zero_stage=knobs.zero_stage,
+            tp=knobs.tp,
+            pp=knobs.pp,
+            offload_optimizer=offload_optimizer,
+            offload_param=offload_param,
+        )
+    )
 
 
 def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, accum_steps: int) -> MemoryTerms:
@@ -460,16 +468,15 @@ def micro_fit_for_config(config: TrainConfig) -> MicroFit:
 
 
 def plan_only_reasons(knobs: Knobs) -> list[str]:
-    """Why the runner cannot run these knobs yet (empty when it can)."""
-    reasons = []
-    if knobs.pp > 1:
-        # The same refusals as runner/preflight/validate.py pipeline_problems, for a run.
-        if knobs.zero_stage >= ZeroStage.zero2:
-            # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8).
-            reasons.append("DeepSpeed's pipeline engine refuses ZeRO-2 and ZeRO-3")
-        if knobs.offload != OffloadPlacement.none:
-            reasons.append(f"parallel.pp={knobs.pp} with offload: not run under a pipeline here")
-    return reasons
+    """Why the runner cannot run these knobs yet (empty when it can): the refusals of a run's launch
+    that a plan sizes all the same (runner.rules.pipeline_engine_problems)."""
+    offload_optimizer, offload_param = offload_switches(knobs.offload)
+    return pipeline_engine_problems(
+        pp=knobs.pp,
+        zero_stage=knobs.zero_stage,
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+    )
 
 
 def _split(workload: Workload, knobs: Knobs, dp: int) -> tuple[int, str | None]:

@@ -43,7 +43,7 @@ from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.calibrated_terms import Term, comm_seconds, compute_terms, forward_seconds, param_tensors
-from runner.plan.hardware import Device
+from runner.plan.device_figures import Device
 from runner.plan.workload import Knobs, Workload
 
 

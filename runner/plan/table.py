@@ -17,7 +17,7 @@ from runner.memory_model.states import bytes_per_param
 from runner.memory_model.units import GiB
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
-from runner.plan.hardware import Figure
+from runner.plan.device_figures import Figure
 from runner.plan.ladder import NEAR_FASTEST, OFFLOAD_MARK, SHOWN, Candidate, Ladder
 from runner.plan.planner import GB, Plan, ResumePlan, gb
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout

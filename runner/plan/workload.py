@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.config import ModelConfig, OffloadPlacement, OptimizerName, Precision, Recompute, ZeroStage
-from runner.plan.hardware import Device
+from runner.plan.device_figures import Device
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Checks before launch: each value against its key's range in the schema (runner/config.py), then
-what needs more than a schema; each problem names the key, the value and the fix.
+what needs more than a schema; each problem names the key, the value and the fix. The rules a
+plan shares (heads, tp's split, offload's stages, the pipeline's) are runner/rules/'s, asked here
+and by runner/plan/planner.py alike.
 
 Everything here runs in the launching process, before any rank starts and before the
 run directory gets any file of the runner's.
@@ -14,25 +16,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.config import DataName, Offload, ParallelConfig, Precision, RopeScaling, TrainConfig
+from runner.config import DataName, Precision, RopeScaling, TrainConfig
 from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import TOKEN_DTYPES, llmc_tokenizer_sha256, token_file_problem, token_files
 from runner.data.tokenizer_dir import TokenizerError, load_tokenizer, tokenizer_sha256, vocab_size
 from runner.errors import ConfigError
-from runner.hardware.cuda_devices import cuda_available, cuda_device_count
+from runner.hardware.cuda_devices import cuda_available
+from runner.hardware.host_ranks import host_ranks
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
-from runner.parallel.tensor import tp_node_problems, tp_problems
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
 from runner.preflight.wandb_credentials import credentials_problems
+from runner.rules import config_layout_problems, head_problems, pipeline_engine_problems, tp_node_problems
 
 
 def host_ranks_available() -> tuple[int, str]:
-    """How many ranks the local launcher can place on this host, and what they are."""
-    count = cuda_device_count()
-    if count:
+    """How many ranks the local launcher places on this host (runner/hardware/host_ranks.py), in words."""
+    count, cuda = host_ranks()
+    if cuda:
         return count, f"{count} CUDA device(s)"
-    cores = os.cpu_count() or 1
-    return cores, f"no CUDA device and {cores} CPU core(s) (one rank per core)"
+    return count, f"no CUDA device and {count} CPU core(s) (one rank per core)"
 
 
 def value_problem(key: SchemaKey, value: Any) -> str | None:
@@ -98,16 +100,7 @@ def _problems(config: TrainConfig) -> list[str]:
         f"{model.rope_low_freq_factor}: llama3 scaling blends the wavelengths between original/high and "
         "original/low (Llama 3.1: 4 and 1)",
     )
-    need(
-        model.d_model % model.n_head == 0,
-        f"model.d_model={model.d_model} is not divisible by model.n_head={model.n_head}; "
-        f"pick n_head among the divisors of d_model",
-    )
-    need(
-        model.n_head % (model.n_kv_head or model.n_head) == 0,
-        f"model.n_kv_head={model.n_kv_head} must divide model.n_head={model.n_head} "
-        f"(grouped-query attention)",
-    )
+    problems += head_problems(d_model=model.d_model, n_head=model.n_head, n_kv_head=model.n_kv_head)
     if data.name == DataName.text and data.path is None:
         need(
             model.vocab_size >= 256,
@@ -122,7 +115,7 @@ def _problems(config: TrainConfig) -> list[str]:
     if data.tokenizer is not None:
         problems += _tokenizer_problems(config)
     _check_evaluation(config, need)
-    _check_offload(config.parallel, need)
+    problems += config_layout_problems(config)
     train = config.train
     need(
         train.profile_step < train.steps,
@@ -130,19 +123,12 @@ def _problems(config: TrainConfig) -> list[str]:
         f"train.steps - 1 = {train.steps - 1} (e.g. train.profile_step={min(2, train.steps - 1)}, "
         f"after the first steps' warm-up), or -1 for none",
     )
-    problems += tp_problems(config.model, tp=config.parallel.tp)
     if config.model.init_from is not None:
         # Deferred: its tensor names come from a model on the meta device, and a refusal
         # answers before torch is imported (tests/e2e/test_refusals.py).
         from runner.model.hf_weights import init_from_problems
 
         problems += init_from_problems(config.model)
-    if config.cluster.gpus_per_node is not None:
-        problems += tp_node_problems(
-            config.parallel.tp,
-            ranks_per_node=config.cluster.gpus_per_node,
-            where=f"cluster={config.cluster.name} ({config.cluster.gpus_per_node} gpus per node)",
-        )
     return problems
 
 
@@ -178,27 +164,6 @@ def _tokenizer_problems(config: TrainConfig) -> list[str]:
                 f"tokenize the text again: ladder tokenize --tokenizer {data.tokenizer} ... --out {file}"
             ]
     return []
-
-
-def _check_offload(parallel: ParallelConfig, need: Callable[[bool, str], None]) -> None:
-    """ZeRO-Offload's stages: the optimizer from stage 1, the parameters at stage 3 and with it."""
-    if parallel.offload_optimizer == Offload.cpu:
-        need(
-            parallel.zero_stage >= 1,
-            f"parallel.offload_optimizer=cpu with parallel.zero_stage={parallel.zero_stage}: ZeRO-Offload "
-            f"needs stage 1, 2 or 3; use parallel=zero2 or parallel=zero3",
-        )
-    if parallel.offload_param == Offload.cpu:
-        need(
-            parallel.zero_stage == 3,
-            f"parallel.offload_param=cpu with parallel.zero_stage={parallel.zero_stage}: parameters "
-            f"are offloaded at stage 3 only; use parallel=zero3",
-        )
-        need(
-            parallel.offload_optimizer == Offload.cpu,
-            "parallel.offload_param=cpu without parallel.offload_optimizer=cpu: offload the "
-            "optimizer states too (DeepSpeed's ZeRO-Infinity order)",
-        )
 
 
 def _check_evaluation(config: TrainConfig, need: Callable[[bool, str], None]) -> None:
@@ -260,35 +225,6 @@ def batch_contract_problems(config: TrainConfig) -> list[str]:
     return []
 
 
-def pipeline_problems(config: TrainConfig) -> list[str]:
-    """Why a ``parallel.pp > 1`` run cannot start, each with the fix (empty when it can)."""
-    par, model = config.parallel, config.model
-    pp = par.pp
-    if pp <= 1:
-        return []
-    problems = []
-    if par.zero_stage >= 2:
-        # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8): ZeRO-2 would
-        # reduce-scatter gradients inside every micro-batch's backward, the pipeline's own
-        # gradient reduction runs once per step.
-        problems.append(
-            f"parallel.pp={pp} with parallel.zero_stage={par.zero_stage}: DeepSpeed's pipeline engine "
-            f"refuses ZeRO-2 and ZeRO-3 (gradients cannot be partitioned across its micro-batches); "
-            f"use parallel=pp2 or parallel=zero1 parallel.pp={pp}"
-        )
-    if pp > model.n_layer:
-        problems.append(
-            f"parallel.pp={pp} > model.n_layer={model.n_layer}: each pipeline stage needs at least one "
-            f"transformer block; use parallel.pp <= {model.n_layer}"
-        )
-    if Offload.cpu in (par.offload_optimizer, par.offload_param):
-        problems.append(
-            f"parallel.pp={pp} with CPU offload: offload under a pipeline is not run here; drop "
-            f"parallel.offload_optimizer / parallel.offload_param or use parallel.pp=1"
-        )
-    return problems
-
-
 def fp16_supported() -> bool:
     """Whether DeepSpeed trains in fp16 on this host: on CUDA, or where its CPU accelerator says so.
 
@@ -309,7 +245,8 @@ def cuda_launch_problems(config: TrainConfig, environ: dict[str, str] | None = N
 
     DeepSpeed takes its accelerator from DS_ACCELERATOR when it is imported; ``cpu`` would
     put the engine on the host beside the model's CUDA tensors. MFU divides by the device's
-    dense datasheet peak, known by name (runner/hardware/peak_flops.py) unless the cluster gives one.
+    dense datasheet peak, known by name (runner/hardware/peak_flops.py) unless the cluster gives one
+    (runner/hardware/mfu_peak.py resolve_peak).
     """
     if not cuda_available():
         return []
@@ -321,18 +258,13 @@ def cuda_launch_problems(config: TrainConfig, environ: dict[str, str] | None = N
             "DS_ACCELERATOR, or hide the devices (CUDA_VISIBLE_DEVICES=) to train on the CPU"
         )
     # Deferred: the peak's module loads torch; only a launch on CUDA devices reaches this check.
-    from runner.hardware.mfu_peak import planning_peak
+    from runner.hardware.mfu_peak import resolve_peak
+    from runner.hardware.peak_flops import UnknownDeviceError
 
-    if planning_peak(config.cluster, config.precision.name) is None:
-        # Deferred: torch loads only where tensors are made; the launching process and the plan stay light.
-        import torch
-
-        from runner.hardware.peak_flops import UnknownDeviceError, peak_flops_for_cuda_device
-
-        try:
-            peak_flops_for_cuda_device(torch.cuda.get_device_name(), config.precision.name.value)
-        except UnknownDeviceError as error:
-            problems.append(str(error))
+    try:  # the peak the ranks will divide by, resolved as they resolve it
+        resolve_peak(config.cluster, config.precision.name, accelerator="cuda")
+    except UnknownDeviceError as error:
+        problems.append(str(error))
     return problems
 
 
@@ -376,7 +308,13 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
             "accelerator needs AVX512-FP16 or AMX-FP16); use precision=bf16 (same memory, fp32's range) "
             "or precision=fp32"
         )
-    problems += pipeline_problems(config)
+    par = config.parallel
+    problems += pipeline_engine_problems(
+        pp=par.pp,
+        zero_stage=par.zero_stage,
+        offload_optimizer=par.offload_optimizer,
+        offload_param=par.offload_param,
+    )
     problems += cuda_launch_problems(config)
     problems += credentials_problems(config.logger)
     if launcher == "local":

@@ -11,7 +11,7 @@ from train_helpers import compose_config
 from runner.config import Precision
 from runner.hardware import calibrate_zero3
 from runner.plan import calibration as calibrations
-from runner.plan import hardware
+from runner.plan import device_figures
 from runner.plan.planner import Plan, plan_config
 from runner.plan.table import format_plan
 
@@ -46,7 +46,7 @@ def test_the_planner_asks_for_it_once(monkeypatch: pytest.MonkeyPatch, tmp_path:
         return dict(figures)
 
     monkeypatch.setattr(calibrate_zero3, "engine_param_seconds", fake)
-    local = hardware._measure_here(Precision.fp32, cuda=False, threads=1, ranks_here=1)
+    local = device_figures._measure_here(Precision.fp32, cuda=False, threads=1, ranks_here=1)
     assert local.zero3_hook_seconds() == pytest.approx(1e-3)
     assert local.zero3_gather_seconds() == pytest.approx(0.25e-3)
     assert local.engine_param_seconds() == figures

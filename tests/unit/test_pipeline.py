@@ -53,7 +53,9 @@ def test_embedding_on_the_first_stage_norm_and_head_on_the_last():
 
 
 def test_more_stages_than_blocks_is_refused():
-    with pytest.raises(ValueError, match="each stage needs a block"):
+    with pytest.raises(
+        ValueError, match=r"parallel\.pp=5 > model\.n_layer=4: each pipeline stage needs at least one"
+    ):
         stage_bounds(4, 5)
 
 

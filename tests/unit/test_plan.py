@@ -15,7 +15,7 @@ from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import LayoutError, divisors
 from runner.plan.checkpoint_size import disk_need
-from runner.plan.hardware import resolve_device
+from runner.plan.device_figures import resolve_device
 from runner.plan.job import plan_job, read_plan
 from runner.plan.ladder import NEAR_FASTEST, recommend
 from runner.plan.planner import (

@@ -11,7 +11,7 @@ import pytest
 from train_helpers import compose_config
 
 from runner.plan import calibration as calibrations
-from runner.plan import hardware
+from runner.plan import device_figures
 from runner.plan.planner import plan_config
 
 pytestmark = pytest.mark.unit
@@ -49,10 +49,10 @@ def test_a_busy_figure_is_cached_provisional_and_measured_again_on_a_quiet_host(
 def test_a_measurement_past_two_seconds_says_what_it_measures(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(hardware, "PROGRESS_AFTER_S", 0.05)
-    with hardware._progress("gemm", (128, 8192, 1024), "bfloat16"):
+    monkeypatch.setattr(device_figures, "PROGRESS_AFTER_S", 0.05)
+    with device_figures._progress("gemm", (128, 8192, 1024), "bfloat16"):
         time.sleep(0.3)
-    with hardware._progress("copy", (1024,), "float32"):
+    with device_figures._progress("copy", (1024,), "float32"):
         pass  # done before the line is due: nothing said
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -67,8 +67,8 @@ def test_a_datasheet_cluster_never_measures_this_host(
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("measured this host")
 
-    monkeypatch.setattr(hardware, "_measure_here", refuse)
-    monkeypatch.setattr(hardware, "measured_cpu_peak", refuse)
+    monkeypatch.setattr(device_figures, "_measure_here", refuse)
+    monkeypatch.setattr(device_figures, "measured_cpu_peak", refuse)
     for cluster in ("h200", "h100_sxm", "a100_80g"):
         config = compose_config("model=llama_70b", f"cluster={cluster}", "parallel=zero3", "gpus=64")
         assert plan_config(config).time.calibration
@@ -94,5 +94,5 @@ def test_a_capped_non_gemm_part_is_measured_small_cached_and_scaled_to_the_runs_
     assert len(asked) == 2
     assert calibrations.from_record(again.record(), source="").rest == again.rest
     assert "non-GEMM part (micro, seq, d_model, heads, kv heads, ffn) 1x128x2048x16x8x8192" in (
-        hardware._WHAT["rest"].format(shape="1x128x2048x16x8x8192", dtype="float32")
+        device_figures._WHAT["rest"].format(shape="1x128x2048x16x8x8192", dtype="float32")
     )

@@ -14,7 +14,7 @@ from runner.layout import resolve_layout
 from runner.model.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, SHARD, WHOLE, build_method_for
 from runner.model.transformer import num_params
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.plan.hardware import host_ram_bytes
+from runner.plan.device_figures import host_ram_bytes
 from runner.plan.host import (
     CUDA_RUNTIME,
     CUDA_RUNTIME_BYTES,

@@ -37,7 +37,7 @@ FIGURES = {
 def fixed_calibration(monkeypatch):
     """This host's calibration is FIGURES, not a measurement."""
     record = calibrations.from_record(FIGURES, source="test figures: half the peak in every GEMM")
-    monkeypatch.setattr("runner.plan.hardware._measure_here", lambda *args, **kwargs: record)
+    monkeypatch.setattr("runner.plan.device_figures._measure_here", lambda *args, **kwargs: record)
 
 
 def _time_section(plan: Plan) -> str:
@@ -62,7 +62,7 @@ def test_a_calibrated_plan_predicts_below_the_bound_names_its_terms_and_what_lim
 
 
 def test_without_a_calibration_the_plan_shows_the_roofline_as_the_bound(monkeypatch):
-    monkeypatch.setattr("runner.plan.hardware._calibration", lambda *args, **kwargs: None)
+    monkeypatch.setattr("runner.plan.device_figures._calibration", lambda *args, **kwargs: None)
     plan = plan_config(compose_config())
     section = _time_section(plan)
     assert "no calibration: only the bound" in section
@@ -154,7 +154,7 @@ def measured_parts(monkeypatch):
         "cross_entropy": {"1024,512": 1e-3},
     }
     calibration = calibrations.from_record(record, source="test figures with measured parts")
-    monkeypatch.setattr("runner.plan.hardware._measure_here", lambda *args, **kwargs: calibration)
+    monkeypatch.setattr("runner.plan.device_figures._measure_here", lambda *args, **kwargs: calibration)
 
 
 def test_a_compiled_run_is_predicted_from_its_compiled_block_faster_than_eager(measured_parts):

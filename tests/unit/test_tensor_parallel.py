@@ -19,7 +19,8 @@ from runner.engine.deepspeed_config import build_deepspeed_config
 from runner.layout import resolve_layout
 from runner.metrics.ledger import RankBatch, deepspeed_estimate
 from runner.model.transformer import build_model, num_params
-from runner.parallel.tensor import partition_config, tp_node_problems, tp_problems
+from runner.parallel.tensor import partition_config
+from runner.rules import tp_node_problems, tp_problems
 
 pytestmark = pytest.mark.unit
 

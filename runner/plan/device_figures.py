@@ -6,10 +6,11 @@ cluster leaves unset (``null``, as ``cluster=local`` does) is detected on this h
 - device memory: CUDA's total memory of device 0 ("detected"); on a CPU host, the host
   RAM (the smaller of physical RAM and the cgroup limit, runner/hardware/cgroup_memory.py) split
   evenly over the ranks that would run on this host ("detected").
-- peak FLOP/s: on CUDA the dense datasheet figure for the detected device name
-  (runner.hardware.peak_flops; "datasheet"); on CPU a short matmul calibration
-  (runner.hardware.peak_flops.calibrate_cpu_peak, "measured"), cached per process and precision.
-- GPUs per node: CUDA's device count, or one rank per CPU core (as runner.preflight.validate counts).
+- peak FLOP/s: resolved as a run's MFU resolves it (runner.hardware.mfu_peak.resolve_peak): on
+  CUDA the dense datasheet figure for the detected device name ("datasheet"); on CPU the
+  matmul calibration kept for this machine ("measured"), read once per process and precision.
+- GPUs per node: CUDA's device count, or one rank per CPU core (runner/hardware/host_ranks.py, as the
+  local launcher places them).
 - host RAM per node: this host's RAM, the smaller of physical RAM and the cgroup limit
   ("detected"); a named cluster gives its system datasheet's figure.
 - link bandwidths: never detected. Unset means unknown, and no communication time is
@@ -37,6 +38,7 @@ from runner.hardware import calibration_seconds
 from runner.hardware.cgroup_memory import cgroup_memory_limit
 from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cuda_devices import cuda_available
+from runner.hardware.host_ranks import host_ranks
 from runner.plan import calibration as calibrations
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
@@ -106,14 +108,11 @@ def measured_cpu_peak(precision: str) -> float:
     return best_cpu_peak(Precision(precision)).flops
 
 
-def _gpus_per_node(cluster: ClusterConfig, cuda: bool) -> Figure:
+def _gpus_per_node(cluster: ClusterConfig) -> Figure:
     if cluster.gpus_per_node is not None:
         return Figure(cluster.gpus_per_node, f"cluster {cluster.name}")
-    if cuda:
-        import torch  # deferred: only where CUDA is there; a plan elsewhere does without torch
-
-        return Figure(torch.cuda.device_count(), "detected: CUDA device count")
-    return Figure(os.cpu_count() or 1, "detected: one rank per CPU core")
+    count, cuda = host_ranks()
+    return Figure(count, "detected: CUDA device count" if cuda else "detected: one rank per CPU core")
 
 
 def _memory(cluster: ClusterConfig, *, cuda: bool, ranks_here: int) -> Figure:
@@ -140,29 +139,29 @@ def _host_memory(cluster: ClusterConfig) -> Figure:
 
 
 def _peak(cluster: ClusterConfig, precision: Precision, *, cuda: bool) -> Figure:
-    # deferred: runner.hardware.mfu_peak imports torch, which a plan with a configured peak does without
-    from runner.hardware.mfu_peak import planning_peak
-    from runner.hardware.peak_flops import UnknownDeviceError, peak_flops_for_cuda_device
+    """The peak as a run's MFU resolves it (runner.hardware.mfu_peak.resolve_peak), worded for the plan;
+    an unknown CUDA device is unknown here (the plan still sizes memory), and a CPU's measurement is
+    kept for the process (:func:`measured_cpu_peak`)."""
+    # deferred: runner.hardware.mfu_peak imports torch; only a plan that predicts time resolves a peak
+    from runner.hardware.mfu_peak import Peak, cluster_peak_key, resolve_peak
+    from runner.hardware.peak_flops import UnknownDeviceError
 
-    configured = planning_peak(cluster, precision)
-    if configured is not None:
-        if cluster.peak_tflops is not None:
-            return Figure(configured.flops, f"config: {configured.source}")
-        key = "peak_tflops_fp32" if precision == Precision.fp32 else "peak_tflops_bf16"
-        return Figure(configured.flops, _cluster_source(cluster, key))
-    if cuda:
-        import torch  # deferred: only where CUDA is there; a plan elsewhere does without torch
-
-        name = torch.cuda.get_device_name(0)
-        try:
-            return Figure(peak_flops_for_cuda_device(name, precision.value), f"datasheet: dense, {name}")
-        except UnknownDeviceError:
-            return Figure(None, f"unknown for {name}: set cluster.peak_tflops")
     threads = os.cpu_count() or 1
-    return Figure(
-        measured_cpu_peak(precision.value),
-        f"measured: {precision.value} matmul on this CPU ({threads} core(s))",
-    )
+
+    def cpu_peak(wanted: Precision) -> Peak:
+        words = f"measured: {wanted.value} matmul on this CPU ({threads} core(s))"
+        return Peak(measured_cpu_peak(wanted.value), words, calibrated=True, origin="measured")
+
+    accelerator = "cuda" if cuda else "cpu"
+    try:
+        peak = resolve_peak(cluster, precision, accelerator=accelerator, cpu_peak=cpu_peak)
+    except UnknownDeviceError as error:
+        return Figure(None, f"unknown for {error.device_name}: set cluster.peak_tflops")
+    if peak.origin == "config":
+        return Figure(peak.flops, f"config: {peak.source}")
+    if peak.origin == "cluster":
+        return Figure(peak.flops, _cluster_source(cluster, cluster_peak_key(precision)))
+    return Figure(peak.flops, peak.source)
 
 
 _CLUSTER_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster"
@@ -410,7 +409,7 @@ def resolve_device(
     """
     needs_detection = cluster.device_memory_gb is None or cluster.gpus_per_node is None
     cuda = cuda_available() if needs_detection or with_peak else False
-    per_node = _gpus_per_node(cluster, cuda)
+    per_node = _gpus_per_node(cluster)
     ranks_here = max(1, min(gpus, int(per_node.value or 1)))
     memory = _memory(cluster, cuda=cuda, ranks_here=ranks_here)
     peak = _peak(cluster, precision, cuda=cuda) if with_peak else Figure(None, "not resolved")

@@ -1,0 +1,77 @@
+"""Layout and config rules, each written once: a function that returns its problems, each naming
+the key, the value and the fix (an empty list when the values are allowed).
+
+Every place that needs a rule asks its function here:
+
+- the refusal before launch and before ``plan=true`` (runner/preflight/validate.py);
+- the planner (runner/plan/planner.py): ``check_knobs`` refuses what no plan can size
+  (:func:`layout_problems`; of a run's config ``knobs_from_config`` asks
+  :func:`config_layout_problems`, the cluster's node size included), ``plan_only_reasons`` marks
+  what a plan sizes but the runner does not run (:func:`pipeline_engine_problems`), and the
+  ladder (runner/plan/ladder.py) tries only the tp and pp degrees these allow;
+- the estimators' own checks (runner/memory_model/, runner/model/shape.py,
+  runner/parallel/pipeline_split.py), which raise ValueError in the same words.
+
+Modules: head_layout.py (heads and head size), tensor_split.py (what tp splits, a group inside
+a node), offload_stages.py (the ZeRO stages ZeRO-Offload takes), pipeline_stages.py (a block per
+stage; what DeepSpeed's pipeline engine runs).
+"""
+
+from __future__ import annotations
+
+from runner.config import ModelConfig, Offload, TrainConfig
+from runner.rules.head_layout import head_problems
+from runner.rules.offload_stages import offload_pair_problems, offload_problems, offload_switches
+from runner.rules.pipeline_stages import pipeline_depth_problems, pipeline_engine_problems
+from runner.rules.tensor_split import tp_cluster_problems, tp_node_problems, tp_problems, tp_split_problems
+
+
+def layout_problems(
+    model: ModelConfig,
+    *,
+    zero_stage: int,
+    tp: int,
+    pp: int,
+    offload_optimizer: Offload,
+    offload_param: Offload,
+) -> list[str]:
+    """What neither a plan nor a run can take, in one order: ZeRO-Offload's stage, tp's split of
+    the model, a block on every pipeline stage."""
+    return [
+        *offload_problems(zero_stage, offload_optimizer, offload_param),
+        *tp_problems(model, tp=tp),
+        *pipeline_depth_problems(n_layer=model.n_layer, pp=pp),
+    ]
+
+
+def config_layout_problems(config: TrainConfig) -> list[str]:
+    """:func:`layout_problems` of a run's config, then its tensor-parallel group against the
+    cluster's node (where the cluster gives its gpus per node)."""
+    par = config.parallel
+    return [
+        *layout_problems(
+            config.model,
+            zero_stage=par.zero_stage,
+            tp=par.tp,
+            pp=par.pp,
+            offload_optimizer=par.offload_optimizer,
+            offload_param=par.offload_param,
+        ),
+        *tp_cluster_problems(par.tp, config.cluster),
+    ]
+
+
+__all__ = [
+    "config_layout_problems",
+    "head_problems",
+    "layout_problems",
+    "offload_pair_problems",
+    "offload_problems",
+    "offload_switches",
+    "pipeline_depth_problems",
+    "pipeline_engine_problems",
+    "tp_cluster_problems",
+    "tp_node_problems",
+    "tp_problems",
+    "tp_split_problems",
+]
