@@ -1,5 +1,6 @@
-"""The launching process's choices and refusals before any rank starts: the layout, DeepSpeed's
-config, the plan of this run and what it refuses (more host memory than this host has).
+"""The launching process's choices and refusals before any rank starts: DeepSpeed's config, the
+plan of this run and what it refuses (more host memory than this host has). The layout itself is
+runner/plan/planner.py ``layout_for_config``'s, as a plan of the same config shows it.
 """
 
 from __future__ import annotations
@@ -11,46 +12,12 @@ from runner.config import TrainConfig
 from runner.engine.deepspeed_config import build_deepspeed_config
 from runner.engine.schedule import scaled_lr
 from runner.errors import ConfigError
-from runner.layout import Layout, LayoutError, parse_micro_size, resolve_layout
-from runner.plan.planner import (
-    Plan,
-    gb,
-    micro_fit_for_config,
-    plan_chosen,
-)
+from runner.layout import Layout, LayoutError
+from runner.memory_model.units import gb
+from runner.plan.planner import Plan, layout_for_config, plan_chosen
 from runner.preflight.validate import validate
 
 log = logging.getLogger("ladder")
-
-
-def choose_layout_explained(config: TrainConfig) -> tuple[Layout, str | None]:
-    """The layout, and for ``micro_size=auto`` why that micro-batch (planned bytes vs device memory,
-    and with ``planner.objective=speed`` the predicted steps: runner/plan/planner.py ``MicroFit``)."""
-    micro_size = parse_micro_size(config.batch.micro_size)
-    fit = micro_fit_for_config(config) if micro_size is None else None
-    split: dict[str, Any] = dict(
-        gpus=config.gpus,
-        tp=config.parallel.tp,
-        pp=config.parallel.pp,
-        global_size=config.batch.global_size,
-    )
-    try:
-        layout = resolve_layout(**split, micro_size=micro_size, fits=fit)
-    except LayoutError as error:
-        if fit is not None and fit.none_fit:
-            raise LayoutError(fit.refusal()) from error
-        raise
-    if fit is None:
-        return layout, None
-    chosen = fit.choose(layout.micro_size)
-    if chosen != layout.micro_size:
-        layout = resolve_layout(**split, micro_size=chosen)
-    return layout, fit.reason(layout.micro_size)
-
-
-def choose_layout(config: TrainConfig) -> Layout:
-    """The batch contract applied to this config (``micro_size=auto``: by ``planner.objective``)."""
-    return choose_layout_explained(config)[0]
 
 
 def deepspeed_config_for(
@@ -71,7 +38,7 @@ def deepspeed_config_for(
 def launch_plan(config: TrainConfig, layout: Layout | None = None) -> Plan:
     """The plan of this run's own layout (``layout``: as chosen; None: choose it now), without the
     peak (a CPU measurement the run makes itself)."""
-    return plan_chosen(config, layout if layout is not None else choose_layout(config))
+    return plan_chosen(config, layout if layout is not None else layout_for_config(config).layout)
 
 
 def memory_warnings(plan: Plan) -> list[str]:
@@ -124,8 +91,7 @@ def local_launch_problems(config: TrainConfig) -> list[str]:
     try:
         validate(config, launcher=None if planning else "local")
         if not planning:
-            layout, _ = choose_layout_explained(config)
-            refuse_beyond_this_hosts_ram(launch_plan(config, layout))
+            refuse_beyond_this_hosts_ram(launch_plan(config, layout_for_config(config).layout))
     except (ConfigError, LayoutError) as error:
         return [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
     return []

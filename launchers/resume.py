@@ -18,16 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from launchers.hydra_files import keep_earlier_attempt, made_by_this_run
-from launchers.prelaunch import choose_layout
 from runner.config import Resume, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import Layout, LayoutError
 from runner.metrics import goodput
 from runner.metrics.wall_clock import folder_bytes
 from runner.plan import checkpoint_size
-from runner.plan.planner import (
-    ResumePlan,
-)
+from runner.plan.planner import ResumePlan, layout_for_config
 from runner.rundir import checkpoint_record
 from runner.rundir.metrics_file import metrics_path, truncate_metrics
 from runner.rundir.summary import read_summary
@@ -246,7 +243,7 @@ def resume_plan(config: TrainConfig, run_dir: Path) -> ResumePlan | None:
         return None
     refusal = None
     try:
-        layout: Layout | None = choose_layout(config)
+        layout: Layout | None = layout_for_config(config).layout
     except LayoutError as error:  # the run stops here; no move is weighed
         layout, refusal = None, str(error).strip().removeprefix("- ")
     need, record = _disk_need(config, run_dir, layout)

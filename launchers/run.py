@@ -14,7 +14,6 @@ from typing import Any
 
 from launchers.local import launch_local
 from launchers.prelaunch import (
-    choose_layout_explained,
     deepspeed_config_for,
     launch_plan,
     memory_warnings,
@@ -38,7 +37,7 @@ from runner.hardware import calibration_seconds
 from runner.metrics.wall_clock import BeforeRanks, process_start
 from runner.plan.checkpoint_size import DiskNeed
 from runner.plan.job import plan_job
-from runner.plan.planner import Plan
+from runner.plan.planner import Plan, layout_for_config
 from runner.preflight.build_locks import clear_stale_build_locks
 from runner.preflight.validate import validate
 from runner.rundir.identity import RunIdentity
@@ -228,7 +227,8 @@ def run(
     starting_over = no_checkpoint_words(config, run_dir)  # train.resume=required refuses here
     if starting_over is not None and lead:
         log.warning("%s", starting_over)
-    layout, micro_choice = choose_layout_explained(config)
+    choice = layout_for_config(config)
+    layout = choice.layout
     _check_world_size(config, env)
     plan = launch_plan(config, layout) if lead else None
     if env is None and plan is not None:
@@ -243,9 +243,9 @@ def run(
         run_dir.chmod(run_dir.stat().st_mode & ~0o002)
         write_deepspeed_config(run_dir, ds_config)
         start_summary(config, layout, run_dir, identity, launcher, resume=resume, experiment=experiment)
-        if micro_choice is not None:
-            update_summary(run_dir, micro_size_choice=micro_choice)
-            log.info("batch.micro_size=auto: %s", micro_choice)
+        if choice.reason is not None:
+            update_summary(run_dir, micro_size_choice=choice.reason)
+            log.info("batch.micro_size=auto: %s", choice.reason)
         _record_plan(job, run_dir, plan=plan, disk=disk, disk_warning=disk_warning)
     summary = (
         _run_local(job, run_dir, identity) if env is None else _run_external(job, run_dir, identity, env)

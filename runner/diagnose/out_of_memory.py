@@ -17,7 +17,8 @@ import resource
 from pathlib import Path
 
 from runner.config import TrainConfig
-from runner.plan.planner import Plan, gb, knobs_from_config, plan_layout, workload_from_config
+from runner.memory_model.units import gb
+from runner.plan.planner import Plan, knobs_from_config, plan_layout, workload_from_config
 from runner.rundir.metrics_file import metrics_path, read_records
 from runner.rundir.run_files import add_note
 

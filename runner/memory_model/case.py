@@ -49,7 +49,7 @@ class MemoryCase:
     """What one device's memory depends on: the model, precision and optimizer, the ZeRO stage,
     the layout and one micro-batch size; the device is the fullest rank of that layout.
 
-    The plan (:func:`memory_terms`, from runner/plan/planner.py ``memory_at``) and the measured
+    The plan (:func:`memory_terms`, from runner/plan/micro_fit.py ``memory_at``) and the measured
     ledger's estimate (runner/metrics/ledger.py) describe their device with it, and both take
     its model states, DeepSpeed's buffers and the host lines from :func:`held_states`.
     """

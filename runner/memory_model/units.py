@@ -47,6 +47,11 @@ def to_gib(num_bytes: float) -> float:
     return num_bytes / GiB
 
 
+def gb(num_bytes: float, digits: int = 1) -> str:
+    """Bytes as decimal GB with the unit, for display: '61.2 GB' (``digits=2``: '61.23 GB')."""
+    return f"{num_bytes / GB:.{digits}f} GB"
+
+
 __all__ = [
     "BOOL_BYTES",
     "FP32_BYTES",
@@ -54,6 +59,7 @@ __all__ = [
     "HALF_BYTES",
     "INT64_BYTES",
     "GiB",
+    "gb",
     "to_gb",
     "to_gib",
 ]

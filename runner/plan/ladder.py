@@ -47,8 +47,9 @@ from typing import Any
 
 from runner.config import OffloadPlacement, Recompute, ZeroStage
 from runner.layout import divisors
+from runner.memory_model.units import gb
 from runner.plan.command import model_overrides, workload_overrides
-from runner.plan.planner import Knobs, Plan, Workload, gb, plan_layout
+from runner.plan.planner import Knobs, Plan, Workload, plan_layout
 from runner.rules import pipeline_depth_problems, tp_problems
 
 # Each stage is tried as the conf/parallel option of its name (ddp, zero1, zero2, zero3).

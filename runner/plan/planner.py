@@ -8,15 +8,11 @@ module, which imports neither. Nothing is allocated: the parameter count is anal
 runner/plan/step_time.py) on the device figures of runner/plan/device_figures.py; a node's host
 memory, steady and while the model is built, is runner/plan/host.py's.
 
-The same arithmetic chooses ``batch.micro_size=auto`` for a real run: :class:`MicroFit`
-is the ``fits`` callable of runner.layout.resolve_layout. A layout fits when its planned
-bytes per device are at most ``planner.headroom`` x the device memory. With
-``planner.objective=speed`` (the default) auto then takes, among the sizes that fit, the one
-the step-time model (runner/plan/step_time.py) predicts fastest, the largest of those within
-:data:`SPEED_TIE` of it; with ``memory`` (or no prediction: no peak) the largest that fits.
-The configured recompute (``model.activation_checkpointing``) is kept either way. The host check
-does not choose the micro-batch and refuses no run, as the device check refuses none with
-a fixed micro-batch: ``plan=true`` gives its verdict (the ladder counts it).
+The layout itself (the batch contract, ``batch.micro_size=auto``) is runner/plan/layout_choice.py's
+``choose_layout``, which a run's launcher calls too (:func:`layout_for_config`): a plan shows the
+layout its run would take. The host check does not choose the micro-batch and refuses no run,
+as the device check refuses none with a fixed micro-batch: ``plan=true`` gives its verdict
+(the ladder counts it).
 """
 
 from __future__ import annotations
@@ -32,21 +28,15 @@ from runner.config import (
     ZeroStage,
 )
 from runner.errors import ConfigError
-from runner.layout import (
-    PIPELINE_MICRO_BATCHES_PER_STAGE,
-    Layout,
-    LayoutError,
-    data_parallel_size,
-    divisors,
-    parse_micro_size,
-    resolve_layout,
-)
-from runner.memory_model.case import case_from_config, offload_placement
-from runner.memory_model.peak import MemoryTerms, memory_terms
+from runner.layout import Layout, parse_micro_size, resolve_layout
+from runner.memory_model.case import offload_placement
+from runner.memory_model.peak import MemoryTerms
 from runner.model.shape import num_params as count_params
 from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
 from runner.plan.device_figures import resolve_device
 from runner.plan.host import HostMemory, host_memory
+from runner.plan.layout_choice import LayoutChoice, choose_layout
+from runner.plan.micro_fit import memory_at
 from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
 from runner.plan.workload import Knobs, Workload
 from runner.rules import (
@@ -56,14 +46,6 @@ from runner.rules import (
     offload_switches,
     pipeline_engine_problems,
 )
-
-GB = 1e9  # decimal gigabyte; displays say GB or GiB, bytes everywhere else
-# planner.objective=speed: a micro-batch predicted within this fraction of the fastest step counts
-# as fast as it, and the largest such wins (the memory choice). The margin is the model's own
-# uncertainty between neighbouring sizes: on a 2-core CPU it put tiny's micro 4 7% ahead of
-# micro 8, which measured 8% slower (docs/benchmarks-time-model.md); and a noisy calibration
-# must not flip the choice between runs.
-SPEED_TIE = 0.10
 
 
 @dataclass(frozen=True)
@@ -299,169 +281,6 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
     )
 
 
-def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, accum_steps: int) -> MemoryTerms:
-    """Every memory term per device for these knobs at this micro-batch size."""
-    return memory_terms(
-        case_from_config(
-            workload.model,
-            knobs,
-            precision=workload.precision,
-            optimizer=workload.optimizer,
-            offload=knobs.offload,
-            recompute=knobs.recompute,
-            seq_len=workload.seq_len,
-            micro_size=micro_size,
-            dp=dp,
-            accum_steps=accum_steps,
-            compiled=workload.compiled,
-            host_is_device=workload.device.is_host,
-        )
-    )
-
-
-def gb(num_bytes: float, digits: int = 1) -> str:
-    """Bytes as decimal GB with the unit: '61.2 GB' (``digits=2``: '61.23 GB')."""
-    return f"{num_bytes / GB:.{digits}f} GB"
-
-
-class MicroFit:
-    """``fits(micro)`` for runner.layout.resolve_layout: planned bytes <= usable, remembering each try;
-    then :meth:`choose` among those that fit by ``objective`` (see the module docstring)."""
-
-    def __init__(
-        self,
-        workload: Workload,
-        knobs: Knobs,
-        *,
-        dp: int,
-        per_rank: int,
-        objective: Objective = Objective.memory,
-    ) -> None:
-        self.workload, self.knobs, self.dp, self.per_rank = workload, knobs, dp, per_rank
-        self.objective = objective
-        self.totals: dict[int, int] = {}
-        self.steps: dict[int, float | None] = {}  # predicted step seconds of each size weighed for speed
-
-    def memory(self, micro: int) -> MemoryTerms:
-        """Memory terms at this micro-batch size (accum = per-rank sequences / micro)."""
-        return memory_at(
-            self.workload, self.knobs, micro_size=micro, dp=self.dp, accum_steps=self.per_rank // micro
-        )
-
-    def __call__(self, micro: int) -> bool:
-        """True when this micro-batch's planned bytes fit the usable device memory."""
-        if micro not in self.totals:
-            self.totals[micro] = self.memory(micro).peak
-        return self.totals[micro] <= self.workload.usable_bytes
-
-    @property
-    def none_fit(self) -> bool:
-        """True when micro-batch sizes were tried and none of them fitted."""
-        return bool(self.totals) and all(t > self.workload.usable_bytes for t in self.totals.values())
-
-    def _usable(self) -> str:
-        dev = self.workload.device.memory_bytes.value or 0.0
-        return f"{gb(self.workload.usable_bytes)} usable ({gb(dev)} x headroom {self.workload.headroom:g})"
-
-    def step_s(self, micro: int) -> float | None:
-        """The predicted step at this micro-batch size (runner/plan/step_time.py; None: no peak)."""
-        if micro not in self.steps:
-            w, k = self.workload, self.knobs
-            layout = resolve_layout(
-                gpus=w.gpus, tp=k.tp, pp=k.pp, global_size=self.per_rank * self.dp, micro_size=micro
-            )
-            self.steps[micro] = step_time(w, k, layout, traffic(w, k, layout)).step_s
-        return self.steps[micro]
-
-    def choose(self, largest: int) -> int:
-        """The size ``objective`` takes, given the largest that fits (runner.layout.resolve_layout's).
-
-        ``memory``: ``largest``. ``speed``: of the divisors of global/dp up to ``largest`` that fit
-        (each obeys resolve_layout's limits, being no larger), the largest whose predicted step is
-        within :data:`SPEED_TIE` of the fastest; ``largest`` when a step cannot be predicted.
-        """
-        if self.objective != Objective.speed:
-            return largest
-        sizes = [m for m in divisors(self.per_rank) if m <= largest and self(m)]
-        steps = {m: self.step_s(m) for m in sizes}
-        known = {m: s for m, s in steps.items() if s is not None}
-        if len(known) < len(sizes) or not known:
-            return largest
-        fastest = min(known.values())
-        return max(m for m, s in known.items() if s <= fastest * (1 + SPEED_TIE))
-
-    def _speed_words(self, chosen: int) -> str:
-        """For the speed objective: the predicted steps of the sizes weighed, and why ``chosen``."""
-        if self.objective != Objective.speed:
-            return ""
-        steps = {m: s for m, s in self.steps.items() if s is not None}
-        if chosen not in steps or len(steps) < 2:
-            if self.steps and chosen in self.steps and self.steps[chosen] is None:
-                return "; no step-time prediction (no peak): the largest that fits"
-            return ""
-        fastest = min(steps, key=lambda m: steps[m])
-        others = ", ".join(f"micro {m} {steps[m]:.3g} s" for m in sorted(steps, reverse=True) if m != chosen)
-        if fastest == chosen:
-            why = "predicted fastest"
-        else:
-            why = f"the largest within {SPEED_TIE:.0%} of the fastest (micro {fastest})"
-        return (
-            f"; chosen for predicted speed (planner.objective=speed): step {steps[chosen]:.3g} s, "
-            f"{why}; {others}"
-        )
-
-    def reason(self, chosen: int) -> str:
-        """Why `chosen` was taken: its bytes, the predicted steps weighed (speed), and what the next
-        larger divisor would need."""
-        total = self.totals.get(chosen, self.memory(chosen).peak)
-        larger = sorted(m for m in self.totals if m > chosen and self.totals[m] > self.workload.usable_bytes)
-        head = f"micro {chosen}: {gb(total)} of {self._usable()}" + self._speed_words(chosen)
-        if larger:
-            return f"{head}; micro {larger[0]} would need {gb(self.totals[larger[0]])}"
-        pp = self.knobs.pp
-        if pp > 1 and chosen < self.per_rank:  # runner/layout.py most_pipeline_micro
-            return (
-                f"{head}; under a pipeline auto keeps {PIPELINE_MICRO_BATCHES_PER_STAGE} x pp = "
-                f"{PIPELINE_MICRO_BATCHES_PER_STAGE * pp} micro-batches per step where global/dp = "
-                f"{self.per_rank} has them (bubble (pp-1)/accum = {pp - 1}/{self.per_rank // chosen})"
-            )
-        if chosen < self.per_rank:  # runner/layout.py: one rank keeps two micro-batches per step
-            return (
-                f"{head}; the largest divisor below global {self.per_rank} on one rank, which keeps "
-                f"two micro-batches per step for the noise scale"
-            )
-        return f"{head}; the largest divisor of global/dp = {self.per_rank}"
-
-    def configured(self, micro: int) -> str:
-        """The verdict on a micro-batch size the config fixed."""
-        fits = self(micro)
-        verb = "fits" if fits else "does NOT fit"
-        return f"batch.micro_size={micro} as configured: {gb(self.totals[micro])} {verb} in {self._usable()}"
-
-    def refusal(self) -> str:
-        """Why nothing fits: micro 1's bytes and its largest term."""
-        terms = self.memory(1)
-        name, size = terms.largest()
-        return (
-            f"batch.micro_size=auto: not even micro 1 fits: {gb(terms.peak)} > {self._usable()} "
-            f"at dp={self.dp} ({name} {gb(size)}); run with plan=true (or planner.recommend=true) "
-            f"to see each term and the cheapest layout that fits"
-        )
-
-
-def micro_fit_for_config(config: TrainConfig) -> MicroFit:
-    """The ``fits`` callable for a run's auto micro-batch: device memory, and with
-    ``planner.objective=speed`` the device's peak and calibration for the predicted steps."""
-    objective = config.planner.objective
-    workload = workload_from_config(config, with_peak=objective == Objective.speed)
-    knobs = knobs_from_config(config)
-    check_knobs(workload, knobs)
-    dp = data_parallel_size(gpus=config.gpus, tp=knobs.tp, pp=knobs.pp)
-    return MicroFit(
-        workload, knobs, dp=dp, per_rank=max(1, config.batch.global_size // dp), objective=objective
-    )
-
-
 # --------------------------------------------------------------------------------------
 # One layout
 # --------------------------------------------------------------------------------------
@@ -479,48 +298,20 @@ def plan_only_reasons(knobs: Knobs) -> list[str]:
     )
 
 
-def _split(workload: Workload, knobs: Knobs, dp: int) -> tuple[int, str | None]:
-    """The global batch to plan with: the configured one, or the smallest multiple of dp above it."""
-    try:
-        resolve_layout(
-            gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp, global_size=workload.global_size, micro_size=1
-        )
-    except LayoutError as error:
-        return -(-workload.global_size // dp) * dp, str(error)
-    return workload.global_size, None
-
-
 def plan_layout(workload: Workload, knobs: Knobs, *, objective: Objective = Objective.memory) -> Plan:
-    """Plan one layout: resolve the batch contract (auto micro by ``objective``: :meth:`MicroFit.choose`),
-    then memory, traffic, time.
+    """Plan one layout: the layout its run would take (runner/plan/layout_choice.py ``choose_layout``:
+    auto micro by ``objective``), then memory, traffic, time.
 
     A global batch that dp does not divide is not refused here: the plan is made at the
     smallest multiple of dp above it and says so (``contract_error``), so that a sweep
     answers every cell.
     """
     check_knobs(workload, knobs)
-    dp = data_parallel_size(gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp)
-    global_size, contract_error = _split(workload, knobs, dp)
-    per_rank = global_size // dp
-    fit = MicroFit(workload, knobs, dp=dp, per_rank=per_rank, objective=objective)
-    micro = knobs.micro_size
-    if micro is not None and per_rank % micro:
-        contract_error = contract_error or f"batch.micro_size={micro} does not divide global/dp = {per_rank}"
-        micro = None
-    common: dict[str, Any] = dict(gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp, global_size=global_size)
-    if micro is None and not fit(1):  # memory grows with micro: if 1 does not fit, none does
-        layout = resolve_layout(**common, micro_size=1)
-        choice = fit.refusal()
-    elif micro is None:
-        layout = resolve_layout(**common, micro_size=None, fits=fit)
-        chosen = fit.choose(layout.micro_size)
-        if chosen != layout.micro_size:
-            layout = resolve_layout(**common, micro_size=chosen)
-        choice = fit.reason(layout.micro_size)
-    else:
-        layout = resolve_layout(**common, micro_size=micro)
-        choice = fit.configured(micro)
-    memory = fit.memory(layout.micro_size)
+    choice = choose_layout(workload, knobs, objective=objective, refuse=False)
+    layout = choice.layout
+    memory = memory_at(
+        workload, knobs, micro_size=layout.micro_size, dp=layout.dp, accum_steps=layout.accum_steps
+    )
     groups = traffic(workload, knobs, layout)
     time = step_time(workload, knobs, layout, groups)
     evaluation = eval_time(workload, knobs, layout, time) if workload.eval_every > 0 else None
@@ -530,12 +321,12 @@ def plan_layout(workload: Workload, knobs: Knobs, *, objective: Objective = Obje
         layout=layout,
         memory=memory,
         fits=memory.peak <= workload.usable_bytes,
-        micro_choice=choice,
+        micro_choice=choice.reason or "",
         traffic=groups,
         time=time,
         plan_only=plan_only_reasons(knobs),
         host=host_memory(workload, knobs, layout, memory),
-        contract_error=contract_error,
+        contract_error=choice.contract_error,
         eval_s=evaluation,
     )
 
@@ -561,6 +352,28 @@ def plan_chosen(config: TrainConfig, layout: Layout) -> Plan:
         knobs = replace(knobs, micro_size=layout.micro_size)
     speed = config.planner.objective == Objective.speed  # the peak is read already: the step is predicted
     return plan_layout(workload_from_config(config, with_peak=speed), knobs)
+
+
+def layout_for_config(config: TrainConfig) -> LayoutChoice:
+    """A run's layout as its launcher takes it before any rank starts: runner/plan/layout_choice.py
+    ``choose_layout``, refusing (LayoutError) what it cannot split or fit. A configured micro-batch
+    is the batch contract alone: no device is resolved and no memory weighed (``reason`` None)."""
+    micro_size = parse_micro_size(config.batch.micro_size)
+    if micro_size is not None:
+        par = config.parallel
+        layout = resolve_layout(
+            gpus=config.gpus,
+            tp=par.tp,
+            pp=par.pp,
+            global_size=config.batch.global_size,
+            micro_size=micro_size,
+        )
+        return LayoutChoice(layout, reason=None)
+    objective = config.planner.objective  # speed: the device's peak and calibration predict the steps
+    workload = workload_from_config(config, with_peak=objective == Objective.speed)
+    knobs = knobs_from_config(config)
+    check_knobs(workload, knobs)
+    return choose_layout(workload, knobs, objective=objective)
 
 
 @dataclass(frozen=True)
@@ -595,16 +408,13 @@ class ResumePlan:
 
 
 __all__ = [
-    "SPEED_TIE",
     "Knobs",
-    "MicroFit",
     "Plan",
     "ResumePlan",
     "Workload",
     "check_knobs",
     "knobs_from_config",
-    "memory_at",
-    "micro_fit_for_config",
+    "layout_for_config",
     "offload_mode",
     "plan_chosen",
     "plan_config",

@@ -14,12 +14,12 @@ from runner.config import OffloadPlacement, TrainConfig
 from runner.memory_model.peak import MemoryTerms
 from runner.memory_model.peak_lines import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
 from runner.memory_model.states import bytes_per_param
-from runner.memory_model.units import GiB
+from runner.memory_model.units import GB, GiB, gb
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
 from runner.plan.device_figures import Figure
 from runner.plan.ladder import NEAR_FASTEST, OFFLOAD_MARK, SHOWN, Candidate, Ladder
-from runner.plan.planner import GB, Plan, ResumePlan, gb
+from runner.plan.planner import Plan, ResumePlan
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout
 
 _OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers

@@ -7,7 +7,7 @@ import pytest
 from train_helpers import compose_config
 
 from launchers.overrides import override_problems
-from launchers.prelaunch import choose_layout, deepspeed_config_for
+from launchers.prelaunch import deepspeed_config_for
 from runner.config import (
     ModelConfig,
     Offload,
@@ -21,6 +21,7 @@ from runner.engine.deepspeed_config import build_deepspeed_config, reduce_bucket
 from runner.errors import ConfigError
 from runner.layout import resolve_layout
 from runner.model.shape import num_params
+from runner.plan.planner import layout_for_config
 from runner.preflight.validate import validate
 
 pytestmark = pytest.mark.unit
@@ -114,7 +115,7 @@ def test_the_gradient_bucket_is_never_larger_than_the_model():
 def _zero_section(*overrides: str) -> dict:
     """The ``zero_optimization`` section of the deepspeed_config.json a run of these overrides writes."""
     config = compose_config("gpus=8", "batch.global_size=8", "batch.micro_size=1", *overrides)
-    return deepspeed_config_for(config, choose_layout(config))["zero_optimization"]
+    return deepspeed_config_for(config, layout_for_config(config).layout)["zero_optimization"]
 
 
 # model: (h, stage3_prefetch_bucket_size int(0.9 h^2), stage3_param_persistence_threshold 10h):

@@ -9,13 +9,13 @@ import re
 import pytest
 from train_helpers import compose_config
 
-from launchers.prelaunch import choose_layout_explained
 from runner.config import Objective, Recompute, TrainConfig, ZeroStage
 from runner.errors import ConfigError
 from runner.layout import divisors
 from runner.plan.job import EXIT_FITS, plan_job, read_plan
 from runner.plan.ladder import NEAR_FASTEST, SHOWN, recommend
-from runner.plan.planner import SPEED_TIE, MicroFit, plan_config, workload_from_config
+from runner.plan.micro_fit import SPEED_TIE, MicroFit
+from runner.plan.planner import layout_for_config, plan_config, workload_from_config
 from runner.plan.table import format_ladder
 from runner.preflight.validate import validate
 
@@ -123,8 +123,8 @@ def test_auto_by_memory_keeps_the_largest_and_by_speed_the_largest_near_the_fast
     others = [m for m in sizes if m != by_speed.layout.micro_size]
     assert all(f"micro {m} {steps[m]:.3g} s" in why for m in others), why
     # The run chooses as its plan does, and says so in the same words.
-    layout, words = choose_layout_explained(speed)
-    assert layout == by_speed.layout and words == why
+    choice = layout_for_config(speed)
+    assert choice.layout == by_speed.layout and choice.reason == why
 
 
 def test_a_bad_objective_is_refused_naming_the_key_its_values_and_the_fix():

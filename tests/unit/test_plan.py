@@ -9,19 +9,19 @@ from typing import Any
 import pytest
 from train_helpers import compose_config
 
-from launchers.prelaunch import choose_layout, choose_layout_explained
 from runner.comm import reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import LayoutError, divisors
+from runner.memory_model.units import GB
 from runner.plan.checkpoint_size import disk_need
 from runner.plan.device_figures import resolve_device
 from runner.plan.job import plan_job, read_plan
 from runner.plan.ladder import NEAR_FASTEST, recommend
+from runner.plan.micro_fit import memory_at
 from runner.plan.planner import (
-    GB,
     ResumePlan,
-    memory_at,
+    layout_for_config,
     offload_mode,
     plan_config,
     workload_from_config,
@@ -115,7 +115,8 @@ def test_auto_micro_takes_the_largest_divisor_that_fits_a_small_device():
     device_gb = (totals[4] + totals[8]) / 2 / 0.9 / GB
     # planner.objective=memory: the largest that fits (speed would weigh the predicted steps).
     config = _config(*base, f"cluster.device_memory_gb={device_gb}", "planner.objective=memory")
-    layout, why = choose_layout_explained(config)
+    choice = layout_for_config(config)
+    layout, why = choice.layout, choice.reason
     assert (layout.micro_size, layout.accum_steps, layout.dp) == (4, 4, 2)
     assert why is not None
     assert why.startswith(f"micro 4: {totals[4] / GB:.1f} GB of ")
@@ -127,7 +128,7 @@ def test_auto_micro_takes_the_largest_divisor_that_fits_a_small_device():
 def test_auto_micro_refuses_when_nothing_fits_with_the_numbers():
     config = _config("batch.global_size=16", "cluster.device_memory_gb=0.001")
     with pytest.raises(LayoutError) as info:
-        choose_layout(config)
+        layout_for_config(config)
     text = str(info.value)
     assert "batch.micro_size=auto: not even micro 1 fits" in text
     assert "0.0 GB usable (0.0 GB x headroom 0.9)" in text
@@ -135,8 +136,8 @@ def test_auto_micro_refuses_when_nothing_fits_with_the_numbers():
 
 
 def test_a_fixed_micro_size_is_kept_and_no_memory_is_planned():
-    layout, why = choose_layout_explained(_config("batch.micro_size=2", "cluster.device_memory_gb=0.001"))
-    assert (layout.micro_size, why) == (2, None)
+    choice = layout_for_config(_config("batch.micro_size=2", "cluster.device_memory_gb=0.001"))
+    assert (choice.layout.micro_size, choice.reason) == (2, None)
 
 
 def test_recommend_plans_every_rung_says_why_each_cheaper_one_failed_and_ranks_by_speed():

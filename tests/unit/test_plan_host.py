@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from train_helpers import compose_config
 
-from launchers.prelaunch import choose_layout_explained
 from runner.config import ModelConfig, Precision, TrainConfig
 from runner.layout import resolve_layout
+from runner.memory_model.units import GB
 from runner.model.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, SHARD, WHOLE, build_method_for
 from runner.model.transformer import num_params
 from runner.parallel.pipeline_split import rank_param_numels
@@ -29,7 +29,7 @@ from runner.plan.host import (
 )
 from runner.plan.job import plan_job, read_plan
 from runner.plan.ladder import recommend
-from runner.plan.planner import GB, plan_config, workload_from_config
+from runner.plan.planner import layout_for_config, plan_config, workload_from_config
 from runner.plan.table import format_plan
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
@@ -253,8 +253,8 @@ def test_a_run_is_not_refused_for_host_memory_as_it_is_not_for_device_memory():
     """The plan's host verdict is advice: the runner plans device memory (and, by speed, the step)
     only to choose micro_size=auto."""
     config = _config("cluster.host_memory_gb=0.001", "cluster.gpus_per_node=1", "planner.objective=memory")
-    layout, why = choose_layout_explained(config)
-    assert layout.micro_size == 8 and why is not None
+    choice = layout_for_config(config)
+    assert choice.layout.micro_size == 8 and choice.reason is not None
 
 
 def test_plan_json_has_the_host_lines(tmp_path, capsys):
