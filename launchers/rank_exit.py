@@ -16,7 +16,7 @@ from runner.diagnose import oom_killer, out_of_memory
 from runner.rundir import checkpoint_record
 from runner.rundir.outcome import INTERRUPTED, record_interrupted
 from runner.rundir.run_files import read_failures
-from runner.rundir.summary import read_summary
+from runner.rundir.summary import run_summary
 
 log = logging.getLogger("ladder")
 
@@ -62,9 +62,9 @@ def interruption_words(run_dir: Path, stopped_by: str | None, *, killed: bool) -
     second signal, or stopped before training began, leave the summary as it was: it is
     marked interrupted here, with the newest checkpoint a resume would load.
     """
-    summary = read_summary(run_dir)
-    if summary.get("status") == INTERRUPTED:  # rank 0 wrote it after the checkpoint
-        return str(summary.get("error"))
+    summary = run_summary(run_dir)
+    if summary.status == INTERRUPTED:  # rank 0 wrote it after the checkpoint
+        return str(summary.error)
     latest = checkpoint_record.latest(run_dir)
     how = f"killed at a second {stopped_by}" if killed else f"stopped by {stopped_by}"
     kept = (

@@ -27,7 +27,7 @@ from runner.plan import checkpoint_size
 from runner.plan.planner import ResumePlan, layout_for_config
 from runner.rundir import checkpoint_record
 from runner.rundir.metrics_file import metrics_path, truncate_metrics
-from runner.rundir.summary import read_summary
+from runner.rundir.summary import run_summary
 from runner.train.preemption import resumes
 
 log = logging.getLogger("ladder")
@@ -43,7 +43,7 @@ def finished_already(config: TrainConfig, run_dir: Path) -> str | None:
     if not resumes(config.train):
         return None
     steps = config.train.steps
-    summary = read_summary(run_dir)
+    summary = run_summary(run_dir)
     record = checkpoint_record.latest(run_dir)
     more = (
         f"a larger train.steps continues it from {record['tag']}"
@@ -51,8 +51,8 @@ def finished_already(config: TrainConfig, run_dir: Path) -> str | None:
         else "it kept no checkpoint: a larger train.steps trains it again from step 0, "
         "keeping this attempt under earlier_attempts/"
     )
-    done = summary.get("steps_completed") or 0
-    if summary.get("status") == "completed" and done >= steps:
+    done = summary.steps_completed or 0
+    if summary.status == "completed" and done >= steps:
         return f"the run completed {done} steps already (train.steps={steps}): nothing to train; {more}"
     if record is not None and record["completed_steps"] >= steps:
         return (

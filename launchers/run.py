@@ -27,15 +27,15 @@ from launchers.resume import (
     prepare_resume,
     resume_plan,
 )
-from launchers.run_record import device_plan_record, host_plan_record, start_summary, step_time_plan_record
+from launchers.run_record import Planned, start_summary
 from runner.config import DataName, TrainConfig
 from runner.data.token_file import token_source_words
 from runner.diagnose import disk_room, oom_killer
 from runner.environment import DistributedEnv, from_environment
 from runner.errors import ConfigError
 from runner.hardware import calibration_seconds
+from runner.layout import Layout
 from runner.metrics.wall_clock import BeforeRanks, process_start
-from runner.plan.checkpoint_size import DiskNeed
 from runner.plan.job import plan_job
 from runner.plan.planner import Plan, layout_for_config
 from runner.preflight.build_locks import clear_stale_build_locks
@@ -50,7 +50,7 @@ from runner.rundir.outcome import (
     record_rank_failure,
 )
 from runner.rundir.run_files import read_failures, with_notes, write_deepspeed_config
-from runner.rundir.summary import read_summary, update_summary
+from runner.rundir.summary import read_summary, run_summary
 from runner.train.context import RankJob
 from runner.train.preemption import Preempted
 
@@ -77,29 +77,29 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, 
     config = job.config
     oom_counts = oom_killer.read_counts()  # the kernel's, before the ranks start
     result = launch_local(job=job, run_dir=run_dir, identity=identity)
-    if result.failed_rank is None and read_summary(run_dir).get("status") == COMPLETED:
+    if result.failed_rank is None and run_summary(run_dir).status == COMPLETED:
         return read_summary(run_dir)  # every step done: a stop signal came during the last one
     if result.stopped_by is not None or (
-        result.failed_rank is None and read_summary(run_dir).get("status") == INTERRUPTED
+        result.failed_rank is None and run_summary(run_dir).status == INTERRUPTED
     ):
         raise RunInterrupted(interruption_words(run_dir, result.stopped_by, killed=result.killed))
     if result.failed_rank is None:
         return read_summary(run_dir)
     failures = read_failures(run_dir)
-    warned = read_summary(run_dir).get("plan_warnings") or []
+    warned = run_summary(run_dir).plan_warnings or []
     evidence = kill_evidence(result, oom_counts, config, run_dir)
     words = rank_exit_words(result.returncode, plan_warnings=warned, **evidence)
     if result.returncode == 1:  # ladder's own exit: its record could not be written (its output says why)
         words += " (it could not record why; its output above says)"
     rank, cause = (result.failed_rank, words)
-    recorded = read_summary(run_dir)
+    recorded = run_summary(run_dir)
     if failures and result.returncode < 0:  # the others' errors followed from the killed rank's death
         cause += f"; then rank {failures[0]['rank']} failed: {first_words(str(failures[0]['error']))}"
     elif failures:
         rank, cause = failures[0]["rank"], str(failures[0]["error"])
-    elif recorded.get("status") == FAILED and recorded.get("error"):
+    elif recorded.status == FAILED and recorded.error:
         # No failure record (a full disk): rank 0's summary, written over its old bytes, says why.
-        rank, cause = 0, str(recorded["error"])
+        rank, cause = 0, recorded.error
     try:
         record_failed(run_dir, error=cause, failed_rank=rank)
     except OSError as error:
@@ -139,26 +139,20 @@ def _unrecorded(error: OSError, rank: int, run_dir: Path) -> None:
     log.error("rank %d could not record its failure: %s", rank, disk_room.no_room_words(error, run_dir))
 
 
-def _record_plan(
-    job: RankJob, run_dir: Path, *, plan: Plan, disk: DiskNeed, disk_warning: str | None
-) -> None:
-    """The lead process's last records before the ranks start: what the plan warns of, in
-    summary.json and the log, and the words the log gets (build locks cleared, the data, the layout)."""
-    config, layout = job.config, job.layout
+def _plan_warnings(plan: Plan, disk_warning: str | None) -> list[str]:
+    """What the plan warns of (the device, the host, the disk), said in the log; summary.json
+    records them (launchers/run_record.py)."""
     warnings = memory_warnings(plan)
     for warning in warnings:
         log.warning("plan: %s", warning)
     if disk_warning is not None:
         log.warning("disk: %s", disk_warning)
         warnings.append(disk_warning)
-    update_summary(
-        run_dir,
-        plan_warnings=warnings,
-        host_memory=host_plan_record(plan),
-        device_memory_plan=device_plan_record(plan),
-        step_time=step_time_plan_record(plan),
-        checkpoint_disk=disk.record(),
-    )
+    return warnings
+
+
+def _say_before_ranks(config: TrainConfig, layout: Layout) -> None:
+    """The lead process's last words before the ranks start: build locks cleared, the data, the layout."""
     for line in clear_stale_build_locks():
         log.warning("%s", line)
     if config.data.path is not None and config.data.name == DataName.text:
@@ -242,11 +236,12 @@ def run(
         # Nobody but the owner (and its group) may write into a run: drop "other" write bits.
         run_dir.chmod(run_dir.stat().st_mode & ~0o002)
         write_deepspeed_config(run_dir, ds_config)
-        start_summary(config, layout, run_dir, identity, launcher, resume=resume, experiment=experiment)
         if choice.reason is not None:
-            update_summary(run_dir, micro_size_choice=choice.reason)
             log.info("batch.micro_size=auto: %s", choice.reason)
-        _record_plan(job, run_dir, plan=plan, disk=disk, disk_warning=disk_warning)
+        warnings = _plan_warnings(plan, disk_warning)
+        planned = Planned(plan=plan, disk=disk, warnings=warnings, micro_size_choice=choice.reason)
+        start_summary(job, run_dir, identity, launcher, resume=resume, planned=planned, experiment=experiment)
+        _say_before_ranks(config, layout)
     summary = (
         _run_local(job, run_dir, identity) if env is None else _run_external(job, run_dir, identity, env)
     )

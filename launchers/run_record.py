@@ -1,43 +1,54 @@
-"""What the launching process writes into summary.json before the ranks start: the run, its
-layout and layout history, and what its plan put on each device and host.
+"""What the launching process writes into summary.json before the ranks start, in one write: the
+run, its layout and layout history, and what its plan put on each device, host and disk.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from launchers.resume import ResumeSource
 from launchers.slurm_job import slurm_job_record
-from runner.config import TrainConfig
 from runner.data.tokenizer_dir import tokenizer_identity
 from runner.engine.schedule import scaled_lr
-from runner.layout import Layout
 from runner.model.shape import num_params
-from runner.plan.planner import (
-    Plan,
-)
+from runner.plan.checkpoint_size import DiskNeed
+from runner.plan.planner import Plan
 from runner.rundir import layout_history
 from runner.rundir.identity import RunIdentity
-from runner.rundir.outcome import RUNNING
-from runner.rundir.summary import read_summary, update_summary
+from runner.rundir.outcome import prelaunch_status
+from runner.rundir.summary import Prelaunch, run_summary, write_prelaunch
+from runner.train.context import RankJob
 
 log = logging.getLogger("ladder")
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What prelaunch chose and planned for the run (launchers/prelaunch.py, launchers/resume.py)."""
+
+    plan: Plan
+    disk: DiskNeed  # what its checkpoints need on disk
+    warnings: list[str]  # what the plan warns of: the device, the host, the disk
+    micro_size_choice: str | None = None  # batch.micro_size=auto: why this micro batch
+
+
 def start_summary(
-    config: TrainConfig,
-    layout: Layout,
+    job: RankJob,
     run_dir: Path,
     identity: RunIdentity,
     launcher: str,
     *,
     resume: ResumeSource,
+    planned: Planned,
     experiment: str | None = None,
 ) -> None:
-    """The prelaunch phase's summary: status running, the run's identity, layout and history."""
+    """The prelaunch phase's summary: status running, the run's identity, layout and history,
+    and its plan (what it warns of, what it puts on each device, host and disk, its step)."""
+    config, layout, plan = job.config, job.layout, planned.plan
     resumed = resume.record
     this = layout_history.segment(
         from_step=resumed["completed_steps"] if resumed else 0,
@@ -47,25 +58,32 @@ def start_summary(
         layout=layout,
         conversion=resume.conversion,
     )
-    history = layout_history.extended(read_summary(run_dir).get("layout_history"), resumed, this)
-    update_summary(
+    history = layout_history.extended(run_summary(run_dir).layout_history, resumed, this)
+    write_prelaunch(
         run_dir,
-        status=RUNNING,
-        error=None,
-        name=identity.name,
-        group=identity.group,
-        experiment=experiment,
-        model=config.model.name,
-        parallel=config.parallel.name,
-        zero_stage=config.parallel.zero_stage,
-        precision=config.precision.name.value,
-        launcher=launcher,
-        layout=layout.record(),
-        num_params=num_params(config.model),
-        lr=scaled_lr(config.optimizer, global_size=layout.global_size),
-        slurm=slurm_job_record(os.environ),  # job id, nodes, tasks; None outside SLURM
-        layout_history=history,
-        **({"tokenizer": tokenizer_identity(config.data.tokenizer)} if config.data.tokenizer else {}),
+        Prelaunch(
+            outcome=prelaunch_status(),
+            name=identity.name,
+            group=identity.group,
+            experiment=experiment,
+            model=config.model.name,
+            parallel=config.parallel.name,
+            zero_stage=config.parallel.zero_stage,
+            precision=config.precision.name.value,
+            launcher=launcher,
+            layout=layout.record(),
+            num_params=num_params(config.model),
+            lr=scaled_lr(config.optimizer, global_size=layout.global_size),
+            slurm=slurm_job_record(os.environ),  # job id, nodes, tasks; None outside SLURM
+            layout_history=history,
+            tokenizer=tokenizer_identity(config.data.tokenizer) if config.data.tokenizer else None,
+            micro_size_choice=planned.micro_size_choice,
+            plan_warnings=planned.warnings,
+            host_memory=host_plan_record(plan),
+            device_memory_plan=device_plan_record(plan),
+            step_time=step_time_plan_record(plan),
+            checkpoint_disk=planned.disk.record(),
+        ),
     )
 
 

@@ -21,7 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from launchers.slurm_submission import Cell
 from runner.rundir.outcome import FAILED, record_failed_if_running
-from runner.rundir.summary import read_summary
+from runner.rundir.summary import run_summary
 
 log = logging.getLogger("ladder.slurm")
 POLL_S = 1.0  # result files are checked this often (submitit's Job.wait does the same)
@@ -138,9 +138,9 @@ def _recorded_error(cell: Cell) -> str | None:
     """The error the failing rank wrote to the cell's summary.json, in its own words (an out of
     memory one with where and the plan's terms, runner/diagnose/out_of_memory.py), or None."""
 
-    recorded = read_summary(cell.run_dir)
-    error = recorded.get("error") if recorded.get("status") == FAILED else None
-    return str(error) if error else None
+    recorded = run_summary(cell.run_dir)
+    error = recorded.error if recorded.status == FAILED else None
+    return error or None
 
 
 def _telling_log(cell: Cell, job_id: str) -> Path:

@@ -49,7 +49,7 @@ from runner.errors import ConfigError
 from runner.model.hf_config import hf_config_from_model, resolve_hf_model
 from runner.model.hf_names import hf_shapes
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, UNIVERSAL_SUFFIX, latest, tag_for
-from runner.rundir.summary import read_summary
+from runner.rundir.summary import run_summary
 
 CONFIG_FILE = "config.json"
 SINGLE_SHARD = "model.safetensors"
@@ -117,7 +117,7 @@ def checkpoint_record(run_dir: Path, step: int | None) -> dict[str, Any]:
             f"--step {step}: {run_dir} holds no complete checkpoint {tag}; try --step in {{{steps}}}"
         )
     # The segment of the layout history that trained the step wrote the checkpoint.
-    segments = [s for s in read_summary(run_dir).get("layout_history") or [] if s["from_step"] < step]
+    segments = [s for s in run_summary(run_dir).layout_history or [] if s["from_step"] < step]
     if not segments:
         raise ExportError(
             f"--step {step}: summary.json does not say which layout wrote {tag}; export the newest"
@@ -186,7 +186,7 @@ def _convert_in_child(run_dir: Path, record: dict[str, Any]) -> tuple[str, int]:
 def run_tokenizer(run_dir: Path, override: Path | None) -> dict[str, Any] | None:
     """The identity of the tokenizer to copy: the one summary.json records (at its path, or at
     ``override``), checked against its recorded sha256; None when the run recorded none."""
-    recorded = read_summary(run_dir).get("tokenizer")
+    recorded = run_summary(run_dir).tokenizer
     if not recorded:
         if override is not None:
             raise ExportError(

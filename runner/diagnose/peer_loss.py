@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from runner.diagnose.oom_killer import OomCounts, killer_verdict
 from runner.rundir.run_files import add_note
-from runner.rundir.summary import update_summary
+from runner.rundir.summary import write_lost_node
 
 if TYPE_CHECKING:
     from runner.engine.distributed import Member
@@ -111,4 +111,4 @@ def explain(error: BaseException, before: OomCounts, run_dir: Path | None = None
     lost = lost_peer(error)
     add_note(error, peer_lost_words(before, lost=lost))
     if lost is not None and run_dir is not None:
-        update_summary(run_dir, lost_node=lost.node, lost_ranks=list(lost.ranks))
+        write_lost_node(run_dir, node=lost.node, ranks=lost.ranks)

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from runner.rundir.metrics_file import METRICS_FILE, read_records
-from runner.rundir.summary import SUMMARY_FILE, SummaryError, load_summary
+from runner.rundir.summary import SUMMARY_FILE, RunSummary, SummaryError, load_summary
 
 PLAN_FILE = "plan.json"
 CONFIG_FILE = Path(".hydra") / "config.yaml"
@@ -49,7 +49,7 @@ class Cell:
 
     run_dir: Path
     cell_id: str
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: RunSummary = field(default_factory=RunSummary)  # every key None where none was written
     metrics: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)
@@ -68,9 +68,8 @@ class Cell:
             return "missing"
         if self.summary_error is not None:
             return "unreadable"
-        status = self.summary.get("status")
-        if isinstance(status, str) and status:
-            return status
+        if self.summary.status:
+            return self.summary.status
         if self.failures:
             return "failed"
         return "planned" if self.plan and not self.metrics else "unfinished"
@@ -82,10 +81,9 @@ class Cell:
             return None
         if self.summary_error is not None:
             return self.summary_error
-        error = self.summary.get("error")
+        error, rank = self.summary.error, self.summary.failed_rank
         if error:
-            rank = self.summary.get("failed_rank")
-            return f"rank {rank}: {error}" if rank is not None else str(error)
+            return f"rank {rank}: {error}" if rank is not None else error
         if self.failures:
             first = self.failures[0]
             return f"rank {first.get('rank')}: {first.get('error')}"
@@ -204,18 +202,18 @@ def _read_metrics(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     return records
 
 
-def _read_summary(run_dir: Path, problems: list[str]) -> tuple[dict[str, Any], str | None]:
+def _read_summary(run_dir: Path, problems: list[str]) -> tuple[RunSummary, str | None]:
     """summary.json through its schema (runner/rundir/summary.py), upgraded from an older one;
     a malformed one is skipped, and why is returned and kept among the cell's problems."""
     try:
         summary = load_summary(run_dir)
     except SummaryError as error:
         problems.append(f"{SUMMARY_FILE} skipped: {error}")
-        return {}, str(error)
+        return RunSummary(), str(error)
     except OSError as error:
         problems.append(f"{SUMMARY_FILE} skipped: {error}")
-        return {}, f"{run_dir / SUMMARY_FILE}: unreadable ({error})"
-    return ({} if summary is None else summary.to_dict()), None
+        return RunSummary(), f"{run_dir / SUMMARY_FILE}: unreadable ({error})"
+    return (RunSummary() if summary is None else summary), None
 
 
 def read_cell(run_dir: Path, *, cell_id: str) -> Cell:

@@ -72,7 +72,7 @@ class LossAgreement:
 
 
 def _default_tolerance(cells: Sequence[Cell]) -> tuple[float, str]:
-    precisions = {str(c.summary.get("precision") or c.config_value("precision.name") or "") for c in cells}
+    precisions = {str(c.summary.precision or c.config_value("precision.name") or "") for c in cells}
     if precisions <= {"fp32", ""}:
         return TOLERANCE_FP32, "default for fp32"
     return TOLERANCE_16BIT, "default when a cell trains in 16-bit"
@@ -94,10 +94,9 @@ def loss_agreement(
     for cell in cells:
         if not cell.loss_curve(metric):
             continue
-        layout = cell.summary.get("layout")
-        layout = layout if isinstance(layout, dict) else {}
+        layout = cell.summary.layout or {}
         global_size = layout.get("global_size", cell.config_value("batch.global_size"))
-        model = cell.summary.get("model") or cell.config_value("model.name")
+        model = cell.summary.model or cell.config_value("model.name")
         key = (
             str(model) if model is not None else None,
             global_size if isinstance(global_size, int) else None,

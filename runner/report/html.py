@@ -243,8 +243,13 @@ def _config_table(diff: ConfigDiff, labels: dict[str, str]) -> str:
 def _notes(cells: Sequence[Cell]) -> str:
     facts: dict[str, set[str]] = {}
     for cell in cells:
-        for key in ("accelerator", "peak_flops_source", "peak_memory_measure"):
-            value = cell.summary.get(key)
+        summary = cell.summary
+        recorded = (
+            ("accelerator", summary.accelerator),
+            ("peak_flops_source", summary.peak_flops_source),
+            ("peak_memory_measure", summary.peak_memory_measure),
+        )
+        for key, value in recorded:
             if value:
                 facts.setdefault(key, set()).add(str(value))
     items = [f"<li>{escape(UNITS_NOTE)}</li>"]

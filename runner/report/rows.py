@@ -195,15 +195,15 @@ def _time_seconds(cell: Cell) -> dict[str, float]:
 def _predicted_step(cell: Cell) -> float | None:
     """The plan's predicted step: summary.json's step_time (recorded at launch), else a planned
     cell's plan.json."""
-    recorded = _number(_dict(cell.summary.get("step_time")).get("predicted_s"))
+    recorded = _number(_dict(cell.summary.step_time).get("predicted_s"))
     return _first(recorded, _number(_dict(cell.plan.get("time")).get("step_s")))
 
 
 def _spread(cell: Cell) -> dict[str, Any] | None:
     """summary.json's step_time_spread, else the spread of the logged steps' times (an older run, or
     one that wrote no summary)."""
-    recorded = cell.summary.get("step_time_spread")
-    if isinstance(recorded, dict) and _number(recorded.get("iqr_over_median")) is not None:
+    recorded = cell.summary.step_time_spread
+    if recorded is not None and _number(recorded.get("iqr_over_median")) is not None:
         return recorded
     return step_time_spread([v for m in cell.metrics if (v := _number(m.get("time/step_s"))) is not None])
 
@@ -225,8 +225,8 @@ class _Layout:
 
 def _layout(cell: Cell) -> _Layout:
     """summary.json's layout record, or what the composed config says of it (DESIGN.md batch contract)."""
-    recorded = cell.summary.get("layout")
-    if isinstance(recorded, dict):
+    recorded = cell.summary.layout
+    if recorded is not None:
         keys = ("gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size")
         return _Layout(*(_integer(recorded.get(k)) for k in keys))
     gpus = _integer(cell.config_value("gpus"))
@@ -243,7 +243,8 @@ def _layout(cell: Cell) -> _Layout:
 
 def _memory(cell: Cell, row: Row) -> None:
     """Memory terms from summary.json's memory record, else from the last logged step's metrics."""
-    memory = _dict(cell.summary.get("memory"))
+    summary = cell.summary
+    memory = _dict(summary.memory)
     estimated, measured = _dict(memory.get("estimated")), _dict(memory.get("measured"))
     for term in TERMS:
         est = _first(_number(estimated.get(f"{term}_gb")), _last_logged(cell, f"memory/est/{term}_gb"))
@@ -265,33 +266,32 @@ def _memory(cell: Cell, row: Row) -> None:
     peaks = [v for v in (_number(m.get(PEAK)) for m in cell.metrics) if v is not None]
     row.peak_gb = _first(
         _number(measured.get("peak_gb")),
-        _number(_dict(cell.summary.get("final")).get(PEAK)),
+        _number(_dict(summary.final).get(PEAK)),
         max(peaks) if peaks else None,
     )
     row.device_memory_gb = _first(
         _number(memory.get("device_memory_gb")), _number(cell.config_value("cluster.device_memory_gb"))
     )
-    row.planned_peak_gb = _number(_dict(cell.summary.get("device_memory_plan")).get("planned_peak_gb"))
+    row.planned_peak_gb = _number(_dict(summary.device_memory_plan).get("planned_peak_gb"))
     if row.planned_peak_gb is None and (peak := _number(planned.get("peak"))):
         row.planned_peak_gb = peak / 1e9  # a plan=true cell: its plan.json
-    measure = str(cell.summary.get("peak_memory_measure", ""))
+    measure = summary.peak_memory_measure or ""
     row.peak_is_host_rss = measure.startswith(
         "process high-water RSS"
     )  # runner/hardware/peak_memory.py's label
-    row.planned_host_gb = _number(_dict(cell.summary.get("host_memory")).get("planned_per_rank_gb"))
+    row.planned_host_gb = _number(_dict(summary.host_memory).get("planned_per_rank_gb"))
 
 
 def row_of(cell: Cell, *, label: str = "") -> Row:
     """The report's row for one cell, from summary.json, then metrics.jsonl, then the config."""
     summary = cell.summary
-    final = _dict(summary.get("final"))
+    final = _dict(summary.final)
 
-    def known(summary_key: str, config_key: str) -> Any:
-        value = summary.get(summary_key)
-        return value if value is not None else cell.config_value(config_key)
+    def known(recorded: Any, config_key: str) -> Any:
+        return recorded if recorded is not None else cell.config_value(config_key)
 
-    def text(summary_key: str, config_key: str) -> str | None:
-        value = known(summary_key, config_key)
+    def text(recorded: str | None, config_key: str) -> str | None:
+        value = known(recorded, config_key)
         return str(value) if value is not None else None
 
     row = Row(
@@ -300,10 +300,10 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
         status=cell.status,
         error=cell.error,
         path=str(cell.run_dir),
-        model=text("model", "model.name"),
-        parallel=text("parallel", "parallel.name"),
-        zero_stage=_integer(known("zero_stage", "parallel.zero_stage")),
-        precision=text("precision", "precision.name"),
+        model=text(summary.model, "model.name"),
+        parallel=text(summary.parallel, "parallel.name"),
+        zero_stage=_integer(known(summary.zero_stage, "parallel.zero_stage")),
+        precision=text(summary.precision, "precision.name"),
         **asdict(_layout(cell)),
     )
     _memory(cell, row)
@@ -316,14 +316,14 @@ def row_of(cell: Cell, *, label: str = "") -> Row:
     row.time_s = _time_seconds(cell)
     row.predicted_step_s = _predicted_step(cell)
     row.final_loss = _first(_number(final.get("loss")), _last_logged(cell, "loss"))
-    row.eval_loss = _first(_number(_dict(summary.get("eval")).get("loss")), _last_logged(cell, "eval/loss"))
-    steps = _integer(summary.get("steps_completed"))
+    row.eval_loss = _first(_number(_dict(summary.eval).get("loss")), _last_logged(cell, "eval/loss"))
+    steps = summary.steps_completed
     row.steps = steps if steps is not None or not cell.metrics else len(cell.loss_curve())
-    row.layouts = describe(summary.get("layout_history"))
-    row.wall = _dict(summary.get("wall_time"))
+    row.layouts = describe(summary.layout_history)
+    row.wall = _dict(summary.wall_time)
     # From attempts.jsonl where it is there: it holds an attempt killed outright, which the
     # summary (written at an attempt's end) cannot.
-    row.goodput = goodput.account(cell.run_dir) or _dict(summary.get("goodput"))
+    row.goodput = goodput.account(cell.run_dir) or _dict(summary.goodput)
     return row
 
 

@@ -17,7 +17,6 @@ from runner.report.collect import read_cell
 from runner.report.rows import Row, fmt_gb, row_of
 from runner.report.terminal import memory_table, output_console, rows_table, with_eval_loss
 from runner.rundir.layout_history import describe
-from runner.rundir.summary import read_summary
 
 SPEED_HEADERS = (
     "tokens/s/device",
@@ -34,7 +33,8 @@ SPEED_HEADERS = (
 def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     """The run's speed (medians after the first step) and memory per term, estimated and measured."""
     console = console or output_console(piped_width=120)
-    row = row_of(read_cell(run_dir, cell_id=run_dir.name))
+    cell = read_cell(run_dir, cell_id=run_dir.name)
+    row = row_of(cell)
     speed_title = "speed, medians over the steps after the first"
     console.print(
         rows_table([row], headers=("cell", *with_eval_loss(SPEED_HEADERS, [row])), title=speed_title)
@@ -42,17 +42,17 @@ def print_run_end(run_dir: Path, *, console: Console | None = None) -> None:
     console.print(memory_table([row], title="memory per device, GB = 1e9 bytes"))
     if row.peak_is_host_rss:
         console.print(Text(cpu_total_note(row), style="dim"), soft_wrap=True)
-    summary = read_summary(run_dir)
-    noisy = step_spread.describe(summary.get("step_time_spread"))
+    summary = cell.summary
+    noisy = step_spread.describe(summary.step_time_spread)
     if noisy is not None:
         console.print(Text(noisy, style="yellow"), soft_wrap=True)
-    changed = describe(summary.get("layout_history"))
+    changed = describe(summary.layout_history)
     if changed is not None:  # resumed onto another layout: the tables are the last one's
         console.print(Text(changed), soft_wrap=True)
-    wall = wall_clock.describe(summary.get("wall_time"))
+    wall = wall_clock.describe(summary.wall_time)
     if wall is not None:
         console.print(Text(wall), soft_wrap=True)
-    across = goodput.describe(summary.get("goodput"))
+    across = goodput.describe(summary.goodput)
     if across is not None:  # resumed: the time of every attempt, and what restarts cost
         console.print(Text(across), soft_wrap=True)
     note = f"details: ladder report {run_dir} (--html report.html for charts; several runs to compare them)"

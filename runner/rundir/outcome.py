@@ -1,4 +1,5 @@
-"""A run's outcome: the one place its status in summary.json is decided and written.
+"""A run's outcome: the one place its status in summary.json is decided (runner/rundir/summary.py
+``write_outcome`` writes it, and the prelaunch and attempt-end records carry it).
 
 running       prelaunch (launchers/run_record.py) until the attempt ends
 completed     every step done (rank 0, at the attempt's end)
@@ -17,20 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from runner.rundir.run_files import write_failure
-from runner.rundir.summary import read_summary, update_summary
+from runner.rundir.summary import Outcome, run_summary, write_outcome
 
 RUNNING, COMPLETED, FAILED, INTERRUPTED = "running", "completed", "failed", "interrupted"
 
 
-def attempt_status(status: str, error: str | None = None) -> dict[str, Any]:
+def attempt_status(status: str, error: str | None = None) -> Outcome:
     """An attempt's end as runner/train/record.py writes it: the status and its words."""
-    return {"status": status, "error": error}
+    return Outcome(status=status, error=error)
+
+
+def prelaunch_status() -> Outcome:
+    """What prelaunch records (launchers/run_record.py): running, no error yet."""
+    return Outcome(status=RUNNING)
 
 
 def recorded_status(run_dir: Path) -> str | None:
     """The status summary.json records now (None without one)."""
-    status = read_summary(run_dir).get("status")
-    return status if isinstance(status, str) else None
+    return run_summary(run_dir).status
 
 
 def failure_recorded(run_dir: Path) -> bool:
@@ -40,16 +45,13 @@ def failure_recorded(run_dir: Path) -> bool:
 
 def record_failed(run_dir: Path, *, error: str, failed_rank: int | None = None) -> dict[str, Any]:
     """Mark the run failed with ``error`` (and the rank that caused it, when known)."""
-    fields: dict[str, Any] = {"status": FAILED, "error": error}
-    if failed_rank is not None:
-        fields["failed_rank"] = failed_rank
-    return update_summary(run_dir, **fields)
+    return write_outcome(run_dir, Outcome(status=FAILED, error=error, failed_rank=failed_rank))
 
 
 def record_failed_if_running(run_dir: Path, *, error: str) -> None:
     """Mark a run failed that its ranks left ``running`` (killed, or never started): a job
     scheduler's verdict does not replace one the ranks recorded."""
-    if read_summary(run_dir).get("status", RUNNING) == RUNNING:
+    if (recorded_status(run_dir) or RUNNING) == RUNNING:
         run_dir.mkdir(parents=True, exist_ok=True)
         record_failed(run_dir, error=error)
 
@@ -62,12 +64,12 @@ def record_rank_failure(run_dir: Path, *, rank: int, error: BaseException, trace
 def record_rank_cause(run_dir: Path, *, rank: int, words: str) -> None:
     """The failing rank's cause in summary.json, unless another rank recorded its own first;
     rank 0's end record (no ``failed_rank``) lacks the error's notes, so it is replaced."""
-    recorded = read_summary(run_dir)
-    own = rank == 0 and recorded.get("failed_rank") is None
-    if recorded.get("status") != FAILED or own:
+    recorded = run_summary(run_dir)
+    own = rank == 0 and recorded.failed_rank is None
+    if recorded.status != FAILED or own:
         record_failed(run_dir, error=words, failed_rank=rank)
 
 
 def record_interrupted(run_dir: Path, *, words: str) -> None:
     """Mark the run interrupted at a signal, with what a resume continues from."""
-    update_summary(run_dir, status=INTERRUPTED, error=words)
+    write_outcome(run_dir, Outcome(status=INTERRUPTED, error=words))

@@ -4,11 +4,16 @@ A run whose filesystem is full cannot write a new file beside summary.json, so i
 ``running``: then the end is written over the old file's own bytes instead, compact, the whole
 summary when it fits and the status and error alone when it does not.
 
-Its schema is ``RunSummary``: the outcome's fields typed, the measured records (memory, speed,
-wall time, ...) kept as their writers made them. ``schema`` names the version; a summary written
-before it had one (version 0) is read and upgraded. Who writes it, one writer per phase:
-launchers/run_record.py (prelaunch), runner/train/record.py (rank 0 at the attempt's end) and
-runner/rundir/outcome.py (the status, whoever decides it).
+Its schema is ``RunSummary``: every key the file holds, typed (a measured record such as
+``memory`` or ``wall_time`` is a JSON object shaped by the module named at its field). ``schema``
+names the version; a summary written before it had one (version 0: the same keys) is read and
+upgraded. This module is the file's one writer, one function per phase, each taking that
+phase's typed record:
+
+    write_prelaunch    launchers/run_record.py: status running, identity, layout, plan
+    write_attempt_end  runner/train/record.py: rank 0's end of an attempt, what it measured
+    write_lost_node    runner/diagnose/peer_loss.py: the node a collective lost
+    write_outcome      runner/rundir/outcome.py: the status, whoever decides it
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
+import types
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 SUMMARY_FILE = "summary.json"
 SCHEMA_VERSION = 1
@@ -57,7 +63,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    """The run's summary, or an empty dict when none was written."""
+    """The run's summary as written, or an empty dict when none was: for what hands it on whole
+    (the run's return value, wandb's mirror); a reader of its keys reads ``run_summary``."""
     path = run_dir / SUMMARY_FILE
     if not path.exists():
         return {}
@@ -70,36 +77,119 @@ class SummaryError(ValueError):
     """A summary.json that is not JSON or holds a key of the wrong type."""
 
 
+Record = dict[str, Any]  # a JSON object: its keys are the writer's named at the field
+
+
 @dataclass(frozen=True)
 class RunSummary:
-    """summary.json, typed: the run's outcome, and every other record as its writer made it."""
+    """summary.json, typed: every key it holds, by the phase that writes it (None: not recorded)."""
 
     schema: int = SCHEMA_VERSION
+    # The outcome (runner/rundir/outcome.py decides it; prelaunch and the attempt's end write it).
     status: str | None = None  # one of STATUSES; None before prelaunch wrote "running"
     error: str | None = None  # why the run did not complete, in words
     failed_rank: int | None = None  # the rank whose failure is the cause
     steps_completed: int | None = None
-    records: dict[str, Any] = field(default_factory=dict)  # layout, memory, wall_time, ...
+    # Prelaunch (launchers/run_record.py): the run, its layout, what its plan put where.
+    name: str | None = None  # runner/rundir/identity.py
+    group: str | None = None
+    experiment: str | None = None  # the conf/experiment/ option composed, if any
+    model: str | None = None
+    parallel: str | None = None
+    zero_stage: int | None = None
+    precision: str | None = None
+    launcher: str | None = None  # local, torchrun, deepspeed, slurm
+    layout: Record | None = None  # runner/layout.py Layout.record
+    num_params: int | None = None
+    lr: float | None = None  # the learning rate scaled to the global batch
+    slurm: Record | None = None  # launchers/slurm_job.py; None outside SLURM
+    layout_history: list[Record] | None = None  # runner/rundir/layout_history.py
+    tokenizer: Record | None = None  # runner/data/tokenizer_dir.py tokenizer_identity
+    micro_size_choice: str | None = None  # batch.micro_size=auto: why this micro batch
+    plan_warnings: list[str] | None = None
+    host_memory: Record | None = None  # planned at launch, measured at the attempt's end
+    device_memory_plan: Record | None = None
+    step_time: Record | None = None  # predicted at launch, measured at the attempt's end
+    checkpoint_disk: Record | None = None  # runner/plan/checkpoint_size.py DiskNeed.record
+    # The attempt's end (runner/train/record.py): what rank 0 measured.
+    interruptions: list[Record] | None = None  # each stop at a signal (runner/train/preemption.py)
+    final: Record | None = None  # the last logged step's metrics
+    step_time_spread: Record | None = None  # runner/metrics/step_spread.py
+    peak_flops_per_device: float | None = None
+    peak_flops_source: str | None = None
+    peak_flops_calibration: Record | None = None  # runner/hardware/mfu_peak.py
+    peak_memory_measure: str | None = None  # runner/hardware/peak_memory.py's label
+    cuda_allocator: Record | None = None
+    memory: Record | None = None  # runner/train/record.py memory_summary (GB = 1e9 bytes)
+    accelerator: str | None = None
+    model_build: Record | None = None  # runner/engine/build.py
+    compile: Record | None = None  # runner/engine/compile_blocks.py
+    noise_scale: Record | None = None  # runner/metrics/noise_scale.py
+    comm_exposed: Record | None = None  # runner/metrics/step_probes.py
+    pipeline: Record | None = None  # runner/train/pipeline_hooks.py
+    skipped_steps: Record | None = None  # runner/train/nonfinite.py
+    fp16_loss_scale: Record | None = None  # runner/engine/fixes/fp16_stage0_loss_scale.py
+    resumed_from_step: int | None = None
+    profile: Record | None = None  # runner/metrics/step_profiler.py
+    wall_time: Record | None = None  # runner/metrics/wall_clock.py
+    eval: Record | None = None  # runner/train/evaluation.py
+    goodput: Record | None = None  # runner/metrics/goodput.py
+    # A diagnosis (runner/diagnose/peer_loss.py): the node a collective lost, and its ranks.
+    lost_node: str | None = None
+    lost_ranks: list[int] | None = None
+    # A full disk: what the compact record over the old bytes left out (``_merge``).
+    summary_cut: str | None = None
+    # Keys this ladder does not know (a run of another version's), kept as read, read by nothing.
+    unknown: Record = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object summary.json holds (absent outcome fields stay absent)."""
-        outcome = {
-            "status": self.status,
-            "error": self.error,
-            "failed_rank": self.failed_rank,
-            "steps_completed": self.steps_completed,
-        }
-        return {"schema": self.schema, **self.records, **{k: v for k, v in outcome.items() if v is not None}}
+        """The JSON object of the recorded keys (a None field stays absent)."""
+        known = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "unknown"}
+        return {**{k: v for k, v in known.items() if v is not None}, **self.unknown}
 
 
-# Each typed key, the types it may hold, and the words a reader is told when it holds another.
-_TYPED: dict[str, tuple[tuple[type, ...], str]] = {
-    "schema": ((int,), "an integer version"),
-    "status": ((str,), f"one of {', '.join(STATUSES)}"),
-    "error": ((str,), "a string or null"),
-    "failed_rank": ((int,), "an integer rank or null"),
-    "steps_completed": ((int,), "an integer or null"),
+_HINTS = get_type_hints(RunSummary)
+_KEYS = tuple(name for name in _HINTS if name != "unknown")
+# What a reader is told a key should hold, where the type alone says too little.
+_WORDS = {
+    "schema": "an integer version",
+    "status": f"one of {', '.join(STATUSES)}",
+    "failed_rank": "an integer rank or null",
 }
+
+
+def _holds(value: Any, hint: Any) -> bool:
+    """Whether a JSON value has the type ``hint`` (X | None, int, float, str, dict[...], list[X])."""
+    if hint is Any:
+        return True
+    if get_origin(hint) in (Union, types.UnionType):
+        return any(_holds(value, arg) for arg in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if isinstance(value, bool):  # JSON's true is no number
+        return hint is bool
+    if hint is float:
+        return isinstance(value, int | float)  # JSON writes 2.0 as 2 in some hands
+    origin = get_origin(hint)
+    if origin is list:
+        (item,) = get_args(hint)
+        return isinstance(value, list) and all(_holds(v, item) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    return isinstance(value, hint)
+
+
+def _words(hint: Any) -> str:
+    """The type ``hint`` in a reader's words."""
+    names = {int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    if get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(_words(arg) for arg in get_args(hint))
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        return f"a list of {_words(item).split(' ', 1)[-1]}s"
+    if get_origin(hint) is dict:
+        return "a JSON object"
+    return names.get(hint, str(hint))
 
 
 def _fix(path: Path) -> str:
@@ -120,28 +210,22 @@ def parse_summary(data: Any, path: Path) -> RunSummary:
     if not isinstance(data, dict):
         raise SummaryError(f"{path}: holds {type(data).__name__}, not a JSON object; {fix}")
     data = _upgrade(data)
-    for key, (types, words) in _TYPED.items():
+    for key in _KEYS:
         value = data.get(key)
-        wrong = isinstance(value, bool) or not isinstance(value, types)
-        if value is not None and wrong:
+        if value is not None and not _holds(value, _HINTS[key]):
+            words = _WORDS.get(key, _words(_HINTS[key]))
             raise SummaryError(f"{path}: key {key!r} is {value!r}, expected {words}; {fix}")
     status = data.get("status")
     if status is not None and status not in STATUSES:
-        raise SummaryError(
-            f"{path}: key 'status' is {status!r}, expected one of {', '.join(STATUSES)}; {fix}"
-        )
+        raise SummaryError(f"{path}: key 'status' is {status!r}, expected {_WORDS['status']}; {fix}")
     if data["schema"] > SCHEMA_VERSION:
         raise SummaryError(
             f"{path}: key 'schema' is {data['schema']}, newer than this ladder reads ({SCHEMA_VERSION}); "
             "upgrade ladder to read it"
         )
     return RunSummary(
-        schema=data["schema"],
-        status=status,
-        error=data.get("error"),
-        failed_rank=data.get("failed_rank"),
-        steps_completed=data.get("steps_completed"),
-        records={k: v for k, v in data.items() if k not in _TYPED},
+        **{key: data.get(key) for key in _KEYS},
+        unknown={k: v for k, v in data.items() if k not in _HINTS},
     )
 
 
@@ -158,6 +242,11 @@ def load_summary(run_dir: Path) -> RunSummary | None:
     except ValueError as error:
         raise SummaryError(f"{path}: not JSON ({error}); {_fix(path)}") from error
     return parse_summary(data, path)
+
+
+def run_summary(run_dir: Path) -> RunSummary:
+    """The run's summary through the schema; an empty one (every key None) when none was written."""
+    return load_summary(run_dir) or RunSummary()
 
 
 def overwrite_in_place(path: Path, data: Any) -> bool:
@@ -181,15 +270,15 @@ def overwrite_in_place(path: Path, data: Any) -> bool:
     return True
 
 
-def update_summary(run_dir: Path, **fields: Any) -> dict[str, Any]:
-    """Merge ``fields`` into summary.json (created if absent) and return the result.
+def _merge(run_dir: Path, written: dict[str, Any]) -> dict[str, Any]:
+    """Merge one phase's keys into summary.json (created if absent) and return the result.
 
     With no room for a new file, the result is written over the old one (the status and error
     alone when the whole does not fit there); with no room for that either, the error is raised."""
     path = run_dir / SUMMARY_FILE
     summary = read_summary(run_dir)
     before = dict(summary)
-    summary.update(fields)
+    summary.update(written)
     if not before:  # a new summary names its schema; an older run's keeps its own (read: _upgrade)
         summary = {"schema": SCHEMA_VERSION, **summary}
     try:
@@ -206,3 +295,105 @@ def update_summary(run_dir: Path, **fields: Any) -> dict[str, Any]:
         if not (overwrite_in_place(path, summary) or overwrite_in_place(path, cut)):
             raise
     return summary
+
+
+def _keys(record: Any, *, omitted_when_none: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A phase record's keys as summary.json holds them, in its fields' order (shallow: the
+    records inside stay the objects their writers made)."""
+    out = {f.name: getattr(record, f.name) for f in fields(record)}
+    return {k: v for k, v in out.items() if not (v is None and k in omitted_when_none)}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A run's status and why (runner/rundir/outcome.py decides it)."""
+
+    status: str  # one of STATUSES
+    error: str | None = None
+    failed_rank: int | None = None  # written only when known: a later record keeps the cause's
+
+    def keys(self) -> dict[str, Any]:
+        """summary.json's outcome keys."""
+        return _keys(self, omitted_when_none=("failed_rank",))
+
+
+@dataclass(frozen=True)
+class Prelaunch:
+    """What the launching process records before the ranks start (launchers/run_record.py)."""
+
+    outcome: Outcome  # running
+    name: str
+    group: str | None
+    experiment: str | None
+    model: str
+    parallel: str
+    zero_stage: int
+    precision: str
+    launcher: str
+    layout: Record
+    num_params: int
+    lr: float
+    slurm: Record | None
+    layout_history: list[Record]
+    tokenizer: Record | None  # absent without data.tokenizer
+    micro_size_choice: str | None  # absent unless batch.micro_size=auto
+    plan_warnings: list[str]
+    host_memory: Record
+    device_memory_plan: Record
+    step_time: Record
+    checkpoint_disk: Record
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """What rank 0 records at its attempt's end, however it ended (runner/train/record.py)."""
+
+    outcome: Outcome | None  # None: another rank failed first and recorded why
+    interruptions: list[Record] | None  # absent unless this attempt stopped at a signal
+    steps_completed: int
+    final: Record
+    step_time_spread: Record | None
+    step_time: Record | None
+    peak_flops_per_device: float
+    peak_flops_source: str
+    peak_flops_calibration: Record | None
+    peak_memory_measure: str
+    cuda_allocator: Record | None
+    host_memory: Record
+    memory: Record
+    accelerator: str
+    model_build: Record
+    compile: Record | None
+    noise_scale: Record
+    comm_exposed: Record
+    pipeline: Record | None
+    skipped_steps: Record
+    fp16_loss_scale: Record | None
+    resumed_from_step: int | None
+    profile: Record | None
+    wall_time: Record
+    eval: Record | None
+    goodput: Record | None
+
+
+def write_prelaunch(run_dir: Path, record: Prelaunch) -> None:
+    """The prelaunch phase's one write: status running, the run, its layout, history and plan."""
+    keys = _keys(record, omitted_when_none=("tokenizer", "micro_size_choice"))
+    _merge(run_dir, {**record.outcome.keys(), **{k: v for k, v in keys.items() if k != "outcome"}})
+
+
+def write_attempt_end(run_dir: Path, record: AttemptEnd) -> dict[str, Any]:
+    """Rank 0's one write at its attempt's end; returns the summary as written."""
+    keys = _keys(record, omitted_when_none=("interruptions",))
+    outcome = record.outcome.keys() if record.outcome is not None else {}
+    return _merge(run_dir, {**outcome, **{k: v for k, v in keys.items() if k != "outcome"}})
+
+
+def write_lost_node(run_dir: Path, *, node: str, ranks: tuple[int, ...]) -> None:
+    """The node whose connection a collective lost, and its ranks (runner/diagnose/peer_loss.py)."""
+    _merge(run_dir, {"lost_node": node, "lost_ranks": list(ranks)})
+
+
+def write_outcome(run_dir: Path, outcome: Outcome) -> dict[str, Any]:
+    """The run's status and why (runner/rundir/outcome.py, its only caller); returns the summary."""
+    return _merge(run_dir, outcome.keys())

@@ -24,7 +24,7 @@ from runner.hardware.mfu_peak import above_calibrated_peak
 from runner.metrics.wall_clock import WallClock
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import COMPLETED, FAILED, INTERRUPTED, attempt_status, failure_recorded
-from runner.rundir.summary import read_summary
+from runner.rundir.summary import Outcome, run_summary
 from runner.train.context import RankJob, RunContext
 from runner.train.preemption import Preempted, StopSignals
 from runner.train.record import record_end, recorded_unless_out_of_room
@@ -33,7 +33,7 @@ from runner.train.trainer import Trainer
 log = logging.getLogger("ladder")
 
 
-def _failed(error: BaseException, run_dir: Path) -> dict[str, Any]:
+def _failed(error: BaseException, run_dir: Path) -> Outcome:
     """The status of an attempt that ``error`` ended, in words (a full disk says where)."""
     words = no_room_words(error, run_dir) if out_of_room(error) else f"{type(error).__name__}: {error}"
     return attempt_status(FAILED, words)
@@ -45,7 +45,7 @@ def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, A
     wall = WallClock(process_group_s=ctx.process_group_s, before=ctx.job.before)
     wall.mark("launch")
     trainer = Trainer(ctx, wall, until_return)
-    status: dict[str, Any] = attempt_status(FAILED, "interrupted")
+    status: Outcome | None = attempt_status(FAILED, "interrupted")
     interruption: dict[str, Any] | None = None
     try:
         trainer.train()
@@ -62,14 +62,14 @@ def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, A
         raise
     finally:
         summary: dict[str, Any] = {}
-        if status["status"] == FAILED and failure_recorded(ctx.run_dir):
-            status = {}  # another rank failed first and recorded why: keep its cause
+        if status is not None and status.status == FAILED and failure_recorded(ctx.run_dir):
+            status = None  # another rank failed first and recorded why: keep its cause
         if ctx.lead:
             with recorded_unless_out_of_room(status, ctx.run_dir):
+                interruptions = None
                 if interruption is not None:  # each stop at a signal, across requeues
-                    earlier = read_summary(ctx.run_dir).get("interruptions") or []
-                    status["interruptions"] = [*earlier, interruption]
-                summary = record_end(trainer, status)
+                    interruptions = [*(run_summary(ctx.run_dir).interruptions or []), interruption]
+                summary = record_end(trainer, status, interruptions=interruptions)
         for sink in trainer.sinks:
             sink.close(summary)
     return summary

@@ -20,7 +20,8 @@ from runner.metrics import goodput
 from runner.metrics.ledger import Estimate, Ledger, host_relative_errors, relative_errors
 from runner.metrics.step_spread import WARMUP_STEPS, step_time_spread
 from runner.metrics.wall_clock import wall_parts
-from runner.rundir.summary import read_summary, update_summary
+from runner.rundir.outcome import FAILED
+from runner.rundir.summary import AttemptEnd, Outcome, RunSummary, run_summary, write_attempt_end
 from runner.train.evaluation import evaluation_summary
 from runner.train.pipeline_hooks import pipeline_summary
 from runner.train.trainer import Trainer
@@ -60,13 +61,13 @@ def memory_summary(
 
 
 @contextlib.contextmanager
-def recorded_unless_out_of_room(status: dict[str, Any], run_dir: Path) -> Iterator[None]:
+def recorded_unless_out_of_room(status: Outcome | None, run_dir: Path) -> Iterator[None]:
     """Rank 0's records of a run that failed for want of room may fail the same way: then the
     failure is said on stderr, and the error that ended the run is the one raised."""
     try:
         yield
     except OSError as error:
-        if status.get("status") != "failed" or not out_of_room(error):
+        if status is None or status.status != FAILED or not out_of_room(error):
             raise
         log.error("the run's end could not be recorded in summary.json: %s", no_room_words(error, run_dir))
 
@@ -91,56 +92,19 @@ def measured_step_time(
     return record
 
 
-def _measurements(trainer: Trainer) -> dict[str, Any]:
-    """summary.json's fields measured by this attempt: peaks, memory, speed, the step's probes."""
-    ctx, progress, wall = trainer.ctx, trainer.progress, trainer.wall
-    last, run_dir = progress.last, ctx.run_dir
-    recorded = read_summary(run_dir)
-    return {
-        "final": last,
-        "step_time_spread": step_time_spread(list(wall.step_times)),
-        "step_time": measured_step_time(recorded.get("step_time"), list(wall.step_times)),
-        "peak_flops_per_device": trainer.peak_flops,
-        "peak_flops_source": trainer.peak.source,
-        "peak_flops_calibration": trainer.peak.calibration_record(ranks=ctx.layout.gpus),
-        "peak_memory_measure": trainer.peak_memory.label,
-        "cuda_allocator": trainer.peak_memory.allocator_record(),
-        "host_memory": {
-            **(recorded.get("host_memory") or {}),
-            "measured_per_rank_gb": last.get("memory/host_peak_gb"),
-            "measured": "the process's high-water RSS since it started, the most over ranks",
-        },
-        "memory": memory_summary(
-            trainer.estimate,
-            progress.ledger,
-            peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
-            measured_at=f"each term at its most over ranks, step {progress.ledger_step} accumulation "
-            "boundary (before the optimizer step)",
-        ),
-        "accelerator": ctx.accelerator,
-        "model_build": {"rank": 0, **trainer.model_build},
-        "compile": compile_summary(trainer.compiled_blocks) if trainer.compiled_blocks else None,
-        **trainer.probes.summary(seq_len=ctx.config.data.seq_len),
-        "pipeline": pipeline_summary(
-            trainer.engine, ctx.layout, step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s")
-        )
-        if trainer.pipeline is not None
-        else None,
-        "skipped_steps": trainer.nonfinite.summary(),
-        "fp16_loss_scale": trainer.overflows.summary(),
-    }
-
-
-def record_end(trainer: Trainer, status: dict[str, Any]) -> dict[str, Any]:
-    """Rank 0 writes the attempt's end into summary.json and returns it; ``status`` holds
-    ``status`` and ``error`` (empty: another rank failed first and recorded why)."""
+def record_end(
+    trainer: Trainer, status: Outcome | None, *, interruptions: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Rank 0 writes the attempt's end into summary.json and returns it; ``status`` None: another
+    rank failed first and recorded why. ``interruptions``: every stop at a signal, this one last."""
     ctx, progress, wall = trainer.ctx, trainer.progress, trainer.wall
     run_dir = ctx.run_dir
-    completed = (progress.step + 1) if status.get("status") in ("completed", "interrupted") else progress.step
+    ended = status.status if status is not None else None
+    completed = (progress.step + 1) if ended in ("completed", "interrupted") else progress.step
     wall_time = wall.summary()
     if trainer.attempt is not None:
         trainer.attempt.end(
-            status=status.get("status") or "failed",
+            status=ended or FAILED,
             steps_completed=completed,
             steps_s=wall.steps_s,
             parts=wall_parts(wall, wall_time),
@@ -152,14 +116,55 @@ def record_end(trainer: Trainer, status: dict[str, Any]) -> dict[str, Any]:
         if trainer.held_out is not None
         else None
     )
-    return update_summary(
+    last, recorded = progress.last, run_summary(run_dir)
+    probes = trainer.probes.summary(seq_len=ctx.config.data.seq_len)
+    return write_attempt_end(
         run_dir,
-        **status,
-        steps_completed=completed,
-        **_measurements(trainer),
-        resumed_from_step=trainer.resumed.start_step or None,
-        profile=trainer.profiler.summary(run_dir),
-        wall_time=wall_time,
-        eval=evaluated,
-        goodput=goodput.account(run_dir),
+        AttemptEnd(
+            outcome=status,
+            interruptions=interruptions,
+            steps_completed=completed,
+            final=last,
+            step_time_spread=step_time_spread(list(wall.step_times)),
+            step_time=measured_step_time(recorded.step_time, list(wall.step_times)),
+            peak_flops_per_device=trainer.peak_flops,
+            peak_flops_source=trainer.peak.source,
+            peak_flops_calibration=trainer.peak.calibration_record(ranks=ctx.layout.gpus),
+            peak_memory_measure=trainer.peak_memory.label,
+            cuda_allocator=trainer.peak_memory.allocator_record(),
+            host_memory=_host_memory(recorded, last),
+            memory=memory_summary(
+                trainer.estimate,
+                progress.ledger,
+                peak_bytes=last.get("memory/peak_gb", 0.0) * 1e9,
+                measured_at=f"each term at its most over ranks, step {progress.ledger_step} accumulation "
+                "boundary (before the optimizer step)",
+            ),
+            accelerator=ctx.accelerator,
+            model_build={"rank": 0, **trainer.model_build},
+            compile=compile_summary(trainer.compiled_blocks) if trainer.compiled_blocks else None,
+            noise_scale=probes["noise_scale"],
+            comm_exposed=probes["comm_exposed"],
+            pipeline=pipeline_summary(
+                trainer.engine, ctx.layout, step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s")
+            )
+            if trainer.pipeline is not None
+            else None,
+            skipped_steps=trainer.nonfinite.summary(),
+            fp16_loss_scale=trainer.overflows.summary(),
+            resumed_from_step=trainer.resumed.start_step or None,
+            profile=trainer.profiler.summary(run_dir),
+            wall_time=wall_time,
+            eval=evaluated,
+            goodput=goodput.account(run_dir),
+        ),
     )
+
+
+def _host_memory(recorded: RunSummary, last: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's ``host_memory``: the plan's (recorded at launch) with the measured peak beside it."""
+    return {
+        **(recorded.host_memory or {}),
+        "measured_per_rank_gb": last.get("memory/host_peak_gb"),
+        "measured": "the process's high-water RSS since it started, the most over ranks",
+    }

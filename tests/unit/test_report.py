@@ -764,14 +764,23 @@ def test_the_default_table_fits_120_columns_and_wide_shows_every_column(tmp_path
         assert header in wide, header
 
 
-def test_a_malformed_summary_is_skipped_and_named_while_the_other_cells_are_reported(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("malformed", "words"),
+    [
+        ({"steps_completed": "eight"}, "key 'steps_completed' is 'eight'"),
+        ({"memory": [0.1, 0.2]}, "key 'memory' is [0.1, 0.2], expected a JSON object or null"),
+    ],
+)
+def test_a_malformed_summary_is_skipped_and_named_while_the_other_cells_are_reported(
+    tmp_path, capsys, malformed, words
+):
     sweep = write_sweep(tmp_path)
-    (sweep / "0" / "summary.json").write_text('{"status": "completed", "steps_completed": "eight"}')
+    (sweep / "0" / "summary.json").write_text(json.dumps({"status": "completed", **malformed}))
     rows = report_json(sweep, capsys=capsys)
     by_cell = {r["cell"]: r for r in rows}
     assert sorted(by_cell) == ["0", "1", "2", "3"]
     assert by_cell["0"]["status"] == "unreadable"
-    assert "key 'steps_completed' is 'eight'" in by_cell["0"]["error"]
+    assert words in by_cell["0"]["error"] and str(sweep / "0" / "summary.json") in by_cell["0"]["error"]
     assert by_cell["1"]["status"] == "completed" and by_cell["2"]["status"] == "failed"
     assert main(["report", str(sweep), "--format", "csv"]) == 0
     said = capsys.readouterr().err

@@ -13,7 +13,7 @@ from launchers import run as run_module
 from launchers.local import LaunchResult
 from runner.layout import resolve_layout
 from runner.rundir.identity import RunIdentity
-from runner.rundir.summary import read_summary, update_summary
+from runner.rundir.summary import Outcome, read_summary, write_outcome
 from runner.train.context import RankJob
 
 pytestmark = pytest.mark.unit
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 def _stopped_run(tmp_path, monkeypatch, result: LaunchResult, *, status: str, checkpoint_at: int | None):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    update_summary(run_dir, status=status, error=None)
+    write_outcome(run_dir, Outcome(status=status))
     if checkpoint_at is not None:
         tag = f"step_{checkpoint_at:08d}"
         (run_dir / "checkpoints" / tag).mkdir(parents=True)
