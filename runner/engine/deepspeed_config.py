@@ -36,7 +36,7 @@ def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str
     Their defaults allocate during the step, where the memory plan does not look: the
     foreach path (CUDA) a temporary the size of the parameters it steps (Adam's
     ``torch._foreach_sqrt`` of the second moments; SGD's weight-decayed gradients), the
-    per-tensor loop (CPU) up to two of the largest tensor (tests/unit/test_optimizer_step.py).
+    per-tensor loop (CPU) up to two of the largest tensor (tests/unit/runner/engine/test_optimizer_step.py).
     """
     if optimizer.name == OptimizerName.adamw:
         params: dict[str, Any] = {

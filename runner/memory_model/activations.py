@@ -4,7 +4,7 @@ Activations after Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4.1), kept in 
 paper's form (:func:`korthikanti_activations_per_layer`) and adapted tensor by tensor to
 this project's block in ``runner/model/transformer.py`` (:func:`activations_per_layer`). The adapted
 list was checked against what autograd actually saves for that block on CPU
-(``tests/unit/test_memory.py``).
+(``tests/unit/runner/memory_model/test_memory.py``).
 """
 
 from __future__ import annotations
@@ -205,7 +205,8 @@ def model_block_shape(
     """The BlockShape of a ``ModelConfig`` (runner/config.py) at this micro-batch and tp.
 
     flash=True: runner/model/transformer.py calls scaled_dot_product_attention(is_causal=True), which
-    takes a fused kernel on CUDA and on CPU (tests/unit/test_memory.py checks the CPU one).
+    takes a fused kernel on CUDA and on CPU (tests/unit/runner/memory_model/test_memory.py checks the
+    CPU one).
     """
     return BlockShape(
         seq_len=seq_len,

@@ -8,7 +8,7 @@ The split is DeepSpeed's ``partition_method="type:BlockPipe"``: ``partition_bala
 with weight 1 for each block and 0 for the embedding, the final norm and the output head.
 For those weights it puts ceil(L / pp) blocks on the first L mod pp stages and
 floor(L / pp) on the others, the embedding on the first stage and the norm and head on
-the last; tests/unit/test_pipeline.py checks this against DeepSpeed's own function,
+the last; tests/unit/runner/parallel/test_pipeline.py checks this against DeepSpeed's own function,
 and runner/parallel/pipeline.py checks every built pipeline against it.
 """
 

@@ -33,6 +33,7 @@ def test_help_lists_each_groups_options_and_the_next_commands():
     assert lines[0].startswith("ladder: ")
     for command in ("plan=true", "-m parallel=", "ladder report"):
         assert command in result.stdout
-    # every key with its value and what it means, from runner/config.py (tests/unit/test_help_text.py)
+    # every key with its value and what it means, from runner/config.py
+    # (tests/unit/launchers/test_help_text.py)
     headroom = next(line for line in lines if line.startswith("  planner.headroom = 0.9 "))
     assert "fraction of device and host memory" in headroom

@@ -7,13 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_helpers import capped_cgroup
+from train_helpers import ROOT, capped_cgroup
 
 from runner.hardware.cgroup_memory import cgroup_memory_limit, memory_cgroup_dirs
 
 pytestmark = pytest.mark.unit
-
-ROOT = Path(__file__).parents[2]
 
 
 def _proc(tmp_path: Path, mountinfo: str, cgroup: str) -> Path:

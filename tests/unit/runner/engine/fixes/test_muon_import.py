@@ -6,15 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from train_helpers import ROOT
 
 from runner.engine.fixes.muon_compiles_at_import import compile_at_first_call
 
 pytestmark = pytest.mark.unit
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_kernel_compiles_at_its_first_call_once_with_its_options():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
+from train_helpers import ROOT
 
 pytestmark = pytest.mark.unit
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "time_model_gpu_table.py"
+SCRIPT = ROOT / "bench" / "time_model_gpu_table.py"
 _spec = importlib.util.spec_from_file_location("time_model_gpu_table", SCRIPT)
 assert _spec is not None and _spec.loader is not None
 table = importlib.util.module_from_spec(_spec)

@@ -4,10 +4,10 @@ refused before launch with the key, the value and the fix (runner/preflight/vali
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from train_helpers import ROOT
 
 from launchers.compose import register_configs, to_train_config
 from runner.config import (
@@ -27,7 +27,7 @@ from runner.preflight.validate import range_problems, validate
 
 pytestmark = pytest.mark.unit
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = ROOT / "conf"
 LEAVES = [key for key in schema_keys() if not key.is_section]
 NUMBERS = [key for key in LEAVES if key.kind in (int, float)]
 ENUMS = [key for key in LEAVES if key.is_enum]

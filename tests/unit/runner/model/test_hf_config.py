@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import ROOT
 
 from launchers.compose import register_configs, to_train_config
 from runner.config import ModelConfig, RopeScaling
@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.unit
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = ROOT / "conf"
 HF_CONFIGS = CONF / "model" / "hf_configs"
 PRESETS = sorted(p.stem for p in HF_CONFIGS.glob("*.json"))
 

@@ -21,7 +21,7 @@ from train_helpers import ROOT, clean_env
 
 from launchers.local import free_port
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.multirank
 
 STEPS = 3
 
@@ -110,19 +110,3 @@ def test_the_lean_step_drops_its_three_copies_and_steps_the_same_weights(stages,
 if __name__ == "__main__":
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _child()
-
-
-def test_a_gradients_norm_in_chunks_is_deepspeeds_fp64_norm():
-    """The norm DeepSpeed takes of each gradient cast whole to fp64, here without the copy: a
-    bf16 gradient of several chunks, and one smaller than a chunk."""
-    import torch
-
-    from runner.engine.zero_step_copies import NORM_CHUNK, norm_in_fp64
-
-    torch.manual_seed(0)
-    for numel in (3 * NORM_CHUNK + 12345, 1000):
-        grad = torch.randn(numel).mul(1e-3).bfloat16()
-        deepspeeds = torch.linalg.vector_norm(grad.to(torch.float64))
-        ours = norm_in_fp64(grad)
-        assert ours.dtype == torch.float64
-        assert float(abs(ours - deepspeeds) / deepspeeds) < 1e-12

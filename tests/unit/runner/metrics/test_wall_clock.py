@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from train_helpers import ROOT
 
 from runner.metrics.wall_clock import (
     BeforeRanks,
@@ -78,7 +78,7 @@ def test_the_process_start_is_when_the_interpreter_began_not_up_to_a_second_befo
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).parents[2],
+        cwd=ROOT,
     )
     first, started = map(float, child.stdout.split())
     assert before - 0.02 < started <= first, (before, first, started)

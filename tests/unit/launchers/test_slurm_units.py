@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from train_helpers import ROOT
 
 from launchers.compose import register_configs
 from launchers.slurm import plan_cell
@@ -34,7 +35,6 @@ from runner.environment import from_environment, slurm_port
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
 CPU_NODE = Partition("debug", (NodeGroup(count=1, cpus=2, memory_mb=16000, gpus=0),))
 GPU_NODES = Partition("gpu", (NodeGroup(count=2, cpus=96, memory_mb=1_000_000, gpus=8),), max_time_min=2880)
 LAUNCHER = {

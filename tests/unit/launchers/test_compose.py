@@ -1,17 +1,16 @@
 """Every shipped config composes into the typed root config; bad overrides fail with the key."""
 
-from pathlib import Path
-
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from train_helpers import ROOT
 
 from launchers.compose import register_configs, to_train_config
 from runner.config import Precision, TrainConfig
 
 pytestmark = pytest.mark.unit
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = ROOT / "conf"
 GROUPS = ["model", "optimizer", "precision", "parallel", "data", "cluster", "logger"]
 
 

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 import pytest
-from train_helpers import compose_config
+from train_helpers import ROOT, compose_config
 
 from runner.comm import reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
@@ -676,13 +676,11 @@ def test_the_plan_times_a_save_at_the_storages_write_speed():
 def test_each_zero_stage_is_named_for_the_parallel_option_that_sets_it():
     """runner.config.ZeroStage's names are conf/parallel's options for that stage alone: the ladder
     tries each stage as ``parallel=<name>`` and its overrides run what it planned."""
-    from pathlib import Path
-
     import yaml
 
     from runner.config import ZeroStage
 
-    options = Path(__file__).resolve().parents[2] / "conf" / "parallel"
+    options = ROOT / "conf" / "parallel"
     for stage in ZeroStage:
         assert yaml.safe_load((options / f"{stage.name}.yaml").read_text()) == {
             "name": stage.name,

@@ -10,10 +10,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from train_helpers import ROOT
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "offline_wheels.py"
 _spec = importlib.util.spec_from_file_location("offline_wheels", SCRIPT)
 assert _spec is not None and _spec.loader is not None
