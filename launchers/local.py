@@ -32,6 +32,8 @@ from typing import Any
 
 from launchers.worker import LAUNCHER_PID_ENV
 from runner.environment import DistributedEnv
+from runner.hardware.cuda_devices import cuda_available
+from runner.hardware.host_allocator import rank_allocator
 from runner.rundir.identity import RunIdentity
 from runner.train.context import RankJob
 from runner.train.preemption import EXIT_INTERRUPTED
@@ -121,6 +123,10 @@ def launch_local(*, job: RankJob, run_dir: Path, identity: RunIdentity) -> Launc
     pickled = pickle.dumps(job)
     port = free_port()
     pythonpath = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
+    # A CPU rank's malloc (train.host_allocator): jemalloc keeps the pages a step frees.
+    allocator = rank_allocator(
+        job.config.train.host_allocator, cpu_rank=not cuda_available(), environ=os.environ
+    )
     procs: list[subprocess.Popen[bytes]] = []
     stops = StopRequests()
     stops.install()  # before the first rank starts: a signal from here on is passed on to each
@@ -137,6 +143,7 @@ def launch_local(*, job: RankJob, run_dir: Path, identity: RunIdentity) -> Launc
             )
             env = {
                 **os.environ,
+                **allocator.env,
                 **place.exports(),
                 **identity.exports(),
                 "PYTHONPATH": pythonpath,

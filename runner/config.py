@@ -21,6 +21,7 @@ from typing import Any
 
 from runner.config_choices import (
     DataName,
+    HostAllocator,
     LrScaling,
     Objective,
     Offload,
@@ -433,6 +434,13 @@ class TrainLoopConfig:
         default=False,
         metadata=about("torch.compile each transformer block: faster steps after a slower first one"),
     )
+    host_allocator: HostAllocator = field(
+        default=HostAllocator.auto,
+        metadata=about(
+            "a CPU rank's malloc: jemalloc keeps freed memory for reuse (no page faults each step); "
+            "auto: jemalloc where libjemalloc.so.2 is installed, else system (glibc)"
+        ),
+    )
     profile_step: int = field(
         default=-1,
         metadata=about("trace this step with torch.profiler, below train.steps; -1: none", at_least=-1),
@@ -536,6 +544,7 @@ __all__ = [
     "ClusterConfig",
     "DataConfig",
     "DataName",
+    "HostAllocator",
     "LoggerConfig",
     "LrScaling",
     "ModelConfig",

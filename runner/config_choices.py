@@ -124,3 +124,11 @@ class OnNonFinite(str, Enum):
 
     stop = "stop"
     skip = "skip"
+
+
+class HostAllocator(str, Enum):
+    """The C allocator a CPU rank runs with (runner/hardware/host_allocator.py)."""
+
+    auto = "auto"  # jemalloc where it is installed, else the system's
+    jemalloc = "jemalloc"  # refused before launch where it is not installed
+    system = "system"  # the C library's malloc (glibc)

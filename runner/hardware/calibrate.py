@@ -6,7 +6,9 @@ rank will have, and returns seconds or a rate:
 - :func:`gemm_rates`: a matmul's forward (X W), input gradient (dY W^T) and weight gradient
   (X^T dY), FLOP/s at the given (M, K, N). A shape whose forward exceeds ``max_flops`` is
   measured with the larger of M and N halved until it fits: a GEMM's rate stops growing with
-  its size long before, and K (the reduction) and the smaller side keep their intensity.
+  its size long before, and K (the reduction) and the smaller side keep their intensity. The
+  capped calls cycle through distinct operands, so each streams from memory as the full one's
+  would; each rate is of the median call.
 - :func:`attention_seconds`: ``F.scaled_dot_product_attention`` (causal) forward and backward,
   the kernel runner/model/transformer.py calls.
 - :func:`copy_rate`: bytes read plus written per second by a copy of ``num_bytes``, a
@@ -20,15 +22,17 @@ rank will have, and returns seconds or a rate:
   (gloo on CPU), at a small and a large size: latency and bytes per second;
   :func:`allgather_costs` the same of an all-gather.
 
-Every timing is the fastest of a few calls after warm-up calls.
+Every timing is the fastest of a few calls after warm-up calls, a GEMM's the median.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -43,6 +47,7 @@ import torch.nn.functional as F
 # keeps 2 GB/s), and ZeRO-1/2 gather the parameters in buckets of up to 5e8 elements.
 GATHER_BYTES = 64 * 2**20
 MAX_GEMM_FLOPS = 2e9  # a forward above this is measured at a smaller M (see the module docstring)
+CAPPED_COPIES = 8  # distinct operands a capped GEMM cycles through (``gemm_rates``)
 
 
 _neighbours = 0  # threads that run the measured work beside it: the host's other ranks (``threads``)
@@ -98,12 +103,15 @@ def timed(
     warmup: int = 2,
     shared: bool = True,
     beside: Callable[[], Callable[[], Any]] | None = None,
+    median: bool = False,
 ) -> float:
     """The fastest of ``repeats`` calls of ``fn()``, in seconds, after ``warmup`` calls: other work
     on the device only ever slows a call down. ``shared``: on a CPU, with the neighbours of
     :func:`threads` running ``fn`` too (a measurement dominated by Python would contend for the
     GIL instead, so op dispatch is timed alone). ``beside`` makes each neighbour its own copy of
-    the work where ``fn`` keeps state (autograd's gradients) that two threads must not share."""
+    the work where ``fn`` keeps state (autograd's gradients) that two threads must not share.
+    ``median``: the median call instead, a kernel's typical time where a step runs it once among
+    others (a GEMM's fastest call runs 10-15% above its median on a 2-core VM)."""
     times = []
     count = _neighbours if (shared and device.type == "cpu") else 0
     with _beside(fn if beside is None else beside(), count) if count else contextlib.nullcontext():
@@ -114,7 +122,7 @@ def timed(
             _sync(device)
             if index >= warmup:
                 times.append(time.perf_counter() - started)
-    return min(times)
+    return statistics.median(times) if median else min(times)
 
 
 def gemm_rates(
@@ -122,18 +130,43 @@ def gemm_rates(
 ) -> tuple[float, float, float]:
     """FLOP/s of a linear layer's three GEMMs at (m, k, n), as nn.Linear lays them out (weight
     (n, k)): forward X W^T, input gradient dY W, weight gradient dY^T X."""
+    full_m, full_n = m, n
     while 2.0 * m * k * n > max_flops and max(m, n) > 64:
         if m >= n:
             m //= 2
         else:
             n //= 2
-    x = torch.randn(m, k, dtype=dtype, device=device)
-    weight = torch.randn(n, k, dtype=dtype, device=device)  # nn.Linear's (out, in)
-    dy = torch.randn(m, n, dtype=dtype, device=device)
+    # A capped shape cycles through as many distinct operands as the full one holds (up to
+    # CAPPED_COPIES): each call reads a weight (or input) no call before it read, from memory, as
+    # the full GEMM streams its operand once; one capped copy would sit in the caches instead (the
+    # gpt2 head, 50257 x 768 at 256 tokens: 319 GFLOP/s cached against 254 at the full shape, 301
+    # cycled, on a 2-core Xeon VM).
+    copies = min(CAPPED_COPIES, (full_m // m) * (full_n // n))
+    xs = [torch.randn(m, k, dtype=dtype, device=device) for _ in range(copies if m < full_m else 1)]
+    weights = [torch.randn(n, k, dtype=dtype, device=device) for _ in range(copies if n < full_n else 1)]
+    dys = [torch.randn(m, n, dtype=dtype, device=device) for _ in range(copies)]
+    calls = itertools.count()
+
+    def operands() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        i = next(calls)
+        return xs[i % len(xs)], weights[i % len(weights)], dys[i % len(dys)]
+
+    def forward_call() -> Any:
+        x, weight, _ = operands()
+        return F.linear(x, weight)
+
+    def grad_input_call() -> Any:
+        _, weight, dy = operands()
+        return dy @ weight
+
+    def grad_weight_call() -> Any:
+        x, _, dy = operands()
+        return dy.T @ x
+
     flops = 2.0 * m * k * n
-    forward = timed(lambda: F.linear(x, weight), device)
-    grad_input = timed(lambda: dy @ weight, device)
-    grad_weight = timed(lambda: dy.T @ x, device)
+    forward = timed(forward_call, device, median=True)
+    grad_input = timed(grad_input_call, device, median=True)
+    grad_weight = timed(grad_weight_call, device, median=True)
     return flops / forward, flops / grad_input, flops / grad_weight
 
 

@@ -68,6 +68,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.config import HostAllocator
+from runner.hardware.host_allocator import rank_allocator
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120.0  # the child takes about 5 s on a quiet 2-core CPU, 15-30 s on a busy one
 BLOCKS = 16  # of three nn.Linear(WIDTH, WIDTH, bias=False) each: 48 parameter tensors
@@ -113,6 +116,9 @@ def _child_result(device_type: str, threads: int | None) -> dict[str, Any] | Non
     )
     if device_type == "cpu":
         env["DS_ACCELERATOR"] = "cpu"  # chosen at DeepSpeed's import: before it
+        # the malloc a CPU rank gets by default (train.host_allocator=auto): ZeRO-3's gathers
+        # allocate their buffers each micro-batch, warm or faulting as the rank's allocator makes them
+        env.update(rank_allocator(HostAllocator.auto, cpu_rank=True, environ=env).env)
     command = [sys.executable, "-m", "runner.hardware.calibrate_zero3", "--device-type", device_type]
     if threads:
         command += ["--threads", str(threads)]

@@ -52,7 +52,7 @@ def block_seconds(cfg: ModelConfig, micro: int, seq: int, *, dtype: Any, device:
 
         return step
 
-    return timed(block_step(), device, repeats=5, warmup=2, beside=block_step)
+    return timed(block_step(), device, repeats=5, warmup=2, beside=block_step, median=True)
 
 
 def rest_seconds(
@@ -121,7 +121,7 @@ def rest_seconds(
 
         return step
 
-    return timed(make(), device, repeats=5, warmup=3 if compiled else 2, beside=make)
+    return timed(make(), device, repeats=5, warmup=3 if compiled else 2, beside=make, median=True)
 
 
 def cross_entropy_seconds(tokens: int, vocab: int, *, dtype: Any, device: Any) -> float:
@@ -143,7 +143,7 @@ def cross_entropy_seconds(tokens: int, vocab: int, *, dtype: Any, device: Any) -
 
         return step
 
-    return timed(make(), device, repeats=5, warmup=2, beside=make)
+    return timed(make(), device, repeats=5, warmup=2, beside=make, median=True)
 
 
 __all__ = ["block_seconds", "cross_entropy_seconds", "rest_seconds"]

@@ -13,7 +13,8 @@ with most layers, holding the output head), with ``accum`` micro-batches:
 - ``grad accumulation``: micro-batches 2..accum add their gradients into the rank's gradient
   buffer (read two, write one per parameter).
 - ``fresh memory``: a CPU's page faults on the step's tensors above glibc's mmap threshold, each
-  allocated afresh every micro-batch (the logits, their gradients, the vocabulary matrices').
+  allocated afresh every micro-batch (the logits, their gradients, the vocabulary matrices'); none
+  where the rank runs on jemalloc (``train.host_allocator``), which keeps freed pages warm.
 - ``engine``: DeepSpeed's engine around each micro-batch, per parameter tensor, measured against
   a bare loop (runner/hardware/calibrate_zero3.py ``engine_param_seconds``).
 - ``optimizer``: the fused AdamW step on the rank's parameters (1/dp of them under ZeRO),
@@ -72,12 +73,20 @@ class Term:
     fitted: tuple[str, ...] = ()  # calibration figures it rests on that were fitted, not measured
 
 
+def _fresh_rate(workload: Workload, calibration: Calibration) -> float | None:
+    """Bytes per second a step writes into a large tensor allocated for it: the device's page-fault
+    rate (runner/hardware/calibrate.py ``fresh_rate``); None where allocations are warm (a GPU's
+    caching allocator, a CPU rank on jemalloc: runner/hardware/host_allocator.py), and a copy's
+    rate applies."""
+    return None if workload.keeps_freed_memory else calibration.fresh_rate()
+
+
 def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) -> Term | None:
     """Page faults of the step's large fresh tensors on a CPU (runner/hardware/calibrate.py
     ``fresh_rate``): per micro-batch the logits, their log-softmax and both gradients
     (T x vocab / tp), and the vocabulary matrices' gradients (the head's and the embedding's
     dense one, vocab / tp x d_model), where each is above glibc's largest mmap threshold."""
-    rate = calibration.fresh_rate()
+    rate = _fresh_rate(workload, calibration)
     if rate is None:
         return None
     model, tp = workload.model, layout.tp
@@ -174,7 +183,7 @@ def _zero3_terms(
         return terms
     vocab = workload.model.vocab_size // layout.tp * workload.model.d_model * elem
     large = vocab * (1 if workload.model.tie_embeddings else 2) if vocab >= MMAP_THRESHOLD_MAX else 0
-    copy, fresh = calibration.copy_rate(local * elem / tensors), calibration.fresh_rate()
+    copy, fresh = calibration.copy_rate(local * elem / tensors), _fresh_rate(workload, calibration)
     if copy is None:
         return terms
     seconds = ZERO3_PASSES * 2 * (local * elem - large) / copy
@@ -189,7 +198,7 @@ def _zero3_terms(
     return terms
 
 
-def _copy_seconds(copy: StepCopy, calibration: Calibration) -> float | None:
+def _copy_seconds(copy: StepCopy, calibration: Calibration, fresh_rate: float | None) -> float | None:
     """One pass of runner/plan/step_copies.py: its bytes read and written at the copy bandwidth of a
     tensor its size; a fresh tensor above glibc's mmap threshold written at the page-fault rate on
     a CPU instead."""
@@ -197,9 +206,7 @@ def _copy_seconds(copy: StepCopy, calibration: Calibration) -> float | None:
     rate = calibration.copy_rate(size)
     if rate is None:
         return None
-    fresh = (
-        calibration.fresh_rate() if copy.fresh and copy.written / copy.times >= MMAP_THRESHOLD_MAX else None
-    )
+    fresh = fresh_rate if copy.fresh and copy.written / copy.times >= MMAP_THRESHOLD_MAX else None
     if fresh is not None:
         return copy.read / rate + copy.written / fresh
     return (copy.read + copy.written) / rate
@@ -218,7 +225,8 @@ def _priced_copies(
         accum_steps=layout.accum_steps,
         local=local,
     )
-    priced = [(copy, _copy_seconds(copy, calibration)) for copy in copies]
+    fresh_rate = _fresh_rate(workload, calibration)
+    priced = [(copy, _copy_seconds(copy, calibration, fresh_rate)) for copy in copies]
     if any(seconds is None for _, seconds in priced):
         return None
     return [(copy, seconds) for copy, seconds in priced if seconds is not None]

@@ -17,6 +17,7 @@ as the device check refuses none with a fixed micro-batch: ``plan=true`` gives i
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +29,7 @@ from runner.config import (
     ZeroStage,
 )
 from runner.errors import ConfigError
+from runner.hardware.host_allocator import rank_allocator
 from runner.layout import Layout, parse_micro_size, resolve_layout
 from runner.memory_model.case import offload_placement
 from runner.memory_model.peak import MemoryTerms
@@ -246,6 +248,11 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
         ),
         cluster=config.cluster.name,
         compiled=config.train.compile,
+        # the local launcher's CPU ranks (runner/hardware/host_allocator.py); a GPU's calibration has
+        # no page-fault figure, so the flag changes nothing there
+        keeps_freed_memory=rank_allocator(
+            config.train.host_allocator, cpu_rank=True, environ=os.environ
+        ).keeps_freed_memory,
         eval_every=config.train.eval_every,
         eval_batches=config.train.eval_batches,
         checkpoint_every=config.train.checkpoint_every,

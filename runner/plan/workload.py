@@ -28,6 +28,8 @@ class Workload:
     device: Device
     cluster: str
     compiled: bool = False  # train.compile: the blocks' activations as a compiled graph saves them
+    # train.host_allocator resolved to jemalloc: a CPU rank's large tensors reuse warm pages, no faults
+    keeps_freed_memory: bool = False
     eval_every: int = 0  # train.eval_every: steps between held-out evaluations (0: none)
     eval_batches: int = 0  # train.eval_batches: global batches an evaluation reads
     checkpoint_every: int = 0  # train.checkpoint_every: steps between saves (0: only at a stop)

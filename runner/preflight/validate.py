@@ -22,6 +22,7 @@ from runner.data.token_file import TOKEN_DTYPES, llmc_tokenizer_sha256, token_fi
 from runner.data.tokenizer_dir import TokenizerError, load_tokenizer, tokenizer_sha256, vocab_size
 from runner.errors import ConfigError
 from runner.hardware.cuda_devices import cuda_available
+from runner.hardware.host_allocator import allocator_problem
 from runner.hardware.host_ranks import host_ranks
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
@@ -319,6 +320,9 @@ def _launch_problems(config: TrainConfig, *, launcher: str) -> list[str]:
     problems += credentials_problems(config.logger)
     if launcher == "local":
         problems += named_device_problems(config)
+        allocator = allocator_problem(config.train.host_allocator)
+        if allocator:
+            problems.append(allocator)
         available, what = host_ranks_available()
         if config.gpus > available:
             problems.append(

@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from runner.checkpoint import save as checkpoint
 from runner.config import Precision
 from runner.data.batches import BatchSource, rank_slice
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
+from runner.hardware.host_allocator import running_allocator
 from runner.hardware.mfu_peak import resolve_peak
 from runner.hardware.peak_memory import PeakMemory, host_peak_bytes
 from runner.metrics import goodput
@@ -151,6 +153,8 @@ class Trainer:
         self.sinks = sinks_for(ctx)  # rank 0 only
         if ctx.lead:
             log.info("peak FLOP/s per device: %.3g (%s)", self.peak_flops, self.peak.source)
+            if ctx.accelerator == "cpu":  # train.host_allocator (runner/hardware/host_allocator.py)
+                log.info("host allocator: %s", running_allocator(Path("/proc/self/maps").read_text()))
         self.estimate = memory_estimate(ctx)
         # The step's peak is measured from here: what was built before counts in the host mark only.
         self.peak_memory = PeakMemory(self.device)

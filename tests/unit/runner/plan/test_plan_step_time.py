@@ -185,3 +185,19 @@ def test_a_datasheet_cluster_whose_file_lacks_the_parts_states_it():
         pytest.skip("h200.json records the non-GEMM parts")
     assert "not measured on this device (NVIDIA H200" in _term(plan, "elementwise").words
     assert "not measured on this device" in _time_section(plan)
+
+
+def test_a_rank_on_jemalloc_pays_no_page_faults_for_its_large_tensors(monkeypatch):
+    """runner/hardware/host_allocator.py: on the C library's malloc each micro-batch's logits (here
+    1024 tokens x 65,536 = 268 MB) are fresh pages, at the page-fault rate; jemalloc hands the
+    freed pages back warm, so the plan drops that term and prices the flatten at the copy rate."""
+    figures = {**FIGURES, "fresh_bytes_per_s": 1e9}
+    record = calibrations.from_record(figures, source="test figures")
+    monkeypatch.setattr("runner.plan.device_figures._measure_here", lambda *args, **kwargs: record)
+    monkeypatch.setattr("runner.hardware.host_allocator.jemalloc_installed", lambda: True)
+    overrides = ("model.vocab_size=65536", "parallel=ddp", "gpus=1")
+    system = plan_config(compose_config(*overrides, "train.host_allocator=system"))
+    jemalloc = plan_config(compose_config(*overrides, "train.host_allocator=auto"))
+    assert "fresh memory" in [t.name for t in system.time.terms]
+    assert "fresh memory" not in [t.name for t in jemalloc.time.terms]
+    assert jemalloc.time.step_s < system.time.step_s
