@@ -272,6 +272,27 @@ def allgather_costs(small: int = 4096, large: int = GATHER_BYTES) -> tuple[float
     return _collective_costs(small, large, gather=True)
 
 
+@contextlib.contextmanager
+def _rank_allocator_env() -> Iterator[None]:
+    """This process's environment meanwhile as a CPU rank's, with the allocator the local launcher
+    gives it by default (runner/hardware/host_allocator.py): a spawned worker inherits it, and
+    times gloo's buffers warm or faulting as a rank would."""
+    from runner.config import HostAllocator  # deferred: a calibration of a collective only
+    from runner.hardware.host_allocator import rank_allocator
+
+    extra = rank_allocator(HostAllocator.auto, cpu_rank=True, environ=os.environ).env
+    before = {key: os.environ.get(key) for key in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _collective_costs(small: int, large: int, *, gather: bool) -> tuple[float, float]:
     """A line through two sizes' timings of the collective (see :func:`allreduce_costs`)."""
     import torch.multiprocessing as mp  # deferred: only a calibration of a collective spawns
@@ -284,8 +305,9 @@ def _collective_costs(small: int, large: int, *, gather: bool) -> tuple[float, f
             context.Process(target=_allreduce_worker, args=(rank, init_file, [small, large], queue, gather))
             for rank in range(2)
         ]
-        for worker in workers:
-            worker.start()
+        with _rank_allocator_env():
+            for worker in workers:
+                worker.start()
         small_s, large_s = queue.get(timeout=120)
         for worker in workers:
             worker.join(timeout=60)

@@ -4,6 +4,8 @@ host has installed."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from runner.config import HostAllocator
@@ -21,7 +23,10 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize("choice", [HostAllocator.auto, HostAllocator.jemalloc])
 def test_a_cpu_rank_gets_jemalloc_preloaded_before_the_users_own_preload(choice):
     allocator = rank_allocator(
-        choice, cpu_rank=True, environ={"LD_PRELOAD": "libmine.so", "MALLOC_CONF": "narenas:2"}, installed=True
+        choice,
+        cpu_rank=True,
+        environ={"LD_PRELOAD": "libmine.so", "MALLOC_CONF": "narenas:2"},
+        installed=True,
     )
     assert allocator.name == "jemalloc" and allocator.keeps_freed_memory
     assert allocator.env["LD_PRELOAD"] == f"{JEMALLOC_SONAME} libmine.so"
@@ -74,6 +79,8 @@ def test_the_local_launch_refuses_jemalloc_where_this_host_lacks_it(monkeypatch)
     from runner.preflight.validate import validate
 
     monkeypatch.setattr(host_allocator, "jemalloc_installed", lambda: False)
-    with pytest.raises(ConfigError, match="train.host_allocator=jemalloc: libjemalloc.so.2 is not installed"):
+    with pytest.raises(
+        ConfigError, match=re.escape("train.host_allocator=jemalloc: libjemalloc.so.2 is not")
+    ):
         validate(compose_config("train.host_allocator=jemalloc"), launcher="local")
     validate(compose_config("train.host_allocator=auto"), launcher="local")  # falls back, no refusal
