@@ -42,6 +42,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from runner.hardware.host_allocator import default_cpu_rank_env
+
 # The all-gather is timed at this buffer, past a CPU's caches: gloo's all-gather slows from
 # about 2 GB/s received at 16 MiB to 0.65 GB/s at 64-256 MiB on a 2-core CPU (its all-reduce
 # keeps 2 GB/s), and ZeRO-1/2 gather the parameters in buckets of up to 5e8 elements.
@@ -277,10 +279,7 @@ def _rank_allocator_env() -> Iterator[None]:
     """This process's environment meanwhile as a CPU rank's, with the allocator the local launcher
     gives it by default (runner/hardware/host_allocator.py): a spawned worker inherits it, and
     times gloo's buffers warm or faulting as a rank would."""
-    from runner.config import HostAllocator  # deferred: a calibration of a collective only
-    from runner.hardware.host_allocator import rank_allocator
-
-    extra = rank_allocator(HostAllocator.auto, cpu_rank=True, environ=os.environ).env
+    extra = default_cpu_rank_env(os.environ)
     before = {key: os.environ.get(key) for key in extra}
     os.environ.update(extra)
     try:

@@ -68,8 +68,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner.config import HostAllocator
-from runner.hardware.host_allocator import rank_allocator
+from runner.hardware.host_allocator import default_cpu_rank_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120.0  # the child takes about 5 s on a quiet 2-core CPU, 15-30 s on a busy one
@@ -118,7 +117,7 @@ def _child_result(device_type: str, threads: int | None) -> dict[str, Any] | Non
         env["DS_ACCELERATOR"] = "cpu"  # chosen at DeepSpeed's import: before it
         # the malloc a CPU rank gets by default (train.host_allocator=auto): ZeRO-3's gathers
         # allocate their buffers each micro-batch, warm or faulting as the rank's allocator makes them
-        env.update(rank_allocator(HostAllocator.auto, cpu_rank=True, environ=env).env)
+        env.update(default_cpu_rank_env(env))
     command = [sys.executable, "-m", "runner.hardware.calibrate_zero3", "--device-type", device_type]
     if threads:
         command += ["--threads", str(threads)]

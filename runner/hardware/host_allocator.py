@@ -54,13 +54,6 @@ class RankAllocator:
         """True when a freed tensor's pages stay the rank's: a later allocation pays no page faults."""
         return self.name == "jemalloc"
 
-    @property
-    def words(self) -> str:
-        """One line for the launch log."""
-        if self.keeps_freed_memory:
-            return "jemalloc (freed memory kept for reuse; train.host_allocator=system for the C library's)"
-        return "the C library's malloc (page faults on each large fresh tensor)"
-
 
 def allocator_problem(choice: HostAllocator, *, installed: bool | None = None) -> str | None:
     """Why ``choice`` cannot be honoured on this host (None: it can)."""
@@ -93,6 +86,12 @@ def rank_allocator(
     return RankAllocator("jemalloc", {"LD_PRELOAD": preload, "MALLOC_CONF": conf})
 
 
+def default_cpu_rank_env(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """What a CPU rank started from ``environ`` adds to it by default (``train.host_allocator=auto``):
+    for a calibration's child processes, which should allocate as the ranks they stand in for."""
+    return rank_allocator(HostAllocator.auto, cpu_rank=True, environ=environ).env
+
+
 def running_allocator(maps: str) -> str:
     """The allocator this process runs with, read from ``/proc/self/maps``'s text."""
     return "jemalloc" if "libjemalloc" in maps else "system"
@@ -104,6 +103,7 @@ __all__ = [
     "JEMALLOC_SONAME",
     "RankAllocator",
     "allocator_problem",
+    "default_cpu_rank_env",
     "jemalloc_installed",
     "rank_allocator",
     "running_allocator",

@@ -22,7 +22,7 @@ from runner.config import ModelConfig, Recompute
 
 
 def block_seconds(cfg: ModelConfig, micro: int, seq: int, *, dtype: Any, device: Any) -> float:
-    """Seconds of one block's forward and backward at (micro, seq), the fastest of a few."""
+    """Seconds of one block's forward and backward at (micro, seq), the median of a few."""
     import dataclasses
 
     import torch  # deferred: only a plan that measures this host's device times a block
