@@ -11,6 +11,7 @@ import pytest
 from runner.config import HostAllocator
 from runner.hardware import host_allocator
 from runner.hardware.host_allocator import (
+    JEMALLOC_CONF,
     JEMALLOC_SONAME,
     allocator_problem,
     rank_allocator,
@@ -30,7 +31,7 @@ def test_a_cpu_rank_gets_jemalloc_preloaded_before_the_users_own_preload(choice)
     )
     assert allocator.name == "jemalloc" and allocator.keeps_freed_memory
     assert allocator.env["LD_PRELOAD"] == f"{JEMALLOC_SONAME} libmine.so"
-    assert allocator.env["MALLOC_CONF"] == "dirty_decay_ms:-1,muzzy_decay_ms:-1,narenas:2"
+    assert allocator.env["MALLOC_CONF"] == f"{JEMALLOC_CONF},narenas:2"
 
 
 @pytest.mark.parametrize(
