@@ -50,6 +50,8 @@ from runner.hardware.host_allocator import default_cpu_rank_env
 GATHER_BYTES = 64 * 2**20
 MAX_GEMM_FLOPS = 2e9  # a forward above this is measured at a smaller M (see the module docstring)
 CAPPED_COPIES = 8  # distinct operands a capped GEMM cycles through (``gemm_rates``)
+MIN_TIMED_S = 0.05  # ``timed``: a short call is repeated until its timings add up to this
+MAX_REPEATS = 25  # ... or to this many calls
 
 
 _neighbours = 0  # threads that run the measured work beside it: the host's other ranks (``threads``)
@@ -97,7 +99,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(
+def timed(  # noqa: PLR0913
     fn: Callable[[], Any],
     device: torch.device,
     *,
@@ -106,24 +108,31 @@ def timed(
     shared: bool = True,
     beside: Callable[[], Callable[[], Any]] | None = None,
     median: bool = False,
+    extend: bool = True,
 ) -> float:
-    """The fastest of ``repeats`` calls of ``fn()``, in seconds, after ``warmup`` calls: other work
-    on the device only ever slows a call down. ``shared``: on a CPU, with the neighbours of
-    :func:`threads` running ``fn`` too (a measurement dominated by Python would contend for the
-    GIL instead, so op dispatch is timed alone). ``beside`` makes each neighbour its own copy of
-    the work where ``fn`` keeps state (autograd's gradients) that two threads must not share.
-    ``median``: the median call instead, a kernel's typical time where a step runs it once among
-    others (a GEMM's fastest call runs 10-15% above its median on a 2-core VM)."""
-    times = []
+    """The fastest of at least ``repeats`` calls of ``fn()`` (more for a short call:
+    :data:`MIN_TIMED_S`), in seconds, after ``warmup`` calls: other work on the device only ever
+    slows a call down. ``shared``: on a CPU, with the neighbours of :func:`threads` running ``fn``
+    too (a measurement dominated by Python would contend for the GIL instead, so op dispatch is
+    timed alone). ``beside`` makes each neighbour its own copy of the work where ``fn`` keeps state
+    (autograd's gradients) that two threads must not share. ``median``: the median call instead, a
+    kernel's typical time where a step runs it once among others (a GEMM's fastest call runs 10-15%
+    above its median on a 2-core VM). ``extend=False``: exactly ``repeats`` calls, as a
+    collective's ranks must each make the same calls."""
+    times: list[float] = []
+    at_least = MIN_TIMED_S if extend else 0.0
     count = _neighbours if (shared and device.type == "cpu") else 0
     with _beside(fn if beside is None else beside(), count) if count else contextlib.nullcontext():
-        for index in range(warmup + repeats):
+        for _ in range(warmup):
+            fn()
+        # A call of a millisecond or less is timed further, up to MAX_REPEATS calls or
+        # MIN_TIMED_S in all: five such calls' median moved by 20% between two calibrations.
+        while len(times) < repeats or (sum(times) < at_least and len(times) < MAX_REPEATS):
             _sync(device)
             started = time.perf_counter()
             fn()
             _sync(device)
-            if index >= warmup:
-                times.append(time.perf_counter() - started)
+            times.append(time.perf_counter() - started)
     return statistics.median(times) if median else min(times)
 
 
@@ -248,11 +257,10 @@ def _allreduce_worker(rank: int, init_file: str, sizes: list[int], out: Any, gat
             gathered = functools.partial(
                 torch.distributed.all_gather_into_tensor, buffer[: 2 * part.numel()], part
             )
-            seconds.append(timed(gathered, device, repeats=repeats))
+            seconds.append(timed(gathered, device, repeats=repeats, extend=False))
             continue
-        seconds.append(
-            timed(functools.partial(torch.distributed.all_reduce, buffer), device, repeats=repeats)
-        )
+        reduced = functools.partial(torch.distributed.all_reduce, buffer)
+        seconds.append(timed(reduced, device, repeats=repeats, extend=False))
     torch.distributed.destroy_process_group()
     if rank == 0:
         out.put(seconds)

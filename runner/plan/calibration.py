@@ -9,7 +9,8 @@ bandwidth. It answers from one of two places:
 - **this host's device** (``cluster=local``, or a named cluster's figures left unset): the
   micro-benchmarks of runner/hardware/calibrate.py, run here with the threads a rank will
   have, the first time a figure is asked for, and cached per device in
-  ``$LADDER_CACHE_DIR/calibration/`` (default ``~/.cache/ladder``). A plan of a new model
+  ``$LADDER_CACHE_DIR/calibration/`` (default ``~/.cache/ladder``), by the method's version
+  (:data:`METHOD_VERSION`). A plan of a new model
   shape measures its GEMMs once, in about a second on a CPU.
 - **a named cluster's calibration file**, ``conf/cluster/calibration/<name>.json``, recorded
   on such a device by ``python bench/calibrate_device.py --cluster <name>``. It says where and
@@ -41,6 +42,10 @@ from runner.hardware import calibrate_zero3
 
 CALIBRATION_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster" / "calibration"
 CACHE_ENV = "LADDER_CACHE_DIR"
+# The micro-benchmarks' method, in the cache file's name: raised whenever a measurement changes
+# what it measures (3: ZeRO's engine figures with denormals flushed, ranks on jemalloc with any
+# extent reused), so that a host's figures measured the old way are measured again, not reused.
+METHOD_VERSION = 3
 
 
 def cache_dir() -> Path:
@@ -498,7 +503,8 @@ def local(
 ) -> Calibration:
     """This host's device: its cache, measured further on demand by ``measure(kind, shape)``;
     a provisional figure measured again where ``quiet()`` says the host is quiet now."""
-    path = cache_dir() / f"{_slug(f'{device}-{dtype}-{threads}t-torch{torch_version}')}.json"
+    name = f"{device}-{dtype}-{threads}t-torch{torch_version}-method{METHOD_VERSION}"
+    path = cache_dir() / f"{_slug(name)}.json"
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record: dict[str, Any] = {}
     if path.is_file():

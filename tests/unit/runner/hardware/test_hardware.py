@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from runner.hardware import cpu_busy
+from runner.hardware.calibrate import MAX_REPEATS, timed
 from runner.hardware.peak_flops import (
     UnknownDeviceError,
     calibrate_cpu_peak,
@@ -106,3 +107,13 @@ def test_cpu_calibration_rejects_unknown_dtype() -> None:
     """A dtype name it cannot map is an error."""
     with pytest.raises(ValueError, match="int8"):
         calibrate_cpu_peak("int8")
+
+
+def test_a_short_call_is_timed_further_unless_its_calls_must_match_another_ranks():
+    calls: list[int] = []
+    cpu = torch.device("cpu")
+    timed(lambda: calls.append(1), cpu, repeats=5, warmup=2, shared=False)
+    assert len(calls) == 2 + MAX_REPEATS  # microseconds each: timed until MAX_REPEATS
+    calls.clear()
+    timed(lambda: calls.append(1), cpu, repeats=5, warmup=2, shared=False, extend=False)
+    assert len(calls) == 2 + 5  # a collective: exactly its repeats, as on the other rank

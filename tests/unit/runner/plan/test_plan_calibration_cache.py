@@ -96,3 +96,16 @@ def test_a_capped_non_gemm_part_is_measured_small_cached_and_scaled_to_the_runs_
     assert "non-GEMM part (micro, seq, d_model, heads, kv heads, ffn) 1x128x2048x16x8x8192" in (
         device_figures._WHAT["rest"].format(shape="1x128x2048x16x8x8192", dtype="float32")
     )
+
+
+def test_figures_measured_by_an_older_method_are_measured_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(calibrations.CACHE_ENV, str(tmp_path))
+    asked: list[tuple[str, tuple[int, ...]]] = []
+    first = _local([([1e9, 1e9, 1e9], True)], asked, quiet=True)
+    first.gemm(64, 64, 64)
+    assert first.path is not None and f"method{calibrations.METHOD_VERSION}" in first.path.name
+    monkeypatch.setattr(calibrations, "METHOD_VERSION", calibrations.METHOD_VERSION + 1)
+    later = _local([([2e9, 2e9, 2e9], True)], asked, quiet=True)
+    assert later.gemm(64, 64, 64) == (2e9, 2e9, 2e9) and len(asked) == 2
