@@ -16,6 +16,7 @@ and ``dispatch`` terms where they were measured.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from runner.config import ModelConfig, Recompute
@@ -23,8 +24,6 @@ from runner.config import ModelConfig, Recompute
 
 def block_seconds(cfg: ModelConfig, micro: int, seq: int, *, dtype: Any, device: Any) -> float:
     """Seconds of one block's forward and backward at (micro, seq), the median of a few."""
-    import dataclasses
-
     import torch  # deferred: only a plan that measures this host's device times a block
 
     from runner.hardware.calibrate import timed
@@ -55,10 +54,17 @@ def block_seconds(cfg: ModelConfig, micro: int, seq: int, *, dtype: Any, device:
     return timed(block_step(), device, repeats=5, warmup=2, beside=block_step, median=True)
 
 
-def rest_seconds(
-    cfg: ModelConfig, micro: int, seq: int, *, dtype: Any, device: Any, compiled: bool = False
-) -> float:
-    """Seconds of one block's non-GEMM part, forward and backward, at (micro, seq): everything
+def non_gemm_step(
+    cfg: ModelConfig,
+    micro: int,
+    seq: int,
+    *,
+    dtype: Any,
+    device: Any,
+    compiled: bool = False,
+    head_dim: int | None = None,
+) -> Any:
+    """One block's non-GEMM part, forward and backward, at (micro, seq), as a call: everything
     ``TransformerBlock`` runs besides its seven projections and the SDPA kernel.
 
     The block's own code path between those kernels, with the real modules
@@ -67,16 +73,19 @@ def rest_seconds(
     ``silu(a) * b``, both residual adds. The projections' and the kernel's outputs enter as
     leaf tensors, and their inputs' gradients leave as the backward's roots, so every op's
     backward runs too. ``compiled``: the same function under ``torch.compile``, as
-    runner/engine/compile_blocks.py compiles the block (its GEMMs stay library calls)."""
-    import torch  # deferred: only a plan that measures this host's device times a block
+    runner/engine/compile_blocks.py compiles the block (its GEMMs stay library calls).
+    ``head_dim``: a tensor-parallel rank's heads keep the model's width each (default
+    ``d_model // n_head``). Each call of the result makes its own tensors (a neighbour thread's
+    copy of the work); calling what that returns runs the part once."""
+    import torch  # deferred: only a plan that measures or counts a block builds one
     import torch.nn.functional as F
 
-    from runner.hardware.calibrate import timed
     from runner.model.shape import n_kv_head
     from runner.model.transformer import RMSNorm, apply_rope, rope_cache
 
-    heads, kv, hs = cfg.n_head, n_kv_head(cfg), cfg.d_model // cfg.n_head
-    cos, sin = (t.to(device) for t in rope_cache(cfg, seq))
+    heads, kv = cfg.n_head, n_kv_head(cfg)
+    hs = cfg.d_model // cfg.n_head if head_dim is None else head_dim
+    cos, sin = (t.to(device) for t in rope_cache(dataclasses.replace(cfg, n_head=cfg.d_model // hs), seq))
     norms = [RMSNorm(cfg.d_model, cfg.norm_eps).to(device=device, dtype=dtype) for _ in range(2)]
 
     def rest(x: Any, q: Any, k: Any, v: Any, attn: Any, wo: Any, w1: Any, w3: Any, w2: Any) -> Any:  # noqa: PLR0913
@@ -121,6 +130,17 @@ def rest_seconds(
 
         return step
 
+    return make
+
+
+def rest_seconds(
+    cfg: ModelConfig, micro: int, seq: int, *, dtype: Any, device: Any, compiled: bool = False
+) -> float:
+    """Seconds of one block's non-GEMM part (:func:`non_gemm_step`), forward and backward, at
+    (micro, seq), eager or compiled: the median of a few calls."""
+    from runner.hardware.calibrate import timed  # deferred: torch, only for a plan that measures
+
+    make = non_gemm_step(cfg, micro, seq, dtype=dtype, device=device, compiled=compiled)
     return timed(make(), device, repeats=5, warmup=3 if compiled else 2, beside=make, median=True)
 
 
@@ -146,4 +166,4 @@ def cross_entropy_seconds(tokens: int, vocab: int, *, dtype: Any, device: Any) -
     return timed(make(), device, repeats=5, warmup=2, beside=make, median=True)
 
 
-__all__ = ["block_seconds", "cross_entropy_seconds", "rest_seconds"]
+__all__ = ["block_seconds", "cross_entropy_seconds", "non_gemm_step", "rest_seconds"]

@@ -16,8 +16,11 @@ with most layers, holding the output head), with ``T = micro x seq`` tokens per 
   residual adds, the cross-entropy over the vocabulary). Measured where the calibration has it
   (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
   with ``train.compile``, under torch.compile, less its dispatch floor; the loss at (tokens,
-  vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes,
-  backward twice the forward, and the words say it is not measured at this shape.
+  vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes:
+  eager, every kernel's bytes as autograd runs them (runner/plan/eager_traffic.py counts them on
+  meta tensors, fp32 casts and autograd's sums included); compiled, each op's tensors read and
+  written once in the compute dtype (:data:`NORM_AND_RESIDUAL` ...), backward twice the forward;
+  and the words say it is not timed at this shape.
 - dispatch: the same non-GEMM ops at a trivial shape: what launching them costs whatever
   their size. Else :data:`OPS_PER_LAYER` eager ops per block at one op's measured cost (a CPU's),
   labelled as not measured at this shape.
@@ -27,11 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.config import Precision
+from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.shape import n_kv_head
 from runner.plan.calibration import Calibration
+from runner.plan.eager_traffic import block_rest_traffic, loss_traffic
 from runner.plan.workload import Workload
 
 # Elements each token reads plus writes in one block's memory-bound forward kernels
@@ -43,7 +47,6 @@ NORM_AND_RESIDUAL = 2 * 7 + 2 * 3  # x d_model
 ROPE = 9  # x (q width + k width)
 TRANSPOSE = 2  # x attention width
 SWIGLU = 5  # x ffn width
-CROSS_ENTROPY = 6  # x vocab: log-softmax forward (2), its backward (3), the gradient's cast (1)
 BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kernels
 # Eager ops of one block's forward (each with its backward): norms 2 x 6, q/k/v/o and
 # w1/w2/w3 projections 7, head views and transposes 6, RoPE 2 x 9, attention 1, residual
@@ -199,6 +202,27 @@ def micro_compute(workload: Workload, layout: Layout, calibration: Calibration) 
     )
 
 
+def _dtype_name(workload: Workload) -> str:
+    """torch's name of the run's compute dtype."""
+    return {Precision.fp32: "float32", Precision.fp16: "float16"}.get(workload.precision, "bfloat16")
+
+
+def _rank_block(workload: Workload, layout: Layout) -> ModelConfig:
+    """One block as a tensor-parallel rank holds it: its heads, key/value heads and ffn columns
+    (each head keeps the model's width: ``non_gemm_step``'s ``head_dim``)."""
+    model, tp = workload.model, layout.tp
+    return ModelConfig(
+        name="block",
+        n_layer=1,
+        n_head=model.n_head // tp,
+        n_kv_head=max(1, n_kv_head(model) // tp),
+        d_model=model.d_model,
+        ffn_hidden=model.ffn_hidden // tp,
+        rope_theta=model.rope_theta,
+        norm_eps=model.norm_eps,
+    )
+
+
 def _rest(
     workload: Workload, layout: Layout, calibration: Calibration, layers: int
 ) -> tuple[float, float, float, str, str] | None:
@@ -207,9 +231,11 @@ def _rest(
 
     Measured (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape,
     eager or compiled as the run asks, its floor the same ops at a trivial shape; the loss at
-    (tokens, vocab / tp). Not measured on the device (a calibration file without them): the
-    bytes of :data:`NORM_AND_RESIDUAL` ... over the copy bandwidth, :data:`OPS_PER_LAYER` eager
-    ops at one op's measured dispatch (a CPU's; a GPU's queue hides it), and the term says so."""
+    (tokens, vocab / tp). Not measured on the device (a calibration file without them): their
+    bytes over the copy bandwidth, eager's as its kernels move them (counted on meta tensors,
+    runner/plan/eager_traffic.py), a compiled block's each op's tensors once in the compute dtype
+    (:data:`NORM_AND_RESIDUAL` ...), :data:`OPS_PER_LAYER` eager ops at one op's measured dispatch
+    (a CPU's; a GPU's queue hides it), and the term says so."""
     model, tp = workload.model, layout.tp
     tokens = layout.micro_size * workload.seq_len
     elem = element_bytes(workload.precision)
@@ -230,15 +256,31 @@ def _rest(
         # the next, so the host's dispatch time hides behind them (a GPU's calibration has threads 0).
         op_s = (calibration.op_seconds() or 0.0) if calibration.threads else 0.0
         per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
-        block_bytes = tokens * per_token * elem
-        # The rate of a copy as large as the whole forward's traffic: its tensors stream through the
-        # caches once, each written by one kernel and read by the next after others ran between.
-        block_rate = calibration.copy_rate(layers * block_bytes)
+        fused_forward = tokens * per_token * elem
+        if workload.compiled:
+            block_bytes = fused_forward * (1 + BACKWARD_ELEMENTS)
+            traffic = "compiled: each op's tensors read and written once in the compute dtype"
+        else:
+            counted, kernels = block_rest_traffic(
+                _rank_block(workload, layout),
+                layout.micro_size,
+                workload.seq_len,
+                _dtype_name(workload),
+                h // model.n_head,
+            )
+            block_bytes = float(counted)
+            traffic = f"eager: {kernels} kernels' bytes, counted (runner/plan/eager_traffic.py)"
+        # The rate of a copy as large as the whole forward's tensors: they stream through the caches
+        # once, each written by one kernel and read by the next after others ran between (eager's
+        # further passes over them go at the same rate).
+        block_rate = calibration.copy_rate(layers * fused_forward)
         if block_rate is None:
             return None
         floor = OPS_PER_LAYER * op_s
-        block_rest = block_bytes / block_rate * (1 + BACKWARD_ELEMENTS) + floor
-        block_words = "norms, RoPE, SwiGLU, residuals: bytes over copy bandwidth, not measured at this shape"
+        block_rest = block_bytes / block_rate + floor
+        block_words = (
+            f"norms, RoPE, SwiGLU, residuals {traffic}, over copy bandwidth, not timed at this shape"
+        )
         dispatch_words = (
             f"{OPS_PER_LAYER} eager ops per block at one op's dispatch, not measured at this shape"
         )
@@ -246,12 +288,16 @@ def _rest(
     if loss is not None:
         head, loss_words = loss[0] / (1 + BACKWARD_ELEMENTS), f"cross-entropy {loss[1]}"
     else:
-        head_bytes = tokens * CROSS_ENTROPY * (model.vocab_size / tp) * elem
-        head_rate = calibration.copy_rate(head_bytes)
+        # The loss runs eagerly in a compiled run too (runner/engine/compile_blocks.py compiles blocks).
+        loss_bytes, loss_kernels = loss_traffic(tokens, model.vocab_size // tp, _dtype_name(workload))
+        head_rate = calibration.copy_rate(loss_bytes)
         if head_rate is None:
             return None
-        head = head_bytes / head_rate
-        loss_words = "cross-entropy: bytes over copy bandwidth, not measured at this shape"
+        head = loss_bytes / head_rate / (1 + BACKWARD_ELEMENTS)
+        loss_words = (
+            f"cross-entropy: eager, {loss_kernels} kernels' bytes, counted, over copy bandwidth, "
+            "not timed at this shape"
+        )
         missing.append("the cross-entropy")
     words = f"{block_words}; {loss_words}"
     if missing and calibration.measure is None:

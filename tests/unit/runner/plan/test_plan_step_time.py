@@ -172,9 +172,20 @@ def test_a_compiled_run_is_predicted_from_its_compiled_block_faster_than_eager(m
 def test_a_calibration_without_the_measured_parts_says_which_terms_it_guesses(fixed_calibration):
     plan = plan_config(compose_config("train.compile=true"))
     words = _term(plan, "elementwise").words
-    assert "bytes over copy bandwidth, not measured at this shape" in words
+    assert "compiled: each op's tensors read and written once in the compute dtype" in words
     assert "the block's non-GEMM part (compiled) and the cross-entropy not measured on this device" in words
     assert "not measured at this shape" in _term(plan, "dispatch").words
+
+
+def test_without_the_measured_parts_eager_is_priced_by_its_kernels_traffic_above_compiled(fixed_calibration):
+    """runner/plan/eager_traffic.py: in bf16 eager's kernels also run RMSNorm and RoPE in fp32 and
+    cast back, and autograd sums the gradients; a compiled block reads and writes each op's tensors
+    once in bf16."""
+    eager = plan_config(compose_config("precision=bf16"))
+    compiled = plan_config(compose_config("precision=bf16", "train.compile=true"))
+    assert re.search(r"eager: \d+ kernels' bytes, counted", _term(eager, "elementwise").words)
+    assert _term(compiled, "elementwise").seconds < _term(eager, "elementwise").seconds
+    assert compiled.time.step_s < eager.time.step_s
 
 
 def test_a_datasheet_cluster_whose_file_lacks_the_parts_states_it():
