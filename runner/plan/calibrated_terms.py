@@ -53,6 +53,7 @@ from runner.plan.calibration import Calibration
 from runner.plan.micro_batch_compute import BACKWARD_ELEMENTS, element_bytes, gemm_caveats, micro_compute
 from runner.plan.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.plan.workload import Knobs, Workload
+from runner.plan.zero3_reuse import layout_regathered
 
 # ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad. Counted,
 # not measured: DeepSpeed 0.19.8 runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
@@ -131,7 +132,8 @@ def _zero3_terms(
       its handle's ``wait``, ``__release_param``), which a tensor at or under the persistence
       threshold (``stage3_param_persistence_threshold``) never pays: it stays whole on every rank.
     - its passes over the gathered parameters' bytes: each tensor gathered into a whole buffer in
-      forward and again in backward, its gradient reduce-scattered out of one
+      forward and, where DeepSpeed released it (runner/plan/zero3_reuse.py), again in backward,
+      its gradient reduce-scattered out of one
       (:data:`ZERO3_PASSES`, each read and written), at the copy bandwidth; a tensor above glibc's
       mmap threshold is a fresh allocation each time, at the page-fault rate on a CPU. Where the
       device's calibration measured ZeRO-3's cost per byte (DeepSpeed at two tensor sizes), that
@@ -143,6 +145,7 @@ def _zero3_terms(
     numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
     visited, accum = len(numels), layout.accum_steps
     tensors = sum(1 for n in numels if n > threshold)  # gathered
+    again, again_tensors = layout_regathered(workload, knobs, layout)  # gathered again in backward
     hooks = calibration.zero3_hook_seconds()
     if hooks is not None:
         how, fitted = _figure_words(calibration, "zero3_hook_s")
@@ -161,8 +164,9 @@ def _zero3_terms(
         terms.append(
             Term(
                 "zero3 fetches",
-                accum * tensors * gather,
-                f"{tensors} gathered param tensors x {1e3 * gather:.3g} ms per micro-batch ({how})",
+                accum * (tensors + again_tensors) * gather,
+                f"{tensors} param tensors gathered in forward, {again_tensors} again in backward, "
+                f"x {1e3 * gather:.3g} ms per micro-batch ({how})",
                 fitted=fitted,
             )
         )
@@ -175,8 +179,9 @@ def _zero3_terms(
         terms.append(
             Term(
                 "zero3 copies",
-                accum * gathered * per_byte,
-                f"{gathered / 1e9:.3g} GB of partitioned parameters per micro-batch x "
+                accum * (gathered + elem * again) * per_byte,
+                f"{gathered / 1e9:.3g} GB of partitioned parameters per micro-batch "
+                f"({elem * again / 1e9:.3g} GB gathered again in backward) x "
                 f"{per_byte * 1e9:.3g} s/GB (measured with DeepSpeed)",
             )
         )
@@ -186,13 +191,14 @@ def _zero3_terms(
     copy, fresh = calibration.copy_rate(local * elem / tensors), _fresh_rate(workload, calibration)
     if copy is None:
         return terms
-    seconds = ZERO3_PASSES * 2 * (local * elem - large) / copy
-    seconds += ZERO3_PASSES * large / (fresh or copy)
+    passes = ZERO3_PASSES - 1 + again / local  # backward gathers only what forward released
+    seconds = passes * 2 * (local * elem - large) / copy
+    seconds += passes * large / (fresh or copy)
     terms.append(
         Term(
             "zero3 gathers",
             accum * seconds,
-            f"{ZERO3_PASSES} passes over {local * elem / 1e9:.3g} GB of parameters per micro-batch",
+            f"{passes:.3g} passes over {local * elem / 1e9:.3g} GB of parameters per micro-batch",
         )
     )
     return terms

@@ -45,6 +45,7 @@ from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.calibrated_terms import Term, comm_seconds, compute_terms, forward_seconds, param_tensors
 from runner.plan.device_figures import Device
 from runner.plan.workload import Knobs, Workload
+from runner.plan.zero3_reuse import layout_regathered
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,17 @@ def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
         rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
     )  # the fullest rank's, before ZeRO
     once = zero_step_bytes(local, zero_stage=stage, dp=dp, grad_bytes_per_elem=elem)
+    again, _ = layout_regathered(workload, knobs, layout)  # gathered again in backward
     if stage == ZeroStage.zero3:
-        dp_bytes, how = accum_steps * once, f"3 x params per micro-batch x accum {accum_steps}"
+        # zero_step_bytes counts every parameter gathered twice; backward gathers only those
+        # DeepSpeed released after forward (runner/plan/zero3_reuse.py)
+        once += allgather_bytes(again * elem, dp) - allgather_bytes(local * elem, dp)
+        share = f"{again / local:.0%}" if local else "0%"
+        how = (
+            f"params gathered, {share} again in backward, grads reduce-scattered, "
+            f"per micro-batch x accum {accum_steps}"
+        )
+        dp_bytes = accum_steps * once
     elif stage == ZeroStage.zero2:
         extra = (accum_steps - 1) * reduce_scatter_bytes(local * elem, dp)
         dp_bytes, how = once + extra, f"grads reduce-scattered per micro-batch x accum {accum_steps}"
@@ -164,10 +174,10 @@ def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
         grads = local * elem
         dp_bytes += reduces * (allreduce_bytes(grads, dp) - reduce_scatter_bytes(grads, dp))
         how += "; gloo all-reduces where ZeRO reduce-scatters"
-    # ZeRO-1/2 gather the updated parameters once a step; ZeRO-3 gathers them in forward and
-    # backward every micro-batch (runner.comm.zero_step_bytes).
-    gathers = {ZeroStage.zero1: 1, ZeroStage.zero2: 1, ZeroStage.zero3: 2 * accum_steps}.get(stage, 0)
-    gathered = gathers * allgather_bytes(local * elem, dp)
+    # ZeRO-1/2 gather the updated parameters once a step; ZeRO-3 gathers them in forward every
+    # micro-batch, and again in backward those it released (runner/plan/zero3_reuse.py).
+    gathers = {ZeroStage.zero1: 1, ZeroStage.zero2: 1, ZeroStage.zero3: accum_steps}.get(stage, 0)
+    gathered = gathers * allgather_bytes(local * elem, dp) + accum_steps * allgather_bytes(again * elem, dp)
     per_node = workload.device.per_node
     within = layout.gpus <= per_node
     where = f"{layout.gpus} gpus {'<=' if within else '>'} {per_node} per node"
@@ -212,9 +222,10 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
         return bound
     compute = sum(t.seconds for t in terms)
     tensors = param_tensors(workload, layout)
+    _, again = layout_regathered(workload, knobs, layout)
     exposed: float | None = 0.0
     for group in groups:
-        count = collectives(group.group, knobs, layout, tensors)
+        count = collectives(group.group, knobs, layout, tensors, regathered=again)
         seconds, how = comm_seconds(
             group.bytes,
             count,
@@ -269,12 +280,13 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
     )
 
 
-def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int) -> int:
+def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *, regathered: int = 0) -> int:
     """Collectives one rank takes part in per step, in ``group``: each pays the link's latency.
 
     DDP and ZeRO-1/2 reduce gradients in buckets (one per step; ZeRO-2 one per micro-batch)
     and ZeRO-1/2 gather the updated parameters once; ZeRO-3 gathers each parameter tensor in
-    forward and in backward and reduce-scatters its gradient, every micro-batch. Tensor
+    forward, the ``regathered`` ones again in backward (runner/plan/zero3_reuse.py), and
+    reduce-scatters its gradient, every micro-batch. Tensor
     parallel: runner/plan/step_time.py ``traffic``'s all-reduces; pipeline: a send and a
     receive per micro-batch.
     """
@@ -283,7 +295,7 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int) ->
         if layout.dp == 1:
             return 0
         if knobs.zero_stage == ZeroStage.zero3:
-            return 3 * param_tensors * accum
+            return (2 * param_tensors + regathered) * accum
         if knobs.zero_stage == ZeroStage.zero2:
             return accum + 1
         return 1 + (1 if knobs.zero_stage == ZeroStage.zero1 else 0)

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from train_helpers import ROOT, compose_config
 
-from runner.comm import reduce_scatter_bytes, zero_step_bytes
+from runner.comm import allgather_bytes, reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import LayoutError, divisors
 from runner.memory_model.units import GB
+from runner.model.shape import param_numels
 from runner.plan.checkpoint_size import disk_need
 from runner.plan.device_figures import resolve_device
 from runner.plan.job import plan_job, read_plan
@@ -27,6 +28,7 @@ from runner.plan.planner import (
     workload_from_config,
 )
 from runner.plan.table import format_plan, nominal_params
+from runner.plan.zero3_reuse import regathered
 from runner.preflight.validate import validate
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
@@ -234,7 +236,12 @@ def test_zero2_and_zero3_reduce_every_micro_batch():
     once = zero_step_bytes(p, zero_stage=2, dp=8)
     assert dp_bytes("zero2", 8) == pytest.approx(once)
     assert dp_bytes("zero2", 1) == pytest.approx(once + 7 * reduce_scatter_bytes(2 * p, 8))
-    assert dp_bytes("zero3", 1) == pytest.approx(8 * zero_step_bytes(p, zero_stage=3, dp=8))
+    # ZeRO-3 gathers in backward only what DeepSpeed released after forward (runner/plan/zero3_reuse.py)
+    model = _70b().model
+    again, _ = regathered(param_numels(model), 10 * model.d_model, tied=False)
+    zero3 = zero_step_bytes(p, zero_stage=3, dp=8) - allgather_bytes(2 * p, 8) + allgather_bytes(2 * again, 8)
+    assert 0.9 * p < again < p
+    assert dp_bytes("zero3", 1) == pytest.approx(8 * zero3)
     assert dp_bytes("zero1", 1) == pytest.approx(zero_step_bytes(p, zero_stage=1, dp=8))
 
 
