@@ -26,7 +26,9 @@
 # (unless calibrate runs too) with ZeRO-3's hooks per tensor visited and its gather per gathered
 # tensor, then a few measured steps (run_tm_*: llama_1b zero1 eager and compiled, zero3 with the
 # derived persistence threshold and with every tensor persistent, llama_7b zero3 micro 1 all
-# persistent; reduced mode: tiny, eager and the two zero3 runs), and
+# persistent; reduced mode: tiny, eager and the two zero3 runs; the eager and compiled llama_1b
+# runs profile step 6, whose operator table, profile/rank0_step6_ops.txt, says where a GPU
+# step's time goes kernel by kernel), and
 # bench/time_model_gpu_table.py's table of them beside their predictions (time_model.txt).
 #
 # Without a CUDA device it runs the same steps in a reduced mode (tiny model, fp32, 3 steps)
@@ -242,8 +244,8 @@ if wanted timemodel; then
   if [ "$mode" = full ]; then
     # name|steps|overrides
     tm_cases=(
-      "eager|8|model=$model parallel=zero1 batch.micro_size=8"
-      "compiled|8|model=$model parallel=zero1 batch.micro_size=8 train.compile=true"
+      "eager|8|model=$model parallel=zero1 batch.micro_size=8 train.profile_step=6"
+      "compiled|8|model=$model parallel=zero1 batch.micro_size=8 train.compile=true train.profile_step=6"
       "zero3|8|model=$model parallel=zero3 batch.micro_size=8"
       "zero3_persistent|8|model=$model parallel=zero3 batch.micro_size=8 $persistent"
       "zero3_7b_micro1_persistent|4|model=llama_7b parallel=zero3 batch.micro_size=1 $persistent"

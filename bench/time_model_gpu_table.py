@@ -176,10 +176,14 @@ def _quoted(
 
 
 def _metrics_median(run_dir: Path) -> float:
-    """A run's median step after the first (the first holds allocation and warm-up)."""
+    """A run's median step after the first (the first holds allocation and warm-up), without the
+    step ``train.profile_step`` profiled (the profiler records every operator: a slower step)."""
+    summary = run_dir / "summary.json"
+    profile = json.loads(summary.read_text()).get("profile") if summary.is_file() else None
+    profiled = (profile or {}).get("step")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    times = [json.loads(line)["time/step_s"] for line in lines if '"time/step_s"' in line]
-    return statistics.median(times[1:])
+    steps = [json.loads(line) for line in lines if '"time/step_s"' in line]
+    return statistics.median(s["time/step_s"] for s in steps[1:] if s.get("step") != profiled)
 
 
 def _peer_log_steps(path: Path) -> dict[str, float]:

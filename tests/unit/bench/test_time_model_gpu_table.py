@@ -57,3 +57,13 @@ def test_the_zero3_rows_name_the_fitted_figure_and_the_fit_is_the_files(printed)
     recorded = json.loads((SCRIPT.parents[1] / "conf/cluster/calibration/h200.json").read_text())
     assert figure == pytest.approx(recorded["zero3_hook_s"], rel=1e-3)
     assert len(recorded["fitted"]["zero3_hook_s"]["data"]) == sum(row["zero3"] for row in rows) >= 2
+
+
+def test_a_runs_median_leaves_out_its_first_and_its_profiled_step(tmp_path) -> None:
+    import json
+
+    steps = [9.0, 1.0, 1.1, 5.0, 1.2]  # step 3 ran under train.profile_step
+    lines = [json.dumps({"step": i, "time/step_s": s}) for i, s in enumerate(steps)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "summary.json").write_text(json.dumps({"profile": {"step": 3}}))
+    assert table._metrics_median(tmp_path) == pytest.approx(1.1)
