@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.config import Precision
 from runner.hardware import calibrate_zero3
 
 CALIBRATION_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster" / "calibration"
@@ -463,6 +464,11 @@ def cluster_file(name: str) -> Path:
     return CALIBRATION_GROUP / f"{name}.json"
 
 
+def dtype_name(precision: Precision) -> str:
+    """torch's name of a run's compute dtype: how a calibration names the dtype it timed in."""
+    return {Precision.fp32: "float32", Precision.fp16: "float16"}.get(precision, "bfloat16")
+
+
 def recorded_dtype(name: str) -> str:
     """The dtype a named cluster's calibration file timed its kernels in ("" without a file)."""
     path = cluster_file(name)
@@ -529,6 +535,7 @@ __all__ = [
     "Calibration",
     "cache_dir",
     "cluster_file",
+    "dtype_name",
     "floor_shape",
     "from_record",
     "load_cluster",

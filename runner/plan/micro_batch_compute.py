@@ -34,7 +34,7 @@ from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.shape import n_kv_head
-from runner.plan.calibration import Calibration
+from runner.plan.calibration import Calibration, dtype_name
 from runner.plan.eager_traffic import block_rest_traffic, loss_traffic
 from runner.plan.workload import Workload
 
@@ -202,11 +202,6 @@ def micro_compute(workload: Workload, layout: Layout, calibration: Calibration) 
     )
 
 
-def _dtype_name(workload: Workload) -> str:
-    """torch's name of the run's compute dtype."""
-    return {Precision.fp32: "float32", Precision.fp16: "float16"}.get(workload.precision, "bfloat16")
-
-
 def _rank_block(workload: Workload, layout: Layout) -> ModelConfig:
     """One block as a tensor-parallel rank holds it: its heads, key/value heads and ffn columns
     (each head keeps the model's width: ``non_gemm_step``'s ``head_dim``)."""
@@ -265,7 +260,7 @@ def _rest(
                 _rank_block(workload, layout),
                 layout.micro_size,
                 workload.seq_len,
-                _dtype_name(workload),
+                dtype_name(workload.precision),
                 h // model.n_head,
             )
             block_bytes = float(counted)
@@ -289,7 +284,9 @@ def _rest(
         head, loss_words = loss[0] / (1 + BACKWARD_ELEMENTS), f"cross-entropy {loss[1]}"
     else:
         # The loss runs eagerly in a compiled run too (runner/engine/compile_blocks.py compiles blocks).
-        loss_bytes, loss_kernels = loss_traffic(tokens, model.vocab_size // tp, _dtype_name(workload))
+        loss_bytes, loss_kernels = loss_traffic(
+            tokens, model.vocab_size // tp, dtype_name(workload.precision)
+        )
         head_rate = calibration.copy_rate(loss_bytes)
         if head_rate is None:
             return None
