@@ -179,6 +179,8 @@ def _convert_in_child(run_dir: Path, record: dict[str, Any]) -> tuple[str, int]:
     )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(it printed nothing)"])[-1]
+        # The child's refusal names this command already; the CLI puts it in front once.
+        last = last.removeprefix(f"{universal_conversion.EXPORT}: ")
         raise ExportError(f"{record['tag']}: the conversion to the universal format failed: {last}")
     return tag, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
@@ -341,7 +343,11 @@ def _convert_main(argv: list[str]) -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("record")
     args = parser.parse_args(argv)
-    universal_conversion.universal_copy(args.run_dir, json.loads(args.record), model_config(args.run_dir))
+    try:
+        universal_conversion.universal_copy(args.run_dir, json.loads(args.record), model_config(args.run_dir))
+    except ValueError as error:  # a refusal: its words alone, as the parent's last line of stderr
+        print(error, file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
