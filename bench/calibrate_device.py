@@ -18,7 +18,7 @@ runner/hardware/calibrate.py's micro-benchmarks at the shapes the models' runs u
 - ``allreduce``: two processes' gloo all-reduce on a CPU; None on one GPU (its links are the
   cluster's).
 - ``engine_param_s``: DeepSpeed's engine over a bare loop per parameter tensor and micro-batch,
-  by ZeRO stage, and stage 3 with every tensor persistent (runner/hardware/calibrate_zero3.py,
+  by ZeRO stage, and stage 3 with every tensor persistent (runner/plan/calibrate_zero3.py,
   DeepSpeed in a child process), where that module exists.
 - ``zero3_hook_s``, ``zero3_gather_s`` (:func:`zero3_figures`): ZeRO-3's hooks per tensor visited
   (all-persistent stage 3 less stage 0) and a gather's own cost per gathered tensor (stage 3 less
@@ -97,22 +97,22 @@ def _key(*numbers: int) -> str:
 
 
 def _engine_param_seconds(device: torch.device) -> dict[str, float] | None:
-    """runner/hardware/calibrate_zero3.py's figures, None where that module is not (yet) in the tree."""
-    if importlib.util.find_spec("runner.hardware.calibrate_zero3") is None:
-        print("engine_param_s: runner/hardware/calibrate_zero3.py is not here; left None", flush=True)
+    """runner/plan/calibrate_zero3.py's figures, None where that module is not (yet) in the tree."""
+    if importlib.util.find_spec("runner.plan.calibrate_zero3") is None:
+        print("engine_param_s: runner/plan/calibrate_zero3.py is not here; left None", flush=True)
         return None
-    from runner.hardware import calibrate_zero3
+    from runner.plan import calibrate_zero3
 
     threads = None if device.type == "cuda" else torch.get_num_threads()
     return calibrate_zero3.engine_param_seconds(device_type=device.type, threads=threads)
 
 
 def zero3_figures(engine: dict[str, float] | None) -> dict[str, float | None]:
-    """ZeRO-3's two per-tensor figures from runner/hardware/calibrate_zero3.py's micro-benchmark
+    """ZeRO-3's two per-tensor figures from runner/plan/calibrate_zero3.py's micro-benchmark
     (DeepSpeed, one rank, this device): its hooks per tensor visited (stage 3 with every tensor
     persistent less stage 0) and a gather's own cost per gathered tensor (stage 3 less the
     all-persistent run); None where the child did not measure them."""
-    from runner.hardware import calibrate_zero3
+    from runner.plan import calibrate_zero3
 
     engine = engine or {}
     persistent = engine.get(calibrate_zero3.PERSISTENT_KEY)
@@ -129,7 +129,7 @@ def figure_sources(figures: dict[str, Any]) -> dict[str, str]:
     ``Calibration.sources``), and why a figure left None is."""
     here = "bench/calibrate_device.py measure: runner/hardware/calibrate.py"
     rest = "one block's non-GEMM part forward and backward at each micro-batch and its trivial shape"
-    zero3 = "bench/calibrate_device.py zero3_figures: runner/hardware/calibrate_zero3.py engine_param_seconds"
+    zero3 = "bench/calibrate_device.py zero3_figures: runner/plan/calibrate_zero3.py engine_param_seconds"
     measured = {
         "gemms": f"{here} gemm_rates (forward, dX, dW) at each GEMM of a block and the head",
         "attention": f"{here} attention_seconds, causal SDPA forward and backward",
@@ -139,7 +139,7 @@ def figure_sources(figures: dict[str, Any]) -> dict[str, str]:
         "fresh_bytes_per_s": f"{here} fresh_rate, zeroing fresh large CPU tensors",
         "allreduce": f"{here} allreduce_costs, two gloo processes",
         "engine_param_s": (
-            "bench/calibrate_device.py: runner/hardware/calibrate_zero3.py engine_param_seconds, "
+            "bench/calibrate_device.py: runner/plan/calibrate_zero3.py engine_param_seconds, "
             "each ZeRO stage's micro-step less a bare loop's per tensor (DeepSpeed, one rank)"
         ),
         "zero3_hook_s": f"{zero3}, stage 3 with every tensor persistent less stage 0, per tensor visited",

@@ -39,14 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import Precision
-from runner.hardware import calibrate_zero3
+from runner.plan import calibrate_zero3
 
 CALIBRATION_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster" / "calibration"
 CACHE_ENV = "LADDER_CACHE_DIR"
 # The micro-benchmarks' method, in the cache file's name: raised whenever a measurement changes
 # what it measures (3: ZeRO's engine figures with denormals flushed, ranks on jemalloc with any
-# extent reused), so that a host's figures measured the old way are measured again, not reused.
-METHOD_VERSION = 3
+# extent reused; 4: ZeRO's engine figures on transformer blocks, stages 0 to 2 timed before any
+# stage-3 engine exists), so that a host's figures measured the old way are measured again.
+METHOD_VERSION = 4
 
 
 def cache_dir() -> Path:
@@ -115,7 +116,7 @@ class Calibration:
     fresh_bytes_per_s: float | None = None  # zeroing fresh large CPU allocations (page faults); GPU: None
     allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
     allgather: list[float] | None = None  # [latency s, bytes/s received], two ranks
-    # ZeRO-3 per micro-batch, one rank (runner/hardware/calibrate_zero3.py): its module hooks' cost
+    # ZeRO-3 per micro-batch, one rank (runner/plan/calibrate_zero3.py): its module hooks' cost
     # per parameter tensor visited, persistent or not, and a gather's own cost per gathered tensor
     zero3_hook_s: float | None = None
     zero3_gather_s: float | None = None
@@ -331,7 +332,7 @@ class Calibration:
 
     def zero3_hook_seconds(self) -> float | None:
         """Seconds of ZeRO-3's module hooks per parameter tensor visited per micro-batch, forward and
-        backward, persistent tensors included (runner/hardware/calibrate_zero3.py): a file's figure,
+        backward, persistent tensors included (runner/plan/calibrate_zero3.py): a file's figure,
         else the engine's all-persistent stage-3 figure less stage 0's; None where neither is."""
         if self.zero3_hook_s is not None:
             return self.zero3_hook_s
@@ -361,13 +362,13 @@ class Calibration:
 
     def zero3_byte_seconds(self) -> float | None:
         """Seconds ZeRO-3 adds per byte of a gathered tensor per micro-batch, beyond its per-tensor
-        figure (runner/hardware/calibrate_zero3.py ``BYTE_KEY``); None where it was not measured."""
+        figure (runner/plan/calibrate_zero3.py ``BYTE_KEY``); None where it was not measured."""
         return (self.engine_param_seconds() or {}).get(calibrate_zero3.BYTE_KEY)
 
     def engine_param_seconds(self) -> dict[str, float] | None:
         """Seconds DeepSpeed's engine adds to a bare forward and backward per parameter tensor per
         micro-batch, by ZeRO stage ("0" to "3", and stage 3 all-persistent;
-        runner/hardware/calibrate_zero3.py). A cache from before the all-persistent run is measured
+        runner/plan/calibrate_zero3.py). A cache from before the all-persistent run is measured
         again, once."""
         stale = (
             isinstance(self.engine_param_s, dict)

@@ -220,7 +220,8 @@ def _measure_here(
 
     import torch  # deferred: only a plan that predicts time on this host's device measures it
 
-    from runner.hardware import calibrate, calibrate_zero3
+    from runner.hardware import calibrate
+    from runner.plan import calibrate_zero3
     from runner.plan.block_timing import block_seconds, cross_entropy_seconds, rest_seconds
 
     device = torch.device("cuda" if cuda else "cpu")

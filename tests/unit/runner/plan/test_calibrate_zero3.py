@@ -9,9 +9,8 @@ import pytest
 from train_helpers import compose_config
 
 from runner.config import Precision
-from runner.hardware import calibrate_zero3
+from runner.plan import calibrate_zero3, device_figures
 from runner.plan import calibration as calibrations
-from runner.plan import device_figures
 from runner.plan.planner import Plan, plan_config
 from runner.plan.table import format_plan
 

@@ -6,9 +6,10 @@ forward and backward, through hooks DeepSpeed puts around every module
 (runtime/zero/parameter_offload.py, partitioned_param_coordinator.py), and hands each
 gradient to its reduce path (runtime/zero/stage3.py ``reduce_partition_and_remove_grads``).
 That bookkeeping is mostly Python on the host, paid per parameter tensor per micro-batch.
-Measured here (2-core CPU, torch 2.13, DeepSpeed 0.19.8, fp32, one rank): 0.30-0.32 ms a
-tensor of 4096 elements on a quiet host. Larger tensors add copies on top: 0.42 ms at 65k
-elements, 2.5 ms at 1M (about 0.5 ms per MB of fp32 parameter); this figure is the fixed part.
+Measured here (2-core CPU, torch 2.13, DeepSpeed 0.19.8, fp32, one rank, 2 threads): about
+1 ms a tensor of a small transformer block, hooks and gather together, of which the gather is
+about a tenth; on a CPU that includes the slowdown ZeRO-3 brings to the rank's computation
+(:func:`_measure`). Larger tensors add copies on top, per byte of parameter (:data:`BYTE_KEY`).
 The collectives themselves (world size 1 here) are the step model's ``dp comm`` term.
 
 What DeepSpeed 0.19.8 does, and so what each figure is paid by:
@@ -34,23 +35,23 @@ What DeepSpeed 0.19.8 does, and so what each figure is paid by:
 So the child times stage 3 twice at the small width: every tensor gathered (threshold 0, "3")
 and every tensor persistent (:data:`ALL_PERSISTENT`, :data:`PERSISTENT_KEY`). The persistent
 run less stage 0 is the hooks, per tensor visited; "3" less the persistent run is the gather's
-own cost, per gathered tensor. A block here holds 3 tensors in 4 modules, as the runner's
-TransformerBlock holds 9 in 12 (runner/model/transformer.py), so the per-module hooks are
-folded into the per-tensor figure at the ratio a real model has.
+own cost, per gathered tensor. The stack is the runner's own TransformerBlock
+(runner/model/transformer.py: 9 tensors in 12 modules), so the per-module hooks are folded into
+the per-tensor figure at the ratio a real model has, around the same kernels.
 
 :func:`engine_param_seconds` times it in a child process (the caller gets no process group
-and no DeepSpeed import): one rank, world size 1, a stack of many small linear layers,
+and no DeepSpeed import): one rank, world size 1, a stack of small transformer blocks,
 initialized once at each ZeRO stage with the keys the runner's configs set
 (runner/engine/deepspeed_config.py ``_zero_section``), and the same stack run bare. ZeRO-3's
 figure is the stage-3 micro-step (forward and backward, no optimizer step) minus the stage-0
 one, over the number of parameter tensors; every stage's micro-step minus the bare one, the
 same way, is: the engine's own work between optimizer steps
 (its forward and backward wrappers, ZeRO-1 and 2's gradient hooks), which a CPU pays in
-Python per tensor (on a 2-core CPU, tens of microseconds at stage 0). The fastest of a few
+Python per tensor (on a 2-core CPU, a few microseconds at stage 0, tens at stage 2). The fastest of a few
 rounds after warm-up counts, as in runner/hardware/calibrate.py: other work on the host only
 ever slows a round down.
 
-``python -m runner.hardware.calibrate_zero3 --device-type cpu`` runs the child's side and
+``python -m runner.plan.calibrate_zero3 --device-type cpu`` runs the child's side and
 prints ``{"zero3_param_s": ...}`` as its last line of stdout.
 """
 
@@ -71,18 +72,26 @@ from typing import Any
 from runner.hardware.host_allocator import default_cpu_rank_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 120.0  # the child takes about 5 s on a quiet 2-core CPU, 15-30 s on a busy one
-BLOCKS = 16  # of three nn.Linear(WIDTH, WIDTH, bias=False) each: 48 parameter tensors
+TIMEOUT_S = 120.0  # the child takes about 10 s on a quiet 2-core CPU, 20-40 s on a busy one
+# The stack: BLOCKS of the runner's own TransformerBlock (9 parameter tensors in 12 modules, with
+# the norms, RoPE and SwiGLU between its GEMMs), so that each hook's module, its tensors and the
+# compute around it are a real model's: 36 parameter tensors.
+BLOCKS = 4
+HEADS = 4
 WIDTH = 64  # small: the GEMMs cost little beside the hooks
-# ZeRO-3 timed again at this width (1 MB fp32 tensors) gives its cost per byte of parameter:
-# the gathers' and the gradients' copies, which grow with a tensor's size.
+# ZeRO-3 timed again at this width (1 MB fp32 attention matrices) gives its cost per byte of
+# parameter: the gathers' and the gradients' copies, which grow with a tensor's size.
 WIDE = 512
-BATCH = 8
-MICRO_STEPS = 2  # forward + backward per timed round
+SEQ = 128
+# Elements of one activation (tokens x width) at either width: the same work for the CPU's
+# threads in every elementwise kernel, so the wide stack differs from the small one in its
+# tensors' bytes, not in how its activations parallelize.
+ELEMENTS = 65_536
+MICRO_STEPS = 1  # forward + backward per timed round: the fastest of ROUNDS of them counts
 ROUNDS = 8  # timed rounds per stage, after WARMUP_ROUNDS
 WARMUP_ROUNDS = 2  # ZeRO-3 traces the module order in its first micro-steps, then prefetches
-MIN_ROUNDS = 3  # timed rounds before TIMING_BUDGET_S may end the timing
-TIMING_BUDGET_S = 5.0  # a quiet 2-core CPU times all ROUNDS in about 1 s
+MIN_ROUNDS = 3  # timed rounds before TIMING_BUDGET_S may end a group's timing
+TIMING_BUDGET_S = 5.0  # per group (see :class:`_Rounds`); a quiet 2-core CPU times all ROUNDS in ~3 s
 RESULT_KEY = "zero3_param_s"
 ENGINE_KEY = "engine_param_s"
 BYTE_KEY = "zero3_byte_s"  # in ENGINE_KEY's figures: ZeRO-3's seconds per byte of a gathered tensor
@@ -118,7 +127,7 @@ def _child_result(device_type: str, threads: int | None) -> dict[str, Any] | Non
         # the malloc a CPU rank gets by default (train.host_allocator=auto): ZeRO-3's gathers
         # allocate their buffers each micro-batch, warm or faulting as the rank's allocator makes them
         env.update(default_cpu_rank_env(env))
-    command = [sys.executable, "-m", "runner.hardware.calibrate_zero3", "--device-type", device_type]
+    command = [sys.executable, "-m", "runner.plan.calibrate_zero3", "--device-type", device_type]
     if threads:
         command += ["--threads", str(threads)]
     try:
@@ -159,7 +168,7 @@ def engine_param_seconds(*, device_type: str, threads: int | None = None) -> dic
     return kept or None
 
 
-# ---- the child's side: runs under `python -m runner.hardware.calibrate_zero3` -------------------
+# ---- the child's side: runs under `python -m runner.plan.calibrate_zero3` -------------------
 
 
 def _quiet_deepspeed() -> None:
@@ -231,25 +240,40 @@ def _join_group(device_type: str, threads: int | None) -> Any:
 
 
 def _model(width: int = WIDTH) -> Any:
-    """BLOCKS blocks of three small linear layers, a ReLU between: 3 * BLOCKS parameter tensors.
-
-    ZeRO-3 hooks every module, with parameters or not; the runner's TransformerBlock holds 9
-    parameter tensors in 12 modules (runner/model/transformer.py), as a block here holds 3 in 4.
-    """
+    """BLOCKS of the runner's TransformerBlock at ``width`` (HEADS heads, SwiGLU at 8/3 the
+    width), with their rotary tables: (tokens, width) -> (tokens, width), SEQ tokens a sequence."""
     # Deferred: the child process alone loads DeepSpeed and torch (the planner never does).
     import torch
     from torch import nn
 
-    class Block(nn.Module):
+    from runner.config import ModelConfig
+    from runner.model.transformer import TransformerBlock, rope_cache
+
+    cfg = ModelConfig(
+        n_layer=BLOCKS, n_head=HEADS, d_model=width, ffn_hidden=8 * width // 3 // 4 * 4, max_seq_len=SEQ
+    )
+
+    class Stack(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.a, self.b, self.c = (nn.Linear(width, width, bias=False) for _ in range(3))
+            self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(BLOCKS))
+            cos, sin = rope_cache(cfg, SEQ)
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (BATCH, width) -> (BATCH, width)
-            return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x.view(-1, SEQ, width)
+            for block in self.blocks:
+                x = block(x, self.cos, self.sin)
+            return x.view(-1, width)
 
     torch.manual_seed(0)
-    return nn.Sequential(*(Block() for _ in range(BLOCKS)))
+    stack = Stack()
+    with torch.no_grad():
+        for param in stack.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, width**-0.5)
+    return stack
 
 
 # Micro-batches per optimizer step in the child's DeepSpeed configs: no timed micro-step reaches
@@ -257,6 +281,7 @@ def _model(width: int = WIDTH) -> Any:
 # bucket), never the step's reduction or the optimizer's.
 NO_BOUNDARY = 1_000_000
 STAGES = (0, 1, 2, 3)
+ZERO3 = 3
 
 
 def _ds_config(stage: int, params: int, width: int, *, persistent: bool = False) -> dict[str, Any]:
@@ -276,14 +301,14 @@ def _ds_config(stage: int, params: int, width: int, *, persistent: bool = False)
         "reduce_bucket_size": params,
         "allgather_bucket_size": 500_000_000,
     }
-    if stage == 3:
+    if stage == ZERO3:
         zero["stage3_param_persistence_threshold"] = ALL_PERSISTENT if persistent else 0
         # about one matrix ahead, as the runner's derived 0.9 h^2 (runner/engine/deepspeed_config.py
         # ``zero3_fetch``) prefetches a model of width h
         zero["stage3_prefetch_bucket_size"] = int(0.9 * width * width)
     return {
-        "train_batch_size": BATCH * NO_BOUNDARY,
-        "train_micro_batch_size_per_gpu": BATCH,
+        "train_batch_size": NO_BOUNDARY,
+        "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": NO_BOUNDARY,
         "optimizer": {
             "type": "AdamW",
@@ -295,87 +320,123 @@ def _ds_config(stage: int, params: int, width: int, *, persistent: bool = False)
     }
 
 
-def _measure(device_type: str, threads: int | None) -> dict[str, Any]:
-    """The child's measurement: each ZeRO stage's micro-step minus a bare loop's (the same model's
-    forward and backward, no engine), over the number of parameter tensors; ZeRO-3's figure
-    (stage 3 minus stage 0); and the micro-steps they are made of."""
-    # Deferred: only the child process imports DeepSpeed and torch; the planner's never does.
-    import torch
+class _Rounds:
+    """Micro-steps of bare stacks and DeepSpeed engines, timed in interleaved rounds; the fastest
+    round of each counts, as in runner/hardware/calibrate.py: other work on the host only ever slows
+    a round down. Wall time: the hooks' waits (the gather's handles, the other threads DeepSpeed and
+    torch run) are the step's as much as this thread's own work."""
 
-    # Flush denormals to zero, first, so that every thread torch starts inherits it: 144 bare
-    # linear layers shrink their activations, and DeepSpeed divides the loss by NO_BOUNDARY's
-    # million micro-batches, so the stack's gradients fall below fp32's normal range, where an x86
-    # core computes tens of times slower. A real model's norms keep its values normal; here the
-    # denormals took stage 0 at width 512 from 32 to 150 ms a micro-step and inflated every
-    # figure (ZeRO-3 per byte 1.1-2.1 ns against 0.66; real gpt2_124m steps spend about 0.4 on it).
-    torch.set_flush_denormal(True)
-    import deepspeed  # deferred, after the flush: only the child process imports DeepSpeed
+    def __init__(self, device: Any) -> None:
+        import torch  # deferred: the child process alone loads torch
 
-    _quiet_deepspeed()
-    _import_muon_uncompiled()
-    device = _join_group(device_type, threads)
-    runs: dict[str, Any] = {}
-    stacks = [
-        *((str(s), s, WIDTH) for s in STAGES),
-        (PERSISTENT_KEY, 3, WIDTH),
-        ("wide0", 0, WIDE),
-        ("wide3", 3, WIDE),
-    ]
+        self.device, self.cuda = device, device.type == "cuda"
+        self.bare: dict[str, Any] = {}  # name -> a stack run without DeepSpeed
+        self.engines: dict[str, Any] = {}  # name -> a DeepSpeed engine
+        self.inputs = {width: torch.randn(ELEMENTS // width, width, device=device) for width in (WIDTH, WIDE)}
+        self.best: dict[str, float] = {}
+        self.rounds = ROUNDS
+
+    def _micro_step(self, name: str) -> None:
+        x = self.inputs[WIDE if name.startswith("wide") else WIDTH]
+        if name in self.bare:
+            self.bare[name](x).square().mean().backward()  # gradients accumulate, as between boundaries
+            return
+        engine = self.engines[name]
+        engine.backward(engine(x).square().mean())  # no optimizer step: a step's, not a micro-batch's
+
+    def _round_seconds(self, name: str) -> float:
+        import torch  # deferred: the child process alone loads torch
+
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        started = time.perf_counter()
+        for _ in range(MICRO_STEPS):
+            self._micro_step(name)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - started) / MICRO_STEPS
+
+    def time(self, names: list[str]) -> None:
+        """Time ``names`` together, interleaved (a burst of other work hits all alike)."""
+        best = dict.fromkeys(names, math.inf)
+        timing = time.perf_counter()
+        for index in range(WARMUP_ROUNDS + ROUNDS):
+            for name in names:
+                seconds = self._round_seconds(name)
+                if index >= WARMUP_ROUNDS:
+                    best[name] = min(best[name], seconds)
+            if index >= WARMUP_ROUNDS + MIN_ROUNDS - 1 and time.perf_counter() - timing > TIMING_BUDGET_S:
+                break  # a busy host: its quietest rounds so far
+        self.best.update(best)
+        self.rounds = min(self.rounds, index + 1 - WARMUP_ROUNDS)
+
+
+def _engines(rounds: _Rounds, stacks: list[tuple[str, int, int]]) -> list[str]:
+    """A DeepSpeed engine for each (name, ZeRO stage, width) of ``stacks``, in ``rounds``."""
+    import deepspeed  # deferred: only the child process imports DeepSpeed
+
     for name, stage, width in stacks:
         model = _model(width)
         params = sum(p.numel() for p in model.parameters())
         config = _ds_config(stage, params, width, persistent=name == PERSISTENT_KEY)
-        runs[name], *_ = deepspeed.initialize(model=model, config=config)
-    bare = _model().to(device)
-    inputs = {width: torch.randn(BATCH, width, device=device) for width in (WIDTH, WIDE)}
-    # Wall time: the hooks' waits (the gather's handles, the other threads DeepSpeed and torch run)
-    # are the step's as much as this thread's own work; the fastest rounds leave bursts of other
-    # processes' work out, and the planner keeps no figure measured on a busy host.
-    cuda = device_type == "cuda"
-    clock = time.perf_counter
+        rounds.engines[name], *_ = deepspeed.initialize(model=model, config=config)
+    return [name for name, _, _ in stacks]
 
-    def micro_step(name: str) -> None:
-        x = inputs[WIDE if name.startswith("wide") else WIDTH]
-        if name == "bare":
-            bare(x).square().mean().backward()  # gradients accumulate, as between boundaries
-            return
-        engine = runs[name]
-        engine.backward(engine(x).square().mean())  # no optimizer step: a step's, not a micro-batch's
 
-    def round_seconds(name: str) -> float:
-        if cuda:
-            torch.cuda.synchronize(device)
-        started = clock()
-        for _ in range(MICRO_STEPS):
-            micro_step(name)
-        if cuda:
-            torch.cuda.synchronize(device)
-        return (clock() - started) / MICRO_STEPS
+def _measure(device_type: str, threads: int | None) -> dict[str, Any]:
+    """The child's measurement: each ZeRO stage's micro-step minus a bare loop's (the same stack's
+    forward and backward, no engine), over the number of parameter tensors; ZeRO-3's figure
+    (stage 3 minus stage 0); and the micro-steps they are made of.
 
-    names = ["bare", *runs]
-    best = dict.fromkeys(names, math.inf)
-    timing = time.perf_counter()
-    for index in range(WARMUP_ROUNDS + ROUNDS):
-        for name in names:  # interleaved: a burst of other work hits all alike
-            seconds = round_seconds(name)
-            if index >= WARMUP_ROUNDS:
-                best[name] = min(best[name], seconds)
-        if index >= WARMUP_ROUNDS + MIN_ROUNDS - 1 and time.perf_counter() - timing > TIMING_BUDGET_S:
-            break  # a busy host: its quietest rounds so far
-    tensors = sum(1 for _ in bare.parameters())
+    Stages 0 to 2 and the bare stacks are built and timed before any stage-3 engine exists, so
+    that what ZeRO-3 does to the process is stage 3's alone: on one 2-core host, the first ZeRO-3
+    ``deepspeed.initialize`` slowed every later computation in the process (2 threads: the
+    runner's tiny model run bare, 98 -> 144-158 ms a forward and backward; context switches
+    116 -> about 4,300 a second; OpenMP's workers sleeping between parallel regions instead of
+    spinning), where a ZeRO-1 engine did not. Timed after it, stage 0 carried the same slowdown
+    as stage 3 and their difference hid it. On another (AMD EPYC) the same check put stage 3
+    and stage 1 within its noise (docs/benchmarks-time-model.md, 2026-12-06 evening).
+    """
+    # Deferred: only the child process imports DeepSpeed and torch; the planner's never does.
+    import torch
+
+    # Flush denormals to zero, first, so that every thread torch starts inherits it: DeepSpeed
+    # divides the loss by NO_BOUNDARY's million micro-batches, so the stack's gradients fall below
+    # fp32's normal range, where an x86 core computes tens of times slower (a real model's
+    # gradients stay normal; here the denormals once took stage 0 at width 512 from 32 to 150 ms).
+    torch.set_flush_denormal(True)
+    _quiet_deepspeed()
+    _import_muon_uncompiled()
+    device = _join_group(device_type, threads)
+    rounds = _Rounds(device)
+    for name, width in (("bare", WIDTH), ("wide_bare", WIDE)):
+        rounds.bare[name] = _model(width).to(device)
+    below = _engines(rounds, [*((str(s), s, WIDTH) for s in STAGES if s != ZERO3), ("wide0", 0, WIDE)])
+    rounds.time(["bare", *below])
+    zero3 = _engines(
+        rounds, [(str(ZERO3), ZERO3, WIDTH), (PERSISTENT_KEY, ZERO3, WIDTH), ("wide3", ZERO3, WIDE)]
+    )
+    rounds.time(zero3)
+    best = rounds.best
+    params = {
+        width: sum(p.numel() for p in rounds.bare[name].parameters())
+        for name, width in (("bare", WIDTH), ("wide_bare", WIDE))
+    }
+    tensors = sum(1 for _ in rounds.bare["bare"].parameters())
     torch.distributed.destroy_process_group()  # without it gloo may abort at exit
     small, wide = (best["3"] - best["0"]) / tensors, (best["wide3"] - best["wide0"]) / tensors
     # A difference inside the rounds' noise (stage 0 against the bare loop) costs nothing.
     engine = {
         name: max(0.0, (best[name] - best["bare"]) / tensors) for name in (*map(str, STAGES), PERSISTENT_KEY)
     }
-    engine[BYTE_KEY] = max(0.0, (wide - small) / (4 * (WIDE * WIDE - WIDTH * WIDTH)))  # fp32 bytes
+    byte_step = 4 * (params[WIDE] - params[WIDTH]) / tensors  # fp32 bytes a tensor, wide less small
+    engine[BYTE_KEY] = max(0.0, (wide - small) / byte_step)
     return {
         RESULT_KEY: small,
         ENGINE_KEY: engine,
         "micro_s": best,
         "tensors": tensors,
-        "rounds": index + 1 - WARMUP_ROUNDS,
+        "rounds": rounds.rounds,
     }
 
 
