@@ -62,6 +62,11 @@ class Shape:
 IN_BACKWARD = ("reduce_bucket (in backward)", TIED_HEAD_GRADIENT)
 
 
+def _with_repository(path: str | None) -> str:
+    """``path`` (a PYTHONPATH) with this repository first."""
+    return os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path]))
+
+
 def model_config(name: str, overrides: tuple[str, ...] = ()) -> ModelConfig:
     """The model group ``model=<name>`` as train.py composes it (conf/, through Hydra), with ``overrides``."""
     from hydra import compose, initialize_config_dir
@@ -203,7 +208,13 @@ def main() -> None:
             capture_output=True,
             text=True,
             check=True,
-            env={**os.environ, "MASTER_PORT": port},
+            # the ranks compose the run's config: the repository's hydra_plugins (the local
+            # launcher) are found on their path
+            env={
+                **os.environ,
+                "MASTER_PORT": port,
+                "PYTHONPATH": _with_repository(os.environ.get("PYTHONPATH")),
+            },
         )
         # Under a pipeline each rank prints its own: the fullest one is the plan's.
         found = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
