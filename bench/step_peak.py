@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import deepspeed
@@ -60,11 +61,7 @@ class Shape:
 
 
 IN_BACKWARD = ("reduce_bucket (in backward)", TIED_HEAD_GRADIENT)
-
-
-def _with_repository(path: str | None) -> str:
-    """``path`` (a PYTHONPATH) with this repository first."""
-    return os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path]))
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def model_config(name: str, overrides: tuple[str, ...] = ()) -> ModelConfig:
@@ -213,7 +210,7 @@ def main() -> None:
             env={
                 **os.environ,
                 "MASTER_PORT": port,
-                "PYTHONPATH": _with_repository(os.environ.get("PYTHONPATH")),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             },
         )
         # Under a pipeline each rank prints its own: the fullest one is the plan's.

@@ -409,8 +409,7 @@ def _measure(device_type: str, threads: int | None) -> dict[str, Any]:
     _import_muon_uncompiled()
     device = _join_group(device_type, threads)
     rounds = _Rounds(device)
-    for name, width in (("bare", WIDTH), ("wide_bare", WIDE)):
-        rounds.bare[name] = _model(width).to(device)
+    rounds.bare["bare"] = _model(WIDTH).to(device)
     below = _engines(rounds, [*((str(s), s, WIDTH) for s in STAGES if s != ZERO3), ("wide0", 0, WIDE)])
     rounds.time(["bare", *below])
     zero3 = _engines(
@@ -418,9 +417,10 @@ def _measure(device_type: str, threads: int | None) -> dict[str, Any]:
     )
     rounds.time(zero3)
     best = rounds.best
+    # stage 0 keeps every tensor whole: its module counts the wide stack's parameters
     params = {
-        width: sum(p.numel() for p in rounds.bare[name].parameters())
-        for name, width in (("bare", WIDTH), ("wide_bare", WIDE))
+        width: sum(p.numel() for p in module.parameters())
+        for width, module in ((WIDTH, rounds.bare["bare"]), (WIDE, rounds.engines["wide0"].module))
     }
     tensors = sum(1 for _ in rounds.bare["bare"].parameters())
     torch.distributed.destroy_process_group()  # without it gloo may abort at exit
