@@ -21,6 +21,10 @@ bandwidth. It answers from one of two places:
 
 A figure measured while other processes held the cores is cached too, marked provisional: it
 serves every plan meanwhile, and the first later plan that finds the host quiet measures it again.
+On a CPU each figure also keeps the pace of a fixed reference timed just before and after it
+(runner/hardware/host_pace.py): a figure whose reference ran slow against the fastest reading
+this host has given, in this plan or any before it, is provisional in the same way, since a
+VM's slow phases leave the cores looking quiet.
 A figure neither measured nor recorded is None; the step-time model then says which term it
 could not predict.
 """
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import Precision
+from runner.hardware import host_pace
 from runner.plan import calibrate_zero3
 
 CALIBRATION_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster" / "calibration"
@@ -146,20 +151,56 @@ class Calibration:
     # measured again by the first later plan that finds the host quiet
     provisional: set[tuple[str, str]] = field(default_factory=set, repr=False, compare=False)
     _retried: set[tuple[str, str]] = field(default_factory=set, repr=False, compare=False)
+    # "kind|shape key" -> the host's reference seconds around that figure, the slower of before and
+    # after (runner/hardware/host_pace.py), and the fastest reference this host has given
+    paces: dict[str, float] = field(default_factory=dict)
+    fastest_pace: float | None = None
+    # times the reference now (a CPU's calibration; None: a GPU or a file, nothing paced)
+    pace_now: Callable[[], float] | None = field(default=None, repr=False, compare=False)
+
+    def _pace(self) -> float | None:
+        """The reference timed now (None: not paced), the host's fastest updated by it."""
+        if self.pace_now is None:
+            return None
+        seconds = self.pace_now()
+        self.fastest_pace = seconds if self.fastest_pace is None else min(self.fastest_pace, seconds)
+        return seconds
+
+    def _ran_slow(self, kind: str, key: str) -> bool:
+        """Whether this figure's reference ran slow against the fastest reading known now."""
+        pace = self.paces.get(f"{kind}|{key}")
+        return pace is not None and host_pace.slow(pace, self.fastest_pace)
+
+    def pending(self) -> set[tuple[str, str]]:
+        """The figures to measure again on a quiet host: measured busy, or in a slow phase."""
+        figures = (name.partition("|") for name in self.paces)
+        return self.provisional | {(kind, key) for kind, _, key in figures if self._ran_slow(kind, key)}
+
+    def _host_quiet(self) -> bool:
+        """No other process holds the cores, and the reference runs at the host's pace, now."""
+        if self.quiet is None or not self.quiet():
+            return False
+        pace = self._pace()
+        return pace is None or not host_pace.slow(pace, self.fastest_pace)
 
     def _stale(self, kind: str, key: str) -> bool:
         """A provisional figure not yet measured again in this process, on a host now quiet."""
-        if (kind, key) not in self.provisional or (kind, key) in self._retried or self.measure is None:
+        pending = (kind, key) in self.provisional or self._ran_slow(kind, key)
+        if not pending or (kind, key) in self._retried or self.measure is None:
             return False
         self._retried.add((kind, key))
-        return self.quiet is not None and self.quiet()
+        return self._host_quiet()
 
     def _measure(self, kind: str, shape: tuple[int, ...]) -> Any:
-        """Measure now, cache it, and mark it provisional when the host was busy meanwhile."""
+        """Measure now, cache it, and mark it provisional when the host was busy or slow meanwhile."""
         assert self.measure is not None
+        before = self._pace()
         value, quiet = self.measure(kind, shape)
+        after = self._pace()
         key = (kind, _key(*shape) if shape else "")
-        if quiet:
+        if before is not None and after is not None:
+            self.paces[f"{kind}|{key[1]}"] = max(before, after)
+        if quiet and not self._ran_slow(*key):
             self.provisional.discard(key)
         else:
             self.provisional.add(key)
@@ -279,12 +320,13 @@ class Calibration:
         return 2 * d * d + 2 * d * (d * kv_heads // heads) + 3 * d * ffn > self.block_cap_params
 
     def describe(self) -> str:
-        """Where the figures came from, and how many are provisional (measured on a busy host)."""
-        if not self.provisional:
+        """Where the figures came from, and how many are provisional (measured on a busy or slow host)."""
+        pending = self.pending()
+        if not pending:
             return self.source
         return (
-            f"{self.source}; {len(self.provisional)} figure(s) measured while other processes held the "
-            "cores: provisional, measured again by a plan on a quiet host"
+            f"{self.source}; {len(pending)} figure(s) measured while other processes held the cores or "
+            "the host ran slow: provisional, measured again by a plan on a quiet host"
         )
 
     def copy_rate(self, num_bytes: float) -> float | None:
@@ -412,6 +454,8 @@ class Calibration:
         if self.fitted:
             out["fitted"] = dict(self.fitted)
         out["provisional"] = sorted([kind, key] for kind, key in self.provisional)
+        if self.paces:
+            out.update(paces=dict(self.paces), fastest_pace=self.fastest_pace)
         return out
 
     def save(self) -> None:
@@ -457,6 +501,8 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         compute_scale=compute_scale,
         source=source,
         provisional={(str(kind), str(key)) for kind, key in record.get("provisional") or []},
+        paces={str(name): float(seconds) for name, seconds in (record.get("paces") or {}).items()},
+        fastest_pace=record.get("fastest_pace"),
     )
 
 
@@ -507,9 +553,12 @@ def local(
     torch_version: str,
     measure: Callable[[str, tuple[int, ...]], tuple[Any, bool]],
     quiet: Callable[[], bool] | None = None,
+    pace_now: Callable[[], float] | None = None,
 ) -> Calibration:
     """This host's device: its cache, measured further on demand by ``measure(kind, shape)``;
-    a provisional figure measured again where ``quiet()`` says the host is quiet now."""
+    a provisional figure measured again where ``quiet()`` says the host is quiet now. ``pace_now``
+    (a CPU's) times the host's reference beside each figure; a cache of paced figures is paced once
+    on loading, so that figures measured in a slow phase are found by a later, faster plan."""
     name = f"{device}-{dtype}-{threads}t-torch{torch_version}-method{METHOD_VERSION}"
     path = cache_dir() / f"{_slug(name)}.json"
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -528,6 +577,9 @@ def local(
     )
     calibration = from_record(record, source=source)
     calibration.measure, calibration.path, calibration.quiet = measure, path, quiet
+    calibration.pace_now = pace_now
+    if calibration.paces:
+        calibration._pace()
     return calibration
 
 

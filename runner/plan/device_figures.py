@@ -38,6 +38,7 @@ from runner.hardware import calibration_seconds
 from runner.hardware.cgroup_memory import cgroup_memory_limit
 from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cuda_devices import cuda_available
+from runner.hardware.host_pace import reference_seconds
 from runner.hardware.host_ranks import host_ranks
 from runner.plan import calibration as calibrations
 
@@ -288,11 +289,21 @@ def _measure_here(
         torch.__version__,
         calibration_seconds.timed(measure),  # the run's wall time names these seconds
         quiet=_quiet_now,
+        # a GPU's kernels do not share the host's cores: only a CPU's figures are paced
+        pace_now=None if cuda else calibration_seconds.timed(functools.partial(_reference_on, count)),
     )
     if not cuda:  # a GPU times the real shapes
         here.gemm_cap_flops, here.block_cap_params = calibrate.MAX_GEMM_FLOPS, BLOCK_CAP_PARAMS
         here.rest_cap_elements = REST_CAP_ELEMENTS
     return here
+
+
+def _reference_on(threads: int) -> float:
+    """The host's reference (runner/hardware/host_pace.py) on a rank's threads."""
+    from runner.hardware import calibrate  # deferred: it imports torch; only a CPU's calibration paces
+
+    with calibrate.threads(threads or None):
+        return reference_seconds()
 
 
 # What each kind of calibration figure times, for the progress line.

@@ -3,6 +3,7 @@ again only by a later plan on a quiet host; a long measurement says what it meas
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from train_helpers import compose_config
 
+from runner.hardware import host_pace
 from runner.plan import calibration as calibrations
 from runner.plan import device_figures
 from runner.plan.planner import plan_config
@@ -17,14 +19,23 @@ from runner.plan.planner import plan_config
 pytestmark = pytest.mark.unit
 
 
-def _local(answers: list[tuple[Any, bool]], asked: list[tuple[str, tuple[int, ...]]], quiet: bool):
-    """A local calibration whose measurements pop ``answers`` (value, quiet) and log what was asked."""
+def _local(
+    answers: list[tuple[Any, bool]],
+    asked: list[tuple[str, tuple[int, ...]]],
+    quiet: bool,
+    paces: list[float] | None = None,
+):
+    """A local calibration whose measurements pop ``answers`` (value, quiet) and log what was asked;
+    with ``paces``, the host's reference readings (runner/hardware/host_pace.py) in the order taken."""
 
     def measure(kind: str, shape: tuple[int, ...]) -> tuple[Any, bool]:
         asked.append((kind, shape))
         return answers.pop(0)
 
-    return calibrations.local("cpu test", "float32", 1, "2.13.0", measure, quiet=lambda: quiet)
+    pace_now = None if paces is None else functools.partial(paces.pop, 0)
+    return calibrations.local(
+        "cpu test", "float32", 1, "2.13.0", measure, quiet=lambda: quiet, pace_now=pace_now
+    )
 
 
 def test_a_busy_figure_is_cached_provisional_and_measured_again_on_a_quiet_host(
@@ -44,6 +55,55 @@ def test_a_busy_figure_is_cached_provisional_and_measured_again_on_a_quiet_host(
     assert quiet.gemm(64, 64, 64) == (2e9, 2e9, 2e9) and len(asked) == 2
     assert "provisional" not in quiet.describe()
     assert _local([], asked, quiet=True).gemm(64, 64, 64) == (2e9, 2e9, 2e9) and len(asked) == 2
+
+
+def test_a_figure_measured_while_the_host_ran_slow_is_provisional_and_measured_again_at_its_pace(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(calibrations.CACHE_ENV, str(tmp_path))
+    asked: list[tuple[str, tuple[int, ...]]] = []
+    slow = 1.0 * host_pace.SLOW_PACE * 1.1  # the reference's seconds in a slow phase, against 1.0
+    # the cores look quiet throughout; the second figure's reference ran slow before and after it
+    paces = [1.0, 1.0, slow, slow]
+    first = _local([([1e9] * 3, True), ([5e8] * 3, True)], asked, quiet=True, paces=paces)
+    assert first.gemm(64, 64, 64) == (1e9, 1e9, 1e9) and "provisional" not in first.describe()
+    assert first.gemm(128, 128, 128) == (5e8, 5e8, 5e8)
+    words = "1 figure(s) measured while other processes held the cores or the host ran slow"
+    assert words in first.describe()
+    # a later plan in a slow phase (its reading on loading, then before measuring again) keeps it
+    paces = [slow, slow]
+    still = _local([], asked, quiet=True, paces=paces)
+    assert still.gemm(128, 128, 128) == (5e8, 5e8, 5e8) and len(asked) == 2 and not paces
+    # a later plan at the host's pace measures it again, once, and keeps it for good
+    paces = [1.0, 1.0, 1.0, 1.0]
+    at_pace = _local([([1e9] * 3, True)], asked, quiet=True, paces=paces)
+    assert at_pace.gemm(128, 128, 128) == (1e9, 1e9, 1e9) and len(asked) == 3
+    assert "provisional" not in at_pace.describe()
+    assert _local([], asked, quiet=True, paces=[1.0]).gemm(128, 128, 128) == (1e9, 1e9, 1e9)
+    assert len(asked) == 3
+
+
+def test_a_calibration_measured_wholly_in_a_slow_phase_is_measured_again_by_a_faster_plan(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(calibrations.CACHE_ENV, str(tmp_path))
+    asked: list[tuple[str, tuple[int, ...]]] = []
+    slow = 1.0 * host_pace.SLOW_PACE * 1.1
+    first = _local([([5e8] * 3, True)], asked, quiet=True, paces=[slow, slow])
+    assert first.gemm(64, 64, 64) == (5e8, 5e8, 5e8) and "provisional" not in first.describe()
+    # the next plan's reading on loading is the host's fastest yet: the figure was slow after all
+    faster = _local([([1e9] * 3, True)], asked, quiet=True, paces=[1.0, 1.0, 1.0, 1.0])
+    assert "1 figure(s)" in faster.describe()
+    assert faster.gemm(64, 64, 64) == (1e9, 1e9, 1e9) and len(asked) == 2
+    assert "provisional" not in faster.describe()
+
+
+def test_the_host_reference_times_a_small_matmul() -> None:
+    seconds = host_pace.reference_seconds()
+    assert 0 < seconds < 0.1  # a 256^3 matmul: about 0.2 ms on 2 cores
+    assert host_pace.slow(seconds * host_pace.SLOW_PACE * 1.01, seconds)
+    assert not host_pace.slow(seconds * host_pace.SLOW_PACE * 0.99, seconds)
+    assert not host_pace.slow(seconds, None)
 
 
 def test_a_measurement_past_two_seconds_says_what_it_measures(
