@@ -61,8 +61,13 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    # Deferred: torch loads only for the subcommand that needs it (start-up time).
+    from runner.engine.distributed import select_accelerator
 
-    # Deferred: torch and DeepSpeed load only for the subcommand that needs them (start-up time).
+    # DeepSpeed, imported next, picks its accelerator at import and, unnamed on a host without
+    # CUDA, logs "Setting accelerator to CPU ..."; the conversion's child process inherits the name.
+    select_accelerator()
+    # Deferred: DeepSpeed loads only for the subcommand that needs it, after its accelerator is named.
     from runner.checkpoint.hf_export import ExportError, export
 
     try:

@@ -125,12 +125,14 @@ def imported_run(
 
 
 def _export(*args: str) -> subprocess.CompletedProcess[str]:
+    env = clean_env()
+    env.pop("DS_ACCELERATOR", None)  # as a user's shell has it: this process's ranks' choice is not theirs
     return subprocess.run(
         [sys.executable, "-m", "runner.cli", "export", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env=clean_env(),
+        env=env,
     )
 
 
@@ -152,6 +154,8 @@ def exported(imported_run: TrainResult, tmp_path_factory: pytest.TempPathFactory
     done = _export(str(imported_run.run_dir), str(out), "--max-shard-size", "100KB")
     assert done.returncode == 0, done.stderr
     assert "peak host memory" in done.stdout
+    # DeepSpeed's guess of the accelerator, logged to stdout (deepspeed/accelerator/real_accelerator.py)
+    assert "Setting accelerator to CPU" not in done.stdout + done.stderr
     return out
 
 
