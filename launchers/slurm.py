@@ -54,7 +54,7 @@ from launchers.slurm_resources import (
 )
 from launchers.slurm_submission import Cell, sbatch_parameters, unsafe_values
 from launchers.slurm_watch import cancel, collect, wait
-from runner.config import Resume, TrainConfig
+from runner.config import HostAllocator, Resume, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import LayoutError
 from runner.plan.checkpoint_size import disk_need, disk_problem, sweep_disk_problem
@@ -120,7 +120,8 @@ def plan_cell(
             mem_gb=launcher.get("mem_gb"),
             timeout_min=int(launcher["timeout_min"]),
         )
-    params = sbatch_parameters(launcher, placement, PROJECT_ROOT)
+    allocator = HostAllocator.auto if config is None else config.train.host_allocator
+    params = sbatch_parameters(launcher, placement, PROJECT_ROOT, allocator)
     folder = str(launcher["submitit_folder"])
     problems += unsafe_values(params, folder)
     with open_dict(cell_cfg.hydra.job):

@@ -22,7 +22,8 @@ from typing import Any
 from hydra.core.utils import filter_overrides
 
 from launchers.slurm_resources import Placement
-from runner.config import TrainConfig
+from runner.config import HostAllocator, TrainConfig
+from runner.hardware.host_allocator import INSTALL_HINT, JEMALLOC_CONF, JEMALLOC_SONAME, rank_allocator
 
 # hydra.launcher fields that become sbatch options, by submitit's SlurmExecutor name
 # (the keyword arguments of submitit/slurm/slurm.py `_make_sbatch_string`).
@@ -55,10 +56,36 @@ def pythonpath_line(project_root: Path) -> str:
     return f"export PYTHONPATH={shlex.quote(str(project_root))}${{PYTHONPATH:+:$PYTHONPATH}}"
 
 
+def allocator_lines(choice: HostAllocator, placement: Placement) -> list[str]:
+    """Setup lines that give the cell's ranks the C allocator the local launcher would give them
+    (``train.host_allocator``, runner/hardware/host_allocator.py): jemalloc on CPU ranks where the
+    node has it (``auto``); with ``jemalloc`` on any rank, and the job ends before srun, saying so,
+    on a node without it. srun passes the batch script's environment on to every task."""
+    wanted = rank_allocator(choice, cpu_rank=placement.gpus_per_node is None, environ={}, installed=True)
+    if not wanted.keeps_freed_memory:
+        return []
+    export = (
+        f'export LD_PRELOAD="{JEMALLOC_SONAME}${{LD_PRELOAD:+ $LD_PRELOAD}}" '
+        f'MALLOC_CONF="{JEMALLOC_CONF}${{MALLOC_CONF:+,$MALLOC_CONF}}"'
+    )
+    found = f"{{ ldconfig -p || /sbin/ldconfig -p; }} 2>/dev/null | grep -qF {JEMALLOC_SONAME}"
+    if choice != HostAllocator.jemalloc:
+        return [f"if {found}; then {export}; fi"]
+    missing = (
+        f'echo "ladder: train.host_allocator=jemalloc: {JEMALLOC_SONAME} is not installed on $(hostname); '
+        f'install it ({INSTALL_HINT}) or set train.host_allocator=auto" >&2; exit 1'
+    )
+    return [f"if {found}; then {export}; else {missing}; fi"]
+
+
 def sbatch_parameters(
-    launcher: Mapping[str, Any], placement: Placement, project_root: Path
+    launcher: Mapping[str, Any],
+    placement: Placement,
+    project_root: Path,
+    allocator: HostAllocator = HostAllocator.auto,
 ) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one cell: the user's fields plus its placement."""
+    """submitit SlurmExecutor parameters for one cell: the user's fields plus its placement, and
+    its ranks' C allocator (:func:`allocator_lines`)."""
     params: dict[str, Any] = {key: launcher[key] for key in _PASSED_AS_IS if launcher.get(key) is not None}
     params.update(
         job_name=str(launcher["name"]),
@@ -68,7 +95,11 @@ def sbatch_parameters(
         array_parallelism=int(launcher["array_parallelism"]),
         signal_delay_s=int(launcher["signal_delay_s"]),
         stderr_to_stdout=bool(launcher["stderr_to_stdout"]),
-        setup=[pythonpath_line(project_root), *(launcher.get("setup") or [])],
+        setup=[
+            pythonpath_line(project_root),
+            *allocator_lines(allocator, placement),
+            *(launcher.get("setup") or []),
+        ],
         # srun(1) -K: when one rank fails, end the step, as the local launcher stops the
         # others, rather than leave them waiting in a collective for a rank that is gone.
         srun_args=["--kill-on-bad-exit=1"],

@@ -21,8 +21,9 @@ kernel's page faults); with it, the rank holds 3.85 GB from its second step on. 
 CPU launcher preloads jemalloc for the same reason (``torch.backends.xeon.run_cpu
 --enable-jemalloc``). The cost is a high-water RSS: freed memory stays the rank's.
 
-A CPU rank gets it by ``LD_PRELOAD`` when its launcher starts it (launchers/local.py); a rank on
-a GPU keeps the system's allocator (its large tensors live in CUDA's).
+A CPU rank gets it by ``LD_PRELOAD`` when its launcher starts it (launchers/local.py; under SLURM,
+the cell's batch script: launchers/slurm_submission.py ``allocator_lines``); a rank on a GPU keeps
+the system's allocator (its large tensors live in CUDA's).
 """
 
 from __future__ import annotations

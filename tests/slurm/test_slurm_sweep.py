@@ -20,6 +20,8 @@ from train_helpers import (
     file_digests,
 )
 
+from runner.hardware.host_allocator import jemalloc_installed
+
 pytestmark = pytest.mark.slurm
 
 HOSTILE_NAME = "ladder; touch PWNED_NAME $(touch PWNED_SUB)"
@@ -64,6 +66,10 @@ def test_each_cell_is_one_job_whose_tasks_are_its_ranks(sweep, slurm_cluster, tm
         )
         assert results == ["0", "1"]
     assert not list(tmp_path.rglob("PWNED*")), "a value from an override reached a shell unquoted"
+    # The CPU ranks ran on the C allocator the local launcher gives them (train.host_allocator=auto).
+    allocator = "jemalloc" if jemalloc_installed() else "system"
+    for cell in ("0", "1"):
+        assert f"host allocator: {allocator}" in (sweep_dir / cell / "train.log").read_text()
     # And SLURM saw both jobs end well: no rank aborted on its way out.
     assert {element: _final_state(slurm_cluster, element) for element in array_elements} == dict.fromkeys(
         array_elements, "COMPLETED"

@@ -31,7 +31,9 @@ from launchers.slurm_resources import (
 )
 from launchers.slurm_submission import sbatch_parameters, unsafe_values
 from launchers.slurm_watch import never_starts, stuck_jobs
+from runner.config import HostAllocator
 from runner.environment import from_environment, slurm_port
+from runner.hardware.host_allocator import JEMALLOC_CONF, JEMALLOC_SONAME, jemalloc_installed
 
 pytestmark = pytest.mark.unit
 
@@ -210,6 +212,43 @@ def test_override_values_reach_the_batch_script_quoted(monkeypatch, tmp_path):
     assert "--kill-on-bad-exit=1" in argv
     assert argv[-5:] == [sys.executable, "-u", "-m", "submitit.core._submit", str(folder)]
     assert not list(tmp_path.rglob("PWNED*")), "a value reached the shell unquoted"
+
+
+def _after_setup(params: dict, *, jemalloc_found: bool | None) -> subprocess.CompletedProcess[str]:
+    """The batch script's setup lines run in bash, then LD_PRELOAD and MALLOC_CONF printed; with
+    ``jemalloc_found`` set, ldconfig answers as on a node with (or without) it."""
+    fake = ""
+    if jemalloc_found is not None:
+        listed = "libjemalloc.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+        fake = f"ldconfig() {{ echo '{listed if jemalloc_found else 'libc.so.6'}'; }}\n"
+    lines = "\n".join(params["setup"])
+    script = f'{fake}{lines}\nprintf "%s|%s" "$LD_PRELOAD" "$MALLOC_CONF"\n'
+    env = {**os.environ, "LD_PRELOAD": "", "MALLOC_CONF": ""}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_cpu_ranks_under_slurm_get_the_allocator_the_local_launcher_gives_them():
+    cpu, gpu = Placement(1, 2, None), Placement(1, 8, 8)
+    # this host's answer, from the probe the local launcher uses
+    done = _after_setup(sbatch_parameters(LAUNCHER, cpu, ROOT), jemalloc_found=None)
+    preload, conf = done.stdout.split("|")
+    assert (preload == JEMALLOC_SONAME) == jemalloc_installed() and (
+        conf == JEMALLOC_CONF
+    ) == jemalloc_installed()
+    # and either branch, whatever this host has
+    found = _after_setup(sbatch_parameters(LAUNCHER, cpu, ROOT), jemalloc_found=True)
+    assert found.stdout == f"{JEMALLOC_SONAME}|{JEMALLOC_CONF}"
+    assert _after_setup(sbatch_parameters(LAUNCHER, cpu, ROOT), jemalloc_found=False).stdout == "|"
+    # a GPU's ranks keep the system's allocator, as does a cell that asks for it
+    assert _after_setup(sbatch_parameters(LAUNCHER, gpu, ROOT), jemalloc_found=True).stdout == "|"
+    system = sbatch_parameters(LAUNCHER, cpu, ROOT, HostAllocator.system)
+    assert _after_setup(system, jemalloc_found=True).stdout == "|"
+    # jemalloc asked for on a node without it: the job ends before srun, saying what to do
+    asked = sbatch_parameters(LAUNCHER, gpu, ROOT, HostAllocator.jemalloc)
+    assert _after_setup(asked, jemalloc_found=True).stdout == f"{JEMALLOC_SONAME}|{JEMALLOC_CONF}"
+    missing = _after_setup(asked, jemalloc_found=False)
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert "train.host_allocator=jemalloc" in missing.stderr and "train.host_allocator=auto" in missing.stderr
 
 
 def test_user_fields_become_sbatch_options_and_a_cpu_partition_gets_no_gpus(monkeypatch, tmp_path):
