@@ -69,6 +69,11 @@ def _unkey(key: str) -> tuple[int, ...]:
     return tuple(int(part) for part in key.split(","))
 
 
+def _pace_name(kind: str, key: str) -> str:
+    """A figure's name in a calibration's ``paces``: "kind|shape key"."""
+    return f"{kind}|{key}"
+
+
 def _nearest(table: dict[str, Any], wanted: tuple[int, ...]) -> tuple[tuple[int, ...], Any] | None:
     """The entry whose key is nearest ``wanted`` in log space, with its key; None when empty."""
     best: tuple[float, tuple[int, ...], Any] | None = None
@@ -168,8 +173,12 @@ class Calibration:
 
     def _ran_slow(self, kind: str, key: str) -> bool:
         """Whether this figure's reference ran slow against the fastest reading known now."""
-        pace = self.paces.get(f"{kind}|{key}")
+        pace = self.paces.get(_pace_name(kind, key))
         return pace is not None and host_pace.slow(pace, self.fastest_pace)
+
+    def _pending(self, kind: str, key: str) -> bool:
+        """Whether this figure is to be measured again on a quiet host: measured busy, or slow."""
+        return (kind, key) in self.provisional or self._ran_slow(kind, key)
 
     def pending(self) -> set[tuple[str, str]]:
         """The figures to measure again on a quiet host: measured busy, or in a slow phase."""
@@ -185,8 +194,7 @@ class Calibration:
 
     def _stale(self, kind: str, key: str) -> bool:
         """A provisional figure not yet measured again in this process, on a host now quiet."""
-        pending = (kind, key) in self.provisional or self._ran_slow(kind, key)
-        if not pending or (kind, key) in self._retried or self.measure is None:
+        if not self._pending(kind, key) or (kind, key) in self._retried or self.measure is None:
             return False
         self._retried.add((kind, key))
         return self._host_quiet()
@@ -199,7 +207,7 @@ class Calibration:
         after = self._pace()
         key = (kind, _key(*shape) if shape else "")
         if before is not None and after is not None:
-            self.paces[f"{kind}|{key[1]}"] = max(before, after)
+            self.paces[_pace_name(*key)] = max(before, after)
         if quiet and not self._ran_slow(*key):
             self.provisional.discard(key)
         else:
