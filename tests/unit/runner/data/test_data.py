@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import numpy as np
@@ -99,12 +98,10 @@ def test_synthetic_tokens_in_range() -> None:
     assert int(both.min()) == 0 and int(both.max()) == 49
 
 
-def test_builtin_text_is_python_source_fast_and_cached() -> None:
+def test_builtin_text_is_python_source_and_cached() -> None:
     """The built-in corpus is stdlib source, capped at max_bytes and built once."""
     builtin_text.cache_clear()
-    start = time.perf_counter()
     corpus = builtin_text(2_000_000)
-    assert time.perf_counter() - start < 2.0
     assert corpus.dtype == np.uint8 and len(corpus) == 2_000_000
     assert builtin_text(2_000_000) is corpus
     text = corpus[:200_000].tobytes().decode("utf-8", errors="replace")

@@ -1,22 +1,37 @@
-"""The exposed-communication timer: blocking calls and waits on async handles count, launches do not."""
+"""The exposed-communication timer: blocking calls and waits on async handles count, launches do not.
+
+The stand-in backend advances a fake clock instead of sleeping, so the counted seconds are exact
+however busy the host is.
+"""
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 
 import pytest
 
+from runner.metrics import comm_timer
 from runner.metrics.comm_timer import CollectiveTimer
 
 pytestmark = pytest.mark.unit
 
 
+class _Clock:
+    """time.perf_counter as the timer reads it: moves only when a stand-in call "takes" time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class _Handle:
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, clock: _Clock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
 
     def wait(self) -> bool:
-        time.sleep(self.seconds)
+        self.clock.now += self.seconds
         return True
 
     def is_completed(self) -> bool:
@@ -26,18 +41,27 @@ class _Handle:
 class _Backend:
     """Stands in for a communication backend: a collective that blocks, one that returns a handle."""
 
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
     def all_reduce(self, tensor: list[int], async_op: bool = False) -> _Handle | None:
         if async_op:
-            return _Handle(0.05)
-        time.sleep(0.05)
+            return _Handle(self.clock, 0.05)
+        self.clock.now += 0.05
         return None
 
     def get_rank(self) -> int:
         return 0
 
 
-def test_blocking_calls_and_waits_count_and_unwrapping_restores_the_backend() -> None:
-    backend = _Backend()
+@pytest.fixture
+def backend(monkeypatch) -> _Backend:
+    clock = _Clock()
+    monkeypatch.setattr(comm_timer, "time", SimpleNamespace(perf_counter=clock))
+    return _Backend(clock)
+
+
+def test_blocking_calls_and_waits_count_and_unwrapping_restores_the_backend(backend) -> None:
     timer = CollectiveTimer().install(backend)
     backend.all_reduce([1])
     blocked = timer.seconds
@@ -45,8 +69,8 @@ def test_blocking_calls_and_waits_count_and_unwrapping_restores_the_backend() ->
     launched = timer.seconds - blocked
     assert handle is not None and handle.wait() is True and handle.is_completed() is False
     seconds = timer.take()
-    assert launched < 0.04  # the launch did not block
-    assert 0.09 <= seconds < 0.5  # the blocking call and the wait did
+    assert launched == 0.0  # the launch did not block
+    assert seconds == pytest.approx(0.10)  # the blocking call and the wait did
     assert timer.calls == 2 and timer.take() == 0.0
     backend.get_rank()  # not a collective: not wrapped, not counted
     assert timer.seconds == 0.0
