@@ -39,7 +39,6 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,7 +65,7 @@ class Measured:
     error: float | None = None
     fitted: list[str] = field(default_factory=list)
     zero3: bool = False
-    hook_x: float = 0.0  # the row's hook seconds per second of the fitted figure
+    hook_x: float = 0.0  # the row's hook seconds per second of the figure: tensors visited a step
     others_s: float = 0.0  # the row's predicted step less its hook seconds
 
 
@@ -279,18 +278,11 @@ def _plan(row: Measured) -> None:
     fitted = sorted({name for term in time.terms for name in getattr(term, "fitted", ())})
     row.fitted = fitted
     hook = next((t for t in time.terms if t.name == "zero3 hooks"), None)
-    calibration = workload_calibration(plan)
-    figure = calibration.zero3_hook_seconds() if hasattr(calibration, "zero3_hook_seconds") else None
-    if hook is not None and figure:
-        row.hook_x = hook.seconds / figure
+    if hook is not None:
+        row.hook_x = hook.count  # tensors visited per step: what the hook figure is paid for
     row.others_s = (time.step_s or 0.0) - (hook.seconds if hook is not None else 0.0)
     if row.predicted_s is not None and row.measured_s:
         row.error = (row.predicted_s - row.measured_s) / row.measured_s
-
-
-def workload_calibration(plan: Any) -> Any:
-    """The plan's calibration (None: the bound only)."""
-    return plan.workload.device.calibration
 
 
 def _ranks(values: list[float]) -> list[float]:

@@ -72,6 +72,7 @@ class Term:
     words: str
     parts: tuple[Term, ...] = ()  # the lines it sums, where the plan shows them (the step's copies)
     fitted: tuple[str, ...] = ()  # calibration figures it rests on that were fitted, not measured
+    count: float = 0.0  # where it is one figure paid a number of times: that number (0: not such a term)
 
 
 def _fresh_rate(workload: Workload, calibration: Calibration) -> float | None:
@@ -156,6 +157,7 @@ def _zero3_terms(
                 f"{visited} param tensors visited ({tensors} gathered, {visited - tensors} persistent) "
                 f"x {1e3 * hooks:.3g} ms per micro-batch ({how})",
                 fitted=fitted,
+                count=accum * visited,
             )
         )
     gather = calibration.zero3_gather_seconds()
