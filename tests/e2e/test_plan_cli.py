@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,11 +18,9 @@ LAYOUT_KEYS = {"gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_si
 
 
 def test_the_seed_example_plans_without_launching(train):
-    start = time.perf_counter()
     result = train(
         "model=llama_70b", "parallel=zero3", "gpus=64", "plan=true", "cluster=h100_sxm", timeout=120
     )
-    elapsed = time.perf_counter() - start
     assert result.returncode == 4, result.stderr[-2000:]  # it fits, but only at global 64, not 16
     assert "ladder: the plan holds the batch contract only at another global batch (exit 4)" in result.stderr
     out = result.stdout
@@ -47,7 +45,6 @@ def test_the_seed_example_plans_without_launching(train):
     assert plan["checkpoint_disk"]["fits"] is None and plan["exit_code"] == 4
     assert not (result.run_dir / "metrics.jsonl").exists()
     assert not (result.run_dir / "deepspeed_config.json").exists()
-    assert elapsed < 60  # mostly the interpreter importing torch; the plan itself takes milliseconds
 
 
 def test_recommend_implies_plan_and_names_the_winning_overrides(train):
@@ -109,13 +106,19 @@ def test_a_run_records_why_auto_chose_its_micro_batch(train):
     result = train("train.steps=3", "logger=none", "data=synthetic", timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     choice = result.summary["micro_size_choice"]
-    # Global 16 on 1 rank would fit whole; auto keeps two micro-batches for the noise scale.
-    assert choice.startswith("micro 8: ") and "GB usable" in choice and "noise scale" in choice
-    assert result.summary["layout"]["micro_size"] == 8
-    # ... so the default single-rank run measures the noise scale (micro 8 against global 16).
+    micro = result.summary["layout"]["micro_size"]
+    # Global 16 on 1 rank would fit whole; auto keeps two micro-batches for the noise scale, and of
+    # the sizes that fit takes the predicted fastest (or the largest within SPEED_TIE of it): which
+    # one is the step-time model's answer, the reason names it and the others weighed.
+    assert micro in (1, 2, 4, 8), choice
+    assert choice.startswith(f"micro {micro}: ") and "GB usable" in choice, choice
+    assert "chosen for predicted speed (planner.objective=speed)" in choice, choice
+    weighed = {int(m) for m in re.findall(r"micro (\d+) [\d.e+-]+ s", choice)}
+    assert weighed == {1, 2, 4, 8} - {micro}, choice
+    # ... so the default single-rank run measures the noise scale (the micro-batch against global 16).
     noise = result.summary["noise_scale"]
     assert noise["unmeasured"] is None and noise["updates"] == 3
-    assert (noise["small_batch"], noise["big_batch"]) == (8, 16)
+    assert (noise["small_batch"], noise["big_batch"]) == (micro, 16)
     assert f"batch.micro_size=auto: {choice}" in (result.run_dir / "train.log").read_text()
 
 
