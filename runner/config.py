@@ -356,7 +356,9 @@ class ClusterConfig:
         default=None,
         metadata=about(
             "the named cluster whose step-time calibration (conf/cluster/calibration/<name>.json) this "
-            "one borrows, compute scaled by the bf16 peaks' ratio; null: its own file, or none"
+            "one borrows, compute scaled by the bf16 peaks' ratio; null: its own file, or none. On "
+            "cluster=local: a file of this host's figures (a path, or such a name) to plan from instead "
+            "of measuring here ($LADDER_CALIBRATION by default)"
         ),
     )
     source: str = field(default="", metadata=about("where the figures come from: datasheets, or this host"))

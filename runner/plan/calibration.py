@@ -519,9 +519,58 @@ def cluster_file(name: str) -> Path:
     return CALIBRATION_GROUP / f"{name}.json"
 
 
+def named_file(name: str) -> Path:
+    """A calibration as ``cluster.calibration`` names it: a path to its JSON file (ending in .json,
+    or naming a folder), else an option of conf/cluster/calibration/."""
+    if name.endswith(".json") or os.sep in name:
+        return Path(name).expanduser()
+    return cluster_file(name)
+
+
+def file_problem(name: str) -> str | None:
+    """Why ``cluster.calibration=name`` cannot be read as a calibration (None: it can)."""
+    path = named_file(name)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return f"cluster.calibration={name}: no such calibration file ({path})"
+    except (OSError, ValueError) as error:
+        return f"cluster.calibration={name}: {path} is not a calibration's JSON ({error})"
+    if not isinstance(record, dict) or record.get("dtype") not in {"float32", "bfloat16", "float16"}:
+        return f"cluster.calibration={name}: {path} names no dtype (float32, bfloat16 or float16)"
+    return None
+
+
+def precision_of(dtype: str) -> Precision:
+    """The precision whose compute dtype torch names ``dtype`` (:func:`dtype_name`'s inverse)."""
+    return {"float32": Precision.fp32, "float16": Precision.fp16}.get(dtype, Precision.bf16)
+
+
+def load_file(name: str, *, compute_scale: float = 1.0, scaled_because: str = "") -> Calibration:
+    """This host's figures from a recorded file instead of measured here (``cluster=local
+    cluster.calibration=FILE``): nothing is measured; a shape the file lacks takes its nearest."""
+    path = named_file(name)
+    # what a cache kept about its own measurement (busy or slow figures) is no file's concern
+    kept = ("provisional", "paces", "fastest_pace")
+    record = {key: value for key, value in json.loads(path.read_text()).items() if key not in kept}
+    source = (
+        f"calibration file {path}: recorded on {record.get('device')} ({record.get('where')}) in "
+        f"{record.get('dtype')} at {record.get('threads')} thread(s), {record.get('measured')}; "
+        "nothing measured here"
+    )
+    if scaled_because:
+        source += f"; compute scaled by {compute_scale:.3g} ({scaled_because})"
+    return from_record(record, source=source, compute_scale=compute_scale)
+
+
 def dtype_name(precision: Precision) -> str:
     """torch's name of a run's compute dtype: how a calibration names the dtype it timed in."""
     return {Precision.fp32: "float32", Precision.fp16: "float16"}.get(precision, "bfloat16")
+
+
+def recorded_dtype_of(name: str) -> str:
+    """The dtype the calibration file ``cluster.calibration`` names timed its kernels in."""
+    return str(json.loads(named_file(name).read_text()).get("dtype", ""))
 
 
 def recorded_dtype(name: str) -> str:
@@ -597,9 +646,14 @@ __all__ = [
     "cache_dir",
     "cluster_file",
     "dtype_name",
+    "file_problem",
     "floor_shape",
     "from_record",
     "load_cluster",
+    "load_file",
     "local",
+    "named_file",
+    "precision_of",
     "recorded_dtype",
+    "recorded_dtype_of",
 ]

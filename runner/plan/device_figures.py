@@ -379,6 +379,22 @@ def _recorded(
     )
 
 
+def _recorded_here(
+    cluster: ClusterConfig, name: str, precision: Precision, peak: Figure, *, cuda: bool
+) -> calibrations.Calibration:
+    """This host's calibration recorded in a file (``cluster.calibration``). Its compute rates serve
+    another precision scaled by the ratio of this host's peaks in the two, resolved as the run's
+    MFU resolves them (measured on a CPU, the datasheet's on a GPU)."""
+    recorded = calibrations.precision_of(calibrations.recorded_dtype_of(name))
+    if recorded == precision or peak.value is None:
+        return calibrations.load_file(name)
+    theirs = _peak(cluster, recorded, cuda=cuda)
+    if theirs.value is None:
+        return calibrations.load_file(name)
+    why = f"this host's {precision.value} peak over its {recorded.value} peak: {peak.source}"
+    return calibrations.load_file(name, compute_scale=peak.value / theirs.value, scaled_because=why)
+
+
 def _calibration(
     cluster: ClusterConfig,
     precision: Precision,
@@ -388,7 +404,8 @@ def _calibration(
     peak: Figure,
     measure: bool = True,
 ) -> calibrations.Calibration | None:
-    """The named cluster's calibration file (its own, or one it borrows), else this host's device."""
+    """The named cluster's calibration file (its own, or one it borrows), else this host's device:
+    recorded in the file ``cluster.calibration`` names, or measured here and cached."""
     if cluster.name != "local":
         lender = cluster.name if calibrations.cluster_file(cluster.name).is_file() else cluster.calibration
         if lender and calibrations.cluster_file(lender).is_file():
@@ -398,6 +415,8 @@ def _calibration(
     threads = max(1, (os.cpu_count() or 1) // ranks_here)
     if peak.value is None:
         return None
+    if cluster.calibration:  # this host's figures recorded in a file: nothing is measured here
+        return _recorded_here(cluster, cluster.calibration, precision, peak, cuda=cuda)
     here = _measure_here(precision, cuda=cuda, threads=threads, ranks_here=ranks_here)
     if not measure:  # the cached figures only: measuring would hold a CUDA context in this process
         here.measure, here.path = None, None

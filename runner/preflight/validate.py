@@ -25,6 +25,7 @@ from runner.hardware.cuda_devices import cuda_available
 from runner.hardware.host_allocator import allocator_problem
 from runner.hardware.host_ranks import host_ranks
 from runner.layout import LayoutError, parse_micro_size, resolve_layout
+from runner.plan.calibration import file_problem as calibration_file_problem
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
 from runner.preflight.wandb_credentials import credentials_problems
 from runner.rules import config_layout_problems, head_problems, pipeline_engine_problems, tp_node_problems
@@ -102,6 +103,13 @@ def _problems(config: TrainConfig) -> list[str]:
         "original/low (Llama 3.1: 4 and 1)",
     )
     problems += head_problems(d_model=model.d_model, n_head=model.n_head, n_kv_head=model.n_kv_head)
+    if config.cluster.name == "local" and config.cluster.calibration:
+        unreadable = calibration_file_problem(config.cluster.calibration)
+        need(
+            unreadable is None,
+            f"{unreadable}; record one with python bench/calibrate_device.py, or leave it null (unset "
+            "LADDER_CALIBRATION) to measure this host",
+        )
     if data.name == DataName.text and data.path is None:
         need(
             model.vocab_size >= 256,

@@ -4,6 +4,7 @@ again only by a later plan on a quiet host; a long measurement says what it meas
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,12 @@ from typing import Any
 import pytest
 from train_helpers import compose_config
 
+from runner.errors import ConfigError
 from runner.hardware import host_pace
 from runner.plan import calibration as calibrations
 from runner.plan import device_figures
 from runner.plan.planner import plan_config
+from runner.preflight.validate import validate
 
 pytestmark = pytest.mark.unit
 
@@ -169,3 +172,53 @@ def test_figures_measured_by_an_older_method_are_measured_again(
     monkeypatch.setattr(calibrations, "METHOD_VERSION", calibrations.METHOD_VERSION + 1)
     later = _local([([2e9, 2e9, 2e9], True)], asked, quiet=True)
     assert later.gemm(64, 64, 64) == (2e9, 2e9, 2e9) and len(asked) == 2
+
+
+def test_a_local_plan_from_a_calibration_file_measures_nothing_and_names_the_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """cluster=local cluster.calibration=FILE (LADDER_CALIBRATION by default): this host's figures
+    come from the file; a run in another precision scales its compute by this host's peaks' ratio."""
+    monkeypatch.setenv(calibrations.CACHE_ENV, str(tmp_path / "cache"))
+    record = {
+        "device": "cpu recorded",
+        "dtype": "float32",
+        "threads": 2,
+        "where": "host-a",
+        "measured": "2026-12-07T00:00:00+00:00",
+        "gemms": {"1024,128,128": [5e10, 5e10, 5e10]},
+        "provisional": [["gemm", "1024,128,128"]],  # the cache it came from measured it busy
+    }
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(record))
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("measured this host")
+
+    monkeypatch.setattr(device_figures, "_measure_here", refuse)
+    monkeypatch.setattr(
+        device_figures, "measured_cpu_peak", lambda precision: 4e11 if precision == "bf16" else 1e11
+    )
+    monkeypatch.setenv("LADDER_CALIBRATION", str(path))
+    fp32 = plan_config(compose_config()).workload.device.calibration
+    assert fp32 is not None and fp32.gemm(1024, 128, 128) == (5e10, 5e10, 5e10)
+    assert fp32.describe().startswith(
+        f"calibration file {path}: recorded on cpu recorded (host-a) in float32"
+    )
+    assert "provisional" not in fp32.describe()
+    bf16 = plan_config(compose_config("precision=bf16")).workload.device.calibration
+    assert bf16 is not None and bf16.gemm(1024, 128, 128) == (2e11, 2e11, 2e11)
+    assert "compute scaled by 4 (this host's bf16 peak over its fp32 peak" in bf16.describe()
+    assert not (tmp_path / "cache").exists()  # nothing measured, nothing cached
+
+
+def test_a_calibration_file_that_is_not_there_is_refused_with_the_key_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    missing = tmp_path / "nowhere.json"
+    monkeypatch.setenv("LADDER_CALIBRATION", str(missing))
+    with pytest.raises(ConfigError) as refused:
+        validate(compose_config(), launcher=None)
+    assert f"cluster.calibration={missing}: no such calibration file" in str(refused.value)
+    assert "record one with python bench/calibrate_device.py" in str(refused.value)
+    assert "unset LADDER_CALIBRATION" in str(refused.value)
