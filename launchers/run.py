@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,22 @@ def _choose_accelerator() -> None:
     select_accelerator()
 
 
+# The jobs this process has begun: a sweep on this host runs its cells one after another here.
+_jobs_begun: list[float] = []
+
+
+def _job_start() -> tuple[float, float]:
+    """When this job began, and the calibration seconds this process had spent before it.
+
+    The first job of a process began with the process (its interpreter and imports are that job's);
+    a later cell of a sweep on this host began when its own ``run`` was entered, so that its wall
+    time and calibration are its own, not the sum of the cells before it.
+    """
+    started = process_start() if not _jobs_begun else time.time()
+    _jobs_begun.append(started)
+    return started, calibration_seconds.spent()
+
+
 def run(
     config: TrainConfig,
     *,
@@ -208,6 +225,7 @@ def run(
     choice: the composed config holds its values, not its name); summary.json records it.
     ``given``: the command line's overrides (a plan's recommended command carries them).
     """
+    started, calibrated_before = _job_start()
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
     planning = config.plan or config.planner.recommend  # recommend implies plan
@@ -230,7 +248,7 @@ def run(
     disk, disk_warning = checkpoint_space(config, run_dir, layout)  # every rank: each refuses alike
     resume = prepare_resume(config, layout, run_dir, lead=lead)
     ds_config = deepspeed_config_for(config, layout, load_universal=resume.universal)
-    before = BeforeRanks(started=process_start(), calibration_s=calibration_seconds.spent())
+    before = BeforeRanks(started=started, calibration_s=calibration_seconds.spent() - calibrated_before)
     job = RankJob(config=config, layout=layout, ds_config=ds_config, before=before)
     if plan is not None:  # the lead process: rank 0, or the local launcher
         # Nobody but the owner (and its group) may write into a run: drop "other" write bits.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from train_helpers import ROOT, clean_env
@@ -46,13 +47,19 @@ def test_a_failed_cell_is_named_and_the_cells_after_it_still_run(tmp_path):
     """Rank 1 of the 2-rank cell fails; the 1-rank cell after it trains all the same; the sweep
     ends naming the failed cell, with a table of both, and exits 1."""
     sweep_dir = tmp_path / "sweep"
+    began = time.time()
     proc = _sweep(
         sweep_dir, "gpus=2,1", "train.steps=2", "data.seq_len=32", env={"LADDER_INJECT_FAULT": "1:1"}
     )
+    elapsed = time.time() - began
     assert proc.returncode == 1, proc.stderr[-3000:]
     failed = json.loads((sweep_dir / "0" / "summary.json").read_text())
     completed = json.loads((sweep_dir / "1" / "summary.json").read_text())
     assert (failed["status"], completed["status"]) == ("failed", "completed")
+    # Each cell's clock starts when the cell starts: the cells' wall times add up to no more than the
+    # whole command's (the second cell's used to include all of the first's).
+    walls = [cell["wall_time"]["total_s"] for cell in (failed, completed)]
+    assert sum(walls) <= elapsed, (walls, elapsed)
     named = "ladder: 1 of 2 cells failed:\n  #0 (gpus=2): rank 1 failed: RuntimeError: fault injected"
     assert named in proc.stderr
     assert f"ladder report {sweep_dir}" in proc.stderr
