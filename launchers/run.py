@@ -186,11 +186,12 @@ def _choose_accelerator() -> None:
     Imported with DS_ACCELERATOR unset on a host without CUDA, DeepSpeed logs ``Setting accelerator
     to CPU. If you have GPU or other accelerator, we were unable to detect it`` (deepspeed/accelerator/
     real_accelerator.py ``get_accelerator``), once in every process that imports it. Choosing it as
-    the ranks do (runner/engine/distributed.py ``select_accelerator``) leaves it unsaid; no warning
-    of anyone else's is filtered.
+    the ranks do (runner/hardware/cuda_devices.py ``select_accelerator``) leaves it unsaid; no warning
+    of anyone else's is filtered. On a host without a GPU driver it imports no torch: a run's ranks
+    import it themselves, and a plan does without.
     """
-    # Deferred: torch loads only once the command is past its refusals of the command line.
-    from runner.engine.distributed import select_accelerator
+    # Deferred: the probe loads only once the command is past its refusals of the command line.
+    from runner.hardware.cuda_devices import select_accelerator
 
     select_accelerator()
 

@@ -61,8 +61,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    # Deferred: torch loads only for the subcommand that needs it (start-up time).
-    from runner.engine.distributed import select_accelerator
+    # Deferred: the hardware probes load only for the subcommand that needs them (start-up time).
+    from runner.hardware.cuda_devices import select_accelerator
 
     # DeepSpeed, imported next, picks its accelerator at import and, unnamed on a host without
     # CUDA, logs "Setting accelerator to CPU ..."; the conversion's child process inherits the name.

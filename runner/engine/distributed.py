@@ -43,15 +43,6 @@ def members() -> tuple[Member, ...]:
     return _members
 
 
-def select_accelerator() -> str:
-    """``cuda`` when a CUDA device is visible, else ``cpu`` (DeepSpeed's CPU accelerator, gloo)."""
-    if torch.cuda.is_available():
-        return "cuda"
-    # Must be set before deepspeed is imported: its accelerator is chosen at import.
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    return "cpu"
-
-
 def skip_inference_shm_op() -> None:
     """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce when the group starts.
 

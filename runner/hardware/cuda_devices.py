@@ -8,6 +8,7 @@ answer is known without it. Ranks import torch anyway and ask it directly.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
@@ -26,6 +27,16 @@ def cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def select_accelerator() -> str:
+    """``cuda`` when a CUDA device is visible, else ``cpu`` (DeepSpeed's CPU accelerator, gloo),
+    named for DeepSpeed in DS_ACCELERATOR: a host without a GPU driver decides without torch."""
+    if cuda_available():
+        return "cuda"
+    # Must be set before deepspeed is imported: its accelerator is chosen at import.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return "cpu"
 
 
 def cuda_device_count() -> int:

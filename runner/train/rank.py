@@ -18,8 +18,9 @@ from typing import Any
 
 from runner.diagnose import oom_killer, out_of_memory, peer_loss
 from runner.diagnose.disk_room import no_room_words, out_of_room
-from runner.engine.distributed import init_distributed, select_accelerator, teardown
+from runner.engine.distributed import init_distributed, teardown
 from runner.environment import DistributedEnv
+from runner.hardware.cuda_devices import select_accelerator
 from runner.hardware.mfu_peak import above_calibrated_peak
 from runner.metrics.wall_clock import WallClock
 from runner.rundir.identity import RunIdentity
