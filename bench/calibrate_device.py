@@ -15,8 +15,8 @@ runner/hardware/calibrate.py's micro-benchmarks at the shapes the models' runs u
   two nearest the rank's parameters, at most 2^25 (runner/plan/calibration.py ``adamw_rate``).
 - ``op_s``: one eager op's dispatch, forward and backward.
 - ``fresh_bytes_per_s``: a CPU's page faults into fresh large tensors (None on CUDA).
-- ``allreduce``: two processes' gloo all-reduce on a CPU; None on one GPU (its links are the
-  cluster's).
+- ``allreduce``, ``allgather``: two processes' gloo all-reduce and all-gather on a CPU; None on
+  one GPU (its links are the cluster's).
 - ``engine_param_s``: DeepSpeed's engine over a bare loop per parameter tensor and micro-batch,
   by ZeRO stage, and stage 3 with every tensor persistent (runner/plan/calibrate_zero3.py,
   DeepSpeed in a child process), where that module exists.
@@ -138,6 +138,7 @@ def figure_sources(figures: dict[str, Any]) -> dict[str, str]:
         "op_s": f"{here} op_seconds, one eager op forward and backward",
         "fresh_bytes_per_s": f"{here} fresh_rate, zeroing fresh large CPU tensors",
         "allreduce": f"{here} allreduce_costs, two gloo processes",
+        "allgather": f"{here} allgather_costs, two gloo processes",
         "engine_param_s": (
             "bench/calibrate_device.py: runner/plan/calibrate_zero3.py engine_param_seconds, "
             "each ZeRO stage's micro-step less a bare loop's per tensor (DeepSpeed, one rank)"
@@ -270,6 +271,7 @@ def measure(
         "fresh_bytes_per_s": timed("fresh", lambda: calibrate.fresh_rate(device=device)),
         # one GPU has no peer to reduce with: its links are the cluster's (conf/cluster/*.yaml)
         "allreduce": None if cuda else timed("allreduce", lambda: list(calibrate.allreduce_costs())),
+        "allgather": None if cuda else timed("allgather", lambda: list(calibrate.allgather_costs())),
         "engine_param_s": timed("engine", lambda: _engine_param_seconds(device)),
     }
     figures.update(zero3_figures(figures["engine_param_s"]))
