@@ -137,10 +137,10 @@ def test_torchrun_starts_the_ranks_into_one_named_directory(tmp_path):
 
 def test_a_rank_that_starts_late_is_rank_0s_wait_to_join_the_process_group(tmp_path):
     """Two ranks started by hand, as any launcher would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
-    the second 4 s after the first, as on a node slow to start: rank 0's launch holds the wait,
+    the second 6 s after the first, as on a node slow to start: rank 0's launch holds the wait,
     and its end names it as the time spent joining the process group."""
     run_dir = tmp_path / "run"
-    port, late_s = free_port(), 4.0
+    port, late_s = free_port(), 6.0
     ranks = []
     for rank in (0, 1):
         env = clean_env()
@@ -152,6 +152,7 @@ def test_a_rank_that_starts_late_is_rank_0s_wait_to_join_the_process_group(tmp_p
     stdout = [rank.communicate(timeout=600)[0] for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0, 0], stdout
     wall = json.loads((run_dir / "summary.json").read_text())["wall_time"]
-    # Rank 1's own start-up before it joins is about rank 0's, so rank 0 waits about the 4 s.
-    assert late_s - 2.0 < wall["process_group_s"] < wall["launch_s"], wall
+    # Rank 1's own start-up before it joins is about rank 0's, so rank 0 waits about the 6 s; on a
+    # busy host their start-ups may differ by seconds, hence the margin of half of it.
+    assert late_s / 2 < wall["process_group_s"] < wall["launch_s"], wall
     assert f"({wall['process_group_s']:.1f} s of it joining the process group)" in stdout[0]

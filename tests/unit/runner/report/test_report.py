@@ -293,7 +293,8 @@ def test_each_cell_shows_where_its_step_time_goes(tmp_path, capsys):
     assert "30 / 60 / 10 / 5 / –" in out  # no pipeline: no stage-to-stage time
 
 
-def test_a_pipeline_cell_shows_its_stage_to_stage_share_and_chart_segment(tmp_path, capsys):
+def test_a_pipeline_cell_shows_its_stage_to_stage_share_and_chart_segment(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the wide table on one line, however long tmp_path's name
     phases = {
         "time/step_s": 2.0,
         "time/forward_s": 0.5,
