@@ -1,13 +1,52 @@
-"""Shared fixtures; the helpers they use live in tests/train_helpers.py."""
+"""Shared fixtures; the helpers they use live in tests/train_helpers.py.
+
+Two settings hold for every test and every process it starts (set here, before any test):
+
+- ``LADDER_CALIBRATION``: runs and plans on ``cluster=local`` take their step-time figures from one
+  recorded calibration (:data:`PINNED_CALIBRATION`, conf/cluster/local.yaml reads the variable)
+  instead of measuring this host: the suite then spends no minutes measuring, and what a test sees
+  of the step-time model is the same on every host and under any load. A test about the
+  measurement itself asks for :func:`measured_calibration`.
+- ``LADDER_CACHE_DIR``: the caches of what is still measured (those tests' figures, the CPU's MFU
+  peak) are the suite's own, under .pytest_cache/, shared by every test and process of a session
+  and never the user's ~/.cache/ladder.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import REFERENCE_STEPS, SMALL_EXPERIMENT, TrainResult, run_train
+from tier_clock import TierClock
+from train_helpers import REFERENCE_STEPS, ROOT, SMALL_EXPERIMENT, TrainResult, run_train
+
+# bench/calibrate_device.py on a 2-core AMD EPYC host (fp32, the tiny model's shapes): the figures
+# every test plans from unless it measures this host on purpose.
+PINNED_CALIBRATION = ROOT / "tests" / "data" / "cpu_calibration.json"
+os.environ["LADDER_CALIBRATION"] = str(PINNED_CALIBRATION)
+os.environ["LADDER_CACHE_DIR"] = str(ROOT / ".pytest_cache" / "ladder")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The time per tier at the end of the run, and the budget of runs (tests/tier_clock.py)."""
+    clock = TierClock()
+    clock.install()
+    config.pluginmanager.register(clock, "tier_clock")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    clock = config.pluginmanager.get_plugin("tier_clock")
+    if clock is not None:
+        clock.uninstall()
+
+
+@pytest.fixture
+def measured_calibration(monkeypatch):
+    """This test's runs and plans measure this host's step-time figures (cached in the suite's cache)."""
+    monkeypatch.delenv("LADDER_CALIBRATION")
 
 
 @pytest.fixture

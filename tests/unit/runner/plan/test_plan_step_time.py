@@ -34,7 +34,7 @@ FIGURES = {
 
 
 @pytest.fixture
-def fixed_calibration(monkeypatch):
+def fixed_calibration(monkeypatch, measured_calibration):
     """This host's calibration is FIGURES, not a measurement."""
     record = calibrations.from_record(FIGURES, source="test figures: half the peak in every GEMM")
     monkeypatch.setattr("runner.plan.device_figures._measure_here", lambda *args, **kwargs: record)
@@ -144,7 +144,7 @@ def _term(plan: Plan, name: str):
 
 
 @pytest.fixture
-def measured_parts(monkeypatch):
+def measured_parts(monkeypatch, measured_calibration):
     """FIGURES plus a block's non-GEMM part (eager twice the compiled), its dispatch floor and the loss."""
     floor = calibrations._key(*calibrations.floor_shape(4, 4))
     record = {
@@ -198,7 +198,7 @@ def test_a_datasheet_cluster_whose_file_lacks_the_parts_states_it():
     assert "not measured on this device" in _time_section(plan)
 
 
-def test_a_rank_on_jemalloc_pays_no_page_faults_for_its_large_tensors(monkeypatch):
+def test_a_rank_on_jemalloc_pays_no_page_faults_for_its_large_tensors(monkeypatch, measured_calibration):
     """runner/hardware/host_allocator.py: on the C library's malloc each micro-batch's logits (here
     1024 tokens x 65,536 = 268 MB) are fresh pages, at the page-fault rate; jemalloc hands the
     freed pages back warm, so the plan drops that term and prices the flatten at the copy rate."""
