@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from fake_clock import FakeClock
 
 from runner.metrics import comm_timer
 from runner.metrics.comm_timer import CollectiveTimer
@@ -16,18 +17,8 @@ from runner.metrics.comm_timer import CollectiveTimer
 pytestmark = pytest.mark.unit
 
 
-class _Clock:
-    """time.perf_counter as the timer reads it: moves only when a stand-in call "takes" time."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _Handle:
-    def __init__(self, clock: _Clock, seconds: float) -> None:
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
         self.clock, self.seconds = clock, seconds
 
     def wait(self) -> bool:
@@ -41,7 +32,7 @@ class _Handle:
 class _Backend:
     """Stands in for a communication backend: a collective that blocks, one that returns a handle."""
 
-    def __init__(self, clock: _Clock) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
 
     def all_reduce(self, tensor: list[int], async_op: bool = False) -> _Handle | None:
@@ -56,7 +47,7 @@ class _Backend:
 
 @pytest.fixture
 def backend(monkeypatch) -> _Backend:
-    clock = _Clock()
+    clock = FakeClock(now=0.0)
     monkeypatch.setattr(comm_timer, "time", SimpleNamespace(perf_counter=clock))
     return _Backend(clock)
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_clock import FakeClock
 
 from runner.metrics import phase_clock
 from runner.metrics.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
@@ -17,20 +18,9 @@ from runner.metrics.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 pytestmark = pytest.mark.unit
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock(monkeypatch) -> _Clock:
-    fake = _Clock()
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
     monkeypatch.setattr(phase_clock, "time", SimpleNamespace(perf_counter=fake))
     return fake
 

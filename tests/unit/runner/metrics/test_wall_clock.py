@@ -13,6 +13,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from fake_clock import FakeClock
 from train_helpers import ROOT
 
 from runner.metrics import wall_clock
@@ -28,20 +29,9 @@ from runner.metrics.wall_clock import (
 pytestmark = pytest.mark.unit
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock(monkeypatch) -> _Clock:
-    fake = _Clock()
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock(now=1_800_000_000.0)
     monkeypatch.setattr(wall_clock, "time", SimpleNamespace(time=fake))
     return fake
 
