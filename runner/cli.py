@@ -168,7 +168,13 @@ def _positive(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="ladder", description="Review ladder runs and sweeps.")
+    parser = argparse.ArgumentParser(
+        prog="ladder",
+        description=(
+            "ladder's commands besides training (python train.py): compare runs and sweeps, export a "
+            "run as a Hugging Face model, tokenize text for data.path."
+        ),
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     report = commands.add_parser(
         "report",
