@@ -75,7 +75,7 @@ def choose_layout(
             raise
         if refuse:
             raise LayoutError(fit.refusal()) from error
-        return LayoutChoice(fit.layout_at(1), fit.refusal(), contract_error)
+        return LayoutChoice(fit.layout_at(1), fit.refusal(planning=True), contract_error)
     chosen = fit.choose(layout.micro_size)
     if chosen != layout.micro_size:
         layout = fit.layout_at(chosen)

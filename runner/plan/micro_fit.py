@@ -167,14 +167,22 @@ class MicroFit:
         verb = "fits" if fits else "does NOT fit"
         return f"batch.micro_size={micro} as configured: {gb(self.totals[micro])} {verb} in {self._usable()}"
 
-    def refusal(self) -> str:
-        """Why nothing fits: micro 1's bytes and its largest term."""
+    def refusal(self, *, planning: bool = False) -> str:
+        """Why nothing fits: micro 1's bytes and its largest term, and where to look next (a plan
+        already shows each term: it points at planner.recommend=true alone)."""
         terms = self.memory(1)
         name, size = terms.largest()
-        return (
+        head = (
             f"batch.micro_size=auto: not even micro 1 fits: {gb(terms.peak)} > {self._usable()} "
-            f"at dp={self.dp} ({name} {gb(size)}); run with plan=true (or planner.recommend=true) "
-            f"to see each term and the cheapest layout that fits"
+            f"at dp={self.dp} ({name} {gb(size)})"
+        )
+        if planning:
+            return (
+                f"{head}; each term is below, and planner.recommend=true finds the cheapest layout that fits"
+            )
+        return (
+            f"{head}; run with plan=true (or planner.recommend=true) to see each term and the cheapest "
+            "layout that fits"
         )
 
 

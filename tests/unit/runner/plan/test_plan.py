@@ -137,6 +137,15 @@ def test_auto_micro_refuses_when_nothing_fits_with_the_numbers():
     assert "plan=true" in text
 
 
+def test_a_plan_where_nothing_fits_does_not_tell_the_user_to_plan():
+    """plan=true already prints each term: its refusal points at planner.recommend=true alone."""
+    plan = plan_config(_config("batch.global_size=16", "cluster.device_memory_gb=0.001"))
+    text = format_plan(plan)
+    assert "batch.micro_size=auto: not even micro 1 fits" in text
+    assert "run with plan=true" not in text
+    assert "planner.recommend=true finds the cheapest layout that fits" in text
+
+
 def test_a_fixed_micro_size_is_kept_and_no_memory_is_planned():
     choice = layout_for_config(_config("batch.micro_size=2", "cluster.device_memory_gb=0.001"))
     assert (choice.layout.micro_size, choice.reason) == (2, None)
