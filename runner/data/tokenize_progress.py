@@ -68,7 +68,8 @@ def tokenize_progress(total_bytes: int, console: Console) -> Iterator[ProgressCa
 
 
 def result_lines(result: TokenizeResult, tokenizer_dir: str, workers: int) -> list[str]:
-    """What a finished run says: the file, its counts, its speed (MB = 1e6 bytes) and how to train on it."""
+    """What a finished run says: the file, its counts, its speed (MB = 1e6 bytes), and how to train on it
+    or hold it out (the command cannot tell a training file from a validation one)."""
     seconds = max(result.seconds, 1e-9)
     mb_in, mb_out = result.bytes_in / 1e6, result.bytes_out / 1e6
     return [
@@ -79,6 +80,7 @@ def result_lines(result: TokenizeResult, tokenizer_dir: str, workers: int) -> li
         f"  tokenizer sha256 {result.tokenizer_sha256}, vocabulary {result.vocab_size:,}",
         f"  train on it: python train.py data.path={result.out} data.tokenizer={tokenizer_dir} "
         f"model.vocab_size={result.vocab_size}",
+        f"  or hold it out (a validation set): data.val_path={result.out} beside a run's own data.path",
     ]
 
 
