@@ -14,6 +14,9 @@ Two settings hold for every test and every process it starts (set here, before a
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -66,38 +69,53 @@ def train(tmp_path: Path):
     return _run
 
 
-def _one_rank_run(tmp_path_factory, name: str, *overrides: str) -> TrainResult:
+def _session_root(tmp_path_factory) -> Path:
+    """The directory every process of this pytest session shares: its base temp, or under
+    pytest-xdist the folder above the workers' own base temps (pytest-xdist's documented way to
+    make a session fixture run once for all workers)."""
+    base: Path = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _trained_once_per_session(tmp_path_factory, overrides: tuple[str, ...]) -> TrainResult:
+    """``python train.py overrides`` once in the whole session, whichever worker asks first.
+
+    The first asker trains under an exclusive lock and leaves the result beside the run; a later
+    asker, in any worker, waits for the lock and reads it. So a shared run costs one command, and
+    the suite starts the same number of commands however pytest-xdist spreads the modules.
+    """
+    key = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:16]
+    shared = _session_root(tmp_path_factory) / "trained_once"
+    shared.mkdir(exist_ok=True)
+    run_dir, recorded = shared / key / "run", shared / key / "result.json"
+    with (shared / f"{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not recorded.is_file():
+            run_dir.parent.mkdir(exist_ok=True)
+            result = run_train(*overrides, run_dir=run_dir)
+            assert result.returncode == 0, (overrides, result.stderr[-3000:])
+            said = {"stdout": result.stdout, "stderr": result.stderr}
+            recorded.write_text(json.dumps(said))
+        said = json.loads(recorded.read_text())
+    return TrainResult(0, said["stdout"], said["stderr"], run_dir)
+
+
+def _one_rank_run(tmp_path_factory, *overrides: str) -> TrainResult:
     """SMALL_EXPERIMENT on one plain rank for REFERENCE_STEPS steps, with ``overrides``."""
-    run_dir = tmp_path_factory.mktemp(name) / "run"
-    result = run_train(
-        "parallel=ddp",
-        "gpus=1",
-        *overrides,
-        *SMALL_EXPERIMENT,
-        f"train.steps={REFERENCE_STEPS}",
-        run_dir=run_dir,
+    return _trained_once_per_session(
+        tmp_path_factory,
+        ("parallel=ddp", "gpus=1", *overrides, *SMALL_EXPERIMENT, f"train.steps={REFERENCE_STEPS}"),
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 @pytest.fixture(scope="session")
 def trained_once(tmp_path_factory) -> Callable[..., TrainResult]:
-    """Train with these overrides once per session: a later test asking for the same run reads it.
+    """Train with these overrides once per session, in whichever pytest-xdist worker asks first: a
+    later test asking for the same run reads it.
 
     The ledger's bf16 runs on 2 ranks, for one, are also the layout tests' bf16 comparison.
     """
-    root: Path = tmp_path_factory.mktemp("trained_once")
-    done: dict[tuple[str, ...], TrainResult] = {}
-
-    def _run(*overrides: str) -> TrainResult:
-        if overrides not in done:
-            result = run_train(*overrides, run_dir=root / f"run{len(done)}")
-            assert result.returncode == 0, (overrides, result.stderr[-3000:])
-            done[overrides] = result
-        return done[overrides]
-
-    return _run
+    return lambda *overrides: _trained_once_per_session(tmp_path_factory, overrides)
 
 
 @pytest.fixture(scope="session")
@@ -106,10 +124,10 @@ def one_rank_reference(tmp_path_factory) -> TrainResult:
 
     Trained once per session; the tensor-parallel, pipeline, layout and resume modules read it.
     """
-    return _one_rank_run(tmp_path_factory, "one_rank_reference")
+    return _one_rank_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def one_rank_untied_reference(tmp_path_factory) -> TrainResult:
     """The same with untied embeddings (model.tie_embeddings=false), for the untied layout tests."""
-    return _one_rank_run(tmp_path_factory, "one_rank_untied_reference", "model.tie_embeddings=false")
+    return _one_rank_run(tmp_path_factory, "model.tie_embeddings=false")

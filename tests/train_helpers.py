@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -154,6 +155,14 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
         if named and ranks:
             pids[ranks[0]] = int(entry.name)
     return pids
+
+
+def wait_for_ranks_to_end(run_dir: Path, within_s: float = 300) -> None:
+    """Wait until no rank of ``run_dir`` runs: a launcher may end before its ranks have saved."""
+    deadline = time.monotonic() + within_s
+    while rank_pids(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rank_pids(run_dir) == {}, f"ranks of {run_dir} still running after {within_s:.0f} s"
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from train_helpers import (
     run_torchrun,
     run_train,
     start_train,
+    wait_for_ranks_to_end,
 )
 
 from runner.checkpoint import resume_rules as checkpoint
@@ -253,6 +254,8 @@ def test_the_deepspeed_launcher_starts_stops_and_resumes_a_run(tmp_path, referen
     _wait_for_steps(run_dir, proc, 3)
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
+    # deepspeed's outer runner ends at the KeyboardInterrupt; the ranks save after it
+    wait_for_ranks_to_end(run_dir)
     said = stderr.read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted", said[-3000:]
@@ -286,10 +289,7 @@ def test_ranks_whose_launcher_is_killed_save_and_stop_instead_of_training_on(tmp
     assert len(rank_pids(run_dir)) == 2
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    deadline = time.monotonic() + 120
-    while rank_pids(run_dir) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert rank_pids(run_dir) == {}
+    wait_for_ranks_to_end(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted", summary["error"]
     assert summary["error"].startswith("stopped by SIGTERM after")
