@@ -11,9 +11,11 @@ and the refusal of an unknown CUDA device (runner/preflight/validate.py) alike.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,11 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 from runner.config import ClusterConfig, Precision
 from runner.hardware.cpu_busy import OthersUse
-from runner.hardware.cpu_half_matmul import computes_in_fp32
 from runner.hardware.peak_flops import calibrate_cpu_rounds, peak_flops_for_cuda_device, torch_dtype
 from runner.rundir.summary import write_json_atomic
 
@@ -78,6 +77,8 @@ def resolve_peak(
     if table is not None:
         return Peak(table * 1e12, f"cluster {cluster.name}.{key}", origin="cluster")
     if accelerator == "cuda":
+        import torch  # deferred: only a CUDA rank, or a launch beside CUDA devices, gets here
+
         name = torch.cuda.get_device_name()
         figure = peak_flops_for_cuda_device(name, precision.value)
         return Peak(figure, f"datasheet: dense, {name}", origin="datasheet")
@@ -130,15 +131,27 @@ def _spread(values: list[float]) -> float:
     return (q3 - q1) / median if median > 0 else float("inf")
 
 
-def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
-    """The calibrations kept, by key; empty when the file is absent, unreadable or of an earlier format."""
+def _read_file(path: Path) -> dict[str, Any]:
+    """The cache file's content; empty when it is absent, unreadable or of an earlier format."""
     raw: object = {}
     with contextlib.suppress(OSError, ValueError):
         raw = json.loads(path.read_text())
-    peaks = raw.get("peaks") if isinstance(raw, dict) and raw.get("version") == CACHE_VERSION else None
+    return raw if isinstance(raw, dict) and raw.get("version") == CACHE_VERSION else {}
+
+
+def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
+    """The calibrations kept, by key."""
+    peaks = _read_file(path).get("peaks")
     if not isinstance(peaks, dict):
         return {}
     return {key: entry for key, entry in peaks.items() if _usable(entry)}
+
+
+def _read_keys(path: Path) -> dict[str, str]:
+    """The calibration keys worked out before, by the conditions of the process that worked them out
+    (:func:`_conditions`)."""
+    keys = _read_file(path).get("keys")
+    return {k: v for k, v in keys.items() if isinstance(v, str)} if isinstance(keys, dict) else {}
 
 
 def _usable(entry: object) -> bool:
@@ -149,22 +162,60 @@ def _usable(entry: object) -> bool:
     return isinstance(flops, int | float) and flops > 0
 
 
-def _write_cache(path: Path, peaks: dict[str, dict[str, Any]]) -> None:
+def _write_cache(path: Path, peaks: dict[str, dict[str, Any]], keys: dict[str, str] | None = None) -> None:
+    """Write the calibrations, and the keys worked out (those already kept where ``keys`` is None)."""
+    keys = _read_keys(path) if keys is None else keys
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, {"version": CACHE_VERSION, "peaks": peaks})
+        write_json_atomic(path, {"version": CACHE_VERSION, "peaks": peaks, "keys": keys})
 
 
 def _cache_key(precision: Precision) -> str:
     """This CPU, this process's thread count, the precision, whether its 16-bit matmuls run in fp32
     (runner/hardware/cpu_half_matmul.py) and torch's version: one calibration's conditions."""
+    import torch  # deferred: the key asks torch; _conditions keeps a launching process without it
+
+    from runner.hardware.cpu_half_matmul import computes_in_fp32
+
     widened = "|fp32-matmul" if computes_in_fp32(torch_dtype(precision)) else ""
     threads = torch.get_num_threads()
     return f"{_cpu_name()}|threads={threads}|{precision.value}{widened}|torch={torch.__version__}"
 
 
+# The environment variables that set the thread count torch starts with (with the cores the process
+# may use): torch's intra-op pool reads OMP_NUM_THREADS, and MKL its own.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _torch_loaded() -> bool:
+    return "torch" in sys.modules
+
+
+def _conditions(precision: Precision) -> str:
+    """What decides the calibration key of a process that has not loaded torch: this CPU, the cores
+    it may run on and the thread variables (which fix the thread count torch will start with),
+    torch's installed version and the precision.
+
+    A launching process plans and sizes without torch, which takes one to three seconds of a core
+    to load: the first such process to find the key records it under these conditions, and later
+    ones read it. A process that has loaded torch (a rank, which sets its own thread count) asks
+    torch itself.
+    """
+    try:
+        installed = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "none"
+    cores = len(os.sched_getaffinity(0))
+    variables = ",".join(f"{name}={os.environ[name]}" for name in THREAD_VARIABLES if name in os.environ)
+    return f"{_cpu_name()}|cores={cores}|{variables}|torch={installed}|{precision.value}"
+
+
 def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[str, Any]:
     """Measure this CPU's rounds now; the entry kept for them, given the one an earlier run kept."""
+    import torch  # deferred: see _conditions
+
+    from runner.hardware.cpu_half_matmul import computes_in_fp32
+
     threads = torch.get_num_threads()
     others = OthersUse.start()
     rounds = calibrate_cpu_rounds(torch_dtype(precision))
@@ -184,6 +235,7 @@ def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[s
         "tries": int((earlier or {}).get("tries", 0)) + (0 if busy else 1),  # quiet calibrations so far
         "threads": threads,
         "precision": precision.value,
+        "fp32_matmul": computes_in_fp32(torch_dtype(precision)),
         "cpu": _cpu_name(),
         "torch": torch.__version__,
         "calibrated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -196,9 +248,9 @@ def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[s
 QUIET_LOOK_S = 0.25  # how long a run watches the cores before calibrating a provisional figure again
 
 
-def _quiet_now() -> bool:
-    """Whether the cores are quiet now (as :func:`_calibration` counts busy), over a short look."""
-    threads = torch.get_num_threads()
+def _quiet_now(threads: int) -> bool:
+    """Whether the cores are quiet now (as :func:`_calibration` counts busy) for a process on
+    ``threads`` threads, over a short look."""
     others = OthersUse.start()
     time.sleep(QUIET_LOOK_S)
     cores = others.cores()
@@ -211,12 +263,15 @@ def _final(entry: dict[str, Any] | None) -> bool:
     if entry is None:
         return False
     if entry.get("busy"):
-        return not _quiet_now()
+        return not _quiet_now(int(entry["threads"]))
     return bool(entry.get("settled")) or int(entry.get("tries", 0)) >= TRIES
 
 
 def best_cpu_peak(precision: Precision, *, ranks: int = 1) -> Peak:
     """This CPU's matmul FLOP/s at this process's thread count, calibrated once and then reused.
+
+    A process that has not loaded torch finds the calibration without loading it where an earlier
+    process under the same conditions worked out its key (:func:`_conditions`).
 
     The calibration (runner/hardware/peak_flops.py calibrate_cpu_rounds, about 1.4 s) keeps the
     PERCENTILE-th percentile of several short rounds in a small cache file (``$LADDER_CACHE_DIR``
@@ -225,13 +280,24 @@ def best_cpu_peak(precision: Precision, *, ranks: int = 1) -> Peak:
     disagree (another process held a core) are measured again in the next runs, up to TRIES.
     ``ranks``: the run's ranks, each on this many threads (for the source's words only).
     """
-    key, path = _cache_key(precision), _cache_path()
-    entry = _read_cache(path).get(key)
+    path = _cache_path()
+    conditions = None if _torch_loaded() else _conditions(precision)
+    key = _read_keys(path).get(conditions) if conditions else None
+    entry = _read_cache(path).get(key) if key else None
     if not _final(entry):
-        entry = _calibration(precision, entry)
-        peaks = _read_cache(path)  # again: another rank or run may have written since
-        peaks[key] = entry
-        _write_cache(path, peaks)
+        key = _cache_key(precision)
+        entry = _read_cache(path).get(key)
+        measured = not _final(entry)
+        if measured:
+            entry = _calibration(precision, entry)
+        keys = _read_keys(path)  # again, as the peaks: another rank or run may have written since
+        if measured or (conditions and keys.get(conditions) != key):
+            assert entry is not None
+            peaks = _read_cache(path)
+            peaks[key] = entry
+            if conditions:
+                keys[conditions] = key
+            _write_cache(path, peaks, keys)
     assert entry is not None
     source = _source(entry, ranks=ranks, path=path)
     return Peak(entry["flops"], source, calibrated=True, detail=entry, origin="measured")
@@ -242,7 +308,7 @@ def _source(entry: dict[str, Any], *, ranks: int, path: Path) -> str:
     threads = int(entry["threads"])
     per_rank, run = _count(threads, "thread"), _count(ranks, "rank")
     conditions = f"{per_rank} per rank (this run: {run} x {per_rank} = {ranks * threads} in all)"
-    if entry.get("precision") and computes_in_fp32(torch_dtype(entry["precision"])):
+    if entry.get("fp32_matmul", False) or _widened_before(entry):
         conditions += f", {entry['precision']} matmuls computed in fp32"
     state = ""
     if entry.get("busy"):
@@ -258,6 +324,15 @@ def _source(entry: dict[str, Any], *, ranks: int, path: Path) -> str:
         f"{str(entry.get('calibrated_at', '?'))[:10]}, torch {entry.get('torch')}{state}; kept in {path}, "
         "remove it to measure again)"
     )
+
+
+def _widened_before(entry: dict[str, Any]) -> bool:
+    """For a calibration kept before entries said it: whether its 16-bit matmuls ran in fp32."""
+    if "fp32_matmul" in entry or not entry.get("precision"):
+        return False
+    from runner.hardware.cpu_half_matmul import computes_in_fp32  # deferred: loads torch
+
+    return computes_in_fp32(torch_dtype(entry["precision"]))
 
 
 def _count(n: int, word: str) -> str:

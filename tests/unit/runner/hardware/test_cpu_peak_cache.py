@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from runner.config import Precision
 from runner.hardware import mfu_peak as peak
@@ -42,7 +43,7 @@ def calibrations(monkeypatch, tmp_path: Path) -> Iterator[list[list[float]]]:
     monkeypatch.setattr(peak, "calibrate_cpu_rounds", lambda dtype: rounds.pop(0))
     monkeypatch.setattr(peak, "OthersUse", Others)
     monkeypatch.setattr(Others, "held", 0.0)
-    monkeypatch.setattr(peak.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     yield rounds
 
 
@@ -84,7 +85,7 @@ def test_a_calibration_while_other_processes_held_the_cores_is_provisional(calib
 
 
 def test_the_other_ranks_of_the_run_do_not_make_a_calibration_busy(calibrations, monkeypatch):
-    monkeypatch.setattr(peak.torch, "get_num_threads", lambda: 1)  # 2 ranks on 2 cores, 1 thread each
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # 2 ranks on 2 cores, 1 thread each
     monkeypatch.setattr(Others, "held", 1.0)  # the other rank
     calibrations.append(QUIET)
     assert "provisional" not in peak.best_cpu_peak(Precision.fp32, ranks=2).source
@@ -103,22 +104,22 @@ def test_busy_rounds_give_way_to_quiet_ones(calibrations):
 def test_another_thread_count_or_torch_version_calibrates_anew(calibrations, monkeypatch):
     calibrations.extend([QUIET, [x / 2 for x in QUIET], [x * 1.1 for x in QUIET]])
     two = peak.best_cpu_peak(Precision.fp32).flops
-    monkeypatch.setattr(peak.torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     one = peak.best_cpu_peak(Precision.fp32)
     assert one.flops == pytest.approx(two / 2)
-    monkeypatch.setattr(peak.torch, "__version__", "99.0.0")
+    monkeypatch.setattr(torch, "__version__", "99.0.0")
     assert peak.best_cpu_peak(Precision.fp32).flops == pytest.approx(one.flops * 2.2)
 
 
 def test_the_source_and_the_record_state_ranks_times_threads(calibrations, monkeypatch):
-    monkeypatch.setattr(peak.torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     calibrations.append(QUIET)
     two_ranks = peak.best_cpu_peak(Precision.fp32, ranks=2)
     assert "1 thread per rank (this run: 2 ranks x 1 thread = 2 in all)" in two_ranks.source
     record = two_ranks.calibration_record(ranks=2)
     assert record is not None
     assert (record["ranks"], record["threads_per_rank"], record["threads_in_all"]) == (2, 1, 2)
-    assert record["rounds"] == QUIET and record["torch"] == str(peak.torch.__version__)
+    assert record["rounds"] == QUIET and record["torch"] == str(torch.__version__)
     assert peak.Peak(1e12, "cluster.peak_tflops").calibration_record(ranks=2) is None
 
 
@@ -131,10 +132,10 @@ def test_each_precision_has_its_own_calibration(calibrations):
 def test_a_bf16_peak_from_torchs_kernels_is_not_reused_for_fp32_matmuls(calibrations, monkeypatch):
     """Where bf16 matmuls run in fp32 (runner/hardware/cpu_half_matmul.py) a figure kept from torch's
     reference kernel, 1/10 of it and less, would put every bf16 run far above 100% MFU."""
-    monkeypatch.setattr(peak, "computes_in_fp32", lambda dtype: False)
+    monkeypatch.setattr("runner.hardware.cpu_half_matmul.computes_in_fp32", lambda dtype: False)
     calibrations.extend([[1e9] * 9, [60e9] * 9])
     peak.best_cpu_peak(Precision.bf16)
-    monkeypatch.setattr(peak, "computes_in_fp32", lambda dtype: True)
+    monkeypatch.setattr("runner.hardware.cpu_half_matmul.computes_in_fp32", lambda dtype: True)
     widened = peak.best_cpu_peak(Precision.bf16)  # measured anew, under its own key
     assert widened.flops == 60e9
     assert "bf16 matmuls computed in fp32" in widened.source
@@ -161,3 +162,27 @@ def test_a_run_above_the_kept_peak_makes_the_next_run_calibrate_again(calibratio
     calibrations.append(QUIET)  # the next run measures on free cores, and its figure is kept
     assert peak.best_cpu_peak(Precision.fp32).flops == pytest.approx(QUIET_PEAK)
     assert peak.best_cpu_peak(Precision.fp32).flops == pytest.approx(QUIET_PEAK)
+
+
+def test_a_process_without_torch_finds_the_kept_peak_without_loading_it(calibrations, monkeypatch):
+    """A launching process plans before any rank loads torch: where an earlier process under the same
+    conditions (CPU, cores, thread variables, torch's installed version) worked out the key, it reads
+    the kept peak without asking torch; other conditions ask torch again."""
+    monkeypatch.setattr(peak, "_torch_loaded", lambda: False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    calibrations.append(QUIET)
+    first = peak.best_cpu_peak(Precision.fp32)  # works the key out with torch, and records it
+
+    def asks_torch(precision):
+        raise AssertionError("asked torch for the key")
+
+    with monkeypatch.context() as without_torch:
+        without_torch.setattr(peak, "_cache_key", asks_torch)
+        again = peak.best_cpu_peak(Precision.fp32)
+    assert (again.flops, again.source) == (first.flops, first.source)
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # another thread count when torch starts: its own key
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    calibrations.append([x / 2 for x in QUIET])
+    assert peak.best_cpu_peak(Precision.fp32).flops == pytest.approx(QUIET_PEAK / 2)
+    assert calibrations == []
