@@ -29,6 +29,7 @@ from launchers.worker import exit_now
 from runner.environment import DistributedEnv, from_environment, shared_run_dir, take_local_rank_argument
 from runner.errors import ConfigError
 from runner.layout import LayoutError
+from runner.rundir import checkpoint_record
 from runner.rundir.identity import RunIdentity
 from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 
@@ -166,14 +167,16 @@ def main(cfg: DictConfig) -> float | None:
 def continue_command(argv: list[str], run_dir: Path, sweep_dir: Path | None) -> str:
     """The command that continues a stopped run (or, with -m, its sweep) where it was saved.
 
-    A run continues with train.resume=required: a mistyped directory is refused, not trained
-    from step 0. A sweep's cells that never started, or saved nothing, have no checkpoint: it
-    continues with train.resume=auto, which starts those at step 0.
+    A run with a checkpoint continues with train.resume=required: a mistyped directory is refused,
+    not trained from step 0. A run stopped before its first checkpoint (killed at a second Ctrl-C,
+    say) has none to require: it continues with train.resume=auto, which starts it over in the same
+    directory. So does a sweep, whose cells that never started, or saved nothing, start at step 0.
     """
     dir_key = "hydra.run.dir" if sweep_dir is None else "hydra.sweep.dir"
     kept = [arg for arg in argv[1:] if not arg.startswith(("train.resume=", f"{dir_key}="))]
     where = run_dir if sweep_dir is None else sweep_dir
-    resume = "train.resume=required" if sweep_dir is None else "train.resume=auto"
+    saved = sweep_dir is None and checkpoint_record.latest(run_dir) is not None
+    resume = "train.resume=required" if saved else "train.resume=auto"
     return shlex.join(["python", argv[0], *kept, resume, f"{dir_key}={where}"])
 
 

@@ -8,8 +8,8 @@ others are stopped after a short grace period, so a job never hangs on a collect
 that a dead rank will not join.
 
 Stopping a run: at SIGINT (Ctrl-C, which the terminal sends the ranks too), SIGTERM or
-SIGHUP this process passes SIGTERM on to the ranks, which finish their step, save a
-checkpoint together and exit 75 (runner/train/preemption.py); ``train.resume=auto`` continues
+SIGHUP this process passes the signal on to the ranks (SIGHUP as SIGTERM), which finish their
+step, save a checkpoint together and exit 75 (runner/train/preemption.py); ``train.resume=auto`` continues
 the run from there. A second signal kills the ranks at once. Should this process die
 regardless, the kernel sends each rank SIGTERM (launchers/worker.py), so no rank trains on
 alone.
@@ -41,6 +41,9 @@ from runner.train.preemption import EXIT_INTERRUPTED
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish on their own
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The signal the ranks get for each: they stop alike at SIGINT and SIGTERM and say which they got
+# (runner/train/preemption.py), so a SIGINT stays one; SIGHUP, which they do not take, is SIGTERM.
+PASSED_ON = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGTERM}
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ def _watch(procs: list[subprocess.Popen[bytes]], stops: StopRequests) -> LaunchR
         if len(stops.received) > passed_on:
             if passed_on == 0:
                 _announce(stops.received[0])
-                _signal_all(procs, signal.SIGTERM)
+                _signal_all(procs, PASSED_ON[stops.received[0]])
             else:
                 _kill_all(procs)
                 return LaunchResult(

@@ -63,6 +63,13 @@ def test_the_continue_command_keeps_the_overrides_and_names_the_directory(tmp_pa
     from train import continue_command
 
     argv = ["train.py", "gpus=2", "train.resume=never", "hydra.run.dir=old", "optimizer.lr=1e-3"]
+    # stopped before its first checkpoint (a second Ctrl-C): resume=required would be refused
+    assert continue_command(argv, tmp_path / "run", None) == (
+        f"python train.py gpus=2 optimizer.lr=1e-3 train.resume=auto hydra.run.dir={tmp_path / 'run'}"
+    )
+    (tmp_path / "run" / "checkpoints" / "step_00000004").mkdir(parents=True)
+    latest = {"tag": "step_00000004", "completed_steps": 4}
+    (tmp_path / "run" / "checkpoints" / "latest.json").write_text(json.dumps(latest))
     assert continue_command(argv, tmp_path / "run", None) == (
         f"python train.py gpus=2 optimizer.lr=1e-3 train.resume=required hydra.run.dir={tmp_path / 'run'}"
     )
@@ -84,3 +91,41 @@ def test_a_save_too_slow_for_torchruns_grace_is_said_once(caplog):
     (record,) = caplog.records
     assert "a checkpoint took 18 s; torchrun" in record.getMessage()
     assert "kills its ranks 30 s after its SIGTERM" in record.getMessage()
+
+
+# A stand-in rank: notes the stop signal it gets in its file, as a rank's summary does, and exits 75.
+_RANK = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+def stop(signum, frame):
+    out.write_text(signal.Signals(signum).name)
+    sys.exit(75)
+for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, stop)
+out.with_suffix(".ready").touch()
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(
+    ("received", "passed_on"), [("SIGINT", "SIGINT"), ("SIGTERM", "SIGTERM"), ("SIGHUP", "SIGTERM")]
+)
+def test_the_launcher_passes_the_stop_signal_on_as_it_came(tmp_path, received, passed_on):
+    """``kill -INT`` to train.py alone: the ranks get SIGINT and say so ("stopped by SIGINT"), not
+    SIGTERM; SIGHUP, which ranks do not take, reaches them as SIGTERM."""
+    import subprocess
+    import time
+
+    from launchers.local import StopRequests, _watch
+
+    notes = [tmp_path / f"rank{rank}.txt" for rank in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(note)]) for note in notes]
+    deadline = time.monotonic() + 60
+    while not all(note.with_suffix(".ready").exists() for note in notes) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stops = StopRequests()
+    stops.received.append(received)
+    result = _watch(procs, stops)
+    assert result.stopped_by == received and result.failed_rank is None
+    assert [note.read_text() for note in notes] == [passed_on, passed_on]
