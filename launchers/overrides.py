@@ -8,7 +8,8 @@ without ``+``), an option no conf/<group>/ holds, and a value its key's type can
 each with the closest valid keys or options (difflib). Ranges are not checked here: the
 composed config's are, once, in runner/preflight/validate.py.
 
-Hydra's own keys (``hydra.*``, ``hydra/launcher=...``) are Hydra's to check. With another
+Hydra's own keys (``hydra.*``, ``hydra/launcher=...``) are Hydra's to check, but for a run or
+sweep directory that cannot be made (launchers/output_dirs.py). With another
 config directory (``--config-dir``, ``--config-path``, ``hydra.searchpath``) a group may hold
 options conf/ does not, and only keys are checked.
 """
@@ -27,6 +28,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import ValidationError
 
 from launchers.compose import unlocked_node
+from launchers.output_dirs import OUTPUT_DIR_KEYS, directory_problem
 from runner.preflight.schema_keys import SchemaKey, keys_by_path, spell
 from runner.preflight.validate import value_problem
 
@@ -159,9 +161,11 @@ def override_problems(argv: list[str], conf: Path = CONF) -> list[str]:
         return []  # the grammar's own error, which Hydra words when it parses them again
     groups = group_options(conf)
     elsewhere = _elsewhere(args, overrides)
-    problems = []
+    problems: list[str] = []
     for override in overrides:
         name = override.key_or_group
+        if name in OUTPUT_DIR_KEYS and isinstance(override.value(), str):
+            problems += filter(None, [directory_problem(name, str(override.value()))])
         if override.is_hydra_override() or "/" in name or override.package is not None:
             continue  # Hydra's own, or a group of groups or a package that conf/ does not use
         if name in groups and not elsewhere:

@@ -56,6 +56,19 @@ def test_valid_overrides_sweeps_and_hydras_own_keys_pass(argv):
     assert override_problems(argv) == []
 
 
+def test_a_run_or_sweep_directory_that_cannot_be_made_is_refused_before_hydra_makes_it(tmp_path):
+    """Hydra would end in its own traceback; nothing is left behind by the check."""
+    (tmp_path / "notes.txt").write_text("a user's file")
+    under_file = tmp_path / "notes.txt" / "run"
+    (problem,) = override_problems([f"hydra.run.dir={under_file}"])
+    assert f"hydra.run.dir={under_file}: {tmp_path / 'notes.txt'} is a file" in problem
+    assert "name a directory you can write" in problem
+    (problem,) = override_problems(["-m", "hydra.sweep.dir=/proc/ladder/sweep", "gpus=1,2"])
+    assert "hydra.sweep.dir=/proc/ladder/sweep: no directory can be made in /proc (" in problem
+    assert override_problems([f"hydra.run.dir={tmp_path / 'new' / 'run'}"]) == []
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]
+
+
 def test_a_group_lists_every_option_of_its_folder():
     groups = group_options()
     assert "experiment" in groups and "hydra" not in groups
