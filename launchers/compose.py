@@ -55,12 +55,29 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
 
     A ``model.hf_config`` file is read here, once (runner/model/hf_config.py): every consumer
     (the plan, the ledger, the ranks, a recommended command) sees the model's whole shape.
-    A file it cannot read or map raises ConfigError, refused before launch.
+    A file it cannot read or map raises ConfigError, refused before launch. A held-out set given
+    without an interval gets one (:func:`held_out_evaluated`).
     """
     config = OmegaConf.to_object(cfg)
     if not isinstance(config, TrainConfig):
         raise TypeError(f"expected a TrainConfig, got {type(config).__name__}")
-    return dataclasses.replace(config, model=resolve_hf_model(config.model))
+    return held_out_evaluated(dataclasses.replace(config, model=resolve_hf_model(config.model)))
+
+
+# A held-out set given without train.eval_every is evaluated this many times in the run, the last
+# after its last step: a curve of the held-out loss, where an unset key would silently leave the
+# set unused. The plan prices the evaluations as it prices any train.eval_every.
+HELD_OUT_EVALUATIONS = 5
+
+
+def held_out_evaluated(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``train.eval_every`` set where ``data.val_path`` is given and it is 0: every
+    ``train.steps / HELD_OUT_EVALUATIONS`` steps (at least 1)."""
+    train = config.train
+    if config.data.val_path is None or train.eval_every > 0:
+        return config
+    every = max(1, train.steps // HELD_OUT_EVALUATIONS)
+    return dataclasses.replace(config, train=dataclasses.replace(train, eval_every=every))
 
 
 def load_config(run_dir: Path) -> TrainConfig:

@@ -287,7 +287,10 @@ class DataConfig:
     )
     val_path: str | None = field(
         default=None,
-        metadata=about("held-out tokens for train.eval_every, in data.path's forms; null: the built-in ones"),
+        metadata=about(
+            "held-out tokens, in data.path's forms, evaluated every train.eval_every steps; null: the "
+            "built-in ones, where train.eval_every is set"
+        ),
     )
     max_bytes: int = field(
         default=16_000_000, metadata=about("cap on the built-in text corpus, in bytes", at_least=1)
@@ -450,7 +453,9 @@ class TrainLoopConfig:
     eval_every: int = field(
         default=0,
         metadata=about(
-            "optimizer steps between held-out evaluations, and one after the last; 0: none", at_least=0
+            "optimizer steps between held-out evaluations, and one after the last; 0: none, or, where "
+            "data.val_path is given, every train.steps / 5",
+            at_least=0,
         ),
     )
     eval_batches: int = field(

@@ -83,3 +83,13 @@ def test_the_nanogpt_experiment_is_nanogpts_gpt2_run():
     assert (optimizer.beta1, optimizer.beta2, config.train.steps) == (0.9, 0.95, 600_000)
     # eval_interval 1000, eval_iters 200 of 12 sequences a rank: 2,400, here 5 global batches of 480
     assert (config.train.eval_every, config.train.eval_batches * config.batch.global_size) == (1000, 2400)
+
+
+def test_a_held_out_set_given_without_an_interval_is_evaluated_five_times():
+    """data.val_path with train.eval_every=0 (its default) would leave the set unused and say nothing."""
+    given = to_train_config(_compose(["data.val_path=/data/val.bin", "train.steps=60"]))
+    assert given.train.eval_every == 12
+    assert to_train_config(_compose(["data.val_path=/data/val.bin", "train.steps=3"])).train.eval_every == 1
+    chosen = to_train_config(_compose(["data.val_path=/data/val.bin", "train.eval_every=7"]))
+    assert chosen.train.eval_every == 7
+    assert to_train_config(_compose([])).train.eval_every == 0  # no held-out set: no evaluation
