@@ -18,6 +18,7 @@ from runner.hardware.peak_flops import torch_dtype
 from runner.hardware.peak_memory import PeakMemory, host_peak_bytes, host_rss_bytes
 from runner.layout import Layout
 from runner.model.build_method import BY_STAGE, PARTITIONED, SHARD, build_method_for
+from runner.model.hf_weights import init_from_record
 from runner.model.meta import materialize
 from runner.model.transformer import build_model, num_params
 from runner.parallel.pipeline import build_pipeline
@@ -105,5 +106,6 @@ def build_measured(
         "num_params": num_params(config.model),
         "host_peak_gb": (host_peak_bytes() - host_before) / 1e9,
         "device_peak_gb": (on_device.read() - device_before) / 1e9 if device.type == "cuda" else None,
+        "init_from": init_from_record(config.model),
     }
     return model, record

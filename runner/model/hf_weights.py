@@ -57,6 +57,37 @@ def weight_files(folder: str) -> dict[str, str]:
     raise ValueError(f"{folder} holds neither {INDEX_FILE} nor {SINGLE_FILE}")
 
 
+# Bytes per element of each safetensors dtype (the format's own names).
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+
+
+def init_from_record(cfg: ModelConfig) -> dict[str, Any] | None:
+    """summary.json's ``model_build.init_from``: the directory the weights were read from, the
+    tensors the model took from it and their bytes in its files (from the headers); None without
+    ``model.init_from``."""
+    if cfg.init_from is None:
+        return None
+    needed = hf_shapes(cfg)
+    by_file: dict[str, list[str]] = {}
+    for name, file in weight_files(cfg.init_from).items():
+        if name in needed:
+            by_file.setdefault(file, []).append(name)
+    total = 0
+    for file, names in by_file.items():
+        with _safe_open()(file, framework="pt") as handle:
+            for name in names:
+                piece = handle.get_slice(name)
+                total += math.prod(piece.get_shape()) * SAFETENSORS_DTYPE_BYTES.get(piece.get_dtype(), 0)
+    return {
+        "path": str(Path(cfg.init_from).resolve()),
+        "tensors": sum(len(names) for names in by_file.values()),
+        "bytes": total,
+    }
+
+
 def header_shapes(folder: str) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape in ``folder``'s safetensors files, read from their headers only."""
     safe_open = _safe_open()
@@ -72,8 +103,9 @@ def header_shapes(folder: str) -> dict[str, tuple[int, ...]]:
 
 
 def init_from_problems(cfg: ModelConfig) -> list[str]:
-    """Why ``cfg.init_from``'s tensors cannot start ``cfg``'s model: each missing, misshapen or
-    unexpected tensor, with both shapes and the fix; empty when they can."""
+    """Why ``cfg.init_from``'s tensors cannot start ``cfg``'s model: the missing, misshapen and
+    unexpected tensors, a line for each kind with the first few, both shapes, the count and the
+    fix; empty when they can."""
     key = f"model.init_from={cfg.init_from}"
     if cfg.init_from is None:
         return []
@@ -84,20 +116,41 @@ def init_from_problems(cfg: ModelConfig) -> list[str]:
     except (ValueError, OSError) as error:
         return [f"{key}: {error}; name a directory of safetensors files, as save_pretrained writes"]
     fix = "set the model's shape from the same directory (model=hf model.hf_config=DIR)"
-    problems = []
-    for hf, (_, shape) in hf_shapes(cfg).items():
-        if hf not in found:
-            problems.append(f"{key}: no tensor {hf}, which this model needs with shape {shape}; {fix}")
-        elif found[hf] != shape:
-            problems.append(f"{key}: {hf} has shape {found[hf]}, this model's {shape}; {fix}")
     expected = hf_shapes(cfg)
-    for extra in sorted(set(found) - set(expected)):
-        if not extra.endswith(_DERIVED_SUFFIXES):
-            problems.append(
-                f"{key}: {extra} {found[extra]} has no place in this model (model.tie_embeddings="
-                f"{cfg.tie_embeddings}, model.qkv_bias={cfg.qkv_bias}); {fix}"
-            )
-    return problems
+    missing = [
+        f"no tensor {hf}, which this model needs with shape {shape}"
+        for hf, (_, shape) in expected.items()
+        if hf not in found
+    ]
+    misshapen = [
+        f"{hf} has shape {found[hf]}, this model's {shape}"
+        for hf, (_, shape) in expected.items()
+        if hf in found and found[hf] != shape
+    ]
+    placeless = [
+        f"{extra} {found[extra]} has no place in this model (model.tie_embeddings={cfg.tie_embeddings}, "
+        f"model.qkv_bias={cfg.qkv_bias})"
+        for extra in sorted(set(found) - set(expected))
+        if not extra.endswith(_DERIVED_SUFFIXES)
+    ]
+    return [
+        *_grouped(key, missing, "missing", fix),
+        *_grouped(key, misshapen, "of other shapes", fix),
+        *_grouped(key, placeless, "without a place", fix),
+    ]
+
+
+# Tensors named in one refusal line, of each kind: a whole model of another shape would otherwise
+# print one line per tensor (hundreds for an 8B model), each with the same fix.
+SHOWN_TENSORS = 3
+
+
+def _grouped(key: str, found: list[str], kind: str, fix: str) -> list[str]:
+    """One refusal line for the tensors ``found`` of one kind: the first few, the count, the fix."""
+    if not found:
+        return []
+    more = f" (and {len(found) - SHOWN_TENSORS} more tensors {kind})" if len(found) > SHOWN_TENSORS else ""
+    return [f"{key}: {'; '.join(found[:SHOWN_TENSORS])}{more}; {fix}"]
 
 
 def _rows(cfg: ModelConfig, name: str, top: int, bottom: int) -> torch.Tensor:

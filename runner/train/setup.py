@@ -123,6 +123,13 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[Any, dict[str, Any],
     model, model_build = build_measured(
         config, layout=ctx.layout, ds_config=ctx.job.ds_config, device=ctx.device
     )
+    if (read := model_build["init_from"]) is not None and ctx.lead:
+        log.info(
+            "model.init_from: %d tensors, %.3f GB, read from %s",
+            read["tensors"],
+            read["bytes"] / 1e9,
+            read["path"],
+        )
     compiled = compile_blocks(model) if config.train.compile else 0
     wall.mark("build")
     engine = initialize_engine(

@@ -145,6 +145,14 @@ def test_step_0_loss_after_import_is_transformers_loss_on_the_same_batch(
         expected = F.cross_entropy(model(inputs).logits.flatten(0, 1), targets.flatten()).item()
     loss = imported_run.metrics[0]["loss"]
     assert abs(loss - expected) <= 1e-5 * abs(expected), (loss, expected)
+    # the run says where its weights came from, and records it
+    build = imported_run.summary["model_build"]
+    read = build["init_from"]
+    assert read["path"] == str(qwen2_dir.resolve()) and read["bytes"] == 4 * build["num_params"]  # fp32 files
+    said = (
+        f"model.init_from: {read['tensors']} tensors, {read['bytes'] / 1e9:.3f} GB, read from {read['path']}"
+    )
+    assert said in imported_run.stdout + imported_run.stderr
 
 
 @pytest.fixture(scope="module")

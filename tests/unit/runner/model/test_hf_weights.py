@@ -95,6 +95,11 @@ def test_a_missing_tensor_and_a_wrong_shape_are_named_with_both_shapes(saved):
         "model.layers.0.mlp.gate_proj.weight has shape (96, 64), this model's (128, 64)" in p
         for p in problems
     ), problems
+    # every layer's three MLP weights: one line, the first three, the count of the rest, one fix
+    (misshapen,) = [p for p in problems if "has shape" in p]
+    assert misshapen.count("has shape") == hf_weights.SHOWN_TENSORS
+    assert f"(and {3 * cfg.n_layer - 3} more tensors of other shapes)" in misshapen
+    assert misshapen.count("model.hf_config") == 1
     untied = dataclasses.replace(cfg, tie_embeddings=not cfg.tie_embeddings)
     said = "\n".join(hf_weights.init_from_problems(untied))
     assert "lm_head.weight" in said and "model.hf_config" in said
