@@ -418,6 +418,13 @@ class TrainLoopConfig:
     keep_checkpoints: int = field(
         default=2, metadata=about("complete checkpoints kept, newest first", at_least=1)
     )
+    save_final: bool = field(
+        default=True,
+        metadata=about(
+            "save a checkpoint after the last step, which ladder export and a longer run continue "
+            "from; false: only those of checkpoint_every and a stop"
+        ),
+    )
     resume: Resume = field(
         default=Resume.never,
         metadata=about(

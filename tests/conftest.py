@@ -1,12 +1,15 @@
 """Shared fixtures; the helpers they use live in tests/train_helpers.py.
 
-Two settings hold for every test and every process it starts (set here, before any test):
+Three settings hold for every test and every process it starts (set here, before any test):
 
 - ``LADDER_CALIBRATION``: runs and plans on ``cluster=local`` take their step-time figures from one
   recorded calibration (:data:`PINNED_CALIBRATION`, conf/cluster/local.yaml reads the variable)
   instead of measuring this host: the suite then spends no minutes measuring, and what a test sees
   of the step-time model is the same on every host and under any load. A test about the
   measurement itself asks for :func:`measured_calibration`.
+- ``LADDER_SAVE_FINAL=false``: the suite's runs write no checkpoint after their last step
+  (``train.save_final``'s default, conf/config.yaml reads the variable) unless a test asks for it:
+  hundreds of runs would each save one that no test reads. The tests of that checkpoint ask.
 - ``LADDER_CACHE_DIR``: the caches of what is still measured (those tests' figures, the CPU's MFU
   peak) are the suite's own, under .pytest_cache/, shared by every test and process of a session
   and never the user's ~/.cache/ladder.
@@ -31,6 +34,7 @@ from train_helpers import REFERENCE_STEPS, ROOT, SMALL_EXPERIMENT, TrainResult, 
 PINNED_CALIBRATION = ROOT / "tests" / "data" / "cpu_calibration.json"
 os.environ["LADDER_CALIBRATION"] = str(PINNED_CALIBRATION)
 os.environ["LADDER_CACHE_DIR"] = str(ROOT / ".pytest_cache" / "ladder")
+os.environ["LADDER_SAVE_FINAL"] = "false"
 
 
 def pytest_configure(config: pytest.Config) -> None:

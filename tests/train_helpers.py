@@ -103,14 +103,21 @@ def earlier_sweep(sweep_dir: Path, cells: list[str]) -> None:
         (sweep_dir / cell / "train.log").write_text("the earlier attempt's log\n")  # Hydra appends
 
 
-def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def clean_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
     """This environment without a launcher's rank variables: the child starts as a user's command
-    (piped: without a terminal size the calling shell may export)."""
-    env = {**os.environ, "WANDB_SILENT": "true", **(extra or {})}
+    (piped: without a terminal size the calling shell may export). ``extra``: variables to set, or
+    with None to leave out (``{"LADDER_SAVE_FINAL": None}``: a user's default, not the suite's)."""
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    env.update({key: value for key, value in (extra or {}).items() if value is not None})
     ranks = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID")
-    for key in (*ranks, "COLUMNS", "LINES"):
+    left_out = [key for key, value in (extra or {}).items() if value is None]
+    for key in (*ranks, "COLUMNS", "LINES", *left_out):
         env.pop(key, None)
     return env
+
+
+# A run with the user's default train.save_final=true, which the suite turns off (tests/conftest.py).
+USERS_SAVE_FINAL: dict[str, str | None] = {"LADDER_SAVE_FINAL": None}
 
 
 # A step past a rank's memory cap: tiny at micro 64 of 512 tokens plans 3.12 GB of activations.
@@ -197,7 +204,7 @@ def capped_cgroup(cap_bytes: int) -> Iterator[tuple[Path, Callable[[], None]]]:
 
 
 def run_train(
-    *overrides: str, run_dir: Path, timeout: float = 600, env: dict[str, str] | None = None
+    *overrides: str, run_dir: Path, timeout: float = 600, env: dict[str, str | None] | None = None
 ) -> TrainResult:
     """``python train.py overrides... hydra.run.dir=run_dir`` in a clean child process."""
     proc = subprocess.run(

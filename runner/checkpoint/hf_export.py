@@ -106,7 +106,9 @@ def checkpoint_record(run_dir: Path, step: int | None) -> dict[str, Any]:
     if newest is None:
         raise ExportError(
             f"{run_dir}: no complete checkpoint (checkpoints/latest.json names none that exists); "
-            "train with train.checkpoint_every=N, or export a run that saved one"
+            "a run saves one after its last step unless train.save_final=false, and every "
+            "train.checkpoint_every=N steps: train it again (train.resume=auto starts it over in the "
+            "same directory and saves at its end), or export a run that saved one"
         )
     if step is None or tag_for(step) == newest["tag"]:
         return newest

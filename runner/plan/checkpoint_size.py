@@ -174,15 +174,16 @@ class DiskNeed:
 
     each: int  # bytes of one checkpoint
     kept: int  # train.keep_checkpoints
-    # The checkpoints this check weighs: the periodic ones, or the one a stop would write where there
-    # are none (train.checkpoint_every=0). Not a count of checkpoints written: summary.json's
-    # wall_time.checkpoints_written is that.
+    # The checkpoints this check weighs: the periodic ones and the one after the last step
+    # (train.save_final), or the one a stop would write where there are none. Not a count of
+    # checkpoints written: summary.json's wall_time.checkpoints_written is that.
     saves: int
     on_disk: int  # complete checkpoints the run directory holds already
     free: int  # bytes free on its filesystem now
     where: Path  # the directory whose filesystem was asked
     conversion: Conversion | None = None  # a resume onto another layout
     periodic_saves: int = 0  # the checkpoints train.checkpoint_every will write (0 when it is 0)
+    final_save: bool = False  # train.save_final's after the last step, where no periodic one falls
 
     @property
     def to_write(self) -> int:
@@ -249,7 +250,9 @@ class DiskNeed:
             "saves": self.saves,  # as saves_weighed, the name it had first
             "saves_weighed": self.saves,
             "periodic_saves": self.periodic_saves,
-            "stop_save_weighed": self.periodic_saves == 0,  # no periodic save: the one a stop writes
+            "final_save": self.final_save,
+            # no periodic or final save: the one a stop writes
+            "stop_save_weighed": self.periodic_saves == 0 and not self.final_save,
             "on_disk": self.on_disk,
             "peak_bytes_to_write": self.needed,
             "free_bytes": self.free,
@@ -288,11 +291,14 @@ def disk_need(
     """
     where = _existing_folder(run_dir)
     every, left = config.train.checkpoint_every, max(0, config.train.steps - done_steps)
+    # train.save_final's checkpoint after the last step, where no periodic save falls on it
+    final = int(config.train.save_final and left > 0 and (not every or left % every != 0))
     return DiskNeed(
         each=config_checkpoint_bytes(config),
         kept=config.train.keep_checkpoints,
-        saves=max(1, left // every) if every else 1,
+        saves=max(1, (left // every if every else 0) + final),
         periodic_saves=left // every if every else 0,
+        final_save=bool(final),
         on_disk=on_disk,
         free=shutil.disk_usage(where).free,
         where=where,
@@ -305,17 +311,27 @@ def disk_problem(need: DiskNeed, config: TrainConfig) -> str | None:
     filesystem, or None."""
     if (moving := need.conversion_problem()) is not None:
         return moving
-    if need.fits or not config.train.checkpoint_every:
+    train = config.train
+    if need.fits or not (train.checkpoint_every or train.save_final):
         return None
     fewer = ""
     if need.kept > 1:
         one = dataclasses.replace(need, kept=1)
         if one.fits:
             fewer = f"keep fewer (train.keep_checkpoints=1 needs {one.needed / 1e9:.3f} GB), "
+    saves = " ".join(
+        words
+        for words, chosen in (
+            (f"train.checkpoint_every={train.checkpoint_every}", train.checkpoint_every),
+            ("train.save_final=true", train.save_final),
+        )
+        if chosen
+    )
+    only_stop = "train.checkpoint_every=0" + (" train.save_final=false" if train.save_final else "")
     return (
-        f"train.checkpoint_every={config.train.checkpoint_every}: the run's checkpoints need "
-        f"{need.arithmetic()}: free space there, {fewer}or write the run elsewhere (hydra.run.dir=..., "
-        f"or hydra.sweep.dir=... for a sweep); with train.checkpoint_every=0 it saves only when stopped"
+        f"{saves}: the run's checkpoints need {need.arithmetic()}: free space there, {fewer}or write "
+        f"the run elsewhere (hydra.run.dir=..., or hydra.sweep.dir=... for a sweep); with "
+        f"{only_stop} it saves only when stopped"
     )
 
 
@@ -327,7 +343,11 @@ def sweep_disk_problem(configs: list[TrainConfig], sweep_dir: Path, *, at_once: 
     cells that may run ``at_once`` (a SLURM job array) every cell's peak together. Each
     cell's own check (:func:`disk_problem`) runs as it starts, against what is free then.
     """
-    needs = [disk_need(config, sweep_dir) for config in configs if config.train.checkpoint_every]
+    needs = [
+        disk_need(config, sweep_dir)
+        for config in configs
+        if config.train.checkpoint_every or config.train.save_final
+    ]
     if len(needs) < 2:
         return None
     if at_once:
@@ -339,16 +359,30 @@ def sweep_disk_problem(configs: list[TrainConfig], sweep_dir: Path, *, at_once: 
     if total <= free:
         return None
     return (
-        f"the sweep's {len(needs)} cells with train.checkpoint_every need {total / 1e9:.3f} GB of "
+        f"the sweep's {len(needs)} cells with {_saving_keys(configs)} need {total / 1e9:.3f} GB of "
         f"checkpoints between them ({how}), {free / 1e9:.3f} GB free on the filesystem of {where}: "
         f"free space there, keep fewer (train.keep_checkpoints), or write the sweep elsewhere "
         f"(hydra.sweep.dir=...)"
     )
 
 
+def _saving_keys(configs: list[TrainConfig]) -> str:
+    """The keys that make a sweep's cells save: ``train.checkpoint_every``, ``train.save_final``."""
+    keys = [
+        key
+        for key, used in (
+            ("train.checkpoint_every", any(c.train.checkpoint_every for c in configs)),
+            ("train.save_final", any(c.train.save_final for c in configs)),
+        )
+        if used
+    ]
+    return " or ".join(keys)
+
+
 def stop_save_warning(need: DiskNeed, config: TrainConfig) -> str | None:
-    """A run without periodic checkpoints whose stop's checkpoint would not fit: a warning, or None."""
-    if need.fits or config.train.checkpoint_every:
+    """A run that saves only at a stop (no periodic or final checkpoint) whose stop's checkpoint
+    would not fit: a warning, or None."""
+    if need.fits or config.train.checkpoint_every or config.train.save_final:
         return None
     return (
         f"the checkpoint a stop writes (Ctrl-C, SIGTERM, a SLURM time limit) would not fit: "

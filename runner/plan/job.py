@@ -66,7 +66,8 @@ def plan_exit_code(plan: Plan, disk_refused: bool, ladder: Ladder | None = None)
 def unseen_filesystem_line(need: DiskNeed, config: TrainConfig) -> str:
     """The checkpoints of a plan for a named cluster whose filesystem this host cannot see."""
     every = config.train.checkpoint_every
-    saves = "one checkpoint at a stop" if not every else f"{need.needed / 1e9:.3f} GB of checkpoints"
+    one = "one checkpoint after the last step" if config.train.save_final else "one checkpoint at a stop"
+    saves = one if not every else f"{need.needed / 1e9:.3f} GB of checkpoints"
     return (
         f"  train.checkpoint_every={every}: {saves}; the filesystem of cluster={config.cluster.name} is not "
         f"seen from here: set cluster.storage_path=<a directory on it> to weigh its free space"

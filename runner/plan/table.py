@@ -430,13 +430,14 @@ def checkpoint_disk_line(need: DiskNeed, config: TrainConfig) -> str:
     """Whether the run's checkpoints fit on its directory's filesystem, in one line."""
     every = config.train.checkpoint_every
     verdict = "FITS" if need.fits else "DOES NOT FIT"
-    if not every:
+    final = " train.save_final=true" if config.train.save_final else ""
+    if not every and not final:
         beside = "" if need.conversion is None else f", beside {need.conversion.words()}"
         return (
             f"  train.checkpoint_every=0: one checkpoint at a stop{beside}; {need.free / GB:.2f} GB free "
             f"on the filesystem of {need.where} => {verdict}"
         )
-    return f"  train.checkpoint_every={every}: {need.arithmetic()} => {verdict}"
+    return f"  train.checkpoint_every={every}{final}: {need.arithmetic()} => {verdict}"
 
 
 def _ranked_line(place: int, candidate: Candidate, recommended: bool) -> str:

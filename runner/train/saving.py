@@ -1,4 +1,5 @@
-"""Checkpoints the loop takes: every ``train.checkpoint_every`` steps, and at a stop signal.
+"""Checkpoints the loop takes: every ``train.checkpoint_every`` steps, after the last step
+(``train.save_final``), and at a stop signal.
 
 A save at a stop is followed by every rank raising :class:`Preempted` with what was saved
 (runner/train/preemption.py has the signals and what SLURM does next).

@@ -4,7 +4,8 @@ instruments, and runs the steps from the resumed one to ``train.steps``.
 The path of one step, top to bottom in this file:
 
 - :meth:`Trainer.train`: per step, :meth:`~Trainer.train_step`, then the sinks, a checkpoint
-  every ``train.checkpoint_every`` steps (runner/train/saving.py) and a stop the ranks agree on;
+  every ``train.checkpoint_every`` steps and after the last (``train.save_final``;
+  runner/train/saving.py), and a stop the ranks agree on;
 - :meth:`Trainer.train_step`: the step timed, its metrics (docs/metrics.md), the held-out loss;
 - :meth:`Trainer.micro_batch_step` (pp = 1): :meth:`~Trainer.forward_backward_step` on each of
   this rank's micro-batches, then the optimizer step at the accumulation boundary;
@@ -225,7 +226,8 @@ class Trainer:
     def train(self) -> None:
         """Train from the resumed step to ``train.steps``; raises Preempted at an agreed stop."""
         ctx, wall, progress = self.ctx, self.wall, self.progress
-        every = ctx.config.train.checkpoint_every
+        every, last = ctx.config.train.checkpoint_every, ctx.config.train.steps
+        final = ctx.config.train.save_final
         slow_s = injected_step_s()
         for step in range(self.resumed.start_step, ctx.config.train.steps):
             progress.step = step
@@ -233,7 +235,7 @@ class Trainer:
             logged = self._log(step, metrics)
             time.sleep(slow_s)
             asked = self._asked_to_stop(step)
-            saving_now = bool((every and (step + 1) % every == 0) or asked)
+            saving_now = bool((every and (step + 1) % every == 0) or asked or (final and step + 1 == last))
             if saving_now:
                 self.save(completed_steps=step + 1)
             if self.attempt is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from train_helpers import ROOT, TrainResult, clean_env, run_train
+from train_helpers import ROOT, USERS_SAVE_FINAL, TrainResult, clean_env, run_train
 
 from runner.checkpoint.hf_export import ExportError, export
 from runner.config import DataConfig, DataName
@@ -104,7 +104,8 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def imported_run(
     tmp_path_factory: pytest.TempPathFactory, qwen2_dir: Path, tokenized: dict[str, Path]
 ) -> TrainResult:
-    """Two fp32 steps from the Qwen2's weights on the tokenized text, one checkpoint at the end."""
+    """Two fp32 steps from the Qwen2's weights on the tokenized text, and the checkpoint after the
+    last step that a run saves by default (train.save_final), which ladder export reads."""
     run_dir = tmp_path_factory.mktemp("imported") / "run"
     result = run_train(
         "model=hf",
@@ -116,9 +117,9 @@ def imported_run(
         f"batch.global_size={GLOBAL}",
         f"batch.micro_size={GLOBAL}",
         f"train.steps={STEPS}",
-        f"train.checkpoint_every={STEPS}",
         "logger=none",
         run_dir=run_dir,
+        env=USERS_SAVE_FINAL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result

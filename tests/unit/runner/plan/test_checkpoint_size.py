@@ -150,6 +150,30 @@ def test_the_record_says_what_its_saves_count_and_none_reads_as_checkpoints_writ
     assert (every["saves_weighed"], every["periodic_saves"], every["stop_save_weighed"]) == (10, 10, False)
 
 
+def test_the_checkpoint_after_the_last_step_is_weighed_and_a_run_it_cannot_fit_is_refused(
+    monkeypatch, tmp_path
+):
+    """train.save_final (the default; the suite sets it off): one more save where no periodic one
+    falls on the last step, weighed as the periodic ones are and refused alike when it cannot fit."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, 10**12))
+    final = checkpoint_size.disk_need(compose_config("train.save_final=true"), tmp_path).record()
+    assert (final["saves_weighed"], final["final_save"], final["stop_save_weighed"]) == (1, True, False)
+    ten = compose_config("train.save_final=true", "train.checkpoint_every=4", "train.steps=10")
+    assert (
+        checkpoint_size.disk_need(ten, tmp_path).saves,
+        checkpoint_size.disk_need(ten, tmp_path).final_save,
+    ) == (3, True)
+    eight = compose_config("train.save_final=true", "train.checkpoint_every=4", "train.steps=8")
+    assert checkpoint_size.disk_need(eight, tmp_path).saves == 2  # the last periodic save is the final one
+    config = compose_config("train.save_final=true")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, config_checkpoint_bytes(config) // 2))
+    refusal = checkpoint_size.disk_problem(checkpoint_size.disk_need(config, tmp_path), config)
+    assert refusal is not None and refusal.startswith("train.save_final=true: the run's checkpoints need 1 x")
+    assert "with train.checkpoint_every=0 train.save_final=false it saves only when stopped" in refusal
+    stop_only = compose_config("train.save_final=false")
+    assert checkpoint_size.disk_problem(checkpoint_size.disk_need(stop_only, tmp_path), stop_only) is None
+
+
 def test_a_sweep_needs_what_its_cells_keep_one_after_another_or_all_at_once(monkeypatch, tmp_path):
     cells = [
         compose_config("train.checkpoint_every=10", "train.steps=100", f"parallel={p}")
