@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from runner.config import OffloadPlacement, TrainConfig
+from runner.config import OffloadPlacement, Precision, TrainConfig
 from runner.memory_model.peak import MemoryTerms
 from runner.memory_model.peak_lines import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
 from runner.memory_model.states import bytes_per_param
@@ -158,6 +158,7 @@ def _layout_lines(plan: Plan) -> list[str]:
         f"{w.precision.value} {w.optimizer.value}, seq {w.seq_len}, gpus {w.gpus} on cluster {w.cluster}"
         + ("  [PLAN ONLY]" if plan.plan_only else ""),
         "  nothing launched, nothing allocated",
+        *_unusual_lines(plan),
         f"layout     gpus {lay.gpus} = dp {lay.dp} x tp {lay.tp} x pp {lay.pp};  global {lay.global_size} = "
         f"micro {lay.micro_size} x accum {lay.accum_steps} x dp {lay.dp}",
     ]
@@ -167,6 +168,36 @@ def _layout_lines(plan: Plan) -> list[str]:
         lines.append(f"    planned instead at global {lay.global_size}: this layout cannot run as configured")
     lines.append(f"  {plan.micro_choice}")
     return lines
+
+
+# Above UNUSUAL_PARAMS parameters, published pretraining runs train in 16-bit at a context of
+# UNUSUAL_SEQ tokens or more (GPT-3 2,048, Llama 2 4,096, Llama 3 8,192: the papers conf/model/
+# cites). A plan outside that is most often a published model planned with train.py's defaults,
+# which are the tiny model's (fp32, data.seq_len=128): one line says so.
+UNUSUAL_PARAMS = 1e9
+UNUSUAL_SEQ = 1024
+
+
+def _unusual_lines(plan: Plan) -> list[str]:
+    """One line where a model above UNUSUAL_PARAMS is planned in fp32 or below UNUSUAL_SEQ tokens."""
+    w = plan.workload
+    if w.num_params <= UNUSUAL_PARAMS:
+        return []
+    unusual = [
+        words
+        for words, odd in (
+            ("fp32", w.precision == Precision.fp32),
+            (f"seq {w.seq_len}", w.seq_len < UNUSUAL_SEQ),
+        )
+        if odd
+    ]
+    if not unusual:
+        return []
+    return [
+        f"  note: {w.num_params / 1e9:.1f}B parameters in {' at '.join(unusual)} is unusual: such models "
+        f"train in bf16 at {UNUSUAL_SEQ:,} tokens and more (precision=bf16 data.seq_len=4096, say); "
+        "train.py's defaults are the tiny model's"
+    ]
 
 
 def _device_lines(plan: Plan) -> list[str]:

@@ -82,6 +82,19 @@ def test_llama_70b_zero3_on_64_gpus_holds_17_2_gb_of_model_states():
     assert "inter-node" in table  # 64 gpus > 8 per node
 
 
+def test_a_published_model_planned_with_the_tiny_models_defaults_says_it_is_unusual():
+    """model=llama_7b plan=true alone plans fp32 at seq 128: one line says so, and how to plan it."""
+    (note,) = [
+        line for line in format_plan(plan_config(_config("model=llama_7b"))).splitlines() if "note:" in line
+    ]
+    assert (
+        "6.7B parameters in fp32 at seq 128 is unusual" in note and "precision=bf16 data.seq_len=4096" in note
+    )
+    as_trained = _config("model=llama_7b", "precision=bf16", "data.seq_len=4096", "batch.micro_size=1")
+    assert "is unusual" not in format_plan(plan_config(as_trained))
+    assert "is unusual" not in format_plan(plan_config(_config()))  # the tiny model: its own defaults
+
+
 def test_ddp_on_8_gpus_does_not_fit_80_gb_and_says_by_how_much():
     plan = plan_config(_70b("parallel=ddp", "gpus=8"))
     usable = 0.9 * 80e9
