@@ -12,7 +12,7 @@ from typing import Any
 
 from launchers.resume import ResumeSource
 from launchers.slurm_job import slurm_job_record
-from runner.data.tokenizer_dir import tokenizer_identity
+from runner.data.tokenizer_dir import run_tokenizer_record
 from runner.engine.schedule import scaled_lr
 from runner.model.shape import num_params
 from runner.plan.checkpoint_size import DiskNeed
@@ -76,7 +76,9 @@ def start_summary(
             lr=scaled_lr(config.optimizer, global_size=layout.global_size),
             slurm=slurm_job_record(os.environ),  # job id, nodes, tasks; None outside SLURM
             layout_history=history,
-            tokenizer=tokenizer_identity(config.data.tokenizer) if config.data.tokenizer else None,
+            tokenizer=run_tokenizer_record(config.data.tokenizer, config.data.path)
+            if config.data.tokenizer
+            else None,
             micro_size_choice=planned.micro_size_choice,
             plan_warnings=planned.warnings,
             host_memory=host_plan_record(plan),

@@ -44,7 +44,13 @@ from deepspeed.checkpoint.constants import PARAM
 
 from runner.checkpoint import universal_conversion
 from runner.config import ModelConfig
-from runner.data.tokenizer_dir import tokenizer_files, tokenizer_identity, tokenizer_sha256
+from runner.data.tokenizer_dir import (
+    TOKENIZER_CONFIG_FILE,
+    eos_token,
+    tokenizer_files,
+    tokenizer_identity,
+    tokenizer_sha256,
+)
 from runner.errors import ConfigError
 from runner.model.hf_config import hf_config_from_model, resolve_hf_model
 from runner.model.hf_names import hf_shapes
@@ -214,7 +220,23 @@ def run_tokenizer(run_dir: Path, override: Path | None) -> dict[str, Any] | None
             f"the tokenizer in {directory} changed since the run recorded it: its files hash to sha256 "
             f"{found}, the run's tokenizer to {recorded['sha256']} (summary.json); {fixes}"
         )
-    return tokenizer_identity(directory)
+    ended_by = {"eos_token": recorded["eos_token"]} if recorded.get("eos_token") else {}
+    return {**tokenizer_identity(directory), **ended_by}
+
+
+def name_eos_token(folder: Path, token: str) -> None:
+    """Name ``token`` as the end-of-text token of the tokenizer copied into ``folder``, where its
+    own files name none: in tokenizer_config.json (made, for transformers' PreTrainedTokenizerFast
+    over tokenizer.json, where there is none), which AutoTokenizer reads."""
+    if eos_token(folder) is not None:
+        return
+    config_file = folder / TOKENIZER_CONFIG_FILE
+    saved = (
+        json.loads(config_file.read_text())
+        if config_file.is_file()
+        else {"tokenizer_class": "PreTrainedTokenizerFast"}
+    )
+    config_file.write_text(json.dumps({**saved, "eos_token": token}, indent=2) + "\n")
 
 
 def check_out_dir(out_dir: Path, *, force: bool) -> None:
@@ -267,6 +289,8 @@ def export(
         if identity is not None:
             for file in tokenizer_files(identity["path"]):
                 shutil.copy2(file, partial / file.name)
+            if identity.get("eos_token"):
+                name_eos_token(partial, identity["eos_token"])
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

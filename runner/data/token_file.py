@@ -12,7 +12,8 @@ one corpus, read as their concatenation in sorted order. Each file is one of:
   then the tokens, uint16 for magic 20240520 version 1 (GPT-2), uint32 for 20240801
   version 7 (Llama 3). Recognised only where the file's size is exactly the header's count.
   ``ladder tokenize`` writes this format (``llmc_header``), and in the header's unused ints the
-  sha256 of the tokenizer that wrote it (``llmc_tokenizer_sha256``).
+  sha256 of the tokenizer that wrote it (``llmc_tokenizer_sha256``) and the id of the token that
+  ends each document (``llmc_eos_id``).
 
 numpy only, so the launching process checks the files before any rank starts
 (runner.preflight.validate) and each rank opens them the same way (runner.data.batches.BatchSource).
@@ -38,6 +39,10 @@ LLMC_FORMATS = {(20240520, 1): "uint16", (20240801, 7): "uint32"}  # (magic, ver
 # llm.c reads header[0:3] and writes zeros after them; ladder tokenize puts this mark in
 # header[3] and the tokenizer's sha256 (runner.data.tokenizer_dir.tokenizer_sha256) in header[4:12].
 LLMC_TOKENIZER_MARK = 0x4C444452  # "LDDR"
+# ... and this mark in header[12] with the id of the token that ends each document in header[13]
+# (``ladder tokenize --eos``, or the tokenizer's own eos_token): an export names it even where
+# the tokenizer's files do not.
+LLMC_EOS_MARK = 0x454F5321  # "EOS!"
 LLMC_COUNT_MAX = 2**31 - 1  # the header's count is an int32
 
 
@@ -87,7 +92,9 @@ def _llmc_dtype(head: bytes, n_bytes: int) -> str | None:
     return dtype
 
 
-def llmc_header(dtype: str, count: int, tokenizer_sha256: str | None = None) -> bytes:
+def llmc_header(
+    dtype: str, count: int, tokenizer_sha256: str | None = None, eos_id: int | None = None
+) -> bytes:
     """The 1024-byte header of an llm.c shard of ``count`` tokens of ``dtype`` (uint16 or uint32),
     as karpathy/llm.c ``dev/data/data_common.py`` ``write_datafile`` writes it."""
     if not 0 <= count <= LLMC_COUNT_MAX:
@@ -98,6 +105,8 @@ def llmc_header(dtype: str, count: int, tokenizer_sha256: str | None = None) -> 
     if tokenizer_sha256 is not None:
         header[3] = LLMC_TOKENIZER_MARK
         header[4:12] = np.frombuffer(bytes.fromhex(tokenizer_sha256), dtype="<i4")
+    if eos_id is not None:
+        header[12:14] = LLMC_EOS_MARK, eos_id
     return header.tobytes()
 
 
@@ -110,6 +119,17 @@ def llmc_tokenizer_sha256(file: Path) -> str | None:
         return None
     header = np.frombuffer(head[:48], dtype="<i4")
     return header[4:12].tobytes().hex() if int(header[3]) == LLMC_TOKENIZER_MARK else None
+
+
+def llmc_eos_id(file: Path) -> int | None:
+    """The id of the token that ends each document of this llm.c shard (``ladder tokenize``), or
+    None: another format, or a shard that does not say."""
+    with file.open("rb") as handle:
+        head = handle.read(LLMC_HEADER_INT32 * 4)
+    if len(head) < 56 or _llmc_dtype(head, file.stat().st_size) is None:
+        return None
+    header = np.frombuffer(head[:56], dtype="<i4")
+    return int(header[13]) if int(header[12]) == LLMC_EOS_MARK else None
 
 
 def _open_one(file: Path, dtype: str, shown: str, key: str = "data.path") -> tuple[np.ndarray, str]:

@@ -173,7 +173,7 @@ def tokenize_to_file(
             if progress is not None:
                 progress(chunk.bytes_in, len(chunk.documents), len(ids))
         handle.seek(0)
-        handle.write(llmc_header(dtype, tokens, sha256))
+        handle.write(llmc_header(dtype, tokens, sha256, eos_index))
     return TokenizeResult(
         out=out,
         tokens=tokens,

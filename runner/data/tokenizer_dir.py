@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.data.token_file import llmc_eos_id, token_files
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
@@ -35,7 +37,8 @@ TOKENIZER_FILE_NAMES = (
     "chat_template.jinja",
 )
 # Where transformers keeps a tokenizer's end-of-text token, first found wins.
-_EOS_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+_EOS_FILES = (TOKENIZER_CONFIG_FILE, "special_tokens_map.json")
 HF_EXTRA = "pip install 'ladder[hf]' (or: pip install tokenizers)"
 
 
@@ -82,6 +85,20 @@ def tokenizer_identity(directory: str | Path) -> dict[str, Any]:
         "sha256": tokenizer_sha256(directory),
         "files": [file.name for file in tokenizer_files(directory)],
     }
+
+
+def run_tokenizer_record(tokenizer_dir: str, data_path: str | None) -> dict[str, Any]:
+    """summary.json's ``tokenizer``: :func:`tokenizer_identity`, and ``eos_token``, the token that
+    ends each document of ``data_path`` where ``ladder tokenize`` wrote it in the shard's header
+    (its ``--eos``, which the tokenizer's own files may not name)."""
+    record = tokenizer_identity(tokenizer_dir)
+    files = token_files(data_path) if data_path else []
+    ended_by = llmc_eos_id(files[0]) if files and files[0].is_file() else None
+    if ended_by is not None:
+        token = load_tokenizer(tokenizer_dir, key="data.tokenizer").id_to_token(ended_by)
+        if token is not None:
+            record["eos_token"] = token
+    return record
 
 
 def load_tokenizer(directory: str | Path, *, key: str) -> Tokenizer:
@@ -154,6 +171,7 @@ __all__ = [
     "eos_id",
     "eos_token",
     "load_tokenizer",
+    "run_tokenizer_record",
     "tokenizer_dir_problem",
     "tokenizer_files",
     "tokenizer_identity",

@@ -35,8 +35,9 @@ TEXT = "\n\n".join(doc or "" for doc in (json.__doc__, shutil.__doc__, subproces
 
 @pytest.fixture(scope="module")
 def tokenized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A BPE tokenizer of 200 ids (within the Qwen2's 256) saved by transformers' save_pretrained,
-    and TEXT turned by ``ladder tokenize`` into the token file the run trains on."""
+    """A BPE tokenizer of 200 ids (within the Qwen2's 256) saved by transformers' save_pretrained
+    without an eos_token, and TEXT turned by ``ladder tokenize --eos`` into the token file the run
+    trains on."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     root = tmp_path_factory.mktemp("tokenizer")
@@ -44,7 +45,7 @@ def tokenized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.train_from_iterator([TEXT] * 4, trainers.BpeTrainer(vocab_size=200, special_tokens=[EOS]))
     directory = root / "tokenizer"
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS).save_pretrained(directory)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)
     (root / "text.txt").write_text(TEXT)
     tokens = root / "tokens.bin"
     ladder = str(Path(sys.executable).parent / "ladder")
@@ -59,6 +60,8 @@ def tokenized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "line",
             "--workers",
             "1",
+            "--eos",
+            EOS,
             "--out",
             str(tokens),
         ],
@@ -223,16 +226,21 @@ def test_a_run_from_the_export_starts_from_the_checkpoints_weights(
 
 
 def test_export_carries_the_runs_tokenizer(exported: Path, tokenized: dict[str, Path]):
-    """AutoTokenizer loads the export's copy, which encodes as the tokenizer the run trained with;
-    ladder_export.json names it by its sha256."""
+    """AutoTokenizer loads the export's copy, which encodes as the tokenizer the run trained with
+    and ends a document with the token ``ladder tokenize --eos`` ended them with, which the
+    tokenizer's own files did not name; ladder_export.json names the tokenizer by its sha256."""
     original = transformers.AutoTokenizer.from_pretrained(tokenized["tokenizer"])
     copied = transformers.AutoTokenizer.from_pretrained(exported)
     text = TEXT.splitlines()[0] + " " + EOS
     assert copied(text)["input_ids"] == original(text)["input_ids"]
     assert len(original(text)["input_ids"]) > 3
+    assert (original.eos_token, copied.eos_token) == (None, EOS)
     provenance = json.loads((exported / "ladder_export.json").read_text())
     assert provenance["tokenizer"]["sha256"] == tokenizer_sha256(tokenized["tokenizer"])
-    assert tokenizer_sha256(exported) == tokenizer_sha256(tokenized["tokenizer"])
+    assert provenance["tokenizer"]["eos_token"] == EOS
+    for file in tokenized["tokenizer"].iterdir():  # the copy is the run's tokenizer, its eos named
+        if file.name != "tokenizer_config.json":
+            assert (exported / file.name).read_bytes() == file.read_bytes(), file.name
 
 
 def test_export_refuses_a_changed_or_missing_tokenizer_before_writing(

@@ -18,7 +18,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from train_helpers import clean_env, run_train
 
-from runner.data.token_file import llmc_tokenizer_sha256, open_tokens
+from runner.data.token_file import llmc_eos_id, llmc_tokenizer_sha256, open_tokens
 from runner.data.tokenizer_dir import tokenizer_sha256
 
 pytestmark = pytest.mark.e2e
@@ -92,6 +92,7 @@ def test_each_document_is_the_tokenizers_encoding_then_eos(tokenized):
     assert np.array_equal(np.asarray(tokens), np.array(expected))
     assert words == f"{len(expected):,} tokens in 1 file(s), llm.c shard of uint16"
     assert llmc_tokenizer_sha256(tokenized["out"]) == tokenizer_sha256(tokenized["tokenizer"])
+    assert llmc_eos_id(tokenized["out"]) == eos  # the header names the token that ends documents
     stdout = tokenized["proc"].stdout
     assert f"{len(expected):,} tokens (uint16, llm.c shard) from {len(documents):,} documents" in stdout
     assert "tokens/s" in stdout and f"model.vocab_size={VOCAB}" in stdout
