@@ -40,7 +40,7 @@ from runner.metrics.wall_clock import BeforeRanks, process_start
 from runner.plan.job import plan_job
 from runner.plan.planner import Plan, layout_for_config
 from runner.preflight.build_locks import clear_stale_build_locks
-from runner.preflight.validate import validate
+from runner.preflight.validate import named_device_problems, validate
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import (
     COMPLETED,
@@ -233,7 +233,10 @@ def run(
     validate(config, launcher=None if planning else launcher)
     _choose_accelerator()  # after the refusals, which answer before torch is imported
     if planning:
-        return plan_job(config, run_dir=run_dir, resume=resume_plan(config, run_dir), given=given)
+        elsewhere = bool(named_device_problems(config))  # the recommended command says where it runs
+        return plan_job(
+            config, run_dir=run_dir, resume=resume_plan(config, run_dir), given=given, elsewhere=elsewhere
+        )
     if (finished := finished_already(config, run_dir)) is not None:
         raise NothingToTrain(finished, read_summary(run_dir))
     lead = env is None or env.rank == 0

@@ -74,6 +74,16 @@ def unseen_filesystem_line(need: DiskNeed, config: TrainConfig) -> str:
     )
 
 
+def where_it_runs(command: str, cluster: str) -> str:
+    """Where a recommended command for a named GPU cluster runs, said on a host without its devices
+    (the local launcher here refuses it): on the cluster's hosts, or submitted from here."""
+    submitted = command.replace("python train.py ", "python train.py -m hydra/launcher=slurm ", 1)
+    return (
+        f"  this host has no device of cluster {cluster}: run it on one of the cluster's hosts, or submit "
+        f"it from here to SLURM:\n  {submitted}"
+    )
+
+
 def _plan_disk(config: TrainConfig, run_dir: Path, resume: ResumePlan | None) -> tuple[DiskNeed, bool]:
     """The checkpoints against the filesystem the run will write to, and whether it was seen.
 
@@ -88,13 +98,19 @@ def _plan_disk(config: TrainConfig, run_dir: Path, resume: ResumePlan | None) ->
 
 
 def plan_job(
-    config: TrainConfig, *, run_dir: Path, resume: ResumePlan | None = None, given: list[str] | None = None
+    config: TrainConfig,
+    *,
+    run_dir: Path,
+    resume: ResumePlan | None = None,
+    given: list[str] | None = None,
+    elsewhere: bool = False,
 ) -> dict[str, Any]:
     """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record,
     whose ``exit_code`` is the plan's verdict (:func:`plan_exit_code`).
 
     ``resume``: with train.resume=auto, what the run directory holds (else None). ``given``: the
-    command line's overrides, which the recommended command carries.
+    command line's overrides, which the recommended command carries. ``elsewhere``: this host has
+    none of the named cluster's devices, so the recommended command says where it runs.
     """
     plan = plan_config(config)
     record = plan.record()
@@ -115,6 +131,8 @@ def plan_job(
         ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm, given=given)
         record["recommendation"] = recommendation_record(ladder)
         text += "\n" + format_ladder(ladder)
+        if elsewhere and ladder.command:
+            text += "\n" + where_it_runs(ladder.command, config.cluster.name)
     # The disk as a run weighs it: periodic checkpoints or a move's copy that cannot fit refuse the
     # run; the one checkpoint a stop writes is a warning (runner/plan/checkpoint_size.py).
     refused = seen and disk_problem(disk, config) is not None

@@ -744,3 +744,18 @@ def test_the_memory_terms_take_the_enums_or_their_plain_values():
     assert plain == typed and plain.host
     with pytest.raises(ValueError, match="Precision"):
         _terms(precision="fp64")
+
+
+def test_a_recommendation_for_a_gpu_cluster_planned_elsewhere_says_where_it_runs(tmp_path, capsys):
+    """Pasted on a host without the cluster's devices the command would be refused: the plan says
+    to run it on the cluster's hosts, or gives it submitted to SLURM, the plan's overrides carried."""
+    config = _config("cluster=h100_sxm", "gpus=8", "precision=bf16", "planner.recommend=true")
+    given = ["cluster=h100_sxm", "gpus=8", "precision=bf16", "cluster.inter_node_gbps=100"]
+    record = plan_job(config, run_dir=tmp_path, given=given, elsewhere=True)
+    out = capsys.readouterr().out
+    command = record["recommendation"]["command"]
+    assert "cluster.inter_node_gbps=100" in command
+    assert "this host has no device of cluster h100_sxm: run it on one of the cluster's hosts" in out
+    assert command.replace("python train.py ", "python train.py -m hydra/launcher=slurm ", 1) in out
+    plan_job(config, run_dir=tmp_path, given=given)  # on the cluster's own host: the command alone
+    assert "this host has no device" not in capsys.readouterr().out
