@@ -10,6 +10,7 @@ parallel.offload_* keys together).
 from __future__ import annotations
 
 from enum import Enum, IntEnum
+from typing import Any
 
 
 class Precision(str, Enum):
@@ -18,6 +19,18 @@ class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of one element computed in this precision: 4 in fp32, 2 in bf16 and fp16."""
+        return 4 if self is Precision.fp32 else 2
+
+    @property
+    def torch_dtype(self) -> Any:
+        """The torch dtype of this precision's compute (torch is imported here, not with the config)."""
+        import torch
+
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
 
 
 class OptimizerName(str, Enum):

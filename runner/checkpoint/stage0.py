@@ -46,7 +46,6 @@ from runner.model.transformer import build_model
 from runner.parallel.tensor import ROW_PARALLEL
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
-PARAM_DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 OPTIMIZER_STATE = "optimizer_state.pt"
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -280,7 +279,7 @@ def from_universal(universal: Path, output: Path, model: ModelConfig, precision:
     zero = universal / "zero"
     masters = {name: saved_tensor(zero, name, "fp32", names) for name in names.in_order}
     adam = read_adam(zero, names.groups, names)
-    dtype = PARAM_DTYPES[precision]
+    dtype = Precision(precision).torch_dtype
     module = OrderedDict((key, masters[names.tied.get(key, key)].to(dtype)) for key in names.state_dict_keys)
     states: dict[str, Any] = safe_load.load(universal / MODEL_STATES)
     optimizer: dict[str, Any] = adam

@@ -34,7 +34,6 @@ from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
 from runner.checkpoint.stage0 import (
     ADAM_MOMENTS,
     MODEL_STATES,
-    PARAM_DTYPES,
     ModelNames,
     check_positions,
     join_tp_shards,
@@ -243,7 +242,7 @@ def from_universal(
     layers: dict[int, dict[str, torch.Tensor]] = {}
     for name in names.in_order:
         layer, key = _layer_key(model, name)
-        layers.setdefault(layer, {})[key] = masters[name].to(PARAM_DTYPES[precision])
+        layers.setdefault(layer, {})[key] = masters[name].to(Precision(precision).torch_dtype)
     for layer, weights in sorted(layers.items()):
         torch.save(weights, output / f"layer_{layer:02d}-model_states.pt")
     for stage in range(pp):

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runner.config_choices import Precision
+
 # Dense peaks in TFLOP/s per device and precision ("tf32": fp32 matmuls on tensor cores).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # NVIDIA A100 Tensor Core GPU datasheet (same compute for 40/80 GB, SXM4 and PCIe):
@@ -88,11 +90,10 @@ def torch_dtype(dtype: Any) -> Any:
 
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     name = str(getattr(dtype, "value", dtype))
-    if name not in names:
-        raise ValueError(f"dtype={name!r} is not a torch.dtype nor one of {', '.join(names)}")
-    return names[name]
+    if name not in Precision.__members__:
+        raise ValueError(f"dtype={name!r} is not a torch.dtype nor one of {', '.join(Precision.__members__)}")
+    return Precision(name).torch_dtype
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def zero3_tp_build_bytes(model: ModelConfig, *, precision: Precision | str, dp: 
     whole, before the rank's own share is 1/tp of the matrices and the vocabulary.
     """
     numels = rank_param_numels(model)
-    elem = 4 if precision == Precision.fp32 else 2
+    elem = Precision(precision).bytes
     return elem * (-(-sum(numels) // dp) + max(numels))
 
 
@@ -160,7 +160,7 @@ def tied_head_gradient_bytes(model: ModelConfig, *, tp: int, pp: int, precision:
     if not model.tie_embeddings or pp > 1:
         return 0
     _, head = embedding_numels(model, tp)
-    return (4 if precision == Precision.fp32 else 2) * head
+    return Precision(precision).bytes * head
 
 
 def tied_gradient_join_bytes(tied: int, *, zero_stage: ZeroStage | int, accum_steps: int) -> int:
@@ -191,7 +191,7 @@ def allreduce_flat_bytes(local: int, *, largest: int, precision: Precision | str
     gradient of a rank up to 5e8 elements and one tensor, in the gradient dtype. It comes
     after backward, when the micro-batches' activations are freed.
     """
-    return (4 if precision == Precision.fp32 else 2) * min(local, ALLREDUCE_FLAT_ELEMENTS + largest)
+    return Precision(precision).bytes * min(local, ALLREDUCE_FLAT_ELEMENTS + largest)
 
 
 def optimizer_step_bytes(

@@ -165,7 +165,7 @@ def deepspeed_residuals(  # noqa: PLR0913 - public estimator API: keyword argume
     )
     prec = _choice(precision, Precision, "precision")
     off = _choice(offload, OffloadPlacement, "offload")
-    grad_bytes = FP32_BYTES if prec == Precision.fp32 else 2
+    grad_bytes = Precision(prec).bytes
     residuals: dict[str, int] = {}
     if zero_stage == 3:
         # On one rank nothing is partitioned: the "partition" is the parameter itself.
@@ -206,7 +206,7 @@ def zero12_backward_buckets(
         return {}
     if not (contiguous_gradients or _choice(offload, OffloadPlacement, "offload") != OffloadPlacement.none):
         return {}
-    model_bytes = FP32_BYTES if _choice(precision, Precision, "precision") == Precision.fp32 else 2
+    model_bytes = Precision(_choice(precision, Precision, "precision")).bytes
     buffers = 2 if overlap_comm else 1
     return {"reduce_bucket (in backward)": buffers * model_bytes * reduce_bucket_size}
 
@@ -276,7 +276,7 @@ def offload_host_buffers(  # noqa: PLR0913 - public estimator API: keyword argum
         return {}
     if largest_param < 0 or (accum_steps is not None and accum_steps < 1):
         raise ValueError(f"largest_param={largest_param} must be >= 0 and accum_steps={accum_steps} >= 1")
-    p = FP32_BYTES if _choice(precision, Precision, "precision") == Precision.fp32 else HALF_BYTES
+    p = Precision(_choice(precision, Precision, "precision")).bytes
     partition = _shard(num_params, 1, dp)  # elements
     buffers: dict[str, int] = {}
     if p == FP32_BYTES:

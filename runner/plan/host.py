@@ -54,7 +54,7 @@ from typing import Any
 from runner.config import ModelConfig, OffloadPlacement, Precision, ZeroStage
 from runner.layout import Layout
 from runner.memory_model.peak import MemoryTerms
-from runner.memory_model.units import FP32_BYTES, HALF_BYTES
+from runner.memory_model.units import FP32_BYTES
 from runner.model.build_method import (
     BY_STAGE,
     DRAW_BLOCK,
@@ -103,7 +103,7 @@ def _gb(num_bytes: float) -> str:
 
 def _weight_bytes(precision: Precision | str) -> int:
     """Bytes of one parameter as the model holds it: 4 in fp32, 2 in bf16 or fp16."""
-    return FP32_BYTES if precision == Precision.fp32 else HALF_BYTES
+    return Precision(precision).bytes
 
 
 def largest_stage_params(model: ModelConfig, pp: int, tp: int = 1) -> int:

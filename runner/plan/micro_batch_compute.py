@@ -56,7 +56,7 @@ OPS_PER_LAYER = 50
 
 def element_bytes(precision: Precision) -> int:
     """Bytes of one element in the compute dtype: 4 in fp32, else 2 (bf16, fp16)."""
-    return 4 if precision == Precision.fp32 else 2
+    return Precision(precision).bytes
 
 
 def _gemm_shapes(workload: Workload, layout: Layout, tokens: int) -> list[tuple[str, int, int, int, int]]:

@@ -58,7 +58,7 @@ def step_copies(
     local: int,
 ) -> list[StepCopy]:
     """The passes of one optimizer step on a rank holding ``local`` parameters (module docstring)."""
-    g = 4 if precision == Precision.fp32 else 2
+    g = Precision(precision).bytes
     grads = local * g
     if zero_stage == ZeroStage.ddp:
         copies = [

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.comm import allgather_bytes, allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
-from runner.config import ModelConfig, Precision, Recompute, ZeroStage
+from runner.config import ModelConfig, Recompute, ZeroStage
 from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_flops_per_token
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
@@ -112,7 +112,7 @@ def traffic(workload: Workload, knobs: Knobs, layout: Layout) -> list[Traffic]:
     """Bytes per optimizer step per device of each parallel group in use (see the module docstring)."""
     model, device, accum_steps = workload.model, workload.device, layout.accum_steps
     # Gradients and parameters travel in the compute dtype.
-    elem = 4 if workload.precision == Precision.fp32 else 2
+    elem = workload.precision.bytes
     within = layout.gpus <= device.per_node
     groups = [_dp_traffic(workload, knobs, layout, elem=elem)]
     activation = workload.seq_len * layout.micro_size * model.d_model * elem  # one (s, b, h) tensor
