@@ -45,6 +45,8 @@ from deepspeed.checkpoint.constants import PARAM
 from runner.checkpoint import universal_conversion
 from runner.config import ModelConfig
 from runner.data.tokenizer_dir import (
+    EOS_NAMED_KEY,
+    EXPORT_RECORD,
     TOKENIZER_CONFIG_FILE,
     eos_token,
     tokenizer_files,
@@ -60,7 +62,7 @@ from runner.rundir.summary import run_summary
 CONFIG_FILE = "config.json"
 SINGLE_SHARD = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-PROVENANCE_FILE = "ladder_export.json"
+PROVENANCE_FILE = EXPORT_RECORD
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default, "5GB" (GB = 1e9)
 
 
@@ -224,12 +226,12 @@ def run_tokenizer(run_dir: Path, override: Path | None) -> dict[str, Any] | None
     return {**tokenizer_identity(directory), **ended_by}
 
 
-def name_eos_token(folder: Path, token: str) -> None:
+def name_eos_token(folder: Path, token: str) -> bool:
     """Name ``token`` as the end-of-text token of the tokenizer copied into ``folder``, where its
     own files name none: in tokenizer_config.json (made, for transformers' PreTrainedTokenizerFast
-    over tokenizer.json, where there is none), which AutoTokenizer reads."""
+    over tokenizer.json, where there is none), which AutoTokenizer reads. Whether it named it."""
     if eos_token(folder) is not None:
-        return
+        return False
     config_file = folder / TOKENIZER_CONFIG_FILE
     saved = (
         json.loads(config_file.read_text())
@@ -237,6 +239,7 @@ def name_eos_token(folder: Path, token: str) -> None:
         else {"tokenizer_class": "PreTrainedTokenizerFast"}
     )
     config_file.write_text(json.dumps({**saved, "eos_token": token}, indent=2) + "\n")
+    return True
 
 
 def check_out_dir(out_dir: Path, *, force: bool) -> None:
@@ -277,6 +280,12 @@ def export(
     partial.mkdir()
     try:
         weight_map = _write_shards(partial, zero, tensors, plan)
+        if identity is not None:
+            for file in tokenizer_files(identity["path"]):
+                shutil.copy2(file, partial / file.name)
+            if identity.get("eos_token") and name_eos_token(partial, identity["eos_token"]):
+                # the copy answers to the run's tokenizer still (runner/data/tokenizer_dir.py tokenizer_shas)
+                identity = {**identity, EOS_NAMED_KEY: tokenizer_sha256(partial)}
         _write_config(
             partial,
             cfg,
@@ -286,11 +295,6 @@ def export(
             sizes=sizes,
             tokenizer=identity,
         )
-        if identity is not None:
-            for file in tokenizer_files(identity["path"]):
-                shutil.copy2(file, partial / file.name)
-            if identity.get("eos_token"):
-                name_eos_token(partial, identity["eos_token"])
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

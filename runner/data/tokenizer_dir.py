@@ -87,6 +87,30 @@ def tokenizer_identity(directory: str | Path) -> dict[str, Any]:
     }
 
 
+# ladder export's record beside the files it wrote (runner/checkpoint/hf_export.py PROVENANCE_FILE),
+# and its key for the sha256 of a tokenizer copy in which it named the end-of-text token.
+EXPORT_RECORD = "ladder_export.json"
+EOS_NAMED_KEY = "eos_named_sha256"
+
+
+def tokenizer_shas(directory: str | Path) -> set[str]:
+    """The sha256s the tokenizer in ``directory`` answers to: its files', and, for a copy in which
+    ``ladder export`` named the end-of-text token the run's token files were ended with, the run's
+    tokenizer's, while the files are as the export wrote them (its record says both)."""
+    own = tokenizer_sha256(directory)
+    try:
+        record = json.loads((Path(directory).expanduser() / EXPORT_RECORD).read_text())["tokenizer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {own}
+    if (
+        isinstance(record, dict)
+        and record.get(EOS_NAMED_KEY) == own
+        and isinstance(record.get("sha256"), str)
+    ):
+        return {own, record["sha256"]}
+    return {own}
+
+
 def run_tokenizer_record(tokenizer_dir: str, data_path: str | None) -> dict[str, Any]:
     """summary.json's ``tokenizer``: :func:`tokenizer_identity`, and ``eos_token``, the token that
     ends each document of ``data_path`` where ``ladder tokenize`` wrote it in the shard's header

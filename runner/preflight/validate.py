@@ -19,7 +19,13 @@ from typing import Any
 from runner.config import DataName, Precision, RopeScaling, TrainConfig
 from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import TOKEN_DTYPES, llmc_tokenizer_sha256, token_file_problem, token_files
-from runner.data.tokenizer_dir import TokenizerError, load_tokenizer, tokenizer_sha256, vocab_size
+from runner.data.tokenizer_dir import (
+    TokenizerError,
+    load_tokenizer,
+    tokenizer_sha256,
+    tokenizer_shas,
+    vocab_size,
+)
 from runner.errors import ConfigError
 from runner.hardware.cuda_devices import cuda_available
 from runner.hardware.host_allocator import allocator_problem
@@ -163,10 +169,10 @@ def _tokenizer_problems(config: TrainConfig) -> list[str]:
             f"model.vocab_size={vocab}; set model.vocab_size={ids} (or more), or pick a model preset "
             f"whose vocabulary holds {ids:,} ids"
         ]
-    sha256 = tokenizer_sha256(data.tokenizer)
+    sha256, answers_to = tokenizer_sha256(data.tokenizer), tokenizer_shas(data.tokenizer)
     for file in token_files(data.path):
         written_by = llmc_tokenizer_sha256(file) if file.is_file() else None
-        if written_by is not None and written_by != sha256:
+        if written_by is not None and written_by not in answers_to:
             return [
                 f"data.path={file} was tokenized with another tokenizer (sha256 {written_by[:12]}) than "
                 f"{key} (sha256 {sha256[:12]}); point data.tokenizer at the tokenizer that wrote it, or "

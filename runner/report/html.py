@@ -45,11 +45,11 @@ table { border-collapse: collapse; font-size: 12.5px; }
 th, td { padding: 3px 8px; border-bottom: 1px solid #e6e6e6; white-space: nowrap; }
 /* The cells' table wraps its headers and its cells at their spaces rather than run past the page:
    "est / meas" over two lines, overrides one per line, and a word longer than its column (a path,
-   a run's name) anywhere in it; numbers stay whole. Only a window too narrow for every column's
+   a run's name, a header) anywhere in it; numbers stay whole. Only a window too narrow for every column's
    widest number scrolls it. */
 #cells { font-size: 12px; }
 #cells th, #cells td { white-space: normal; vertical-align: top; padding: 3px 4px; }
-#cells td:not(.num) { overflow-wrap: anywhere; }
+#cells td:not(.num), #cells th { overflow-wrap: anywhere; }
 #cells td.num { text-align: right; }
 td.noisy { background: #fff3cd; font-weight: 700; }
 th { background: #f4f4f4; text-align: left; }
