@@ -23,32 +23,27 @@ setup: $(VENV)/.installed  ## create .venv and install ladder with its dev tools
 run: setup  ## train the default experiment on this machine
 	$(BIN)/python train.py
 
-# Three pytest runs: the unit tier on every core (pytest-xdist); e2e on every core, a module to
-# a worker (its module fixtures train once); then the tiers that start ranks, a module to a
-# worker, while the slurm and multinode tiers, which mostly wait on their clusters' schedulers,
-# run beside them in a pytest of their own whose output follows. A run's ranks leave a core
-# idle while its launcher plans and while they import, which the other worker's run fills. Each
-# pytest prints its time per tier, and the end sums them up with one line of outcomes
-# (tests/tier_clock.py).
-TIER_TIMES := .pytest_cache/tier_times.jsonl
-CLUSTER_LOG := .pytest_cache/cluster_tiers.log
-TIMED := LADDER_TIER_TIMES=$(TIER_TIMES) $(BIN)/python -m pytest
-
-test: setup  ## lint, type-check, check the import layers, then every test tier this machine can run, with the time per tier
+check: setup  ## lint, format check, type check and the import layers (make test runs them too)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	@mkdir -p .pytest_cache && rm -f $(TIER_TIMES) $(CLUSTER_LOG)
-	@status=0; \
-	$(TIMED) -m unit -n auto || status=$$?; \
-	$(TIMED) -m e2e -n auto --dist loadfile || status=$$?; \
-	$(TIMED) -m "slurm or multinode" -p no:cacheprovider > $(CLUSTER_LOG) 2>&1 & cluster=$$!; \
-	$(TIMED) -m "not unit and not e2e and not slurm and not multinode" -n auto --dist loadfile || status=$$?; \
-	wait $$cluster || status=$$?; \
-	echo "== the slurm and multinode tiers, run beside the tiers above:"; cat $(CLUSTER_LOG); \
-	$(BIN)/python tests/tier_clock.py $(TIER_TIMES); \
-	exit $$status
+
+# Two pytest runs side by side, and the checks beside them: every tier but slurm and multinode
+# on every core (pytest-xdist), a module to a worker (its module fixtures train once), while the
+# slurm and multinode tiers, which mostly wait on their clusters' schedulers, run in a pytest of
+# their own. A run's ranks leave a core idle while its launcher plans and while they import,
+# which the other worker's run fills. The checks' and the cluster tiers' output follows the
+# tests'; each pytest prints its time per tier, and the end sums them up with one line of
+# outcomes (tests/tier_clock.py). The exit status is the first failure's of all of them.
+TIER_TIMES := .pytest_cache/tier_times.jsonl
+CLUSTER_LOG := .pytest_cache/cluster_tiers.log
+CHECK_LOG := .pytest_cache/check.log
+TIMED := LADDER_TIER_TIMES=$(TIER_TIMES) $(BIN)/python -m pytest
+
+test: setup  ## lint, type-check, check the import layers, then every test tier this machine can run, with the time per tier
+	@mkdir -p .pytest_cache && rm -f $(TIER_TIMES) $(CLUSTER_LOG) $(CHECK_LOG)
+	@status=0; 	$(MAKE) --no-print-directory check > $(CHECK_LOG) 2>&1 & checks=$$!; 	$(TIMED) -m "slurm or multinode" -p no:cacheprovider > $(CLUSTER_LOG) 2>&1 & cluster=$$!; 	$(TIMED) -m "not slurm and not multinode" -n auto --dist loadfile || status=$$?; 	wait $$cluster || status=$$?; 	echo "== the slurm and multinode tiers, run beside the tiers above:"; cat $(CLUSTER_LOG); 	wait $$checks || status=$$?; 	echo "== ruff, mypy and lint-imports, run beside the tests:"; cat $(CHECK_LOG); 	$(BIN)/python tests/tier_clock.py $(TIER_TIMES); 	exit $$status
 
 bench: setup  ## the quick benchmarks (each prints its figure on the last line)
 	$(BIN)/python bench/overhead.py
