@@ -27,8 +27,8 @@ class Precision(str, Enum):
 
     @property
     def torch_dtype(self) -> Any:
-        """The torch dtype of this precision's compute (torch is imported here, not with the config)."""
-        import torch
+        """The torch dtype of this precision's compute."""
+        import torch  # deferred: the config, the plan and the launcher are read without torch
 
         return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
 
