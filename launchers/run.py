@@ -233,7 +233,8 @@ def run(
     validate(config, launcher=None if planning else launcher)
     _choose_accelerator()  # after the refusals, which answer before torch is imported
     if planning:
-        elsewhere = bool(named_device_problems(config))  # the recommended command says where it runs
+        # a recommended command says where it runs when this host has none of the cluster's devices
+        elsewhere = config.planner.recommend and bool(named_device_problems(config))
         return plan_job(
             config, run_dir=run_dir, resume=resume_plan(config, run_dir), given=given, elsewhere=elsewhere
         )

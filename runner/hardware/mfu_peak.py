@@ -139,19 +139,29 @@ def _read_file(path: Path) -> dict[str, Any]:
     return raw if isinstance(raw, dict) and raw.get("version") == CACHE_VERSION else {}
 
 
-def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
-    """The calibrations kept, by key."""
-    peaks = _read_file(path).get("peaks")
+def _peaks_of(kept: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The calibrations in the cache file's content ``kept``, by key."""
+    peaks = kept.get("peaks")
     if not isinstance(peaks, dict):
         return {}
     return {key: entry for key, entry in peaks.items() if _usable(entry)}
 
 
-def _read_keys(path: Path) -> dict[str, str]:
+def _keys_of(kept: dict[str, Any]) -> dict[str, str]:
     """The calibration keys worked out before, by the conditions of the process that worked them out
-    (:func:`_conditions`)."""
-    keys = _read_file(path).get("keys")
+    (:func:`_conditions`), in the cache file's content ``kept``."""
+    keys = kept.get("keys")
     return {k: v for k, v in keys.items() if isinstance(v, str)} if isinstance(keys, dict) else {}
+
+
+def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
+    """The calibrations kept, by key."""
+    return _peaks_of(_read_file(path))
+
+
+def _read_keys(path: Path) -> dict[str, str]:
+    """The calibration keys worked out before (:func:`_keys_of`)."""
+    return _keys_of(_read_file(path))
 
 
 def _usable(entry: object) -> bool:
@@ -282,18 +292,19 @@ def best_cpu_peak(precision: Precision, *, ranks: int = 1) -> Peak:
     """
     path = _cache_path()
     conditions = None if _torch_loaded() else _conditions(precision)
-    key = _read_keys(path).get(conditions) if conditions else None
-    entry = _read_cache(path).get(key) if key else None
+    kept = _read_file(path)
+    key = _keys_of(kept).get(conditions) if conditions else None
+    entry = _peaks_of(kept).get(key) if key else None
     if not _final(entry):
         key = _cache_key(precision)
-        entry = _read_cache(path).get(key)
+        entry = _peaks_of(kept).get(key)
         measured = not _final(entry)
         if measured:
             entry = _calibration(precision, entry)
-        keys = _read_keys(path)  # again, as the peaks: another rank or run may have written since
-        if measured or (conditions and keys.get(conditions) != key):
+        if measured or (conditions and _keys_of(kept).get(conditions) != key):
             assert entry is not None
-            peaks = _read_cache(path)
+            now = _read_file(path)  # again: another rank or run may have written since
+            peaks, keys = _peaks_of(now), _keys_of(now)
             peaks[key] = entry
             if conditions:
                 keys[conditions] = key
