@@ -18,7 +18,9 @@ other than ladder, are listed under the table, unpredicted.
 ``--runs DIR``: instead of the committed steps, the runs ``DIR/run_tm_*`` that bench/gpu_check.sh's
 ``timemodel`` part wrote (each its median step after the first from metrics.jsonl, its overrides
 from Hydra's ``.hydra/overrides.yaml``), planned with their own overrides, or on ``--cluster``'s
-calibration file with ``gpus=1`` where one is named.
+calibration file with ``gpus=1`` where one is named. A step run before ``model.loss_tiles``
+existed (each committed one; a run whose .hydra/config.yaml lacks the key) formed its loss
+whole, and is planned so (``model.loss_tiles=1``).
 
 The last line is ``median_abs_err=<x> max_abs_err=<y> rank_corr=<z>`` over the predicted rows
 (relative errors, Spearman's rank correlation), as bench/time_model_accuracy.py prints it.
@@ -67,6 +69,8 @@ class Measured:
     zero3: bool = False
     hook_x: float = 0.0  # the row's hook seconds per second of the figure: tensors visited a step
     others_s: float = 0.0  # the row's predicted step less its hook seconds
+    # The run formed its loss whole: every step committed here ran before model.loss_tiles existed.
+    whole_loss: bool = True
 
 
 # (label, overrides, figure, unit, page, quote): a figure quoted in a page of docs/. unit:
@@ -248,7 +252,11 @@ def new_runs(folder: Path, cluster: str | None) -> list[Measured]:
         except (ValueError, statistics.StatisticsError):
             rows.append(Measured(run.name, None, None, str(metrics), "fewer than two steps"))
             continue
-        rows.append(Measured(run.name.removeprefix("run_tm_"), overrides, step, str(metrics)))
+        # A run whose config has model.loss_tiles ran with the rule the planner applies.
+        whole = "loss_tiles" not in (run / ".hydra" / "config.yaml").read_text()
+        rows.append(
+            Measured(run.name.removeprefix("run_tm_"), overrides, step, str(metrics), whole_loss=whole)
+        )
     return rows
 
 
@@ -262,9 +270,10 @@ def _plan(row: Measured) -> None:
 
     if row.overrides is None:
         return
+    overrides = row.overrides + (["model.loss_tiles=1"] if row.whole_loss else [])
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        config = to_train_config(compose(config_name="config", overrides=row.overrides))
+        config = to_train_config(compose(config_name="config", overrides=overrides))
     plan = plan_config(config)
     time = plan.time
     if row.measured_s is not None and row.measured_s < 0:  # an MFU: the step it implies

@@ -17,6 +17,7 @@ from runner.engine.schedule import scaled_lr
 from runner.model.shape import num_params
 from runner.plan.checkpoint_size import DiskNeed
 from runner.plan.planner import Plan
+from runner.rules import loss_tile_count
 from runner.rundir import layout_history
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import prelaunch_status
@@ -100,8 +101,13 @@ def host_plan_record(plan: Plan) -> dict[str, Any]:
 
 
 def device_plan_record(plan: Plan) -> dict[str, Any]:
-    """The peak the plan puts on each device (plan=true's total), for summary.json beside the measured."""
-    return {"planned_peak_gb": plan.memory.peak / 1e9, "fits": plan.fits}
+    """The peak the plan puts on each device (plan=true's total), for summary.json beside the measured,
+    and the pieces the head and loss run in, which its activations rest on."""
+    lay, workload = plan.layout, plan.workload
+    tiles = loss_tile_count(
+        workload.model, micro_size=lay.micro_size, seq_len=workload.seq_len, tp=lay.tp, pp=lay.pp
+    )
+    return {"planned_peak_gb": plan.memory.peak / 1e9, "fits": plan.fits, "loss_tiles": tiles}
 
 
 def step_time_plan_record(plan: Plan) -> dict[str, Any]:

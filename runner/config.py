@@ -132,6 +132,14 @@ class ModelConfig:
             "recompute activations in backward: none, full blocks, or selective: the attention core"
         ),
     )
+    loss_tiles: int | None = field(
+        default=None,
+        metadata=about(
+            "pieces along the sequence in which the head and loss run, so the whole (micro, seq, vocab) "
+            "logits are never held; null: pieces of at most 1 GiB of fp32 logits; 1: whole",
+            at_least=1,
+        ),
+    )
 
 
 @dataclass(frozen=True)

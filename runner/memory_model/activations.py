@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from runner.config import ModelConfig, Recompute, ZeroStage
 from runner.memory_model.units import BOOL_BYTES, FP32_BYTES, HALF_BYTES, INT64_BYTES, _choice
-from runner.rules import head_problems, tp_split_problems
+from runner.rules import head_problems, loss_tile_count, tp_split_problems
 
 # Precision, optimizer, offload placement, recompute mode and ZeRO stage are runner.config's
 # enums; every function here takes the member or its plain value ("bf16", 3), as notebooks pass.
@@ -137,12 +137,19 @@ class BlockShape:
     bytes_per_elem: int = 2
     attn_out_aliased: bool = False
     graph: BlockGraph = "eager"
+    loss_tiles: int = 1  # the pieces the head and loss run in (runner.rules.loss_tile_count)
 
     def __post_init__(self) -> None:
         n_kv, ffn = self.kv_heads, self.ffn
-        if min(self.seq_len, self.micro_size, self.d_model, self.n_heads, n_kv, ffn, self.tp) < 1:
+        if (
+            min(
+                self.seq_len, self.micro_size, self.d_model, self.n_heads, n_kv, ffn, self.tp, self.loss_tiles
+            )
+            < 1
+        ):
             raise ValueError(
-                "seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden and tp must be >= 1"
+                "seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden, tp and loss_tiles "
+                "must be >= 1"
             )
         if self.graph not in _GRAPHS:
             raise ValueError(f"graph={self.graph!r} is not one of {', '.join(_GRAPHS)}")
@@ -201,8 +208,10 @@ def model_block_shape(
     tp: int,
     bytes_per_elem: int,
     graph: BlockGraph = "eager",
+    pp: int = 1,
 ) -> BlockShape:
-    """The BlockShape of a ``ModelConfig`` (runner/config.py) at this micro-batch and tp.
+    """The BlockShape of a ``ModelConfig`` (runner/config.py) at this micro-batch, tp and pp
+    (the pieces the loss runs in depend on them: runner.rules.loss_tile_count).
 
     flash=True: runner/model/transformer.py calls scaled_dot_product_attention(is_causal=True), which
     takes a fused kernel on CUDA and on CPU (tests/unit/runner/memory_model/test_memory.py checks the
@@ -219,6 +228,7 @@ def model_block_shape(
         flash=True,
         bytes_per_elem=bytes_per_elem,
         graph=graph,
+        loss_tiles=loss_tile_count(model, micro_size=micro_size, seq_len=seq_len, tp=tp, pp=pp),
     )
 
 
@@ -389,6 +399,8 @@ TRANSIENT_ITEMS = frozenset(
         "transient.logits",
         "transient.logits_fp32",
         "transient.loss_grads_fp32",
+        "transient.piece_log_probs_fp32",
+        "transient.piece_hidden_grads",
         "transient.final_norm_backward",
         "transient.recompute_layer",
     }
@@ -396,8 +408,15 @@ TRANSIENT_ITEMS = frozenset(
 
 
 def at_the_loss(items: dict[str, int]) -> int:
-    """The larger of the loss's transients: the logits as forward ends, its gradients as backward starts."""
-    return max(items["transient.logits"] + items["transient.logits_fp32"], items["transient.loss_grads_fp32"])
+    """The larger of the loss's transients: the logits as forward ends, its gradients as backward starts.
+
+    In pieces (``loss_tiles`` > 1) these are one piece's, and a piece's log-probabilities are live
+    beside them (kept whole without pieces); in backward the pieces' input gradients are too.
+    """
+    piece = items.get("transient.piece_log_probs_fp32", 0)
+    forward = items["transient.logits"] + items["transient.logits_fp32"] + piece
+    backward = items["transient.loss_grads_fp32"] + piece + items.get("transient.piece_hidden_grads", 0)
+    return max(forward, backward)
 
 
 def after_the_head(items: dict[str, int]) -> int:
@@ -452,6 +471,14 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
 
     These stay eager under ``train.compile`` (only the blocks are compiled).
 
+    In pieces (``block.loss_tiles`` = n > 1, runner/model/transformer.py ``tiled_lm_loss``):
+    each piece of c = b x ceil(s / n) tokens runs under a checkpoint, which keeps its inputs, the
+    head's input (``output.input``) and the targets (``loss.targets``), and nothing V-wide. A
+    piece's logits (p cV), fp32 copy (4 cV) and log-probabilities (4 cV,
+    ``transient.piece_log_probs_fp32``) are live while it is formed, in forward and again in
+    backward, beside its two fp32 gradients (8 cV); in backward the pieces' gradients of the
+    head's input are gathered before they are joined (p sbh, ``transient.piece_hidden_grads``).
+
     Under tensor parallelism (``block.tp`` = t > 1) the output head is split by vocabulary
     (runner/parallel/tensor.py): the fullest rank holds v = ceil(V / t) columns of the
     logits, and DeepSpeed's vocabulary-parallel cross-entropy (deepspeed/sequence/
@@ -474,6 +501,19 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
         "output.input": p * sb * h,
         "transient.final_norm_backward": 5 * FP32_BYTES * sb * h,
     }
+    if block.tp == 1 and block.loss_tiles > 1:
+        # One piece's tokens: runner/model/transformer.py tiled_lm_loss splits the sequence in
+        # pieces of ceil(s / tiles) tokens; the first is the longest.
+        piece = block.micro_size * -(-block.seq_len // block.loss_tiles)
+        return {
+            **items,
+            "loss.targets": INT64_BYTES * sb,
+            "transient.logits": p * piece * vocab_size,
+            "transient.logits_fp32": FP32_BYTES * piece * vocab_size if p < FP32_BYTES else 0,
+            "transient.loss_grads_fp32": 2 * FP32_BYTES * piece * vocab_size,
+            "transient.piece_log_probs_fp32": FP32_BYTES * piece * vocab_size,
+            "transient.piece_hidden_grads": p * sb * h,
+        }
     if block.tp == 1:
         return {
             **items,

@@ -256,6 +256,7 @@ def held_states(case: MemoryCase) -> HeldStates:
             tp=case.tp,
             bytes_per_elem=case.bytes_per_elem,
             graph=block_graph(case.compiled, tp=case.tp, zero_stage=stage),
+            pp=case.pp,
         ),
     )
 

@@ -37,6 +37,7 @@ from runner.model.build_method import DRAW_BLOCK
 from runner.model.meta import materialize
 from runner.model.shape import check_shape, n_kv_head
 from runner.model.shape import num_params as num_params  # re-exported: the count sits beside the model
+from runner.rules import loss_tile_count
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -352,8 +353,25 @@ class Transformer(nn.Module):
         self.rope_cos = cos.to(device)
         self.rope_sin = sin.to(device)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) int64 -> logits (B, T, vocab_size)."""
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) int64 -> logits (B, T, vocab_size); with targets (B, T), their mean loss.
+
+        With targets the head and loss run in ``loss_tile_count`` pieces of the sequence
+        (``tiled_lm_loss``), so the whole logits are never held, unless tensor parallelism
+        has installed DeepSpeed's vocabulary-parallel loss (runner/parallel/tensor.py).
+        """
+        hidden = self.final_hidden(tokens)
+        if targets is None:
+            return self.output(hidden)
+        B, T = tokens.shape
+        if isinstance(self.loss_function, CausalLMLoss):  # not AutoTP's vocabulary-parallel loss
+            tiles = loss_tile_count(self.cfg, micro_size=B, seq_len=T)
+            if tiles > 1:
+                return tiled_lm_loss(self.output, hidden, targets, tiles=tiles)
+        return self.loss_function(self.output(hidden), shift_labels=targets)
+
+    def final_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) int64 -> the final norm's output (B, T, C), the output head's input."""
         _, T = tokens.shape
         if tokens.shape[1] > self.rope_cos.shape[0]:
             raise ValueError(
@@ -366,14 +384,48 @@ class Transformer(nn.Module):
         for layer in self.layers:
             # Full recompute keeps only each block's input; backward reruns the block.
             x = checkpoint(layer, x, cos, sin, use_reentrant=False) if full_recompute else layer(x, cos, sin)
-        x = self.norm(x)
-        return self.output(x)  # (B, T, vocab_size)
+        return self.norm(x)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype."""
     # A bf16 log-softmax over a large vocabulary loses visible precision.
     return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
+def tiled_lm_loss(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, tiles: int
+) -> torch.Tensor:
+    """``lm_loss(head(hidden), targets)`` computed over ``tiles`` pieces of the sequence.
+
+    Each piece's logits, their fp32 copy and log-probabilities live only while that piece is
+    computed: its summed cross-entropy runs under a non-reentrant checkpoint, which keeps the
+    piece's inputs (views of ``hidden`` and ``targets``) and runs the piece again in backward.
+    The pieces' sums over all tokens equal the whole mean (measured within 1e-6 relative in
+    loss and gradients, tests/unit/runner/model/test_tiled_loss.py). Autograd sums the pieces'
+    head-weight gradients before that weight's gradient hook fires, once per backward as
+    without pieces, so ZeRO's reduction hooks, a tied embedding, accumulation and fp16's loss
+    scale see one gradient. The head's forward runs twice: 2 x tokens x d_model x vocab FLOPs
+    more, priced by the plan (runner/plan/calibrated_terms.py, "loss pieces").
+    Arctic Long Sequence Training tiles the same way (ALST, arXiv 2506.13996).
+    """
+    if tiles < 1:
+        raise ValueError(f"tiles={tiles} must be >= 1")
+    length = -(-targets.shape[1] // tiles)
+    kept = torch.is_grad_enabled()  # evaluation keeps nothing for a backward: no checkpoint
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for piece, piece_targets in zip(hidden.split(length, dim=1), targets.split(length, dim=1), strict=True):
+        if kept:
+            total = total + checkpoint(_summed_lm_loss, head, piece, piece_targets, use_reentrant=False)
+        else:
+            total = total + _summed_lm_loss(head, piece, piece_targets)
+    return total / targets.numel()
+
+
+def _summed_lm_loss(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The summed next-token cross-entropy of one piece, in fp32 whatever the logits' dtype."""
+    logits = head(hidden)
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), reduction="sum")
 
 
 class CausalLMLoss:

@@ -10,6 +10,8 @@ with most layers, holding the output head), with ``accum`` micro-batches:
 - ``recompute``: full recompute runs every block's forward again in backward (gemm, attention,
   elementwise and dispatch forward shares); selective, the attention core's
   (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 5).
+- ``loss pieces``: a loss in pieces (``model.loss_tiles``, runner.rules.loss_tile_count) runs
+  the output head's GEMM and the cross-entropy forward again in backward, a piece at a time.
 - ``grad accumulation``: micro-batches 2..accum add their gradients into the rank's gradient
   buffer (read two, write one per parameter).
 - ``fresh memory``: a CPU's page faults on the step's tensors above glibc's mmap threshold, each
@@ -54,6 +56,7 @@ from runner.plan.micro_batch_compute import BACKWARD_ELEMENTS, element_bytes, ge
 from runner.plan.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.plan.workload import Knobs, Workload
 from runner.plan.zero3_reuse import layout_regathered
+from runner.rules import loss_tile_count
 
 # ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad. Counted,
 # not measured: DeepSpeed 0.19.8 runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
@@ -386,6 +389,17 @@ def compute_terms(
     elif knobs.recompute == Recompute.selective:
         terms.append(
             Term("recompute", accum * micro.attention_forward, "selective: the attention core again")
+        )
+    tiles = loss_tile_count(
+        workload.model, micro_size=layout.micro_size, seq_len=workload.seq_len, tp=layout.tp, pp=layout.pp
+    )
+    if tiles > 1:
+        terms.append(
+            Term(
+                "loss pieces",
+                accum * micro.loss_forward,
+                f"the head and loss forward again, in {tiles} pieces",
+            )
         )
     fresh = _fresh_term(workload, layout, calibration)
     if fresh is not None:

@@ -87,6 +87,7 @@ class MicroCompute:
     attention_backward: float
     elementwise_forward: float
     dispatch: float  # forward and backward
+    loss_forward: float = 0.0  # the output head's GEMM and the cross-entropy, forward only
     in_place: float = 1.0  # the blocks' parts scaled by a block timed whole (``_in_place``)
     elementwise_words: str = ""  # where the elementwise and dispatch figures came from
     dispatch_words: str = ""
@@ -196,6 +197,7 @@ def micro_compute(workload: Workload, layout: Layout, calibration: Calibration) 
         attention_backward=scale * layers * attention[1],
         elementwise_forward=scale * layers * elementwise + head_elementwise,
         dispatch=scale * layers * floor,
+        loss_forward=head_f + head_elementwise,
         in_place=scale,
         elementwise_words=elementwise_words,
         dispatch_words=dispatch_words,

@@ -12,7 +12,8 @@ Every place that needs a rule asks its function here:
 - the estimators' own checks (runner/memory_model/, runner/model/shape.py,
   runner/parallel/pipeline_split.py), which raise ValueError in the same words.
 
-Modules: head_layout.py (heads and head size), tensor_split.py (what tp splits, a group inside
+Modules: head_layout.py (heads and head size), loss_tiles.py (the pieces the loss runs in),
+tensor_split.py (what tp splits, a group inside
 a node), offload_stages.py (the ZeRO stages ZeRO-Offload takes), pipeline_stages.py (a block per
 stage; what DeepSpeed's pipeline engine runs).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from runner.config import ModelConfig, Offload, TrainConfig
 from runner.rules.head_layout import head_problems
+from runner.rules.loss_tiles import loss_tile_count, loss_tile_length_problems, loss_tile_problems
 from runner.rules.offload_stages import offload_pair_problems, offload_problems, offload_switches
 from runner.rules.pipeline_stages import pipeline_depth_problems, pipeline_engine_problems
 from runner.rules.tensor_split import tp_cluster_problems, tp_node_problems, tp_problems, tp_split_problems
@@ -36,17 +38,19 @@ def layout_problems(
     offload_param: Offload,
 ) -> list[str]:
     """What neither a plan nor a run can take, in one order: ZeRO-Offload's stage, tp's split of
-    the model, a block on every pipeline stage."""
+    the model, a block on every pipeline stage, the loss's pieces."""
     return [
         *offload_problems(zero_stage, offload_optimizer, offload_param),
         *tp_problems(model, tp=tp),
         *pipeline_depth_problems(n_layer=model.n_layer, pp=pp),
+        *loss_tile_problems(model, tp=tp, pp=pp),
     ]
 
 
 def config_layout_problems(config: TrainConfig) -> list[str]:
     """:func:`layout_problems` of a run's config, then its tensor-parallel group against the
-    cluster's node (where the cluster gives its gpus per node)."""
+    cluster's node (where the cluster gives its gpus per node), then the loss's pieces against
+    the sequence."""
     par = config.parallel
     return [
         *layout_problems(
@@ -58,6 +62,7 @@ def config_layout_problems(config: TrainConfig) -> list[str]:
             offload_param=par.offload_param,
         ),
         *tp_cluster_problems(par.tp, config.cluster),
+        *loss_tile_length_problems(config.model, seq_len=config.data.seq_len),
     ]
 
 
@@ -65,6 +70,9 @@ __all__ = [
     "config_layout_problems",
     "head_problems",
     "layout_problems",
+    "loss_tile_count",
+    "loss_tile_length_problems",
+    "loss_tile_problems",
     "offload_pair_problems",
     "offload_problems",
     "offload_switches",

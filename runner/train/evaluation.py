@@ -42,8 +42,7 @@ def held_out_loss(
                 for micro in range(layout.accum_steps):
                     start = rank_slice(dp_rank, micro, layout.micro_size, layout.accum_steps)
                     inputs, targets = held_out.micro_batch(batch, start, layout.micro_size)
-                    logits = engine(inputs.to(device))
-                    total += module.loss_function(logits, shift_labels=targets.to(device)).double()
+                    total += engine(inputs.to(device), targets.to(device)).double()
     finally:
         module.train()
     # Each rank's mean over its micro-batches, then the mean over ranks (tensor-parallel ranks

@@ -335,10 +335,10 @@ class Trainer:
         engine = self.engine
         if measure:
             with saved_activations(engine.module) as saved:
-                loss = engine.module.loss_function(engine(inputs), shift_labels=targets)
+                loss = engine(inputs, targets)
             self.saved_bytes = saved["activations"]
         else:
-            loss = engine.module.loss_function(engine(inputs), shift_labels=targets)
+            loss = engine(inputs, targets)  # the model's forward forms the loss (Transformer.forward)
         if step in self.nan_steps:
             loss = loss * float("nan")  # LADDER_INJECT_NAN (tests of train.on_nonfinite)
         self.clock.mark("forward")

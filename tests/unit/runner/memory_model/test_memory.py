@@ -564,6 +564,54 @@ def test_model_activations_match_measurement(dtype: torch.dtype, recompute: str)
         assert estimate_kept + at_loss == pytest.approx(tracked["peak"], rel=0.05)
 
 
+@pytest.mark.parametrize("tiles", [3, 8])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=["fp32", "bf16"])
+def test_a_loss_in_pieces_keeps_no_logits_and_peaks_at_one_piece(dtype: torch.dtype, tiles: int) -> None:
+    """model.loss_tiles: what the model keeps after forward (no V-wide tensor), and the forward's
+    and backward's peaks at the loss (one piece's logits, log-probabilities and gradients), each
+    against activation_items_total. 3 pieces of a 64-token sequence are 22, 22 and 20 tokens."""
+    cfg = ModelConfig(
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        d_model=128,
+        ffn_hidden=344,
+        vocab_size=1024,
+        max_seq_len=SEQ,
+        loss_tiles=tiles,
+    )
+    torch.manual_seed(0)
+    model = _cast_like_deepspeed(build_model(cfg), dtype).train()
+    tokens0 = torch.randint(0, cfg.vocab_size, (MICRO, SEQ + 1))
+    exclude = _ptrs(iter([*model.parameters(), *model.buffers(), tokens0]))
+    tokens, targets = tokens0[:, :-1].clone(), tokens0[:, 1:].clone()
+    exclude |= _ptrs(iter([tokens, targets]))
+
+    with _peak_tracker(exclude) as forward_peak:
+        loss = model(tokens, targets)
+    kept = forward_peak["mode"].alive_bytes(exclude | {loss.untyped_storage().data_ptr()})
+    items = activation_items_total(_block_shape(cfg, dtype), n_layers=cfg.n_layer, vocab_size=cfg.vocab_size)
+    assert "loss.log_probs_fp32" not in items
+    estimate_kept = sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
+    # The targets are the caller's tensor, kept by reference: counted by the plan, not allocated here.
+    assert estimate_kept - items["loss.targets"] == pytest.approx(kept, rel=REL_TOL), items
+    whole = activation_items_total(
+        _block_shape(dataclasses.replace(cfg, loss_tiles=1), dtype),
+        n_layers=cfg.n_layer,
+        vocab_size=cfg.vocab_size,
+    )
+    assert whole["loss.log_probs_fp32"] == 4 * MICRO * SEQ * cfg.vocab_size
+    piece = (
+        items["transient.logits"] + items["transient.logits_fp32"] + items["transient.piece_log_probs_fp32"]
+    )
+    assert estimate_kept - items["loss.targets"] + piece == pytest.approx(forward_peak["peak"], rel=0.05)
+    print(
+        f"{dtype}, {tiles} pieces: kept {kept} B (estimated {estimate_kept - items['loss.targets']}), "
+        f"forward peak {forward_peak['peak']} B (estimated {estimate_kept - items['loss.targets'] + piece}); "
+        f"whole: log-probabilities alone {whole['loss.log_probs_fp32']} B"
+    )
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=["fp32", "bf16"])
 def test_final_norms_backward_working_set_matches_measurement(dtype: torch.dtype) -> None:
     """transient.final_norm_backward: the most bytes the final RMSNorm's backward holds at once,

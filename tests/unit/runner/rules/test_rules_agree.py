@@ -69,6 +69,24 @@ CASES = [
     (["parallel=zero2", "parallel.pp=2", "gpus=2"], PLAN_ONLY, ["ZeRO-2 and ZeRO-3", "parallel=pp2"]),
     (["parallel=zero3", "parallel.pp=2", "gpus=2"], PLAN_ONLY, ["parallel.zero_stage=3"]),
     (["parallel=pp2", "parallel.offload_optimizer=cpu", "gpus=2"], PLAN_ONLY, ["with CPU offload"]),
+    # the loss in pieces: the whole-logits layouts keep their own loss; a piece needs a token
+    (["model.loss_tiles=4"], RUNS, []),
+    (
+        ["model.loss_tiles=4", "parallel=tp2", "gpus=2"],
+        REFUSED,
+        ["model.loss_tiles=4 with parallel.tp=2", "null"],
+    ),
+    (
+        ["model.loss_tiles=4", "parallel=pp2", "gpus=2"],
+        REFUSED,
+        ["model.loss_tiles=4 with parallel.pp=2", "null"],
+    ),
+    (["model.loss_tiles=4", "parallel=tp2", "gpus=2", "model.loss_tiles=1"], RUNS, []),
+    (
+        ["model.loss_tiles=200", "data.seq_len=128"],
+        REFUSED,
+        ["model.loss_tiles=200 > data.seq_len=128", "at most 128"],
+    ),
 ]
 
 
