@@ -228,8 +228,12 @@ class ParallelConfig:
     pp: int = field(
         default=1, metadata=about("pipeline-parallel degree: stages the blocks are cut into", at_least=1)
     )
-    overlap_comm: bool = field(
-        default=False, metadata=about("DeepSpeed overlaps the gradients' reduction with backward")
+    overlap_comm: bool | None = field(
+        default=None,
+        metadata=about(
+            "DeepSpeed overlaps the gradients' reduction with backward; null: DeepSpeed's own "
+            "default, on under ZeRO-3 and off below"
+        ),
     )
     contiguous_gradients: bool = field(
         default=True, metadata=about("DeepSpeed copies gradients into one buffer as they are made")

@@ -123,6 +123,12 @@ class ZeroStage(IntEnum):
     zero2 = 2  # + gradients
     zero3 = 3  # + parameters
 
+    def overlaps_comm(self, overlap_comm: bool | None) -> bool:
+        """Whether DeepSpeed overlaps the gradients' reduction with backward at this stage:
+        ``parallel.overlap_comm``, or where it is null DeepSpeed's own default, on at ZeRO-3
+        and off below (deepspeed/runtime/zero/config.py ``overlap_comm_valid``)."""
+        return overlap_comm if overlap_comm is not None else self == ZeroStage.zero3
+
 
 class Resume(str, Enum):
     """Where a run starts: from scratch, or from the latest complete checkpoint of its directory."""

@@ -19,6 +19,7 @@ from runner.config import (
     ParallelConfig,
     Precision,
     PrecisionConfig,
+    ZeroStage,
 )
 from runner.layout import Layout
 from runner.model.shape import num_params
@@ -137,7 +138,7 @@ def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> dict[str, Any
     """DeepSpeed's ``zero_optimization`` section."""
     zero: dict[str, Any] = {
         "stage": parallel.zero_stage,
-        "overlap_comm": parallel.overlap_comm,
+        "overlap_comm": ZeroStage(parallel.zero_stage).overlaps_comm(parallel.overlap_comm),
         "contiguous_gradients": parallel.contiguous_gradients,
         "reduce_bucket_size": reduce_bucket_elements(parallel.reduce_bucket_size, model),
         "allgather_bucket_size": parallel.allgather_bucket_size,

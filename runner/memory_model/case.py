@@ -108,7 +108,7 @@ class LayoutKnobs(Protocol):
     @property
     def pp(self) -> int: ...
     @property
-    def overlap_comm(self) -> bool: ...
+    def overlap_comm(self) -> bool | None: ...  # null: the stage's DeepSpeed default
     @property
     def contiguous_gradients(self) -> bool: ...
     @property
@@ -152,7 +152,7 @@ def case_from_config(  # noqa: PLR0913 - one keyword per thing a device's memory
         offload=offload,
         recompute=Recompute(recompute),
         reduce_bucket_size=reduce_bucket_elements(layout.reduce_bucket_size, model),
-        overlap_comm=layout.overlap_comm,
+        overlap_comm=ZeroStage(layout.zero_stage).overlaps_comm(layout.overlap_comm),
         contiguous_gradients=layout.contiguous_gradients,
         compiled=compiled,
         host_is_device=host_is_device,

@@ -128,7 +128,7 @@ def plan_job(
         text += "\n" + unseen_filesystem_line(disk, config)
     ladder = None
     if config.planner.recommend:
-        ladder = recommend(plan.workload, overlap_comm=plan.knobs.overlap_comm, given=given)
+        ladder = recommend(plan.workload, overlap_comm=config.parallel.overlap_comm, given=given)
         record["recommendation"] = recommendation_record(ladder)
         text += "\n" + format_ladder(ladder)
         if elsewhere and ladder.command:

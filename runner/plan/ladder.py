@@ -134,11 +134,14 @@ def pp_degrees(workload: Workload, tp: int) -> list[int]:
     return degrees
 
 
-def rungs(workload: Workload, *, overlap_comm: bool = False) -> list[tuple[str, list[Knobs]]]:
-    """The rungs in cheap-to-costly order, each with its candidate knobs (see the module docstring)."""
+def rungs(workload: Workload, *, overlap_comm: bool | None = None) -> list[tuple[str, list[Knobs]]]:
+    """The rungs in cheap-to-costly order, each with its candidate knobs (see the module docstring).
+    ``overlap_comm``: the run's ``parallel.overlap_comm``; null, each stage's DeepSpeed default."""
 
     def k(stage: ZeroStage, **more: Any) -> Knobs:
-        return Knobs(parallel=stage.name, zero_stage=stage, overlap_comm=overlap_comm, **more)
+        return Knobs(
+            parallel=stage.name, zero_stage=stage, overlap_comm=stage.overlaps_comm(overlap_comm), **more
+        )
 
     ddp, zero1, zero3 = ZeroStage.ddp, ZeroStage.zero1, ZeroStage.zero3
     whole = workload.global_size // workload.gpus
@@ -329,7 +332,9 @@ def carried_overrides(given: list[str], layout: list[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def recommend(workload: Workload, *, overlap_comm: bool = False, given: list[str] | None = None) -> Ladder:
+def recommend(
+    workload: Workload, *, overlap_comm: bool | None = None, given: list[str] | None = None
+) -> Ladder:
     """Plan every rung, rank what fits by predicted tokens/s, recommend by the module docstring's rule."""
     tried: list[Rung] = []
     fitting: list[Candidate] = []

@@ -221,7 +221,7 @@ def knobs_from_config(config: TrainConfig) -> Knobs:
         recompute=config.model.activation_checkpointing,
         offload=offload_mode(par.offload_optimizer, par.offload_param),
         micro_size=parse_micro_size(config.batch.micro_size),
-        overlap_comm=par.overlap_comm,
+        overlap_comm=ZeroStage(par.zero_stage).overlaps_comm(par.overlap_comm),
         contiguous_gradients=par.contiguous_gradients,
         reduce_bucket_size=par.reduce_bucket_size,
         param_persistence_threshold=par.param_persistence_threshold,

@@ -16,12 +16,13 @@ from runner.config import (
     ParallelConfig,
     Precision,
     PrecisionConfig,
+    ZeroStage,
 )
 from runner.engine.deepspeed_config import build_deepspeed_config, reduce_bucket_elements
 from runner.errors import ConfigError
 from runner.layout import resolve_layout
 from runner.model.shape import num_params
-from runner.plan.planner import layout_for_config
+from runner.plan.planner import knobs_from_config, layout_for_config
 from runner.preflight.validate import validate
 
 pytestmark = pytest.mark.unit
@@ -53,6 +54,34 @@ def test_every_parallel_and_precision(stage, precision):
     assert config["optimizer"]["type"] == "AdamW"
     assert config["optimizer"]["params"]["lr"] == 1e-3
     assert "auto" not in repr(config)
+
+
+@pytest.mark.parametrize("overlap_comm", [None, False, True])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_the_reduction_overlaps_backward_as_deepspeed_defaults_it(stage, overlap_comm):
+    """parallel.overlap_comm=null (the default) is DeepSpeed's own choice: on at ZeRO-3, off below;
+    a value set wins. The plan prices the reduction with the same answer."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    option = ZeroStage(stage).name  # the conf/parallel option of this stage
+    parallel = ParallelConfig(name=option, zero_stage=stage, overlap_comm=overlap_comm)
+    written = build_deepspeed_config(
+        layout=LAYOUT,
+        model=ModelConfig(),
+        parallel=parallel,
+        precision=PrecisionConfig(),
+        optimizer=OptimizerConfig(),
+        lr=1e-3,
+    )["zero_optimization"]
+    unset = {key: value for key, value in written.items() if key != "overlap_comm"}
+    deepspeeds_own = DeepSpeedZeroConfig(**unset).overlap_comm
+    expected = deepspeeds_own if overlap_comm is None else overlap_comm
+    assert written["overlap_comm"] is expected
+    assert deepspeeds_own is (stage == 3)
+    value = "null" if overlap_comm is None else str(overlap_comm).lower()
+    plan_knobs = knobs_from_config(compose_config(f"parallel={option}", f"parallel.overlap_comm={value}"))
+    assert plan_knobs.overlap_comm is expected
 
 
 def test_deepspeed_accepts_the_dict():
