@@ -352,7 +352,14 @@ class ClusterConfig:
         default=None, metadata=about("GB/s per device inside a node, one direction", above=0)
     )
     inter_node_gbps: float | None = field(
-        default=None, metadata=about("GB/s per device between nodes, one direction", above=0)
+        default=None, metadata=about("GB/s of one network port between nodes, one direction", above=0)
+    )
+    nics_per_node: int | None = field(
+        default=None,
+        metadata=about(
+            "network ports per node, each a rail NCCL runs its rings over; null: one per device",
+            at_least=1,
+        ),
     )
     storage_gb_per_s: float | None = field(
         default=None,

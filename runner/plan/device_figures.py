@@ -78,7 +78,10 @@ class Device:
     host_memory_bytes: Figure  # host RAM of one node, shared by its ranks (runner/plan/host.py)
     peak_flops: Figure
     intra_node_bytes_per_s: Figure
+    # A ring collective's bus bandwidth across nodes (:func:`rails_bandwidth`), and one device's
+    # share of its node's ports for the pipeline's point-to-point sends.
     inter_node_bytes_per_s: Figure
+    inter_node_p2p_bytes_per_s: Figure = field(default_factory=lambda: Figure(None, "not resolved"))
     is_host: bool = False  # CPU ranks: offloaded ("host") bytes share the same memory
     # The step-time model's figures (runner/plan/calibration.py); None: the roofline only.
     calibration: calibrations.Calibration | None = field(default=None, compare=False)
@@ -198,6 +201,37 @@ def _link(cluster: ClusterConfig, key: str) -> Figure:
     if gbps is None:
         return Figure(None, f"unknown: cluster.{key} not set")
     return Figure(gbps * GB, _cluster_source(cluster, key))
+
+
+def rails_bandwidth(cluster: ClusterConfig) -> tuple[Figure, Figure]:
+    """(ring collectives' bus bandwidth across nodes, one device's point-to-point bandwidth across nodes).
+
+    NCCL runs several rings at once (its channels), each leaving a node through its own network
+    port, one rail each, and splits the data over them. A ring over n devices sends 2(n-1)/n of
+    the data per device (nccl-tests' bus bandwidth, doc/PERFORMANCE.md), and of each ring's hops
+    only one per node crosses the network: with R ports of B each, the network carries the
+    node's share in 1/R of the time one port would, while every device still sends its whole
+    share over NVLink. A ring across nodes runs at min(intra-node, R x B); one port per device,
+    as DGX A100, H100 and H200 have (8 x 200 or 400 Gb/s), makes it the NVLink or 8 ports.
+    A pipeline's send goes from one device to its peer in the next node over its rail:
+    R x B / gpus per node.
+    """
+    port = _link(cluster, "inter_node_gbps")
+    if port.value is None:
+        return port, port
+    per_node = cluster.gpus_per_node or 1
+    nics = cluster.nics_per_node or per_node
+    ports = "cluster.nics_per_node" if cluster.nics_per_node is not None else "one per device"
+    network = nics * port.value
+    intra = _link(cluster, "intra_node_gbps").value
+    ring = network if intra is None else min(network, intra)
+    bound = "the network" if ring == network else "NVLink (cluster.intra_node_gbps)"
+    each = f"{port.value / GB:g} GB/s"
+    ring_words = f"NCCL's rings over {nics} rails ({ports}) x {each}, bound by {bound}; {port.source}"
+    p2p = network / per_node
+    return Figure(ring, ring_words), Figure(
+        p2p, f"{nics} ports x {port.value / GB:g} GB/s / {per_node} devices; {port.source}"
+    )
 
 
 def _quietest(figure: Callable[[], Any], *, timed_busy: bool) -> tuple[Any, bool]:
@@ -451,7 +485,8 @@ def resolve_device(
         host_memory_bytes=_host_memory(cluster),
         peak_flops=peak,
         intra_node_bytes_per_s=_link(cluster, "intra_node_gbps"),
-        inter_node_bytes_per_s=_link(cluster, "inter_node_gbps"),
+        inter_node_bytes_per_s=rails_bandwidth(cluster)[0],
+        inter_node_p2p_bytes_per_s=rails_bandwidth(cluster)[1],
         is_host=cluster.device_memory_gb is None and not cuda,
         calibration=_calibration(
             cluster, precision, cuda=cuda, ranks_here=ranks_here, peak=peak, measure=measure_gpu or not cuda

@@ -22,9 +22,12 @@ Bytes (what one device sends, equally what it receives; runner.comm's ring figur
 Time: compute = tokens x (model + recomputed FLOPs per token) / (gpus x peak); the 1F1B
 pipeline bubble adds (pp - 1) / accum of it (Narayanan et al. 2021, Sec. 2.2.1); each
 group's bytes go over its link. Data-parallel traffic stays within a node when all ranks
-fit in one (gpus <= gpus_per_node), else it crosses nodes; tensor parallel stays inside a
-node. With ``parallel.overlap_comm`` the data-parallel traffic hides behind compute up to
-the compute time; tensor- and pipeline-parallel traffic is on the critical path.
+fit in one (gpus <= gpus_per_node), else it crosses nodes, where NCCL's rings run over every
+port of a node at once (runner/plan/device_figures.py ``rails_bandwidth``: min(NVLink, ports x
+port)); a pipeline's send across nodes takes one device's share of its node's ports; tensor
+parallel stays inside a node. With ``parallel.overlap_comm`` the data-parallel traffic hides
+behind compute up to the compute time; tensor- and pipeline-parallel traffic is on the
+critical path.
 
 That roofline is kept as the *bound*. The *prediction* is runner/plan/calibrated_terms.py's named
 terms on the device's calibration (runner/plan/calibration.py): what each GEMM, kernel, copy,
@@ -102,9 +105,12 @@ class StepTime:
         return max(self.terms, key=lambda t: t.seconds).name
 
 
-def _link(device: Device, *, inside_node: bool) -> tuple[str, float | None]:
+def _link(device: Device, *, inside_node: bool, p2p: bool = False) -> tuple[str, float | None]:
+    """The link and bandwidth of a ring collective (or with ``p2p``, a point-to-point send)."""
     if inside_node:
         return "intra-node", device.intra_node_bytes_per_s.value
+    if p2p:
+        return "inter-node", device.inter_node_p2p_bytes_per_s.value
     return "inter-node", device.inter_node_bytes_per_s.value
 
 
@@ -136,7 +142,7 @@ def traffic(workload: Workload, knobs: Knobs, layout: Layout) -> list[Traffic]:
             Traffic(
                 "pp",
                 accum_steps * 2.0 * activation,
-                *_link(device, inside_node=within),
+                *_link(device, inside_node=within, p2p=True),
                 "activation out + gradient back per micro-batch",
             )
         )

@@ -29,7 +29,7 @@ def test_the_seed_example_plans_without_launching(train):
         "model states 17.24 GB per device = ZeRO-3: 16/64 B x 68,976,648,192 params",
         "17.50 GB",  # the round 70e9 the paper's figure uses
         "batch contract NOT met",  # the default global batch 16 cannot be split over 64 ranks
-        "inter-node at 50 GB/s",
+        "inter-node at 400 GB/s",  # NCCL's rings over the node's 8 ports of 50 GB/s
         "MFU",
         # ZeRO-3 saves its fp32 partitions (master, Adam's m and v) and no 16-bit weights
         "one checkpoint 827.72 GB = 12 B of fp32 optimizer state per parameter",
