@@ -348,6 +348,13 @@ class ClusterConfig:
     peak_tflops: float | None = field(
         default=None, metadata=about("overrides the peak for the run's precision, TFLOP/s", above=0)
     )
+    hbm_gbps: float | None = field(
+        default=None,
+        metadata=about(
+            "device memory bandwidth, GB/s: scales a borrowed calibration's memory-bound figures",
+            above=0,
+        ),
+    )
     intra_node_gbps: float | None = field(
         default=None, metadata=about("GB/s per device inside a node, one direction", above=0)
     )

@@ -17,7 +17,9 @@ bandwidth. It answers from one of two places:
   when it was measured. A shape the file lacks takes the rate of its nearest measured shape
   (by log distance of M, K and N). A cluster with no file of its own may borrow another's
   (``calibration: <name>`` in its conf/cluster YAML): compute rates are then scaled by the
-  ratio of the two datasheet peaks, bandwidths kept, and the source says so.
+  ratio of the two datasheet peaks, and the memory-bound figures (copies, the optimizer, a
+  block's non-GEMM part above its dispatch floor, the loss) by the ratio of the two devices'
+  memory bandwidths (``cluster.hbm_gbps``), and the source says so.
 
 A figure measured while other processes held the cores is cached too, marked provisional: it
 serves every plan meanwhile, and the first later plan that finds the host quiet measures it again.
@@ -133,6 +135,7 @@ class Calibration:
     # DeepSpeed's engine over a bare loop, per parameter tensor and micro-batch, by ZeRO stage
     engine_param_s: dict[str, float] | None = None
     compute_scale: float = 1.0  # a borrowed calibration's peak ratio (see the module docstring)
+    memory_scale: float = 1.0  # a borrowed calibration's memory-bandwidth ratio (the same)
     # figure -> the micro-benchmark that measured it (a file's ``sources``)
     sources: dict[str, str] = field(default_factory=dict)
     # figure -> {"summary": words, "method": ..., "data": [...]}: a figure fitted to measured steps,
@@ -296,7 +299,7 @@ class Calibration:
         near_shape = _found(table, measured_shape)
         floor = min(float(floor or 0.0), float(found))
         nm, ns, nd, _, _, nf = near_shape
-        scale = (micro * seq * (3 * d_model + ffn)) / max(1, nm * ns * (3 * nd + nf))
+        scale = (micro * seq * (3 * d_model + ffn)) / max(1, nm * ns * (3 * nd + nf)) / self.memory_scale
         where = "measured" if self.measure is not None else "recorded"
         words = f"{where} at this shape"
         if near_shape != shape:
@@ -317,7 +320,7 @@ class Calibration:
         words = f"{where} at this shape"
         if near != (tokens, vocab):
             words = f"{where} at (tokens, vocab) {_key(*near)}, scaled by the elements"
-        return float(found) * tokens * vocab / max(1, near[0] * near[1]), words
+        return float(found) * tokens * vocab / max(1, near[0] * near[1]) / self.memory_scale, words
 
     def block_too_large(self, shape: tuple[int, ...]) -> bool:
         """Whether a block of (micro, seq, d_model, heads, kv heads, ffn) is past the CPU's cap
@@ -342,7 +345,7 @@ class Calibration:
         (measured at the power of two nearest it, at most 256 MiB)."""
         size = 2 ** min(28, max(10, round(math.log2(max(num_bytes, 1.0)))))  # 256 MiB: past every cache
         rate, _ = self._figure(self.copies, "copy", (size,))
-        return rate
+        return None if rate is None else rate * self.memory_scale
 
     def _once(self, name: str) -> Any:
         if (
@@ -364,7 +367,7 @@ class Calibration:
         power of two nearest it, at most 2^25: 512 MiB of fp32 states, past every cache)."""
         size = 2 ** min(25, max(12, round(math.log2(max(numel, 1)))))
         rate, _ = self._figure(self.adamw, "adamw", (size,))
-        return rate
+        return None if rate is None else rate * self.memory_scale
 
     def fresh_rate(self) -> float | None:
         """Bytes per second into freshly allocated large CPU tensors (None: not a CPU, or unmeasured)."""
@@ -479,7 +482,9 @@ class Calibration:
             pass  # a read-only home: the figures stay in this process
 
 
-def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1.0) -> Calibration:
+def from_record(
+    record: dict[str, Any], *, source: str, compute_scale: float = 1.0, memory_scale: float = 1.0
+) -> Calibration:
     """A calibration from its JSON record (a file's, or this host's cache)."""
     return Calibration(
         device=str(record.get("device", "")),
@@ -507,6 +512,7 @@ def from_record(record: dict[str, Any], *, source: str, compute_scale: float = 1
         sources=dict(record.get("sources") or {}),
         fitted=dict(record.get("fitted") or {}),
         compute_scale=compute_scale,
+        memory_scale=memory_scale,
         source=source,
         provisional={(str(kind), str(key)) for kind, key in record.get("provisional") or []},
         paces={str(name): float(seconds) for name, seconds in (record.get("paces") or {}).items()},
@@ -580,10 +586,17 @@ def recorded_dtype(name: str) -> str:
 
 
 def load_cluster(
-    name: str, *, compute_scale: float = 1.0, borrowed_by: str | None = None, scaled_because: str = ""
+    name: str,
+    *,
+    compute_scale: float = 1.0,
+    borrowed_by: str | None = None,
+    scaled_because: str = "",
+    memory_scale: float = 1.0,
+    memory_because: str = "",
 ) -> Calibration | None:
     """A named cluster's recorded calibration (None: it has no file); ``compute_scale`` and its
-    reason (``scaled_because``) where it serves another device or precision."""
+    reason (``scaled_because``) where it serves another device or precision, ``memory_scale`` and
+    its reason (``memory_because``) where it serves a device of another memory bandwidth."""
     path = cluster_file(name)
     if not path.is_file():
         return None
@@ -592,11 +605,16 @@ def load_cluster(
     source = f"calibration file conf/cluster/calibration/{name}.json: {words}{record.get('measured')}"
     if borrowed_by is not None:
         whose = "its own" if borrowed_by == name else f"cluster {name}'s"
+        memory = (
+            f"memory-bound figures scaled by {memory_scale:.3g} ({memory_because})"
+            if memory_because
+            else "bandwidths as measured there"
+        )
         source = (
             f"cluster {borrowed_by} uses {whose} calibration, compute scaled by {compute_scale:.3g} "
-            f"({scaled_because}), bandwidths as measured there; {source}"
+            f"({scaled_because}), {memory}; {source}"
         )
-    return from_record(record, source=source, compute_scale=compute_scale)
+    return from_record(record, source=source, compute_scale=compute_scale, memory_scale=memory_scale)
 
 
 def _slug(text: str) -> str:

@@ -408,8 +408,20 @@ def _recorded(
         return calibrations.load_cluster(lender)
     why = f"{peak.source}, {peak.value / 1e12:g} TFLOP/s {precision.value}, over {lender}'s {record_dtype} "
     why += f"datasheet peak {lender_peak:g} TFLOP/s"
+    memory_scale, memory_why = 1.0, ""
+    lender_hbm = _cluster_file_value(lender, "hbm_gbps")
+    if lender != cluster.name and cluster.hbm_gbps and lender_hbm:
+        memory_scale = cluster.hbm_gbps / lender_hbm
+        memory_why = (
+            f"cluster.hbm_gbps {cluster.hbm_gbps:g} GB/s over {lender}'s datasheet {lender_hbm:g} GB/s"
+        )
     return calibrations.load_cluster(
-        lender, compute_scale=scale, borrowed_by=cluster.name, scaled_because=why
+        lender,
+        compute_scale=scale,
+        borrowed_by=cluster.name,
+        scaled_because=why,
+        memory_scale=memory_scale,
+        memory_because=memory_why,
     )
 
 

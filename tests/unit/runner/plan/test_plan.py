@@ -806,3 +806,19 @@ def test_llama_3_1_8b_keeps_its_speed_per_gpu_from_one_node_to_sixteen():
     assert per_gpu(128, *exposed) == pytest.approx(per_gpu(8, *exposed), rel=0.01)
     one_port = per_gpu(128, *exposed, "cluster.nics_per_node=1") / per_gpu(8, *exposed)
     assert one_port < 0.8
+
+
+def test_a_borrowed_calibration_moves_memory_bound_work_at_the_borrowers_memory_bandwidth():
+    """a100_80g and h100_sxm plan from the H200's figures: copies and the optimizer at their own HBM
+    bandwidth (2.0 and 3.35 TB/s against 4.8), the source saying so; the H200 as recorded."""
+    rates = {}
+    for cluster in ("h200", "h100_sxm", "a100_80g"):
+        device = plan_config(_config(f"cluster={cluster}", "gpus=1", "precision=bf16")).workload.device
+        calibration = device.calibration
+        assert calibration is not None
+        rates[cluster] = (calibration.copy_rate(2**28), calibration.adamw_rate(2**25))
+        if cluster != "h200":
+            assert "memory-bound figures scaled by" in calibration.source
+    for cluster, hbm in (("h100_sxm", 3350), ("a100_80g", 2039)):
+        for theirs, h200s in zip(rates[cluster], rates["h200"], strict=True):
+            assert theirs == pytest.approx(h200s * hbm / 4800)
