@@ -86,6 +86,9 @@ TECHNIQUES = [
     Technique(
         "ac_selective", ["parallel=ddp", "model.activation_checkpointing=selective"], shrinks=("activations",)
     ),
+    Technique(
+        "ac_attention", ["parallel=ddp", "model.activation_checkpointing=attention"], shrinks=("activations",)
+    ),
     Technique("ac_full", ["parallel=ddp", "model.activation_checkpointing=full"], shrinks=("activations",)),
     Technique(
         "tp2", ["parallel=ddp", "parallel.tp=2"], shrinks=("params", "grads", "optimizer"), note="dp 1"

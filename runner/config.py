@@ -129,7 +129,8 @@ class ModelConfig:
     activation_checkpointing: Recompute = field(
         default=Recompute.none,
         metadata=about(
-            "recompute activations in backward: none, full blocks, or selective: the attention core"
+            "recompute activations in backward: none; full blocks; selective: keep the matmuls' and "
+            "attention's outputs, rerun the rest; attention: rerun the attention core only"
         ),
     )
     loss_tiles: int | None = field(

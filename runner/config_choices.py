@@ -56,11 +56,12 @@ class LrScaling(str, Enum):
 
 
 class Recompute(str, Enum):
-    """Activation checkpointing: none, whole blocks, or only the attention core."""
+    """Activation checkpointing: none, whole blocks, op-level selective, or only the attention core."""
 
     none = "none"
     full = "full"
-    selective = "selective"
+    selective = "selective"  # keep the matmuls' and attention's outputs (runner/model/op_recompute.py)
+    attention = "attention"  # rerun the attention core only (Korthikanti et al. 2022's selective)
 
 
 class RopeScaling(str, Enum):

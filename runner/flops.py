@@ -69,7 +69,7 @@ def flops_per_token(
     )
 
 
-def recompute_flops_per_token(
+def recompute_flops_per_token(  # noqa: PLR0913 - one keyword per shape figure the count needs
     *,
     num_params: int,
     n_layers: int,
@@ -77,28 +77,36 @@ def recompute_flops_per_token(
     seq_len: int,
     recompute: Recompute | str,
     causal: bool = False,
+    kv_width: int | None = None,
+    ffn_hidden: int | None = None,
 ) -> float:
     """Extra forward FLOPs per token that activation checkpointing redoes in backward (for HFU).
 
     The forward is one third of 6N + 12*L*h*s: 2N + 4*L*h*s. Full recompute (each block
     under checkpoint) re-runs the forward once more: 2N + 4Lhs, an upper bound by the output
     head's 2*V*h, which model.py does not recompute (pass the block parameters as N for the
-    exact figure). Selective recompute re-runs only the attention core (Korthikanti et al.
+    exact figure). The attention mode re-runs only the attention core (Korthikanti et al.
     2022, arXiv 2205.05198, Sec. 5): its score and value matmuls, 4*L*h*s (RoPE and the
-    softmax are elementwise, not counted, like the softmax in 12Lhs). ``causal`` halves the
+    softmax are elementwise, not counted, like the softmax in 12Lhs). Op-level selective
+    (runner/model/op_recompute.py) re-runs wk, wo and w3 of each block: 2*L*(h*kv + h*h + h*f),
+    with ``kv_width`` (n_kv_head x head size) and ``ffn_hidden`` given. ``causal`` halves the
     attention part as in :func:`flops_per_token`.
     """
     value = getattr(recompute, "value", recompute)  # the member (runner.config.Recompute) or its value
     if value not in {mode.value for mode in Recompute}:
-        raise ValueError(f"recompute={value!r} is not one of none, selective, full")
+        raise ValueError(f"recompute={value!r} is not one of {', '.join(mode.value for mode in Recompute)}")
     attention_forward = (
         _attention_flops_per_token(n_layers=n_layers, d_model=d_model, seq_len=seq_len, causal=causal) / 3.0
     )
     mode = Recompute(value)
     if mode == Recompute.none:
         return 0.0
-    if mode == Recompute.selective:
+    if mode == Recompute.attention:
         return attention_forward
+    if mode == Recompute.selective:
+        if kv_width is None or ffn_hidden is None:
+            raise ValueError("selective recompute's FLOPs need kv_width and ffn_hidden")
+        return 2.0 * n_layers * d_model * (kv_width + d_model + ffn_hidden)
     return 2.0 * num_params + attention_forward
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from runner.config import ModelConfig, Recompute, ZeroStage
 from runner.memory_model.units import BOOL_BYTES, FP32_BYTES, HALF_BYTES, INT64_BYTES, _choice
-from runner.rules import head_problems, loss_tile_count, tp_split_problems
+from runner.rules import head_problems, loss_tile_count, selective_compile_problem, tp_split_problems
 
 # Precision, optimizer, offload placement, recompute mode and ZeRO stage are runner.config's
 # enums; every function here takes the member or its plain value ("bf16", 3), as notebooks pass.
@@ -335,10 +335,15 @@ def activation_items_per_layer(
     tensors where GeLU keeps two 4h-wide ones). ``flash=False`` replaces the sdpa.* items by
     torch's math path (q, k scaled, v, probabilities: 4(3 sbh' + a's^2b)).
 
-    recompute="selective" (``Attention._core`` = RoPE + SDPA under torch.utils.checkpoint):
-    the core's items go; its inputs are kept instead: q (p sbh'), k and v before the GQA
-    repeat (2 p sb kv', kv' = n_kv_heads*hs/t). recompute="full" (each block under
+    recompute="attention" (``Attention._core`` = RoPE + SDPA under torch.utils.checkpoint,
+    Korthikanti's selective): the core's items go; its inputs are kept instead: q (p sbh'), k and
+    v before the GQA repeat (2 p sb kv', kv' = n_kv_heads*hs/t). recompute="full" (each block under
     torch.utils.checkpoint): only the block input, p sbh (Korthikanti Sec. 5's 2sbh in 16-bit).
+    recompute="selective" (each block under torch.utils.checkpoint with runner/model/op_recompute.py's
+    policy): the block input (p sbh) and what the policy saves: wq's output (p sbh'), wv's
+    (p sb kv'), the attention kernel's output and logsumexp (p sbh' + 4 a'sb, flash kernels), w1's
+    (p sbf') and w2's (p sbh); nothing else. In bf16 with flash: sbh(8 + 2f/h) + 2 sb kv' + 4 a'sb,
+    against 26 sbh + 8 sbf without recompute.
 
     Tensor parallel: as Korthikanti eq. 2, norm inputs/outputs and the inputs of the
     column-parallel linears stay replicated; the per-head and f-wide tensors split by t.
@@ -366,12 +371,14 @@ def activation_items_per_layer(
     if mode == Recompute.full:
         # torch.utils.checkpoint keeps the block's input (and the cos/sin buffer views).
         return {"block.input": p * x.sb * x.d_model}
+    if mode == Recompute.selective:
+        return _op_level_items(x)
 
     items = _rmsnorm_items("attention_norm", x)
     items["attention.input"] = p * x.sb * x.d_model
     if mode == Recompute.none:
         items.update(_attention_core_items(x))
-    else:  # selective: checkpoint(self._core, q, k, v, cos, sin) keeps the core's inputs
+    else:  # attention: checkpoint(self._core, q, k, v, cos, sin) keeps the core's inputs
         items["attention_core.q"] = p * x.sb * x.q_width
         items["attention_core.k"] = p * x.sb * x.kv_width
         items["attention_core.v"] = p * x.sb * x.kv_width
@@ -384,6 +391,25 @@ def activation_items_per_layer(
         if name == "silu.output" and x.graph == "whole":
             continue  # recomputed from w1.output in backward
         items[name] = p * x.sb * x.local_ffn
+    return items
+
+
+def _op_level_items(x: BlockShape) -> dict[str, int]:
+    """What a block keeps under op-level selective recompute (runner/model/op_recompute.py): its
+    input, and the outputs of the attention kernel and of wq, wv, w1 and w2 (every odd matmul)."""
+    if x.graph != "eager":
+        raise ValueError(selective_compile_problem())
+    p = x.bytes_per_elem
+    items = {
+        "block.input": p * x.sb * x.d_model,
+        "wq.output": p * x.sb * x.q_width,
+        "wv.output": p * x.sb * x.kv_width,
+        "w1.output": p * x.sb * x.local_ffn,
+        "w2.output": p * x.sb * x.d_model,  # row-parallel under tp: whole h, summed in place
+    }
+    if x.flash:  # the kernel's outputs: its result and an fp32 logsumexp (b, a', s)
+        items["sdpa.out"] = p * x.sb * x.q_width
+        items["sdpa.logsumexp_fp32"] = FP32_BYTES * x.local_heads * x.sb
     return items
 
 
@@ -561,10 +587,11 @@ def activation_items_total(
     if mode == Recompute.none:
         items["transient.recompute_layer"] = 0
     else:
-        # Full: one block is re-run whole; selective: one attention core (none minus selective).
+        # Full: one block is re-run whole; selective and attention: what it keeps less than
+        # without recompute (the rerun ops' outputs; attention: one attention core).
         rebuilt = activations_per_layer(block, Recompute.none)
-        if mode == Recompute.selective:
-            rebuilt = max(rebuilt - activations_per_layer(block, Recompute.selective), 0)
+        if mode != Recompute.full:
+            rebuilt = max(rebuilt - activations_per_layer(block, mode), 0)
         items["transient.recompute_layer"] = rebuilt
     return items
 

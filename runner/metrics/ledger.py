@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from runner.config import Precision
 from runner.memory_model.boundary import Estimate, RankBatch, boundary_estimate, deepspeed_estimate
+from runner.model.op_recompute import kept_outputs
 
 TERMS = ("params", "grads", "optimizer", "activations")
 
@@ -238,8 +239,12 @@ def saved_activations(model: torch.nn.Module) -> Iterator[dict[str, int]]:
             result["activations"] += found[1]
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    # Op-level selective recompute keeps its outputs in torch's own cache, not as saved tensors.
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), kept_outputs() as kept:
         yield result
+    for outputs in kept:
+        for tensor in _tensors_in(outputs):
+            pack(tensor)
 
 
 def relative_errors(estimated: dict[str, int], measured: dict[str, int]) -> dict[str, float | None]:

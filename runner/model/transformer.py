@@ -35,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 from runner.config import ModelConfig, Recompute, RopeScaling
 from runner.model.build_method import DRAW_BLOCK
 from runner.model.meta import materialize
+from runner.model.op_recompute import op_level_contexts
 from runner.model.shape import check_shape, n_kv_head
 from runner.model.shape import num_params as num_params  # re-exported: the count sits beside the model
 from runner.rules import loss_tile_count
@@ -227,7 +228,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=False)
-        self.selective_recompute = cfg.activation_checkpointing == Recompute.selective
+        self.core_recompute = cfg.activation_checkpointing == Recompute.attention
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C); cos/sin are the RoPE tables cut to T."""
@@ -240,7 +241,7 @@ class Attention(nn.Module):
         q = q.view(B, T, nh, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nkv, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
         v = v.view(B, T, nkv, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
-        if self.selective_recompute and self.training:
+        if self.core_recompute and self.training:
             # Selective activation recomputation (Korthikanti et al. 2022,
             # arXiv 2205.05198): keep the projections, which are cheap to store
             # and costly to recompute, and rerun only the attention core, whose
@@ -299,6 +300,25 @@ class TransformerBlock(nn.Module):
         """x (B, T, C) -> (B, T, C)."""
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
+
+
+def checkpointed_block(
+    block: nn.Module,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mode: Recompute,
+    *,
+    training: bool,
+) -> torch.Tensor:
+    """One block's forward as ``mode`` keeps it for backward: full recompute keeps only the block's
+    input and reruns the block; selective keeps the matmuls' and attention's outputs too and reruns
+    the rest (runner/model/op_recompute.py); none and attention run it as it is."""
+    if training and mode == Recompute.full:
+        return checkpoint(block, x, cos, sin, use_reentrant=False)
+    if training and mode == Recompute.selective:
+        return checkpoint(block, x, cos, sin, use_reentrant=False, context_fn=op_level_contexts)
+    return block(x, cos, sin)
 
 
 class Transformer(nn.Module):
@@ -380,10 +400,10 @@ class Transformer(nn.Module):
             )
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, hs/2)
         x = self.tok_embeddings(tokens)  # (B, T, C)
-        full_recompute = self.training and self.cfg.activation_checkpointing == Recompute.full
         for layer in self.layers:
-            # Full recompute keeps only each block's input; backward reruns the block.
-            x = checkpoint(layer, x, cos, sin, use_reentrant=False) if full_recompute else layer(x, cos, sin)
+            x = checkpointed_block(
+                layer, x, cos, sin, self.cfg.activation_checkpointing, training=self.training
+            )
         return self.norm(x)
 
 

@@ -32,12 +32,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from runner.config import ModelConfig, Recompute
+from runner.config import ModelConfig
 from runner.model.transformer import (
     RMSNorm,
     TransformerBlock,
+    checkpointed_block,
     lm_loss,
     rope_cache,
 )
@@ -90,15 +90,13 @@ class BlockPipe(nn.Module):
         super().__init__()
         self.block = TransformerBlock(cfg)
         self.rope = rope  # shared: registered once per stage, counted once (remove_duplicate)
-        self.full_recompute = cfg.activation_checkpointing == Recompute.full
+        self.recompute = cfg.activation_checkpointing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """As one iteration of Transformer.forward's block loop, full recompute included."""
+        """As one iteration of Transformer.forward's block loop, recompute included."""
         T = x.shape[1]
         cos, sin = self.rope.cos[:T], self.rope.sin[:T]
-        if self.full_recompute and self.training:
-            return checkpoint(self.block, x, cos, sin, use_reentrant=False)
-        return self.block(x, cos, sin)
+        return checkpointed_block(self.block, x, cos, sin, self.recompute, training=self.training)
 
 
 def _layer_specs(cfg: ModelConfig) -> list[Any]:

@@ -8,8 +8,9 @@ with most layers, holding the output head), with ``accum`` micro-batches:
 - ``gemm``, ``attention``, ``elementwise``, ``dispatch``: one micro-batch's compute, ``accum``
   times (runner/plan/micro_batch_compute.py prices each).
 - ``recompute``: full recompute runs every block's forward again in backward (gemm, attention,
-  elementwise and dispatch forward shares); selective, the attention core's
-  (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 5).
+  elementwise and dispatch forward shares); op-level selective, the matmuls it does not keep
+  (runner/model/op_recompute.py: wk, wo, w3), the memory-bound kernels and their dispatch;
+  attention, the attention core's (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 5).
 - ``loss pieces``: a loss in pieces (``model.loss_tiles``, runner.rules.loss_tile_count) runs
   the output head's GEMM and the cross-entropy forward again in backward, a piece at a time.
 - ``grad accumulation``: micro-batches 2..accum add their gradients into the rank's gradient
@@ -387,8 +388,14 @@ def compute_terms(
         redo = micro.gemm_forward + micro.attention_forward + micro.elementwise_forward + micro.dispatch / 3
         terms.append(Term("recompute", accum * redo, "full: every block's forward again"))
     elif knobs.recompute == Recompute.selective:
+        redo = micro.reran_gemm_forward + micro.block_elementwise_forward + micro.dispatch / 3
+        words = (
+            "selective: wk, wo, w3 and the memory-bound kernels again (matmuls' and attention's outputs kept)"
+        )
+        terms.append(Term("recompute", accum * redo, words))
+    elif knobs.recompute == Recompute.attention:
         terms.append(
-            Term("recompute", accum * micro.attention_forward, "selective: the attention core again")
+            Term("recompute", accum * micro.attention_forward, "attention: the attention core again")
         )
     tiles = loss_tile_count(
         workload.model, micro_size=layout.micro_size, seq_len=workload.seq_len, tp=layout.tp, pp=layout.pp

@@ -55,6 +55,8 @@ from runner.rules import pipeline_depth_problems, tp_problems
 # Each stage is tried as the conf/parallel option of its name (ddp, zero1, zero2, zero3).
 _STAGES = tuple(ZeroStage)
 _RECOMPUTES = (Recompute.none, Recompute.selective, Recompute.full)  # cheapest first
+# A compiled block takes the attention-core mode in op-level selective's place (runner/rules/recompute.py).
+_COMPILED_RECOMPUTES = (Recompute.none, Recompute.attention, Recompute.full)
 _OFFLOADS = (OffloadPlacement.optimizer, OffloadPlacement.optimizer_and_params)  # least moved first
 NEAR_FASTEST = 0.02  # a cheaper candidate this close to the fastest's tokens/s is recommended instead
 SHOWN = 5  # ranked candidates printed
@@ -145,32 +147,34 @@ def rungs(workload: Workload, *, overlap_comm: bool | None = None) -> list[tuple
 
     ddp, zero1, zero3 = ZeroStage.ddp, ZeroStage.zero1, ZeroStage.zero3
     whole = workload.global_size // workload.gpus
+    recomputes = _COMPILED_RECOMPUTES if workload.compiled else _RECOMPUTES
+    partial = recomputes[1]
     ladder: list[tuple[str, list[Knobs]]] = [
         (f"ddp, micro {whole or 'global/dp'} (accum 1)", [k(ddp, micro_size=whole or None)]),
         ("ddp, smaller micro + accumulation", [k(ddp)]),
-        ("ddp + selective recompute", [k(ddp, recompute=Recompute.selective)]),
+        (f"ddp + {partial.value} recompute", [k(ddp, recompute=partial)]),
         ("ddp + full recompute", [k(ddp, recompute=Recompute.full)]),
     ]
     for stage in _STAGES[1:]:
-        ladder.append((stage.name, [k(stage, recompute=r) for r in _RECOMPUTES]))
+        ladder.append((stage.name, [k(stage, recompute=r) for r in recomputes]))
     for offload in _OFFLOADS:
         ladder.append(
             (
                 f"zero3 + offload {offload.value}",
-                [k(zero3, recompute=r, offload=offload) for r in _RECOMPUTES],
+                [k(zero3, recompute=r, offload=offload) for r in recomputes],
             )
         )
     tps = tp_degrees(workload)
     for t in tps:
-        candidates = [k(s, tp=t, recompute=r) for s in _STAGES for r in _RECOMPUTES]
-        candidates += [k(zero3, tp=t, recompute=r, offload=o) for o in _OFFLOADS for r in _RECOMPUTES]
+        candidates = [k(s, tp=t, recompute=r) for s in _STAGES for r in recomputes]
+        candidates += [k(zero3, tp=t, recompute=r, offload=o) for o in _OFFLOADS for r in recomputes]
         ladder.append((f"tp {t} inside a node", candidates))
     t_max = tps[-1] if tps else 1
     for p in pp_degrees(workload, t_max):
         # DeepSpeed's pipeline engine takes ZeRO 0 or 1 only (deepspeed/runtime/pipe/engine.py).
-        candidates = [k(s, tp=t_max, pp=p, recompute=r) for s in _STAGES[:2] for r in _RECOMPUTES]
+        candidates = [k(s, tp=t_max, pp=p, recompute=r) for s in _STAGES[:2] for r in recomputes]
         candidates += [
-            k(zero1, tp=t_max, pp=p, recompute=r, offload=OffloadPlacement.optimizer) for r in _RECOMPUTES
+            k(zero1, tp=t_max, pp=p, recompute=r, offload=OffloadPlacement.optimizer) for r in recomputes
         ]
         ladder.append((f"pp {p} across nodes, tp {t_max}", candidates))
     return ladder

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from runner.config import ModelConfig, Precision
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
+from runner.model.op_recompute import RECOMPUTED_MATMULS
 from runner.model.shape import n_kv_head
 from runner.plan.calibration import Calibration, dtype_name
 from runner.plan.eager_traffic import block_rest_traffic, loss_traffic
@@ -88,6 +89,10 @@ class MicroCompute:
     elementwise_forward: float
     dispatch: float  # forward and backward
     loss_forward: float = 0.0  # the output head's GEMM and the cross-entropy, forward only
+    # op-level selective recompute's rerun: the matmuls it does not keep (runner/model/op_recompute.py)
+    # and the blocks' memory-bound kernels, forward only
+    reran_gemm_forward: float = 0.0
+    block_elementwise_forward: float = 0.0
     in_place: float = 1.0  # the blocks' parts scaled by a block timed whole (``_in_place``)
     elementwise_words: str = ""  # where the elementwise and dispatch figures came from
     dispatch_words: str = ""
@@ -106,6 +111,16 @@ def _attention_from_gemms(
     rate = rates[len(rates) // 2] * calibration.compute_scale
     forward = 2.0 * batch_heads * seq * seq * head_dim / rate
     return forward, 2.5 * forward
+
+
+def _reran_gemm_forward(workload: Workload, layout: Layout, calibration: Calibration, tokens: int) -> float:
+    """Forward seconds of one micro-batch's matmuls that op-level selective recompute runs again."""
+    seconds = 0.0
+    for name, count, m, k, n in _gemm_shapes(workload, layout, tokens):
+        rates = calibration.gemm(m, k, n) if name in RECOMPUTED_MATMULS else None
+        if rates is not None:
+            seconds += count * 2.0 * m * k * n / rates[0]
+    return seconds
 
 
 def _gemm_seconds(
@@ -198,6 +213,8 @@ def micro_compute(workload: Workload, layout: Layout, calibration: Calibration) 
         elementwise_forward=scale * layers * elementwise + head_elementwise,
         dispatch=scale * layers * floor,
         loss_forward=head_f + head_elementwise,
+        reran_gemm_forward=scale * _reran_gemm_forward(workload, layout, calibration, tokens),
+        block_elementwise_forward=scale * layers * elementwise,
         in_place=scale,
         elementwise_words=elementwise_words,
         dispatch_words=dispatch_words,

@@ -44,6 +44,7 @@ from runner.config import ModelConfig, Recompute, ZeroStage
 from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_flops_per_token
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
+from runner.model.shape import n_kv_head
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.calibrated_terms import Term, comm_seconds, compute_terms, forward_seconds, param_tensors
 from runner.plan.device_figures import Device
@@ -214,6 +215,8 @@ def _recomputed_flops_per_token(workload: Workload, recompute: Recompute) -> flo
         d_model=model.d_model,
         seq_len=workload.seq_len,
         recompute=recompute,
+        kv_width=model.d_model * n_kv_head(model) // model.n_head,
+        ffn_hidden=model.ffn_hidden,
     )
 
 

@@ -13,7 +13,7 @@ Every place that needs a rule asks its function here:
   runner/parallel/pipeline_split.py), which raise ValueError in the same words.
 
 Modules: head_layout.py (heads and head size), loss_tiles.py (the pieces the loss runs in),
-tensor_split.py (what tp splits, a group inside
+recompute.py (the modes a compiled block takes), tensor_split.py (what tp splits, a group inside
 a node), offload_stages.py (the ZeRO stages ZeRO-Offload takes), pipeline_stages.py (a block per
 stage; what DeepSpeed's pipeline engine runs).
 """
@@ -25,6 +25,7 @@ from runner.rules.head_layout import head_problems
 from runner.rules.loss_tiles import loss_tile_count, loss_tile_length_problems, loss_tile_problems
 from runner.rules.offload_stages import offload_pair_problems, offload_problems, offload_switches
 from runner.rules.pipeline_stages import pipeline_depth_problems, pipeline_engine_problems
+from runner.rules.recompute import recompute_problems, selective_compile_problem
 from runner.rules.tensor_split import tp_cluster_problems, tp_node_problems, tp_problems, tp_split_problems
 
 
@@ -63,6 +64,7 @@ def config_layout_problems(config: TrainConfig) -> list[str]:
         ),
         *tp_cluster_problems(par.tp, config.cluster),
         *loss_tile_length_problems(config.model, seq_len=config.data.seq_len),
+        *recompute_problems(config.model.activation_checkpointing, compiled=config.train.compile),
     ]
 
 
@@ -78,6 +80,8 @@ __all__ = [
     "offload_switches",
     "pipeline_depth_problems",
     "pipeline_engine_problems",
+    "recompute_problems",
+    "selective_compile_problem",
     "tp_cluster_problems",
     "tp_node_problems",
     "tp_problems",

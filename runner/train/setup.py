@@ -30,6 +30,7 @@ from runner.metrics.ledger import Estimate, RankBatch, deepspeed_estimate
 from runner.metrics.sinks import MetricSink, build_sinks
 from runner.metrics.throughput import FlopsBudget
 from runner.metrics.wall_clock import WallClock
+from runner.model.shape import n_kv_head
 from runner.model.transformer import num_params
 from runner.rundir import checkpoint_record
 from runner.train.context import RunContext
@@ -68,7 +69,10 @@ def flops_budget(model: ModelConfig, *, seq_len: int) -> FlopsBudget:
         per_token=flops_per_token(**common, causal=False),
         per_token_causal=flops_per_token(**common, causal=True),
         recompute_per_token=recompute_flops_per_token(
-            **common, recompute=model.activation_checkpointing.value
+            **common,
+            recompute=model.activation_checkpointing.value,
+            kv_width=model.d_model * n_kv_head(model) // model.n_head,
+            ffn_hidden=model.ffn_hidden,
         ),
     )
 

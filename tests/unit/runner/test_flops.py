@@ -89,12 +89,19 @@ def test_non_embedding_params_for_untied_llama_7b() -> None:
 
 
 def test_recompute_flops() -> None:
-    """Full recompute redoes the forward (a third of 6N + 12Lhs); selective only the attention core."""
+    """Full recompute redoes the forward (a third of 6N + 12Lhs); attention only the attention core;
+    op-level selective the three matmuls it does not keep (wk, wo, w3)."""
     args: dict[str, Any] = dict(num_params=10**9, n_layers=24, d_model=2048, seq_len=2048)
     per_token = flops_per_token(**args)
     assert recompute_flops_per_token(**args, recompute="full") == pytest.approx(per_token / 3)
-    assert recompute_flops_per_token(**args, recompute="selective") == 4 * 24 * 2048 * 2048
-    assert recompute_flops_per_token(**args, recompute="selective", causal=True) == 2 * 24 * 2048 * 2048
+    assert recompute_flops_per_token(**args, recompute="attention") == 4 * 24 * 2048 * 2048
+    assert recompute_flops_per_token(**args, recompute="attention", causal=True) == 2 * 24 * 2048 * 2048
+    shape = dict(kv_width=512, ffn_hidden=8192)
+    assert recompute_flops_per_token(**args, recompute="selective", **shape) == 2 * 24 * 2048 * (
+        512 + 2048 + 8192
+    )
+    with pytest.raises(ValueError, match="kv_width and ffn_hidden"):
+        recompute_flops_per_token(**args, recompute="selective")
     assert recompute_flops_per_token(**args, recompute="none") == 0
     with pytest.raises(ValueError, match="recompute"):
         recompute_flops_per_token(**args, recompute="half")

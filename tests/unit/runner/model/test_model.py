@@ -299,7 +299,7 @@ def test_one_step_reduces_loss() -> None:
 
 
 def test_recompute_modes_give_identical_loss_and_grads() -> None:
-    """none, full and selective recompute: bitwise-equal loss and gradients."""
+    """none, full, op-level selective and attention-core recompute: bitwise-equal loss and gradients."""
     torch.manual_seed(0)
     base = build_model(SMALL)
     tokens = torch.randint(0, SMALL.vocab_size, (2, 33))
@@ -314,7 +314,7 @@ def test_recompute_modes_give_identical_loss_and_grads() -> None:
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         results[mode] = (loss.detach(), grads)
     ref_loss, ref_grads = results[Recompute.none]
-    for mode in (Recompute.full, Recompute.selective):
+    for mode in (Recompute.full, Recompute.selective, Recompute.attention):
         loss, grads = results[mode]
         assert loss.dtype == ref_loss.dtype
         assert torch.equal(loss, ref_loss), mode
@@ -384,7 +384,12 @@ def test_bad_shapes_fail_with_the_key() -> None:
 
 @pytest.mark.parametrize(
     ("mode", "attention_calls", "ffn_calls"),
-    [(Recompute.none, 1, 1), (Recompute.selective, 2, 1), (Recompute.full, 2, 2)],
+    [
+        (Recompute.none, 1, 1),
+        (Recompute.attention, 2, 1),
+        (Recompute.selective, 2, 2),
+        (Recompute.full, 2, 2),
+    ],
 )
 def test_recompute_reruns_what_it_says(
     mode: Recompute,
@@ -392,7 +397,8 @@ def test_recompute_reruns_what_it_says(
     ffn_calls: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Per layer and step: selective reruns only the attention core, full the whole block."""
+    """Per layer and step: attention reruns only the attention core, full the whole block; selective
+    reruns the block's Python too, its kept ops answered from what forward saved."""
     cfg = dataclasses.replace(TINY, n_layer=1, activation_checkpointing=mode)
     model = build_model(cfg)
     counts = {"sdpa": 0, "ffn": 0}

@@ -822,3 +822,19 @@ def test_a_borrowed_calibration_moves_memory_bound_work_at_the_borrowers_memory_
     for cluster, hbm in (("h100_sxm", 3350), ("a100_80g", 2039)):
         for theirs, h200s in zip(rates[cluster], rates["h200"], strict=True):
             assert theirs == pytest.approx(h200s * hbm / 4800)
+
+
+def test_a_compiled_runs_ladder_tries_the_attention_core_in_selectives_place():
+    """train.compile=true: op-level selective recompute is refused (runner/rules/recompute.py), so
+    the ladder's partial-recompute candidates are the attention core's; without compile, op-level."""
+    from runner.config import Recompute
+    from runner.plan.ladder import rungs
+
+    for compiled, partial in ((True, Recompute.attention), (False, Recompute.selective)):
+        config = _config(
+            "model=llama_1b", "cluster=h100_sxm", "gpus=8", "precision=bf16", f"train.compile={compiled}"
+        )
+        ladder = rungs(plan_config(config).workload)
+        modes = {knobs.recompute for _, candidates in ladder for knobs in candidates}
+        assert modes == {Recompute.none, partial, Recompute.full}
+        assert f"ddp + {partial.value} recompute" in [name for name, _ in ladder]

@@ -82,6 +82,14 @@ CASES = [
         ["model.loss_tiles=4 with parallel.pp=2", "null"],
     ),
     (["model.loss_tiles=4", "parallel=tp2", "gpus=2", "model.loss_tiles=1"], RUNS, []),
+    # op-level selective recompute chooses among eager ops: not a compiled block's
+    (["model.activation_checkpointing=selective"], RUNS, []),
+    (["model.activation_checkpointing=attention", "train.compile=true"], RUNS, []),
+    (
+        ["model.activation_checkpointing=selective", "train.compile=true"],
+        REFUSED,
+        ["model.activation_checkpointing=selective with train.compile=true", "full or attention"],
+    ),
     (
         ["model.loss_tiles=200", "data.seq_len=128"],
         REFUSED,
