@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 EXIT_USAGE = 2  # bad input: a missing path, a path with no run in it (argparse uses 2 too)
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+# A `ladder` command stopped by Ctrl-C: 128 + SIGINT, as a shell reports it. (A training rank
+# that stops at a signal after its checkpoint exits runner/train/preemption.py's EXIT_INTERRUPTED.)
+EXIT_CTRL_C = 130
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -147,7 +149,7 @@ def _tokenize(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"{PREFIX}: interrupted; nothing written to {args.out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_CTRL_C
     print("\n".join(result_lines(result, str(args.tokenizer), args.workers)))
     return 0
 

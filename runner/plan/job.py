@@ -20,11 +20,11 @@ from runner.plan.checkpoint_size import DiskNeed, disk_need, disk_problem
 from runner.plan.ladder import Ladder, recommend, recommendation_record
 from runner.plan.planner import Plan, ResumePlan, plan_config
 from runner.plan.table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
+from runner.rundir.run_files import PLAN_FILE
 from runner.rundir.summary import write_json_atomic
 
 log = logging.getLogger("ladder")
 
-PLAN_FILE = "plan.json"
 
 # plan=true's exit statuses (2 stays every refusal's: the plan could not be made).
 EXIT_FITS = 0  # it fits (device, host, the checkpoints a run weighs) and holds the batch contract

@@ -27,13 +27,13 @@ from typing import Any
 import yaml
 
 from runner.rundir.metrics_file import METRICS_FILE, read_records
+from runner.rundir.run_files import DEEPSPEED_CONFIG_FILE, PLAN_FILE
 from runner.rundir.summary import SUMMARY_FILE, RunSummary, SummaryError, load_summary
 
-PLAN_FILE = "plan.json"
 CONFIG_FILE = Path(".hydra") / "config.yaml"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 MULTIRUN_FILE = "multirun.yaml"
-RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, str(CONFIG_FILE), "deepspeed_config.json", PLAN_FILE)
+RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, str(CONFIG_FILE), DEEPSPEED_CONFIG_FILE, PLAN_FILE)
 
 # How deep below a named path to look for run directories: multirun/<date>/<time>/<cell>.
 MAX_DEPTH = 4

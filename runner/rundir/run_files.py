@@ -1,6 +1,7 @@
 """The files of a run directory beside summary.json: DeepSpeed's config and the failure records.
 
 deepspeed_config.json    build_deepspeed_config's output (the launching process writes it)
+plan.json                the plan of a run or of plan=true (runner/plan/job.py writes it)
 failure_rank<N>.json     a failed rank's error (the rank writes it)
 
 earlier_attempts/<n>/ (an attempt that started over) is launchers/hydra_files.py's.
@@ -17,6 +18,7 @@ from typing import Any
 from runner.rundir.summary import write_json_atomic
 
 DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
+PLAN_FILE = "plan.json"
 
 
 def write_deepspeed_config(run_dir: Path, ds_config: dict[str, Any]) -> None:
