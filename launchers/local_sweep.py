@@ -57,7 +57,7 @@ def cells_refusal(launcher: Any, job_overrides: Sequence[Sequence[str]], initial
     ahead: a plan costs no more than the check, and each cell's plan says what is wrong.
     """
     config = launcher.config
-    if OmegaConf.select(config, "plan") is True or OmegaConf.select(config, "planner.recommend") is True:
+    if any(OmegaConf.select(config, key) is True for key in ("plan", "planner.recommend", "planner.max_seq")):
         return None
     found: dict[str, list[str]] = {}
     fresh: list[TrainConfig] = []  # the cells that start over: a resumed cell checks its own disk

@@ -87,7 +87,7 @@ def local_launch_problems(config: TrainConfig) -> list[str]:
     (launchers/local_sweep.py). A run directory's own refusals (a resume onto another
     global batch) are not here: they depend on what the cell's directory holds then.
     """
-    planning = config.plan or config.planner.recommend
+    planning = config.planning
     try:
         validate(config, launcher=None if planning else "local")
         if not planning:

@@ -229,7 +229,7 @@ def run(
     started, calibrated_before = _job_start()
     env = from_environment(os.environ)
     launcher = "local" if env is None else env.source
-    planning = config.plan or config.planner.recommend  # recommend implies plan
+    planning = config.planning
     validate(config, launcher=None if planning else launcher)
     _choose_accelerator()  # after the refusals, which answer before torch is imported
     if planning:

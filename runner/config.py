@@ -518,6 +518,13 @@ class PlannerConfig:
             "the largest) or the largest (memory)"
         ),
     )
+    max_seq: bool = field(
+        default=False,
+        metadata=about(
+            "also find the longest data.seq_len the planned layout fits, in each recompute mode; "
+            "implies plan=true"
+        ),
+    )
     headroom: float = field(
         default=0.9,
         metadata=about(
@@ -560,6 +567,11 @@ class TrainConfig:
     plan: bool = field(
         default=False, metadata=about("true: print the memory and time plan, write plan.json, launch nothing")
     )
+
+    @property
+    def planning(self) -> bool:
+        """plan=true, or a planner question that implies it (planner.recommend, planner.max_seq)."""
+        return self.plan or self.planner.recommend or self.planner.max_seq
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from runner.config import TrainConfig
 from runner.plan.checkpoint_size import DiskNeed, disk_need, disk_problem
 from runner.plan.ladder import Ladder, recommend, recommendation_record
+from runner.plan.max_seq import longest_sequences, max_seq_lines
 from runner.plan.planner import Plan, ResumePlan, plan_config
 from runner.plan.table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
 from runner.rundir.run_files import PLAN_FILE
@@ -126,6 +127,10 @@ def plan_job(
     else:
         record["checkpoint_disk"].update(free_bytes=None, filesystem_of=None, fits=None)
         text += "\n" + unseen_filesystem_line(disk, config)
+    if config.planner.max_seq:
+        longest = longest_sequences(plan.workload, plan.knobs, plan.layout)
+        record["max_seq"] = longest
+        text += "\n" + "\n".join(max_seq_lines(plan.workload, plan.knobs, plan.layout, longest))
     ladder = None
     if config.planner.recommend:
         ladder = recommend(plan.workload, overlap_comm=config.parallel.overlap_comm, given=given)

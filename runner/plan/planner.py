@@ -244,7 +244,7 @@ def workload_from_config(config: TrainConfig, *, with_peak: bool = True) -> Work
             config.precision.name,
             gpus=config.gpus,
             with_peak=with_peak,
-            measure_gpu=config.plan or config.planner.recommend,  # a run's launcher measures no GPU
+            measure_gpu=config.planning,  # a run's launcher measures no GPU
         ),
         cluster=config.cluster.name,
         compiled=config.train.compile,
