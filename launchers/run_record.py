@@ -118,6 +118,11 @@ def step_time_plan_record(plan: Plan) -> dict[str, Any]:
         "predicted_s": time.step_s,
         "predicted_is_lower_bound": not time.complete,  # a needed link bandwidth is unknown
         "terms_s": {term.name: term.seconds for term in time.terms},
+        # What the plan leaves exposed of the dp, tp and pp collectives (None: a link it could not
+        # price); the run's comm_exposed entry puts the measured seconds beside it.
+        "comm_exposed_s": sum(term.seconds for term in time.terms if term.name.endswith(" comm"))
+        if time.complete
+        else None,
         "limit": time.limit,
         "bound_s": time.bound_step_s,  # the roofline: compute at peak, links at full bandwidth
         "calibration": time.calibration or None,  # None: no calibration, the prediction is the bound

@@ -144,7 +144,7 @@ def record_end(
             model_build={"rank": 0, **trainer.model_build},
             compile=compile_summary(trainer.compiled_blocks) if trainer.compiled_blocks else None,
             noise_scale=probes["noise_scale"],
-            comm_exposed=probes["comm_exposed"],
+            comm_exposed=_comm_exposed(probes["comm_exposed"], recorded),
             pipeline=pipeline_summary(
                 trainer.engine, ctx.layout, step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s")
             )
@@ -159,6 +159,13 @@ def record_end(
             goodput=goodput.account(run_dir),
         ),
     )
+
+
+def _comm_exposed(measured: dict[str, Any], recorded: RunSummary) -> dict[str, Any]:
+    """summary.json's ``comm_exposed``: the seconds a step measured blocked in collectives, with the
+    plan's exposed communication per step beside them (recorded at launch)."""
+    planned = (recorded.step_time or {}).get("comm_exposed_s")
+    return {**measured, "planned_seconds_per_step": planned}
 
 
 def _host_memory(recorded: RunSummary, last: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,11 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
     assert summary["noise_scale"]["unmeasured"] is None
     assert all(m["time/comm_exposed_s"] > 0 for m in metrics)
     assert summary["comm_exposed"]["unmeasured"] is None
+    # The plan's exposed communication per step is recorded beside the measured (None: this host's
+    # collectives not priced, the prediction a lower bound).
+    planned = summary["comm_exposed"]["planned_seconds_per_step"]
+    assert planned == summary["step_time"]["comm_exposed_s"]
+    assert (planned is None) == summary["step_time"]["predicted_is_lower_bound"]
     # Where the time goes: the phases partition each step, and the work is in forward and backward.
     for m in metrics:
         phases = {phase: m[f"time/{phase}_s"] for phase in (*PHASES, "other")}
