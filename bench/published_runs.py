@@ -129,17 +129,19 @@ def plan_row(run: Published) -> tuple[float | None, bool]:
 
 
 def main() -> int:
-    errors, agree = [], 0
+    errors: list[float] = []
+    agree = 0
     print(f"{'run':58} {'published':>10} {'planned':>10} {'error':>8}  fits (published / planned)")
     for run in RUNS:
         predicted, fits = plan_row(run)
-        ran = run.tokens_per_gpu is not None
+        measured = run.tokens_per_gpu
+        ran = measured is not None
         agree += fits == ran
-        published = f"{run.tokens_per_gpu:,.0f}" if ran else "OOM"
+        published = "OOM" if measured is None else f"{measured:,.0f}"
         planned = "-" if predicted is None else f"{predicted:,.0f}"
         error = ""
-        if ran and predicted is not None and fits:
-            errors.append((predicted - run.tokens_per_gpu) / run.tokens_per_gpu)
+        if measured is not None and predicted is not None and fits:
+            errors.append((predicted - measured) / measured)
             error = f"{100 * errors[-1]:+.1f}%"
         verdict = f"{'ran' if ran else 'OOM'} / {'fits' if fits else 'does not fit'}"
         print(f"{run.label:58} {published:>10} {planned:>10} {error:>8}  {verdict}")
