@@ -490,6 +490,7 @@ def resolve_device(
     ranks_here = max(1, min(gpus, int(per_node.value or 1)))
     memory = _memory(cluster, cuda=cuda, ranks_here=ranks_here)
     peak = _peak(cluster, precision, cuda=cuda) if with_peak else Figure(None, "not resolved")
+    ring, p2p = rails_bandwidth(cluster)
     return Device(
         name=cluster.name,
         memory_bytes=memory,
@@ -497,8 +498,8 @@ def resolve_device(
         host_memory_bytes=_host_memory(cluster),
         peak_flops=peak,
         intra_node_bytes_per_s=_link(cluster, "intra_node_gbps"),
-        inter_node_bytes_per_s=rails_bandwidth(cluster)[0],
-        inter_node_p2p_bytes_per_s=rails_bandwidth(cluster)[1],
+        inter_node_bytes_per_s=ring,
+        inter_node_p2p_bytes_per_s=p2p,
         is_host=cluster.device_memory_gb is None and not cuda,
         calibration=_calibration(
             cluster, precision, cuda=cuda, ranks_here=ranks_here, peak=peak, measure=measure_gpu or not cuda
