@@ -29,7 +29,8 @@ check: setup  ## lint, format check, type check and the import layers (make test
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Two pytest runs side by side, and the checks beside them: every tier but slurm and multinode
+# First the CPU's MFU peaks, on quiet cores (tests/calibrate_cpu_peaks.py); then two pytest runs
+# side by side, and the checks beside them: every tier but slurm and multinode
 # on every core (pytest-xdist), a module to a worker (its module fixtures train once), while the
 # slurm and multinode tiers, which mostly wait on their clusters' schedulers, run in a pytest of
 # their own. A run's ranks leave a core idle while its launcher plans and while they import,
@@ -43,6 +44,7 @@ TIMED := LADDER_TIER_TIMES=$(TIER_TIMES) $(BIN)/python -m pytest
 
 test: setup  ## lint, type-check, check the import layers, then every test tier this machine can run, with the time per tier
 	@mkdir -p .pytest_cache && rm -f $(TIER_TIMES) $(CLUSTER_LOG) $(CHECK_LOG)
+	@$(BIN)/python tests/calibrate_cpu_peaks.py
 	@status=0; 	$(MAKE) --no-print-directory check > $(CHECK_LOG) 2>&1 & checks=$$!; 	$(TIMED) -m "slurm or multinode" -p no:cacheprovider > $(CLUSTER_LOG) 2>&1 & cluster=$$!; 	$(TIMED) -m "not slurm and not multinode" -n auto --dist loadfile || status=$$?; 	wait $$cluster || status=$$?; 	echo "== the slurm and multinode tiers, run beside the tiers above:"; cat $(CLUSTER_LOG); 	wait $$checks || status=$$?; 	echo "== ruff, mypy and lint-imports, run beside the tests:"; cat $(CHECK_LOG); 	$(BIN)/python tests/tier_clock.py $(TIER_TIMES); 	exit $$status
 
 bench: setup  ## the quick benchmarks (each prints its figure on the last line)
