@@ -1,7 +1,7 @@
 """Planned vs written bytes of one checkpoint, per layout, and each save's speed: one table, one run.
 
 Trains each layout for 2 steps with ``python train.py``, saving at step 2, and compares the
-checkpoint's files with the size runner/plan/checkpoint_size.py gave it (summary.json's
+checkpoint's files with the size runner/checkpoint/size.py gave it (summary.json's
 ``checkpoint_disk``). The last line is ``max_rel_error=<x>`` over every layout.
 
     python bench/checkpoint_size.py [--model tiny]
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runner.metrics.wall_clock import folder_bytes  # noqa: E402
+from runner.rundir.disk_room import folder_bytes  # noqa: E402
 
 LAYOUTS = [
     ["gpus=1", "parallel=ddp"],

@@ -4,7 +4,7 @@ Each move trains its source layout for 2 steps with ``python train.py`` (a check
 2), then resumes it on the target layout for one step. The resume converts the checkpoint
 (DeepSpeed's universal format, and a stage-0 file where the target is ``parallel=ddp``)
 beside it; the folder's bytes are sampled as it converts, for the peak. Both are compared
-with what runner/plan/checkpoint_size.py planned (summary.json's ``checkpoint_disk``). A sampled
+with what runner/checkpoint/size.py planned (summary.json's ``checkpoint_disk``). A sampled
 peak can only miss the top (a file removed between two samples): the plan may lie above it.
 The last line is ``max_rel_error=<x>`` over the moves' copies as they stay.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runner.metrics.wall_clock import folder_bytes  # noqa: E402
+from runner.rundir.disk_room import folder_bytes  # noqa: E402
 
 MOVES = [
     (["gpus=2", "parallel=zero1"], ["gpus=1", "parallel=zero1"]),

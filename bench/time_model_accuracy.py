@@ -3,7 +3,7 @@
 Each layout trains for a few steps with ``python train.py`` (logger=none); its measured step
 time is the median of ``time/step_s`` after the first step (the report's median). Its
 predicted step time is ``plan=true``'s for the same overrides (plan.json ``time.step_s``:
-runner/plan/step_time.py, on this device's calibration). Layouts: 1 and 2 ranks; ddp and
+runner/step_time/estimate.py, on this device's calibration). Layouts: 1 and 2 ranks; ddp and
 ZeRO 1-3; two micro-batch sizes; recompute none and full; tiny and gpt2_124m in fp32.
 
     python bench/time_model_accuracy.py [--rounds 1] [--only tiny] [--save runs.json]

@@ -266,7 +266,7 @@ def _plan(row: Measured) -> None:
 
     from launchers.compose import register_configs, to_train_config
     from runner.plan.planner import plan_config
-    from runner.plan.step_time import model_flops_per_token
+    from runner.step_time.estimate import model_flops_per_token
 
     if row.overrides is None:
         return

@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 from launchers.cell_config import task_config
 from launchers.compose import to_train_config
 from launchers.prelaunch import local_launch_problems
+from runner.checkpoint.size import sweep_disk_problem
 from runner.config import Resume, TrainConfig
-from runner.plan.checkpoint_size import sweep_disk_problem
 
 
 def _labels(job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[str]:

@@ -1,6 +1,6 @@
 """The exit status of ``plan=true``: one plan's verdict, or the worst of a sweep's.
 
-runner/plan/job.py gives each plan its status (plan.json's ``exit_code``): 0 it fits and holds
+launchers/plan_job.py gives each plan its status (plan.json's ``exit_code``): 0 it fits and holds
 the batch contract, 3 it does not fit, 4 it holds the contract only at another global batch.
 Hydra drops a task's return value, so train.py notes each plan's status here and exits with
 it once Hydra is done. A sweep of plans (``-m plan=true ...``) plans every cell whatever each
@@ -10,7 +10,7 @@ names those cells.
 
 from __future__ import annotations
 
-from runner.plan.job import EXIT_CONTRACT_NOT_MET, EXIT_DOES_NOT_FIT, EXIT_FITS
+from launchers.plan_job import EXIT_CONTRACT_NOT_MET, EXIT_DOES_NOT_FIT, EXIT_FITS
 
 # What a status says of one plan, and of several.
 WORDS = {

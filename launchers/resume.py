@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from launchers.hydra_files import keep_earlier_attempt, made_by_this_run
+from runner.checkpoint import size as checkpoint_size
 from runner.config import Resume, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import Layout, LayoutError
 from runner.metrics import goodput
-from runner.metrics.wall_clock import folder_bytes
-from runner.plan import checkpoint_size
 from runner.plan.planner import ResumePlan, layout_for_config
 from runner.rundir import checkpoint_record
+from runner.rundir.disk_room import folder_bytes
 from runner.rundir.metrics_file import metrics_path, truncate_metrics
 from runner.rundir.summary import run_summary
 from runner.train.preemption import resumes
@@ -198,7 +198,7 @@ def _disk_need(
 ) -> tuple[checkpoint_size.DiskNeed, dict[str, Any] | None]:
     """The run's checkpoints against its directory's filesystem, with what a resume finds there:
     the checkpoints it holds, the steps done and, onto another ``layout``, the converted copy
-    (runner/plan/checkpoint_size.py); and the record of the checkpoint it continues (None: none)."""
+    (runner/checkpoint/size.py); and the record of the checkpoint it continues (None: none)."""
     record = checkpoint_record.latest(run_dir) if resumes(config.train) else None
     conversion = None
     if record is not None and layout is not None:
@@ -229,7 +229,7 @@ def checkpoint_space(
 ) -> tuple[checkpoint_size.DiskNeed, str | None]:
     """Refuse a run whose checkpoints cannot fit on its directory's filesystem; else the need,
     and the warning for one that saves only at a stop and could not then
-    (runner/plan/checkpoint_size.py)."""
+    (runner/checkpoint/size.py)."""
     need, _ = _disk_need(config, run_dir, layout)
     if (problem := checkpoint_size.disk_problem(need, config)) is not None:
         raise ConfigError(f"  - {problem}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.local import launch_local
+from launchers.plan_job import plan_job
 from launchers.prelaunch import (
     deepspeed_config_for,
     launch_plan,
@@ -31,16 +32,16 @@ from launchers.resume import (
 from launchers.run_record import Planned, start_summary
 from runner.config import DataName, TrainConfig
 from runner.data.token_file import token_source_words
-from runner.diagnose import disk_room, oom_killer
+from runner.diagnose import oom_killer
 from runner.environment import DistributedEnv, from_environment
 from runner.errors import ConfigError
 from runner.hardware import calibration_seconds
 from runner.layout import Layout
 from runner.metrics.wall_clock import BeforeRanks, process_start
-from runner.plan.job import plan_job
 from runner.plan.planner import Plan, layout_for_config
 from runner.preflight.build_locks import clear_stale_build_locks
 from runner.preflight.validate import named_device_problems, validate
+from runner.rundir import disk_room
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import (
     COMPLETED,

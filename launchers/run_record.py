@@ -12,10 +12,10 @@ from typing import Any
 
 from launchers.resume import ResumeSource
 from launchers.slurm_job import slurm_job_record
+from runner.checkpoint.size import DiskNeed
 from runner.data.tokenizer_dir import run_tokenizer_record
 from runner.engine.schedule import scaled_lr
 from runner.model.shape import num_params
-from runner.plan.checkpoint_size import DiskNeed
 from runner.plan.planner import Plan
 from runner.rules import loss_tile_count
 from runner.rundir import layout_history

@@ -54,10 +54,10 @@ from launchers.slurm_resources import (
 )
 from launchers.slurm_submission import Cell, sbatch_parameters, unsafe_values
 from launchers.slurm_watch import cancel, collect, wait
+from runner.checkpoint.size import disk_need, disk_problem, sweep_disk_problem
 from runner.config import HostAllocator, Resume, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import LayoutError
-from runner.plan.checkpoint_size import disk_need, disk_problem, sweep_disk_problem
 from runner.preflight.validate import batch_contract_problems, validate
 from runner.preflight.wandb_credentials import credentials_problems
 

@@ -59,7 +59,7 @@ def measured_calibration(monkeypatch):
 @pytest.fixture
 def no_cpu_calibration(monkeypatch):
     """Plans on cluster=local would measure the CPU for half a second; a fixed figure is enough in tests."""
-    monkeypatch.setattr("runner.plan.device_figures.measured_cpu_peak", lambda precision: 1e11)
+    monkeypatch.setattr("runner.step_time.device_figures.measured_cpu_peak", lambda precision: 1e11)
 
 
 @pytest.fixture

@@ -306,13 +306,13 @@ def run_in_legs(legs: list[list[str]], *common: str, run_dir: Path) -> tuple[Tra
     checkpoints at its last step and the next resumes from it in the same directory.
 
     A leg with more ``gpus`` than this host's cores is started by torchrun (run_on_any_gpus).
-    Each leg's checkpoint weighs what runner/plan/checkpoint_size.py says, within 2% (the pickled
+    Each leg's checkpoint weighs what runner/checkpoint/size.py says, within 2% (the pickled
     records of each tensor, a few hundred bytes apiece, are 1.4% of tiny at half width), and
     so do the copies a leg's move converts.
     Returns the last leg's result and the step each leg resumed from (None: the first).
     """
-    from runner.metrics.wall_clock import folder_bytes
-    from runner.plan.checkpoint_size import config_checkpoint_bytes
+    from runner.checkpoint.size import config_checkpoint_bytes
+    from runner.rundir.disk_room import folder_bytes
 
     resumed_from: list[int | None] = []
     for number, leg in enumerate(legs):

@@ -30,9 +30,9 @@ from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
 
 from runner.checkpoint import tp_splits as checkpoint_splits
 from runner.config import Precision, ZeroStage
-from runner.diagnose import disk_room
 from runner.engine.distributed import barrier
 from runner.layout import Layout
+from runner.rundir import disk_room
 from runner.rundir.checkpoint_record import (
     CHECKPOINT_DIR,
     LATEST_FILE,
@@ -68,7 +68,7 @@ def save(
     A rank that cannot write its files (a full disk, a quota) removes the save in progress,
     so the space goes back and the run's failure can be recorded, and raises
     :class:`CheckpointWriteError`; ``latest.json`` still names the checkpoint before.
-    ``expected_bytes``: the whole checkpoint's size (runner/plan/checkpoint_size.py), for that error.
+    ``expected_bytes``: the whole checkpoint's size (runner/checkpoint/size.py), for that error.
 
     The record's ``skipped_steps`` (train.on_nonfinite=skip, runner/train/nonfinite.py) go into
     ``latest.json``,

@@ -28,16 +28,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.checkpoint import size as checkpoint_size
 from runner.checkpoint import stage0 as checkpoint_stage0
 from runner.checkpoint import stage0_pipeline as checkpoint_stage0_pipeline
 from runner.checkpoint.resume_rules import needs_universal, resume_tag, universal_engine, universal_tag_for
 from runner.checkpoint.universal_every_stage import loadable_at_every_stage
 from runner.config import ModelConfig, OptimizerName, Precision, ZeroStage
 from runner.layout import Layout
-from runner.metrics.wall_clock import folder_bytes
 from runner.parallel import pipeline_names
-from runner.plan import checkpoint_size
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, PARTIAL_PREFIX, UNIVERSAL_SUFFIX, own_layout
+from runner.rundir.disk_room import folder_bytes
 
 
 def conversion(
@@ -51,7 +51,7 @@ def conversion(
     optimizer: OptimizerName | str,
 ) -> checkpoint_size.Conversion | None:
     """What :func:`convert_for` will write beside ``record`` for ``layout`` (None: nothing, or done
-    already), by runner/plan/checkpoint_size.py's arithmetic."""
+    already), by runner/checkpoint/size.py's arithmetic."""
     if optimizer != OptimizerName.adamw or not needs_universal(record, layout=layout, zero_stage=zero_stage):
         return None  # nothing to convert (or refused by check_resumable)
     root = run_dir / CHECKPOINT_DIR

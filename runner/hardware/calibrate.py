@@ -1,4 +1,4 @@
-"""Short micro-benchmarks of this device, for the step-time model (runner/plan/step_time.py).
+"""Short micro-benchmarks of this device, for the step-time model (runner/step_time/estimate.py).
 
 Each measures one kind of work a training step does, on the device and with the threads a
 rank will have, and returns seconds or a rate:

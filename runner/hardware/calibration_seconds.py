@@ -1,6 +1,6 @@
 """The seconds this process spent measuring its device for the step-time model.
 
-runner/plan/device_figures.py hands its measuring function through :func:`timed`; the launching
+runner/step_time/device_figures.py hands its measuring function through :func:`timed`; the launching
 process reads :func:`spent` before its ranks start, and the run's wall time names it as its own
 part (runner/metrics/wall_clock.py ``calibration``). Process-wide, as the calibration's cache is.
 """

@@ -1,7 +1,7 @@
 """How many ranks the local launcher places on this host: one per CUDA device, else one per CPU core.
 
 The refusal of more ranks than this host holds (runner/preflight/validate.py) and a plan's gpus
-per node on a cluster that does not give them (runner/plan/device_figures.py) count alike.
+per node on a cluster that does not give them (runner/step_time/device_figures.py) count alike.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Order: ``cluster.peak_tflops`` (an explicit override) > the cluster group's dens
 for the run's precision > on CUDA, the detected device's dense figure (an unknown device
 is an error, never a silent fallback) > on CPU, a matmul calibration made once per machine
 (CPU, threads per rank, precision, torch version), reported as measured with its thread count.
-:func:`resolve_peak` is that order, for a run's MFU, the plan's device (runner/plan/device_figures.py)
+:func:`resolve_peak` is that order, for a run's MFU, the plan's device (runner/step_time/device_figures.py)
 and the refusal of an unknown CUDA device (runner/preflight/validate.py) alike.
 """
 

@@ -99,7 +99,7 @@ class MemoryCase:
 
 class LayoutKnobs(Protocol):
     """The layout settings a case takes from a run's ``parallel`` config: runner.config.ParallelConfig
-    itself, or the plan's runner.plan.workload.Knobs (which the ladder varies)."""
+    itself, or the plan's runner.step_time.workload.Knobs (which the ladder varies)."""
 
     @property
     def zero_stage(self) -> int: ...

@@ -7,7 +7,7 @@ in parts a user can act on:
     prelaunch    the launching process before it started the ranks (``python train.py`` on this
                  host): composing, checking and planning the run, a checkpoint's conversion
     calibration  of the launching process's time, the step-time model measuring this host's
-                 device (runner/plan/device_figures.py; cached, so mostly a device's first run)
+                 device (runner/step_time/device_figures.py; cached, so mostly a device's first run)
     launch       the interpreter, torch and DeepSpeed's imports, the process group; under
                  torchrun or srun also the conversion of a checkpoint moved onto this
                  layout (rank 0 converts; layout_history and goodput name its seconds)
@@ -63,17 +63,6 @@ def process_start() -> float:
     except (OSError, ValueError, IndexError):
         return coarse
     return fine if coarse - 0.05 <= fine <= coarse + 1.05 else coarse
-
-
-def folder_bytes(folder: Path) -> int:
-    """The bytes of every file under ``folder`` (a saved checkpoint), a file under two names
-    (a hard link) once; links to other folders (a pipeline's view) not at all."""
-    sizes: dict[tuple[int, int], int] = {}
-    for path in folder.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            held = path.stat()
-            sizes[(held.st_dev, held.st_ino)] = held.st_size
-    return sum(sizes.values())
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ norms, RoPE, SwiGLU's product and silu) and the other matmuls. In runner/model/t
 block the matmuls run as wq, wk, wv, wo, w1, w3, w2: wq, wv, w1 and w2 are kept and wk, wo
 and w3 run again (:data:`RECOMPUTED_MATMULS`). The memory model counts what this keeps
 (runner/memory_model/activations.py) and the time model what it reruns
-(runner/plan/calibrated_terms.py).
+(runner/step_time/calibrated_terms.py).
 """
 
 from __future__ import annotations

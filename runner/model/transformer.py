@@ -426,7 +426,7 @@ def tiled_lm_loss(
     head-weight gradients before that weight's gradient hook fires, once per backward as
     without pieces, so ZeRO's reduction hooks, a tied embedding, accumulation and fp16's loss
     scale see one gradient. The head's forward runs twice: 2 x tokens x d_model x vocab FLOPs
-    more, priced by the plan (runner/plan/calibrated_terms.py, "loss pieces").
+    more, priced by the plan (runner/step_time/calibrated_terms.py, "loss pieces").
     Arctic Long Sequence Training tiles the same way (ALST, arXiv 2506.13996).
     """
     if tiles < 1:

@@ -20,7 +20,7 @@ import yaml
 
 from runner.config import ModelConfig, PlannerConfig, TrainLoopConfig
 from runner.model.hf_config import resolve_hf_model
-from runner.plan.workload import Workload
+from runner.step_time.workload import Workload
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MODEL_GROUP = CONF / "model"

@@ -66,7 +66,7 @@ from runner.model.build_method import (
 from runner.model.shape import num_params as count_params
 from runner.model.shape import param_numels
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.plan.workload import Knobs, Workload
+from runner.step_time.workload import Knobs, Workload
 
 GB = 1e9  # decimal gigabyte, as runner/plan/planner.py
 DRAWING = "drawing initial values (fp32)"

@@ -24,7 +24,7 @@ memory fits the host RAM (runner/plan/host.py: what every rank builds there, the
 under tensor parallelism, offloaded states times the ranks per node) and it holds the global batch.
 
 **The ranking.** Those that fit are ranked by predicted tokens/s (``plan.time.tokens_per_s``:
-runner/plan/step_time.py, the calibrated model where the device has a calibration, else the
+runner/step_time/estimate.py, the calibrated model where the device has a calibration, else the
 roofline bound). Offload's transfers and CPU optimizer step are not in that model, which would
 make an offloaded layout look as fast as its stage without offload: offloaded candidates are
 ranked only when nothing without offload fits. **The recommendation** is the cheapest

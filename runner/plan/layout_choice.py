@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from runner.config import Objective
 from runner.layout import Layout, LayoutError, data_parallel_size, resolve_layout
 from runner.plan.micro_fit import MicroFit
-from runner.plan.workload import Knobs, Workload
+from runner.step_time.workload import Knobs, Workload
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import dataclasses
 from runner.config import Recompute
 from runner.layout import Layout
 from runner.plan.micro_fit import memory_at
-from runner.plan.workload import Knobs, Workload
+from runner.step_time.workload import Knobs, Workload
 
 LIMIT = 2**26  # 67M tokens: past any sequence a device of today holds
 

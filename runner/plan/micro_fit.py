@@ -4,7 +4,7 @@
 fits when its planned bytes per device (runner/memory_model/peak.py) are at most
 ``planner.headroom`` x the device memory. With ``planner.objective=speed`` (the default)
 :meth:`MicroFit.choose` then takes, among the sizes that fit, the one the step-time model
-(runner/plan/step_time.py) predicts fastest, the largest of those within :data:`SPEED_TIE` of
+(runner/step_time/estimate.py) predicts fastest, the largest of those within :data:`SPEED_TIE` of
 it; with ``memory`` (or no prediction: no peak) the largest that fits. The configured recompute
 (``model.activation_checkpointing``) is kept either way. runner/plan/layout_choice.py
 ``choose_layout`` is the one caller that decides a layout with it.
@@ -17,8 +17,8 @@ from runner.layout import PIPELINE_MICRO_BATCHES_PER_STAGE, Layout, divisors, re
 from runner.memory_model.case import case_from_config
 from runner.memory_model.peak import MemoryTerms, memory_terms
 from runner.memory_model.units import gb
-from runner.plan.step_time import step_time, traffic
-from runner.plan.workload import Knobs, Workload
+from runner.step_time.estimate import step_time, traffic
+from runner.step_time.workload import Knobs, Workload
 
 # planner.objective=speed: a micro-batch predicted within this fraction of the fastest step counts
 # as fast as it, and the largest such wins (the memory choice). The margin is the model's own
@@ -95,7 +95,7 @@ class MicroFit:
         return f"{gb(self.workload.usable_bytes)} usable ({gb(dev)} x headroom {self.workload.headroom:g})"
 
     def step_s(self, micro: int) -> float | None:
-        """The predicted step at this micro-batch size (runner/plan/step_time.py; None: no peak)."""
+        """The predicted step at this micro-batch size (runner/step_time/estimate.py; None: no peak)."""
         if micro not in self.steps:
             w, k = self.workload, self.knobs
             layout = self.layout_at(micro)

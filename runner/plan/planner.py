@@ -1,11 +1,11 @@
 """Plan before you spend: memory, communication and step time of a layout, without launching a rank.
 
 :func:`plan_layout` plans one layout and :func:`plan_config` a run's configured one;
-``plan=true`` (runner/plan/job.py ``plan_job``) prints it as a table (runner/plan/table.py),
+``plan=true`` (launchers/plan_job.py ``plan_job``) prints it as a table (runner/report/plan_table.py),
 walks the ladder (runner/plan/ladder.py) and writes ``plan.json``: those build on this
 module, which imports neither. Nothing is allocated: the parameter count is analytic
 (runner.model.shape.num_params) and every term is arithmetic (runner/memory_model/peak.py,
-runner/plan/step_time.py) on the device figures of runner/plan/device_figures.py; a node's host
+runner/step_time/estimate.py) on the device figures of runner/step_time/device_figures.py; a node's host
 memory, steady and while the model is built, is runner/plan/host.py's.
 
 The layout itself (the batch contract, ``batch.micro_size=auto``) is runner/plan/layout_choice.py's
@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from runner.checkpoint.size import DiskNeed, checkpoint_bytes
 from runner.config import (
     Objective,
     Offload,
@@ -34,13 +35,9 @@ from runner.layout import Layout, parse_micro_size, resolve_layout
 from runner.memory_model.case import offload_placement
 from runner.memory_model.peak import MemoryTerms
 from runner.model.shape import num_params as count_params
-from runner.plan.checkpoint_size import DiskNeed, checkpoint_bytes
-from runner.plan.device_figures import resolve_device
 from runner.plan.host import HostMemory, host_memory
 from runner.plan.layout_choice import LayoutChoice, choose_layout
 from runner.plan.micro_fit import memory_at
-from runner.plan.step_time import StepTime, Traffic, eval_time, step_time, traffic
-from runner.plan.workload import Knobs, Workload
 from runner.rules import (
     config_layout_problems,
     layout_problems,
@@ -48,6 +45,9 @@ from runner.rules import (
     offload_switches,
     pipeline_engine_problems,
 )
+from runner.step_time.device_figures import resolve_device
+from runner.step_time.estimate import StepTime, Traffic, eval_time, step_time, traffic
+from runner.step_time.workload import Knobs, Workload
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Plan:
 
     @property
     def checkpoint_bytes(self) -> int:
-        """One checkpoint on disk, every rank's files (runner/plan/checkpoint_size.py)."""
+        """One checkpoint on disk, every rank's files (runner/checkpoint/size.py)."""
         w, k = self.workload, self.knobs
         return checkpoint_bytes(
             w.model,
@@ -173,7 +173,7 @@ class Plan:
                 "mfu": self.time.mfu,
                 "tokens_per_s": self.time.tokens_per_s,
                 "terms_s": {t.name: t.seconds for t in self.time.terms},
-                # the step's passes over gradients and weights (runner/plan/step_copies.py), by term
+                # the step's passes over gradients and weights (runner/step_time/step_copies.py), by term
                 "term_parts_s": {
                     t.name: {part.name: part.seconds for part in t.parts} for t in self.time.terms if t.parts
                 },
@@ -339,7 +339,7 @@ def plan_layout(workload: Workload, knobs: Knobs, *, objective: Objective = Obje
 
 
 # --------------------------------------------------------------------------------------
-# A run's configured layout (runner/plan/job.py prints it and writes plan.json)
+# A run's configured layout (launchers/plan_job.py prints it and writes plan.json)
 # --------------------------------------------------------------------------------------
 
 

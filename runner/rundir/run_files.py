@@ -1,7 +1,7 @@
 """The files of a run directory beside summary.json: DeepSpeed's config and the failure records.
 
 deepspeed_config.json    build_deepspeed_config's output (the launching process writes it)
-plan.json                the plan of a run or of plan=true (runner/plan/job.py writes it)
+plan.json                the plan of a run or of plan=true (launchers/plan_job.py writes it)
 failure_rank<N>.json     a failed rank's error (the rank writes it)
 
 earlier_attempts/<n>/ (an attempt that started over) is launchers/hydra_files.py's.

@@ -110,7 +110,7 @@ class RunSummary:
     host_memory: Record | None = None  # planned at launch, measured at the attempt's end
     device_memory_plan: Record | None = None
     step_time: Record | None = None  # predicted at launch, measured at the attempt's end
-    checkpoint_disk: Record | None = None  # runner/plan/checkpoint_size.py DiskNeed.record
+    checkpoint_disk: Record | None = None  # runner/checkpoint/size.py DiskNeed.record
     # The attempt's end (runner/train/record.py): what rank 0 measured.
     interruptions: list[Record] | None = None  # each stop at a signal (runner/train/preemption.py)
     final: Record | None = None  # the last logged step's metrics

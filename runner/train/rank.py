@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from runner.diagnose import oom_killer, out_of_memory, peer_loss
-from runner.diagnose.disk_room import no_room_words, out_of_room
 from runner.engine.distributed import init_distributed, teardown
 from runner.environment import DistributedEnv
 from runner.hardware.cuda_devices import select_accelerator
 from runner.hardware.mfu_peak import above_calibrated_peak
 from runner.metrics.wall_clock import WallClock
+from runner.rundir.disk_room import no_room_words, out_of_room
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import COMPLETED, FAILED, INTERRUPTED, attempt_status, failure_recorded
 from runner.rundir.summary import Outcome, run_summary

@@ -14,12 +14,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from runner.diagnose.disk_room import no_room_words, out_of_room
 from runner.engine.compile_blocks import compile_summary
 from runner.metrics import goodput
 from runner.metrics.ledger import Estimate, Ledger, host_relative_errors, relative_errors
 from runner.metrics.step_spread import WARMUP_STEPS, step_time_spread
 from runner.metrics.wall_clock import wall_parts
+from runner.rundir.disk_room import no_room_words, out_of_room
 from runner.rundir.outcome import FAILED
 from runner.rundir.summary import AttemptEnd, Outcome, RunSummary, run_summary, write_attempt_end
 from runner.train.evaluation import evaluation_summary

@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 from runner.checkpoint import save as checkpoint
-from runner.metrics.wall_clock import WallClock, folder_bytes
+from runner.metrics.wall_clock import WallClock
 from runner.rundir import checkpoint_record
+from runner.rundir.disk_room import folder_bytes
 from runner.train.context import RunContext
 from runner.train.preemption import REQUEUE, Preempted, StopSignals, restarts
 

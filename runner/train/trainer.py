@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from runner.checkpoint import save as checkpoint
+from runner.checkpoint.size import config_checkpoint_bytes
 from runner.config import Precision
 from runner.data.batches import BatchSource, rank_slice
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
@@ -54,7 +55,6 @@ from runner.metrics.step_profiler import StepProfiler
 from runner.metrics.throughput import throughput_metrics
 from runner.metrics.wall_clock import WallClock, wall_parts
 from runner.parallel.tensor import grad_norm as tp_grad_norm
-from runner.plan.checkpoint_size import config_checkpoint_bytes
 from runner.train import saving
 from runner.train.context import RunContext
 from runner.train.evaluation import held_out_loss

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from train_helpers import ROOT, clean_env, compose_config, file_digests, run_train, start_train
 
-from runner.plan.checkpoint_size import config_checkpoint_bytes
+from runner.checkpoint.size import config_checkpoint_bytes
 
 pytestmark = pytest.mark.multirank
 

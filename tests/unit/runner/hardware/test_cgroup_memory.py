@@ -60,7 +60,7 @@ def test_a_process_in_a_capped_cgroup_plans_with_its_cap_not_the_physical_ram():
     """A real child cgroup with a 3 GB cap: a process moved into it counts 3 GB of host RAM."""
     with capped_cgroup(3 * 2**30) as (child, join):
         cap = int((child / memory_cgroup_dirs()[0][1]).read_text())  # the kernel rounds it to a page
-        code = "from runner.plan.device_figures import host_ram_bytes; print(*host_ram_bytes())"
+        code = "from runner.step_time.device_figures import host_ram_bytes; print(*host_ram_bytes())"
         child_run = subprocess.run(
             [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, preexec_fn=join
         )

@@ -21,10 +21,10 @@ from runner.metrics.wall_clock import (
     BeforeRanks,
     WallClock,
     describe,
-    folder_bytes,
     process_start,
     wall_parts,
 )
+from runner.rundir.disk_room import folder_bytes
 
 pytestmark = pytest.mark.unit
 

@@ -9,15 +9,15 @@ import re
 import pytest
 from train_helpers import compose_config
 
+from launchers.plan_job import EXIT_FITS, plan_job, read_plan
 from runner.config import Objective, Recompute, TrainConfig, ZeroStage
 from runner.errors import ConfigError
 from runner.layout import divisors
-from runner.plan.job import EXIT_FITS, plan_job, read_plan
 from runner.plan.ladder import NEAR_FASTEST, SHOWN, recommend
 from runner.plan.micro_fit import SPEED_TIE, MicroFit
 from runner.plan.planner import layout_for_config, plan_config, workload_from_config
-from runner.plan.table import format_ladder
 from runner.preflight.validate import validate
+from runner.report.plan_table import format_ladder
 
 pytestmark = pytest.mark.unit
 

@@ -9,15 +9,14 @@ from typing import Any
 import pytest
 from train_helpers import ROOT, compose_config
 
+from launchers.plan_job import plan_job, read_plan
+from runner.checkpoint.size import disk_need
 from runner.comm import allgather_bytes, reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
 from runner.errors import ConfigError
 from runner.layout import LayoutError, divisors
 from runner.memory_model.units import GB
 from runner.model.shape import param_numels
-from runner.plan.checkpoint_size import disk_need
-from runner.plan.device_figures import resolve_device
-from runner.plan.job import plan_job, read_plan
 from runner.plan.ladder import NEAR_FASTEST, recommend
 from runner.plan.micro_fit import memory_at
 from runner.plan.planner import (
@@ -27,9 +26,10 @@ from runner.plan.planner import (
     plan_config,
     workload_from_config,
 )
-from runner.plan.table import format_plan, nominal_params
-from runner.plan.zero3_reuse import regathered
 from runner.preflight.validate import validate
+from runner.report.plan_table import format_plan, nominal_params
+from runner.step_time.device_figures import resolve_device
+from runner.step_time.zero3_reuse import regathered
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
@@ -258,7 +258,7 @@ def test_zero2_and_zero3_reduce_every_micro_batch():
     once = zero_step_bytes(p, zero_stage=2, dp=8)
     assert dp_bytes("zero2", 8) == pytest.approx(once)
     assert dp_bytes("zero2", 1) == pytest.approx(once + 7 * reduce_scatter_bytes(2 * p, 8))
-    # ZeRO-3 gathers in backward only what DeepSpeed released after forward (runner/plan/zero3_reuse.py)
+    # ZeRO-3 gathers in backward only what DeepSpeed released after forward (runner/step_time/zero3_reuse.py)
     model = _70b().model
     again, _ = regathered(param_numels(model), 10 * model.d_model, tied=False)
     zero3 = zero_step_bytes(p, zero_stage=3, dp=8) - allgather_bytes(2 * p, 8) + allgather_bytes(2 * again, 8)
@@ -377,7 +377,7 @@ def _saved_on_two_ranks_zero1(tmp_path) -> dict[str, Any]:
 
 
 def test_a_plan_of_a_resume_says_what_it_continues_and_what_its_move_writes_and_takes(tmp_path, capsys):
-    from runner.plan.checkpoint_size import Conversion
+    from runner.checkpoint.size import Conversion
 
     config = _config("train.resume=auto", "cluster.storage_gb_per_s=2")
     nothing = plan_job(config, run_dir=tmp_path, resume=ResumePlan(disk_need(config, tmp_path)))

@@ -10,11 +10,11 @@ import itertools
 import pytest
 from train_helpers import compose_config
 
+from launchers.plan_job import plan_job, read_plan
 from runner.config import TrainConfig
-from runner.plan.job import plan_job, read_plan
 from runner.plan.ladder import OFFLOAD_MARK, carried_overrides, recommend
 from runner.plan.planner import plan_config, workload_from_config
-from runner.plan.table import format_ladder
+from runner.report.plan_table import format_ladder
 
 pytestmark = pytest.mark.unit
 

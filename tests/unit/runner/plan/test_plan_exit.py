@@ -12,8 +12,8 @@ import pytest
 from train_helpers import compose_config
 
 from launchers import plan_exit
-from runner.plan import checkpoint_size
-from runner.plan.job import EXIT_CONTRACT_NOT_MET, EXIT_DOES_NOT_FIT, EXIT_FITS, plan_job, read_plan
+from launchers.plan_job import EXIT_CONTRACT_NOT_MET, EXIT_DOES_NOT_FIT, EXIT_FITS, plan_job, read_plan
+from runner.checkpoint import size as checkpoint_size
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ def _plan(tmp_path: Path, *overrides: str) -> tuple[int, dict[str, Any]]:
 
 @pytest.fixture
 def full_disk(monkeypatch):
-    """Every filesystem with 1 byte free, as runner/plan/checkpoint_size.py asks it."""
+    """Every filesystem with 1 byte free, as runner/checkpoint/size.py asks it."""
     monkeypatch.setattr(checkpoint_size.shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 1, 1))
 
 

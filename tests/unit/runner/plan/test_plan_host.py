@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from train_helpers import compose_config
 
+from launchers.plan_job import plan_job, read_plan
 from runner.config import ModelConfig, Precision, TrainConfig
 from runner.layout import resolve_layout
 from runner.memory_model.units import GB
 from runner.model.build_method import BY_STAGE, DRAW_BLOCK, PARTITIONED, SHARD, WHOLE, build_method_for
 from runner.model.transformer import num_params
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.plan.device_figures import host_ram_bytes
 from runner.plan.host import (
     CUDA_RUNTIME,
     CUDA_RUNTIME_BYTES,
@@ -27,10 +27,10 @@ from runner.plan.host import (
     RankBuild,
     build_bytes,
 )
-from runner.plan.job import plan_job, read_plan
 from runner.plan.ladder import recommend
 from runner.plan.planner import layout_for_config, plan_config, workload_from_config
-from runner.plan.table import format_plan
+from runner.report.plan_table import format_plan
+from runner.step_time.device_figures import host_ram_bytes
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 

@@ -1,6 +1,6 @@
 """One transformer block, timed as the run will run it: the in-place check on the step model's parts.
 
-The step model (runner/plan/micro_batch_compute.py) adds a block's GEMMs, attention, memory-bound
+The step model (runner/step_time/micro_batch_compute.py) adds a block's GEMMs, attention, memory-bound
 kernels and op dispatch from separate micro-benchmarks. Run back to back inside a real block,
 those kernels are slower than alone: on a 2-core CPU the block's GEMMs ran about 17% below
 their measured rate (llama-style gpt2_124m shape, micro 2, seq 128, profiled), as each

@@ -14,10 +14,10 @@ from train_helpers import compose_config
 
 from runner.errors import ConfigError
 from runner.hardware import host_pace
-from runner.plan import calibration as calibrations
-from runner.plan import device_figures
 from runner.plan.planner import plan_config
 from runner.preflight.validate import validate
+from runner.step_time import calibration as calibrations
+from runner.step_time import device_figures
 
 pytestmark = pytest.mark.unit
 

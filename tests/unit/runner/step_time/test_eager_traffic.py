@@ -1,12 +1,12 @@
-"""runner/plan/eager_traffic.py: the bytes eager PyTorch's memory-bound kernels move, counted."""
+"""runner/step_time/eager_traffic.py: the bytes eager PyTorch's memory-bound kernels move, counted."""
 
 from __future__ import annotations
 
 import pytest
 
 from runner.config import ModelConfig
-from runner.plan.eager_traffic import block_rest_traffic, loss_traffic
-from runner.plan.micro_batch_compute import BACKWARD_ELEMENTS, NORM_AND_RESIDUAL, ROPE, SWIGLU, TRANSPOSE
+from runner.step_time.eager_traffic import block_rest_traffic, loss_traffic
+from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, NORM_AND_RESIDUAL, ROPE, SWIGLU, TRANSPOSE
 
 pytestmark = pytest.mark.unit
 

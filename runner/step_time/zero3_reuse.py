@@ -21,7 +21,7 @@ from runner.config import ZeroStage
 from runner.engine.deepspeed_config import persistence_threshold_elements
 from runner.layout import Layout
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.plan.workload import Knobs, Workload
+from runner.step_time.workload import Knobs, Workload
 
 MAX_REUSE_DISTANCE = 10**9  # DeepSpeed's stage3_max_reuse_distance default (runtime/zero/config.py)
 

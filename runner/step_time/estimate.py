@@ -23,14 +23,14 @@ Time: compute = tokens x (model + recomputed FLOPs per token) / (gpus x peak); t
 pipeline bubble adds (pp - 1) / accum of it (Narayanan et al. 2021, Sec. 2.2.1); each
 group's bytes go over its link. Data-parallel traffic stays within a node when all ranks
 fit in one (gpus <= gpus_per_node), else it crosses nodes, where NCCL's rings run over every
-port of a node at once (runner/plan/device_figures.py ``rails_bandwidth``: min(NVLink, ports x
+port of a node at once (runner/step_time/device_figures.py ``rails_bandwidth``: min(NVLink, ports x
 port)); a pipeline's send across nodes takes one device's share of its node's ports; tensor
 parallel stays inside a node. With ``parallel.overlap_comm`` the data-parallel traffic hides
 behind compute up to the compute time; tensor- and pipeline-parallel traffic is on the
 critical path.
 
-That roofline is kept as the *bound*. The *prediction* is runner/plan/calibrated_terms.py's named
-terms on the device's calibration (runner/plan/calibration.py): what each GEMM, kernel, copy,
+That roofline is kept as the *bound*. The *prediction* is runner/step_time/calibrated_terms.py's named
+terms on the device's calibration (runner/step_time/calibration.py): what each GEMM, kernel, copy,
 optimizer step and collective takes on that device, at the run's shapes. Without a
 calibration (none measured, none recorded for the cluster) the prediction is the bound.
 """
@@ -46,10 +46,16 @@ from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.shape import n_kv_head
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.plan.calibrated_terms import Term, comm_seconds, compute_terms, forward_seconds, param_tensors
-from runner.plan.device_figures import Device
-from runner.plan.workload import Knobs, Workload
-from runner.plan.zero3_reuse import layout_regathered
+from runner.step_time.calibrated_terms import (
+    Term,
+    comm_seconds,
+    compute_terms,
+    forward_seconds,
+    param_tensors,
+)
+from runner.step_time.device_figures import Device
+from runner.step_time.workload import Knobs, Workload
+from runner.step_time.zero3_reuse import layout_regathered
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class Traffic:
 class StepTime:
     """Predicted time of one optimizer step and the MFU it implies (None: peak unknown).
 
-    With a calibration, ``step_s`` is the sum of ``terms`` (runner/plan/calibrated_terms.py); the
+    With a calibration, ``step_s`` is the sum of ``terms`` (runner/step_time/calibrated_terms.py); the
     roofline stays beside it as ``bound_step_s`` / ``bound_mfu``. Without one they are equal.
     """
 
@@ -160,7 +166,7 @@ def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
     again, _ = layout_regathered(workload, knobs, layout)  # gathered again in backward
     if stage == ZeroStage.zero3:
         # zero_step_bytes counts every parameter gathered twice; backward gathers only those
-        # DeepSpeed released after forward (runner/plan/zero3_reuse.py)
+        # DeepSpeed released after forward (runner/step_time/zero3_reuse.py)
         once += allgather_bytes(again * elem, dp) - allgather_bytes(local * elem, dp)
         share = f"{again / local:.0%}" if local else "0%"
         how = (
@@ -182,7 +188,7 @@ def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
         dp_bytes += reduces * (allreduce_bytes(grads, dp) - reduce_scatter_bytes(grads, dp))
         how += "; gloo all-reduces where ZeRO reduce-scatters"
     # ZeRO-1/2 gather the updated parameters once a step; ZeRO-3 gathers them in forward every
-    # micro-batch, and again in backward those it released (runner/plan/zero3_reuse.py).
+    # micro-batch, and again in backward those it released (runner/step_time/zero3_reuse.py).
     gathers = {ZeroStage.zero1: 1, ZeroStage.zero2: 1, ZeroStage.zero3: accum_steps}.get(stage, 0)
     gathered = gathers * allgather_bytes(local * elem, dp) + accum_steps * allgather_bytes(again * elem, dp)
     per_node = workload.device.per_node
@@ -294,9 +300,9 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *,
 
     DDP and ZeRO-1/2 reduce gradients in buckets (one per step; ZeRO-2 one per micro-batch)
     and ZeRO-1/2 gather the updated parameters once; ZeRO-3 gathers each parameter tensor in
-    forward, the ``regathered`` ones again in backward (runner/plan/zero3_reuse.py), and
+    forward, the ``regathered`` ones again in backward (runner/step_time/zero3_reuse.py), and
     reduce-scatters its gradient, every micro-batch. Tensor
-    parallel: runner/plan/step_time.py ``traffic``'s all-reduces; pipeline: a send and a
+    parallel: runner/step_time/estimate.py ``traffic``'s all-reduces; pipeline: a send and a
     receive per micro-batch.
     """
     accum = layout.accum_steps
@@ -310,7 +316,7 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *,
         return 1 + (1 if knobs.zero_stage == ZeroStage.zero1 else 0)
     if group == "tp":
         per_layer = 6 if knobs.recompute == Recompute.full else 4
-        layers = (param_tensors - 3) // 9  # runner/plan/calibrated_terms.py param_tensors: 9 per block
+        layers = (param_tensors - 3) // 9  # runner/step_time/calibrated_terms.py param_tensors: 9 per block
         return accum * (layers * per_layer + 2)
     return 2 * accum
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from train_helpers import compose_config
 
-from runner.model.shape import num_params, param_numels
-from runner.plan import checkpoint_size
-from runner.plan.checkpoint_size import (
+from runner.checkpoint import size as checkpoint_size
+from runner.checkpoint.size import (
     SAVED_FILE_RECORDS,
     Conversion,
     DiskNeed,
@@ -20,6 +19,7 @@ from runner.plan.checkpoint_size import (
     saved_elements,
     universal_bytes,
 )
+from runner.model.shape import num_params, param_numels
 
 pytestmark = pytest.mark.unit
 

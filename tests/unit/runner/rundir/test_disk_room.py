@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from runner.diagnose.disk_room import continue_words, out_of_room
+from runner.rundir.disk_room import continue_words, out_of_room
 
 pytestmark = pytest.mark.unit
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from runner.checkpoint.size import DiskNeed, saved_bytes_per_param
 from runner.config import OffloadPlacement, Precision, TrainConfig
 from runner.memory_model.peak import MemoryTerms
 from runner.memory_model.peak_lines import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
 from runner.memory_model.states import bytes_per_param
 from runner.memory_model.units import GB, GiB, gb
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.plan.checkpoint_size import DiskNeed, saved_bytes_per_param
-from runner.plan.device_figures import Figure
 from runner.plan.ladder import NEAR_FASTEST, OFFLOAD_MARK, SHOWN, Candidate, Ladder
 from runner.plan.planner import Plan, ResumePlan
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout
+from runner.step_time.device_figures import Figure
 
 _OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers
 
@@ -301,7 +301,7 @@ def _traffic_lines(plan: Plan) -> list[str]:
     return lines
 
 
-# How the plan names the roofline wherever it shows it (runner/plan/step_time.py roofline).
+# How the plan names the roofline wherever it shows it (runner/step_time/estimate.py roofline).
 BOUND_WORDS = "bound (roofline: compute at peak, links at full bandwidth)"
 
 
@@ -406,7 +406,7 @@ def _checkpoint_lines(plan: Plan) -> list[str]:
     saved = f"{weight} B of {w.precision.value} weights + " if weight else ""
     extra = f"; beyond it, {' and '.join(copies)}" if copies else ""
     return [
-        "checkpoint on disk (every rank's files; runner/plan/checkpoint_size.py)",
+        "checkpoint on disk (every rank's files; runner/checkpoint/size.py)",
         f"  one checkpoint {plan.checkpoint_bytes / GB:.2f} GB = {saved}{state} B of fp32 optimizer state "
         f"per parameter{extra}",
         _save_time_line(plan),

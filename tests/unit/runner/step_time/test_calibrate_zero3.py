@@ -9,10 +9,10 @@ import pytest
 from train_helpers import compose_config
 
 from runner.config import Precision
-from runner.plan import calibrate_zero3, device_figures
-from runner.plan import calibration as calibrations
 from runner.plan.planner import Plan, plan_config
-from runner.plan.table import format_plan
+from runner.report.plan_table import format_plan
+from runner.step_time import calibrate_zero3, device_figures
+from runner.step_time import calibration as calibrations
 
 pytestmark = pytest.mark.unit
 

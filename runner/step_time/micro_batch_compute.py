@@ -1,8 +1,8 @@
 """One micro-batch's compute on the fullest rank, priced from the device's calibration.
 
-runner/plan/calibrated_terms.py turns these seconds into the step's ``gemm``, ``attention``,
+runner/step_time/calibrated_terms.py turns these seconds into the step's ``gemm``, ``attention``,
 ``elementwise``, ``dispatch`` and ``recompute`` terms. Every rate is the device's own, at the
-shape the run will use (runner/plan/calibration.py). On the fullest rank (the pipeline stage
+shape the run will use (runner/step_time/calibration.py). On the fullest rank (the pipeline stage
 with most layers, holding the output head), with ``T = micro x seq`` tokens per micro-batch:
 
 - GEMMs: every linear layer's three GEMMs (forward X W, backward dY W^T and X^T dY; Narayanan
@@ -14,10 +14,10 @@ with most layers, holding the output head), with ``T = micro x seq`` tokens per 
   calls) forward and backward at (micro, heads / tp, seq, head_dim), measured.
 - elementwise: the memory-bound kernels around them (RMSNorm, RoPE, SwiGLU's gate, the
   residual adds, the cross-entropy over the vocabulary). Measured where the calibration has it
-  (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
+  (runner/step_time/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
   with ``train.compile``, under torch.compile, less its dispatch floor; the loss at (tokens,
   vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes:
-  eager, every kernel's bytes as autograd runs them (runner/plan/eager_traffic.py counts them on
+  eager, every kernel's bytes as autograd runs them (runner/step_time/eager_traffic.py counts them on
   meta tensors, fp32 casts and autograd's sums included); compiled, each op's tensors read and
   written once in the compute dtype (:data:`NORM_AND_RESIDUAL` ...), backward twice the forward;
   and the words say it is not timed at this shape.
@@ -35,9 +35,9 @@ from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.op_recompute import RECOMPUTED_MATMULS
 from runner.model.shape import n_kv_head
-from runner.plan.calibration import Calibration, dtype_name
-from runner.plan.eager_traffic import block_rest_traffic, loss_traffic
-from runner.plan.workload import Workload
+from runner.step_time.calibration import Calibration, dtype_name
+from runner.step_time.eager_traffic import block_rest_traffic, loss_traffic
+from runner.step_time.workload import Workload
 
 # Elements each token reads plus writes in one block's memory-bound forward kernels
 # (runner/model/transformer.py), by the width they run at: two RMSNorms (pow, mean, scale,
@@ -139,7 +139,7 @@ def _gemm_seconds(
 
 
 def _in_place(workload: Workload, layout: Layout, calibration: Calibration, parts: float) -> float:
-    """One block timed whole (runner/plan/block_timing.py) over the sum of its parts ``parts``:
+    """One block timed whole (runner/step_time/block_timing.py) over the sum of its parts ``parts``:
     what the parts take together, in place; 1 where no block was timed (a file's device, tp > 1)."""
     model = workload.model
     if layout.tp > 1 or parts <= 0:
@@ -243,11 +243,11 @@ def _rest(
     """One block's non-GEMM part forward + backward, its dispatch floor (both seconds), the
     cross-entropy's forward share, and in words where each came from (None: a figure is missing).
 
-    Measured (runner/plan/block_timing.py): the block's own non-GEMM code at the run's shape,
+    Measured (runner/step_time/block_timing.py): the block's own non-GEMM code at the run's shape,
     eager or compiled as the run asks, its floor the same ops at a trivial shape; the loss at
     (tokens, vocab / tp). Not measured on the device (a calibration file without them): their
     bytes over the copy bandwidth, eager's as its kernels move them (counted on meta tensors,
-    runner/plan/eager_traffic.py), a compiled block's each op's tensors once in the compute dtype
+    runner/step_time/eager_traffic.py), a compiled block's each op's tensors once in the compute dtype
     (:data:`NORM_AND_RESIDUAL` ...), :data:`OPS_PER_LAYER` eager ops at one op's measured dispatch
     (a CPU's; a GPU's queue hides it), and the term says so."""
     model, tp = workload.model, layout.tp
@@ -283,7 +283,7 @@ def _rest(
                 h // model.n_head,
             )
             block_bytes = float(counted)
-            traffic = f"eager: {kernels} kernels' bytes, counted (runner/plan/eager_traffic.py)"
+            traffic = f"eager: {kernels} kernels' bytes, counted (runner/step_time/eager_traffic.py)"
         # The rate of a copy as large as the whole forward's tensors: they stream through the caches
         # once, each written by one kernel and read by the next after others ran between (eager's
         # further passes over them go at the same rate).

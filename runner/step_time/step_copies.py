@@ -4,7 +4,7 @@ kernels, line by line: what the engine copies, casts, scales or reduces through,
 
 Each line is the bytes one rank reads and writes per optimizer step, with the DeepSpeed code
 that makes it. ``fresh``: written into a tensor allocated for it, which on a CPU above glibc's
-mmap threshold costs page faults (runner/plan/calibrated_terms.py prices it so). The step-time model
+mmap threshold costs page faults (runner/step_time/calibrated_terms.py prices it so). The step-time model
 sums them into its ``optimizer``, ``zero grads`` and ``grad flatten`` terms, and ``plan=true``
 prints them under its time table, so a reader sees which copies remain and what each costs.
 
@@ -44,7 +44,7 @@ class StepCopy:
     written: float  # bytes written per optimizer step
     fresh: bool  # written into a tensor allocated for it
     source: str  # the DeepSpeed 0.19.8 code that makes it
-    term: str = "optimizer"  # the step-time term it is part of (runner/plan/calibrated_terms.py)
+    term: str = "optimizer"  # the step-time term it is part of (runner/step_time/calibrated_terms.py)
     times: int = 1  # passes a step makes of it (the bytes above are all of them)
 
 

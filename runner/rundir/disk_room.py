@@ -1,4 +1,5 @@
-"""A full filesystem under a run: telling its errors from others, and saying so with the free space.
+"""A run's room on disk: the bytes a folder holds, and a full filesystem told from other errors, said with
+the free space.
 
 A run writes as it trains (metrics.jsonl, attempts.jsonl, checkpoints, summary.json). When the
 filesystem fills (another program, a quota) the write fails with ENOSPC or EDQUOT, and every
@@ -49,4 +50,15 @@ def no_room_words(error: BaseException, run_dir: Path) -> str:
     return f"{type(error).__name__}: {error} ({free_words(run_dir)}; {continue_words(run_dir)})"
 
 
-__all__ = ["NO_ROOM", "continue_words", "free_words", "no_room_words", "out_of_room"]
+def folder_bytes(folder: Path) -> int:
+    """The bytes of every file under ``folder`` (a saved checkpoint), a file under two names
+    (a hard link) once; links to other folders (a pipeline's view) not at all."""
+    sizes: dict[tuple[int, int], int] = {}
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            held = path.stat()
+            sizes[(held.st_dev, held.st_ino)] = held.st_size
+    return sum(sizes.values())
+
+
+__all__ = ["NO_ROOM", "continue_words", "folder_bytes", "free_words", "no_room_words", "out_of_room"]

@@ -1,4 +1,4 @@
-"""runner/plan/zero3_reuse.py: what ZeRO-3 gathers again in backward, as DeepSpeed 0.19.8 decides it."""
+"""runner/step_time/zero3_reuse.py: what ZeRO-3 gathers again in backward, as DeepSpeed 0.19.8 decides it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from train_helpers import compose_config
 
 from runner.model.shape import param_numels
 from runner.plan.planner import plan_config
-from runner.plan.zero3_reuse import MAX_REUSE_DISTANCE, regathered
+from runner.step_time.zero3_reuse import MAX_REUSE_DISTANCE, regathered
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """What a plan is made of: the workload that stays fixed whatever the layout, and the knobs a layout sets.
 
 runner/plan/planner.py plans a (Workload, Knobs) pair at the batch contract's layout
-(runner.layout.Layout); the step time (runner/plan/step_time.py) and a node's host memory
+(runner.layout.Layout); the step time (runner/step_time/estimate.py) and a node's host memory
 (runner/plan/host.py) read the same three. The ladder (runner/plan/ladder.py) varies the knobs.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.config import ModelConfig, OffloadPlacement, OptimizerName, Precision, Recompute, ZeroStage
-from runner.plan.device_figures import Device
+from runner.step_time.device_figures import Device
 
 
 @dataclass(frozen=True)

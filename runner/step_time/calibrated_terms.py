@@ -1,12 +1,12 @@
 """The calibrated step time of one layout: named terms, each a count of work over a measured rate.
 
-runner/plan/step_time.py adds these up into the predicted step (and keeps the roofline beside
+runner/step_time/estimate.py adds these up into the predicted step (and keeps the roofline beside
 it as the bound). Every rate is the device's own, at the shape the run will use
-(runner/plan/calibration.py). Per optimizer step, on the fullest rank (the pipeline stage
+(runner/step_time/calibration.py). Per optimizer step, on the fullest rank (the pipeline stage
 with most layers, holding the output head), with ``accum`` micro-batches:
 
 - ``gemm``, ``attention``, ``elementwise``, ``dispatch``: one micro-batch's compute, ``accum``
-  times (runner/plan/micro_batch_compute.py prices each).
+  times (runner/step_time/micro_batch_compute.py prices each).
 - ``recompute``: full recompute runs every block's forward again in backward (gemm, attention,
   elementwise and dispatch forward shares); op-level selective, the matmuls it does not keep
   (runner/model/op_recompute.py: wk, wo, w3), the memory-bound kernels and their dispatch;
@@ -19,19 +19,19 @@ with most layers, holding the output head), with ``accum`` micro-batches:
   allocated afresh every micro-batch (the logits, their gradients, the vocabulary matrices'); none
   where the rank runs on jemalloc (``train.host_allocator``), which keeps freed pages warm.
 - ``engine``: DeepSpeed's engine around each micro-batch, per parameter tensor, measured against
-  a bare loop (runner/plan/calibrate_zero3.py ``engine_param_seconds``).
+  a bare loop (runner/step_time/calibrate_zero3.py ``engine_param_seconds``).
 - ``optimizer``: the fused AdamW step on the rank's parameters (1/dp of them under ZeRO),
   28 bytes a parameter over its measured bandwidth, plus the passes that feed it: the
   gradient norm, the gradients' fp32 copy, the weights copied back, DeepSpeed's clip where it
-  is a pass of its own (runner/plan/step_copies.py, one line each under the term).
-- ``dp comm``, ``tp comm``, ``pp comm``: runner/plan/step_time.py's bytes per group over the
+  is a pass of its own (runner/step_time/step_copies.py, one line each under the term).
+- ``dp comm``, ``tp comm``, ``pp comm``: runner/step_time/estimate.py's bytes per group over the
   link, plus each collective's latency (:func:`comm_seconds`): DDP and ZeRO-1/2 reduce in
   buckets; ZeRO-3 gathers each parameter tensor in forward and backward and reduce-scatters its
   gradient, every micro-batch. Data-parallel traffic hides behind the backward with
   ``parallel.overlap_comm`` up to its length.
 - ``grad flatten``: DDP's (stage 0's) flattening of the gradients for their all-reduce and the
   copy back, at the boundary; ``zero grads``: ZeRO-1/2's copies of the gradients into the
-  reduce bucket and its flattening, at each reduce (runner/plan/step_copies.py).
+  reduce bucket and its flattening, at each reduce (runner/step_time/step_copies.py).
 - ``zero3 hooks``: ZeRO-3's module hooks and their fetch and release bookkeeping (DeepSpeed's
   ``parameter_offload`` and ``partitioned_param_coordinator``), forward and backward, paid by
   every parameter tensor they visit, persistent or not; ``zero3 fetches``: a gather's own launch,
@@ -52,12 +52,12 @@ from runner.engine.deepspeed_config import persistence_threshold_elements
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.plan.calibration import Calibration
-from runner.plan.micro_batch_compute import BACKWARD_ELEMENTS, element_bytes, gemm_caveats, micro_compute
-from runner.plan.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
-from runner.plan.workload import Knobs, Workload
-from runner.plan.zero3_reuse import layout_regathered
 from runner.rules import loss_tile_count
+from runner.step_time.calibration import Calibration
+from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, element_bytes, gemm_caveats, micro_compute
+from runner.step_time.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
+from runner.step_time.workload import Knobs, Workload
+from runner.step_time.zero3_reuse import layout_regathered
 
 # ZeRO-3 per micro-batch: gather in forward, gather in backward, reduce-scatter the grad. Counted,
 # not measured: DeepSpeed 0.19.8 runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
@@ -123,7 +123,7 @@ def _figure_words(calibration: Calibration, figure: str) -> tuple[str, tuple[str
 def _zero3_terms(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> list[Term]:
-    """ZeRO-3's own work per micro-batch, as DeepSpeed 0.19.8 does it (runner/plan/calibrate_zero3.py
+    """ZeRO-3's own work per micro-batch, as DeepSpeed 0.19.8 does it (runner/step_time/calibrate_zero3.py
     names each function):
 
     - ``zero3 hooks``: every parameter tensor its hooks visit, persistent or not: the four module
@@ -137,7 +137,7 @@ def _zero3_terms(
       its handle's ``wait``, ``__release_param``), which a tensor at or under the persistence
       threshold (``stage3_param_persistence_threshold``) never pays: it stays whole on every rank.
     - its passes over the gathered parameters' bytes: each tensor gathered into a whole buffer in
-      forward and, where DeepSpeed released it (runner/plan/zero3_reuse.py), again in backward,
+      forward and, where DeepSpeed released it (runner/step_time/zero3_reuse.py), again in backward,
       its gradient reduce-scattered out of one
       (:data:`ZERO3_PASSES`, each read and written), at the copy bandwidth; a tensor above glibc's
       mmap threshold is a fresh allocation each time, at the page-fault rate on a CPU. Where the
@@ -211,7 +211,7 @@ def _zero3_terms(
 
 
 def _copy_seconds(copy: StepCopy, calibration: Calibration, fresh_rate: float | None) -> float | None:
-    """One pass of runner/plan/step_copies.py: its bytes read and written at the copy bandwidth of a
+    """One pass of runner/step_time/step_copies.py: its bytes read and written at the copy bandwidth of a
     tensor its size; a fresh tensor above glibc's mmap threshold written at the page-fault rate on
     a CPU instead."""
     size = max(copy.read, copy.written) / copy.times
@@ -227,7 +227,7 @@ def _copy_seconds(copy: StepCopy, calibration: Calibration, fresh_rate: float | 
 def _priced_copies(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> list[tuple[StepCopy, float]] | None:
-    """Each pass the step makes over gradients and parameters (runner/plan/step_copies.py) with its
+    """Each pass the step makes over gradients and parameters (runner/step_time/step_copies.py) with its
     seconds (None: a figure is missing)."""
     copies = step_copies(
         zero_stage=knobs.zero_stage,
@@ -263,7 +263,7 @@ def _copies_term(name: str, priced: list[tuple[StepCopy, float]], words: str) ->
 
 def _engine_term(knobs: Knobs, layout: Layout, calibration: Calibration, tensors: int) -> Term | None:
     """DeepSpeed's engine around each micro-batch on the host, per parameter tensor (measured with
-    DeepSpeed against a bare loop, runner/plan/calibrate_zero3.py ``engine_param_seconds``):
+    DeepSpeed against a bare loop, runner/step_time/calibrate_zero3.py ``engine_param_seconds``):
     its forward and backward wrappers, and ZeRO-1 and 2's gradient hooks. ZeRO-3's own hooks
     beyond stage 0's are the ``zero3 hooks`` term."""
     figures = calibration.engine_param_seconds()
@@ -295,7 +295,7 @@ def _optimizer_term(
     priced: list[tuple[StepCopy, float]],
 ) -> Term | None:
     """The fused optimizer's own pass over the stepped parameters, at its measured bandwidth, and
-    the step's passes that prepare its gradients and return its weights (runner/plan/step_copies.py)."""
+    the step's passes that prepare its gradients and return its weights (runner/step_time/step_copies.py)."""
     stepped = local // layout.dp if knobs.zero_stage >= ZeroStage.zero1 else local
     rate = calibration.adamw_rate(stepped)
     if rate is None:

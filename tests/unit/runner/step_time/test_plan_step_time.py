@@ -11,10 +11,10 @@ from train_helpers import compose_config
 
 from launchers.run_record import step_time_plan_record
 from runner.config import OffloadPlacement, Precision, ZeroStage
-from runner.plan import calibration as calibrations
 from runner.plan.planner import Plan, plan_config
-from runner.plan.step_copies import step_copies
-from runner.plan.table import format_plan
+from runner.report.plan_table import format_plan
+from runner.step_time import calibration as calibrations
+from runner.step_time.step_copies import step_copies
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
@@ -37,7 +37,7 @@ FIGURES = {
 def fixed_calibration(monkeypatch, measured_calibration):
     """This host's calibration is FIGURES, not a measurement."""
     record = calibrations.from_record(FIGURES, source="test figures: half the peak in every GEMM")
-    monkeypatch.setattr("runner.plan.device_figures._measure_here", lambda *args, **kwargs: record)
+    monkeypatch.setattr("runner.step_time.device_figures._measure_here", lambda *args, **kwargs: record)
 
 
 def _time_section(plan: Plan) -> str:
@@ -62,7 +62,7 @@ def test_a_calibrated_plan_predicts_below_the_bound_names_its_terms_and_what_lim
 
 
 def test_without_a_calibration_the_plan_shows_the_roofline_as_the_bound(monkeypatch):
-    monkeypatch.setattr("runner.plan.device_figures._calibration", lambda *args, **kwargs: None)
+    monkeypatch.setattr("runner.step_time.device_figures._calibration", lambda *args, **kwargs: None)
     plan = plan_config(compose_config())
     section = _time_section(plan)
     assert "no calibration: only the bound" in section
@@ -102,7 +102,7 @@ def _parts(plan: Plan, term: str) -> dict[str, float]:
 
 
 def test_the_plan_lists_each_pass_over_the_gradients_under_the_term_it_costs(fixed_calibration):
-    """runner/plan/step_copies.py: a reader sees which copies the step makes and what each costs;
+    """runner/step_time/step_copies.py: a reader sees which copies the step makes and what each costs;
     under ZeRO ladder's step has no clip pass of its own (runner/engine/zero_step_copies.py), the
     plain all-reduce keeps DeepSpeed's."""
     zero1 = plan_config(compose_config("parallel=zero1", "gpus=2"))
@@ -154,7 +154,7 @@ def measured_parts(monkeypatch, measured_calibration):
         "cross_entropy": {"1024,512": 1e-3},
     }
     calibration = calibrations.from_record(record, source="test figures with measured parts")
-    monkeypatch.setattr("runner.plan.device_figures._measure_here", lambda *args, **kwargs: calibration)
+    monkeypatch.setattr("runner.step_time.device_figures._measure_here", lambda *args, **kwargs: calibration)
 
 
 def test_a_compiled_run_is_predicted_from_its_compiled_block_faster_than_eager(measured_parts):
@@ -178,7 +178,7 @@ def test_a_calibration_without_the_measured_parts_says_which_terms_it_guesses(fi
 
 
 def test_without_the_measured_parts_eager_is_priced_by_its_kernels_traffic_above_compiled(fixed_calibration):
-    """runner/plan/eager_traffic.py: in bf16 eager's kernels also run RMSNorm and RoPE in fp32 and
+    """runner/step_time/eager_traffic.py: in bf16 eager's kernels also run RMSNorm and RoPE in fp32 and
     cast back, and autograd sums the gradients; a compiled block reads and writes each op's tensors
     once in bf16."""
     eager = plan_config(compose_config("precision=bf16"))
@@ -204,7 +204,7 @@ def test_a_rank_on_jemalloc_pays_no_page_faults_for_its_large_tensors(monkeypatc
     freed pages back warm, so the plan drops that term and prices the flatten at the copy rate."""
     figures = {**FIGURES, "fresh_bytes_per_s": 1e9}
     record = calibrations.from_record(figures, source="test figures")
-    monkeypatch.setattr("runner.plan.device_figures._measure_here", lambda *args, **kwargs: record)
+    monkeypatch.setattr("runner.step_time.device_figures._measure_here", lambda *args, **kwargs: record)
     monkeypatch.setattr("runner.hardware.host_allocator.jemalloc_installed", lambda: True)
     overrides = ("model.vocab_size=65536", "parallel=ddp", "gpus=1")
     system = plan_config(compose_config(*overrides, "train.host_allocator=system"))

@@ -1,7 +1,7 @@
 """``plan=true``: the Hydra job that plans the configured layout, prints it and writes plan.json.
 
 On top of the plan package: the plan of one layout (runner/plan/planner.py), its table
-(runner/plan/table.py) and, with ``planner.recommend=true``, the ladder
+(runner/report/plan_table.py) and, with ``planner.recommend=true``, the ladder
 (runner/plan/ladder.py). Nothing is launched and nothing is allocated.
 
 The plan's verdict is its exit status (:func:`plan_exit_code`, docs/memory-and-plan.md), and
@@ -15,12 +15,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from runner.checkpoint.size import DiskNeed, disk_need, disk_problem
 from runner.config import TrainConfig
-from runner.plan.checkpoint_size import DiskNeed, disk_need, disk_problem
 from runner.plan.ladder import Ladder, recommend, recommendation_record
 from runner.plan.max_seq import longest_sequences, max_seq_lines
 from runner.plan.planner import Plan, ResumePlan, plan_config
-from runner.plan.table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
+from runner.report.plan_table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
 from runner.rundir.run_files import PLAN_FILE
 from runner.rundir.summary import write_json_atomic
 
@@ -139,7 +139,7 @@ def plan_job(
         if elsewhere and ladder.command:
             text += "\n" + where_it_runs(ladder.command, config.cluster.name)
     # The disk as a run weighs it: periodic checkpoints or a move's copy that cannot fit refuse the
-    # run; the one checkpoint a stop writes is a warning (runner/plan/checkpoint_size.py).
+    # run; the one checkpoint a stop writes is a warning (runner/checkpoint/size.py).
     refused = seen and disk_problem(disk, config) is not None
     record["exit_code"] = plan_exit_code(plan, refused, ladder)
     print(text, flush=True)
