@@ -31,6 +31,7 @@ from runner.errors import ConfigError
 from runner.layout import LayoutError
 from runner.rundir import checkpoint_record
 from runner.rundir.identity import RunIdentity
+from runner.rundir.plan_record import PlanRecord
 from runner.train.preemption import EXIT_INTERRUPTED, Preempted
 
 register_configs()
@@ -121,17 +122,21 @@ def main(cfg: DictConfig) -> float | None:
     ran = True  # False: this attempt trained nothing, and the run's own .hydra/ stays its record
     try:
         _refuse_unused_launcher(cfg, launched)
-        summary = run(
+        outcome = run(
             to_train_config(cfg),
             run_dir=run_dir,
             identity=_identity(run_dir),
             experiment=hydra_cfg.runtime.choices.get("experiment"),
             given=list(hydra_cfg.overrides.task),
         )
-        if cfg.plan or cfg.planner.recommend:  # its verdict becomes the exit status, once Hydra is done
-            plan_exit.note(
-                hydra_cfg.job.num if sweep_dir else None, hydra_cfg.overrides.task, summary["exit_code"]
-            )
+        if isinstance(outcome, PlanRecord):
+            if cfg.plan or cfg.planner.recommend:  # its verdict becomes the exit status, once Hydra is done
+                assert outcome.exit_code is not None  # plan=true's job records it
+                plan_exit.note(
+                    hydra_cfg.job.num if sweep_dir else None, hydra_cfg.overrides.task, outcome.exit_code
+                )
+            return None
+        summary = outcome
     except (ConfigError, LayoutError) as error:
         ran = False
         _refused(error, run_dir=run_dir, sweep_dir=sweep_dir, lead=lead)
@@ -160,7 +165,7 @@ def main(cfg: DictConfig) -> float | None:
     finally:
         if lead and ran:  # this attempt ran: its config is the run's record
             hydra_files.attempt_ran(run_dir, sweep_dir)
-    loss = summary.get("final", {}).get("loss")
+    loss = (summary.final or {}).get("loss")
     return float(loss) if loss is not None else None
 
 

@@ -10,10 +10,9 @@ plan.json's ``exit_code``: a script can tell a layout that fits from one that do
 
 from __future__ import annotations
 
-import json
 import logging
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from runner.checkpoint.size import DiskNeed, disk_need, disk_problem
 from runner.config import TrainConfig
@@ -21,8 +20,7 @@ from runner.plan.ladder import Ladder, recommend, recommendation_record
 from runner.plan.max_seq import longest_sequences, max_seq_lines
 from runner.plan.planner import Plan, ResumePlan, plan_config
 from runner.report.plan_table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
-from runner.rundir.run_files import PLAN_FILE
-from runner.rundir.summary import write_json_atomic
+from runner.rundir.plan_record import PlanRecord, write_plan
 
 log = logging.getLogger("ladder")
 
@@ -31,20 +29,6 @@ log = logging.getLogger("ladder")
 EXIT_FITS = 0  # it fits (device, host, the checkpoints a run weighs) and holds the batch contract
 EXIT_DOES_NOT_FIT = 3
 EXIT_CONTRACT_NOT_MET = 4  # it fits, but only at a global batch other than the one asked for
-
-
-def write_plan(run_dir: Path, record: dict[str, Any]) -> Path:
-    """Write plan.json into the run directory (atomically) and return its path."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / PLAN_FILE
-    write_json_atomic(path, record)
-    return path
-
-
-def read_plan(run_dir: Path) -> dict[str, Any]:
-    """A run directory's plan.json."""
-    data: dict[str, Any] = json.loads((run_dir / PLAN_FILE).read_text())
-    return data
 
 
 def plan_exit_code(plan: Plan, disk_refused: bool, ladder: Ladder | None = None) -> int:
@@ -105,7 +89,7 @@ def plan_job(
     resume: ResumePlan | None = None,
     given: list[str] | None = None,
     elsewhere: bool = False,
-) -> dict[str, Any]:
+) -> PlanRecord:
     """``plan=true``: print the table (and ladder), write plan.json, launch nothing; return the record,
     whose ``exit_code`` is the plan's verdict (:func:`plan_exit_code`).
 
@@ -117,32 +101,34 @@ def plan_job(
     record = plan.record()
     text = format_plan(plan)
     disk, seen = _plan_disk(config, run_dir, resume)
-    record["checkpoint_disk"] = disk.record()
+    checkpoint_disk = disk.record()
     if resume is not None:
         speed = plan.workload.storage_bytes_per_s
-        record["resume"] = resume.record_json(speed)
+        record = replace(record, resume=resume.record_json(speed))
         text += "\n" + "\n".join(resume_lines(resume, run_dir, speed))
     if seen:
         text += "\n" + checkpoint_disk_line(disk, config)
     else:
-        record["checkpoint_disk"].update(free_bytes=None, filesystem_of=None, fits=None)
+        checkpoint_disk.update(free_bytes=None, filesystem_of=None, fits=None)
         text += "\n" + unseen_filesystem_line(disk, config)
+    record = replace(record, checkpoint_disk=checkpoint_disk)
     if config.planner.max_seq:
         longest = longest_sequences(plan.workload, plan.knobs, plan.layout)
-        record["max_seq"] = longest
+        record = replace(record, max_seq=longest)
         text += "\n" + "\n".join(max_seq_lines(plan.workload, plan.knobs, plan.layout, longest))
     ladder = None
     if config.planner.recommend:
         ladder = recommend(plan.workload, overlap_comm=config.parallel.overlap_comm, given=given)
-        record["recommendation"] = recommendation_record(ladder)
+        record = replace(record, recommendation=recommendation_record(ladder))
         text += "\n" + format_ladder(ladder)
         if elsewhere and ladder.command:
             text += "\n" + where_it_runs(ladder.command, config.cluster.name)
     # The disk as a run weighs it: periodic checkpoints or a move's copy that cannot fit refuse the
     # run; the one checkpoint a stop writes is a warning (runner/checkpoint/size.py).
     refused = seen and disk_problem(disk, config) is not None
-    record["exit_code"] = plan_exit_code(plan, refused, ladder)
+    record = replace(record, exit_code=plan_exit_code(plan, refused, ladder))
     print(text, flush=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     path = write_plan(run_dir, record)
     log.info("plan written to %s (nothing launched)", path)
     return record
@@ -152,9 +138,6 @@ __all__ = [
     "EXIT_CONTRACT_NOT_MET",
     "EXIT_DOES_NOT_FIT",
     "EXIT_FITS",
-    "PLAN_FILE",
     "plan_exit_code",
     "plan_job",
-    "read_plan",
-    "write_plan",
 ]

@@ -11,7 +11,6 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from launchers.local import launch_local
 from launchers.plan_job import plan_job
@@ -51,8 +50,9 @@ from runner.rundir.outcome import (
     record_rank_cause,
     record_rank_failure,
 )
+from runner.rundir.plan_record import PlanRecord
 from runner.rundir.run_files import read_failures, with_notes, write_deepspeed_config
-from runner.rundir.summary import read_summary, run_summary
+from runner.rundir.summary import SUMMARY_FILE, RunSummary, parse_summary, run_summary
 from runner.train.context import RankJob
 from runner.train.preemption import Preempted
 
@@ -70,23 +70,23 @@ class RunInterrupted(RuntimeError):
 class NothingToTrain(Exception):
     """A resumed run has trained its ``train.steps`` already; ``summary`` is the run's, as it was."""
 
-    def __init__(self, words: str, summary: dict[str, Any]) -> None:
+    def __init__(self, words: str, summary: RunSummary) -> None:
         super().__init__(words)
         self.summary = summary
 
 
-def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, Any]:
+def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> RunSummary:
     config = job.config
     oom_counts = oom_killer.read_counts()  # the kernel's, before the ranks start
     result = launch_local(job=job, run_dir=run_dir, identity=identity)
     if result.failed_rank is None and run_summary(run_dir).status == COMPLETED:
-        return read_summary(run_dir)  # every step done: a stop signal came during the last one
+        return run_summary(run_dir)  # every step done: a stop signal came during the last one
     if result.stopped_by is not None or (
         result.failed_rank is None and run_summary(run_dir).status == INTERRUPTED
     ):
         raise RunInterrupted(interruption_words(run_dir, result.stopped_by, killed=result.killed))
     if result.failed_rank is None:
-        return read_summary(run_dir)
+        return run_summary(run_dir)
     failures = read_failures(run_dir)
     warned = run_summary(run_dir).plan_warnings or []
     evidence = kill_evidence(result, oom_counts, config, run_dir)
@@ -111,12 +111,13 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, 
     raise RunFailed(f"rank {rank} failed: {cause} (run directory {run_dir})")
 
 
-def _run_external(job: RankJob, run_dir: Path, identity: RunIdentity, env: DistributedEnv) -> dict[str, Any]:
+def _run_external(job: RankJob, run_dir: Path, identity: RunIdentity, env: DistributedEnv) -> RunSummary:
     # Deferred: torch and DeepSpeed load only in a process that is itself a rank.
     from runner.train.rank import run_rank
 
     try:
-        return run_rank(job, run_dir=run_dir, env=env, identity=identity)
+        written = run_rank(job, run_dir=run_dir, env=env, identity=identity)  # rank 0's; {} on the others
+        return parse_summary(written, run_dir / SUMMARY_FILE) if written else RunSummary()
     except Preempted:
         raise  # stopped at a signal after a checkpoint: not a failure (runner/train/preemption.py)
     except BaseException as error:
@@ -220,8 +221,9 @@ def run(
     identity: RunIdentity,
     experiment: str | None = None,
     given: list[str] | None = None,
-) -> dict[str, Any]:
-    """Validate, then train (or plan) one Hydra job; returns the run's summary.
+) -> PlanRecord | RunSummary:
+    """Validate, then train (or plan) one Hydra job; returns the plan (``plan=true`` and the
+    planner's other modes) or the run's summary (empty on a rank other than 0).
 
     ``experiment`` is the conf/experiment/ option the config was composed with, if any (Hydra's
     choice: the composed config holds its values, not its name); summary.json records it.
@@ -240,7 +242,7 @@ def run(
             config, run_dir=run_dir, resume=resume_plan(config, run_dir), given=given, elsewhere=elsewhere
         )
     if (finished := finished_already(config, run_dir)) is not None:
-        raise NothingToTrain(finished, read_summary(run_dir))
+        raise NothingToTrain(finished, run_summary(run_dir))
     lead = env is None or env.rank == 0
     starting_over = no_checkpoint_words(config, run_dir)  # train.resume=required refuses here
     if starting_over is not None and lead:

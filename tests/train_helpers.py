@@ -99,6 +99,12 @@ def assert_mfu_within_the_calibrated_peak(result: TrainResult) -> None:
         assert "is above 1: this CPU did more than the peak calibrated earlier" in said
 
 
+def plan_json(run_dir: Path) -> dict[str, Any]:
+    """A run directory's plan.json, as a user's script reads it."""
+    data: dict[str, Any] = json.loads((run_dir / "plan.json").read_text())
+    return data
+
+
 def file_digests(root: Path) -> dict[str, str]:
     """Every file under ``root`` by its relative path, with a digest of its bytes."""
     return {

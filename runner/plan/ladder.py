@@ -42,7 +42,7 @@ planned all the same and marked "plan only".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from runner.config import OffloadPlacement, Recompute, ZeroStage
@@ -357,7 +357,7 @@ def _candidate_record(place: int, c: Candidate) -> dict[str, Any]:
     return {
         "rank": place,
         "rung": c.name,
-        "knobs": c.plan.record()["knobs"],
+        "knobs": asdict(c.plan.record().knobs),
         "layout": c.plan.layout.record(),
         "tokens_per_s": t.tokens_per_s,
         "step_s": t.step_s,
@@ -382,7 +382,7 @@ def recommendation_record(ladder: Ladder) -> dict[str, Any]:
                 "fitting": r.fitting,
                 "reason": r.reason,
                 "layout": r.plan.layout.record(),
-                "knobs": r.plan.record()["knobs"],
+                "knobs": asdict(r.plan.record().knobs),
                 "total_bytes": r.plan.memory.total,
                 "plan_only": r.plan.plan_only,
             }
@@ -395,7 +395,7 @@ def recommendation_record(ladder: Ladder) -> dict[str, Any]:
         ),
         "winner_rung": None if winner is None else winner.name,
         "winner_rank": None if winner is None else ladder.ranking.index(winner) + 1,
-        "winner": None if winner is None else winner.plan.record(),
+        "winner": None if winner is None else winner.plan.record().to_dict(),
         "overrides": ladder.overrides,
         "command": ladder.command,
     }

@@ -45,6 +45,15 @@ from runner.rules import (
     offload_switches,
     pipeline_engine_problems,
 )
+from runner.rundir.plan_record import (
+    PlannedDevice,
+    PlannedKnobs,
+    PlannedMemory,
+    PlannedModel,
+    PlannedTime,
+    PlannedTraffic,
+    PlanRecord,
+)
 from runner.step_time.device_figures import resolve_device
 from runner.step_time.estimate import StepTime, Traffic, eval_time, step_time, traffic
 from runner.step_time.workload import Knobs, Workload
@@ -108,91 +117,89 @@ class Plan:
         """Fits the device and the host, holds the configured global batch, and the runner can run it."""
         return self.fits and self.host.fits and not self.plan_only and self.contract_error is None
 
-    def record(self) -> dict[str, Any]:
-        """The JSON-ready record written to plan.json (bytes, seconds, FLOP/s)."""
+    def record(self) -> PlanRecord:
+        """The record written to plan.json (bytes, seconds, FLOP/s)."""
         w, k, m = self.workload, self.knobs, self.memory
         dev = w.device
-        return {
-            "layout": self.layout.record(),
-            "batch_contract_error": self.contract_error,
-            "requested_global_size": w.global_size,
-            "plan_only": self.plan_only,
-            "model": {"name": w.model.name, "num_params": w.num_params},
-            "precision": w.precision.value,
-            "optimizer": w.optimizer.value,
-            "seq_len": w.seq_len,
-            "knobs": {
-                "parallel": k.parallel,
-                "zero_stage": int(k.zero_stage),
-                "recompute": k.recompute.value,
-                "offload": k.offload.value,
-                "overlap_comm": k.overlap_comm,
-                "micro_size": "auto" if k.micro_size is None else k.micro_size,
-            },
-            "device": {
-                "cluster": w.cluster,
-                "memory_bytes": dev.memory_bytes.value,
-                "memory_source": dev.memory_bytes.source,
-                "headroom": w.headroom,
-                "usable_bytes": w.usable_bytes,
-                "gpus_per_node": dev.gpus_per_node.value,
-                "gpus_per_node_source": dev.gpus_per_node.source,
-                "peak_flops": dev.peak_flops.value,
-                "peak_source": dev.peak_flops.source,
-                "intra_node_bytes_per_s": dev.intra_node_bytes_per_s.value,
-                "inter_node_bytes_per_s": dev.inter_node_bytes_per_s.value,
-                "bandwidth_source": dev.inter_node_bytes_per_s.source,
-            },
-            "memory_bytes": {
-                "params": m.params,
-                "grads": m.grads,
-                "optimizer": m.optimizer,
-                "activations": m.activations,
-                "residuals": dict(m.residuals),
-                "grads_after_peak": m.grads_after_peak,
-                "total": m.total,
-                "build": m.build,
-                "step": m.step,
-                "peak": m.peak,
-            },
-            "host_memory_bytes_per_rank": dict(m.host),
-            "fits": self.fits,  # the device; the host's verdict is host_memory.fits
-            "margin_bytes": w.usable_bytes - m.peak,
-            "host_memory": self.host.record(),
-            "micro_size_choice": self.micro_choice,
-            "comm_bytes_per_step": {
-                t.group: {"bytes": t.bytes, "link": t.link, "seconds": t.seconds, "detail": t.detail}
+        return PlanRecord(
+            layout=self.layout.record(),
+            batch_contract_error=self.contract_error,
+            requested_global_size=w.global_size,
+            plan_only=list(self.plan_only),
+            model=PlannedModel(name=w.model.name, num_params=w.num_params),
+            precision=w.precision.value,
+            optimizer=w.optimizer.value,
+            seq_len=w.seq_len,
+            knobs=PlannedKnobs(
+                parallel=k.parallel,
+                zero_stage=int(k.zero_stage),
+                recompute=k.recompute.value,
+                offload=k.offload.value,
+                overlap_comm=k.overlap_comm,
+                micro_size="auto" if k.micro_size is None else k.micro_size,
+            ),
+            device=PlannedDevice(
+                cluster=w.cluster,
+                memory_bytes=dev.memory_bytes.value,
+                memory_source=dev.memory_bytes.source,
+                headroom=w.headroom,
+                usable_bytes=w.usable_bytes,
+                gpus_per_node=dev.gpus_per_node.value,
+                gpus_per_node_source=dev.gpus_per_node.source,
+                peak_flops=dev.peak_flops.value,
+                peak_source=dev.peak_flops.source,
+                intra_node_bytes_per_s=dev.intra_node_bytes_per_s.value,
+                inter_node_bytes_per_s=dev.inter_node_bytes_per_s.value,
+                bandwidth_source=dev.inter_node_bytes_per_s.source,
+            ),
+            memory_bytes=PlannedMemory(
+                params=m.params,
+                grads=m.grads,
+                optimizer=m.optimizer,
+                activations=m.activations,
+                residuals=dict(m.residuals),
+                grads_after_peak=m.grads_after_peak,
+                total=m.total,
+                build=m.build,
+                step=m.step,
+                peak=m.peak,
+            ),
+            host_memory_bytes_per_rank=dict(m.host),
+            fits=self.fits,
+            margin_bytes=w.usable_bytes - m.peak,
+            host_memory=self.host.record(),
+            micro_size_choice=self.micro_choice,
+            comm_bytes_per_step={
+                t.group: PlannedTraffic(bytes=t.bytes, link=t.link, seconds=t.seconds, detail=t.detail)
                 for t in self.traffic
             },
-            "time": {
-                "compute_s": self.time.compute_s,
-                "bubble_s": self.time.bubble_s,
-                "comm_exposed_s": self.time.comm_s,
-                "step_s": self.time.step_s,
-                "step_s_is_lower_bound": not self.time.complete,
-                "mfu": self.time.mfu,
-                "tokens_per_s": self.time.tokens_per_s,
-                "terms_s": {t.name: t.seconds for t in self.time.terms},
-                # the step's passes over gradients and weights (runner/step_time/step_copies.py), by term
-                "term_parts_s": {
+            time=PlannedTime(
+                compute_s=self.time.compute_s,
+                bubble_s=self.time.bubble_s,
+                comm_exposed_s=self.time.comm_s,
+                step_s=self.time.step_s,
+                step_s_is_lower_bound=not self.time.complete,
+                mfu=self.time.mfu,
+                tokens_per_s=self.time.tokens_per_s,
+                terms_s={t.name: t.seconds for t in self.time.terms},
+                term_parts_s={
                     t.name: {part.name: part.seconds for part in t.parts} for t in self.time.terms if t.parts
                 },
-                # calibration figures fitted to measured steps, not micro-benchmarked, by term
-                "terms_fitted": {t.name: list(t.fitted) for t in self.time.terms if t.fitted},
-                "limit": self.time.limit,
-                "bound_step_s": self.time.bound_step_s,
-                "bound_mfu": self.time.bound_mfu,
-                "calibration": self.time.calibration or None,
-                "not_modelled": ["offload transfers and CPU optimizer step"]
+                terms_fitted={t.name: list(t.fitted) for t in self.time.terms if t.fitted},
+                limit=self.time.limit,
+                bound_step_s=self.time.bound_step_s,
+                bound_mfu=self.time.bound_mfu,
+                calibration=self.time.calibration or None,
+                not_modelled=["offload transfers and CPU optimizer step"]
                 if k.offload != OffloadPlacement.none
                 else [],
-                "eval_s": self.eval_s,
-                "eval_share": self.eval_share,
-            },
-            "checkpoint_bytes": self.checkpoint_bytes,
-            "checkpoint_s": self.checkpoint_s,
-            "checkpoint_share": self.checkpoint_share,
-        }
+                eval_s=self.eval_s,
+                eval_share=self.eval_share,
+            ),
+            checkpoint_bytes=self.checkpoint_bytes,
+            checkpoint_s=self.checkpoint_s,
+            checkpoint_share=self.checkpoint_share,
+        )
 
 
 # --------------------------------------------------------------------------------------

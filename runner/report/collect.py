@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from runner.rundir.metrics_file import METRICS_FILE, read_records
+from runner.rundir.plan_record import PlanFileError, PlannedTime, PlanRecord, load_plan
 from runner.rundir.run_files import DEEPSPEED_CONFIG_FILE, PLAN_FILE
 from runner.rundir.summary import SUMMARY_FILE, RunSummary, SummaryError, load_summary
 
@@ -56,7 +57,8 @@ class Cell:
     failures: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     missing: bool = False
-    plan: dict[str, Any] = field(default_factory=dict)  # plan.json: a plan=true cell's plan
+    plan: PlanRecord | None = None  # plan.json: a plan=true cell's plan
+    plan_error: str | None = None  # why plan.json was skipped (not JSON, a key of the wrong type)
     summary_error: str | None = None  # why summary.json was skipped (not JSON, a key of the wrong type)
 
     @property
@@ -72,7 +74,9 @@ class Cell:
             return self.summary.status
         if self.failures:
             return "failed"
-        return "planned" if self.plan and not self.metrics else "unfinished"
+        if self.plan_error is not None and not self.metrics:
+            return "unreadable"
+        return "planned" if self.plan is not None and not self.metrics else "unfinished"
 
     @property
     def error(self) -> str | None:
@@ -81,6 +85,8 @@ class Cell:
             return None
         if self.summary_error is not None:
             return self.summary_error
+        if self.status == "unreadable" and self.plan_error is not None:
+            return self.plan_error
         error, rank = self.summary.error, self.summary.failed_rank
         if error:
             return f"rank {rank}: {error}" if rank is not None else error
@@ -89,7 +95,7 @@ class Cell:
             return f"rank {first.get('rank')}: {first.get('error')}"
         if self.missing:
             return "no run directory: the cell never started (multirun.yaml expects it)"
-        if self.status == "planned":
+        if self.status == "planned" and self.plan is not None:
             return _plan_words(self.plan)
         steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), int | float)]
         if self.status == "running":
@@ -120,34 +126,31 @@ class Cell:
         return curve
 
 
-def _plan_words(plan: dict[str, Any]) -> str:
+def _plan_words(plan: PlanRecord) -> str:
     """A plan=true cell's verdict in one line, from its plan.json."""
     words = ["plan=true: nothing launched"]
-    peak = (plan.get("memory_bytes") or {}).get("peak")
-    if isinstance(peak, int | float):
-        fits = plan.get("fits")
-        verdict = "FITS" if fits is True else "DOES NOT FIT" if fits is False else "fit unknown"
-        words.append(f"planned peak {peak / 1e9:.3g} GB per device ({verdict})")
-    words += _time_words(plan.get("time") or {})
-    if plan.get("batch_contract_error"):
-        words.append(f"batch contract NOT met: {plan['batch_contract_error']}")
+    verdict = "FITS" if plan.fits else "DOES NOT FIT"
+    words.append(f"planned peak {plan.memory_bytes.peak / 1e9:.3g} GB per device ({verdict})")
+    words += _time_words(plan.time)
+    if plan.batch_contract_error:
+        words.append(f"batch contract NOT met: {plan.batch_contract_error}")
     return "; ".join(words)
 
 
-def _time_words(time: dict[str, Any]) -> list[str]:
+def _time_words(time: PlannedTime) -> list[str]:
     """plan.json's step: the calibrated prediction and, beside it, the roofline bound; the bound
     alone where the plan had no calibration (its step_s is then the bound's)."""
-    step_s, mfu = time.get("step_s"), time.get("mfu")
-    if not isinstance(step_s, int | float) or not isinstance(mfu, int | float):
+    step_s, mfu = time.step_s, time.mfu
+    if step_s is None or mfu is None:
         return []
-    lower = time.get("step_s_is_lower_bound")
-    at_least, at_most = (">= ", "<= ") if lower else ("", "")
-    if not time.get("calibration"):
+    at_least, at_most = (">= ", "<= ") if time.step_s_is_lower_bound else ("", "")
+    if not time.calibration:
         return [f"bound (compute at peak): step {at_least}{step_s:.3g} s, MFU <= {100 * mfu:.1f}%"]
     words = [f"predicted step {at_least}{step_s:.3g} s, MFU {at_most}{100 * mfu:.1f}%"]
-    bound_s, bound_mfu = time.get("bound_step_s"), time.get("bound_mfu")
-    if isinstance(bound_s, int | float) and isinstance(bound_mfu, int | float):
-        words.append(f"bound (compute at peak): step {bound_s:.3g} s, MFU <= {100 * bound_mfu:.1f}%")
+    if time.bound_step_s is not None and time.bound_mfu is not None:
+        words.append(
+            f"bound (compute at peak): step {time.bound_step_s:.3g} s, MFU <= {100 * time.bound_mfu:.1f}%"
+        )
     return words
 
 
@@ -183,6 +186,14 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any]:
         problems.append(f"{path.name} unreadable: {error}")
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _read_plan(run_dir: Path) -> tuple[PlanRecord | None, str | None]:
+    """The cell's plan.json through its schema (None when there is none), or why it was skipped."""
+    try:
+        return load_plan(run_dir), None
+    except (OSError, PlanFileError) as error:
+        return None, f"{run_dir / PLAN_FILE}: unreadable ({error})"
 
 
 def _read_yaml(path: Path, problems: list[str]) -> Any:
@@ -224,6 +235,7 @@ def read_cell(run_dir: Path, *, cell_id: str) -> Cell:
     overrides = _read_yaml(run_dir / OVERRIDES_FILE, problems)
     failures = [_read_json(p, problems) for p in sorted(run_dir.glob("failure_rank*.json"))]
     failures.sort(key=lambda f: int(f["rank"]) if isinstance(f.get("rank"), int) else 1 << 30)
+    plan, plan_error = _read_plan(run_dir)
     return Cell(
         run_dir=run_dir,
         cell_id=cell_id,
@@ -234,7 +246,8 @@ def read_cell(run_dir: Path, *, cell_id: str) -> Cell:
         overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],
         failures=failures,
         problems=problems,
-        plan=_read_json(run_dir / PLAN_FILE, problems),
+        plan=plan,
+        plan_error=plan_error,
     )
 
 

@@ -196,7 +196,7 @@ def _predicted_step(cell: Cell) -> float | None:
     """The plan's predicted step: summary.json's step_time (recorded at launch), else a planned
     cell's plan.json."""
     recorded = _number(_dict(cell.summary.step_time).get("predicted_s"))
-    return _first(recorded, _number(_dict(cell.plan.get("time")).get("step_s")))
+    return _first(recorded, cell.plan.time.step_s if cell.plan is not None else None)
 
 
 def _spread(cell: Cell) -> dict[str, Any] | None:
@@ -253,10 +253,9 @@ def _memory(cell: Cell, row: Row) -> None:
         got = _first(_number(measured.get(f"{term}_gb")), _last_logged(cell, f"memory/measured/{term}_gb"))
         if got is not None:
             row.measured_gb[term] = got
-    planned = _dict(cell.plan.get("memory_bytes"))  # a plan=true cell: its plan's terms are the estimate
-    if not row.est_gb and planned:
-        terms = {term: _number(planned.get(term)) for term in TERMS}
-        row.est_gb = {term: value / 1e9 for term, value in terms.items() if value is not None}
+    planned = cell.plan.memory_bytes if cell.plan is not None else None  # a plan=true cell: its terms
+    if not row.est_gb and planned is not None:
+        row.est_gb = {term: getattr(planned, term) / 1e9 for term in TERMS}
     complete = len(row.est_gb) == len(TERMS)
     total = _first(_number(estimated.get("total_gb")), sum(row.est_gb.values()) if complete else None)
     if total is not None:
@@ -273,8 +272,8 @@ def _memory(cell: Cell, row: Row) -> None:
         _number(memory.get("device_memory_gb")), _number(cell.config_value("cluster.device_memory_gb"))
     )
     row.planned_peak_gb = _number(_dict(summary.device_memory_plan).get("planned_peak_gb"))
-    if row.planned_peak_gb is None and (peak := _number(planned.get("peak"))):
-        row.planned_peak_gb = peak / 1e9  # a plan=true cell: its plan.json
+    if row.planned_peak_gb is None and planned is not None and planned.peak:
+        row.planned_peak_gb = planned.peak / 1e9  # a plan=true cell: its plan.json
     measure = summary.peak_memory_measure or ""
     row.peak_is_host_rss = measure.startswith(
         "process high-water RSS"

@@ -45,7 +45,7 @@ def test_a_run_that_completed_as_the_signal_came_is_completed(tmp_path, monkeypa
         status="completed",
         checkpoint_at=None,
     )
-    assert launch()["status"] == "completed"
+    assert launch().status == "completed"
     assert read_summary(run_dir)["status"] == "completed"
 
 

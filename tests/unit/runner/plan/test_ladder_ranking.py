@@ -7,9 +7,9 @@ import dataclasses
 import re
 
 import pytest
-from train_helpers import compose_config
+from train_helpers import compose_config, plan_json
 
-from launchers.plan_job import EXIT_FITS, plan_job, read_plan
+from launchers.plan_job import EXIT_FITS, plan_job
 from runner.config import Objective, Recompute, TrainConfig, ZeroStage
 from runner.errors import ConfigError
 from runner.layout import divisors
@@ -79,8 +79,8 @@ def test_llama_70b_on_64_h100s_ranks_its_layouts_into_plan_json(tmp_path, capsys
         "planner.recommend=true",
     )
     record = plan_job(config, run_dir=tmp_path)
-    assert record["exit_code"] == EXIT_FITS
-    recommendation = read_plan(tmp_path)["recommendation"]
+    assert record.exit_code == EXIT_FITS
+    recommendation = plan_json(tmp_path)["recommendation"]
     ranking = recommendation["ranking"]
     assert len(ranking) > SHOWN and [r["rank"] for r in ranking] == list(range(1, len(ranking) + 1))
     speeds = [r["tokens_per_s"] for r in ranking]

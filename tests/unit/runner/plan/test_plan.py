@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 import pytest
-from train_helpers import ROOT, compose_config
+from train_helpers import ROOT, compose_config, plan_json
 
-from launchers.plan_job import plan_job, read_plan
+from launchers.plan_job import plan_job
 from runner.checkpoint.size import disk_need
 from runner.comm import allgather_bytes, reduce_scatter_bytes, zero_step_bytes
 from runner.config import ClusterConfig, Offload, Precision, TrainConfig
@@ -28,6 +28,7 @@ from runner.plan.planner import (
 )
 from runner.preflight.validate import validate
 from runner.report.plan_table import format_plan, nominal_params
+from runner.rundir.plan_record import PLAN_SCHEMA_VERSION, load_plan
 from runner.step_time.device_figures import resolve_device
 from runner.step_time.zero3_reuse import regathered
 
@@ -345,8 +346,9 @@ def test_local_cpu_device_is_detected_and_unknown_links_predict_no_comm_time():
 
 def test_plan_json_carries_the_layout_record(tmp_path, capsys):
     record = plan_job(_70b("parallel=zero3", "gpus=64", "batch.global_size=128"), run_dir=tmp_path)
-    written = read_plan(tmp_path)
-    assert written == record
+    written = plan_json(tmp_path)
+    assert written == record.to_dict() and written["schema"] == PLAN_SCHEMA_VERSION
+    assert load_plan(tmp_path) == record  # read back through its schema, typed
     assert set(written["layout"]) == LAYOUT_KEYS
     assert written["layout"]["gpus"] == 64 and written["layout"]["global_size"] == 128
     assert set(written["memory_bytes"]) >= {
@@ -381,7 +383,7 @@ def test_a_plan_of_a_resume_says_what_it_continues_and_what_its_move_writes_and_
 
     config = _config("train.resume=auto", "cluster.storage_gb_per_s=2")
     nothing = plan_job(config, run_dir=tmp_path, resume=ResumePlan(disk_need(config, tmp_path)))
-    assert nothing["resume"] == {"from": None}
+    assert nothing.resume == {"from": None}
     assert "no complete checkpoint in" in capsys.readouterr().out
     record = _saved_on_two_ranks_zero1(tmp_path)
     moved = Conversion(tag="step_00000002", stays=3 * 10**9, peak=5 * 10**9, own_layout="gpus=2")
@@ -392,7 +394,7 @@ def test_a_plan_of_a_resume_says_what_it_continues_and_what_its_move_writes_and_
     # reading 1 GB and writing 3 GB at 2 GB/s
     assert "3.000 GB of copies beside it, 5.000 GB at the most while written; at least 2 s at " in out
     assert "one checkpoint at a stop, beside 3.000 GB of step_00000002 converted for this layout" in out
-    assert planned["resume"]["conversion_s_at_least"] == 2.0
+    assert planned.resume is not None and planned.resume["conversion_s_at_least"] == 2.0
     refused = ResumePlan(disk_need(config, tmp_path), record, refusal="a different global batch")
     plan_job(config, run_dir=tmp_path, resume=refused)
     assert "REFUSED before launch: a different global batch" in capsys.readouterr().out
@@ -663,7 +665,7 @@ def test_the_plan_prices_the_held_out_evaluation_as_forward_passes():
     forward terms with nothing recomputed, plus a pipeline's bubble; its share is over the steps."""
     common = ("model=llama_1b", "cluster=h100_sxm", "precision=bf16", "gpus=8", "batch.global_size=64")
     plain = plan_config(_config(*common, "parallel=zero1"))
-    assert plain.eval_s is None and plain.record()["time"]["eval_s"] is None
+    assert plain.eval_s is None and plain.record().time.eval_s is None
     every = ("train.eval_every=100", "train.eval_batches=6")
     evaluated = plan_config(_config(*common, "parallel=zero1", *every))
     compute, forward = evaluated.time.compute_s, evaluated.time.forward_s
@@ -671,7 +673,7 @@ def test_the_plan_prices_the_held_out_evaluation_as_forward_passes():
     assert forward < compute / 2  # the forward GEMMs are a third of the step's
     assert evaluated.eval_s == pytest.approx(6 * forward)
     assert evaluated.eval_share == pytest.approx(evaluated.eval_s / (100 * evaluated.time.step_s))
-    assert evaluated.record()["time"]["eval_share"] == evaluated.eval_share
+    assert evaluated.record().time.eval_share == evaluated.eval_share
     assert "held-out evaluation every 100 steps: 6 global batches forward only" in format_plan(evaluated)
     # Recomputed blocks make the step dearer, not the evaluation: a smaller part of the step.
     recomputed = plan_config(
@@ -690,13 +692,13 @@ def test_the_plan_times_a_save_at_the_storages_write_speed():
     common = ("model=llama_70b", "cluster=h100_sxm", "precision=bf16", "gpus=64", "parallel=zero3")
     common += ("batch.global_size=256", "model.activation_checkpointing=full")
     unknown = plan_config(_config(*common, "train.checkpoint_every=100"))
-    assert unknown.checkpoint_s is None and unknown.record()["checkpoint_s"] is None
+    assert unknown.checkpoint_s is None and unknown.record().checkpoint_s is None
     assert "its save time: unknown (set cluster.storage_gb_per_s" in format_plan(unknown)
     timed = plan_config(_config(*common, "train.checkpoint_every=100", "cluster.storage_gb_per_s=2"))
     assert timed.checkpoint_s == pytest.approx(timed.checkpoint_bytes / 2e9)  # 827.72 GB: 414 s
     assert timed.time.step_s is not None
     assert timed.checkpoint_share == pytest.approx(timed.checkpoint_s / (100 * timed.time.step_s))
-    assert timed.record()["checkpoint_share"] == timed.checkpoint_share
+    assert timed.record().checkpoint_share == timed.checkpoint_share
     assert "one save 414 s at cluster.storage_gb_per_s=2; every 100 steps:" in format_plan(timed)
     with pytest.raises(ConfigError, match=r"cluster.storage_gb_per_s=0: must be positive"):
         validate(_config(*common, "cluster.storage_gb_per_s=0"), launcher=None)
@@ -723,7 +725,7 @@ def test_the_plan_spells_its_enums_as_their_values_in_words_and_json():
 
     plan = plan_config(_70b("parallel=zero3_offload", "gpus=64", "model.activation_checkpointing=full"))
     assert plan.knobs.describe() == "zero3_offload + full recompute + offload optimizer+params"
-    knobs = json.loads(json.dumps(plan.record()))["knobs"]
+    knobs = json.loads(json.dumps(plan.record().to_dict()))["knobs"]
     assert (knobs["zero_stage"], knobs["recompute"], knobs["offload"]) == (3, "full", "optimizer+params")
     assert "= ZeRO-3 with optimizer+params offloaded to the host" in format_plan(plan)
     overrides = overrides_for(plan)
@@ -751,9 +753,9 @@ def test_a_recommendation_for_a_gpu_cluster_planned_elsewhere_says_where_it_runs
     to run it on the cluster's hosts, or gives it submitted to SLURM, the plan's overrides carried."""
     config = _config("cluster=h100_sxm", "gpus=8", "precision=bf16", "planner.recommend=true")
     given = ["cluster=h100_sxm", "gpus=8", "precision=bf16", "cluster.inter_node_gbps=100"]
-    record = plan_job(config, run_dir=tmp_path, given=given, elsewhere=True)
+    plan_job(config, run_dir=tmp_path, given=given, elsewhere=True)
     out = capsys.readouterr().out
-    command = record["recommendation"]["command"]
+    command = plan_json(tmp_path)["recommendation"]["command"]
     assert "cluster.inter_node_gbps=100" in command
     assert "this host has no device of cluster h100_sxm: run it on one of the cluster's hosts" in out
     assert command.replace("python train.py ", "python train.py -m hydra/launcher=slurm ", 1) in out
@@ -865,4 +867,4 @@ def test_max_seq_finds_the_longest_sequence_each_recompute_mode_fits(tmp_path):
             at = dataclasses.replace(config, model=model, data=dataclasses.replace(config.data, seq_len=seq))
             assert plan_config(at).fits == fits, (mode, seq)
     record = plan_job(config, run_dir=tmp_path)
-    assert record["max_seq"] == longest
+    assert record.max_seq == longest

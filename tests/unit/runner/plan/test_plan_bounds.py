@@ -8,9 +8,9 @@ import dataclasses
 import itertools
 
 import pytest
-from train_helpers import compose_config
+from train_helpers import compose_config, plan_json
 
-from launchers.plan_job import plan_job, read_plan
+from launchers.plan_job import plan_job
 from runner.config import TrainConfig
 from runner.plan.ladder import OFFLOAD_MARK, carried_overrides, recommend
 from runner.plan.planner import plan_config, workload_from_config
@@ -106,7 +106,7 @@ def test_the_recommended_command_carries_the_plans_other_overrides(tmp_path) -> 
     given += ["planner.recommend=true", "parallel.zero_stage=3", "batch.micro_size=2", "hydra.run.dir=x"]
     config = _config(*[o for o in given if not o.startswith("hydra.")])
     plan_job(config, run_dir=tmp_path, given=given)
-    command = read_plan(tmp_path)["recommendation"]["command"]
+    command = plan_json(tmp_path)["recommendation"]["command"]
     assert "model.n_layer=8" in command and "optimizer.lr=0.001" in command
     assert "planner.recommend" not in command and "hydra.run.dir" not in command
     # the layout's own keys come from the recommendation, once

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_helpers import compose_config
+from train_helpers import compose_config, plan_json
 
 from launchers import plan_exit
-from launchers.plan_job import EXIT_CONTRACT_NOT_MET, EXIT_DOES_NOT_FIT, EXIT_FITS, plan_job, read_plan
+from launchers.plan_job import EXIT_CONTRACT_NOT_MET, EXIT_DOES_NOT_FIT, EXIT_FITS, plan_job
 from runner.checkpoint import size as checkpoint_size
 
 pytestmark = pytest.mark.unit
@@ -21,9 +21,11 @@ Usage = namedtuple("Usage", "total used free")
 
 
 def _plan(tmp_path: Path, *overrides: str) -> tuple[int, dict[str, Any]]:
+    """The plan's exit status and plan.json, as a script reads them."""
     record = plan_job(compose_config(*overrides), run_dir=tmp_path / "run")
-    assert read_plan(tmp_path / "run")["exit_code"] == record["exit_code"]
-    return record["exit_code"], record
+    written = plan_json(tmp_path / "run")
+    assert written["exit_code"] == record.exit_code
+    return written["exit_code"], written
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import math
 from typing import Any
 
 import pytest
-from train_helpers import compose_config
+from train_helpers import compose_config, plan_json
 
-from launchers.plan_job import plan_job, read_plan
+from launchers.plan_job import plan_job
 from runner.config import ModelConfig, Precision, TrainConfig
 from runner.layout import resolve_layout
 from runner.memory_model.units import GB
@@ -259,7 +259,7 @@ def test_a_run_is_not_refused_for_host_memory_as_it_is_not_for_device_memory():
 
 def test_plan_json_has_the_host_lines(tmp_path, capsys):
     plan_job(_h200("parallel=zero3_offload", "gpus=8", "cluster.host_memory_gb=1000"), run_dir=tmp_path)
-    host = read_plan(tmp_path)["host_memory"]
+    host = plan_json(tmp_path)["host_memory"]
     assert host["ranks_per_node"] == 8 and host["build_method"] == PARTITIONED
     assert host["per_rank"]["build"]["partitions (fp32, 1/8)"] == 4 * math.ceil(LLAMA_70B_PARAMS / 8)
     assert host["per_node"]["peak_phase"] == "steady"

@@ -9,20 +9,24 @@ import io
 import itertools
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from rich.console import Console
+from train_helpers import compose_config
 
 from runner.cli import main
+from runner.plan.planner import plan_config
 from runner.report.charts import loss_chart, memory_chart, time_chart
 from runner.report.collect import collect, expected_sweep
 from runner.report.compare import config_diff, loss_agreement
 from runner.report.rows import build_rows
 from runner.report.svg import nice_ticks
 from runner.report.terminal import print_report
+from runner.rundir.plan_record import write_plan
 
 pytestmark = pytest.mark.unit
 
@@ -199,13 +203,12 @@ def test_a_planned_cell_shows_its_plan_and_is_not_taken_for_a_crash(tmp_path, ca
     cell = tmp_path / "0"
     (cell / ".hydra").mkdir(parents=True)
     (cell / ".hydra" / "config.yaml").write_text("gpus: 2\nparallel: {name: zero3, zero_stage: 3}\n")
-    terms = {"params": 2.5e8, "grads": 2.5e8, "optimizer": 5e8, "activations": 1.5e9}
-    plan = {
-        "memory_bytes": {**terms, "peak": 3.2e9},
-        "fits": False,
-        "time": {"step_s": 3.79, "step_s_is_lower_bound": True, "mfu": 0.42},
-    }
-    (cell / "plan.json").write_text(json.dumps(plan))
+    planned = plan_config(compose_config("model=tiny")).record()
+    memory = replace(
+        planned.memory_bytes, params=2.5e8, grads=2.5e8, optimizer=5e8, activations=1.5e9, peak=3.2e9
+    )
+    time = replace(planned.time, step_s=3.79, step_s_is_lower_bound=True, mfu=0.42, calibration=None)
+    write_plan(cell, replace(planned, memory_bytes=memory, fits=False, time=time))
     (row,) = report_json(tmp_path, capsys=capsys)
     assert row["status"] == "planned"
     assert row["error"] == (
@@ -215,6 +218,21 @@ def test_a_planned_cell_shows_its_plan_and_is_not_taken_for_a_crash(tmp_path, ca
     assert row["planned_peak_gb"] == 3.2 and row["est_total_gb"] == 2.5 and row["est_activations_gb"] == 1.5
     assert main(["report", str(tmp_path)]) == 0
     assert "0 (planned): plan=true: nothing launched" in capsys.readouterr().out
+
+
+def test_a_plan_file_with_a_key_of_the_wrong_type_is_named_and_skipped(tmp_path, capsys):
+    cell = tmp_path / "0"
+    cell.mkdir()
+    plan = plan_config(compose_config("model=tiny")).record().to_dict()
+    plan["time"]["step_s"] = "fast"
+    (cell / "plan.json").write_text(json.dumps(plan))
+    (row,) = report_json(tmp_path, capsys=capsys)
+    assert row["status"] == "unreadable"
+    assert row["error"] == (
+        f"{cell / 'plan.json'}: unreadable ({cell / 'plan.json'}: key 'time.step_s' is 'fast', expected a "
+        f"number or null; move {cell / 'plan.json'} aside (the run's other files stay readable) or plan the "
+        "cell again)"
+    )
 
 
 def test_a_half_written_metrics_line_is_skipped(tmp_path, capsys):
@@ -318,12 +336,22 @@ def test_a_calibrated_plan_shows_its_predicted_step_and_the_bound_beside_it(tmp_
     cell = tmp_path / "0"
     (cell / ".hydra").mkdir(parents=True)
     (cell / ".hydra" / "config.yaml").write_text("gpus: 1\n")
-    time = {"step_s": 0.273, "mfu": 0.751, "bound_step_s": 0.205, "bound_mfu": 1.0, "calibration": "here"}
-    (cell / "plan.json").write_text(json.dumps({"time": time}))
+    planned = plan_config(compose_config("model=tiny")).record()
+    time = replace(
+        planned.time,
+        step_s=0.273,
+        step_s_is_lower_bound=False,
+        mfu=0.751,
+        bound_step_s=0.205,
+        bound_mfu=1.0,
+        calibration="here",
+    )
+    write_plan(cell, replace(planned, time=time))
     (row,) = report_json(tmp_path, capsys=capsys)
     assert row["error"] == (
-        "plan=true: nothing launched; predicted step 0.273 s, MFU 75.1%; "
-        "bound (compute at peak): step 0.205 s, MFU <= 100.0%"
+        f"plan=true: nothing launched; planned peak {planned.memory_bytes.peak / 1e9:.3g} GB per device "
+        "(FITS); "
+        "predicted step 0.273 s, MFU 75.1%; bound (compute at peak): step 0.205 s, MFU <= 100.0%"
     )
     assert row["predicted_step_s"] == 0.273 and row["step_s"] is None
 

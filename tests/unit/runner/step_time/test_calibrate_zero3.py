@@ -106,6 +106,6 @@ def test_a_term_priced_by_a_fitted_figure_says_so(h200_plans: dict[str, Plan], t
     line = next(line for line in format_plan(plan).splitlines() if line.strip().startswith("zero3 hooks"))
     assert "FITTED, not micro-benchmarked: least squares over" in line
     assert "bench/time_model_gpu_table.py --fit" in line
-    assert plan.record()["time"]["terms_fitted"] == {"zero3 hooks": ["zero3_hook_s"]}
+    assert plan.record().time.terms_fitted == {"zero3 hooks": ["zero3_hook_s"]}
     gemm = next(line for line in format_plan(plan).splitlines() if line.strip().startswith("gemm "))
     assert "FITTED" not in gemm

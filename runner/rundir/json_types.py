@@ -1,0 +1,50 @@
+"""Whether a JSON value has a Python type, and the type in a reader's words: the checks that
+summary.json's and plan.json's schemas (runner/rundir/summary.py, runner/rundir/plan_record.py)
+read their files through.
+
+A hint is what a dataclass field is annotated with: ``int``, ``float``, ``str``, ``bool``,
+``X | None``, ``list[X]``, ``dict[str, X]`` or ``Any``.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Union, get_args, get_origin
+
+
+def holds(value: Any, hint: Any) -> bool:
+    """Whether a JSON value has the type ``hint``."""
+    if hint is Any:
+        return True
+    if get_origin(hint) in (Union, types.UnionType):
+        return any(holds(value, arg) for arg in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if isinstance(value, bool):  # JSON's true is no number
+        return hint is bool
+    if hint is float:
+        return isinstance(value, int | float)  # JSON writes 2.0 as 2 in some hands
+    origin = get_origin(hint)
+    if origin is list:
+        (item,) = get_args(hint)
+        return isinstance(value, list) and all(holds(v, item) for v in value)
+    if origin is dict:
+        _, item = get_args(hint) or (str, Any)
+        return isinstance(value, dict) and all(holds(v, item) for v in value.values())
+    return isinstance(value, hint)
+
+
+def type_words(hint: Any) -> str:
+    """The type ``hint`` in a reader's words: "an integer or null", "a list of strings"."""
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+    if get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(type_words(arg) for arg in get_args(hint))
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        return f"a list of {type_words(item).split(' ', 1)[-1]}s"
+    if get_origin(hint) is dict:
+        return "a JSON object"
+    return names.get(hint, str(hint))
+
+
+__all__ = ["holds", "type_words"]
