@@ -120,7 +120,6 @@ class Plan:
     def record(self) -> PlanRecord:
         """The record written to plan.json (bytes, seconds, FLOP/s)."""
         w, k, m = self.workload, self.knobs, self.memory
-        dev = w.device
         return PlanRecord(
             layout=self.layout.record(),
             batch_contract_error=self.contract_error,
@@ -138,20 +137,7 @@ class Plan:
                 overlap_comm=k.overlap_comm,
                 micro_size="auto" if k.micro_size is None else k.micro_size,
             ),
-            device=PlannedDevice(
-                cluster=w.cluster,
-                memory_bytes=dev.memory_bytes.value,
-                memory_source=dev.memory_bytes.source,
-                headroom=w.headroom,
-                usable_bytes=w.usable_bytes,
-                gpus_per_node=dev.gpus_per_node.value,
-                gpus_per_node_source=dev.gpus_per_node.source,
-                peak_flops=dev.peak_flops.value,
-                peak_source=dev.peak_flops.source,
-                intra_node_bytes_per_s=dev.intra_node_bytes_per_s.value,
-                inter_node_bytes_per_s=dev.inter_node_bytes_per_s.value,
-                bandwidth_source=dev.inter_node_bytes_per_s.source,
-            ),
+            device=_planned_device(w),
             memory_bytes=PlannedMemory(
                 params=m.params,
                 grads=m.grads,
@@ -173,33 +159,57 @@ class Plan:
                 t.group: PlannedTraffic(bytes=t.bytes, link=t.link, seconds=t.seconds, detail=t.detail)
                 for t in self.traffic
             },
-            time=PlannedTime(
-                compute_s=self.time.compute_s,
-                bubble_s=self.time.bubble_s,
-                comm_exposed_s=self.time.comm_s,
-                step_s=self.time.step_s,
-                step_s_is_lower_bound=not self.time.complete,
-                mfu=self.time.mfu,
-                tokens_per_s=self.time.tokens_per_s,
-                terms_s={t.name: t.seconds for t in self.time.terms},
-                term_parts_s={
-                    t.name: {part.name: part.seconds for part in t.parts} for t in self.time.terms if t.parts
-                },
-                terms_fitted={t.name: list(t.fitted) for t in self.time.terms if t.fitted},
-                limit=self.time.limit,
-                bound_step_s=self.time.bound_step_s,
-                bound_mfu=self.time.bound_mfu,
-                calibration=self.time.calibration or None,
-                not_modelled=["offload transfers and CPU optimizer step"]
-                if k.offload != OffloadPlacement.none
-                else [],
-                eval_s=self.eval_s,
-                eval_share=self.eval_share,
-            ),
+            time=self._planned_time(),
             checkpoint_bytes=self.checkpoint_bytes,
             checkpoint_s=self.checkpoint_s,
             checkpoint_share=self.checkpoint_share,
         )
+
+    def _planned_time(self) -> PlannedTime:
+        """plan.json's ``time``: the step's terms, its bound and where its figures came from."""
+        t = self.time
+        return PlannedTime(
+            compute_s=t.compute_s,
+            bubble_s=t.bubble_s,
+            comm_exposed_s=t.comm_s,
+            step_s=t.step_s,
+            step_s_is_lower_bound=not t.complete,
+            mfu=t.mfu,
+            tokens_per_s=t.tokens_per_s,
+            terms_s={term.name: term.seconds for term in t.terms},
+            term_parts_s={
+                term.name: {part.name: part.seconds for part in term.parts} for term in t.terms if term.parts
+            },
+            terms_fitted={term.name: list(term.fitted) for term in t.terms if term.fitted},
+            limit=t.limit,
+            bound_step_s=t.bound_step_s,
+            bound_mfu=t.bound_mfu,
+            calibration=t.calibration or None,
+            not_modelled=["offload transfers and CPU optimizer step"]
+            if self.knobs.offload != OffloadPlacement.none
+            else [],
+            eval_s=self.eval_s,
+            eval_share=self.eval_share,
+        )
+
+
+def _planned_device(w: Workload) -> PlannedDevice:
+    """plan.json's ``device``: each figure the plan assumed, with where it came from."""
+    dev = w.device
+    return PlannedDevice(
+        cluster=w.cluster,
+        memory_bytes=dev.memory_bytes.value,
+        memory_source=dev.memory_bytes.source,
+        headroom=w.headroom,
+        usable_bytes=w.usable_bytes,
+        gpus_per_node=dev.gpus_per_node.value,
+        gpus_per_node_source=dev.gpus_per_node.source,
+        peak_flops=dev.peak_flops.value,
+        peak_source=dev.peak_flops.source,
+        intra_node_bytes_per_s=dev.intra_node_bytes_per_s.value,
+        inter_node_bytes_per_s=dev.inter_node_bytes_per_s.value,
+        bandwidth_source=dev.inter_node_bytes_per_s.source,
+    )
 
 
 # --------------------------------------------------------------------------------------
