@@ -35,6 +35,7 @@ from runner.data.token_file import token_source_words
 from runner.diagnose import oom_killer
 from runner.environment import DistributedEnv, from_environment
 from runner.errors import ConfigError
+from runner.exit_codes import ExitCode
 from runner.hardware import calibration_seconds
 from runner.layout import Layout
 from runner.metrics.wall_clock import BeforeRanks, process_start
@@ -91,7 +92,8 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, 
     warned = run_summary(run_dir).plan_warnings or []
     evidence = kill_evidence(result, oom_counts, config, run_dir)
     words = rank_exit_words(result.returncode, plan_warnings=warned, **evidence)
-    if result.returncode == 1:  # ladder's own exit: its record could not be written (its output says why)
+    # ladder's own exit (launchers/worker.py): its record could not be written (its output says why)
+    if result.returncode == ExitCode.FAILED:
         words += " (it could not record why; its output above says)"
     rank, cause = (result.failed_rank, words)
     recorded = run_summary(run_dir)

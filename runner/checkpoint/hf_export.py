@@ -54,6 +54,7 @@ from runner.data.tokenizer_dir import (
     tokenizer_sha256,
 )
 from runner.errors import ConfigError
+from runner.exit_codes import ExitCode
 from runner.model.hf_config import hf_config_from_model, resolve_hf_model
 from runner.model.hf_names import hf_shapes
 from runner.rundir.checkpoint_record import CHECKPOINT_DIR, UNIVERSAL_SUFFIX, latest, tag_for
@@ -187,7 +188,7 @@ def _convert_in_child(run_dir: Path, record: dict[str, Any]) -> tuple[str, int]:
         capture_output=True,
         text=True,
     )
-    if done.returncode != 0:
+    if done.returncode != ExitCode.OK:
         last = (done.stderr.strip().splitlines() or ["(it printed nothing)"])[-1]
         # The child's refusal names this command already; the CLI puts it in front once.
         last = last.removeprefix(f"{universal_conversion.EXPORT}: ")
@@ -377,7 +378,7 @@ def _convert_main(argv: list[str]) -> None:
         universal_conversion.universal_copy(args.run_dir, json.loads(args.record), model_config(args.run_dir))
     except ValueError as error:  # a refusal: its words alone, as the parent's last line of stderr
         print(error, file=sys.stderr)
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runner.config import LoggerConfig, WandbMode
+from runner.exit_codes import ExitCode
 from runner.metrics.console import ConsoleSink
 from runner.rundir.metrics_file import JsonlSink, metrics_path
 
@@ -96,7 +97,9 @@ class WandbSink:
                 self._run.summary[key] = value
             if summary.get("status") == "interrupted":  # stopped at a signal; resumes into this run
                 self._run.mark_preempting()
-            self._run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+            self._run.finish(
+                exit_code=ExitCode.OK if summary.get("status") == "completed" else ExitCode.FAILED
+            )
         except Exception as error:
             self._lost(int(summary.get("steps_completed") or 0), error)
 
