@@ -27,7 +27,7 @@ from runner.plan.planner import ResumePlan, layout_for_config
 from runner.rundir import checkpoint_record
 from runner.rundir.disk_room import folder_bytes
 from runner.rundir.metrics_file import metrics_path, truncate_metrics
-from runner.rundir.summary import run_summary
+from runner.rundir.summary import RunStatus, run_summary
 from runner.train.preemption import resumes
 
 log = logging.getLogger("ladder")
@@ -52,7 +52,7 @@ def finished_already(config: TrainConfig, run_dir: Path) -> str | None:
         "keeping this attempt under earlier_attempts/"
     )
     done = summary.steps_completed or 0
-    if summary.status == "completed" and done >= steps:
+    if summary.status == RunStatus.completed and done >= steps:
         return f"the run completed {done} steps already (train.steps={steps}): nothing to train; {more}"
     if record is not None and record["completed_steps"] >= steps:
         return (

@@ -44,16 +44,9 @@ from runner.preflight.build_locks import clear_stale_build_locks
 from runner.preflight.validate import named_device_problems, validate
 from runner.rundir import disk_room
 from runner.rundir.identity import RunIdentity
-from runner.rundir.outcome import (
-    COMPLETED,
-    FAILED,
-    INTERRUPTED,
-    record_failed,
-    record_rank_cause,
-    record_rank_failure,
-)
+from runner.rundir.outcome import record_failed, record_rank_cause, record_rank_failure
 from runner.rundir.run_files import read_failures, with_notes, write_deepspeed_config
-from runner.rundir.summary import read_summary, run_summary
+from runner.rundir.summary import RunStatus, read_summary, run_summary
 from runner.train.context import RankJob
 from runner.train.preemption import Preempted
 
@@ -80,10 +73,10 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, 
     config = job.config
     oom_counts = oom_killer.read_counts()  # the kernel's, before the ranks start
     result = launch_local(job=job, run_dir=run_dir, identity=identity)
-    if result.failed_rank is None and run_summary(run_dir).status == COMPLETED:
+    if result.failed_rank is None and run_summary(run_dir).status == RunStatus.completed:
         return read_summary(run_dir)  # every step done: a stop signal came during the last one
     if result.stopped_by is not None or (
-        result.failed_rank is None and run_summary(run_dir).status == INTERRUPTED
+        result.failed_rank is None and run_summary(run_dir).status == RunStatus.interrupted
     ):
         raise RunInterrupted(interruption_words(run_dir, result.stopped_by, killed=result.killed))
     if result.failed_rank is None:
@@ -101,7 +94,7 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> dict[str, 
         cause += f"; then rank {failures[0]['rank']} failed: {first_words(str(failures[0]['error']))}"
     elif failures:
         rank, cause = failures[0]["rank"], str(failures[0]["error"])
-    elif recorded.status == FAILED and recorded.error:
+    elif recorded.status == RunStatus.failed and recorded.error:
         # No failure record (a full disk): rank 0's summary, written over its old bytes, says why.
         rank, cause = 0, recorded.error
     try:

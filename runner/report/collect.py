@@ -28,7 +28,7 @@ import yaml
 
 from runner.rundir.metrics_file import METRICS_FILE, read_records
 from runner.rundir.run_files import DEEPSPEED_CONFIG_FILE, PLAN_FILE
-from runner.rundir.summary import SUMMARY_FILE, RunSummary, SummaryError, load_summary
+from runner.rundir.summary import SUMMARY_FILE, RunStatus, RunSummary, SummaryError, load_summary
 
 CONFIG_FILE = Path(".hydra") / "config.yaml"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
@@ -71,13 +71,13 @@ class Cell:
         if self.summary.status:
             return self.summary.status
         if self.failures:
-            return "failed"
+            return RunStatus.failed
         return "planned" if self.plan and not self.metrics else "unfinished"
 
     @property
     def error(self) -> str | None:
         """Why the cell did not complete, in one line; None for a completed cell."""
-        if self.status == "completed":
+        if self.status == RunStatus.completed:
             return None
         if self.summary_error is not None:
             return self.summary_error
@@ -92,7 +92,7 @@ class Cell:
         if self.status == "planned":
             return _plan_words(self.plan)
         steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), int | float)]
-        if self.status == "running":
+        if self.status == RunStatus.running:
             last = f"; last logged step {max(steps) + 1}" if steps else ""  # counted from 1, as the console
             return f"summary.json says running: still running, or killed{last}"
         if steps:

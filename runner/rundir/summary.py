@@ -25,12 +25,12 @@ import os
 import tempfile
 import types
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 SUMMARY_FILE = "summary.json"
 SCHEMA_VERSION = 1
-STATUSES = ("running", "completed", "failed", "interrupted")
 # What a run's end records when the full summary cannot be written for want of room.
 ESSENTIAL_FIELDS = ("status", "error", "failed_rank", "steps_completed")
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
@@ -73,6 +73,21 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+class RunStatus(str, Enum):
+    """A run's ``status`` in summary.json, spelled as the file holds it; runner/rundir/outcome.py
+    decides which, and says who records each."""
+
+    running = "running"  # prelaunch recorded the run; its attempt has not recorded an end
+    completed = "completed"  # every step done
+    failed = "failed"  # a rank raised or was killed, or its job never ran
+    interrupted = "interrupted"  # stopped at a signal; train.resume=auto continues it
+
+    def __str__(self) -> str:
+        """The spelling, as ``f"{status}"`` and ``str(status)`` print it (Python's StrEnum does the
+        same from 3.11 on; this also runs on 3.10)."""
+        return self.value
+
+
 class SummaryError(ValueError):
     """A summary.json that is not JSON or holds a key of the wrong type."""
 
@@ -86,7 +101,7 @@ class RunSummary:
 
     schema: int = SCHEMA_VERSION
     # The outcome (runner/rundir/outcome.py decides it; prelaunch and the attempt's end write it).
-    status: str | None = None  # one of STATUSES; None before prelaunch wrote "running"
+    status: RunStatus | None = None  # None before prelaunch wrote "running"
     error: str | None = None  # why the run did not complete, in words
     failed_rank: int | None = None  # the rank whose failure is the cause
     steps_completed: int | None = None
@@ -153,7 +168,7 @@ _KEYS = tuple(name for name in _HINTS if name != "unknown")
 # What a reader is told a key should hold, where the type alone says too little.
 _WORDS = {
     "schema": "an integer version",
-    "status": f"one of {', '.join(STATUSES)}",
+    "status": f"one of {', '.join(status.value for status in RunStatus)}",
     "failed_rank": "an integer rank or null",
 }
 
@@ -162,6 +177,8 @@ def _holds(value: Any, hint: Any) -> bool:
     """Whether a JSON value has the type ``hint`` (X | None, int, float, str, dict[...], list[X])."""
     if hint is Any:
         return True
+    if hint is RunStatus:  # a string here; which strings, parse_summary checks after every key's type
+        return isinstance(value, str)
     if get_origin(hint) in (Union, types.UnionType):
         return any(_holds(value, arg) for arg in get_args(hint))
     if hint is type(None):
@@ -216,7 +233,7 @@ def parse_summary(data: Any, path: Path) -> RunSummary:
             words = _WORDS.get(key, _words(_HINTS[key]))
             raise SummaryError(f"{path}: key {key!r} is {value!r}, expected {words}; {fix}")
     status = data.get("status")
-    if status is not None and status not in STATUSES:
+    if status is not None and status not in [known.value for known in RunStatus]:
         raise SummaryError(f"{path}: key 'status' is {status!r}, expected {_WORDS['status']}; {fix}")
     if data["schema"] > SCHEMA_VERSION:
         raise SummaryError(
@@ -224,7 +241,8 @@ def parse_summary(data: Any, path: Path) -> RunSummary:
             "upgrade ladder to read it"
         )
     return RunSummary(
-        **{key: data.get(key) for key in _KEYS},
+        **{key: data.get(key) for key in _KEYS if key != "status"},
+        status=RunStatus(status) if status is not None else None,
         unknown={k: v for k, v in data.items() if k not in _HINTS},
     )
 
@@ -308,13 +326,14 @@ def _keys(record: Any, *, omitted_when_none: tuple[str, ...] = ()) -> dict[str, 
 class Outcome:
     """A run's status and why (runner/rundir/outcome.py decides it)."""
 
-    status: str  # one of STATUSES
+    status: RunStatus
     error: str | None = None
     failed_rank: int | None = None  # written only when known: a later record keeps the cause's
 
     def keys(self) -> dict[str, Any]:
-        """summary.json's outcome keys."""
-        return _keys(self, omitted_when_none=("failed_rank",))
+        """summary.json's outcome keys, the status as its JSON string (the summary handed on whole
+        holds what the file holds)."""
+        return {**_keys(self, omitted_when_none=("failed_rank",)), "status": self.status.value}
 
 
 @dataclass(frozen=True)
