@@ -22,8 +22,8 @@ from runner.plan.ladder import Ladder, recommend, recommendation_record
 from runner.plan.max_seq import longest_sequences, max_seq_lines
 from runner.plan.planner import Plan, ResumePlan, plan_config
 from runner.report.plan_table import checkpoint_disk_line, format_ladder, format_plan, resume_lines
+from runner.rundir.atomic_json import write_json_atomic
 from runner.rundir.run_files import PLAN_FILE
-from runner.rundir.summary import write_json_atomic
 
 log = logging.getLogger("ladder")
 

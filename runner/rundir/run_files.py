@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from runner.rundir.summary import write_json_atomic
+from runner.rundir.atomic_json import write_json_atomic
 
 DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
 PLAN_FILE = "plan.json"

@@ -20,46 +20,20 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
-import tempfile
 import types
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from runner.rundir.atomic_json import strict_json, write_json_atomic
+
 SUMMARY_FILE = "summary.json"
 SCHEMA_VERSION = 1
 # What a run's end records when the full summary cannot be written for want of room.
 ESSENTIAL_FIELDS = ("status", "error", "failed_rank", "steps_completed")
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _strict(value: Any) -> Any:
-    """NaN and inf are not JSON (a browser's or jq's parser rejects them): they become null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(item) for item in value]
-    return value
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write strict JSON to a temporary file beside ``path``, then rename: readers never see half a file."""
-    data = _strict(data)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, default=str, allow_nan=False)
-            handle.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
@@ -271,7 +245,7 @@ def overwrite_in_place(path: Path, data: Any) -> bool:
     """Write ``data`` as compact JSON over ``path``'s own bytes, padded with spaces to its old
     length, when it fits in the space the file holds already (no new block: a full filesystem
     allows it). Not atomic: the last resort of a full disk. Returns whether it was written."""
-    text = json.dumps(_strict(data), separators=(",", ":"), default=str, allow_nan=False) + "\n"
+    text = json.dumps(strict_json(data), separators=(",", ":"), default=str, allow_nan=False) + "\n"
     encoded = text.encode()
     try:
         held = path.stat()
