@@ -31,7 +31,7 @@ from launchers.hydra_files import (
 from launchers.sweep_guard import refusal
 from runner.environment import from_environment
 from runner.exit_codes import ExitCode
-from runner.rundir.summary import SUMMARY_FILE
+from runner.rundir.run_files import SUMMARY_FILE
 from runner.train.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
 
 

@@ -27,6 +27,7 @@ from runner.plan.planner import ResumePlan, layout_for_config
 from runner.rundir import checkpoint_record
 from runner.rundir.disk_room import folder_bytes
 from runner.rundir.metrics_file import metrics_path, truncate_metrics
+from runner.rundir.run_files import CHECKPOINT_DIR
 from runner.rundir.summary import RunStatus, run_summary
 from runner.train.preemption import resumes
 
@@ -80,8 +81,8 @@ def runs_near(run_dir: Path) -> list[Path]:
     held = {
         folder.parent
         for pattern in (
-            f"*/*/{checkpoint_record.CHECKPOINT_DIR}",
-            f"*/*/*/{checkpoint_record.CHECKPOINT_DIR}",
+            f"*/*/{CHECKPOINT_DIR}",
+            f"*/*/*/{CHECKPOINT_DIR}",
         )
         for folder in root.glob(pattern)
     }
@@ -154,7 +155,7 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
             log.info("converting %s for the new layout", record["tag"])
             try:
                 conversion = _measured(
-                    run_dir / checkpoint_record.CHECKPOINT_DIR,
+                    run_dir / CHECKPOINT_DIR,
                     functools.partial(
                         universal_conversion.convert_for,
                         run_dir,
@@ -218,7 +219,7 @@ def _disk_need(
         config,
         run_dir,
         done_steps=record["completed_steps"] if record else 0,
-        on_disk=len(checkpoint_record.complete_checkpoints(run_dir / checkpoint_record.CHECKPOINT_DIR)),
+        on_disk=len(checkpoint_record.complete_checkpoints(run_dir / CHECKPOINT_DIR)),
         conversion=conversion,
     )
     return need, record
@@ -262,5 +263,5 @@ def resume_plan(config: TrainConfig, run_dir: Path) -> ResumePlan | None:
             )
         except ValueError as error:
             refusal = str(error)
-    saved = folder_bytes(run_dir / checkpoint_record.CHECKPOINT_DIR / record["tag"])
+    saved = folder_bytes(run_dir / CHECKPOINT_DIR / record["tag"])
     return ResumePlan(need, record, saved_bytes=saved, refusal=refusal)

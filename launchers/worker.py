@@ -26,6 +26,7 @@ from runner.environment import from_environment
 from runner.exit_codes import ExitCode
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import record_rank_failure
+from runner.rundir.run_files import TRAIN_LOG
 from runner.train.context import RankJob
 from runner.train.preemption import Preempted
 
@@ -55,7 +56,7 @@ def log_like_the_launcher(run_dir: Path, rank: int) -> None:
     formatter = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if rank == 0:
-        handlers.append(logging.FileHandler(run_dir / "train.log"))  # appends, as Hydra's handler does
+        handlers.append(logging.FileHandler(run_dir / TRAIN_LOG))  # appends, as Hydra's handler does
     root = logging.getLogger()
     root.setLevel(logging.WARNING)
     for handler in handlers:

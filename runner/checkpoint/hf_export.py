@@ -57,7 +57,8 @@ from runner.errors import ConfigError
 from runner.exit_codes import ExitCode
 from runner.model.hf_config import hf_config_from_model, resolve_hf_model
 from runner.model.hf_names import hf_shapes
-from runner.rundir.checkpoint_record import CHECKPOINT_DIR, UNIVERSAL_SUFFIX, latest, tag_for
+from runner.rundir.checkpoint_record import UNIVERSAL_SUFFIX, latest, tag_for
+from runner.rundir.run_files import CHECKPOINT_DIR, HYDRA_CONFIG_FILE, HYDRA_DIR
 from runner.rundir.summary import run_summary
 
 CONFIG_FILE = "config.json"
@@ -87,7 +88,7 @@ class ExportResult:
 
 def model_config(run_dir: Path) -> ModelConfig:
     """The run's model, from the composed config Hydra saved (``.hydra/config.yaml``)."""
-    path = run_dir / ".hydra" / "config.yaml"
+    path = run_dir / HYDRA_DIR / HYDRA_CONFIG_FILE
     if not path.is_file():
         raise ExportError(f"{run_dir}: no .hydra/config.yaml; is it a ladder run directory?")
     saved = yaml.safe_load(path.read_text()).get("model") or {}

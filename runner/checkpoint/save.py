@@ -35,14 +35,13 @@ from runner.layout import Layout
 from runner.rundir import disk_room
 from runner.rundir.atomic_json import write_json_atomic
 from runner.rundir.checkpoint_record import (
-    CHECKPOINT_DIR,
-    LATEST_FILE,
     PARTIAL_PREFIX,
     STAGE_SPLITS,
     UNIVERSAL_SUFFIX,
     complete_checkpoints,
     tag_for,
 )
+from runner.rundir.run_files import CHECKPOINT_DIR, LATEST_FILE
 
 DEEPSPEED_LATEST = "latest"  # DeepSpeed's pointer file: the newest tag, for its own tools
 

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.metrics.wall_clock import SETUP_PHASES
+from runner.rundir.run_files import ATTEMPTS_FILE
 from runner.rundir.summary import RunStatus
 
-ATTEMPTS_FILE = "attempts.jsonl"
 NO_END = "no end recorded (killed outright)"
 PROGRESS_EVERY_S = 1.0  # at most one progress line a second: a killed attempt is known to within it
 

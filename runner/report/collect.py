@@ -26,13 +26,22 @@ from typing import Any
 
 import yaml
 
-from runner.rundir.metrics_file import METRICS_FILE, read_records
-from runner.rundir.run_files import DEEPSPEED_CONFIG_FILE, PLAN_FILE
-from runner.rundir.summary import SUMMARY_FILE, RunStatus, RunSummary, SummaryError, load_summary
+from runner.rundir.metrics_file import read_records
+from runner.rundir.run_files import (
+    DEEPSPEED_CONFIG_FILE,
+    FAILURE_FILES,
+    HYDRA_CONFIG_FILE,
+    HYDRA_DIR,
+    HYDRA_OVERRIDES_FILE,
+    METRICS_FILE,
+    MULTIRUN_FILE,
+    PLAN_FILE,
+    SUMMARY_FILE,
+)
+from runner.rundir.summary import RunStatus, RunSummary, SummaryError, load_summary
 
-CONFIG_FILE = Path(".hydra") / "config.yaml"
-OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
-MULTIRUN_FILE = "multirun.yaml"
+CONFIG_FILE = Path(HYDRA_DIR) / HYDRA_CONFIG_FILE
+OVERRIDES_FILE = Path(HYDRA_DIR) / HYDRA_OVERRIDES_FILE
 RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, str(CONFIG_FILE), DEEPSPEED_CONFIG_FILE, PLAN_FILE)
 
 # How deep below a named path to look for run directories: multirun/<date>/<time>/<cell>.
@@ -222,7 +231,7 @@ def read_cell(run_dir: Path, *, cell_id: str) -> Cell:
     summary, summary_error = _read_summary(run_dir, problems)
     config = _read_yaml(run_dir / CONFIG_FILE, problems)
     overrides = _read_yaml(run_dir / OVERRIDES_FILE, problems)
-    failures = [_read_json(p, problems) for p in sorted(run_dir.glob("failure_rank*.json"))]
+    failures = [_read_json(p, problems) for p in sorted(run_dir.glob(FAILURE_FILES))]
     failures.sort(key=lambda f: int(f["rank"]) if isinstance(f.get("rank"), int) else 1 << 30)
     return Cell(
         run_dir=run_dir,

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from runner.rundir.atomic_json import strict_json, write_json_atomic
+from runner.rundir.run_files import SUMMARY_FILE
 
-SUMMARY_FILE = "summary.json"
 SCHEMA_VERSION = 1
 # What a run's end records when the full summary cannot be written for want of room.
 ESSENTIAL_FIELDS = ("status", "error", "failed_rank", "steps_completed")
