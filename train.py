@@ -28,11 +28,12 @@ from launchers.run import NothingToTrain, RunFailed, RunInterrupted, run
 from launchers.worker import exit_now
 from runner.environment import DistributedEnv, from_environment, shared_run_dir, take_local_rank_argument
 from runner.errors import ConfigError
+from runner.exit_codes import ExitCode
 from runner.layout import LayoutError
 from runner.rundir import checkpoint_record
 from runner.rundir.identity import RunIdentity
 from runner.rundir.plan_record import PlanRecord
-from runner.train.preemption import EXIT_INTERRUPTED, Preempted
+from runner.train.preemption import Preempted
 
 register_configs()
 
@@ -90,7 +91,7 @@ def _refused(error: Exception, *, run_dir: Path, sweep_dir: Path | None, lead: b
         hydra_files.remove_refused_sweep_dir(sweep_dir)  # no cell of it ran: the sweep's too
     if not lead:  # its launcher would stop rank 0 at this exit, before rank 0 said why
         time.sleep(REFUSAL_WAIT_S)
-    sys.exit(2)
+    sys.exit(ExitCode.REFUSED)
 
 
 def _interrupted_before_launch(run_dir: Path, *, lead: bool) -> NoReturn:
@@ -98,7 +99,7 @@ def _interrupted_before_launch(run_dir: Path, *, lead: bool) -> NoReturn:
     print("\nladder: interrupted before any rank started; nothing trained", file=sys.stderr)
     if lead:
         hydra_files.put_back(run_dir)
-    sys.exit(130)  # 128 + SIGINT, the shell's convention
+    sys.exit(ExitCode.CTRL_C_AT_COMMAND)
 
 
 def _say_how_to_continue(stopped: Preempted, run_dir: Path) -> None:
@@ -132,9 +133,8 @@ def main(cfg: DictConfig) -> float | None:
         if isinstance(outcome, PlanRecord):
             if cfg.plan or cfg.planner.recommend:  # its verdict becomes the exit status, once Hydra is done
                 assert outcome.exit_code is not None  # plan=true's job records it
-                plan_exit.note(
-                    hydra_cfg.job.num if sweep_dir else None, hydra_cfg.overrides.task, outcome.exit_code
-                )
+                cell = hydra_cfg.job.num if sweep_dir else None
+                plan_exit.note(cell, hydra_cfg.overrides.task, ExitCode(outcome.exit_code))
             return None
         summary = outcome
     except (ConfigError, LayoutError) as error:
@@ -153,7 +153,7 @@ def main(cfg: DictConfig) -> float | None:
         print(f"ladder: run failed: {error}", file=sys.stderr)
         if sweep_dir is not None and launched is None:
             raise  # a cell of a sweep on this host: recorded as failed, and the next cell runs
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
     except Preempted as stopped:  # a rank of torchrun or srun, stopped at a signal after a checkpoint
         if launched is not None and launched.rank == 0 and launched.source == "torchrun":
             _say_how_to_continue(stopped, run_dir)
@@ -161,7 +161,7 @@ def main(cfg: DictConfig) -> float | None:
     except RunInterrupted as error:
         print(f"ladder: run stopped: {error}", file=sys.stderr)
         print(f"  continue with: {continue_command(sys.argv, run_dir, sweep_dir)}", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(ExitCode.STOPPED_RESUMABLE)
     finally:
         if lead and ran:  # this attempt ran: its config is the run's record
             hydra_files.attempt_ran(run_dir, sweep_dir)
@@ -192,7 +192,7 @@ def _refuse(problems: list[str]) -> NoReturn:
         print("ladder: refused before launch:", *(f"  - {p}" for p in problems), sep="\n", file=sys.stderr)
     else:
         time.sleep(REFUSAL_WAIT_S)
-    sys.exit(2)
+    sys.exit(ExitCode.REFUSED)
 
 
 def _before_hydra(argv: list[str]) -> None:
@@ -203,7 +203,7 @@ def _before_hydra(argv: list[str]) -> None:
         _refuse(problems)
     if "--help" in argv[1:] or "-h" in argv[1:]:
         print(help_text(command_overrides(argv[1:])))
-        sys.exit(0)
+        sys.exit(ExitCode.OK)
 
 
 def _agree_on_run_dir(argv: list[str]) -> None:
@@ -222,9 +222,9 @@ if __name__ == "__main__":
     try:
         main()
     except Preempted:  # stopped at SLURM's signal after a checkpoint (runner/train/preemption.py)
-        exit_now(EXIT_INTERRUPTED)
+        exit_now(ExitCode.STOPPED_RESUMABLE)
     if local_sweep.FAILED_CELLS:  # a sweep on this host ran every cell; some failed (named above)
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
     if (verdict := plan_exit.summary()) is not None:  # plans: 3 does not fit, 4 contract not met
         print(verdict, file=sys.stderr)
     if from_environment(os.environ) is not None:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config import TrainConfig
 from runner.model.hf_config import resolve_hf_model
+from runner.rundir.run_files import HYDRA_CONFIG_FILE, HYDRA_DIR
 
 
 def _unlock(node: Any) -> None:
@@ -83,7 +84,7 @@ def held_out_evaluated(config: TrainConfig) -> TrainConfig:
 def load_config(run_dir: Path) -> TrainConfig:
     """The typed config of a prepared run directory, from the composed config Hydra saved
     (``.hydra/config.yaml``): for tools that read a run afterwards (bench/bare_loop.py)."""
-    composed = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    composed = OmegaConf.load(run_dir / HYDRA_DIR / HYDRA_CONFIG_FILE)
     node = OmegaConf.merge(unlocked_node(TrainConfig), composed)
     assert isinstance(node, DictConfig)
     return to_train_config(node)

@@ -30,7 +30,8 @@ from launchers.hydra_files import (
 )
 from launchers.sweep_guard import refusal
 from runner.environment import from_environment
-from runner.rundir.summary import SUMMARY_FILE
+from runner.exit_codes import ExitCode
+from runner.rundir.run_files import SUMMARY_FILE
 from runner.train.preemption import requeued  # LADDER_RESUME or SLURM_RESTART_COUNT > 0
 
 
@@ -85,7 +86,7 @@ class ProtectRunDirs(Callback):
                 f"(or leave {key} unset for a fresh timestamped one)",
                 file=sys.stderr,
             )
-            sys.exit(2)
+            sys.exit(ExitCode.REFUSED)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Single run: check ``hydra.run.dir``."""
@@ -120,4 +121,4 @@ class GuardSweepBatch(Callback):
         )
         if message is not None:
             print(message, file=sys.stderr)
-            sys.exit(2)
+            sys.exit(ExitCode.REFUSED)

@@ -20,21 +20,27 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from runner.rundir.metrics_file import METRICS_FILE
-from runner.rundir.run_files import DEEPSPEED_CONFIG_FILE
+from runner.rundir.run_files import (
+    DEEPSPEED_CONFIG_FILE,
+    EARLIER_ATTEMPTS_DIR,
+    FAILURE_FILES,
+    HYDRA_DIR,
+    HYDRA_RUN_FILES,
+    METRICS_FILE,
+    MULTIRUN_FILE,
+    PROFILE_DIR,
+    SET_ASIDE_DIR,
+    SUMMARY_FILE,
+)
 
-HYDRA_DIR = ".hydra"
-EARLIER_ATTEMPTS = "earlier_attempts"  # keep_earlier_attempt below
-ASIDE = ".before-this-attempt"
-RUN_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # in <run dir>/.hydra/
-SWEEP_FILES = ("multirun.yaml",)  # in the sweep directory
+SWEEP_FILES = (MULTIRUN_FILE,)  # in the sweep directory
 
 
 def _set_aside(folder: Path, names: tuple[str, ...]) -> None:
     files = [folder / name for name in names if (folder / name).is_file()]
     if not files:
         return
-    aside = folder / ASIDE
+    aside = folder / SET_ASIDE_DIR
     shutil.rmtree(aside, ignore_errors=True)
     aside.mkdir()
     for path in files:
@@ -42,7 +48,7 @@ def _set_aside(folder: Path, names: tuple[str, ...]) -> None:
 
 
 def _put_back(folder: Path, names: tuple[str, ...]) -> bool:
-    aside = folder / ASIDE
+    aside = folder / SET_ASIDE_DIR
     if not aside.is_dir():
         return False
     for name in names:
@@ -56,17 +62,17 @@ def _put_back(folder: Path, names: tuple[str, ...]) -> bool:
 
 def set_aside(run_dir: Path) -> None:
     """Copy the run's current ``.hydra/*.yaml`` aside, before Hydra writes this attempt's."""
-    _set_aside(run_dir / HYDRA_DIR, RUN_FILES)
+    _set_aside(run_dir / HYDRA_DIR, HYDRA_RUN_FILES)
 
 
 def put_back(run_dir: Path) -> bool:
     """Restore the files set aside (this attempt was refused). True if there were any."""
-    return _put_back(run_dir / HYDRA_DIR, RUN_FILES)
+    return _put_back(run_dir / HYDRA_DIR, HYDRA_RUN_FILES)
 
 
 def drop_copy(run_dir: Path) -> None:
     """This attempt ran: its ``.hydra/`` files are the run's record now."""
-    shutil.rmtree(run_dir / HYDRA_DIR / ASIDE, ignore_errors=True)
+    shutil.rmtree(run_dir / HYDRA_DIR / SET_ASIDE_DIR, ignore_errors=True)
 
 
 def _cells(sweep_dir: Path) -> list[Path]:
@@ -75,7 +81,7 @@ def _cells(sweep_dir: Path) -> list[Path]:
     return sorted(
         hydra.parent
         for hydra in sweep_dir.rglob(HYDRA_DIR)
-        if hydra.is_dir() and EARLIER_ATTEMPTS not in hydra.relative_to(sweep_dir).parts
+        if hydra.is_dir() and EARLIER_ATTEMPTS_DIR not in hydra.relative_to(sweep_dir).parts
     )
 
 
@@ -90,7 +96,7 @@ def attempt_ran(run_dir: Path, sweep_dir: Path | None) -> None:
     """This attempt (a run, or a cell of ``sweep_dir``) ran: drop its copies, and the sweep's."""
     drop_copy(run_dir)
     if sweep_dir is not None:
-        shutil.rmtree(sweep_dir / ASIDE, ignore_errors=True)
+        shutil.rmtree(sweep_dir / SET_ASIDE_DIR, ignore_errors=True)
 
 
 def put_back_sweep(sweep_dir: Path) -> None:
@@ -173,7 +179,7 @@ def remove_refused_run_dir(run_dir: Path) -> bool:
     top = _made_here(run_dir)
     if top is None or not run_dir.is_dir():
         return False
-    for name in RUN_FILES:
+    for name in HYDRA_RUN_FILES:
         (run_dir / HYDRA_DIR / name).unlink(missing_ok=True)
     for log in run_dir.glob("*.log"):  # Hydra's job log (train.log), of this refused run only
         log.unlink()
@@ -194,7 +200,7 @@ def _remove_if_empty(folder: Path) -> bool:
 
 # What an attempt leaves in its run directory, besides checkpoints (none, when it starts
 # over), Hydra's train.log (appended to) and wandb/ (one folder per wandb run).
-ATTEMPT_FILES = (METRICS_FILE, "summary.json", DEEPSPEED_CONFIG_FILE, "profile")
+ATTEMPT_FILES = (METRICS_FILE, SUMMARY_FILE, DEEPSPEED_CONFIG_FILE, PROFILE_DIR)
 
 
 def keep_earlier_attempt(run_dir: Path) -> Path | None:
@@ -207,16 +213,16 @@ def keep_earlier_attempt(run_dir: Path) -> Path | None:
     folder, or None when there was nothing to keep.
     """
     found = [run_dir / name for name in ATTEMPT_FILES if (run_dir / name).exists()]
-    found += sorted(run_dir.glob("failure_rank*.json"))
+    found += sorted(run_dir.glob(FAILURE_FILES))
     if not found:
         return None
-    earlier = run_dir / EARLIER_ATTEMPTS
+    earlier = run_dir / EARLIER_ATTEMPTS_DIR
     number = 1 + sum(1 for path in earlier.iterdir() if path.is_dir()) if earlier.is_dir() else 1
     folder = earlier / str(number)
     folder.mkdir(parents=True)
     for path in found:
         path.rename(folder / path.name)
-    hydra = run_dir / HYDRA_DIR / ASIDE
+    hydra = run_dir / HYDRA_DIR / SET_ASIDE_DIR
     if hydra.is_dir():
         shutil.copytree(hydra, folder / HYDRA_DIR)
     return folder

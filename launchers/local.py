@@ -9,7 +9,7 @@ that a dead rank will not join.
 
 Stopping a run: at SIGINT (Ctrl-C, which the terminal sends the ranks too), SIGTERM or
 SIGHUP this process passes the signal on to the ranks (SIGHUP as SIGTERM), which finish their
-step, save a checkpoint together and exit 75 (runner/train/preemption.py); ``train.resume=auto`` continues
+step, save a checkpoint together and exit 75 (runner/exit_codes.py); ``train.resume=auto`` continues
 the run from there. A second signal kills the ranks at once. Should this process die
 regardless, the kernel sends each rank SIGTERM (launchers/worker.py), so no rank trains on
 alone.
@@ -32,11 +32,11 @@ from typing import Any
 
 from launchers.worker import LAUNCHER_PID_ENV
 from runner.environment import DistributedEnv
+from runner.exit_codes import ExitCode
 from runner.hardware.cuda_devices import cuda_available
 from runner.hardware.host_allocator import rank_allocator
 from runner.rundir.identity import RunIdentity
 from runner.train.context import RankJob
-from runner.train.preemption import EXIT_INTERRUPTED
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish on their own
@@ -44,6 +44,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # The signal the ranks get for each: they stop alike at SIGINT and SIGTERM and say which they got
 # (runner/train/preemption.py), so a SIGINT stays one; SIGHUP, which they do not take, is SIGTERM.
 PASSED_ON = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGTERM}
+# A rank's exit codes that are no failure: it trained every step, or it stopped at a signal.
+NOT_FAILED = (ExitCode.OK, ExitCode.STOPPED_RESUMABLE)
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ def launch_local(*, job: RankJob, run_dir: Path, identity: RunIdentity) -> Launc
 def _watch(procs: list[subprocess.Popen[bytes]], stops: StopRequests) -> LaunchResult:
     """Wait for the ranks: stop the rest when one fails, pass a stop signal on, kill at a second."""
     failed_rank: int | None = None
-    returncode = 0
+    returncode: int = ExitCode.OK
     passed_on = 0
     while any(proc.poll() is None for proc in procs):
         if len(stops.received) > passed_on:
@@ -188,7 +190,7 @@ def _watch(procs: list[subprocess.Popen[bytes]], stops: StopRequests) -> LaunchR
                 )
             passed_on = len(stops.received)
         ended = [(rank, proc.poll()) for rank, proc in enumerate(procs)]
-        failed = [(rank, code) for rank, code in ended if code not in (None, 0, EXIT_INTERRUPTED)]
+        failed = [(rank, code) for rank, code in ended if code not in (None, *NOT_FAILED)]
         # Of ranks found dead at once, one killed by a signal went first: the others' errors at
         # their next collective (gloo's "Connection closed by peer") follow from its death.
         failed.sort(key=lambda ended_rank: (ended_rank[1] or 0) >= 0)
@@ -203,7 +205,7 @@ def _watch(procs: list[subprocess.Popen[bytes]], stops: StopRequests) -> LaunchR
         time.sleep(0.1)
     if failed_rank is None:
         for rank, proc in enumerate(procs):
-            if proc.returncode not in (0, EXIT_INTERRUPTED):
+            if proc.returncode not in NOT_FAILED:
                 failed_rank, returncode = rank, proc.returncode
                 break
     stopped_by = stops.received[0] if stops.received else None

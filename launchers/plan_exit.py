@@ -10,30 +10,30 @@ names those cells.
 
 from __future__ import annotations
 
-from launchers.plan_job import EXIT_CONTRACT_NOT_MET, EXIT_DOES_NOT_FIT, EXIT_FITS
+from runner.exit_codes import ExitCode
 
 # What a status says of one plan, and of several.
 WORDS = {
-    EXIT_DOES_NOT_FIT: ("does not fit", "do not fit"),
-    EXIT_CONTRACT_NOT_MET: (
+    ExitCode.PLAN_DOES_NOT_FIT: ("does not fit", "do not fit"),
+    ExitCode.PLAN_CONTRACT_NOT_MET: (
         "holds the batch contract only at another global batch",
         "hold the batch contract only at another global batch",
     ),
 }
 
 # (the sweep's cell number or None, its overrides, its plan's exit status), in planning order.
-PLANNED: list[tuple[int | None, list[str], int]] = []
+PLANNED: list[tuple[int | None, list[str], ExitCode]] = []
 
 
-def note(cell: int | None, overrides: list[str], code: int) -> None:
+def note(cell: int | None, overrides: list[str], code: ExitCode) -> None:
     """Record one plan's status: a sweep's cell ``cell`` (None: a single run) with its overrides."""
     PLANNED.append((cell, list(overrides), code))
 
 
-def exit_code() -> int:
+def exit_code() -> ExitCode:
     """The command's status: the plan's, or a sweep's worst (3 before 4); 0 when nothing was planned."""
     codes = {code for _, _, code in PLANNED}
-    return next((code for code in WORDS if code in codes), EXIT_FITS)
+    return next((code for code in WORDS if code in codes), ExitCode.OK)
 
 
 def _labels() -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from runner.checkpoint.size import DiskNeed, disk_need, disk_problem
 from runner.config import TrainConfig
+from runner.exit_codes import ExitCode
 from runner.plan.ladder import Ladder, recommend, recommendation_record
 from runner.plan.max_seq import longest_sequences, max_seq_lines
 from runner.plan.planner import Plan, ResumePlan, plan_config
@@ -25,13 +26,7 @@ from runner.rundir.plan_record import PlanRecord, write_plan
 log = logging.getLogger("ladder")
 
 
-# plan=true's exit statuses (2 stays every refusal's: the plan could not be made).
-EXIT_FITS = 0  # it fits (device, host, the checkpoints a run weighs) and holds the batch contract
-EXIT_DOES_NOT_FIT = 3
-EXIT_CONTRACT_NOT_MET = 4  # it fits, but only at a global batch other than the one asked for
-
-
-def plan_exit_code(plan: Plan, disk_refused: bool, ladder: Ladder | None = None) -> int:
+def plan_exit_code(plan: Plan, disk_refused: bool, ladder: Ladder | None = None) -> ExitCode:
     """The plan's verdict as an exit status: 3 when the layout does not fit (device memory, host
     memory, or checkpoints that a run would be refused for on a filesystem the plan can see:
     ``disk_refused``), else 4 when it holds the batch contract only at another global batch,
@@ -39,13 +34,13 @@ def plan_exit_code(plan: Plan, disk_refused: bool, ladder: Ladder | None = None)
     (its command is printed), 4 when no rung could hold the batch contract, else 3."""
     if ladder is not None:
         if ladder.winner is not None:
-            return EXIT_FITS
+            return ExitCode.OK
         if all(rung.plan.contract_error is not None for rung in ladder.rungs):
-            return EXIT_CONTRACT_NOT_MET
-        return EXIT_DOES_NOT_FIT
+            return ExitCode.PLAN_CONTRACT_NOT_MET
+        return ExitCode.PLAN_DOES_NOT_FIT
     if not (plan.fits and plan.host.fits) or disk_refused:
-        return EXIT_DOES_NOT_FIT
-    return EXIT_CONTRACT_NOT_MET if plan.contract_error is not None else EXIT_FITS
+        return ExitCode.PLAN_DOES_NOT_FIT
+    return ExitCode.PLAN_CONTRACT_NOT_MET if plan.contract_error is not None else ExitCode.OK
 
 
 def unseen_filesystem_line(need: DiskNeed, config: TrainConfig) -> str:
@@ -135,9 +130,6 @@ def plan_job(
 
 
 __all__ = [
-    "EXIT_CONTRACT_NOT_MET",
-    "EXIT_DOES_NOT_FIT",
-    "EXIT_FITS",
     "plan_exit_code",
     "plan_job",
 ]

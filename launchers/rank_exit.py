@@ -14,9 +14,9 @@ from launchers.prelaunch import launch_plan
 from runner.config import TrainConfig
 from runner.diagnose import oom_killer, out_of_memory
 from runner.rundir import checkpoint_record
-from runner.rundir.outcome import INTERRUPTED, record_interrupted
+from runner.rundir.outcome import record_interrupted
 from runner.rundir.run_files import read_failures
-from runner.rundir.summary import run_summary
+from runner.rundir.summary import RunStatus, run_summary
 
 log = logging.getLogger("ladder")
 
@@ -63,7 +63,7 @@ def interruption_words(run_dir: Path, stopped_by: str | None, *, killed: bool) -
     marked interrupted here, with the newest checkpoint a resume would load.
     """
     summary = run_summary(run_dir)
-    if summary.status == INTERRUPTED:  # rank 0 wrote it after the checkpoint
+    if summary.status == RunStatus.interrupted:  # rank 0 wrote it after the checkpoint
         return str(summary.error)
     latest = checkpoint_record.latest(run_dir)
     how = f"killed at a second {stopped_by}" if killed else f"stopped by {stopped_by}"

@@ -27,7 +27,8 @@ from runner.plan.planner import ResumePlan, layout_for_config
 from runner.rundir import checkpoint_record
 from runner.rundir.disk_room import folder_bytes
 from runner.rundir.metrics_file import metrics_path, truncate_metrics
-from runner.rundir.summary import run_summary
+from runner.rundir.run_files import CHECKPOINT_DIR
+from runner.rundir.summary import RunStatus, run_summary
 from runner.train.preemption import resumes
 
 log = logging.getLogger("ladder")
@@ -52,7 +53,7 @@ def finished_already(config: TrainConfig, run_dir: Path) -> str | None:
         "keeping this attempt under earlier_attempts/"
     )
     done = summary.steps_completed or 0
-    if summary.status == "completed" and done >= steps:
+    if summary.status == RunStatus.completed and done >= steps:
         return f"the run completed {done} steps already (train.steps={steps}): nothing to train; {more}"
     if record is not None and record["completed_steps"] >= steps:
         return (
@@ -80,8 +81,8 @@ def runs_near(run_dir: Path) -> list[Path]:
     held = {
         folder.parent
         for pattern in (
-            f"*/*/{checkpoint_record.CHECKPOINT_DIR}",
-            f"*/*/*/{checkpoint_record.CHECKPOINT_DIR}",
+            f"*/*/{CHECKPOINT_DIR}",
+            f"*/*/*/{CHECKPOINT_DIR}",
         )
         for folder in root.glob(pattern)
     }
@@ -154,7 +155,7 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
             log.info("converting %s for the new layout", record["tag"])
             try:
                 conversion = _measured(
-                    run_dir / checkpoint_record.CHECKPOINT_DIR,
+                    run_dir / CHECKPOINT_DIR,
                     functools.partial(
                         universal_conversion.convert_for,
                         run_dir,
@@ -218,7 +219,7 @@ def _disk_need(
         config,
         run_dir,
         done_steps=record["completed_steps"] if record else 0,
-        on_disk=len(checkpoint_record.complete_checkpoints(run_dir / checkpoint_record.CHECKPOINT_DIR)),
+        on_disk=len(checkpoint_record.complete_checkpoints(run_dir / CHECKPOINT_DIR)),
         conversion=conversion,
     )
     return need, record
@@ -262,5 +263,5 @@ def resume_plan(config: TrainConfig, run_dir: Path) -> ResumePlan | None:
             )
         except ValueError as error:
             refusal = str(error)
-    saved = folder_bytes(run_dir / checkpoint_record.CHECKPOINT_DIR / record["tag"])
+    saved = folder_bytes(run_dir / CHECKPOINT_DIR / record["tag"])
     return ResumePlan(need, record, saved_bytes=saved, refusal=refusal)

@@ -34,6 +34,7 @@ from runner.data.token_file import token_source_words
 from runner.diagnose import oom_killer
 from runner.environment import DistributedEnv, from_environment
 from runner.errors import ConfigError
+from runner.exit_codes import ExitCode
 from runner.hardware import calibration_seconds
 from runner.layout import Layout
 from runner.metrics.wall_clock import BeforeRanks, process_start
@@ -42,17 +43,10 @@ from runner.preflight.build_locks import clear_stale_build_locks
 from runner.preflight.validate import named_device_problems, validate
 from runner.rundir import disk_room
 from runner.rundir.identity import RunIdentity
-from runner.rundir.outcome import (
-    COMPLETED,
-    FAILED,
-    INTERRUPTED,
-    record_failed,
-    record_rank_cause,
-    record_rank_failure,
-)
+from runner.rundir.outcome import record_failed, record_rank_cause, record_rank_failure
 from runner.rundir.plan_record import PlanRecord
-from runner.rundir.run_files import read_failures, with_notes, write_deepspeed_config
-from runner.rundir.summary import SUMMARY_FILE, RunSummary, parse_summary, run_summary
+from runner.rundir.run_files import SUMMARY_FILE, read_failures, with_notes, write_deepspeed_config
+from runner.rundir.summary import RunStatus, RunSummary, parse_summary, run_summary
 from runner.train.context import RankJob
 from runner.train.preemption import Preempted
 
@@ -79,10 +73,10 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> RunSummary
     config = job.config
     oom_counts = oom_killer.read_counts()  # the kernel's, before the ranks start
     result = launch_local(job=job, run_dir=run_dir, identity=identity)
-    if result.failed_rank is None and run_summary(run_dir).status == COMPLETED:
+    if result.failed_rank is None and run_summary(run_dir).status == RunStatus.completed:
         return run_summary(run_dir)  # every step done: a stop signal came during the last one
     if result.stopped_by is not None or (
-        result.failed_rank is None and run_summary(run_dir).status == INTERRUPTED
+        result.failed_rank is None and run_summary(run_dir).status == RunStatus.interrupted
     ):
         raise RunInterrupted(interruption_words(run_dir, result.stopped_by, killed=result.killed))
     if result.failed_rank is None:
@@ -91,7 +85,8 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> RunSummary
     warned = run_summary(run_dir).plan_warnings or []
     evidence = kill_evidence(result, oom_counts, config, run_dir)
     words = rank_exit_words(result.returncode, plan_warnings=warned, **evidence)
-    if result.returncode == 1:  # ladder's own exit: its record could not be written (its output says why)
+    # ladder's own exit (launchers/worker.py): its record could not be written (its output says why)
+    if result.returncode == ExitCode.FAILED:
         words += " (it could not record why; its output above says)"
     rank, cause = (result.failed_rank, words)
     recorded = run_summary(run_dir)
@@ -99,7 +94,7 @@ def _run_local(job: RankJob, run_dir: Path, identity: RunIdentity) -> RunSummary
         cause += f"; then rank {failures[0]['rank']} failed: {first_words(str(failures[0]['error']))}"
     elif failures:
         rank, cause = failures[0]["rank"], str(failures[0]["error"])
-    elif recorded.status == FAILED and recorded.error:
+    elif recorded.status == RunStatus.failed and recorded.error:
         # No failure record (a full disk): rank 0's summary, written over its old bytes, says why.
         rank, cause = 0, recorded.error
     try:

@@ -57,6 +57,7 @@ from launchers.slurm_watch import cancel, collect, wait
 from runner.checkpoint.size import disk_need, disk_problem, sweep_disk_problem
 from runner.config import HostAllocator, Resume, TrainConfig
 from runner.errors import ConfigError
+from runner.exit_codes import ExitCode
 from runner.layout import LayoutError
 from runner.preflight.validate import batch_contract_problems, validate
 from runner.preflight.wandb_credentials import credentials_problems
@@ -217,7 +218,7 @@ def launch_sweep(
             never = wait(jobs)
     except KeyboardInterrupt:  # Ctrl-C stops this process watching; the jobs queued are SLURM's now
         print(stopped_watching(sweep_dir, [job.job_id for job in jobs.values()]), file=sys.stderr, flush=True)
-        sys.exit(130)  # 128 + SIGINT, the shell's convention
+        sys.exit(ExitCode.CTRL_C_AT_COMMAND)
     return collect(cells, jobs, never)
 
 

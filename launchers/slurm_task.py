@@ -27,7 +27,8 @@ from omegaconf import open_dict
 
 from launchers.worker import exit_now
 from runner.diagnose.peer_loss import is_peer_lost
-from runner.train.preemption import EXIT_INTERRUPTED, Preempted
+from runner.exit_codes import ExitCode
+from runner.train.preemption import Preempted
 
 
 class TaskExited(RuntimeError):
@@ -65,10 +66,10 @@ def run_task(
     except Preempted:
         # Stopped at SLURM's signal after a checkpoint, the job requeued or ending: no result,
         # or the launching process would take it for the cell's (runner/train/preemption.py).
-        exit_now(EXIT_INTERRUPTED)
+        exit_now(ExitCode.STOPPED_RESUMABLE)
         raise  # not reached
     except SystemExit as exit_:
-        if exit_.code in (0, None):
+        if exit_.code in (ExitCode.OK, None):
             raise
         raise TaskExited(
             f"rank {rank}: train.py exited with code {exit_.code}; its reason is in this task's stderr"
@@ -80,10 +81,10 @@ def run_task(
             _ = ret.return_value
         except Exception as error:
             if is_peer_lost(error):  # another rank, or its node, is gone: no result (see above)
-                exit_now(1)
+                exit_now(ExitCode.FAILED)
             raise
     # submitit writes the result after this returns; then leave before interpreter teardown,
     # whose gloo / DeepSpeed destructors abort now and then (launchers/worker.py exit_now)
     # and would make srun kill the ranks still writing theirs.
-    atexit.register(exit_now, 0)
+    atexit.register(exit_now, ExitCode.OK)
     return ret

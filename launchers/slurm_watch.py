@@ -20,8 +20,8 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 
 from launchers.slurm_submission import Cell
-from runner.rundir.outcome import FAILED, record_failed_if_running
-from runner.rundir.summary import run_summary
+from runner.rundir.outcome import record_failed_if_running
+from runner.rundir.summary import RunStatus, run_summary
 
 log = logging.getLogger("ladder.slurm")
 POLL_S = 1.0  # result files are checked this often (submitit's Job.wait does the same)
@@ -139,7 +139,7 @@ def _recorded_error(cell: Cell) -> str | None:
     memory one with where and the plan's terms, runner/diagnose/out_of_memory.py), or None."""
 
     recorded = run_summary(cell.run_dir)
-    error = recorded.error if recorded.status == FAILED else None
+    error = recorded.error if recorded.status == RunStatus.failed else None
     return error or None
 
 

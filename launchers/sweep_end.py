@@ -18,6 +18,7 @@ from rich.text import Text
 from runner.report.collect import ReportInputError, collect
 from runner.report.rows import Row, build_rows
 from runner.report.terminal import noisy_cells, output_console, rows_table
+from runner.rundir.summary import RunStatus
 
 SWEEP_HEADERS = (
     "cell",
@@ -50,7 +51,7 @@ def print_sweep_end(sweep_dir: Path, *, console: Console | None = None) -> None:
     rows = sweep_rows(sweep_dir)
     launched = [r for r in rows if r.status != "planned"]  # a sweep of plans printed each plan
     if launched:
-        done = sum(r.status == "completed" for r in rows)
+        done = sum(r.status == RunStatus.completed for r in rows)
         # The directory on a line of its own: as the table's title it would wrap at the table's width.
         console.print(
             Text(f"sweep {sweep_dir}: {done} of {len(rows)} cells completed", style="bold"), soft_wrap=True

@@ -4,7 +4,8 @@ It reads what the launching process decided from its standard input (launchers/l
 pickles the :class:`~runner.train.context.RankJob`: the typed config, its layout and
 DeepSpeed's config), so every rank runs exactly that, with no config composed again.
 A rank that fails leaves ``failure_rank<N>.json`` with its error for the launcher; one
-stopped by a signal after its checkpoint (runner/train/preemption.py) exits 75 and leaves none.
+stopped by a signal after its checkpoint (runner/train/preemption.py) exits 75
+(``ExitCode.STOPPED_RESUMABLE``) and leaves none.
 If the launching process dies, the kernel sends the rank SIGTERM (Linux's parent-death
 signal), so a rank never trains on alone: it stops after its step, as at Ctrl-C.
 """
@@ -22,10 +23,12 @@ import traceback
 from pathlib import Path
 
 from runner.environment import from_environment
+from runner.exit_codes import ExitCode
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import record_rank_failure
+from runner.rundir.run_files import TRAIN_LOG
 from runner.train.context import RankJob
-from runner.train.preemption import EXIT_INTERRUPTED, Preempted
+from runner.train.preemption import Preempted
 
 LAUNCHER_PID_ENV = "LADDER_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -53,7 +56,7 @@ def log_like_the_launcher(run_dir: Path, rank: int) -> None:
     formatter = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if rank == 0:
-        handlers.append(logging.FileHandler(run_dir / "train.log"))  # appends, as Hydra's handler does
+        handlers.append(logging.FileHandler(run_dir / TRAIN_LOG))  # appends, as Hydra's handler does
     root = logging.getLogger()
     root.setLevel(logging.WARNING)
     for handler in handlers:
@@ -62,18 +65,18 @@ def log_like_the_launcher(run_dir: Path, rank: int) -> None:
     logging.getLogger("ladder").setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> ExitCode:
     """Run this process's rank; exit non-zero on failure."""
     run_dir = Path(argv[1])
     env = from_environment(os.environ)
     if env is None:
         print("launchers.worker needs RANK and WORLD_SIZE (it is started by the local launcher)")
-        return 2
+        return ExitCode.REFUSED
     env = dataclasses.replace(env, source="local")  # its variables look like torchrun's
     log_like_the_launcher(run_dir, env.rank)
     if not tie_to_launcher(os.environ):
         print(f"rank {env.rank}: its launcher exited before the rank started; not starting")
-        return EXIT_INTERRUPTED
+        return ExitCode.STOPPED_RESUMABLE
     try:
         job = pickle.load(sys.stdin.buffer)  # from the launching process, which wrote it: trusted
         if not isinstance(job, RankJob):
@@ -83,9 +86,9 @@ def main(argv: list[str]) -> int:
 
         run_rank(job, run_dir=run_dir, env=env, identity=RunIdentity.from_env(run_dir))
     except Preempted:  # every rank saved a checkpoint after the same step and stops: not a failure
-        return EXIT_INTERRUPTED
+        return ExitCode.STOPPED_RESUMABLE
     except KeyboardInterrupt:  # Ctrl-C before the rank watched for it (importing torch): nothing to save
-        return EXIT_INTERRUPTED
+        return ExitCode.STOPPED_RESUMABLE
     except BaseException as error:
         trace = traceback.format_exc()
         try:
@@ -93,11 +96,11 @@ def main(argv: list[str]) -> int:
         except OSError as unwritten:  # a full disk: the record fails as the run did
             print(f"ladder: rank {env.rank} could not record its failure: {unwritten}", file=sys.stderr)
         print(trace, file=sys.stderr, end="")
-        return 1
-    return 0
+        return ExitCode.FAILED
+    return ExitCode.OK
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: ExitCode) -> None:
     """Flush and leave without interpreter teardown.
 
     Every file is written and the process group destroyed by then; what is left are

@@ -17,13 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-EXIT_USAGE = 2  # bad input: a missing path, a path with no run in it (argparse uses 2 too)
-# A `ladder` command stopped by Ctrl-C: 128 + SIGINT, as a shell reports it. (A training rank
-# that stops at a signal after its checkpoint exits runner/train/preemption.py's EXIT_INTERRUPTED.)
-EXIT_CTRL_C = 130
+from runner.exit_codes import ExitCode
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace) -> ExitCode:
 
     # Deferred: the report's tables load only where they are printed (start-up time).
     from runner.report.collect import ReportInputError, collect
@@ -35,12 +32,12 @@ def _report(args: argparse.Namespace) -> int:
 
     if args.html is not None and not args.html.parent.is_dir():
         print(f"ladder report: no such directory for --html: {args.html.parent}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.REFUSED
     try:
         cells = collect(args.paths)
     except ReportInputError as error:
         print(f"ladder report: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.REFUSED
     for cell in cells:  # one malformed summary does not hide the other cells
         if cell.summary_error is not None:
             print(
@@ -59,10 +56,10 @@ def _report(args: argparse.Namespace) -> int:
     if args.html is not None:
         write_html(args.html, render_html(cells, rows, agreements, sources=sources))
         print(f"ladder report: wrote {args.html} ({len(rows)} cells)", file=sys.stderr)
-    return 0
+    return ExitCode.OK
 
 
-def _export(args: argparse.Namespace) -> int:
+def _export(args: argparse.Namespace) -> ExitCode:
     # Deferred: the hardware probes load only for the subcommand that needs them (start-up time).
     from runner.hardware.cuda_devices import select_accelerator
 
@@ -84,7 +81,7 @@ def _export(args: argparse.Namespace) -> int:
         )
     except ExportError as error:
         print(f"ladder export: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.REFUSED
     print(
         f"ladder export: wrote {result.out_dir} from {result.tag}: {result.tensors} tensors in "
         f"{result.shards} shard(s), the largest shard {result.largest_shard_bytes / 1e9:.3f} GB, the "
@@ -97,7 +94,7 @@ def _export(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    return 0
+    return ExitCode.OK
 
 
 def _byte_size(text: str) -> int:
@@ -112,7 +109,7 @@ def _byte_size(text: str) -> int:
     return value
 
 
-def _tokenize(args: argparse.Namespace) -> int:
+def _tokenize(args: argparse.Namespace) -> ExitCode:
 
     # Deferred: rich's progress and the document readers load only for this command.
     from rich.console import Console
@@ -130,7 +127,7 @@ def _tokenize(args: argparse.Namespace) -> int:
     problems = [problem for problem in problems if problem]
     if problems:
         print("\n".join(f"{PREFIX}: {problem}" for problem in problems), file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.REFUSED
     console = Console(stderr=True)
     total = sum(path.stat().st_size for path in args.inputs)
     try:
@@ -146,12 +143,12 @@ def _tokenize(args: argparse.Namespace) -> int:
             )
     except ValueError as error:  # a document or tokenizer the checks above could not see
         print(f"{PREFIX}: {error}; nothing written to {args.out}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.REFUSED
     except KeyboardInterrupt:
         print(f"{PREFIX}: interrupted; nothing written to {args.out}", file=sys.stderr)
-        return EXIT_CTRL_C
+        return ExitCode.CTRL_C_AT_COMMAND
     print("\n".join(result_lines(result, str(args.tokenizer), args.workers)))
-    return 0
+    return ExitCode.OK
 
 
 def _at_least_one(text: str) -> int:

@@ -28,6 +28,7 @@ class LadderLocalLauncher(BasicLauncher):
         from launchers.hydra_files import put_back_sweep, remove_refused_sweep_dir
         from launchers.local_sweep import cells_refusal, name_failed_cells
         from launchers.sweep_end import print_sweep_end
+        from runner.exit_codes import ExitCode
 
         assert self.config is not None  # Hydra calls setup() before launch()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -36,7 +37,7 @@ class LadderLocalLauncher(BasicLauncher):
             print(f"ladder: refused before launch; {refusal}", file=sys.stderr)
             put_back_sweep(sweep_dir)  # a resumed sweep's files
             remove_refused_sweep_dir(sweep_dir)  # a new sweep's directory, made for nothing
-            sys.exit(2)
+            sys.exit(ExitCode.REFUSED)
         results = super().launch(job_overrides, initial_job_idx)
         named = name_failed_cells(results, job_overrides, initial_job_idx, sweep_dir)
         print_sweep_end(sweep_dir)  # the cells in one table, and the command that compares them

@@ -29,6 +29,7 @@ class LadderSlurmLauncher(SlurmLauncher):
         from launchers.slurm import launch_sweep
         from launchers.slurm_resources import SlurmRefused
         from launchers.sweep_end import print_sweep_end
+        from runner.exit_codes import ExitCode
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         try:
@@ -37,7 +38,7 @@ class LadderSlurmLauncher(SlurmLauncher):
             print(f"ladder: refused before launch on SLURM; {error}", file=sys.stderr)
             put_back_sweep(sweep_dir)  # a resumed sweep's files
             remove_refused_sweep_dir(sweep_dir)  # a new sweep's directory, made for nothing
-            sys.exit(2)
+            sys.exit(ExitCode.REFUSED)
         print_sweep_end(sweep_dir)  # every cell has ended: the cells in one table, and how to compare them
         return results
 

@@ -54,9 +54,11 @@ from runner.data.tokenizer_dir import (
     tokenizer_sha256,
 )
 from runner.errors import ConfigError
+from runner.exit_codes import ExitCode
 from runner.model.hf_config import hf_config_from_model, resolve_hf_model
 from runner.model.hf_names import hf_shapes
-from runner.rundir.checkpoint_record import CHECKPOINT_DIR, UNIVERSAL_SUFFIX, latest, tag_for
+from runner.rundir.checkpoint_record import UNIVERSAL_SUFFIX, latest, tag_for
+from runner.rundir.run_files import CHECKPOINT_DIR, HYDRA_CONFIG_FILE, HYDRA_DIR
 from runner.rundir.summary import run_summary
 
 CONFIG_FILE = "config.json"
@@ -86,7 +88,7 @@ class ExportResult:
 
 def model_config(run_dir: Path) -> ModelConfig:
     """The run's model, from the composed config Hydra saved (``.hydra/config.yaml``)."""
-    path = run_dir / ".hydra" / "config.yaml"
+    path = run_dir / HYDRA_DIR / HYDRA_CONFIG_FILE
     if not path.is_file():
         raise ExportError(f"{run_dir}: no .hydra/config.yaml; is it a ladder run directory?")
     saved = yaml.safe_load(path.read_text()).get("model") or {}
@@ -187,7 +189,7 @@ def _convert_in_child(run_dir: Path, record: dict[str, Any]) -> tuple[str, int]:
         capture_output=True,
         text=True,
     )
-    if done.returncode != 0:
+    if done.returncode != ExitCode.OK:
         last = (done.stderr.strip().splitlines() or ["(it printed nothing)"])[-1]
         # The child's refusal names this command already; the CLI puts it in front once.
         last = last.removeprefix(f"{universal_conversion.EXPORT}: ")
@@ -377,7 +379,7 @@ def _convert_main(argv: list[str]) -> None:
         universal_conversion.universal_copy(args.run_dir, json.loads(args.record), model_config(args.run_dir))
     except ValueError as error:  # a refusal: its words alone, as the parent's last line of stderr
         print(error, file=sys.stderr)
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch
 from runner.checkpoint import stage0_tp as checkpoint_stage0_tp
 from runner.engine.fixes import bf16_stage0_optimizer_load, stage3_universal_groups
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
-from runner.rundir.checkpoint_record import CHECKPOINT_DIR
+from runner.rundir.run_files import CHECKPOINT_DIR
 
 
 def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:

@@ -33,16 +33,15 @@ from runner.config import Precision, ZeroStage
 from runner.engine.distributed import barrier
 from runner.layout import Layout
 from runner.rundir import disk_room
+from runner.rundir.atomic_json import write_json_atomic
 from runner.rundir.checkpoint_record import (
-    CHECKPOINT_DIR,
-    LATEST_FILE,
     PARTIAL_PREFIX,
     STAGE_SPLITS,
     UNIVERSAL_SUFFIX,
     complete_checkpoints,
     tag_for,
 )
-from runner.rundir.summary import write_json_atomic
+from runner.rundir.run_files import CHECKPOINT_DIR, LATEST_FILE
 
 DEEPSPEED_LATEST = "latest"  # DeepSpeed's pointer file: the newest tag, for its own tools
 

@@ -36,8 +36,9 @@ from runner.checkpoint.universal_every_stage import loadable_at_every_stage
 from runner.config import ModelConfig, OptimizerName, Precision, ZeroStage
 from runner.layout import Layout
 from runner.parallel import pipeline_names
-from runner.rundir.checkpoint_record import CHECKPOINT_DIR, PARTIAL_PREFIX, UNIVERSAL_SUFFIX, own_layout
+from runner.rundir.checkpoint_record import PARTIAL_PREFIX, UNIVERSAL_SUFFIX, own_layout
 from runner.rundir.disk_room import folder_bytes
+from runner.rundir.run_files import CHECKPOINT_DIR
 
 
 def conversion(

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from runner.config import ClusterConfig, Precision
 from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.peak_flops import calibrate_cpu_rounds, peak_flops_for_cuda_device, torch_dtype
-from runner.rundir.summary import write_json_atomic
+from runner.rundir.atomic_json import write_json_atomic
 
 # Where a peak came from: cluster.peak_tflops, the cluster group's figure for the precision, the
 # CUDA device's datasheet figure, or this CPU's matmul calibration.

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.metrics.wall_clock import SETUP_PHASES
+from runner.rundir.run_files import ATTEMPTS_FILE
+from runner.rundir.summary import RunStatus
 
-ATTEMPTS_FILE = "attempts.jsonl"
 NO_END = "no end recorded (killed outright)"
 PROGRESS_EVERY_S = 1.0  # at most one progress line a second: a killed attempt is known to within it
 
@@ -98,7 +99,9 @@ class AttemptLog:
             event = "checkpoint" if saved else "progress"
             self._write(event, step=completed_steps, steps_s=steps_s, parts=parts())
 
-    def end(self, *, status: str, steps_completed: int, steps_s: float, parts: dict[str, float]) -> None:
+    def end(
+        self, *, status: RunStatus, steps_completed: int, steps_s: float, parts: dict[str, float]
+    ) -> None:
         """How the attempt ended, the steps it completed, its steps' wall time and its other parts
         (runner/metrics/wall_clock.py's start-up phases, checkpoints, evaluations: ``<part>_s``)."""
         self._write("end", status=status, step=steps_completed, steps_s=steps_s, parts=parts)

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runner.config import LoggerConfig, WandbMode
+from runner.exit_codes import ExitCode
 from runner.metrics.console import ConsoleSink
 from runner.rundir.metrics_file import JsonlSink, metrics_path
+from runner.rundir.summary import RunStatus
 
 log = logging.getLogger("ladder")
 
@@ -94,9 +96,10 @@ class WandbSink:
         try:
             for key, value in _flatten(summary).items():
                 self._run.summary[key] = value
-            if summary.get("status") == "interrupted":  # stopped at a signal; resumes into this run
+            if summary.get("status") == RunStatus.interrupted:  # stopped at a signal; resumes into this run
                 self._run.mark_preempting()
-            self._run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
+            completed = summary.get("status") == RunStatus.completed
+            self._run.finish(exit_code=ExitCode.OK if completed else ExitCode.FAILED)
         except Exception as error:
             self._lost(int(summary.get("steps_completed") or 0), error)
 

@@ -28,8 +28,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from runner.metrics.trace_overlap import device_comm
+from runner.rundir.run_files import PROFILE_DIR
 
-PROFILE_DIR = "profile"
 OPS_SHOWN = 30  # rows of the operator table
 
 

@@ -13,6 +13,7 @@ from runner.report.collect import Cell
 from runner.report.compare import EVAL_LOSS, LossAgreement
 from runner.report.rows import STEP_PHASES, TERMS, Row, fmt_gb
 from runner.report.svg import Bar, HLine, Segment, Series, line_chart, stacked_bar_chart
+from runner.rundir.summary import RunStatus
 
 # Okabe & Ito's colour-blind-safe palette (yellow dropped: unreadable on white), then greys.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C564B", "#7F7F7F")
@@ -244,7 +245,9 @@ def scaling_chart(rows: Sequence[Row], *, metric: str) -> Chart:
             return r.tokens_per_s_per_device
 
     # Completed cells only: a failed cell's speed covers a few steps, or the steps before it broke.
-    usable = [r for r in rows if r.status == "completed" and r.gpus is not None and value(r) is not None]
+    usable = [
+        r for r in rows if r.status == RunStatus.completed and r.gpus is not None and value(r) is not None
+    ]
     gpus = sorted({r.gpus for r in usable if r.gpus is not None})
     position = {g: float(i) for i, g in enumerate(gpus)}  # gpus as categories: 1, 2, 8, 64 evenly spaced
     with_precision = len({r.precision for r in usable}) > 1

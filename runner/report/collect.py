@@ -26,14 +26,23 @@ from typing import Any
 
 import yaml
 
-from runner.rundir.metrics_file import METRICS_FILE, read_records
+from runner.rundir.metrics_file import read_records
 from runner.rundir.plan_record import PlanFileError, PlannedTime, PlanRecord, load_plan
-from runner.rundir.run_files import DEEPSPEED_CONFIG_FILE, PLAN_FILE
-from runner.rundir.summary import SUMMARY_FILE, RunSummary, SummaryError, load_summary
+from runner.rundir.run_files import (
+    DEEPSPEED_CONFIG_FILE,
+    FAILURE_FILES,
+    HYDRA_CONFIG_FILE,
+    HYDRA_DIR,
+    HYDRA_OVERRIDES_FILE,
+    METRICS_FILE,
+    MULTIRUN_FILE,
+    PLAN_FILE,
+    SUMMARY_FILE,
+)
+from runner.rundir.summary import RunStatus, RunSummary, SummaryError, load_summary
 
-CONFIG_FILE = Path(".hydra") / "config.yaml"
-OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
-MULTIRUN_FILE = "multirun.yaml"
+CONFIG_FILE = Path(HYDRA_DIR) / HYDRA_CONFIG_FILE
+OVERRIDES_FILE = Path(HYDRA_DIR) / HYDRA_OVERRIDES_FILE
 RUN_MARKERS = (SUMMARY_FILE, METRICS_FILE, str(CONFIG_FILE), DEEPSPEED_CONFIG_FILE, PLAN_FILE)
 
 # How deep below a named path to look for run directories: multirun/<date>/<time>/<cell>.
@@ -73,7 +82,7 @@ class Cell:
         if self.summary.status:
             return self.summary.status
         if self.failures:
-            return "failed"
+            return RunStatus.failed
         if self.plan_error is not None and not self.metrics:
             return "unreadable"
         return "planned" if self.plan is not None and not self.metrics else "unfinished"
@@ -81,7 +90,7 @@ class Cell:
     @property
     def error(self) -> str | None:
         """Why the cell did not complete, in one line; None for a completed cell."""
-        if self.status == "completed":
+        if self.status == RunStatus.completed:
             return None
         if self.summary_error is not None:
             return self.summary_error
@@ -98,7 +107,7 @@ class Cell:
         if self.status == "planned" and self.plan is not None:
             return _plan_words(self.plan)
         steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), int | float)]
-        if self.status == "running":
+        if self.status == RunStatus.running:
             last = f"; last logged step {max(steps) + 1}" if steps else ""  # counted from 1, as the console
             return f"summary.json says running: still running, or killed{last}"
         if steps:
@@ -233,7 +242,7 @@ def read_cell(run_dir: Path, *, cell_id: str) -> Cell:
     summary, summary_error = _read_summary(run_dir, problems)
     config = _read_yaml(run_dir / CONFIG_FILE, problems)
     overrides = _read_yaml(run_dir / OVERRIDES_FILE, problems)
-    failures = [_read_json(p, problems) for p in sorted(run_dir.glob("failure_rank*.json"))]
+    failures = [_read_json(p, problems) for p in sorted(run_dir.glob(FAILURE_FILES))]
     failures.sort(key=lambda f: int(f["rank"]) if isinstance(f.get("rank"), int) else 1 << 30)
     plan, plan_error = _read_plan(run_dir)
     return Cell(

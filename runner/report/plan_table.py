@@ -19,7 +19,8 @@ from runner.memory_model.units import GB, GiB, gb
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.plan.ladder import NEAR_FASTEST, OFFLOAD_MARK, SHOWN, Candidate, Ladder
 from runner.plan.planner import Plan, ResumePlan
-from runner.rundir.checkpoint_record import CHECKPOINT_DIR, own_layout
+from runner.rundir.checkpoint_record import own_layout
+from runner.rundir.run_files import CHECKPOINT_DIR
 from runner.step_time.device_figures import Figure
 
 _OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers

@@ -23,6 +23,7 @@ from runner.metrics import goodput
 from runner.metrics.step_spread import NOISY_ABOVE, step_time_spread
 from runner.report.collect import Cell, distinguishing_overrides, natural_key
 from runner.rundir.layout_history import describe
+from runner.rundir.summary import RunStatus
 
 # The four memory terms of a training step (DESIGN.md: parameters, gradients, optimizer states,
 # activations), in the order the memory chart stacks them.
@@ -337,7 +338,7 @@ def mark_best(rows: Sequence[Row]) -> None:
     Values are compared as displayed: cells that show the same number tie, and when every cell
     ties (loss curves that coincide, say) nothing is marked.
     """
-    done = [r for r in rows if r.status == "completed"]
+    done = [r for r in rows if r.status == RunStatus.completed]
     criteria: list[tuple[str, Callable[[Row], float | None], bool]] = [
         (BEST_MFU, lambda r: r.mfu, True),
         (BEST_PEAK, lambda r: r.peak_gb, False),

@@ -29,13 +29,14 @@ from runner.report.rows import (
     Row,
     fmt_gb,
 )
+from runner.rundir.summary import RunStatus
 
 # Yellow: may still finish (interrupted: stopped at a signal after a checkpoint, to be resumed).
 _STATUS_STYLE = {
-    "completed": "green",
-    "running": "yellow",
+    RunStatus.completed: "green",
+    RunStatus.running: "yellow",
     "unfinished": "yellow",
-    "interrupted": "yellow",
+    RunStatus.interrupted: "yellow",
     "planned": "cyan",
 }
 _BY_HEADER = {c.header: c for c in DISPLAY_COLUMNS}

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-CHECKPOINT_DIR = "checkpoints"
-LATEST_FILE = "latest.json"
+from runner.rundir.run_files import CHECKPOINT_DIR, LATEST_FILE
+
 UNIVERSAL_SUFFIX = "_universal"  # a checkpoint converted for another layout: <tag>_universal*
 PARTIAL_PREFIX = ".partial-"  # a save or a conversion in progress: .partial-<tag>, never loaded
 # latest.json's mark of a tp x pp checkpoint whose model-states files hold every stage's

@@ -2,13 +2,14 @@
 summary.json's and plan.json's schemas (runner/rundir/summary.py, runner/rundir/plan_record.py)
 read their files through.
 
-A hint is what a dataclass field is annotated with: ``int``, ``float``, ``str``, ``bool``,
-``X | None``, ``list[X]``, ``dict[str, X]`` or ``Any``.
+A hint is what a dataclass field is annotated with: ``int``, ``float``, ``str``, ``bool``, an
+enum (a JSON value of its values), ``X | None``, ``list[X]``, ``dict[str, X]`` or ``Any``.
 """
 
 from __future__ import annotations
 
 import types
+from enum import Enum
 from typing import Any, Union, get_args, get_origin
 
 
@@ -16,6 +17,8 @@ def holds(value: Any, hint: Any) -> bool:
     """Whether a JSON value has the type ``hint``."""
     if hint is Any:
         return True
+    if isinstance(hint, type) and issubclass(hint, Enum):  # a value of the enum's, as JSON holds it
+        return not isinstance(value, bool) and value in {member.value for member in hint}
     if get_origin(hint) in (Union, types.UnionType):
         return any(holds(value, arg) for arg in get_args(hint))
     if hint is type(None):
@@ -36,6 +39,8 @@ def holds(value: Any, hint: Any) -> bool:
 
 def type_words(hint: Any) -> str:
     """The type ``hint`` in a reader's words: "an integer or null", "a list of strings"."""
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return f"one of {', '.join(str(member.value) for member in hint)}"
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
     if get_origin(hint) in (Union, types.UnionType):
         return " or ".join(type_words(arg) for arg in get_args(hint))

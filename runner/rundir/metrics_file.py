@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from runner.rundir.run_files import METRICS_FILE
 
 
 def metrics_path(run_dir: Path) -> Path:

@@ -1,5 +1,6 @@
-"""A run's outcome: the one place its status in summary.json is decided (runner/rundir/summary.py
-``write_outcome`` writes it, and the prelaunch and attempt-end records carry it).
+"""A run's outcome: the one place its status in summary.json (a ``RunStatus``) is decided
+(runner/rundir/summary.py ``write_outcome`` writes it, and the prelaunch and attempt-end records
+carry it).
 
 running       prelaunch (launchers/run_record.py) until the attempt ends
 completed     every step done (rank 0, at the attempt's end)
@@ -18,40 +19,38 @@ from pathlib import Path
 from typing import Any
 
 from runner.rundir.run_files import write_failure
-from runner.rundir.summary import Outcome, run_summary, write_outcome
-
-RUNNING, COMPLETED, FAILED, INTERRUPTED = "running", "completed", "failed", "interrupted"
+from runner.rundir.summary import Outcome, RunStatus, run_summary, write_outcome
 
 
-def attempt_status(status: str, error: str | None = None) -> Outcome:
+def attempt_status(status: RunStatus, error: str | None = None) -> Outcome:
     """An attempt's end as runner/train/record.py writes it: the status and its words."""
     return Outcome(status=status, error=error)
 
 
 def prelaunch_status() -> Outcome:
     """What prelaunch records (launchers/run_record.py): running, no error yet."""
-    return Outcome(status=RUNNING)
+    return Outcome(status=RunStatus.running)
 
 
-def recorded_status(run_dir: Path) -> str | None:
+def recorded_status(run_dir: Path) -> RunStatus | None:
     """The status summary.json records now (None without one)."""
     return run_summary(run_dir).status
 
 
 def failure_recorded(run_dir: Path) -> bool:
     """Whether summary.json names a failure already (another rank's, recorded first)."""
-    return recorded_status(run_dir) == FAILED
+    return recorded_status(run_dir) == RunStatus.failed
 
 
 def record_failed(run_dir: Path, *, error: str, failed_rank: int | None = None) -> dict[str, Any]:
     """Mark the run failed with ``error`` (and the rank that caused it, when known)."""
-    return write_outcome(run_dir, Outcome(status=FAILED, error=error, failed_rank=failed_rank))
+    return write_outcome(run_dir, Outcome(status=RunStatus.failed, error=error, failed_rank=failed_rank))
 
 
 def record_failed_if_running(run_dir: Path, *, error: str) -> None:
     """Mark a run failed that its ranks left ``running`` (killed, or never started): a job
     scheduler's verdict does not replace one the ranks recorded."""
-    if (recorded_status(run_dir) or RUNNING) == RUNNING:
+    if (recorded_status(run_dir) or RunStatus.running) == RunStatus.running:
         run_dir.mkdir(parents=True, exist_ok=True)
         record_failed(run_dir, error=error)
 
@@ -66,10 +65,10 @@ def record_rank_cause(run_dir: Path, *, rank: int, words: str) -> None:
     rank 0's end record (no ``failed_rank``) lacks the error's notes, so it is replaced."""
     recorded = run_summary(run_dir)
     own = rank == 0 and recorded.failed_rank is None
-    if recorded.status != FAILED or own:
+    if recorded.status != RunStatus.failed or own:
         record_failed(run_dir, error=words, failed_rank=rank)
 
 
 def record_interrupted(run_dir: Path, *, words: str) -> None:
     """Mark the run interrupted at a signal, with what a resume continues from."""
-    write_outcome(run_dir, Outcome(status=INTERRUPTED, error=words))
+    write_outcome(run_dir, Outcome(status=RunStatus.interrupted, error=words))

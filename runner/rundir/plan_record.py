@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from runner.rundir.atomic_json import write_json_atomic
 from runner.rundir.json_types import holds, type_words
 from runner.rundir.run_files import PLAN_FILE
-from runner.rundir.summary import write_json_atomic
 
 PLAN_SCHEMA_VERSION = 1
 

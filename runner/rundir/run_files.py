@@ -1,10 +1,23 @@
-"""The files of a run directory beside summary.json: DeepSpeed's config and the failure records.
+"""The name of every file and folder a run directory holds, and two of its records: DeepSpeed's
+config and the failure records.
 
-deepspeed_config.json    build_deepspeed_config's output (the launching process writes it)
+summary.json             the run's status, layout and results (runner/rundir/summary.py)
+metrics.jsonl            one JSON object per logged step (runner/rundir/metrics_file.py)
+attempts.jsonl           each attempt's start, progress and end (runner/metrics/goodput.py)
+deepspeed_config.json    build_deepspeed_config's output (the launching process writes it, here)
 plan.json                the plan of a run or of plan=true (launchers/plan_job.py writes it)
-failure_rank<N>.json     a failed rank's error (the rank writes it)
+failure_rank<N>.json     a failed rank's error (the rank writes it, here)
+train.log                Hydra's job log (train.py's job), which rank 0 of the local launcher
+                         appends to (launchers/worker.py)
+checkpoints/             the checkpoints (runner/checkpoint/save.py), and latest.json, the record
+                         of the newest (runner/rundir/checkpoint_record.py)
+profile/                 the step profiler's traces (runner/metrics/step_profiler.py)
+.hydra/                  Hydra's config.yaml, hydra.yaml and overrides.yaml of the latest attempt
+                         that ran, and .before-this-attempt/ while one starts (launchers/hydra_files.py)
+earlier_attempts/<n>/    an attempt that started over (launchers/hydra_files.py)
 
-earlier_attempts/<n>/ (an attempt that started over) is launchers/hydra_files.py's.
+A sweep's directory holds its cells' run directories and Hydra's multirun.yaml (with its own
+.before-this-attempt/ while a resumed sweep starts).
 """
 
 from __future__ import annotations
@@ -15,10 +28,31 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from runner.rundir.summary import write_json_atomic
+from runner.rundir.atomic_json import write_json_atomic
 
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+ATTEMPTS_FILE = "attempts.jsonl"
 DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"
 PLAN_FILE = "plan.json"
+FAILURE_FILES = "failure_rank*.json"  # every rank's failure record, as a glob (failure_file names one)
+TRAIN_LOG = "train.log"  # Hydra's job log: <job name>.log, the job being train.py
+CHECKPOINT_DIR = "checkpoints"
+LATEST_FILE = "latest.json"  # in checkpoints/
+PROFILE_DIR = "profile"
+HYDRA_DIR = ".hydra"
+HYDRA_CONFIG_FILE = "config.yaml"  # in .hydra/: the composed config
+HYDRA_OVERRIDES_FILE = "overrides.yaml"  # in .hydra/: the command line's overrides
+# Every file Hydra writes in .hydra/: the composed config, Hydra's own, the overrides.
+HYDRA_RUN_FILES = (HYDRA_CONFIG_FILE, "hydra.yaml", HYDRA_OVERRIDES_FILE)
+EARLIER_ATTEMPTS_DIR = "earlier_attempts"
+SET_ASIDE_DIR = ".before-this-attempt"  # in .hydra/ and a sweep's directory
+MULTIRUN_FILE = "multirun.yaml"  # in a sweep's directory
+
+
+def failure_file(rank: int) -> str:
+    """The name of rank ``rank``'s failure record."""
+    return f"failure_rank{rank}.json"
 
 
 def write_deepspeed_config(run_dir: Path, ds_config: dict[str, Any]) -> None:
@@ -45,7 +79,7 @@ def with_notes(error: BaseException) -> str:
 def write_failure(run_dir: Path, *, rank: int, error: BaseException, trace: str | None = None) -> None:
     """Record why a rank failed, for the launcher's summary."""
     write_json_atomic(
-        run_dir / f"failure_rank{rank}.json",
+        run_dir / failure_file(rank),
         {
             "rank": rank,
             "time": time.time(),
@@ -62,7 +96,7 @@ def read_failures(run_dir: Path) -> list[dict[str, Any]]:
     peer has gone ("Connection closed by peer").
     """
     records = []
-    for path in sorted(run_dir.glob("failure_rank*.json")):
+    for path in sorted(run_dir.glob(FAILURE_FILES)):
         with path.open() as handle:
             records.append(json.load(handle))
     return sorted(records, key=lambda r: (float(r.get("time", 0.0)), int(r["rank"])))

@@ -20,46 +20,20 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
-import tempfile
-import types
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
-SUMMARY_FILE = "summary.json"
+from runner.rundir.atomic_json import strict_json, write_json_atomic
+from runner.rundir.json_types import holds, type_words
+from runner.rundir.run_files import SUMMARY_FILE
+
 SCHEMA_VERSION = 1
-STATUSES = ("running", "completed", "failed", "interrupted")
 # What a run's end records when the full summary cannot be written for want of room.
 ESSENTIAL_FIELDS = ("status", "error", "failed_rank", "steps_completed")
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _strict(value: Any) -> Any:
-    """NaN and inf are not JSON (a browser's or jq's parser rejects them): they become null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(item) for item in value]
-    return value
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write strict JSON to a temporary file beside ``path``, then rename: readers never see half a file."""
-    data = _strict(data)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, default=str, allow_nan=False)
-            handle.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
@@ -71,6 +45,21 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     with path.open() as handle:
         data: dict[str, Any] = json.load(handle)
     return data
+
+
+class RunStatus(str, Enum):
+    """A run's ``status`` in summary.json, spelled as the file holds it; runner/rundir/outcome.py
+    decides which, and says who records each."""
+
+    running = "running"  # prelaunch recorded the run; its attempt has not recorded an end
+    completed = "completed"  # every step done
+    failed = "failed"  # a rank raised or was killed, or its job never ran
+    interrupted = "interrupted"  # stopped at a signal; train.resume=auto continues it
+
+    def __str__(self) -> str:
+        """The spelling, as ``f"{status}"`` and ``str(status)`` print it (Python's StrEnum does the
+        same from 3.11 on; this also runs on 3.10)."""
+        return self.value
 
 
 class SummaryError(ValueError):
@@ -86,7 +75,7 @@ class RunSummary:
 
     schema: int = SCHEMA_VERSION
     # The outcome (runner/rundir/outcome.py decides it; prelaunch and the attempt's end write it).
-    status: str | None = None  # one of STATUSES; None before prelaunch wrote "running"
+    status: RunStatus | None = None  # None before prelaunch wrote "running"
     error: str | None = None  # why the run did not complete, in words
     failed_rank: int | None = None  # the rank whose failure is the cause
     steps_completed: int | None = None
@@ -153,43 +142,9 @@ _KEYS = tuple(name for name in _HINTS if name != "unknown")
 # What a reader is told a key should hold, where the type alone says too little.
 _WORDS = {
     "schema": "an integer version",
-    "status": f"one of {', '.join(STATUSES)}",
+    "status": f"one of {', '.join(status.value for status in RunStatus)}",
     "failed_rank": "an integer rank or null",
 }
-
-
-def _holds(value: Any, hint: Any) -> bool:
-    """Whether a JSON value has the type ``hint`` (X | None, int, float, str, dict[...], list[X])."""
-    if hint is Any:
-        return True
-    if get_origin(hint) in (Union, types.UnionType):
-        return any(_holds(value, arg) for arg in get_args(hint))
-    if hint is type(None):
-        return value is None
-    if isinstance(value, bool):  # JSON's true is no number
-        return hint is bool
-    if hint is float:
-        return isinstance(value, int | float)  # JSON writes 2.0 as 2 in some hands
-    origin = get_origin(hint)
-    if origin is list:
-        (item,) = get_args(hint)
-        return isinstance(value, list) and all(_holds(v, item) for v in value)
-    if origin is dict:
-        return isinstance(value, dict)
-    return isinstance(value, hint)
-
-
-def _words(hint: Any) -> str:
-    """The type ``hint`` in a reader's words."""
-    names = {int: "an integer", float: "a number", str: "a string", type(None): "null"}
-    if get_origin(hint) in (Union, types.UnionType):
-        return " or ".join(_words(arg) for arg in get_args(hint))
-    if get_origin(hint) is list:
-        (item,) = get_args(hint)
-        return f"a list of {_words(item).split(' ', 1)[-1]}s"
-    if get_origin(hint) is dict:
-        return "a JSON object"
-    return names.get(hint, str(hint))
 
 
 def _fix(path: Path) -> str:
@@ -212,11 +167,11 @@ def parse_summary(data: Any, path: Path) -> RunSummary:
     data = _upgrade(data)
     for key in _KEYS:
         value = data.get(key)
-        if value is not None and not _holds(value, _HINTS[key]):
-            words = _WORDS.get(key, _words(_HINTS[key]))
+        if value is not None and not holds(value, _HINTS[key]):
+            words = _WORDS.get(key, type_words(_HINTS[key]))
             raise SummaryError(f"{path}: key {key!r} is {value!r}, expected {words}; {fix}")
     status = data.get("status")
-    if status is not None and status not in STATUSES:
+    if status is not None and status not in [known.value for known in RunStatus]:
         raise SummaryError(f"{path}: key 'status' is {status!r}, expected {_WORDS['status']}; {fix}")
     if data["schema"] > SCHEMA_VERSION:
         raise SummaryError(
@@ -224,7 +179,8 @@ def parse_summary(data: Any, path: Path) -> RunSummary:
             "upgrade ladder to read it"
         )
     return RunSummary(
-        **{key: data.get(key) for key in _KEYS},
+        **{key: data.get(key) for key in _KEYS if key != "status"},
+        status=RunStatus(status) if status is not None else None,
         unknown={k: v for k, v in data.items() if k not in _HINTS},
     )
 
@@ -253,7 +209,7 @@ def overwrite_in_place(path: Path, data: Any) -> bool:
     """Write ``data`` as compact JSON over ``path``'s own bytes, padded with spaces to its old
     length, when it fits in the space the file holds already (no new block: a full filesystem
     allows it). Not atomic: the last resort of a full disk. Returns whether it was written."""
-    text = json.dumps(_strict(data), separators=(",", ":"), default=str, allow_nan=False) + "\n"
+    text = json.dumps(strict_json(data), separators=(",", ":"), default=str, allow_nan=False) + "\n"
     encoded = text.encode()
     try:
         held = path.stat()
@@ -308,13 +264,14 @@ def _keys(record: Any, *, omitted_when_none: tuple[str, ...] = ()) -> dict[str, 
 class Outcome:
     """A run's status and why (runner/rundir/outcome.py decides it)."""
 
-    status: str  # one of STATUSES
+    status: RunStatus
     error: str | None = None
     failed_rank: int | None = None  # written only when known: a later record keeps the cause's
 
     def keys(self) -> dict[str, Any]:
-        """summary.json's outcome keys."""
-        return _keys(self, omitted_when_none=("failed_rank",))
+        """summary.json's outcome keys, the status as its JSON string (the summary handed on whole
+        holds what the file holds)."""
+        return {**_keys(self, omitted_when_none=("failed_rank",)), "status": self.status.value}
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runner.exit_codes import ExitCode
 from runner.hardware.host_allocator import default_cpu_rank_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -136,7 +137,7 @@ def _child_result(device_type: str, threads: int | None) -> dict[str, Any] | Non
         )
     except (OSError, subprocess.SubprocessError):  # a timeout included
         return None
-    if done.returncode != 0:
+    if done.returncode != ExitCode.OK:
         return None
     for line in reversed(done.stdout.splitlines()):  # DeepSpeed may print above the result
         try:

@@ -2,8 +2,8 @@
 
 A local run stops the same way: Ctrl-C sends SIGINT to the terminal's process group,
 ranks included, and the local launcher passes SIGINT, SIGTERM or SIGHUP on to the ranks as
-SIGTERM (launchers/local.py). Its ranks exit ``EXIT_INTERRUPTED`` after the checkpoint,
-and ``train.resume=auto`` continues the run.
+SIGTERM (launchers/local.py). Its ranks exit ``ExitCode.STOPPED_RESUMABLE`` (75) after the
+checkpoint, and ``train.resume=auto`` continues the run.
 
 SLURM signals every task of a job before it ends it: SIGUSR2 ``signal_delay_s`` before
 the time limit (``sbatch --signal=USR2@N``, which submitit writes) or on request
@@ -19,7 +19,7 @@ SIGUSR2 asks for a requeue. Under submitit, the handler replaced here is submiti
 chains to it after the save (``StopSignals.hand_back``). It calls the launcher's
 ``checkpoint()`` (the same cell again), runs ``scontrol requeue`` and counts time
 limits against ``max_num_timeout``; preemptions are not counted. After SIGTERM SLURM
-itself requeues the job or ends it. Every rank then exits with ``EXIT_INTERRUPTED``
+itself requeues the job or ends it. Every rank then exits with ``ExitCode.STOPPED_RESUMABLE``
 without a result, so the launching process keeps waiting for the requeued job.
 
 The requeued job runs the same cell again in the same run directory; SLURM exports
@@ -38,10 +38,8 @@ from types import FrameType
 from typing import Any
 
 from runner.config import Resume, TrainLoopConfig
+from runner.exit_codes import ExitCode
 
-# sysexits.h EX_TEMPFAIL, "temporary failure; the user is invited to retry": a rank that
-# stopped at a signal after its checkpoint (slurm.conf RequeueExit can requeue on it).
-EXIT_INTERRUPTED = 75
 RESUME_ENV = "LADDER_RESUME"  # set by a resumed (requeued) job that must re-enter its directory
 RESTART_ENV = "SLURM_RESTART_COUNT"  # sbatch(1): times SLURM restarted the job (requeue, node failure)
 
@@ -113,11 +111,11 @@ class StopSignals:
         """After the checkpoint, on rank 0: let submitit's SIGUSR2 handler requeue the job.
 
         Returns whether the job was requeued and what happened. Outside submitit nothing
-        requeues here: a batch script can on ``EXIT_INTERRUPTED``.
+        requeues here: a batch script can on ``ExitCode.STOPPED_RESUMABLE``.
         """
         previous = self._previous.get(signal.SIGUSR2)
         if not callable(previous):
-            return False, f"not requeued: no submitit handler; the ranks exit {EXIT_INTERRUPTED}"
+            return False, f"not requeued: no submitit handler; the ranks exit {ExitCode.STOPPED_RESUMABLE}"
         try:
             previous(signal.SIGUSR2, None)
         except SystemExit:  # submitit requeued the job and asks the task to leave

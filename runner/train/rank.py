@@ -24,8 +24,8 @@ from runner.hardware.mfu_peak import above_calibrated_peak
 from runner.metrics.wall_clock import WallClock
 from runner.rundir.disk_room import no_room_words, out_of_room
 from runner.rundir.identity import RunIdentity
-from runner.rundir.outcome import COMPLETED, FAILED, INTERRUPTED, attempt_status, failure_recorded
-from runner.rundir.summary import Outcome, run_summary
+from runner.rundir.outcome import attempt_status, failure_recorded
+from runner.rundir.summary import Outcome, RunStatus, run_summary
 from runner.train.context import RankJob, RunContext
 from runner.train.preemption import Preempted, StopSignals
 from runner.train.record import record_end, recorded_unless_out_of_room
@@ -37,7 +37,7 @@ log = logging.getLogger("ladder")
 def _failed(error: BaseException, run_dir: Path) -> Outcome:
     """The status of an attempt that ``error`` ended, in words (a full disk says where)."""
     words = no_room_words(error, run_dir) if out_of_room(error) else f"{type(error).__name__}: {error}"
-    return attempt_status(FAILED, words)
+    return attempt_status(RunStatus.failed, words)
 
 
 def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, Any]:
@@ -46,16 +46,16 @@ def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, A
     wall = WallClock(process_group_s=ctx.process_group_s, before=ctx.job.before)
     wall.mark("launch")
     trainer = Trainer(ctx, wall, until_return)
-    status: Outcome | None = attempt_status(FAILED, "interrupted")
+    status: Outcome | None = attempt_status(RunStatus.failed, "interrupted")
     interruption: dict[str, Any] | None = None
     try:
         trainer.train()
-        status = attempt_status(COMPLETED)
+        status = attempt_status(RunStatus.completed)
         mfu = trainer.progress.last.get("throughput/mfu")
         if ctx.lead and (overrun := above_calibrated_peak(trainer.peak, mfu, ctx.config.precision.name)):
             log.warning("%s", overrun)
     except Preempted as stopped:
-        status = attempt_status(INTERRUPTED, stopped.record["reason"])
+        status = attempt_status(RunStatus.interrupted, stopped.record["reason"])
         interruption = stopped.record
         raise
     except BaseException as error:
@@ -63,7 +63,7 @@ def _attempt(ctx: RunContext, until_return: contextlib.ExitStack) -> dict[str, A
         raise
     finally:
         summary: dict[str, Any] = {}
-        if status is not None and status.status == FAILED and failure_recorded(ctx.run_dir):
+        if status is not None and status.status == RunStatus.failed and failure_recorded(ctx.run_dir):
             status = None  # another rank failed first and recorded why: keep its cause
         if ctx.lead:
             with recorded_unless_out_of_room(status, ctx.run_dir):

@@ -20,8 +20,7 @@ from runner.metrics.ledger import Estimate, Ledger, host_relative_errors, relati
 from runner.metrics.step_spread import WARMUP_STEPS, step_time_spread
 from runner.metrics.wall_clock import wall_parts
 from runner.rundir.disk_room import no_room_words, out_of_room
-from runner.rundir.outcome import FAILED
-from runner.rundir.summary import AttemptEnd, Outcome, RunSummary, run_summary, write_attempt_end
+from runner.rundir.summary import AttemptEnd, Outcome, RunStatus, RunSummary, run_summary, write_attempt_end
 from runner.train.evaluation import evaluation_summary
 from runner.train.pipeline_hooks import pipeline_summary
 from runner.train.trainer import Trainer
@@ -67,7 +66,7 @@ def recorded_unless_out_of_room(status: Outcome | None, run_dir: Path) -> Iterat
     try:
         yield
     except OSError as error:
-        if status is None or status.status != FAILED or not out_of_room(error):
+        if status is None or status.status != RunStatus.failed or not out_of_room(error):
             raise
         log.error("the run's end could not be recorded in summary.json: %s", no_room_words(error, run_dir))
 
@@ -100,11 +99,13 @@ def record_end(
     ctx, progress, wall = trainer.ctx, trainer.progress, trainer.wall
     run_dir = ctx.run_dir
     ended = status.status if status is not None else None
-    completed = (progress.step + 1) if ended in ("completed", "interrupted") else progress.step
+    completed = (
+        (progress.step + 1) if ended in (RunStatus.completed, RunStatus.interrupted) else progress.step
+    )
     wall_time = wall.summary()
     if trainer.attempt is not None:
         trainer.attempt.end(
-            status=ended or FAILED,
+            status=ended or RunStatus.failed,
             steps_completed=completed,
             steps_s=wall.steps_s,
             parts=wall_parts(wall, wall_time),

@@ -16,6 +16,7 @@ from runner.checkpoint import save as checkpoint
 from runner.metrics.wall_clock import WallClock
 from runner.rundir import checkpoint_record
 from runner.rundir.disk_room import folder_bytes
+from runner.rundir.run_files import CHECKPOINT_DIR
 from runner.train.context import RunContext
 from runner.train.preemption import REQUEUE, Preempted, StopSignals, restarts
 
@@ -54,7 +55,7 @@ def save(
         expected_bytes=expected_bytes,
     )
     tag = checkpoint_record.tag_for(record.completed_steps)
-    written = ctx.run_dir / checkpoint_record.CHECKPOINT_DIR / tag
+    written = ctx.run_dir / CHECKPOINT_DIR / tag
     wall.checkpoint(time.perf_counter() - saving, folder_bytes(written) if ctx.lead else 0)
     if ctx.lead:
         log.info("%s", wall.last_save(tag))

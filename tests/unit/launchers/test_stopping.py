@@ -13,13 +13,15 @@ from launchers import run as run_module
 from launchers.local import LaunchResult
 from runner.layout import resolve_layout
 from runner.rundir.identity import RunIdentity
-from runner.rundir.summary import Outcome, read_summary, write_outcome
+from runner.rundir.summary import Outcome, RunStatus, read_summary, write_outcome
 from runner.train.context import RankJob
 
 pytestmark = pytest.mark.unit
 
 
-def _stopped_run(tmp_path, monkeypatch, result: LaunchResult, *, status: str, checkpoint_at: int | None):
+def _stopped_run(
+    tmp_path, monkeypatch, result: LaunchResult, *, status: RunStatus, checkpoint_at: int | None
+):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     write_outcome(run_dir, Outcome(status=status))
@@ -42,7 +44,7 @@ def test_a_run_that_completed_as_the_signal_came_is_completed(tmp_path, monkeypa
         tmp_path,
         monkeypatch,
         LaunchResult(0, None, stopped_by="SIGINT"),
-        status="completed",
+        status=RunStatus.completed,
         checkpoint_at=None,
     )
     assert launch().status == "completed"
@@ -51,7 +53,7 @@ def test_a_run_that_completed_as_the_signal_came_is_completed(tmp_path, monkeypa
 
 def test_ranks_killed_at_a_second_signal_name_the_checkpoint_a_resume_loads(tmp_path, monkeypatch):
     result = LaunchResult(0, None, stopped_by="SIGINT", killed=True)
-    run_dir, launch = _stopped_run(tmp_path, monkeypatch, result, status="running", checkpoint_at=4)
+    run_dir, launch = _stopped_run(tmp_path, monkeypatch, result, status=RunStatus.running, checkpoint_at=4)
     with pytest.raises(run_module.RunInterrupted, match="killed at a second SIGINT") as stopped:
         launch()
     assert "the newest is step_00000004 (4 steps), where train.resume=auto continues" in str(stopped.value)

@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from runner.metrics import goodput
+from runner.rundir.run_files import ATTEMPTS_FILE
+from runner.rundir.summary import RunStatus
 
 pytestmark = pytest.mark.unit
 
 
 def _write(run_dir: Path, *events: dict) -> None:
-    (run_dir / goodput.ATTEMPTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run_dir / ATTEMPTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
 def _start(attempt: int, at: float, from_step: int) -> dict:
@@ -122,9 +124,9 @@ def test_the_attempt_log_numbers_attempts_and_writes_progress_at_most_once_a_sec
     first.progress(1, 0.1, saved=False, logged=True, parts=parts)  # within the second: not written
     assert not asked  # the parts are asked for only when a line is written
     first.progress(2, 0.2, saved=True, logged=False, parts=parts)  # a checkpoint: written, with them
-    first.end(status="interrupted", steps_completed=2, steps_s=0.2, parts={"launch_s": 1.0})
+    first.end(status=RunStatus.interrupted, steps_completed=2, steps_s=0.2, parts={"launch_s": 1.0})
     second = goodput.AttemptLog(tmp_path, started=2.0, from_step=2, launcher="local")
-    events = [json.loads(line) for line in (tmp_path / goodput.ATTEMPTS_FILE).read_text().splitlines()]
+    events = [json.loads(line) for line in (tmp_path / ATTEMPTS_FILE).read_text().splitlines()]
     assert [(e["attempt"], e["event"]) for e in events] == [
         (0, "start"),
         (0, "checkpoint"),

@@ -9,9 +9,10 @@ import re
 import pytest
 from train_helpers import compose_config, plan_json
 
-from launchers.plan_job import EXIT_FITS, plan_job
+from launchers.plan_job import plan_job
 from runner.config import Objective, Recompute, TrainConfig, ZeroStage
 from runner.errors import ConfigError
+from runner.exit_codes import ExitCode
 from runner.layout import divisors
 from runner.plan.ladder import NEAR_FASTEST, SHOWN, recommend
 from runner.plan.micro_fit import SPEED_TIE, MicroFit
@@ -79,7 +80,7 @@ def test_llama_70b_on_64_h100s_ranks_its_layouts_into_plan_json(tmp_path, capsys
         "planner.recommend=true",
     )
     record = plan_job(config, run_dir=tmp_path)
-    assert record.exit_code == EXIT_FITS
+    assert record.exit_code == ExitCode.OK
     recommendation = plan_json(tmp_path)["recommendation"]
     ranking = recommendation["ranking"]
     assert len(ranking) > SHOWN and [r["rank"] for r in ranking] == list(range(1, len(ranking) + 1))

@@ -12,8 +12,9 @@ import pytest
 from train_helpers import compose_config, plan_json
 
 from launchers import plan_exit
-from launchers.plan_job import EXIT_CONTRACT_NOT_MET, EXIT_DOES_NOT_FIT, EXIT_FITS, plan_job
+from launchers.plan_job import plan_job
 from runner.checkpoint import size as checkpoint_size
+from runner.exit_codes import ExitCode
 
 pytestmark = pytest.mark.unit
 
@@ -37,8 +38,8 @@ def full_disk(monkeypatch):
 @pytest.mark.parametrize(
     ("overrides", "code"),
     [
-        (("model=tiny",), EXIT_FITS),
-        (("model=llama_70b", "cluster=h100_sxm", "gpus=1"), EXIT_DOES_NOT_FIT),  # the device
+        (("model=tiny",), ExitCode.OK),
+        (("model=llama_70b", "cluster=h100_sxm", "gpus=1"), ExitCode.PLAN_DOES_NOT_FIT),  # the device
         (
             (
                 "model=llama_70b",
@@ -47,12 +48,15 @@ def full_disk(monkeypatch):
                 "parallel=zero3_offload",
                 "cluster.host_memory_gb=1000",
             ),
-            EXIT_DOES_NOT_FIT,
+            ExitCode.PLAN_DOES_NOT_FIT,
         ),  # the host
-        (("model=llama_70b", "cluster=h100_sxm", "parallel=zero3", "gpus=64"), EXIT_CONTRACT_NOT_MET),
-        (("model=tiny", "cluster=h100_sxm", "gpus=3"), EXIT_CONTRACT_NOT_MET),
+        (
+            ("model=llama_70b", "cluster=h100_sxm", "parallel=zero3", "gpus=64"),
+            ExitCode.PLAN_CONTRACT_NOT_MET,
+        ),
+        (("model=tiny", "cluster=h100_sxm", "gpus=3"), ExitCode.PLAN_CONTRACT_NOT_MET),
         # the ladder: a layout fits; nothing does; no rung holds global 16 over 7 ranks
-        (("model=llama_70b", "cluster=h100_sxm", "gpus=64", "planner.recommend=true"), EXIT_FITS),
+        (("model=llama_70b", "cluster=h100_sxm", "gpus=64", "planner.recommend=true"), ExitCode.OK),
         (
             (
                 "model=llama_70b",
@@ -61,9 +65,12 @@ def full_disk(monkeypatch):
                 "planner.recommend=true",
                 "cluster.host_memory_gb=100",
             ),
-            EXIT_DOES_NOT_FIT,
+            ExitCode.PLAN_DOES_NOT_FIT,
         ),
-        (("model=tiny", "cluster=h100_sxm", "gpus=7", "planner.recommend=true"), EXIT_CONTRACT_NOT_MET),
+        (
+            ("model=tiny", "cluster=h100_sxm", "gpus=7", "planner.recommend=true"),
+            ExitCode.PLAN_CONTRACT_NOT_MET,
+        ),
     ],
 )
 def test_the_plans_verdict_is_its_exit_status(tmp_path, overrides, code):
@@ -73,16 +80,16 @@ def test_the_plans_verdict_is_its_exit_status(tmp_path, overrides, code):
 def test_checkpoints_a_run_would_be_refused_for_do_not_fit(tmp_path, full_disk, capsys):
     """Periodic checkpoints that cannot fit refuse a run, and exit 3 from its plan; the one checkpoint
     a stop writes only warns a run, and its plan says so but exits 0."""
-    assert _plan(tmp_path, "model=tiny", "train.checkpoint_every=10")[0] == EXIT_DOES_NOT_FIT
+    assert _plan(tmp_path, "model=tiny", "train.checkpoint_every=10")[0] == ExitCode.PLAN_DOES_NOT_FIT
     assert "train.checkpoint_every=10: " in capsys.readouterr().out
-    assert _plan(tmp_path, "model=tiny")[0] == EXIT_FITS
+    assert _plan(tmp_path, "model=tiny")[0] == ExitCode.OK
     assert "one checkpoint at a stop" in capsys.readouterr().out
 
 
 def test_a_named_clusters_filesystem_is_not_weighed_on_this_host(tmp_path, full_disk, capsys):
     code, record = _plan(tmp_path, "model=tiny", "cluster=h100_sxm", "train.checkpoint_every=10")
     out = capsys.readouterr().out
-    assert code == EXIT_FITS
+    assert code == ExitCode.OK
     assert "train.checkpoint_every=10: " in out
     assert "the filesystem of cluster=h100_sxm is not seen from here: set cluster.storage_path=" in out
     assert "DOES NOT FIT" not in out
@@ -101,7 +108,7 @@ def test_cluster_storage_path_names_the_filesystem_to_weigh(tmp_path, full_disk,
         "train.checkpoint_every=10",
     )
     code, record = _plan(tmp_path, *overrides)
-    assert code == EXIT_DOES_NOT_FIT
+    assert code == ExitCode.PLAN_DOES_NOT_FIT
     assert f"0.000 GB free on the filesystem of {storage} => DOES NOT FIT" in capsys.readouterr().out
     assert (record["checkpoint_disk"]["filesystem_of"], record["checkpoint_disk"]["fits"]) == (
         str(storage),
@@ -118,7 +125,7 @@ def planned(monkeypatch):
 def test_a_sweep_exits_with_its_worst_plan_and_names_those_cells(planned):
     for cell, gpus, code in [(0, 8, 3), (1, 64, 4), (2, 16, 0)]:
         planned.note(cell, ["plan=true", "model=llama_70b", f"gpus={gpus}"], code)
-    assert planned.exit_code() == EXIT_DOES_NOT_FIT
+    assert planned.exit_code() == ExitCode.PLAN_DOES_NOT_FIT
     assert planned.summary() == (
         "ladder: 1 of 3 plans do not fit (exit 3): #0 (gpus=8)\n"
         "ladder: 1 of 3 plans hold the batch contract only at another global batch (exit 4): #1 (gpus=64)"
@@ -126,9 +133,9 @@ def test_a_sweep_exits_with_its_worst_plan_and_names_those_cells(planned):
 
 
 def test_one_plan_says_what_its_status_means(planned):
-    assert (planned.exit_code(), planned.summary()) == (EXIT_FITS, None)
-    planned.note(None, ["plan=true"], EXIT_CONTRACT_NOT_MET)
-    assert planned.exit_code() == EXIT_CONTRACT_NOT_MET
+    assert (planned.exit_code(), planned.summary()) == (ExitCode.OK, None)
+    planned.note(None, ["plan=true"], ExitCode.PLAN_CONTRACT_NOT_MET)
+    assert planned.exit_code() == ExitCode.PLAN_CONTRACT_NOT_MET
     assert (
         planned.summary() == "ladder: the plan holds the batch contract only at another global batch (exit 4)"
     )

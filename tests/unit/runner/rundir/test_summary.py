@@ -25,6 +25,7 @@ from runner.rundir.summary import (
     AttemptEnd,
     Outcome,
     Prelaunch,
+    RunStatus,
     RunSummary,
     SummaryError,
     load_summary,
@@ -73,7 +74,7 @@ def _prelaunch(**changed: Any) -> Prelaunch:
 def _attempt_end(**changed: Any) -> AttemptEnd:
     """What runner/train/record.py records at the end of a completed 8-step attempt."""
     record = AttemptEnd(
-        outcome=attempt_status("completed"),
+        outcome=attempt_status(RunStatus.completed),
         interruptions=None,
         steps_completed=8,
         final={"loss": 3.2, "throughput/mfu": 0.4, "memory/peak_gb": 0.7},
@@ -135,7 +136,7 @@ def test_a_full_disk_still_records_the_run_end_over_the_old_summary(tmp_path: Pa
 def test_what_does_not_fit_over_the_old_summary_is_cut_to_the_status(tmp_path: Path, full_disk: None) -> None:
     running = {"status": "running", "steps_completed": 3}
     (tmp_path / "summary.json").write_text(json.dumps(running, indent=2) + " " * 200)
-    failed = attempt_status("failed", "OSError: no room")
+    failed = attempt_status(RunStatus.failed, "OSError: no room")
     write_attempt_end(tmp_path, _attempt_end(outcome=failed, final={"loss": list(range(3000))}))
     written = read_summary(tmp_path)
     assert written["status"] == "failed" and written["error"] == "OSError: no room"
@@ -147,7 +148,7 @@ def test_what_does_not_fit_over_the_old_summary_is_cut_to_the_status(tmp_path: P
 
 def test_a_full_disk_with_no_old_summary_raises(tmp_path: Path, full_disk: None) -> None:
     with pytest.raises(OSError, match="No space left"):
-        write_outcome(tmp_path, Outcome(status="failed"))
+        write_outcome(tmp_path, Outcome(status=RunStatus.failed))
 
 
 def test_every_phase_writes_keys_of_the_schema_with_its_types() -> None:
@@ -172,7 +173,7 @@ def test_what_each_phase_writes_reads_back_typed(tmp_path: Path) -> None:
     assert "tokenizer" not in read_summary(tmp_path)  # absent without data.tokenizer, as before
 
     stopped = {"signal": "SIGTERM", "reason": "stopped by SIGTERM", "step": 4}
-    interrupted = attempt_status("interrupted", "stopped by SIGTERM")
+    interrupted = attempt_status(RunStatus.interrupted, "stopped by SIGTERM")
     returned = write_attempt_end(tmp_path, _attempt_end(outcome=interrupted, interruptions=[stopped]))
     assert returned == read_summary(tmp_path)
     end = load_summary(tmp_path)
