@@ -1,11 +1,14 @@
-"""The facts a precision carries, stated once (runner/config_choices.py) for every estimator and rank."""
+"""The facts a precision and a ZeRO stage carry, stated once (runner/config_choices.py) for every
+estimator and rank."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from runner.config import Precision
+from runner.config import Precision, ZeroStage
 from runner.hardware.peak_flops import torch_dtype
 
 pytestmark = pytest.mark.unit
@@ -25,3 +28,19 @@ def test_a_precision_says_its_element_bytes_and_torch_dtype(precision, element_b
     assert torch_dtype(precision.value) is dtype and torch_dtype(dtype) is dtype
     with pytest.raises(ValueError, match="one of fp32, bf16, fp16"):
         torch_dtype("fp8")
+
+
+@pytest.mark.parametrize("stage", list(ZeroStage))
+def test_a_zero_stage_shards_what_deepspeed_partitions_at_it(stage):
+    """Each property gives DeepSpeed 0.19.8's own answer for the stage: its config turns ZeRO's
+    optimizer on (``zero_enabled``), its engine partitions the gradients and the weights."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    config = DeepSpeedConfig({"train_batch_size": 1, "zero_optimization": {"stage": int(stage)}})
+    engine = SimpleNamespace(zero_optimization_stage=lambda: int(stage))
+    assert (stage.shards_optimizer_states, stage.shards_gradients, stage.shards_parameters) == (
+        config.zero_enabled,
+        DeepSpeedEngine.zero_optimization_partition_gradients(engine),
+        DeepSpeedEngine.zero_optimization_partition_weights(engine),
+    )
