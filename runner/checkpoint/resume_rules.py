@@ -15,6 +15,7 @@ from typing import Any
 
 from runner.config import OptimizerName, Precision, ZeroStage
 from runner.layout import Layout
+from runner.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.rundir.checkpoint_record import STAGE_SPLITS, UNIVERSAL_SUFFIX, own_layout
 
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
@@ -29,9 +30,15 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroS
         # Stage 0 saves the whole model and optimizer state once per model-parallel rank
         # (mp_rank_XX_model_states.pt, or a pipeline's layer_XX files), which DeepSpeed
         # loads as it is at any dp; but in bf16 under a pipeline its BF16_Optimizer cuts
-        # the optimizer state over the data-parallel ranks, like ZeRO-1.
-        bf16_pipeline = layout.pp > 1 and record.get("precision") == Precision.bf16.value
-        return bf16_pipeline and saved["dp"] != layout.dp
+        # the optimizer state over the data-parallel ranks, like ZeRO-1. A record that
+        # names no precision is not taken for bf16.
+        saved_precision = record.get("precision")
+        cut_over_dp = (
+            saved_precision is not None
+            and optimizer_wrapper(precision=saved_precision, zero_stage=ZeroStage.ddp, pp=layout.pp)
+            is OptimizerWrapper.bf16_optimizer
+        )
+        return cut_over_dp and saved["dp"] != layout.dp
     return (saved["dp"], *saved_split, record["zero_stage"]) != (layout.dp, layout.tp, layout.pp, zero_stage)
 
 
@@ -83,10 +90,17 @@ def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
 
 
 def universal_engine(layout: Layout, zero_stage: ZeroStage | int, precision: Precision) -> bool:
-    """Whether this layout's engine loads a universal checkpoint itself: ZeRO 1-3; stage 0 in bf16
-    under a pipeline (DeepSpeed's BF16_Optimizer, runner/checkpoint/stage0_pipeline.py); stage 0
-    under tensor parallelism (its ranks slice it: runner/checkpoint/stage0_tp.py)."""
-    return zero_stage != 0 or (layout.pp > 1 and precision == Precision.bf16) or layout.tp > 1
+    """Whether this layout's engine loads a universal checkpoint itself: where its optimizer
+    wrapper is ZeRO's (stages 1-3) or BF16_Optimizer (stage 0 in bf16 under a pipeline:
+    runner/checkpoint/stage0_pipeline.py), and at stage 0 under tensor parallelism (its ranks
+    slice it: runner/checkpoint/stage0_tp.py)."""
+    wrapper = optimizer_wrapper(precision=precision, zero_stage=zero_stage, pp=layout.pp)
+    loads_itself = (
+        OptimizerWrapper.zero_optimizer,
+        OptimizerWrapper.zero3_optimizer,
+        OptimizerWrapper.bf16_optimizer,
+    )
+    return wrapper in loads_itself or layout.tp > 1
 
 
 def resume_tag(

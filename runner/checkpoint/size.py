@@ -49,6 +49,7 @@ from runner.config import ModelConfig, OptimizerName, Precision, TrainConfig, Ze
 from runner.memory_model.states import bytes_per_param
 from runner.memory_model.units import FP32_BYTES
 from runner.model.shape import num_params, param_numels
+from runner.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 
 
 def saved_elements(model: ModelConfig, *, tp: int, pp: int) -> tuple[int, int]:
@@ -72,10 +73,11 @@ def saved_bytes_per_param(
     weight, _, state = bytes_per_param(precision, optimizer)
     if zero_stage >= 1 and precision == Precision.fp32:
         state += FP32_BYTES  # ZeRO's own fp32 master partition (bytes_per_param counts none in fp32)
-    if zero_stage == 0 and precision == Precision.bf16 and pp > 1:
-        # DeepSpeed's BF16_Optimizer (engine.py ``_do_optimizer_sanity_check``: bf16 at stage 0
-        # under a pipeline) has its state saved twice: in the model-states files, as any stage-0
-        # optimizer's, and in its own bf16_zero_* files (``_save_checkpoint``, ``_save_zero_checkpoint``).
+    wrapper = optimizer_wrapper(precision=precision, zero_stage=zero_stage, pp=pp)
+    if wrapper is OptimizerWrapper.bf16_optimizer:
+        # DeepSpeed's BF16_Optimizer (bf16 at stage 0 under a pipeline: runner/optimizer_wrapper.py)
+        # has its state saved twice: in the model-states files, as any stage-0 optimizer's, and
+        # in its own bf16_zero_* files (engine.py ``_save_checkpoint``, ``_save_zero_checkpoint``).
         state *= 2
     return (0 if zero_stage == 3 else weight), state
 

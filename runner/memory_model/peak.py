@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.config import OffloadPlacement, Precision, ZeroStage
+from runner.config import OffloadPlacement
 from runner.memory_model.activations import BlockShape, activation_items_total
 from runner.memory_model.case import HeldStates, MemoryCase, held_states
 from runner.memory_model.peak_lines import (
@@ -49,6 +49,7 @@ from runner.memory_model.peak_lines import (
     zero3_tp_build_bytes,
 )
 from runner.memory_model.states import zero12_backward_buckets
+from runner.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 
 
 @dataclass(frozen=True)
@@ -212,22 +213,23 @@ def _pipeline_lines(
         stage_input=act.stage_input,
         block_backward=act.block_backward,
     )
-    # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer (engine.py
-    # ``_do_optimizer_sanity_check``: BFLOAT16 with pipeline_parallelism). It allocates its
-    # flat gradient buffer (the ``grads`` term) at construction (bf16_optimizer.py
-    # ``_setup_for_real_optimizer``), so the first stage's first backward has it whole,
-    # and adds the parameters' own bf16 gradients into it after each backward
-    # (``update_hp_grads``), keeping them: from the second backward on both are live.
-    bf16_stage0 = case.zero_stage == ZeroStage.ddp and case.precision != Precision.fp32
+    # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer (runner/optimizer_wrapper.py).
+    # It allocates its flat gradient buffer (the ``grads`` term) at construction
+    # (bf16_optimizer.py ``_setup_for_real_optimizer``), so the first stage's first backward
+    # has it whole, and adds the parameters' own bf16 gradients into it after each backward
+    # (``update_hp_grads``), keeping them: from the second backward on both are live. fp16 at
+    # stage 0, whose wrapper is FP16_UnfusedOptimizer, is given the same lines here.
+    wrapper = optimizer_wrapper(precision=case.precision, zero_stage=case.zero_stage, pp=case.pp)
+    stage0_16bit = wrapper in (OptimizerWrapper.bf16_optimizer, OptimizerWrapper.fp16_unfused_optimizer)
     after_peak = 0
-    if first >= last and not bf16_stage0:
+    if first >= last and not stage0_16bit:
         after_peak = first_stage_grads_after_peak(
             act.items, grads=held.grads, pp=case.pp, accum_steps=accum_steps
         )
     # The first stage peaks at its first backward with m <= p micro-batches a step, the
     # last at any. Measured (tiny, 2 stages): m = 2 0.997 and m = 4 1.001 of the
     # allocator's peak (were 0.956 and 0.962 discounting the buffer, without this line).
-    if bf16_stage0 and (accum_steps > case.pp if first >= last else accum_steps > 1):
+    if stage0_16bit and (accum_steps > case.pp if first >= last else accum_steps > 1):
         lines[BF16_PARAM_GRADS] = held.grads
     # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
     # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one

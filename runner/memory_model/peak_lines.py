@@ -7,6 +7,7 @@ from __future__ import annotations
 from runner.config import ModelConfig, OffloadPlacement, Precision, ZeroStage
 from runner.memory_model.activations import TRANSIENT_ITEMS, BlockShape, after_the_head, transient_peak
 from runner.model.shape import embedding_numels
+from runner.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.parallel.pipeline_split import rank_param_numels
 
 TIED_HEAD_GRADIENT = "tied head grad (in backward)"
@@ -206,7 +207,7 @@ def optimizer_step_bytes(
     """Device bytes the optimizer step adds while it runs: the gradients copied for an fp32 optimizer.
 
     Backward's activations are freed by then; the model states and these copies are live
-    (DeepSpeed 0.19.8):
+    (DeepSpeed 0.19.8), by the optimizer's wrapper (runner/optimizer_wrapper.py):
 
     - ZeRO 1-2 (stage_1_and_2.py ``step``): each group's gradient partition written into
       one new fp32 tensor, 4 B per element of the partition. In 16-bit DeepSpeed flattens it
@@ -233,13 +234,14 @@ def optimizer_step_bytes(
     if offload != OffloadPlacement.none:
         return 0
     partition = -(-local // dp)
-    if zero_stage in (1, 2):
+    wrapper = optimizer_wrapper(precision=precision, zero_stage=zero_stage, pp=pp)
+    if wrapper is OptimizerWrapper.zero_optimizer:
         return 4 * partition  # the fp32 partition, written in one pass
-    if zero_stage == 3:
+    if wrapper is OptimizerWrapper.zero3_optimizer:
         return 4 * min(partition, SUB_GROUP_ELEMENTS)
-    if precision == Precision.fp32:
+    if wrapper is OptimizerWrapper.none:
         return 0
-    return (4 + 2) * local if pp > 1 and precision == Precision.bf16 else 4 * local
+    return (4 + 2) * local if wrapper is OptimizerWrapper.bf16_optimizer else 4 * local
 
 
 def grads_after_activation_peak(

@@ -54,6 +54,7 @@ from runner.metrics.step_probes import StepProbes
 from runner.metrics.step_profiler import StepProfiler
 from runner.metrics.throughput import throughput_metrics
 from runner.metrics.wall_clock import WallClock, wall_parts
+from runner.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.parallel.tensor import grad_norm as tp_grad_norm
 from runner.train import saving
 from runner.train.context import RunContext
@@ -200,11 +201,13 @@ class Trainer:
         self.clock = PhaseClock(self.device, PHASES if layout.pp == 1 else PIPELINE_PHASES)
         self.nan_steps = injected_nan_steps(ctx.rank)  # LADDER_INJECT_NAN (tests of train.on_nonfinite)
         self.precision: Precision = config.precision.name
-        # DeepSpeed reports no global grad norm at stage 0 in fp32; there every rank holds the
-        # full all-reduced gradient at the boundary, so the norm is computed from it directly.
-        self.own_grad_norm = (
-            layout.pp == 1 and config.parallel.zero_stage == 0 and self.precision == Precision.fp32
+        # DeepSpeed reports no global grad norm where torch's optimizer steps unwrapped (stage 0
+        # in fp32); there every rank holds the full all-reduced gradient at the boundary, so the
+        # norm is computed from it directly.
+        wrapper = optimizer_wrapper(
+            precision=self.precision, zero_stage=config.parallel.zero_stage, pp=layout.pp
         )
+        self.own_grad_norm = layout.pp == 1 and wrapper is OptimizerWrapper.none
         self.saved_bytes = 0  # what the first micro-batch of the attempt saved for backward
         self.pipeline: PipelineHooks | None = None
         # This rank's data-parallel rank: under a pipeline from DeepSpeed's topology (pipe-major rank order).
