@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.config import OffloadPlacement
+from runner.config import OffloadPlacement, ZeroStage
 from runner.memory_model.activations import BlockShape, activation_items_total
 from runner.memory_model.case import HeldStates, MemoryCase, held_states
 from runner.memory_model.peak_lines import (
@@ -139,7 +139,7 @@ def _in_backward_lines(
     lines: dict[str, int] = {}
     # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
     # allocates stays until then, live at every later micro-batch's loss: all of it adds.
-    to_boundary = case.zero_stage == 1 and accum_steps > 1
+    to_boundary = case.zero_stage is ZeroStage.zero1 and accum_steps > 1
     for name, size in buckets.items():
         if to_boundary:
             lines[name] = size
@@ -165,7 +165,7 @@ def _at_backward_end(
     """
     bucketed = sum(buckets.values())
     at_end = bucketed + tied_gradient_join_bytes(tied, zero_stage=case.zero_stage, accum_steps=accum_steps)
-    if case.zero_stage == 2 and accum_steps == 1 and case.reduce_bucket_size >= held.local:
+    if case.zero_stage is ZeroStage.zero2 and accum_steps == 1 and case.reduce_bucket_size >= held.local:
         # A bucket that takes every gradient reduces none before backward ends: ZeRO-2's
         # gradient partition (stage_1_and_2.py ``copy_grads_in_partition``) is made after.
         at_end = max(bucketed, at_end - held.grads)
@@ -237,7 +237,7 @@ def _pipeline_lines(
     # allocator events on gpt2_124m's last stage (micro 4, seq 128, accum 4): 0.49 GB
     # more after the first backward, to the boundary, and 0.49 GB more there.
     buckets = _backward_buckets(case)
-    if case.zero_stage == 1 and buckets:
+    if case.zero_stage is ZeroStage.zero1 and buckets:
         lines.update(buckets)
         if (beyond := case.bytes_per_elem * case.reduce_bucket_size - act.peak) > 0:
             lines["reduce_bucket (at boundary)"] = beyond
@@ -258,7 +258,7 @@ def _backward_buckets(case: MemoryCase) -> dict[str, int]:
 
 def _flat_bytes(case: MemoryCase, held: HeldStates) -> int:
     """ZeRO-0 all-reduces its gradients through one flat copy of them (allreduce_flat_bytes); 0 otherwise."""
-    if case.zero_stage != 0 or not held.grads:
+    if case.zero_stage is not ZeroStage.ddp or not held.grads:
         return 0
     return allreduce_flat_bytes(held.local, largest=held.largest, precision=case.precision)
 
@@ -285,7 +285,7 @@ def _build_bytes(case: MemoryCase) -> int:
     zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
     ranks the build is host memory (runner/plan/host.py).
     """
-    tp_zero3 = case.zero_stage == 3 and case.tp > 1 and case.pp == 1
+    tp_zero3 = case.zero_stage.shards_parameters and case.tp > 1 and case.pp == 1
     if not tp_zero3 or case.host_is_device or case.offload == OffloadPlacement.optimizer_and_params:
         return 0
     return zero3_tp_build_bytes(case.model, precision=case.precision, dp=case.dp)

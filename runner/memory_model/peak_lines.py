@@ -178,9 +178,10 @@ def tied_gradient_join_bytes(tied: int, *, zero_stage: ZeroStage | int, accum_st
     V = 32000, h = 512 at micro 4, seq 64. Without them ZeRO-1 planned 0.906 and 0.914 of
     gpt2_124m's peak, ZeRO-2 0.837 and 0.856 of the 2-layer model's.
     """
-    if not tied or zero_stage > 2:
+    stage = ZeroStage(zero_stage)
+    if not tied or stage.shards_parameters:
         return 0
-    return tied * (2 if zero_stage < 2 and accum_steps == 1 else 3)
+    return tied * (2 if not stage.shards_gradients and accum_steps == 1 else 3)
 
 
 def allreduce_flat_bytes(local: int, *, largest: int, precision: Precision | str) -> int:
@@ -270,7 +271,7 @@ def grads_after_activation_peak(
     micro-batch per step 2.928 against 2.929 GB (3.422 counting its 0.49 GB of gradients
     whole), ZeRO-2 3.454 against 3.464 (3.948); tiny in bf16 at ZeRO-0 0.100 against 0.102.
     """
-    if accum_steps > 1 or zero_stage == 3:
+    if accum_steps > 1 or ZeroStage(zero_stage) is ZeroStage.zero3:
         return 0
     peak_a, end = at_activation_peak, at_backward_end
     return grads + max(peak_a, end) - max(peak_a, grads + end)
