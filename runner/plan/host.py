@@ -291,7 +291,7 @@ def _steady_bytes(workload: Workload, knobs: Knobs, layout: Layout, memory: Memo
         steady = {"device total (CPU ranks)": memory.total}
     else:
         steady = {**memory.host, CUDA_RUNTIME: CUDA_RUNTIME_BYTES}
-        if knobs.zero_stage == ZeroStage.zero3 and knobs.offload != OffloadPlacement.optimizer_and_params:
+        if knobs.zero_stage is ZeroStage.zero3 and knobs.offload != OffloadPlacement.optimizer_and_params:
             model, tp = workload.model, layout.tp
             rank_params = workload.num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
             steady[ZERO3_DEFRAGMENT] = _weight_bytes(workload.precision) * -(-rank_params // layout.dp)
