@@ -26,7 +26,7 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroS
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
     saved_split = (saved.get("tp", 1), saved.get("pp", 1))
-    if record["zero_stage"] == zero_stage == 0 and saved_split == (layout.tp, layout.pp):
+    if record["zero_stage"] == zero_stage == ZeroStage.ddp and saved_split == (layout.tp, layout.pp):
         # Stage 0 saves the whole model and optimizer state once per model-parallel rank
         # (mp_rank_XX_model_states.pt, or a pipeline's layer_XX files), which DeepSpeed
         # loads as it is at any dp; but in bf16 under a pipeline its BF16_Optimizer cuts
