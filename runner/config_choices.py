@@ -152,7 +152,7 @@ class ZeroStage(IntEnum):
         """Whether DeepSpeed overlaps the gradients' reduction with backward at this stage:
         ``parallel.overlap_comm``, or where it is null DeepSpeed's own default, on at ZeRO-3
         and off below (deepspeed/runtime/zero/config.py ``overlap_comm_valid``)."""
-        return overlap_comm if overlap_comm is not None else self == ZeroStage.zero3
+        return overlap_comm if overlap_comm is not None else self is ZeroStage.zero3
 
 
 class Resume(str, Enum):
