@@ -94,7 +94,7 @@ class MemoryCase:
     @property
     def bytes_per_elem(self) -> int:
         """Bytes of one element of the model dtype: the weights, gradients and activations."""
-        return Precision(self.precision).bytes
+        return self.precision.bytes
 
 
 class LayoutKnobs(Protocol):

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass
 
 from runner.config import OffloadPlacement, OptimizerName, Precision, ZeroStage
-from runner.memory_model.units import FP32_BYTES, HALF_BYTES, _choice, _shard
+from runner.memory_model.units import FP32_BYTES, _choice, _shard
 from runner.rules import offload_problems, offload_switches
 
 
@@ -53,9 +53,8 @@ def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) 
     prec = _choice(precision, Precision, "precision")
     opt = _choice(optimizer, OptimizerName, "optimizer")
     state = 2 * FP32_BYTES if opt == OptimizerName.adamw else FP32_BYTES  # (m, v) or momentum, fp32
-    if prec == Precision.fp32:
-        return FP32_BYTES, FP32_BYTES, state
-    return HALF_BYTES, HALF_BYTES, FP32_BYTES + state  # + fp32 master weights
+    master = 0 if prec is Precision.fp32 else FP32_BYTES  # 16-bit training's fp32 master weights
+    return prec.bytes, prec.bytes, master + state
 
 
 def model_states(
@@ -167,7 +166,7 @@ def deepspeed_residuals(  # noqa: PLR0913 - public estimator API: keyword argume
     stage = ZeroStage(zero_stage)  # model_states checked it
     prec = _choice(precision, Precision, "precision")
     off = _choice(offload, OffloadPlacement, "offload")
-    grad_bytes = Precision(prec).bytes
+    grad_bytes = prec.bytes
     residuals: dict[str, int] = {}
     if stage is ZeroStage.zero3:
         # On one rank nothing is partitioned: the "partition" is the parameter itself.
@@ -208,7 +207,7 @@ def zero12_backward_buckets(
         return {}
     if not (contiguous_gradients or _choice(offload, OffloadPlacement, "offload") != OffloadPlacement.none):
         return {}
-    model_bytes = Precision(_choice(precision, Precision, "precision")).bytes
+    model_bytes = _choice(precision, Precision, "precision").bytes
     buffers = 2 if overlap_comm else 1
     return {"reduce_bucket (in backward)": buffers * model_bytes * reduce_bucket_size}
 
@@ -279,10 +278,11 @@ def offload_host_buffers(  # noqa: PLR0913 - public estimator API: keyword argum
     if largest_param < 0 or (accum_steps is not None and accum_steps < 1):
         raise ValueError(f"largest_param={largest_param} must be >= 0 and accum_steps={accum_steps} >= 1")
     stage = ZeroStage(zero_stage)  # model_states checked it
-    p = Precision(_choice(precision, Precision, "precision")).bytes
+    prec = _choice(precision, Precision, "precision")
+    p = prec.bytes
     partition = _shard(num_params, 1, dp)  # elements
     buffers: dict[str, int] = {}
-    if p == FP32_BYTES:
+    if prec is Precision.fp32:
         buffers["fp32_master_copy"] = FP32_BYTES * partition
     if stage is ZeroStage.zero3:
         buffers["grad_partitions_flat_buffer"] = p * partition

@@ -54,7 +54,7 @@ from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.rules import loss_tile_count
 from runner.step_time.calibration import Calibration
-from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, element_bytes, gemm_caveats, micro_compute
+from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, gemm_caveats, micro_compute
 from runner.step_time.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.step_time.workload import Knobs, Workload
 from runner.step_time.zero3_reuse import layout_regathered
@@ -96,7 +96,7 @@ def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) ->
     if rate is None:
         return None
     model, tp = workload.model, layout.tp
-    elem = element_bytes(workload.precision)
+    elem = workload.precision.bytes
     tokens = layout.micro_size * workload.seq_len
     sizes = [tokens * model.vocab_size // tp * elem] * 4 + [model.vocab_size // tp * model.d_model * elem] * 2
     if workload.precision != Precision.fp32:
@@ -178,7 +178,7 @@ def _zero3_terms(
         )
     if not tensors:
         return terms
-    elem = element_bytes(workload.precision)
+    elem = workload.precision.bytes
     per_byte = calibration.zero3_byte_seconds()
     if per_byte is not None:
         gathered = elem * sum(n for n in numels if n > threshold)
@@ -414,7 +414,7 @@ def compute_terms(
     local = sum(rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp))
     copy = calibration.copy_rate(4 * local)
     if accum > 1 and copy is not None:
-        elem = element_bytes(workload.precision)
+        elem = workload.precision.bytes
         terms.append(
             Term(
                 "grad accumulation",
