@@ -26,11 +26,17 @@ class Precision(str, Enum):
         return 4 if self is Precision.fp32 else 2
 
     @property
+    def torch_dtype_name(self) -> str:
+        """torch's name of this precision's compute dtype (float32, bfloat16, float16), known without
+        torch: how a calibration file names the dtype it timed in."""
+        return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[self.value]
+
+    @property
     def torch_dtype(self) -> Any:
         """The torch dtype of this precision's compute."""
         import torch  # deferred: the config, the plan and the launcher are read without torch
 
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+        return getattr(torch, self.torch_dtype_name)
 
 
 class OptimizerName(str, Enum):

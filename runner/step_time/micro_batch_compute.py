@@ -35,7 +35,7 @@ from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.op_recompute import RECOMPUTED_MATMULS
 from runner.model.shape import n_kv_head
-from runner.step_time.calibration import Calibration, dtype_name
+from runner.step_time.calibration import Calibration
 from runner.step_time.eager_traffic import block_rest_traffic, loss_traffic
 from runner.step_time.workload import Workload
 
@@ -274,7 +274,7 @@ def _rest(
                 _rank_block(workload, layout),
                 layout.micro_size,
                 workload.seq_len,
-                dtype_name(workload.precision),
+                workload.precision.torch_dtype_name,
                 h // model.n_head,
             )
             block_bytes = float(counted)
@@ -299,7 +299,7 @@ def _rest(
     else:
         # The loss runs eagerly in a compiled run too (runner/engine/compile_blocks.py compiles blocks).
         loss_bytes, loss_kernels = loss_traffic(
-            tokens, model.vocab_size // tp, dtype_name(workload.precision)
+            tokens, model.vocab_size // tp, workload.precision.torch_dtype_name
         )
         head_rate = calibration.copy_rate(loss_bytes)
         if head_rate is None:

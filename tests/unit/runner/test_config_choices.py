@@ -10,6 +10,7 @@ import torch
 
 from runner.config import Precision, ZeroStage
 from runner.hardware.peak_flops import torch_dtype
+from runner.step_time.calibration import precision_of
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.unit
 )
 def test_a_precision_says_its_element_bytes_and_torch_dtype(precision, element_bytes, dtype):
     assert (precision.bytes, precision.torch_dtype) == (element_bytes, dtype)
+    assert precision.torch_dtype_name == str(dtype).removeprefix("torch.")
+    assert precision_of(precision.torch_dtype_name) is precision
     assert torch.tensor([], dtype=dtype).element_size() == element_bytes
     assert torch_dtype(precision.value) is dtype and torch_dtype(dtype) is dtype
     with pytest.raises(ValueError, match="one of fp32, bf16, fp16"):
