@@ -46,7 +46,7 @@ def _deepspeed_choice(
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.constants import BFLOAT16, DDP_BFLOAT16, FP16
     from deepspeed.runtime.engine import DeepSpeedEngine
-    from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION
+    from deepspeed.runtime.zero.config import ZERO_OPTIMIZATION, ZeroStageEnum
 
     # ZeRO's list of tested optimizers only decides a warning (SGD is allowed untested), and
     # asking it needs a process group and imports Muon, which compiles its kernels.
@@ -57,8 +57,9 @@ def _deepspeed_choice(
         setattr(engine, name, MethodType(getattr(DeepSpeedEngine, name), engine))
     choice = DeepSpeedEngine._do_optimizer_sanity_check(engine, basic_optimizer)
     if choice == ZERO_OPTIMIZATION:
-        stage3 = engine.zero_optimization_stage() == 3
-        return OptimizerWrapper.zero3_optimizer if stage3 else OptimizerWrapper.zero_optimizer
+        # engine.py _configure_zero_optimizer: stage_1_and_2.py up to the gradients' stage, else stage3.py
+        stages_1_and_2 = engine.zero_optimization_stage() <= ZeroStageEnum.gradients
+        return OptimizerWrapper.zero_optimizer if stages_1_and_2 else OptimizerWrapper.zero3_optimizer
     if choice in (FP16, DDP_BFLOAT16):
         fused = isinstance(basic_optimizer, FusedAdam)
         return OptimizerWrapper.fp16_optimizer if fused else OptimizerWrapper.fp16_unfused_optimizer
