@@ -26,7 +26,8 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroS
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
     saved_split = (saved.get("tp", 1), saved.get("pp", 1))
-    if record["zero_stage"] == zero_stage == ZeroStage.ddp and saved_split == (layout.tp, layout.pp):
+    saved_stage0 = ZeroStage(record["zero_stage"]) is ZeroStage.ddp
+    if saved_stage0 and ZeroStage(zero_stage) is ZeroStage.ddp and saved_split == (layout.tp, layout.pp):
         # Stage 0 saves the whole model and optimizer state once per model-parallel rank
         # (mp_rank_XX_model_states.pt, or a pipeline's layer_XX files), which DeepSpeed
         # loads as it is at any dp; but in bf16 under a pipeline its BF16_Optimizer cuts
@@ -70,7 +71,8 @@ def check_resumable(
             f"own layout ({own_layout(record)}), or start a new run directory"
         )
     cut_both_ways = saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1
-    if cut_both_ways and record["zero_stage"] != 0 and not record.get(STAGE_SPLITS):
+    saved_zero = ZeroStage(record["zero_stage"]) is not ZeroStage.ddp
+    if cut_both_ways and saved_zero and not record.get(STAGE_SPLITS):
         # Without every stage's splits ds_to_universal joins a stage's shards along dimension 0,
         # wrong for the row-split and whole tensors: a ZeRO checkpoint of an earlier ladder.
         # (ladder joins a stage-0 checkpoint's shards itself: runner/checkpoint/stage0_pipeline.py.)
