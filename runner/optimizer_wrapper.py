@@ -9,16 +9,16 @@ is built, so the plan asks it too.
 DeepSpeed chooses in deepspeed/runtime/engine.py ``DeepSpeedEngine._configure_optimizer``, on
 what ``_do_optimizer_sanity_check`` returns:
 
-=========  =====  ====  ==================================  ================================
-precision  stage  pp    sanity check returns                wrapper
-=========  =====  ====  ==================================  ================================
-fp32       0      any   None                                none: torch's optimizer steps
-bf16       0      1     DDP_BFLOAT16                        FP16_UnfusedOptimizer
-bf16       0      > 1   BFLOAT16 (``pipeline_parallelism``)  BF16_Optimizer
-fp16       0      any   FP16                                FP16_UnfusedOptimizer
-any        1-2    any   ZERO_OPTIMIZATION                   DeepSpeedZeroOptimizer
-any        3      any   ZERO_OPTIMIZATION                   DeepSpeedZeroOptimizer_Stage3
-=========  =====  ====  ==================================  ================================
+=========  =====  ===  ===================================  =============================
+precision  stage  pp   sanity check returns                 wrapper
+=========  =====  ===  ===================================  =============================
+fp32       0      any  None                                 none: torch's optimizer steps
+bf16       0      1    DDP_BFLOAT16                         FP16_UnfusedOptimizer
+bf16       0      > 1  BFLOAT16 (``pipeline_parallelism``)  BF16_Optimizer
+fp16       0      any  FP16                                 FP16_UnfusedOptimizer
+any        1-2    any  ZERO_OPTIMIZATION                    DeepSpeedZeroOptimizer
+any        3      any  ZERO_OPTIMIZATION                    DeepSpeedZeroOptimizer_Stage3
+=========  =====  ===  ===================================  =============================
 
 Two of DeepSpeed's branches no ladder layout takes, as runner/engine/deepspeed_config.py writes
 DeepSpeed's config: FP16 and DDP_BFLOAT16 give ``FP16_Optimizer`` only around DeepSpeed's
