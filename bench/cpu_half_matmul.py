@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runner.config import ModelConfig
+from runner.config import ModelConfig, Precision
 from runner.hardware.cpu_half_matmul import computes_in_fp32, half_matmuls_in_fp32
 from runner.model.transformer import Transformer, lm_loss
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {precision.value: precision.torch_dtype for precision in Precision}
 
 
 def _step(d_model: int, dtype: torch.dtype) -> Callable[[], float]:

@@ -11,6 +11,8 @@ direction) for a lower bound on the time.
 
 from __future__ import annotations
 
+from runner.config_choices import ZeroStage
+
 
 def _check(size_bytes: float, n: int) -> None:
     if size_bytes < 0:
@@ -66,18 +68,19 @@ def zero_step_bytes(
     2 (``stage_1_and_2.py`` ``reduce_ready_partitions_and_remove_grads``: a rank keeps only
     its partition) and stage 3, whose parameter gathers also recur every micro-batch.
     """
-    if zero_stage not in (0, 1, 2, 3):
+    if zero_stage not in tuple(ZeroStage):
         raise ValueError(f"zero_stage={zero_stage} is not one of 0, 1, 2, 3")
     if dp < 1:
         raise ValueError(f"dp={dp} must be >= 1")
     if num_params < 0:
         raise ValueError(f"num_params={num_params} must be >= 0")
+    stage = ZeroStage(zero_stage)
     p_bytes = grad_bytes_per_elem if param_bytes_per_elem is None else param_bytes_per_elem
     grads = num_params * grad_bytes_per_elem
     params = num_params * p_bytes
-    if zero_stage == 0:
+    if not stage.shards_optimizer_states:
         return allreduce_bytes(grads, dp)
-    if zero_stage in (1, 2):
+    if not stage.shards_parameters:
         return reduce_scatter_bytes(grads, dp) + allgather_bytes(params, dp)
     return reduce_scatter_bytes(grads, dp) + 2 * allgather_bytes(params, dp)
 

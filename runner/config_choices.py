@@ -26,11 +26,17 @@ class Precision(str, Enum):
         return 4 if self is Precision.fp32 else 2
 
     @property
+    def torch_dtype_name(self) -> str:
+        """torch's name of this precision's compute dtype (float32, bfloat16, float16), known without
+        torch: how a calibration file names the dtype it timed in."""
+        return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[self.value]
+
+    @property
     def torch_dtype(self) -> Any:
         """The torch dtype of this precision's compute."""
         import torch  # deferred: the config, the plan and the launcher are read without torch
 
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.value]
+        return getattr(torch, self.torch_dtype_name)
 
 
 class OptimizerName(str, Enum):
@@ -124,11 +130,35 @@ class ZeroStage(IntEnum):
     zero2 = 2  # + gradients
     zero3 = 3  # + parameters
 
+    # What each stage partitions over dp, as DeepSpeed 0.19.8 decides it from the stage's number
+    # (deepspeed/runtime/zero/config.py ``ZeroStageEnum``: optimizer_states 1, gradients 2,
+    # weights 3); each stage partitions what the one below it does, and one thing more.
+
+    @property
+    def shards_optimizer_states(self) -> bool:
+        """Whether each dp rank keeps only its partition of the optimizer states (and steps only it):
+        stages 1-3, the stages at which DeepSpeed wraps the optimizer in ZeRO's
+        (deepspeed/runtime/config.py ``zero_enabled``: stage > 0)."""
+        return self >= ZeroStage.zero1
+
+    @property
+    def shards_gradients(self) -> bool:
+        """Whether each dp rank keeps only its partition of the gradients: stages 2-3
+        (deepspeed/runtime/engine.py ``zero_optimization_partition_gradients``: stage >= 2)."""
+        return self >= ZeroStage.zero2
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Whether each dp rank keeps only its partition of the parameters, gathering them to
+        compute: stage 3 (deepspeed/runtime/engine.py ``zero_optimization_partition_weights``:
+        stage >= 3)."""
+        return self >= ZeroStage.zero3
+
     def overlaps_comm(self, overlap_comm: bool | None) -> bool:
         """Whether DeepSpeed overlaps the gradients' reduction with backward at this stage:
         ``parallel.overlap_comm``, or where it is null DeepSpeed's own default, on at ZeRO-3
         and off below (deepspeed/runtime/zero/config.py ``overlap_comm_valid``)."""
-        return overlap_comm if overlap_comm is not None else self == ZeroStage.zero3
+        return overlap_comm if overlap_comm is not None else self is ZeroStage.zero3
 
 
 class Resume(str, Enum):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from runner.checkpoint import stage0_tp as checkpoint_stage0_tp
+from runner.config import ZeroStage
 from runner.engine.fixes import bf16_stage0_optimizer_load, stage3_universal_groups
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
 from runner.rundir.run_files import CHECKPOINT_DIR
@@ -33,9 +34,8 @@ def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
     bf16_stage0 = bf16_stage0_optimizer_load.is_bf16_stage0(engine)
     # Otherwise stage 0 reads a universal checkpoint only under tensor parallelism
     # (runner/checkpoint/resume_rules.py universal_engine).
-    stage0_tp = (
-        not bf16_stage0 and engine.zero_optimization_stage() == 0 and engine.load_universal_checkpoint()
-    )
+    stage = ZeroStage(engine.zero_optimization_stage())
+    stage0_tp = not bf16_stage0 and stage is ZeroStage.ddp and engine.load_universal_checkpoint()
     ladder_loads_optimizer = bf16_stage0 or stage0_tp
     loading = checkpoint_stage0_tp.engine_loading(engine) if stage0_tp else contextlib.nullcontext()
     with safe_load.weights_only_loads(), torch.no_grad(), loading:
@@ -48,7 +48,7 @@ def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
             checkpoint_stage0_tp.load(engine, root / tag, tp=engine.autotp_size())
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {root / tag}")
-    if engine.load_universal_checkpoint() and engine.zero_optimization_stage() == 3:
+    if engine.load_universal_checkpoint() and stage is ZeroStage.zero3:
         stage3_universal_groups.repair(engine.optimizer.optimizer, root / tag)
     rng = root / tag / f"rng_rank{rank}.pt"
     if rng.exists():

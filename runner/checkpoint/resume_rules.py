@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.config import OptimizerName, Precision, ZeroStage
+from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.layout import Layout
 from runner.rundir.checkpoint_record import STAGE_SPLITS, UNIVERSAL_SUFFIX, own_layout
 
@@ -25,13 +26,20 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroS
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
     saved_split = (saved.get("tp", 1), saved.get("pp", 1))
-    if record["zero_stage"] == zero_stage == 0 and saved_split == (layout.tp, layout.pp):
+    saved_stage0 = ZeroStage(record["zero_stage"]) is ZeroStage.ddp
+    if saved_stage0 and ZeroStage(zero_stage) is ZeroStage.ddp and saved_split == (layout.tp, layout.pp):
         # Stage 0 saves the whole model and optimizer state once per model-parallel rank
         # (mp_rank_XX_model_states.pt, or a pipeline's layer_XX files), which DeepSpeed
         # loads as it is at any dp; but in bf16 under a pipeline its BF16_Optimizer cuts
-        # the optimizer state over the data-parallel ranks, like ZeRO-1.
-        bf16_pipeline = layout.pp > 1 and record.get("precision") == Precision.bf16.value
-        return bf16_pipeline and saved["dp"] != layout.dp
+        # the optimizer state over the data-parallel ranks, like ZeRO-1. A record that
+        # names no precision is not taken for bf16.
+        saved_precision = record.get("precision")
+        cut_over_dp = (
+            saved_precision is not None
+            and optimizer_wrapper(precision=saved_precision, zero_stage=ZeroStage.ddp, pp=layout.pp)
+            is OptimizerWrapper.bf16_optimizer
+        )
+        return cut_over_dp and saved["dp"] != layout.dp
     return (saved["dp"], *saved_split, record["zero_stage"]) != (layout.dp, layout.tp, layout.pp, zero_stage)
 
 
@@ -63,7 +71,8 @@ def check_resumable(
             f"own layout ({own_layout(record)}), or start a new run directory"
         )
     cut_both_ways = saved.get("pp", 1) > 1 and saved.get("tp", 1) > 1
-    if cut_both_ways and record["zero_stage"] != 0 and not record.get(STAGE_SPLITS):
+    saved_zero = ZeroStage(record["zero_stage"]) is not ZeroStage.ddp
+    if cut_both_ways and saved_zero and not record.get(STAGE_SPLITS):
         # Without every stage's splits ds_to_universal joins a stage's shards along dimension 0,
         # wrong for the row-split and whole tensors: a ZeRO checkpoint of an earlier ladder.
         # (ladder joins a stage-0 checkpoint's shards itself: runner/checkpoint/stage0_pipeline.py.)
@@ -83,10 +92,17 @@ def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
 
 
 def universal_engine(layout: Layout, zero_stage: ZeroStage | int, precision: Precision) -> bool:
-    """Whether this layout's engine loads a universal checkpoint itself: ZeRO 1-3; stage 0 in bf16
-    under a pipeline (DeepSpeed's BF16_Optimizer, runner/checkpoint/stage0_pipeline.py); stage 0
-    under tensor parallelism (its ranks slice it: runner/checkpoint/stage0_tp.py)."""
-    return zero_stage != 0 or (layout.pp > 1 and precision == Precision.bf16) or layout.tp > 1
+    """Whether this layout's engine loads a universal checkpoint itself: where its optimizer
+    wrapper is ZeRO's (stages 1-3) or BF16_Optimizer (stage 0 in bf16 under a pipeline:
+    runner/checkpoint/stage0_pipeline.py), and at stage 0 under tensor parallelism (its ranks
+    slice it: runner/checkpoint/stage0_tp.py)."""
+    wrapper = optimizer_wrapper(precision=precision, zero_stage=zero_stage, pp=layout.pp)
+    loads_itself = (
+        OptimizerWrapper.zero_optimizer,
+        OptimizerWrapper.zero3_optimizer,
+        OptimizerWrapper.bf16_optimizer,
+    )
+    return wrapper in loads_itself or layout.tp > 1
 
 
 def resume_tag(

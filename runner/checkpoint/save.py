@@ -87,7 +87,7 @@ def save(
     client_state: dict[str, Any] = {"completed_steps": completed_steps}
     if getattr(engine.module, UNIVERSAL_CHECKPOINT_INFO, None) is None:
         client_state[UNIVERSAL_CHECKPOINT_INFO] = {}
-    elif zero_stage == 3 and layout.tp > 1:
+    elif ZeroStage(zero_stage) is ZeroStage.zero3 and layout.tp > 1:
         checkpoint_splits.record_whole_replicated_shapes(engine.module, tp=layout.tp)
     elif layout.pp > 1 and layout.tp > 1:  # for ds_to_universal (ZeRO 1); harmless at stage 0
         checkpoint_splits.record_every_stages_splits(engine.module)

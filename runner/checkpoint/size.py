@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.config import ModelConfig, OptimizerName, Precision, TrainConfig, ZeroStage
+from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.memory_model.states import bytes_per_param
 from runner.memory_model.units import FP32_BYTES
 from runner.model.shape import num_params, param_numels
@@ -69,15 +70,17 @@ def saved_bytes_per_param(
     precision: Precision | str, optimizer: OptimizerName | str, zero_stage: ZeroStage | int, *, pp: int = 1
 ) -> tuple[int, int]:
     """(bytes of the saved weight, bytes of the saved optimizer state) per parameter."""
+    stage = ZeroStage(zero_stage)
     weight, _, state = bytes_per_param(precision, optimizer)
-    if zero_stage >= 1 and precision == Precision.fp32:
+    if stage.shards_optimizer_states and precision == Precision.fp32:
         state += FP32_BYTES  # ZeRO's own fp32 master partition (bytes_per_param counts none in fp32)
-    if zero_stage == 0 and precision == Precision.bf16 and pp > 1:
-        # DeepSpeed's BF16_Optimizer (engine.py ``_do_optimizer_sanity_check``: bf16 at stage 0
-        # under a pipeline) has its state saved twice: in the model-states files, as any stage-0
-        # optimizer's, and in its own bf16_zero_* files (``_save_checkpoint``, ``_save_zero_checkpoint``).
+    wrapper = optimizer_wrapper(precision=precision, zero_stage=zero_stage, pp=pp)
+    if wrapper is OptimizerWrapper.bf16_optimizer:
+        # DeepSpeed's BF16_Optimizer (bf16 at stage 0 under a pipeline: runner/engine/optimizer_wrapper.py)
+        # has its state saved twice: in the model-states files, as any stage-0 optimizer's, and
+        # in its own bf16_zero_* files (engine.py ``_save_checkpoint``, ``_save_zero_checkpoint``).
         state *= 2
-    return (0 if zero_stage == 3 else weight), state
+    return (0 if stage.shards_parameters else weight), state
 
 
 def checkpoint_bytes(
@@ -132,6 +135,7 @@ def universal_bytes(
     and moments); from ZeRO 1-2 in fp32, a tied weight's second name is saved as a view of
     the model-states file's storage, so with every weight of that file.
     """
+    stage = ZeroStage(zero_stage)
     state = bytes_per_param(Precision.fp32, optimizer)[2]
     tied = model.vocab_size * model.d_model if model.tie_embeddings else 0
     # One file a tensor per key (fp32, each optimizer state, step), and the tied weight's fp32.
@@ -139,16 +143,16 @@ def universal_bytes(
     whole = num_params(model) * (FP32_BYTES + state) + tied * FP32_BYTES + files * SAVED_FILE_RECORDS
     weights, _ = saved_elements(model, tp=tp, pp=pp)
     weight = bytes_per_param(precision, optimizer)[0]
-    if pp > 1 or zero_stage == 3:
+    if pp > 1 or stage.shards_parameters:
         model_states = 0  # the weights are in the layer files (not copied), or nowhere (ZeRO-3)
-    elif zero_stage == 0:
+    elif stage is ZeroStage.ddp:
         model_states = weights // tp * weight  # rank 0's file, the optimizer left out
     else:
         model_states = weights * weight  # every tp rank's file, copied
-    if zero_stage == 0:  # ladder's own conversion: no temporary files
+    if stage is ZeroStage.ddp:  # ladder's own conversion: no temporary files
         return whole + model_states, whole + model_states
     fragments = num_params(model) * (FP32_BYTES + state)  # ds_to_universal's temporary folder
-    if zero_stage == 3:
+    if stage is ZeroStage.zero3:
         fragments += num_params(model) // dp * (FP32_BYTES + state)
     elif precision == Precision.fp32 and tied and pp == 1:
         fragments += weights // tp * weight

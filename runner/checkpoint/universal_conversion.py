@@ -152,7 +152,8 @@ def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig, *, cal
     if not (root / tag).is_dir():
         partial = root / (PARTIAL_PREFIX + tag)
         shutil.rmtree(partial, ignore_errors=True)
-        if record["zero_stage"] == 0:  # ladder joins stage 0's shards itself, under the model's names
+        # ladder joins stage 0's shards itself, under the model's names
+        if ZeroStage(record["zero_stage"]) is ZeroStage.ddp:
             _stage0_to_universal(root / record["tag"], partial, record, model, caller)
         else:
             _ds_to_universal(root / record["tag"], partial, record, caller)

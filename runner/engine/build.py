@@ -14,7 +14,6 @@ from torch import nn
 
 from runner.config import TrainConfig
 from runner.engine.zero_init import build_partitioned, held_numel
-from runner.hardware.peak_flops import torch_dtype
 from runner.hardware.peak_memory import PeakMemory, host_peak_bytes, host_rss_bytes
 from runner.layout import Layout
 from runner.model.build_method import BY_STAGE, PARTITIONED, SHARD, build_method_for
@@ -37,7 +36,7 @@ def build_for_layout(
     """This rank's model: its pipeline stage, its ZeRO-3 partitions, its tensor-parallel shard,
     or the whole model."""
     method = build_method(config, layout)
-    dtype = torch_dtype(config.precision.name)
+    dtype = config.precision.name.torch_dtype
     if method == BY_STAGE:
         return build_pipeline(
             config.model,
@@ -67,9 +66,7 @@ def build_for_layout(
         write_initial_weights(model, config.model, seed=config.seed)
         model.init_rope(device)
         return model
-    return build_model(
-        config.model, seed=config.seed, device=device, dtype=torch_dtype(config.precision.name)
-    )
+    return build_model(config.model, seed=config.seed, device=device, dtype=config.precision.name.torch_dtype)
 
 
 def _import_build_code(layout: Layout) -> None:

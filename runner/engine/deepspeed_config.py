@@ -143,7 +143,7 @@ def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> dict[str, Any
         "reduce_bucket_size": reduce_bucket_elements(parallel.reduce_bucket_size, model),
         "allgather_bucket_size": parallel.allgather_bucket_size,
     }
-    if parallel.zero_stage == 3:
+    if ZeroStage(parallel.zero_stage) is ZeroStage.zero3:
         fetch = zero3_fetch(parallel, model)
         zero["stage3_param_persistence_threshold"] = fetch.param_persistence_threshold
         zero["stage3_prefetch_bucket_size"] = fetch.prefetch_bucket_size
@@ -216,11 +216,12 @@ def build_deepspeed_config(
     if offloaded:
         # ZeRO-Offload steps the optimizer on the host with DeepSpeedCPUAdam.
         config["zero_force_ds_cpu_optimizer"] = True
-    if optimizer.name != OptimizerName.adamw and parallel.zero_stage > 0:
+    stage = ZeroStage(parallel.zero_stage)
+    if optimizer.name != OptimizerName.adamw and stage.shards_optimizer_states:
         # DeepSpeed's ZeRO asserts on any optimizer outside its Adam list unless told; SGD is
         # elementwise, so stepping it on a partition is stepping it on the whole.
         config["zero_allow_untested_optimizer"] = True
-    if precision.name == Precision.fp16 and parallel.zero_stage == 0:
+    if precision.name == Precision.fp16 and stage is ZeroStage.ddp:
         # Stage 0 all-reduces fp16 gradients summed, then divides by dp (engine.py
         # ``allreduce_bucket``): a sum of dp loss-scaled gradients overflows where their mean
         # does not, and the step is skipped where one rank's run takes it (tiny, dp 2: an

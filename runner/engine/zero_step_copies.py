@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from runner.config import ZeroStage
+
 ONE_CAST = "one cast"
 CLIP_IN_KERNEL = "clip in kernel"
 NORM_IN_CHUNKS = "norm in chunks"
@@ -50,7 +52,7 @@ NORM_IN_CHUNKS = "norm in chunks"
 NORM_CHUNK = 2**20
 
 
-def _zero_optimizer(engine: Any) -> tuple[Any, int] | None:
+def _zero_optimizer(engine: Any) -> tuple[Any, ZeroStage] | None:
     """DeepSpeed's ZeRO 1-3 wrapper and its stage, when it steps torch's optimizer on the device."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
@@ -58,18 +60,20 @@ def _zero_optimizer(engine: Any) -> tuple[Any, int] | None:
 
     wrapper = engine.optimizer
     if isinstance(wrapper, DeepSpeedZeroOptimizer_Stage3):
-        stage, offloaded = 3, bool(wrapper.offload_optimizer)
+        stage, offloaded = ZeroStage.zero3, bool(wrapper.offload_optimizer)
     elif isinstance(wrapper, DeepSpeedZeroOptimizer):
-        stage, offloaded = 2 if wrapper.partition_gradients else 1, bool(wrapper.cpu_offload)
+        stage = ZeroStage.zero2 if wrapper.partition_gradients else ZeroStage.zero1
+        offloaded = bool(wrapper.cpu_offload)
     else:
         return None
     plain = not (offloaded or getattr(wrapper, "use_muon", False) or wrapper.torch_autocast_gradscaler)
     return (wrapper, stage) if plain else None
 
 
-def _fp32_partitions(wrapper: Any, stage: int) -> list[torch.Tensor]:
+def _fp32_partitions(wrapper: Any, stage: ZeroStage) -> list[torch.Tensor]:
     """The fp32 partitions the inner optimizer steps (its master weights), one per group."""
-    return wrapper.fp32_partitioned_groups_flat if stage == 3 else wrapper.single_partition_of_fp32_groups
+    stage3 = stage is ZeroStage.zero3
+    return wrapper.fp32_partitioned_groups_flat if stage3 else wrapper.single_partition_of_fp32_groups
 
 
 def cast_in_one_pass(tensors: Sequence[torch.Tensor], numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -89,13 +93,13 @@ def cast_in_one_pass(tensors: Sequence[torch.Tensor], numel: int, dtype: torch.d
     return flat
 
 
-def _install_one_cast(wrapper: Any, stage: int) -> bool:
+def _install_one_cast(wrapper: Any, stage: ZeroStage) -> bool:
     """Stage 1-2: DeepSpeed's pre-flattened-partition hook returns the fp32 partition; stage 3:
     ``_prepare_fp32_grad_for_sub_group`` writes it in one pass."""
     masters = _fp32_partitions(wrapper, stage)
     if wrapper.dtype == masters[0].dtype:  # the model's parameters' dtype, the gradients' too
         return False  # fp32 training: DeepSpeed's ``.to`` is already no copy
-    if stage == 3:
+    if stage is ZeroStage.zero3:
 
         def prepare_fp32_grad(sub_group_id: int) -> None:
             master = masters[sub_group_id]
@@ -174,7 +178,7 @@ def _combined_scale(wrapper: Any, total_norm: Any) -> Any:
     return combined
 
 
-def _install_clip_in_kernel(wrapper: Any, stage: int) -> bool:
+def _install_clip_in_kernel(wrapper: Any, stage: ZeroStage) -> bool:
     """Hand DeepSpeed's clip factor to the fused kernel as ``grad_scale`` for the one step it runs."""
     inner = wrapper.optimizer
     if not getattr(inner, "_step_supports_amp_scaling", False):
@@ -182,7 +186,7 @@ def _install_clip_in_kernel(wrapper: Any, stage: int) -> bool:
     device = _fp32_partitions(wrapper, stage)[0].device
 
     def unscale_and_clip(grads_or_group: Any, total_norm: Any) -> None:
-        if stage != 3 and wrapper.clip_grad == 0.0 and wrapper.loss_scale == 1.0:
+        if stage is not ZeroStage.zero3 and wrapper.clip_grad == 0.0 and wrapper.loss_scale == 1.0:
             return  # DeepSpeed's stage 1-2 skip the pass here too
         combined = _combined_scale(wrapper, total_norm)
         inner.grad_scale = torch.as_tensor(combined, dtype=torch.float32, device=device)

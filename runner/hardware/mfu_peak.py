@@ -187,7 +187,7 @@ def _cache_key(precision: Precision) -> str:
 
     from runner.hardware.cpu_half_matmul import computes_in_fp32
 
-    widened = "|fp32-matmul" if computes_in_fp32(torch_dtype(precision)) else ""
+    widened = "|fp32-matmul" if computes_in_fp32(precision.torch_dtype) else ""
     threads = torch.get_num_threads()
     return f"{_cpu_name()}|threads={threads}|{precision.value}{widened}|torch={torch.__version__}"
 
@@ -228,7 +228,7 @@ def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[s
 
     threads = torch.get_num_threads()
     others = OthersUse.start()
-    rounds = calibrate_cpu_rounds(torch_dtype(precision))
+    rounds = calibrate_cpu_rounds(precision.torch_dtype)
     others_cores = others.cores()
     # The cores this rank does not use are the run's other ranks' (runner/engine/distributed.py
     # gives each rank its share): only others beyond them slowed the rounds.
@@ -245,7 +245,7 @@ def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[s
         "tries": int((earlier or {}).get("tries", 0)) + (0 if busy else 1),  # quiet calibrations so far
         "threads": threads,
         "precision": precision.value,
-        "fp32_matmul": computes_in_fp32(torch_dtype(precision)),
+        "fp32_matmul": computes_in_fp32(precision.torch_dtype),
         "cpu": _cpu_name(),
         "torch": torch.__version__,
         "calibrated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -241,7 +241,7 @@ def block_graph(compile_blocks: bool, *, tp: int, zero_stage: ZeroStage | int) -
     """
     if not compile_blocks:
         return "eager"
-    return "whole" if tp == 1 and zero_stage < 3 else "split"
+    return "whole" if tp == 1 and not ZeroStage(zero_stage).shards_parameters else "split"
 
 
 def _rmsnorm_items(prefix: str, x: BlockShape) -> dict[str, int]:

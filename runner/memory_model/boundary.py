@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision, ZeroStage
+from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision
+from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.memory_model.activations import TRANSIENT_ITEMS, activation_items_total
 from runner.memory_model.case import HeldStates, MemoryCase, case_from_config, held_states, offload_placement
 from runner.parallel.pipeline_split import stage_blocks
@@ -87,7 +88,8 @@ def boundary_estimate(case: MemoryCase) -> Estimate:
             grads + off.get("grads", 0),
             optim + off.get("optimizer", 0),
         )
-    if case.zero_stage == ZeroStage.ddp and case.precision == Precision.bf16 and case.pp > 1:
+    wrapper = optimizer_wrapper(precision=case.precision, zero_stage=case.zero_stage, pp=case.pp)
+    if wrapper is OptimizerWrapper.bf16_optimizer:
         # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer: beside the parameters'
         # own bf16 gradients it keeps its flat accumulation buffer, bf16 here (bf16_optimizer.py
         # ``fp32_groups_gradients_flat`` in ``grad_acc_dtype``, listed as ``non_expert_gradients``).

@@ -94,7 +94,7 @@ class MemoryCase:
     @property
     def bytes_per_elem(self) -> int:
         """Bytes of one element of the model dtype: the weights, gradients and activations."""
-        return Precision(self.precision).bytes
+        return self.precision.bytes
 
 
 class LayoutKnobs(Protocol):
@@ -208,7 +208,7 @@ def held_states(case: MemoryCase) -> HeldStates:
         offload=case.offload,
     )
     grads, held = states.grads, None
-    if stage in (1, 2):
+    if stage in (ZeroStage.zero1, ZeroStage.zero2):
         # ZeRO-1/2 keep whole the gradient of every tensor a rank's partition touches: the
         # fullest rank holds up to two straddling tensors beyond P/dp (exact, tensor by tensor).
         held = zero12_held_elements(numels, case.dp)
@@ -216,7 +216,9 @@ def held_states(case: MemoryCase) -> HeldStates:
             grads = case.bytes_per_elem * held
     # DeepSpeed keeps a tensor whole when ``ds_numel <= threshold`` (0.19.8 parameter_offload.py
     # ``mark_persistent_parameters``): a tensor of exactly the threshold is kept.
-    persistent = sum(n for n in numels if n <= case.param_persistence_threshold) if stage == 3 else 0
+    persistent = (
+        sum(n for n in numels if n <= case.param_persistence_threshold) if stage.shards_parameters else 0
+    )
     offloaded = {
         "params": states.host_params,
         "grads": states.host_grads,

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runner.config import OffloadPlacement, Precision, ZeroStage
+from runner.config import OffloadPlacement, ZeroStage
+from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.memory_model.activations import BlockShape, activation_items_total
 from runner.memory_model.case import HeldStates, MemoryCase, held_states
 from runner.memory_model.peak_lines import (
@@ -138,7 +139,7 @@ def _in_backward_lines(
     lines: dict[str, int] = {}
     # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
     # allocates stays until then, live at every later micro-batch's loss: all of it adds.
-    to_boundary = case.zero_stage == 1 and accum_steps > 1
+    to_boundary = case.zero_stage is ZeroStage.zero1 and accum_steps > 1
     for name, size in buckets.items():
         if to_boundary:
             lines[name] = size
@@ -164,7 +165,7 @@ def _at_backward_end(
     """
     bucketed = sum(buckets.values())
     at_end = bucketed + tied_gradient_join_bytes(tied, zero_stage=case.zero_stage, accum_steps=accum_steps)
-    if case.zero_stage == 2 and accum_steps == 1 and case.reduce_bucket_size >= held.local:
+    if case.zero_stage is ZeroStage.zero2 and accum_steps == 1 and case.reduce_bucket_size >= held.local:
         # A bucket that takes every gradient reduces none before backward ends: ZeRO-2's
         # gradient partition (stage_1_and_2.py ``copy_grads_in_partition``) is made after.
         at_end = max(bucketed, at_end - held.grads)
@@ -212,22 +213,23 @@ def _pipeline_lines(
         stage_input=act.stage_input,
         block_backward=act.block_backward,
     )
-    # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer (engine.py
-    # ``_do_optimizer_sanity_check``: BFLOAT16 with pipeline_parallelism). It allocates its
-    # flat gradient buffer (the ``grads`` term) at construction (bf16_optimizer.py
-    # ``_setup_for_real_optimizer``), so the first stage's first backward has it whole,
-    # and adds the parameters' own bf16 gradients into it after each backward
-    # (``update_hp_grads``), keeping them: from the second backward on both are live.
-    bf16_stage0 = case.zero_stage == ZeroStage.ddp and case.precision != Precision.fp32
+    # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer (runner/engine/optimizer_wrapper.py).
+    # It allocates its flat gradient buffer (the ``grads`` term) at construction
+    # (bf16_optimizer.py ``_setup_for_real_optimizer``), so the first stage's first backward
+    # has it whole, and adds the parameters' own bf16 gradients into it after each backward
+    # (``update_hp_grads``), keeping them: from the second backward on both are live. fp16 at
+    # stage 0, whose wrapper is FP16_UnfusedOptimizer, is given the same lines here.
+    wrapper = optimizer_wrapper(precision=case.precision, zero_stage=case.zero_stage, pp=case.pp)
+    stage0_16bit = wrapper in (OptimizerWrapper.bf16_optimizer, OptimizerWrapper.fp16_unfused_optimizer)
     after_peak = 0
-    if first >= last and not bf16_stage0:
+    if first >= last and not stage0_16bit:
         after_peak = first_stage_grads_after_peak(
             act.items, grads=held.grads, pp=case.pp, accum_steps=accum_steps
         )
     # The first stage peaks at its first backward with m <= p micro-batches a step, the
     # last at any. Measured (tiny, 2 stages): m = 2 0.997 and m = 4 1.001 of the
     # allocator's peak (were 0.956 and 0.962 discounting the buffer, without this line).
-    if bf16_stage0 and (accum_steps > case.pp if first >= last else accum_steps > 1):
+    if stage0_16bit and (accum_steps > case.pp if first >= last else accum_steps > 1):
         lines[BF16_PARAM_GRADS] = held.grads
     # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
     # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one
@@ -235,7 +237,7 @@ def _pipeline_lines(
     # allocator events on gpt2_124m's last stage (micro 4, seq 128, accum 4): 0.49 GB
     # more after the first backward, to the boundary, and 0.49 GB more there.
     buckets = _backward_buckets(case)
-    if case.zero_stage == 1 and buckets:
+    if case.zero_stage is ZeroStage.zero1 and buckets:
         lines.update(buckets)
         if (beyond := case.bytes_per_elem * case.reduce_bucket_size - act.peak) > 0:
             lines["reduce_bucket (at boundary)"] = beyond
@@ -256,7 +258,7 @@ def _backward_buckets(case: MemoryCase) -> dict[str, int]:
 
 def _flat_bytes(case: MemoryCase, held: HeldStates) -> int:
     """ZeRO-0 all-reduces its gradients through one flat copy of them (allreduce_flat_bytes); 0 otherwise."""
-    if case.zero_stage != 0 or not held.grads:
+    if case.zero_stage is not ZeroStage.ddp or not held.grads:
         return 0
     return allreduce_flat_bytes(held.local, largest=held.largest, precision=case.precision)
 
@@ -283,7 +285,7 @@ def _build_bytes(case: MemoryCase) -> int:
     zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
     ranks the build is host memory (runner/plan/host.py).
     """
-    tp_zero3 = case.zero_stage == 3 and case.tp > 1 and case.pp == 1
+    tp_zero3 = case.zero_stage.shards_parameters and case.tp > 1 and case.pp == 1
     if not tp_zero3 or case.host_is_device or case.offload == OffloadPlacement.optimizer_and_params:
         return 0
     return zero3_tp_build_bytes(case.model, precision=case.precision, dp=case.dp)

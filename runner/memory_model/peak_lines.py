@@ -5,6 +5,7 @@ measured against the allocator (bench/step_peak.py). runner.memory_model.peak su
 from __future__ import annotations
 
 from runner.config import ModelConfig, OffloadPlacement, Precision, ZeroStage
+from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.memory_model.activations import TRANSIENT_ITEMS, BlockShape, after_the_head, transient_peak
 from runner.model.shape import embedding_numels
 from runner.parallel.pipeline_split import rank_param_numels
@@ -177,9 +178,10 @@ def tied_gradient_join_bytes(tied: int, *, zero_stage: ZeroStage | int, accum_st
     V = 32000, h = 512 at micro 4, seq 64. Without them ZeRO-1 planned 0.906 and 0.914 of
     gpt2_124m's peak, ZeRO-2 0.837 and 0.856 of the 2-layer model's.
     """
-    if not tied or zero_stage > 2:
+    stage = ZeroStage(zero_stage)
+    if not tied or stage.shards_parameters:
         return 0
-    return tied * (2 if zero_stage < 2 and accum_steps == 1 else 3)
+    return tied * (2 if not stage.shards_gradients and accum_steps == 1 else 3)
 
 
 def allreduce_flat_bytes(local: int, *, largest: int, precision: Precision | str) -> int:
@@ -206,7 +208,7 @@ def optimizer_step_bytes(
     """Device bytes the optimizer step adds while it runs: the gradients copied for an fp32 optimizer.
 
     Backward's activations are freed by then; the model states and these copies are live
-    (DeepSpeed 0.19.8):
+    (DeepSpeed 0.19.8), by the optimizer's wrapper (runner/engine/optimizer_wrapper.py):
 
     - ZeRO 1-2 (stage_1_and_2.py ``step``): each group's gradient partition written into
       one new fp32 tensor, 4 B per element of the partition. In 16-bit DeepSpeed flattens it
@@ -233,13 +235,14 @@ def optimizer_step_bytes(
     if offload != OffloadPlacement.none:
         return 0
     partition = -(-local // dp)
-    if zero_stage in (1, 2):
+    wrapper = optimizer_wrapper(precision=precision, zero_stage=zero_stage, pp=pp)
+    if wrapper is OptimizerWrapper.zero_optimizer:
         return 4 * partition  # the fp32 partition, written in one pass
-    if zero_stage == 3:
+    if wrapper is OptimizerWrapper.zero3_optimizer:
         return 4 * min(partition, SUB_GROUP_ELEMENTS)
-    if precision == Precision.fp32:
+    if wrapper is OptimizerWrapper.none:
         return 0
-    return (4 + 2) * local if pp > 1 and precision == Precision.bf16 else 4 * local
+    return (4 + 2) * local if wrapper is OptimizerWrapper.bf16_optimizer else 4 * local
 
 
 def grads_after_activation_peak(
@@ -268,7 +271,7 @@ def grads_after_activation_peak(
     micro-batch per step 2.928 against 2.929 GB (3.422 counting its 0.49 GB of gradients
     whole), ZeRO-2 3.454 against 3.464 (3.948); tiny in bf16 at ZeRO-0 0.100 against 0.102.
     """
-    if accum_steps > 1 or zero_stage == 3:
+    if accum_steps > 1 or ZeroStage(zero_stage) is ZeroStage.zero3:
         return 0
     peak_a, end = at_activation_peak, at_backward_end
     return grads + max(peak_a, end) - max(peak_a, grads + end)

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass
 
 from runner.config import OffloadPlacement, OptimizerName, Precision, ZeroStage
-from runner.memory_model.units import FP32_BYTES, HALF_BYTES, _choice, _shard
+from runner.memory_model.units import FP32_BYTES, _choice, _shard
 from runner.rules import offload_problems, offload_switches
 
 
@@ -53,9 +53,8 @@ def bytes_per_param(precision: Precision | str, optimizer: OptimizerName | str) 
     prec = _choice(precision, Precision, "precision")
     opt = _choice(optimizer, OptimizerName, "optimizer")
     state = 2 * FP32_BYTES if opt == OptimizerName.adamw else FP32_BYTES  # (m, v) or momentum, fp32
-    if prec == Precision.fp32:
-        return FP32_BYTES, FP32_BYTES, state
-    return HALF_BYTES, HALF_BYTES, FP32_BYTES + state  # + fp32 master weights
+    master = 0 if prec is Precision.fp32 else FP32_BYTES  # 16-bit training's fp32 master weights
+    return prec.bytes, prec.bytes, master + state
 
 
 def model_states(
@@ -94,10 +93,11 @@ def model_states(
     """
     if num_params < 0:
         raise ValueError(f"num_params={num_params} must be >= 0")
-    if zero_stage not in (0, 1, 2, 3):
+    if zero_stage not in tuple(ZeroStage):
         raise ValueError(f"zero_stage={zero_stage} is not one of 0, 1, 2, 3")
     if dp < 1:
         raise ValueError(f"dp={dp} must be >= 1")
+    stage = ZeroStage(zero_stage)
     off = _choice(offload, OffloadPlacement, "offload")
     problems = offload_problems(zero_stage, *offload_switches(off))  # runner.rules.offload_stages
     if problems:
@@ -105,9 +105,9 @@ def model_states(
 
     w, g, o = bytes_per_param(precision, optimizer)
     # ZeRO, arXiv 1910.02054, Sec. 5.1-5.3: P_os (stage >= 1), P_g (>= 2), P_p (3).
-    params = _shard(num_params, w, dp) if zero_stage >= 3 else num_params * w
-    grads = _shard(num_params, g, dp) if zero_stage >= 2 else num_params * g
-    opt_bytes = _shard(num_params, o, dp) if zero_stage >= 1 else num_params * o
+    params = _shard(num_params, w, dp) if stage.shards_parameters else num_params * w
+    grads = _shard(num_params, g, dp) if stage.shards_gradients else num_params * g
+    opt_bytes = _shard(num_params, o, dp) if stage.shards_optimizer_states else num_params * o
     if off == OffloadPlacement.none:
         return ModelStates(params=params, grads=grads, optimizer=opt_bytes)
 
@@ -163,18 +163,19 @@ def deepspeed_residuals(  # noqa: PLR0913 - public estimator API: keyword argume
     model_states(
         num_params, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
     )
+    stage = ZeroStage(zero_stage)  # model_states checked it
     prec = _choice(precision, Precision, "precision")
     off = _choice(offload, OffloadPlacement, "offload")
-    grad_bytes = Precision(prec).bytes
+    grad_bytes = prec.bytes
     residuals: dict[str, int] = {}
-    if zero_stage == 3:
+    if stage is ZeroStage.zero3:
         # On one rank nothing is partitioned: the "partition" is the parameter itself.
         if dp > 1:
             residuals["zero3_full_params (persistent or gathered)"] = grad_bytes * persistent_params
         residuals["ipg_buckets"] = grad_bytes * reduce_bucket_size
-    if prec == Precision.fp32 and zero_stage >= 1 and off == OffloadPlacement.none:
+    if prec == Precision.fp32 and stage.shards_optimizer_states and off == OffloadPlacement.none:
         residuals["fp32_master_copy"] = _shard(num_params, FP32_BYTES, dp)
-    if zero_stage in (1, 2) and off != OffloadPlacement.none and largest_param:
+    if stage in (ZeroStage.zero1, ZeroStage.zero2) and off != OffloadPlacement.none and largest_param:
         residuals["temp_grad_buffer_for_gpu_offload"] = grad_bytes * largest_param
     return residuals
 
@@ -202,11 +203,11 @@ def zero12_backward_buckets(
     says (``contiguous_gradients or cpu_offload``). Pass the bucket DeepSpeed is given
     (runner.engine.deepspeed_config.reduce_bucket_elements).
     """
-    if zero_stage not in (1, 2):
+    if zero_stage not in (ZeroStage.zero1, ZeroStage.zero2):
         return {}
     if not (contiguous_gradients or _choice(offload, OffloadPlacement, "offload") != OffloadPlacement.none):
         return {}
-    model_bytes = Precision(_choice(precision, Precision, "precision")).bytes
+    model_bytes = _choice(precision, Precision, "precision").bytes
     buffers = 2 if overlap_comm else 1
     return {"reduce_bucket (in backward)": buffers * model_bytes * reduce_bucket_size}
 
@@ -276,17 +277,19 @@ def offload_host_buffers(  # noqa: PLR0913 - public estimator API: keyword argum
         return {}
     if largest_param < 0 or (accum_steps is not None and accum_steps < 1):
         raise ValueError(f"largest_param={largest_param} must be >= 0 and accum_steps={accum_steps} >= 1")
-    p = Precision(_choice(precision, Precision, "precision")).bytes
+    stage = ZeroStage(zero_stage)  # model_states checked it
+    prec = _choice(precision, Precision, "precision")
+    p = prec.bytes
     partition = _shard(num_params, 1, dp)  # elements
     buffers: dict[str, int] = {}
-    if p == FP32_BYTES:
+    if prec is Precision.fp32:
         buffers["fp32_master_copy"] = FP32_BYTES * partition
-    if zero_stage == 3:
+    if stage is ZeroStage.zero3:
         buffers["grad_partitions_flat_buffer"] = p * partition
         return buffers
     buffers["param_buffer_of_bit16_for_cpu_offload_groups"] = p * partition
     buffers["temp_grad_buffer_for_cpu_offload"] = p * largest_param
-    if zero_stage == 2 and (accum_steps is None or accum_steps > 1):
+    if stage is ZeroStage.zero2 and (accum_steps is None or accum_steps > 1):
         if held_params is None:
             straddlers = 1 if dp == 2 else 2
             held_params = num_params if dp == 1 else min(num_params, partition + straddlers * largest_param)

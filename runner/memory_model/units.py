@@ -9,12 +9,14 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, TypeVar
 
+from runner.config import Precision
+
 GB = 1e9  # decimal gigabyte: ZeRO's "120 GB", DESIGN.md's memory/*_gb metrics
 GiB = 2**30  # binary gibibyte: what CUDA tools and device datasheets often mean by "GB"
 
 
-FP32_BYTES = 4  # IEEE single
-HALF_BYTES = 2  # bf16 / fp16
+FP32_BYTES = Precision.fp32.bytes  # IEEE single
+HALF_BYTES = Precision.bf16.bytes  # bf16 / fp16
 INT64_BYTES = 8  # token ids and targets
 BOOL_BYTES = 1  # masks
 

@@ -28,7 +28,7 @@ def build_method_for(*, zero_stage: ZeroStage | int, tp: int, pp: int) -> str:
     with tp at ZeRO 0-2, else ``WHOLE``. All but ZeRO-3 allocate on the rank's device."""
     if pp > 1:
         return BY_STAGE
-    if zero_stage == ZeroStage.zero3:
+    if ZeroStage(zero_stage).shards_parameters:
         return PARTITIONED
     if tp > 1:
         return SHARD

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from runner.config import ZeroStage
+
 if TYPE_CHECKING:  # the launching process builds DeepSpeed's config from here without torch
     import torch
 
@@ -86,7 +88,7 @@ def deepspeed_train_batch_size(*, global_size: int, tp: int, zero_stage: int) ->
     """
     if tp == 1:
         return global_size
-    if zero_stage == 3:
+    if ZeroStage(zero_stage) is ZeroStage.zero3:
         return None
     return global_size * tp
 

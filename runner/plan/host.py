@@ -101,11 +101,6 @@ def _gb(num_bytes: float) -> str:
     return f"{num_bytes / GB:.{1 if num_bytes >= 10 * GB else 2}f} GB"
 
 
-def _weight_bytes(precision: Precision | str) -> int:
-    """Bytes of one parameter as the model holds it: 4 in fp32, 2 in bf16 or fp16."""
-    return Precision(precision).bytes
-
-
 def largest_stage_params(model: ModelConfig, pp: int, tp: int = 1) -> int:
     """Parameters of the fullest pipeline stage's rank (runner/parallel/pipeline_split.py: DeepSpeed's
     balance; with tp, its shard)."""
@@ -134,7 +129,7 @@ def build_bytes(model: ModelConfig, build: RankBuild) -> dict[str, int]:
     method, dp, tp, pp, host_is_device = build.method, build.dp, build.tp, build.pp, build.host_is_device
     num_params, largest_param = count_params(model), max(param_numels(model))
     lines: dict[str, int] = {}
-    p = _weight_bytes(build.precision)
+    p = Precision(build.precision).bytes  # one parameter as the model holds it
     dtype = Precision(build.precision).value  # as the lines name it
     if method == WHOLE:
         if host_is_device:
@@ -291,10 +286,10 @@ def _steady_bytes(workload: Workload, knobs: Knobs, layout: Layout, memory: Memo
         steady = {"device total (CPU ranks)": memory.total}
     else:
         steady = {**memory.host, CUDA_RUNTIME: CUDA_RUNTIME_BYTES}
-        if knobs.zero_stage == ZeroStage.zero3 and knobs.offload != OffloadPlacement.optimizer_and_params:
+        if knobs.zero_stage is ZeroStage.zero3 and knobs.offload != OffloadPlacement.optimizer_and_params:
             model, tp = workload.model, layout.tp
             rank_params = workload.num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
-            steady[ZERO3_DEFRAGMENT] = _weight_bytes(workload.precision) * -(-rank_params // layout.dp)
+            steady[ZERO3_DEFRAGMENT] = workload.precision.bytes * -(-rank_params // layout.dp)
     steady["torch runtime"] = TRAINING_RUNTIME_BYTES
     if workload.compiled:
         steady[INDUCTOR_IMPORT] = INDUCTOR_IMPORT_BYTES

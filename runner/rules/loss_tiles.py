@@ -17,10 +17,9 @@ already; the pipeline's last stage runs DeepSpeed's own loss call. Both run whol
 
 from __future__ import annotations
 
-from runner.config import ModelConfig
+from runner.config import ModelConfig, Precision
 
 LOSS_TILE_BYTES = 2**30  # fp32 logits per piece under auto
-FP32_BYTES = 4
 
 
 def loss_tile_count(model: ModelConfig, *, micro_size: int, seq_len: int, tp: int = 1, pp: int = 1) -> int:
@@ -29,7 +28,7 @@ def loss_tile_count(model: ModelConfig, *, micro_size: int, seq_len: int, tp: in
         return 1
     if model.loss_tiles is not None:
         return min(model.loss_tiles, seq_len)
-    logits = FP32_BYTES * micro_size * seq_len * model.vocab_size
+    logits = Precision.fp32.bytes * micro_size * seq_len * model.vocab_size
     return max(1, min(seq_len, -(-logits // LOSS_TILE_BYTES)))
 
 

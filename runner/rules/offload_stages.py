@@ -8,7 +8,7 @@ layout; runner.config.OffloadPlacement names the two placements it takes).
 
 from __future__ import annotations
 
-from runner.config import Offload, OffloadPlacement
+from runner.config import Offload, OffloadPlacement, ZeroStage
 
 
 def offload_pair_problems(offload_optimizer: Offload, offload_param: Offload) -> list[str]:
@@ -25,12 +25,12 @@ def offload_problems(zero_stage: int, offload_optimizer: Offload, offload_param:
     """Why this ZeRO stage cannot offload what the two switches ask (empty when it can)."""
     stage = int(zero_stage)
     problems = []
-    if offload_optimizer == Offload.cpu and stage < 1:
+    if offload_optimizer == Offload.cpu and stage < ZeroStage.zero1:
         problems.append(
             f"parallel.offload_optimizer=cpu with parallel.zero_stage={stage}: ZeRO-Offload "
             f"needs stage 1, 2 or 3; use parallel=zero2 or parallel=zero3"
         )
-    if offload_param == Offload.cpu and stage != 3:
+    if offload_param == Offload.cpu and stage != ZeroStage.zero3:
         problems.append(
             f"parallel.offload_param=cpu with parallel.zero_stage={stage}: parameters "
             f"are offloaded at stage 3 only; use parallel=zero3"

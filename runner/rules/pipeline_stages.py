@@ -8,7 +8,7 @@ start them.
 
 from __future__ import annotations
 
-from runner.config import Offload
+from runner.config import Offload, ZeroStage
 
 
 def pipeline_depth_problems(*, n_layer: int, pp: int) -> list[str]:
@@ -29,7 +29,7 @@ def pipeline_engine_problems(
         return []
     stage = int(zero_stage)
     problems = []
-    if stage >= 2:
+    if stage >= ZeroStage.zero2:
         # deepspeed/runtime/pipe/engine.py asserts zero stage < 2 (0.19.8): ZeRO-2 would
         # reduce-scatter gradients inside every micro-batch's backward, the pipeline's own
         # gradient reduction runs once per step.

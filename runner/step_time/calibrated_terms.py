@@ -54,7 +54,7 @@ from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.rules import loss_tile_count
 from runner.step_time.calibration import Calibration
-from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, element_bytes, gemm_caveats, micro_compute
+from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, gemm_caveats, micro_compute
 from runner.step_time.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.step_time.workload import Knobs, Workload
 from runner.step_time.zero3_reuse import layout_regathered
@@ -96,7 +96,7 @@ def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) ->
     if rate is None:
         return None
     model, tp = workload.model, layout.tp
-    elem = element_bytes(workload.precision)
+    elem = workload.precision.bytes
     tokens = layout.micro_size * workload.seq_len
     sizes = [tokens * model.vocab_size // tp * elem] * 4 + [model.vocab_size // tp * model.d_model * elem] * 2
     if workload.precision != Precision.fp32:
@@ -178,7 +178,7 @@ def _zero3_terms(
         )
     if not tensors:
         return terms
-    elem = element_bytes(workload.precision)
+    elem = workload.precision.bytes
     per_byte = calibration.zero3_byte_seconds()
     if per_byte is not None:
         gathered = elem * sum(n for n in numels if n > threshold)
@@ -269,7 +269,7 @@ def _engine_term(knobs: Knobs, layout: Layout, calibration: Calibration, tensors
     figures = calibration.engine_param_seconds()
     if not figures:
         return None
-    stage = 0 if knobs.zero_stage == ZeroStage.zero3 else int(knobs.zero_stage)
+    stage = 0 if knobs.zero_stage is ZeroStage.zero3 else int(knobs.zero_stage)
     per_tensor = figures.get(str(stage))
     if per_tensor is None:
         return None
@@ -296,7 +296,7 @@ def _optimizer_term(
 ) -> Term | None:
     """The fused optimizer's own pass over the stepped parameters, at its measured bandwidth, and
     the step's passes that prepare its gradients and return its weights (runner/step_time/step_copies.py)."""
-    stepped = local // layout.dp if knobs.zero_stage >= ZeroStage.zero1 else local
+    stepped = local // layout.dp if knobs.zero_stage.shards_optimizer_states else local
     rate = calibration.adamw_rate(stepped)
     if rate is None:
         return None
@@ -309,7 +309,7 @@ def _optimizer_term(
     )
     lines = (own, *_copy_lines(priced, OPTIMIZER))
     # runner/engine/zero_step_copies.py: under ZeRO on the device, the clip is no pass of its own
-    folded = knobs.zero_stage != ZeroStage.ddp and knobs.offload == OffloadPlacement.none
+    folded = knobs.zero_stage.shards_optimizer_states and knobs.offload == OffloadPlacement.none
     return Term(
         "optimizer",
         sum(line.seconds for line in lines),
@@ -414,7 +414,7 @@ def compute_terms(
     local = sum(rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp))
     copy = calibration.copy_rate(4 * local)
     if accum > 1 and copy is not None:
-        elem = element_bytes(workload.precision)
+        elem = workload.precision.bytes
         terms.append(
             Term(
                 "grad accumulation",
@@ -444,7 +444,7 @@ def _engine_terms(
     stage's copies of the gradients or parameters."""
     stage = knobs.zero_stage
     terms = [_engine_term(knobs, layout, calibration, param_tensors(workload, layout))]
-    if stage == ZeroStage.zero3:
+    if stage is ZeroStage.zero3:
         terms += _zero3_terms(workload, knobs, layout, calibration, local)
     elif stage in (ZeroStage.zero1, ZeroStage.zero2):
         terms.append(_copies_term(ZERO_GRADS, priced, "gradients into the reduce bucket and flattened"))

@@ -548,8 +548,9 @@ def file_problem(name: str) -> str | None:
 
 
 def precision_of(dtype: str) -> Precision:
-    """The precision whose compute dtype torch names ``dtype`` (:func:`dtype_name`'s inverse)."""
-    return {"float32": Precision.fp32, "float16": Precision.fp16}.get(dtype, Precision.bf16)
+    """The precision whose compute dtype torch names ``dtype`` (``Precision.torch_dtype_name``'s
+    inverse); bf16 for any other name."""
+    return {precision.torch_dtype_name: precision for precision in Precision}.get(dtype, Precision.bf16)
 
 
 def load_file(name: str, *, compute_scale: float = 1.0, scaled_because: str = "") -> Calibration:
@@ -567,11 +568,6 @@ def load_file(name: str, *, compute_scale: float = 1.0, scaled_because: str = ""
     if scaled_because:
         source += f"; compute scaled by {compute_scale:.3g} ({scaled_because})"
     return from_record(record, source=source, compute_scale=compute_scale)
-
-
-def dtype_name(precision: Precision) -> str:
-    """torch's name of a run's compute dtype: how a calibration names the dtype it timed in."""
-    return {Precision.fp32: "float32", Precision.fp16: "float16"}.get(precision, "bfloat16")
 
 
 def recorded_dtype_of(name: str) -> str:
@@ -663,7 +659,6 @@ __all__ = [
     "Calibration",
     "cache_dir",
     "cluster_file",
-    "dtype_name",
     "file_problem",
     "floor_shape",
     "from_record",

@@ -260,7 +260,7 @@ def _measure_here(
     from runner.step_time.block_timing import block_seconds, cross_entropy_seconds, rest_seconds
 
     device = torch.device("cuda" if cuda else "cpu")
-    dtype = getattr(torch, calibrations.dtype_name(precision))
+    dtype = precision.torch_dtype
     cores = f"cpu {platform.machine()}, {os.cpu_count()} cores, {ranks_here} rank(s)"
     name = torch.cuda.get_device_name(0) if cuda else cores
     count = 0 if cuda else threads
@@ -403,7 +403,7 @@ def _recorded(
     if peak.value is None or not lender_peak:
         return None
     scale = peak.value / (lender_peak * 1e12)
-    dtype = calibrations.dtype_name(precision)
+    dtype = precision.torch_dtype_name
     if lender == cluster.name and dtype == record_dtype and abs(scale - 1.0) < 1e-9:
         return calibrations.load_cluster(lender)
     why = f"{peak.source}, {peak.value / 1e12:g} TFLOP/s {precision.value}, over {lender}'s {record_dtype} "

@@ -164,7 +164,7 @@ def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
     )  # the fullest rank's, before ZeRO
     once = zero_step_bytes(local, zero_stage=stage, dp=dp, grad_bytes_per_elem=elem)
     again, _ = layout_regathered(workload, knobs, layout)  # gathered again in backward
-    if stage == ZeroStage.zero3:
+    if stage.shards_parameters:
         # zero_step_bytes counts every parameter gathered twice; backward gathers only those
         # DeepSpeed released after forward (runner/step_time/zero3_reuse.py)
         once += allgather_bytes(again * elem, dp) - allgather_bytes(local * elem, dp)
@@ -174,16 +174,16 @@ def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
             f"per micro-batch x accum {accum_steps}"
         )
         dp_bytes = accum_steps * once
-    elif stage == ZeroStage.zero2:
+    elif stage.shards_gradients:
         extra = (accum_steps - 1) * reduce_scatter_bytes(local * elem, dp)
         dp_bytes, how = once + extra, f"grads reduce-scattered per micro-batch x accum {accum_steps}"
     else:
         dp_bytes, how = once, "gradients reduced once per step"
-    if workload.device.is_host and stage != ZeroStage.ddp:
+    if workload.device.is_host and stage.shards_optimizer_states:
         # CPU ranks talk over gloo (runner/engine/distributed.py), which has no reduce-scatter:
         # DeepSpeed's ZeRO-1/2 all-reduce the gradient bucket, and torch's gloo
         # ``_reduce_scatter_base`` (ZeRO-3) all-reduces the whole buffer and keeps its part.
-        reduces = 1 if stage == ZeroStage.zero1 else accum_steps
+        reduces = accum_steps if stage.shards_gradients else 1
         grads = local * elem
         dp_bytes += reduces * (allreduce_bytes(grads, dp) - reduce_scatter_bytes(grads, dp))
         how += "; gloo all-reduces where ZeRO reduce-scatters"
@@ -309,11 +309,11 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *,
     if group == "dp":
         if layout.dp == 1:
             return 0
-        if knobs.zero_stage == ZeroStage.zero3:
+        if knobs.zero_stage.shards_parameters:
             return (2 * param_tensors + regathered) * accum
-        if knobs.zero_stage == ZeroStage.zero2:
+        if knobs.zero_stage.shards_gradients:
             return accum + 1
-        return 1 + (1 if knobs.zero_stage == ZeroStage.zero1 else 0)
+        return 1 + (1 if knobs.zero_stage.shards_optimizer_states else 0)
     if group == "tp":
         per_layer = 6 if knobs.recompute == Recompute.full else 4
         layers = (param_tensors - 3) // 9  # runner/step_time/calibrated_terms.py param_tensors: 9 per block

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.config import ModelConfig, Precision
+from runner.config import ModelConfig
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.op_recompute import RECOMPUTED_MATMULS
 from runner.model.shape import n_kv_head
-from runner.step_time.calibration import Calibration, dtype_name
+from runner.step_time.calibration import Calibration
 from runner.step_time.eager_traffic import block_rest_traffic, loss_traffic
 from runner.step_time.workload import Workload
 
@@ -53,11 +53,6 @@ BACKWARD_ELEMENTS = 2.0  # backward over forward bytes of the memory-bound kerne
 # w1/w2/w3 projections 7, head views and transposes 6, RoPE 2 x 9, attention 1, residual
 # adds 2, SwiGLU 2, reshapes 2.
 OPS_PER_LAYER = 50
-
-
-def element_bytes(precision: Precision) -> int:
-    """Bytes of one element in the compute dtype: 4 in fp32, else 2 (bf16, fp16)."""
-    return Precision(precision).bytes
 
 
 def _gemm_shapes(workload: Workload, layout: Layout, tokens: int) -> list[tuple[str, int, int, int, int]]:
@@ -252,7 +247,7 @@ def _rest(
     (a CPU's; a GPU's queue hides it), and the term says so."""
     model, tp = workload.model, layout.tp
     tokens = layout.micro_size * workload.seq_len
-    elem = element_bytes(workload.precision)
+    elem = workload.precision.bytes
     h, f = model.d_model, model.ffn_hidden
     kv = h * n_kv_head(model) // model.n_head
     heads, kv_heads = model.n_head // tp, max(1, n_kv_head(model) // tp)
@@ -279,7 +274,7 @@ def _rest(
                 _rank_block(workload, layout),
                 layout.micro_size,
                 workload.seq_len,
-                dtype_name(workload.precision),
+                workload.precision.torch_dtype_name,
                 h // model.n_head,
             )
             block_bytes = float(counted)
@@ -304,7 +299,7 @@ def _rest(
     else:
         # The loss runs eagerly in a compiled run too (runner/engine/compile_blocks.py compiles blocks).
         loss_bytes, loss_kernels = loss_traffic(
-            tokens, model.vocab_size // tp, dtype_name(workload.precision)
+            tokens, model.vocab_size // tp, workload.precision.torch_dtype_name
         )
         head_rate = calibration.copy_rate(loss_bytes)
         if head_rate is None:
@@ -321,4 +316,4 @@ def _rest(
     return block_rest, floor, head, words, dispatch_words
 
 
-__all__ = ["BACKWARD_ELEMENTS", "MicroCompute", "element_bytes", "gemm_caveats", "micro_compute"]
+__all__ = ["BACKWARD_ELEMENTS", "MicroCompute", "gemm_caveats", "micro_compute"]

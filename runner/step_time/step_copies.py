@@ -60,7 +60,7 @@ def step_copies(
     """The passes of one optimizer step on a rank holding ``local`` parameters (module docstring)."""
     g = Precision(precision).bytes
     grads = local * g
-    if zero_stage == ZeroStage.ddp:
+    if zero_stage is ZeroStage.ddp:
         copies = [
             StepCopy("gradient norm", grads, 0, False, "the clip's norm over every gradient"),
             StepCopy(
@@ -99,7 +99,7 @@ def step_copies(
         norm += ", fp64 in chunks: runner/engine/zero_step_copies.py"
     copies = [StepCopy("gradient norm", stepped * g, 0, False, norm)]
     if zero_stage in (ZeroStage.zero1, ZeroStage.zero2):
-        reduces = 1 if zero_stage == ZeroStage.zero1 else accum_steps
+        reduces = accum_steps if zero_stage.shards_gradients else 1
         where = "stage_1_and_2.py"
         copies += [
             StepCopy(

@@ -17,7 +17,6 @@ Each micro-batch ends with every gathered parameter released: the next gathers t
 
 from __future__ import annotations
 
-from runner.config import ZeroStage
 from runner.engine.deepspeed_config import persistence_threshold_elements
 from runner.layout import Layout
 from runner.parallel.pipeline_split import rank_param_numels
@@ -42,7 +41,7 @@ def regathered(numels: list[int], threshold: int, *, tied: bool) -> tuple[int, i
 
 def layout_regathered(workload: Workload, knobs: Knobs, layout: Layout) -> tuple[int, int]:
     """:func:`regathered` of the layout's fullest rank; (0, 0) below ZeRO-3."""
-    if knobs.zero_stage != ZeroStage.zero3:
+    if not knobs.zero_stage.shards_parameters:
         return 0, 0
     threshold = persistence_threshold_elements(knobs.param_persistence_threshold, workload.model)
     numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)

@@ -25,7 +25,6 @@ from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
 from runner.engine.initialize import before_build, initialize_engine
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
 from runner.hardware.cpu_half_matmul import computes_in_fp32, half_matmuls_in_fp32
-from runner.hardware.peak_flops import torch_dtype
 from runner.metrics.ledger import Estimate, RankBatch, deepspeed_estimate
 from runner.metrics.sinks import MetricSink, build_sinks
 from runner.metrics.throughput import FlopsBudget
@@ -91,7 +90,7 @@ def matmuls_for(ctx: RunContext) -> Iterator[None]:
     """16-bit matmuls in fp32 on a CPU whose torch has no 16-bit GEMM kernels for it
     (runner/hardware/cpu_half_matmul.py); rank 0 says so. A compiled run keeps torch's own kernels."""
     config, device = ctx.config, ctx.device
-    dtype = torch_dtype(config.precision.name)
+    dtype = config.precision.name.torch_dtype
     if not computes_in_fp32(dtype, device_type=device.type):
         yield
         return

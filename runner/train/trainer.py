@@ -37,6 +37,7 @@ from runner.checkpoint.size import config_checkpoint_bytes
 from runner.config import Precision
 from runner.data.batches import BatchSource, rank_slice
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
+from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.hardware.host_allocator import running_allocator
 from runner.hardware.mfu_peak import resolve_peak
 from runner.hardware.peak_memory import PeakMemory, host_peak_bytes
@@ -200,11 +201,13 @@ class Trainer:
         self.clock = PhaseClock(self.device, PHASES if layout.pp == 1 else PIPELINE_PHASES)
         self.nan_steps = injected_nan_steps(ctx.rank)  # LADDER_INJECT_NAN (tests of train.on_nonfinite)
         self.precision: Precision = config.precision.name
-        # DeepSpeed reports no global grad norm at stage 0 in fp32; there every rank holds the
-        # full all-reduced gradient at the boundary, so the norm is computed from it directly.
-        self.own_grad_norm = (
-            layout.pp == 1 and config.parallel.zero_stage == 0 and self.precision == Precision.fp32
+        # DeepSpeed reports no global grad norm where torch's optimizer steps unwrapped (stage 0
+        # in fp32); there every rank holds the full all-reduced gradient at the boundary, so the
+        # norm is computed from it directly.
+        wrapper = optimizer_wrapper(
+            precision=self.precision, zero_stage=config.parallel.zero_stage, pp=layout.pp
         )
+        self.own_grad_norm = layout.pp == 1 and wrapper is OptimizerWrapper.none
         self.saved_bytes = 0  # what the first micro-batch of the attempt saved for backward
         self.pipeline: PipelineHooks | None = None
         # This rank's data-parallel rank: under a pipeline from DeepSpeed's topology (pipe-major rank order).

@@ -21,13 +21,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from runner.config import ZeroStage
+
 
 def is_bf16_stage0(engine: Any) -> bool:
     """Whether the engine's optimizer is BF16_Optimizer at ZeRO stage 0 (bf16 under a pipeline)."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
-    return engine.zero_optimization_stage() == 0 and isinstance(engine.optimizer, BF16_Optimizer)
+    stage = ZeroStage(engine.zero_optimization_stage())
+    return stage is ZeroStage.ddp and isinstance(engine.optimizer, BF16_Optimizer)
 
 
 def load_optimizer(engine: Any, root: Path, tag: str) -> None:
