@@ -282,6 +282,35 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class ParallelSpec:
+    """One parallel layout's choices, resolved: what the memory model, the step-time model, the
+    planner and the ladder (which varies it) all take. A run's comes from its ``parallel`` group
+    and ``model.activation_checkpointing`` (runner.memory_model.case.spec_from_config); the
+    data-parallel degree follows from the gpus (runner.layout.Layout).
+    """
+
+    zero_stage: ZeroStage
+    tp: int = 1
+    pp: int = 1
+    recompute: Recompute = Recompute.none
+    offload: OffloadPlacement = OffloadPlacement.none
+    overlap_comm: bool = False  # parallel.overlap_comm, null resolved to the stage's DeepSpeed default
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = 500_000_000  # parallel.reduce_bucket_size, as configured
+    param_persistence_threshold: int | None = None  # parallel.param_persistence_threshold, as configured
+
+    def __post_init__(self) -> None:
+        # The enums' plain values (3, "full", "optimizer+params") are taken too, as tests and
+        # notebooks write them; they are held as the members.
+        for name, kind in (
+            ("zero_stage", ZeroStage),
+            ("recompute", Recompute),
+            ("offload", OffloadPlacement),
+        ):
+            object.__setattr__(self, name, kind(getattr(self, name)))
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Token source and sequence length."""
 
@@ -608,6 +637,7 @@ __all__ = [
     "OptimizerConfig",
     "OptimizerName",
     "ParallelConfig",
+    "ParallelSpec",
     "PlannerConfig",
     "Precision",
     "PrecisionConfig",

@@ -99,6 +99,21 @@ def assert_mfu_within_the_calibrated_peak(result: TrainResult) -> None:
         assert "is above 1: this CPU did more than the peak calibrated earlier" in said
 
 
+# MemoryCase's fields that its ParallelSpec holds (runner.config.ParallelSpec); its gradient
+# bucket and persistence threshold are its own, resolved as DeepSpeed is given them.
+CASE_SPEC_FIELDS = ("zero_stage", "tp", "pp", "recompute", "offload", "overlap_comm", "contiguous_gradients")
+
+
+def memory_case(**fields: Any) -> Any:
+    """A runner.memory_model.case.MemoryCase from flat keywords: the layout's choices among them
+    (:data:`CASE_SPEC_FIELDS`) go into its ParallelSpec."""
+    from runner.config import ParallelSpec
+    from runner.memory_model.case import MemoryCase
+
+    spec = ParallelSpec(**{name: fields.pop(name) for name in CASE_SPEC_FIELDS if name in fields})
+    return MemoryCase(spec=spec, **fields)
+
+
 def plan_json(run_dir: Path) -> dict[str, Any]:
     """A run directory's plan.json, as a user's script reads it."""
     data: dict[str, Any] = json.loads((run_dir / "plan.json").read_text())

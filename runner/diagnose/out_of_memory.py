@@ -118,7 +118,7 @@ def killed_words(plan: Plan, measured: tuple[int, float] | None) -> str:
 def _activation_fix(plan: Plan) -> str:
     """What shrinks the activations from this layout: recompute them, or a smaller micro-batch."""
     smaller = "a smaller batch.micro_size" if plan.layout.micro_size > 1 else ""
-    recompute = "model.activation_checkpointing=full" if plan.knobs.recompute != "full" else ""
+    recompute = "model.activation_checkpointing=full" if plan.knobs.spec.recompute != "full" else ""
     fixes = " or ".join(fix for fix in (recompute, smaller) if fix)
     return f"; {fixes} shrinks the activations" if fixes else ""
 

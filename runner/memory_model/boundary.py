@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision
 from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.memory_model.activations import TRANSIENT_ITEMS, activation_items_total
-from runner.memory_model.case import HeldStates, MemoryCase, case_from_config, held_states, offload_placement
+from runner.memory_model.case import HeldStates, MemoryCase, RankBatch, case_from_config, held_states, spec_of
 from runner.parallel.pipeline_split import stage_blocks
 
 
@@ -88,7 +88,7 @@ def boundary_estimate(case: MemoryCase) -> Estimate:
             grads + off.get("grads", 0),
             optim + off.get("optimizer", 0),
         )
-    wrapper = optimizer_wrapper(precision=case.precision, zero_stage=case.zero_stage, pp=case.pp)
+    wrapper = optimizer_wrapper(precision=case.precision, zero_stage=case.spec.zero_stage, pp=case.spec.pp)
     if wrapper is OptimizerWrapper.bf16_optimizer:
         # bf16 at stage 0 under a pipeline is DeepSpeed's BF16_Optimizer: beside the parameters'
         # own bf16 gradients it keeps its flat accumulation buffer, bf16 here (bf16_optimizer.py
@@ -119,22 +119,11 @@ def _saved_activations(case: MemoryCase, held: HeldStates) -> int:
     :func:`saved_activations` measures)."""
     model = case.model
     items = activation_items_total(
-        held.block, n_layers=model.n_layer, vocab_size=model.vocab_size, recompute=case.recompute
+        held.block, n_layers=model.n_layer, vocab_size=model.vocab_size, recompute=case.spec.recompute
     )
-    if case.pp > 1:
-        return max(stage_activations(items, n_layer=model.n_layer, pp=case.pp))
+    if case.spec.pp > 1:
+        return max(stage_activations(items, n_layer=model.n_layer, pp=case.spec.pp))
     return sum(v for k, v in items.items() if k not in TRANSIENT_ITEMS)
-
-
-@dataclass(frozen=True)
-class RankBatch:
-    """The batch one rank steps: data-parallel ranks, micro-batch, sequence length and the
-    micro-batches per step (None: not known; the estimate then counts what accumulation needs)."""
-
-    dp: int
-    micro_size: int
-    seq_len: int
-    accum_steps: int | None = None
 
 
 def deepspeed_estimate(
@@ -154,15 +143,10 @@ def deepspeed_estimate(
     """
     case = case_from_config(
         model,
-        parallel,
+        spec_of(parallel, model.activation_checkpointing),
+        batch,
         precision=precision,
         optimizer=optimizer,
-        offload=offload_placement(parallel.offload_optimizer, parallel.offload_param),
-        recompute=model.activation_checkpointing,
-        seq_len=batch.seq_len,
-        micro_size=batch.micro_size,
-        dp=batch.dp,
-        accum_steps=batch.accum_steps,
         compiled=compiled,
         host_is_device=host_is_device,
     )

@@ -6,13 +6,14 @@ estimate (runner.memory_model.boundary) both build on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from runner.config import (
     ModelConfig,
     Offload,
     OffloadPlacement,
     OptimizerName,
+    ParallelConfig,
+    ParallelSpec,
     Precision,
     Recompute,
     ZeroStage,
@@ -46,8 +47,9 @@ def offload_placement(offload_optimizer: Offload, offload_param: Offload) -> Off
 
 @dataclass(frozen=True)
 class MemoryCase:
-    """What one device's memory depends on: the model, precision and optimizer, the ZeRO stage,
-    the layout and one micro-batch size; the device is the fullest rank of that layout.
+    """What one device's memory depends on: the model, precision and optimizer, the parallel
+    layout's choices (:class:`runner.config.ParallelSpec`), the data-parallel degree and one
+    micro-batch size; the device is the fullest rank of that layout.
 
     The plan (:func:`memory_terms`, from runner/plan/micro_fit.py ``memory_at``) and the measured
     ledger's estimate (runner/metrics/ledger.py) describe their device with it, and both take
@@ -57,22 +59,16 @@ class MemoryCase:
     model: ModelConfig
     precision: Precision
     optimizer: OptimizerName
-    zero_stage: ZeroStage
+    spec: ParallelSpec  # the ZeRO stage, tp, pp, recompute, offload and DeepSpeed's switches
     seq_len: int
     micro_size: int
     dp: int
-    tp: int = 1
-    pp: int = 1
     # Micro-batches per optimizer step. None (not known): the ledger's estimate counts the
     # offload buffer that accumulation needs; the plan needs it known.
     accum_steps: int | None = 1
-    offload: OffloadPlacement = OffloadPlacement.none
-    recompute: Recompute = Recompute.none
     # Elements of the gradient bucket DeepSpeed is given
     # (runner.engine.deepspeed_config.reduce_bucket_elements).
     reduce_bucket_size: int = 500_000_000
-    overlap_comm: bool = False
-    contiguous_gradients: bool = True
     compiled: bool = False  # train.compile: the blocks' activations as their compiled graphs save them
     host_is_device: bool = False  # CPU ranks: the host memory is the device's
     # ZeRO-3 keeps parameters of at most this many elements whole on every rank: the threshold
@@ -80,15 +76,9 @@ class MemoryCase:
     param_persistence_threshold: int = 0
 
     def __post_init__(self) -> None:
-        # The enums' plain values ("fp32", 3, "optimizer+params") are taken too, as tests and
-        # notebooks write them; they are held as the members.
-        for name, kind in (
-            ("precision", Precision),
-            ("optimizer", OptimizerName),
-            ("zero_stage", ZeroStage),
-            ("offload", OffloadPlacement),
-            ("recompute", Recompute),
-        ):
+        # The enums' plain values ("fp32", "adamw") are taken too, as tests and notebooks write
+        # them; they are held as the members.
+        for name, kind in (("precision", Precision), ("optimizer", OptimizerName)):
             object.__setattr__(self, name, kind(getattr(self, name)))
 
     @property
@@ -97,42 +87,46 @@ class MemoryCase:
         return self.precision.bytes
 
 
-class LayoutKnobs(Protocol):
-    """The layout settings a case takes from a run's ``parallel`` config: runner.config.ParallelConfig
-    itself, or the plan's runner.step_time.workload.Knobs (which the ladder varies)."""
-
-    @property
-    def zero_stage(self) -> int: ...
-    @property
-    def tp(self) -> int: ...
-    @property
-    def pp(self) -> int: ...
-    @property
-    def overlap_comm(self) -> bool | None: ...  # null: the stage's DeepSpeed default
-    @property
-    def contiguous_gradients(self) -> bool: ...
-    @property
-    def reduce_bucket_size(self) -> int: ...
-    @property
-    def param_persistence_threshold(self) -> int | None: ...
+def spec_of(parallel: ParallelConfig, recompute: Recompute) -> ParallelSpec:
+    """The ParallelSpec a run's ``parallel`` group and ``model.activation_checkpointing`` set:
+    the offload pair as one placement (:func:`offload_placement`), ``overlap_comm``'s null as
+    the stage's DeepSpeed default."""
+    stage = ZeroStage(parallel.zero_stage)
+    return ParallelSpec(
+        zero_stage=stage,
+        tp=parallel.tp,
+        pp=parallel.pp,
+        recompute=recompute,
+        offload=offload_placement(parallel.offload_optimizer, parallel.offload_param),
+        overlap_comm=stage.overlaps_comm(parallel.overlap_comm),
+        contiguous_gradients=parallel.contiguous_gradients,
+        reduce_bucket_size=parallel.reduce_bucket_size,
+        param_persistence_threshold=parallel.param_persistence_threshold,
+    )
 
 
-def case_from_config(  # noqa: PLR0913 - one keyword per thing a device's memory depends on
+@dataclass(frozen=True)
+class RankBatch:
+    """The batch one rank steps: data-parallel ranks, micro-batch, sequence length and the
+    micro-batches per step (None: not known; the estimate then counts what accumulation needs)."""
+
+    dp: int
+    micro_size: int
+    seq_len: int
+    accum_steps: int | None = None
+
+
+def case_from_config(
     model: ModelConfig,
-    layout: LayoutKnobs,
+    spec: ParallelSpec,
+    batch: RankBatch,
     *,
     precision: Precision | str,
     optimizer: OptimizerName | str,
-    offload: OffloadPlacement,
-    recompute: Recompute | str,
-    seq_len: int,
-    micro_size: int,
-    dp: int,
-    accum_steps: int | None,
     compiled: bool,
     host_is_device: bool,
 ) -> MemoryCase:
-    """The MemoryCase of a run's fullest rank from its config: the one adapter the plan and the ledger share.
+    """The MemoryCase of a run's fullest rank: the one adapter the plan and the ledger share.
 
     DeepSpeed's gradient bucket and ZeRO-3's persistence threshold are taken as the engine is
     given them (runner.engine.deepspeed_config ``reduce_bucket_elements``,
@@ -142,21 +136,15 @@ def case_from_config(  # noqa: PLR0913 - one keyword per thing a device's memory
         model=model,
         precision=Precision(precision),
         optimizer=OptimizerName(optimizer),
-        zero_stage=ZeroStage(layout.zero_stage),
-        seq_len=seq_len,
-        micro_size=micro_size,
-        dp=dp,
-        tp=layout.tp,
-        pp=layout.pp,
-        accum_steps=accum_steps,
-        offload=offload,
-        recompute=Recompute(recompute),
-        reduce_bucket_size=reduce_bucket_elements(layout.reduce_bucket_size, model),
-        overlap_comm=ZeroStage(layout.zero_stage).overlaps_comm(layout.overlap_comm),
-        contiguous_gradients=layout.contiguous_gradients,
+        spec=spec,
+        seq_len=batch.seq_len,
+        micro_size=batch.micro_size,
+        dp=batch.dp,
+        accum_steps=batch.accum_steps,
+        reduce_bucket_size=reduce_bucket_elements(spec.reduce_bucket_size, model),
         compiled=compiled,
         host_is_device=host_is_device,
-        param_persistence_threshold=persistence_threshold_elements(layout.param_persistence_threshold, model),
+        param_persistence_threshold=persistence_threshold_elements(spec.param_persistence_threshold, model),
     )
 
 
@@ -197,22 +185,22 @@ def held_states(case: MemoryCase) -> HeldStates:
     """
     # The fullest rank's tensors: 1/tp of the matrices and of the vocabulary, the norms whole
     # (runner/parallel/tensor.py); a pipeline rank holds its stage's layers.
-    numels = rank_param_numels(case.model, tp=case.tp, pp=case.pp)
-    local, largest, stage = sum(numels), max(numels), case.zero_stage
+    numels = rank_param_numels(case.model, tp=case.spec.tp, pp=case.spec.pp)
+    local, largest, stage = sum(numels), max(numels), case.spec.zero_stage
     states = model_states(
         local,
         zero_stage=stage,
         dp=case.dp,
         precision=case.precision,
         optimizer=case.optimizer,
-        offload=case.offload,
+        offload=case.spec.offload,
     )
     grads, held = states.grads, None
     if stage in (ZeroStage.zero1, ZeroStage.zero2):
         # ZeRO-1/2 keep whole the gradient of every tensor a rank's partition touches: the
         # fullest rank holds up to two straddling tensors beyond P/dp (exact, tensor by tensor).
         held = zero12_held_elements(numels, case.dp)
-        if case.offload == OffloadPlacement.none:
+        if case.spec.offload == OffloadPlacement.none:
             grads = case.bytes_per_elem * held
     # DeepSpeed keeps a tensor whole when ``ds_numel <= threshold`` (0.19.8 parameter_offload.py
     # ``mark_persistent_parameters``): a tensor of exactly the threshold is kept.
@@ -234,7 +222,7 @@ def held_states(case: MemoryCase) -> HeldStates:
             dp=case.dp,
             precision=case.precision,
             optimizer=case.optimizer,
-            offload=case.offload,
+            offload=case.spec.offload,
             reduce_bucket_size=case.reduce_bucket_size,
             persistent_params=persistent,
             largest_param=largest,
@@ -246,7 +234,7 @@ def held_states(case: MemoryCase) -> HeldStates:
             dp=case.dp,
             precision=case.precision,
             optimizer=case.optimizer,
-            offload=case.offload,
+            offload=case.spec.offload,
             largest_param=largest,
             held_params=held,
             accum_steps=case.accum_steps,
@@ -255,12 +243,20 @@ def held_states(case: MemoryCase) -> HeldStates:
             case.model,
             seq_len=case.seq_len,
             micro_size=case.micro_size,
-            tp=case.tp,
+            tp=case.spec.tp,
             bytes_per_elem=case.bytes_per_elem,
-            graph=block_graph(case.compiled, tp=case.tp, zero_stage=stage),
-            pp=case.pp,
+            graph=block_graph(case.compiled, tp=case.spec.tp, zero_stage=stage),
+            pp=case.spec.pp,
         ),
     )
 
 
-__all__ = ["HeldStates", "LayoutKnobs", "MemoryCase", "case_from_config", "held_states", "offload_placement"]
+__all__ = [
+    "HeldStates",
+    "MemoryCase",
+    "RankBatch",
+    "case_from_config",
+    "held_states",
+    "offload_placement",
+    "spec_of",
+]

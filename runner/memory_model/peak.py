@@ -117,14 +117,18 @@ def _activations(case: MemoryCase, block: BlockShape, accum_steps: int) -> _Acti
     """The fullest stage's activation items and peak at this micro-batch."""
     items = activation_items_total(
         block,
-        n_layers=layers_per_stage(case.model.n_layer, case.pp),
+        n_layers=layers_per_stage(case.model.n_layer, case.spec.pp),
         vocab_size=case.model.vocab_size,
-        recompute=case.recompute,
+        recompute=case.spec.recompute,
     )
     stage_input = block.bytes_per_elem * case.micro_size * case.seq_len * case.model.d_model
     block_backward = mlp_backward_bytes(block)
     peak, note = activation_bytes(
-        items, pp=case.pp, accum_steps=accum_steps, stage_input=stage_input, block_backward=block_backward
+        items,
+        pp=case.spec.pp,
+        accum_steps=accum_steps,
+        stage_input=stage_input,
+        block_backward=block_backward,
     )
     if block.graph != "eager":
         how = "compiled blocks" if block.graph == "whole" else "compiled blocks, split at collectives"
@@ -139,7 +143,7 @@ def _in_backward_lines(
     lines: dict[str, int] = {}
     # ZeRO-1 reduces at the step's boundary only: the bucket its first micro-batch
     # allocates stays until then, live at every later micro-batch's loss: all of it adds.
-    to_boundary = case.zero_stage is ZeroStage.zero1 and accum_steps > 1
+    to_boundary = case.spec.zero_stage is ZeroStage.zero1 and accum_steps > 1
     for name, size in buckets.items():
         if to_boundary:
             lines[name] = size
@@ -164,8 +168,10 @@ def _at_backward_end(
     after, at the boundary.
     """
     bucketed = sum(buckets.values())
-    at_end = bucketed + tied_gradient_join_bytes(tied, zero_stage=case.zero_stage, accum_steps=accum_steps)
-    if case.zero_stage is ZeroStage.zero2 and accum_steps == 1 and case.reduce_bucket_size >= held.local:
+    at_end = bucketed + tied_gradient_join_bytes(
+        tied, zero_stage=case.spec.zero_stage, accum_steps=accum_steps
+    )
+    if case.spec.zero_stage is ZeroStage.zero2 and accum_steps == 1 and case.reduce_bucket_size >= held.local:
         # A bucket that takes every gradient reduces none before backward ends: ZeRO-2's
         # gradient partition (stage_1_and_2.py ``copy_grads_in_partition``) is made after.
         at_end = max(bucketed, at_end - held.grads)
@@ -179,7 +185,7 @@ def _single_stage_lines(
     after the activation peak (grads_after_activation_peak)."""
     buckets = _backward_buckets(case)
     flat = _flat_bytes(case, held)
-    tied = tied_head_gradient_bytes(case.model, tp=case.tp, pp=case.pp, precision=case.precision)
+    tied = tied_head_gradient_bytes(case.model, tp=case.spec.tp, pp=case.spec.pp, precision=case.precision)
     lines = _in_backward_lines(case, act, buckets, tied=tied, accum_steps=accum_steps)
     in_backward = sum(lines.values())
     if (beyond := flat - act.peak - in_backward) > 0:
@@ -192,7 +198,7 @@ def _single_stage_lines(
         held.grads,
         at_activation_peak=act.peak + in_backward,
         at_backward_end=max(at_end, flat),
-        zero_stage=case.zero_stage,
+        zero_stage=case.spec.zero_stage,
         accum_steps=accum_steps,
     )
     return lines, after_peak
@@ -208,7 +214,7 @@ def _pipeline_lines(
         lines[ALLREDUCE_FLAT] = beyond
     first, last = pipeline_stage_bytes(
         act.items,
-        pp=case.pp,
+        pp=case.spec.pp,
         accum_steps=accum_steps,
         stage_input=act.stage_input,
         block_backward=act.block_backward,
@@ -219,17 +225,17 @@ def _pipeline_lines(
     # has it whole, and adds the parameters' own bf16 gradients into it after each backward
     # (``update_hp_grads``), keeping them: from the second backward on both are live. fp16 at
     # stage 0, whose wrapper is FP16_UnfusedOptimizer, is given the same lines here.
-    wrapper = optimizer_wrapper(precision=case.precision, zero_stage=case.zero_stage, pp=case.pp)
+    wrapper = optimizer_wrapper(precision=case.precision, zero_stage=case.spec.zero_stage, pp=case.spec.pp)
     stage0_16bit = wrapper in (OptimizerWrapper.bf16_optimizer, OptimizerWrapper.fp16_unfused_optimizer)
     after_peak = 0
     if first >= last and not stage0_16bit:
         after_peak = first_stage_grads_after_peak(
-            act.items, grads=held.grads, pp=case.pp, accum_steps=accum_steps
+            act.items, grads=held.grads, pp=case.spec.pp, accum_steps=accum_steps
         )
     # The first stage peaks at its first backward with m <= p micro-batches a step, the
     # last at any. Measured (tiny, 2 stages): m = 2 0.997 and m = 4 1.001 of the
     # allocator's peak (were 0.956 and 0.962 discounting the buffer, without this line).
-    if stage0_16bit and (accum_steps > case.pp if first >= last else accum_steps > 1):
+    if stage0_16bit and (accum_steps > case.spec.pp if first >= last else accum_steps > 1):
         lines[BF16_PARAM_GRADS] = held.grads
     # Under a pipeline ZeRO-1 allocates the bucket at the first backward too, and keeps it
     # to the step's boundary, where reduce_gradients(pipeline_parallel=True) allocates one
@@ -237,7 +243,7 @@ def _pipeline_lines(
     # allocator events on gpt2_124m's last stage (micro 4, seq 128, accum 4): 0.49 GB
     # more after the first backward, to the boundary, and 0.49 GB more there.
     buckets = _backward_buckets(case)
-    if case.zero_stage is ZeroStage.zero1 and buckets:
+    if case.spec.zero_stage is ZeroStage.zero1 and buckets:
         lines.update(buckets)
         if (beyond := case.bytes_per_elem * case.reduce_bucket_size - act.peak) > 0:
             lines["reduce_bucket (at boundary)"] = beyond
@@ -247,18 +253,18 @@ def _pipeline_lines(
 def _backward_buckets(case: MemoryCase) -> dict[str, int]:
     """ZeRO-1/2's gradient buckets, allocated in backward (runner.memory_model.zero12_backward_buckets)."""
     return zero12_backward_buckets(
-        zero_stage=case.zero_stage,
+        zero_stage=case.spec.zero_stage,
         precision=case.precision,
-        offload=case.offload,
+        offload=case.spec.offload,
         reduce_bucket_size=case.reduce_bucket_size,
-        overlap_comm=case.overlap_comm,
-        contiguous_gradients=case.contiguous_gradients,
+        overlap_comm=case.spec.overlap_comm,
+        contiguous_gradients=case.spec.contiguous_gradients,
     )
 
 
 def _flat_bytes(case: MemoryCase, held: HeldStates) -> int:
     """ZeRO-0 all-reduces its gradients through one flat copy of them (allreduce_flat_bytes); 0 otherwise."""
-    if case.zero_stage is not ZeroStage.ddp or not held.grads:
+    if case.spec.zero_stage is not ZeroStage.ddp or not held.grads:
         return 0
     return allreduce_flat_bytes(held.local, largest=held.largest, precision=case.precision)
 
@@ -267,11 +273,11 @@ def _step_bytes(case: MemoryCase, held: HeldStates, residuals: dict[str, int]) -
     """Device bytes inside the optimizer step (optimizer_step_bytes beside what lives through it); 0: none."""
     copies = optimizer_step_bytes(
         held.local,
-        zero_stage=case.zero_stage,
+        zero_stage=case.spec.zero_stage,
         dp=case.dp,
         precision=case.precision,
-        offload=case.offload,
-        pp=case.pp,
+        offload=case.spec.offload,
+        pp=case.spec.pp,
     )
     if not copies:
         return 0
@@ -285,8 +291,8 @@ def _build_bytes(case: MemoryCase) -> int:
     zero.Init puts the partitions on the device unless parameters are offloaded; on CPU
     ranks the build is host memory (runner/plan/host.py).
     """
-    tp_zero3 = case.zero_stage.shards_parameters and case.tp > 1 and case.pp == 1
-    if not tp_zero3 or case.host_is_device or case.offload == OffloadPlacement.optimizer_and_params:
+    tp_zero3 = case.spec.zero_stage.shards_parameters and case.spec.tp > 1 and case.spec.pp == 1
+    if not tp_zero3 or case.host_is_device or case.spec.offload == OffloadPlacement.optimizer_and_params:
         return 0
     return zero3_tp_build_bytes(case.model, precision=case.precision, dp=case.dp)
 
@@ -300,7 +306,7 @@ def memory_terms(case: MemoryCase) -> MemoryTerms:
     accum_steps = case.accum_steps
     held = held_states(case)
     act = _activations(case, held.block, accum_steps)
-    step_lines = _single_stage_lines if case.pp == 1 else _pipeline_lines
+    step_lines = _single_stage_lines if case.spec.pp == 1 else _pipeline_lines
     lines, grads_after_peak = step_lines(case, held, act, accum_steps=accum_steps)
     residuals = {**held.residuals, **lines}
     return MemoryTerms(

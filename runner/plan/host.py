@@ -286,7 +286,10 @@ def _steady_bytes(workload: Workload, knobs: Knobs, layout: Layout, memory: Memo
         steady = {"device total (CPU ranks)": memory.total}
     else:
         steady = {**memory.host, CUDA_RUNTIME: CUDA_RUNTIME_BYTES}
-        if knobs.zero_stage is ZeroStage.zero3 and knobs.offload != OffloadPlacement.optimizer_and_params:
+        if (
+            knobs.spec.zero_stage is ZeroStage.zero3
+            and knobs.spec.offload != OffloadPlacement.optimizer_and_params
+        ):
             model, tp = workload.model, layout.tp
             rank_params = workload.num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
             steady[ZERO3_DEFRAGMENT] = workload.precision.bytes * -(-rank_params // layout.dp)
@@ -304,7 +307,7 @@ def host_memory(workload: Workload, knobs: Knobs, layout: Layout, memory: Memory
     host memory.
     """
     ranks = max(1, min(layout.gpus, workload.device.per_node))
-    method = build_method_for(zero_stage=knobs.zero_stage, tp=layout.tp, pp=layout.pp)
+    method = build_method_for(zero_stage=knobs.spec.zero_stage, tp=layout.tp, pp=layout.pp)
     build = build_bytes(
         workload.model,
         RankBuild(
@@ -314,7 +317,7 @@ def host_memory(workload: Workload, knobs: Knobs, layout: Layout, memory: Memory
             tp=layout.tp,
             pp=layout.pp,
             host_is_device=memory.host_counts_on_device,
-            params_offloaded=knobs.offload == OffloadPlacement.optimizer_and_params,
+            params_offloaded=knobs.spec.offload == OffloadPlacement.optimizer_and_params,
         ),
     )
     steady = _steady_bytes(workload, knobs, layout, memory)
@@ -324,7 +327,7 @@ def host_memory(workload: Workload, knobs: Knobs, layout: Layout, memory: Memory
     if memory_per_node.fits:
         return memory_per_node
     fixes = _fixes(
-        offload=knobs.offload,
+        offload=knobs.spec.offload,
         phase=memory_per_node.phase,
         peak_per_rank=memory_per_node.peak_per_rank,
         ranks_per_node=ranks,

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from runner.config import OffloadPlacement, Recompute, ZeroStage
+from runner.config import OffloadPlacement, ParallelSpec, Recompute, ZeroStage
 from runner.layout import divisors
 from runner.memory_model.units import gb
 from runner.plan.command import model_overrides, workload_overrides
@@ -140,10 +140,9 @@ def rungs(workload: Workload, *, overlap_comm: bool | None = None) -> list[tuple
     """The rungs in cheap-to-costly order, each with its candidate knobs (see the module docstring).
     ``overlap_comm``: the run's ``parallel.overlap_comm``; null, each stage's DeepSpeed default."""
 
-    def k(stage: ZeroStage, **more: Any) -> Knobs:
-        return Knobs(
-            parallel=stage.name, zero_stage=stage, overlap_comm=stage.overlaps_comm(overlap_comm), **more
-        )
+    def k(stage: ZeroStage, *, micro_size: int | None = None, **spec: Any) -> Knobs:
+        overlap = stage.overlaps_comm(overlap_comm)
+        return Knobs(stage.name, ParallelSpec(zero_stage=stage, overlap_comm=overlap, **spec), micro_size)
 
     ddp, zero1, zero3 = ZeroStage.ddp, ZeroStage.zero1, ZeroStage.zero3
     whole = workload.global_size // workload.gpus
@@ -207,7 +206,7 @@ def _verdict(plan: Plan) -> str:
         )
     text = f"{head}: {gb(m.peak)} of {_usable(w)}"
     t = plan.time
-    if plan.knobs.offload != OffloadPlacement.none:
+    if plan.knobs.spec.offload != OffloadPlacement.none:
         text += f"; {OFFLOAD_MARK}"
     elif t.step_s is not None and t.mfu is not None:
         bound = "" if t.complete else " (comm unknown: bound)"
@@ -255,7 +254,7 @@ def _decide(
 def _key(candidate: Candidate) -> tuple[Any, ...]:
     """The same layout reached from two rungs (rung 1's micro = rung 2's auto under dp > 1) once."""
     k, lay = candidate.plan.knobs, candidate.plan.layout
-    return (k.zero_stage, k.tp, k.pp, k.recompute, k.offload, lay.micro_size)
+    return (k.spec.zero_stage, k.spec.tp, k.spec.pp, k.spec.recompute, k.spec.offload, lay.micro_size)
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
@@ -265,7 +264,7 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
     for c in candidates:
         seen.setdefault(_key(c), c)
     unique = list(seen.values())
-    kept = [c for c in unique if c.plan.knobs.offload == OffloadPlacement.none] or unique
+    kept = [c for c in unique if c.plan.knobs.spec.offload == OffloadPlacement.none] or unique
     return sorted(kept, key=lambda c: (-c.tokens_per_s, c.cheapness))
 
 
@@ -290,16 +289,16 @@ def overrides_for(plan: Plan) -> list[str]:
         f"batch.global_size={w.global_size}",
         f"parallel={k.parallel}",
     ]
-    if k.tp > 1:
-        out.append(f"parallel.tp={k.tp}")
-    if k.pp > 1:
-        out.append(f"parallel.pp={k.pp}")
-    if k.offload != OffloadPlacement.none:
+    if k.spec.tp > 1:
+        out.append(f"parallel.tp={k.spec.tp}")
+    if k.spec.pp > 1:
+        out.append(f"parallel.pp={k.spec.pp}")
+    if k.spec.offload != OffloadPlacement.none:
         out.append("parallel.offload_optimizer=cpu")
-    if k.offload == OffloadPlacement.optimizer_and_params:
+    if k.spec.offload == OffloadPlacement.optimizer_and_params:
         out.append("parallel.offload_param=cpu")
-    if k.recompute != Recompute.none:
-        out.append(f"model.activation_checkpointing={k.recompute.value}")
+    if k.spec.recompute != Recompute.none:
+        out.append(f"model.activation_checkpointing={k.spec.recompute.value}")
     out.append(f"batch.micro_size={plan.layout.micro_size}")
     out += workload_overrides(w)
     if plan.plan_only:

@@ -34,7 +34,11 @@ def _global_to_split(workload: Workload, knobs: Knobs, dp: int, *, refuse: bool)
     above it with the contract's error (runner.layout.resolve_layout's words)."""
     try:
         resolve_layout(
-            gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp, global_size=workload.global_size, micro_size=1
+            gpus=workload.gpus,
+            tp=knobs.spec.tp,
+            pp=knobs.spec.pp,
+            global_size=workload.global_size,
+            micro_size=1,
         )
     except LayoutError as error:
         if refuse:
@@ -56,7 +60,7 @@ def choose_layout(
     place of a micro-batch that does not divide global/dp (``contract_error``), micro 1 when
     none fits (``reason``).
     """
-    dp = data_parallel_size(gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp)
+    dp = data_parallel_size(gpus=workload.gpus, tp=knobs.spec.tp, pp=knobs.spec.pp)
     global_size, contract_error = _global_to_split(workload, knobs, dp, refuse=refuse)
     per_rank = global_size // dp
     fit = MicroFit(workload, knobs, dp=dp, per_rank=per_rank, objective=objective)
@@ -68,7 +72,12 @@ def choose_layout(
         return LayoutChoice(fit.layout_at(micro), fit.configured(micro), contract_error)
     try:
         layout = resolve_layout(
-            gpus=workload.gpus, tp=knobs.tp, pp=knobs.pp, global_size=global_size, micro_size=None, fits=fit
+            gpus=workload.gpus,
+            tp=knobs.spec.tp,
+            pp=knobs.spec.pp,
+            global_size=global_size,
+            micro_size=None,
+            fits=fit,
         )
     except LayoutError as error:
         if not fit.none_fit:

@@ -54,10 +54,15 @@ def recompute_modes(workload: Workload) -> tuple[Recompute, ...]:
     return tuple(mode for mode in Recompute if not (workload.compiled and mode == Recompute.selective))
 
 
+def _with_recompute(knobs: Knobs, mode: Recompute) -> Knobs:
+    """The same knobs in recompute mode ``mode``."""
+    return dataclasses.replace(knobs, spec=dataclasses.replace(knobs.spec, recompute=mode))
+
+
 def longest_sequences(workload: Workload, knobs: Knobs, layout: Layout) -> dict[str, int | None]:
     """:func:`longest_sequence` in each recompute mode, the layout otherwise as planned."""
     return {
-        mode.value: longest_sequence(workload, dataclasses.replace(knobs, recompute=mode), layout)
+        mode.value: longest_sequence(workload, _with_recompute(knobs, mode), layout)
         for mode in recompute_modes(workload)
     }
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from runner.config import Objective
 from runner.layout import PIPELINE_MICRO_BATCHES_PER_STAGE, Layout, divisors, resolve_layout
-from runner.memory_model.case import case_from_config
+from runner.memory_model.case import RankBatch, case_from_config
 from runner.memory_model.peak import MemoryTerms, memory_terms
 from runner.memory_model.units import gb
 from runner.step_time.estimate import step_time, traffic
@@ -33,15 +33,10 @@ def memory_at(workload: Workload, knobs: Knobs, *, micro_size: int, dp: int, acc
     return memory_terms(
         case_from_config(
             workload.model,
-            knobs,
+            knobs.spec,
+            RankBatch(dp=dp, micro_size=micro_size, seq_len=workload.seq_len, accum_steps=accum_steps),
             precision=workload.precision,
             optimizer=workload.optimizer,
-            offload=knobs.offload,
-            recompute=knobs.recompute,
-            seq_len=workload.seq_len,
-            micro_size=micro_size,
-            dp=dp,
-            accum_steps=accum_steps,
             compiled=workload.compiled,
             host_is_device=workload.device.is_host,
         )
@@ -70,7 +65,7 @@ class MicroFit:
         """The batch contract's layout at this micro-batch size (global = per_rank x dp)."""
         w, k = self.workload, self.knobs
         return resolve_layout(
-            gpus=w.gpus, tp=k.tp, pp=k.pp, global_size=self.per_rank * self.dp, micro_size=micro
+            gpus=w.gpus, tp=k.spec.tp, pp=k.spec.pp, global_size=self.per_rank * self.dp, micro_size=micro
         )
 
     def memory(self, micro: int) -> MemoryTerms:
@@ -147,7 +142,7 @@ class MicroFit:
         head = f"micro {chosen}: {gb(total)} of {self._usable()}" + self._speed_words(chosen)
         if larger:
             return f"{head}; micro {larger[0]} would need {gb(self.totals[larger[0]])}"
-        pp = self.knobs.pp
+        pp = self.knobs.spec.pp
         if pp > 1 and chosen < self.per_rank:  # runner/layout.py most_pipeline_micro
             return (
                 f"{head}; under a pipeline auto keeps {PIPELINE_MICRO_BATCHES_PER_STAGE} x pp = "

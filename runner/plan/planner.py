@@ -27,12 +27,11 @@ from runner.config import (
     Offload,
     OffloadPlacement,
     TrainConfig,
-    ZeroStage,
 )
 from runner.errors import ConfigError
 from runner.hardware.host_allocator import rank_allocator
 from runner.layout import Layout, parse_micro_size, resolve_layout
-from runner.memory_model.case import offload_placement
+from runner.memory_model.case import offload_placement, spec_of
 from runner.memory_model.peak import MemoryTerms
 from runner.model.shape import num_params as count_params
 from runner.plan.host import HostMemory, host_memory
@@ -96,9 +95,9 @@ class Plan:
             w.model,
             precision=w.precision,
             optimizer=w.optimizer,
-            zero_stage=k.zero_stage,
-            tp=k.tp,
-            pp=k.pp,
+            zero_stage=k.spec.zero_stage,
+            tp=k.spec.tp,
+            pp=k.spec.pp,
         )
 
     @property
@@ -131,10 +130,10 @@ class Plan:
             seq_len=w.seq_len,
             knobs=PlannedKnobs(
                 parallel=k.parallel,
-                zero_stage=int(k.zero_stage),
-                recompute=k.recompute.value,
-                offload=k.offload.value,
-                overlap_comm=k.overlap_comm,
+                zero_stage=int(k.spec.zero_stage),
+                recompute=k.spec.recompute.value,
+                offload=k.spec.offload.value,
+                overlap_comm=k.spec.overlap_comm,
                 micro_size="auto" if k.micro_size is None else k.micro_size,
             ),
             device=_planned_device(w),
@@ -186,7 +185,7 @@ class Plan:
             bound_mfu=t.bound_mfu,
             calibration=t.calibration or None,
             not_modelled=["offload transfers and CPU optimizer step"]
-            if self.knobs.offload != OffloadPlacement.none
+            if self.knobs.spec.offload != OffloadPlacement.none
             else [],
             eval_s=self.eval_s,
             eval_share=self.eval_share,
@@ -229,19 +228,10 @@ def knobs_from_config(config: TrainConfig) -> Knobs:
     # Asked of the config itself, as validate asks it: Knobs' placement cannot hold parameters
     # offloaded without the optimizer states, nor Knobs the cluster's node size.
     _refuse(config_layout_problems(config))
-    par = config.parallel
     return Knobs(
-        parallel=par.name,
-        zero_stage=ZeroStage(par.zero_stage),
-        tp=par.tp,
-        pp=par.pp,
-        recompute=config.model.activation_checkpointing,
-        offload=offload_mode(par.offload_optimizer, par.offload_param),
+        parallel=config.parallel.name,
+        spec=spec_of(config.parallel, config.model.activation_checkpointing),
         micro_size=parse_micro_size(config.batch.micro_size),
-        overlap_comm=ZeroStage(par.zero_stage).overlaps_comm(par.overlap_comm),
-        contiguous_gradients=par.contiguous_gradients,
-        reduce_bucket_size=par.reduce_bucket_size,
-        param_persistence_threshold=par.param_persistence_threshold,
     )
 
 
@@ -292,13 +282,13 @@ def _refuse(problems: list[str]) -> None:
 
 def check_knobs(workload: Workload, knobs: Knobs) -> None:
     """Refuse knobs no plan can size, in the words a run is refused with (runner.rules.layout_problems)."""
-    offload_optimizer, offload_param = offload_switches(knobs.offload)
+    offload_optimizer, offload_param = offload_switches(knobs.spec.offload)
     _refuse(
         layout_problems(
             workload.model,
-            zero_stage=knobs.zero_stage,
-            tp=knobs.tp,
-            pp=knobs.pp,
+            zero_stage=knobs.spec.zero_stage,
+            tp=knobs.spec.tp,
+            pp=knobs.spec.pp,
             offload_optimizer=offload_optimizer,
             offload_param=offload_param,
         )
@@ -313,10 +303,10 @@ def check_knobs(workload: Workload, knobs: Knobs) -> None:
 def plan_only_reasons(knobs: Knobs) -> list[str]:
     """Why the runner cannot run these knobs yet (empty when it can): the refusals of a run's launch
     that a plan sizes all the same (runner.rules.pipeline_engine_problems)."""
-    offload_optimizer, offload_param = offload_switches(knobs.offload)
+    offload_optimizer, offload_param = offload_switches(knobs.spec.offload)
     return pipeline_engine_problems(
-        pp=knobs.pp,
-        zero_stage=knobs.zero_stage,
+        pp=knobs.spec.pp,
+        zero_stage=knobs.spec.zero_stage,
         offload_optimizer=offload_optimizer,
         offload_param=offload_param,
     )

@@ -64,8 +64,8 @@ def _states_formula(plan: Plan) -> str:
     whole the gradients of tensors straddling its partition's edges; padding).
     """
     w, k, lay, m = plan.workload, plan.knobs, plan.layout, plan.memory
-    if k.offload != OffloadPlacement.none:
-        return f"= ZeRO-{int(k.zero_stage)} with {k.offload.value} offloaded to the host"
+    if k.spec.offload != OffloadPlacement.none:
+        return f"= ZeRO-{int(k.spec.zero_stage)} with {k.spec.offload.value} offloaded to the host"
     wb, gb_, ob = bytes_per_param(w.precision, w.optimizer)
     n = lay.dp
     per_param = {
@@ -73,12 +73,12 @@ def _states_formula(plan: Plan) -> str:
         1: (f"({wb} + {gb_ + ob}/{n}) B", wb + (gb_ + ob) / n),
         2: (f"({wb} + {gb_ + ob}/{n}) B", wb + (gb_ + ob) / n),
         3: (f"{wb + gb_ + ob}/{n} B", (wb + gb_ + ob) / n),
-    }[k.zero_stage]
+    }[k.spec.zero_stage]
     formula, bytes_each = per_param
     local = sum(rank_param_numels(w.model, tp=lay.tp, pp=lay.pp))
     exact = abs(bytes_each * local - m.model_states) <= 1e-3 * m.model_states
     split = _split_words(lay.tp, lay.pp)
-    return f"{'=' if exact else '~'} ZeRO-{int(k.zero_stage)}: {formula} x {local:,} params{split}"
+    return f"{'=' if exact else '~'} ZeRO-{int(k.spec.zero_stage)}: {formula} x {local:,} params{split}"
 
 
 def nominal_params(model_name: str) -> float | None:
@@ -93,7 +93,11 @@ def _nominal_states(plan: Plan) -> str:
     """Model states at the name's round size, beside the exact count (papers quote the round one)."""
     w, k = plan.workload, plan.knobs
     nominal = nominal_params(w.model.name)
-    if nominal is None or k.offload != OffloadPlacement.none or abs(nominal - w.num_params) < 0.005 * nominal:
+    if (
+        nominal is None
+        or k.spec.offload != OffloadPlacement.none
+        or abs(nominal - w.num_params) < 0.005 * nominal
+    ):
         return ""
     at_nominal = plan.memory.model_states * nominal / w.num_params  # every term is linear in P
     return (
@@ -227,7 +231,7 @@ def _memory_lines(plan: Plan) -> list[str]:
         _row(
             "activations",
             m.activations,
-            f"micro {lay.micro_size}, recompute {k.recompute.value}, tp {lay.tp}"
+            f"micro {lay.micro_size}, recompute {k.spec.recompute.value}, tp {lay.tp}"
             + (f"; {m.activation_note}" if m.activation_note else ""),
         ),
     ]
@@ -321,7 +325,7 @@ def _time_lines(plan: Plan) -> list[str]:
             f"  held-out evaluation every {w.eval_every} steps: {w.eval_batches} global batches forward "
             f"only, {plan.eval_s:.3g} s each, {100 * plan.eval_share:.1f}% on top of the steps' time"
         )
-    if k.offload != OffloadPlacement.none:
+    if k.spec.offload != OffloadPlacement.none:
         lines.append(
             "  not in this time: offload's host<->device copies and the CPU optimizer step "
             "(no PCIe or host figures in the cluster config)"
@@ -333,7 +337,7 @@ def _time_lines(plan: Plan) -> list[str]:
 def _overlap_words(plan: Plan) -> str:
     return (
         "overlapped with compute"
-        if plan.knobs.overlap_comm
+        if plan.knobs.spec.overlap_comm
         else "not overlapped (parallel.overlap_comm=false)"
     )
 
@@ -398,7 +402,7 @@ def _predicted_lines(plan: Plan) -> list[str]:
 def _checkpoint_lines(plan: Plan) -> list[str]:
     """One checkpoint's bytes on disk, per parameter, and its save time."""
     w, k, lay = plan.workload, plan.knobs, plan.layout
-    weight, state = saved_bytes_per_param(w.precision, w.optimizer, k.zero_stage, pp=lay.pp)
+    weight, state = saved_bytes_per_param(w.precision, w.optimizer, k.spec.zero_stage, pp=lay.pp)
     copies = []
     if lay.tp > 1:
         copies.append(f"the norm gains on each of tp {lay.tp}")
@@ -477,7 +481,7 @@ def _ranked_line(place: int, candidate: Candidate, recommended: bool) -> str:
     plan = candidate.plan
     t, lay = plan.time, plan.layout
     head = f"  {place}. {plan.knobs.describe()}, micro {lay.micro_size} x accum {lay.accum_steps}"
-    if plan.knobs.offload != OffloadPlacement.none:
+    if plan.knobs.spec.offload != OffloadPlacement.none:
         text = f"{head}: {OFFLOAD_MARK}"
     elif t.tokens_per_s is None or t.step_s is None or t.mfu is None:
         text = f"{head}: no step-time prediction (peak unknown)"

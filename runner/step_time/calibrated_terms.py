@@ -146,7 +146,7 @@ def _zero3_terms(
       makes of a tensor and its gradient on that device, whatever their number.
     """
     terms: list[Term] = []
-    threshold = persistence_threshold_elements(knobs.param_persistence_threshold, workload.model)
+    threshold = persistence_threshold_elements(knobs.spec.param_persistence_threshold, workload.model)
     numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
     visited, accum = len(numels), layout.accum_steps
     tensors = sum(1 for n in numels if n > threshold)  # gathered
@@ -230,9 +230,9 @@ def _priced_copies(
     """Each pass the step makes over gradients and parameters (runner/step_time/step_copies.py) with its
     seconds (None: a figure is missing)."""
     copies = step_copies(
-        zero_stage=knobs.zero_stage,
+        zero_stage=knobs.spec.zero_stage,
         precision=workload.precision,
-        offload=knobs.offload,
+        offload=knobs.spec.offload,
         dp=layout.dp,
         accum_steps=layout.accum_steps,
         local=local,
@@ -269,7 +269,7 @@ def _engine_term(knobs: Knobs, layout: Layout, calibration: Calibration, tensors
     figures = calibration.engine_param_seconds()
     if not figures:
         return None
-    stage = 0 if knobs.zero_stage is ZeroStage.zero3 else int(knobs.zero_stage)
+    stage = 0 if knobs.spec.zero_stage is ZeroStage.zero3 else int(knobs.spec.zero_stage)
     per_tensor = figures.get(str(stage))
     if per_tensor is None:
         return None
@@ -296,7 +296,7 @@ def _optimizer_term(
 ) -> Term | None:
     """The fused optimizer's own pass over the stepped parameters, at its measured bandwidth, and
     the step's passes that prepare its gradients and return its weights (runner/step_time/step_copies.py)."""
-    stepped = local // layout.dp if knobs.zero_stage.shards_optimizer_states else local
+    stepped = local // layout.dp if knobs.spec.zero_stage.shards_optimizer_states else local
     rate = calibration.adamw_rate(stepped)
     if rate is None:
         return None
@@ -309,7 +309,7 @@ def _optimizer_term(
     )
     lines = (own, *_copy_lines(priced, OPTIMIZER))
     # runner/engine/zero_step_copies.py: under ZeRO on the device, the clip is no pass of its own
-    folded = knobs.zero_stage.shards_optimizer_states and knobs.offload == OffloadPlacement.none
+    folded = knobs.spec.zero_stage.shards_optimizer_states and knobs.spec.offload == OffloadPlacement.none
     return Term(
         "optimizer",
         sum(line.seconds for line in lines),
@@ -384,16 +384,16 @@ def compute_terms(
         ),
         Term("dispatch", accum * micro.dispatch, micro.dispatch_words),
     ]
-    if knobs.recompute == Recompute.full:
+    if knobs.spec.recompute == Recompute.full:
         redo = micro.gemm_forward + micro.attention_forward + micro.elementwise_forward + micro.dispatch / 3
         terms.append(Term("recompute", accum * redo, "full: every block's forward again"))
-    elif knobs.recompute == Recompute.selective:
+    elif knobs.spec.recompute == Recompute.selective:
         redo = micro.reran_gemm_forward + micro.block_elementwise_forward + micro.dispatch / 3
         words = (
             "selective: wk, wo, w3 and the memory-bound kernels again (matmuls' and attention's outputs kept)"
         )
         terms.append(Term("recompute", accum * redo, words))
-    elif knobs.recompute == Recompute.attention:
+    elif knobs.spec.recompute == Recompute.attention:
         terms.append(
             Term("recompute", accum * micro.attention_forward, "attention: the attention core again")
         )
@@ -442,7 +442,7 @@ def _engine_terms(
 ) -> list[Term]:
     """DeepSpeed's own work at the layout's ZeRO stage: its engine per micro-batch, and the
     stage's copies of the gradients or parameters."""
-    stage = knobs.zero_stage
+    stage = knobs.spec.zero_stage
     terms = [_engine_term(knobs, layout, calibration, param_tensors(workload, layout))]
     if stage is ZeroStage.zero3:
         terms += _zero3_terms(workload, knobs, layout, calibration, local)

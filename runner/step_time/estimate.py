@@ -130,7 +130,7 @@ def traffic(workload: Workload, knobs: Knobs, layout: Layout) -> list[Traffic]:
     groups = [_dp_traffic(workload, knobs, layout, elem=elem)]
     activation = workload.seq_len * layout.micro_size * model.d_model * elem  # one (s, b, h) tensor
     if layout.tp > 1:
-        per_layer = 6 if knobs.recompute == Recompute.full else 4  # Shoeybi et al. 2019: f, g fwd + bwd
+        per_layer = 6 if knobs.spec.recompute == Recompute.full else 4  # Shoeybi et al. 2019: f, g fwd + bwd
         # The vocabulary-parallel head's input gradient and the embedding's lookup; the loss's
         # per-token all-reduces are (s, b) only.
         outside = 2
@@ -158,7 +158,7 @@ def traffic(workload: Workload, knobs: Knobs, layout: Layout) -> list[Traffic]:
 
 def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) -> Traffic:
     """The data-parallel group's bytes per step: ZeRO's collectives over the fullest rank's parameters."""
-    stage, dp, accum_steps = knobs.zero_stage, layout.dp, layout.accum_steps
+    stage, dp, accum_steps = knobs.spec.zero_stage, layout.dp, layout.accum_steps
     local = sum(
         rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
     )  # the fullest rank's, before ZeRO
@@ -252,7 +252,7 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
         if seconds is None:
             exposed = None
             continue
-        if group.group == "dp" and knobs.overlap_comm:
+        if group.group == "dp" and knobs.spec.overlap_comm:
             seconds = max(0.0, seconds - compute)
         terms.append(
             Term(f"{group.group} comm", seconds, f"{count} collectives, {group.bytes / 1e9:.3g} GB; {how}")
@@ -309,13 +309,13 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *,
     if group == "dp":
         if layout.dp == 1:
             return 0
-        if knobs.zero_stage.shards_parameters:
+        if knobs.spec.zero_stage.shards_parameters:
             return (2 * param_tensors + regathered) * accum
-        if knobs.zero_stage.shards_gradients:
+        if knobs.spec.zero_stage.shards_gradients:
             return accum + 1
-        return 1 + (1 if knobs.zero_stage.shards_optimizer_states else 0)
+        return 1 + (1 if knobs.spec.zero_stage.shards_optimizer_states else 0)
     if group == "tp":
-        per_layer = 6 if knobs.recompute == Recompute.full else 4
+        per_layer = 6 if knobs.spec.recompute == Recompute.full else 4
         layers = (param_tensors - 3) // 9  # runner/step_time/calibrated_terms.py param_tensors: 9 per block
         return accum * (layers * per_layer + 2)
     return 2 * accum
@@ -324,12 +324,12 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *,
 def roofline(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Traffic]) -> StepTime:
     """The bound: compute at peak + pipeline bubble + exposed communication at full bandwidth."""
     gpus, pp, accum_steps = layout.gpus, layout.pp, layout.accum_steps
-    overlap_comm, peak_flops = knobs.overlap_comm, workload.device.peak_flops.value
+    overlap_comm, peak_flops = knobs.spec.overlap_comm, workload.device.peak_flops.value
     tokens = layout.global_size * workload.seq_len
     model_fpt = model_flops_per_token(
         workload.model, num_params=workload.num_params, seq_len=workload.seq_len
     )
-    redo = _recomputed_flops_per_token(workload, knobs.recompute)
+    redo = _recomputed_flops_per_token(workload, knobs.spec.recompute)
     seconds = {g.group: g.seconds for g in groups}
     comm: float | None = None
     if all(s is not None for s in seconds.values()):
@@ -374,7 +374,7 @@ def eval_time(workload: Workload, knobs: Knobs, layout: Layout, step: StepTime) 
         model_fpt = model_flops_per_token(
             workload.model, num_params=workload.num_params, seq_len=workload.seq_len
         )
-        redo = _recomputed_flops_per_token(workload, knobs.recompute)
+        redo = _recomputed_flops_per_token(workload, knobs.spec.recompute)
         forward = step.compute_s * (model_fpt / 3) / (model_fpt + redo)
     return workload.eval_batches * forward * (1 + (layout.pp - 1) / layout.accum_steps)
 

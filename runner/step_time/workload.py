@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.config import ModelConfig, OffloadPlacement, OptimizerName, Precision, Recompute, ZeroStage
+from runner.config import ModelConfig, OffloadPlacement, OptimizerName, ParallelSpec, Precision, Recompute
 from runner.step_time.device_figures import Device
 
 
@@ -46,33 +46,22 @@ class Knobs:
     """The layout choices: what the ladder varies and a run's ``parallel``/``batch`` config sets."""
 
     parallel: str  # the conf/parallel option: ddp, zero1, zero2, zero3 (ZeroStage's names)
-    zero_stage: ZeroStage
-    tp: int = 1
-    pp: int = 1
-    recompute: Recompute = Recompute.none
-    offload: OffloadPlacement = OffloadPlacement.none
+    spec: ParallelSpec
     micro_size: int | None = None  # None: auto
-    overlap_comm: bool = False
-    contiguous_gradients: bool = True
-    # Elements of DeepSpeed's gradient bucket (runner.engine.deepspeed_config.reduce_bucket_elements);
-    # ZeRO-3 allocates it up front.
-    reduce_bucket_size: int = 500_000_000
-    # parallel.param_persistence_threshold: ZeRO-3 keeps tensors of at most this many elements
-    # whole on every rank; None: from the model (runner.engine.deepspeed_config.zero3_fetch).
-    param_persistence_threshold: int | None = None
 
     def describe(self) -> str:
         """Short words for the layout: 'zero3 + full recompute + offload optimizer, tp 2'."""
+        spec = self.spec
         words = [self.parallel]
-        if self.recompute != Recompute.none:
-            words.append(f"{self.recompute.value} recompute")
-        if self.offload != OffloadPlacement.none:
-            words.append(f"offload {self.offload.value}")
+        if spec.recompute != Recompute.none:
+            words.append(f"{spec.recompute.value} recompute")
+        if spec.offload != OffloadPlacement.none:
+            words.append(f"offload {spec.offload.value}")
         text = " + ".join(words)
-        if self.tp > 1:
-            text += f", tp {self.tp}"
-        if self.pp > 1:
-            text += f", pp {self.pp}"
+        if spec.tp > 1:
+            text += f", tp {spec.tp}"
+        if spec.pp > 1:
+            text += f", pp {spec.pp}"
         return text
 
 

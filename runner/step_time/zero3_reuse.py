@@ -41,9 +41,9 @@ def regathered(numels: list[int], threshold: int, *, tied: bool) -> tuple[int, i
 
 def layout_regathered(workload: Workload, knobs: Knobs, layout: Layout) -> tuple[int, int]:
     """:func:`regathered` of the layout's fullest rank; (0, 0) below ZeRO-3."""
-    if not knobs.zero_stage.shards_parameters:
+    if not knobs.spec.zero_stage.shards_parameters:
         return 0, 0
-    threshold = persistence_threshold_elements(knobs.param_persistence_threshold, workload.model)
+    threshold = persistence_threshold_elements(knobs.spec.param_persistence_threshold, workload.model)
     numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
     return regathered(numels, threshold, tied=workload.model.tie_embeddings)
 

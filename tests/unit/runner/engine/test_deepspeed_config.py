@@ -81,7 +81,7 @@ def test_the_reduction_overlaps_backward_as_deepspeed_defaults_it(stage, overlap
     assert deepspeeds_own is (stage == 3)
     value = "null" if overlap_comm is None else str(overlap_comm).lower()
     plan_knobs = knobs_from_config(compose_config(f"parallel={option}", f"parallel.overlap_comm={value}"))
-    assert plan_knobs.overlap_comm is expected
+    assert plan_knobs.spec.overlap_comm is expected
 
 
 def test_deepspeed_accepts_the_dict():

@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 import pytest
+from train_helpers import memory_case
 
 from runner.config import (
     ModelConfig,
@@ -145,12 +146,11 @@ def test_refusals_name_the_key_and_the_values_that_work():
 def test_planner_counts_the_vocabulary_split_embeddings(tied, measured):
     """At tp 2 a rank holds half of each block matrix, of the output head and of the token
     embedding (one weight when tied); the norms stay whole. Measured per rank on 2 CPU ranks."""
-    from runner.memory_model.case import MemoryCase
     from runner.memory_model.peak import memory_terms
 
     model = dataclasses.replace(TINY, tie_embeddings=tied)
     terms = memory_terms(
-        MemoryCase(
+        memory_case(
             model=model,
             precision="fp32",
             optimizer="adamw",

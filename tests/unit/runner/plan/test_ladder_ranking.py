@@ -52,14 +52,14 @@ def test_llama_7b_on_one_h200_is_ranked_by_predicted_speed():
     per_knobs: dict[tuple[object, ...], set[int]] = {}
     for c in ladder.ranking:
         k = c.plan.knobs
-        per_knobs.setdefault((k.zero_stage, k.recompute, k.offload), set()).add(c.plan.layout.micro_size)
+        per_knobs.setdefault((k.spec.zero_stage, k.spec.recompute, k.spec.offload), set()).add(c.plan.layout.micro_size)
     assert max(len(sizes) for sizes in per_knobs.values()) > 1
     # The recommendation: the cheapest within NEAR_FASTEST of the fastest.
     win = ladder.winner
     near = [c for c in ladder.ranking if c.tokens_per_s >= (1 - NEAR_FASTEST) * speeds[0]]
     assert win in near and win.cheapness == min(c.cheapness for c in near)
     plan = win.plan
-    lazy = (plan.knobs.zero_stage, plan.knobs.recompute, plan.layout.micro_size, plan.layout.accum_steps)
+    lazy = (plan.knobs.spec.zero_stage, plan.knobs.spec.recompute, plan.layout.micro_size, plan.layout.accum_steps)
     if lazy == (ZeroStage.zero3, Recompute.none, 1, 16):  # the first that fits, as the walk chose
         assert win is ladder.ranking[0] or win.tokens_per_s >= (1 - NEAR_FASTEST) * speeds[0]
     text = format_ladder(ladder)
@@ -118,7 +118,7 @@ def test_auto_by_memory_keeps_the_largest_and_by_speed_the_largest_near_the_fast
     by_speed = plan_config(speed)
     fastest = min(steps.values())
     assert by_speed.layout.micro_size == max(m for m in sizes if steps[m] <= fastest * (1 + SPEED_TIE))
-    assert by_speed.knobs.recompute == Recompute.full  # the configured recompute is kept
+    assert by_speed.knobs.spec.recompute == Recompute.full  # the configured recompute is kept
     why = by_speed.micro_choice
     assert "chosen for predicted speed (planner.objective=speed)" in why
     others = [m for m in sizes if m != by_speed.layout.micro_size]

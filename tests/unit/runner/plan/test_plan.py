@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 import pytest
-from train_helpers import ROOT, compose_config, plan_json
+from train_helpers import ROOT, compose_config, memory_case, plan_json
 
 from launchers.plan_job import plan_job
 from runner.checkpoint.size import disk_need
@@ -51,7 +51,6 @@ def _terms(model: Any = None, **knobs: Any) -> Any:
     """runner.memory_model.peak.memory_terms for the tiny model (or ``model``): fp32 AdamW, ZeRO-0,
     one rank, seq 128, micro 4, accum 2, unless ``knobs`` say otherwise."""
     from runner.config import ModelConfig
-    from runner.memory_model.case import MemoryCase
     from runner.memory_model.peak import memory_terms
 
     defaults: dict[str, Any] = dict(
@@ -67,7 +66,7 @@ def _terms(model: Any = None, **knobs: Any) -> Any:
         pp=1,
         accum_steps=2,
     )
-    return memory_terms(MemoryCase(model=model or ModelConfig(), **{**defaults, **knobs}))
+    return memory_terms(memory_case(model=model or ModelConfig(), **{**defaults, **knobs}))
 
 
 def test_llama_70b_zero3_on_64_gpus_holds_17_2_gb_of_model_states():
@@ -837,7 +836,7 @@ def test_a_compiled_runs_ladder_tries_the_attention_core_in_selectives_place():
             "model=llama_1b", "cluster=h100_sxm", "gpus=8", "precision=bf16", f"train.compile={compiled}"
         )
         ladder = rungs(plan_config(config).workload)
-        modes = {knobs.recompute for _, candidates in ladder for knobs in candidates}
+        modes = {knobs.spec.recompute for _, candidates in ladder for knobs in candidates}
         assert modes == {Recompute.none, partial, Recompute.full}
         assert f"ddp + {partial.value} recompute" in [name for name, _ in ladder]
 

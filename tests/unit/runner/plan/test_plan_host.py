@@ -240,7 +240,7 @@ def test_the_ladder_skips_layouts_whose_host_cannot_hold_them():
     default = ladder()
     assert next(rung for rung in default.rungs if rung.fits).name == "zero3 + offload optimizer"
     # Nothing without offload fits, so the offloaded layouts are ranked (planner.recommend's rule).
-    assert default.winner is not None and default.winner.plan.knobs.offload.value != "none"
+    assert default.winner is not None and default.winner.plan.knobs.spec.offload.value != "none"
     small = ladder("cluster.host_memory_gb=1000")
     offload = next(rung for rung in small.rungs if rung.name == "zero3 + offload optimizer")
     assert offload.plan.fits and not offload.plan.host.fits and not offload.fits
