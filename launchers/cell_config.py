@@ -1,7 +1,7 @@
 """A sweep cell's config as its job's task function receives it: composed, without ``hydra``.
 
 Both sweep launchers check every cell before any runs (launchers/local_sweep.py on this
-host, launchers/slurm.py before it submits), from the config Hydra composes for the cell.
+host, launchers/slurm/launcher.py before it submits), from the config Hydra composes for the cell.
 """
 
 from __future__ import annotations

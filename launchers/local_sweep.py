@@ -4,7 +4,7 @@ Each cell is composed as Hydra will compose it for its job, and run through the 
 ``python train.py`` makes before any rank starts (``launchers.prelaunch.local_launch_problems``:
 config values, the batch contract, this host's ranks and RAM, ``micro_size=auto``'s fit).
 A problem refuses the sweep with every cell it concerns, as a SLURM sweep refuses before
-it submits (launchers/slurm.py). What only a cell's own run directory can tell (a resume
+it submits (launchers/slurm/launcher.py). What only a cell's own run directory can tell (a resume
 onto another global batch, say) is still found when the cell starts.
 
 After the cells ran, each cell that failed is named with its error: a failed rank no longer

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.resume import ResumeSource
-from launchers.slurm_job import slurm_job_record
+from launchers.slurm.job import slurm_job_record
 from runner.checkpoint.size import DiskNeed
 from runner.data.tokenizer_dir import run_tokenizer_record
 from runner.engine.schedule import scaled_lr

@@ -1,7 +1,7 @@
 """The exit codes of ladder's commands and of each rank, one enum for every ``sys.exit``.
 
 ``python train.py``, ``ladder`` and each rank a launcher starts exit with one of these; the
-launchers read a rank's back (launchers/local.py, launchers/run.py, launchers/slurm_task.py).
+launchers read a rank's back (launchers/local.py, launchers/run.py, launchers/slurm/task.py).
 Two codes come from conventions outside ladder: 75 is sysexits.h's EX_TEMPFAIL ("temporary
 failure; the user is invited to retry"), and 130 is the shell's 128 + SIGINT for a command
 that Ctrl-C ended. docs/running.md lists them for a user.
@@ -17,7 +17,7 @@ class ExitCode(IntEnum):
 
     # The command did what it was asked: a run completed, each plan of plan=true fits and holds
     # the batch contract, --help was answered, a `ladder` subcommand finished; a rank trained
-    # every step; a SLURM task that ended with its result (launchers/slurm_task.py).
+    # every step; a SLURM task that ended with its result (launchers/slurm/task.py).
     OK = 0
     # A run failed: train.py after a rank failed (launchers/run.py RunFailed), or after a sweep
     # on this host whose cells failed (named above it); a rank that raised, after writing its
@@ -41,7 +41,7 @@ class ExitCode(IntEnum):
     PLAN_CONTRACT_NOT_MET = 4
     # sysexits.h EX_TEMPFAIL. A rank or a run stopped by a signal (Ctrl-C, SIGTERM, SIGUSR2)
     # at the end of a step, after a checkpoint (runner/train/preemption.py), or before it had
-    # anything to save. Each rank returns it (launchers/worker.py, launchers/slurm_task.py),
+    # anything to save. Each rank returns it (launchers/worker.py, launchers/slurm/task.py),
     # and so does train.py for the run they made (launchers/run.py RunInterrupted). It is no
     # failure: the local launcher waits for the other ranks as at a normal end, a requeued
     # SLURM job runs the cell again in its run directory, slurm.conf's RequeueExit can requeue

@@ -2,7 +2,7 @@
 
 Field names follow hydra-submitit-launcher's ``SlurmQueueConf``. Nodes, tasks per node
 and GPUs per node are absent on purpose: each cell's come from its ``gpus`` and the
-cluster group (launchers/slurm_resources.py), so overriding them is a composition error.
+cluster group (launchers/slurm/resources.py), so overriding them is a composition error.
 """
 
 from dataclasses import dataclass, field

@@ -2,8 +2,8 @@
 
 The upstream launcher submits every cell of a sweep with one set of resources; here
 ``launch`` places each cell from its own ``gpus`` and submits one array per group of
-like cells (launchers/slurm.py), and ``__call__`` runs one rank of a cell inside a
-SLURM task (launchers/slurm_task.py). The inherited ``checkpoint()`` is submitit's
+like cells (launchers/slurm/launcher.py), and ``__call__`` runs one rank of a cell inside a
+SLURM task (launchers/slurm/task.py). The inherited ``checkpoint()`` is submitit's
 requeue hook for preemption and time limits (see runner/train/preemption.py). Imports are
 lazy: Hydra imports this module on every start while it scans for plugins.
 """
@@ -26,8 +26,8 @@ class LadderSlurmLauncher(SlurmLauncher):
         from pathlib import Path
 
         from launchers.hydra_files import put_back_sweep, remove_refused_sweep_dir
-        from launchers.slurm import launch_sweep
-        from launchers.slurm_resources import SlurmRefused
+        from launchers.slurm.launcher import launch_sweep
+        from launchers.slurm.resources import SlurmRefused
         from launchers.sweep_end import print_sweep_end
         from runner.exit_codes import ExitCode
 
@@ -51,6 +51,6 @@ class LadderSlurmLauncher(SlurmLauncher):
         singleton_state: dict[type, Singleton],
     ) -> JobReturn:
         """Inside a SLURM task: run the cell's task function as this task's rank."""
-        from launchers.slurm_task import run_task
+        from launchers.slurm.task import run_task
 
         return run_task(self, sweep_overrides, job_dir_key, job_num, singleton_state)

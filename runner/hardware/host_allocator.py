@@ -22,7 +22,7 @@ CPU launcher preloads jemalloc for the same reason (``torch.backends.xeon.run_cp
 --enable-jemalloc``). The cost is a high-water RSS: freed memory stays the rank's.
 
 A CPU rank gets it by ``LD_PRELOAD`` when its launcher starts it (launchers/local.py; under SLURM,
-the cell's batch script: launchers/slurm_submission.py ``allocator_lines``); a rank on a GPU keeps
+the cell's batch script: launchers/slurm/submission.py ``allocator_lines``); a rank on a GPU keeps
 the system's allocator (its large tensors live in CUDA's).
 """
 

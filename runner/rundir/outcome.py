@@ -7,7 +7,7 @@ completed     every step done (rank 0, at the attempt's end)
 interrupted   stopped at a signal; train.resume=auto continues (rank 0, or the launcher when the
               ranks left no record: launchers/run.py)
 failed        a rank raised, was killed, or its job never ran (the failing rank, the launcher,
-              launchers/slurm_watch.py)
+              launchers/slurm/watch.py)
 
 The first failure recorded is the cause: a later one (a peer that lost the failed rank) does not
 replace it. Each failing rank's own record is failure_rank<N>.json (``record_rank_failure``).

@@ -91,7 +91,7 @@ class RunSummary:
     layout: Record | None = None  # runner/layout.py Layout.record
     num_params: int | None = None
     lr: float | None = None  # the learning rate scaled to the global batch
-    slurm: Record | None = None  # launchers/slurm_job.py; None outside SLURM
+    slurm: Record | None = None  # launchers/slurm/job.py; None outside SLURM
     layout_history: list[Record] | None = None  # runner/rundir/layout_history.py
     tokenizer: Record | None = None  # runner/data/tokenizer_dir.py tokenizer_identity
     micro_size_choice: str | None = None  # batch.micro_size=auto: why this micro batch

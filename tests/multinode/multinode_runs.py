@@ -25,7 +25,7 @@ from two_nodes import TwoNodeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
-# gpus=2 on nodes of one GPU each: SLURM places one rank per node (launchers/slurm_resources.py).
+# gpus=2 on nodes of one GPU each: SLURM places one rank per node (launchers/slurm/resources.py).
 TWO_NODES = ["gpus=2", "cluster.gpus_per_node=1"]
 CROSS_NODE = [*TWO_NODES, *SMALL_EXPERIMENT, f"train.steps={STEPS}"]
 # The stopped jobs' layout: each rank saves its own ZeRO-3 partition, on its own node.

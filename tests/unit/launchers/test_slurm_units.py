@@ -15,10 +15,10 @@ from hydra.errors import ConfigCompositionException
 from train_helpers import ROOT
 
 from launchers.compose import register_configs
-from launchers.slurm import plan_cell
-from launchers.slurm_job import slurm_job_record
-from launchers.slurm_partition import gres_gpus, parse_sinfo, parse_time_min
-from launchers.slurm_resources import (
+from launchers.slurm.job import slurm_job_record
+from launchers.slurm.launcher import plan_cell
+from launchers.slurm.partition import gres_gpus, parse_sinfo, parse_time_min
+from launchers.slurm.resources import (
     NodeGroup,
     Partition,
     Placement,
@@ -29,8 +29,8 @@ from launchers.slurm_resources import (
     place,
     ranks_per_node,
 )
-from launchers.slurm_submission import sbatch_parameters, unsafe_values
-from launchers.slurm_watch import never_starts, stuck_jobs
+from launchers.slurm.submission import sbatch_parameters, unsafe_values
+from launchers.slurm.watch import never_starts, stuck_jobs
 from runner.config import HostAllocator
 from runner.environment import from_environment, slurm_port
 from runner.hardware.host_allocator import JEMALLOC_CONF, JEMALLOC_SONAME, jemalloc_installed

@@ -52,14 +52,21 @@ def test_llama_7b_on_one_h200_is_ranked_by_predicted_speed():
     per_knobs: dict[tuple[object, ...], set[int]] = {}
     for c in ladder.ranking:
         k = c.plan.knobs
-        per_knobs.setdefault((k.spec.zero_stage, k.spec.recompute, k.spec.offload), set()).add(c.plan.layout.micro_size)
+        per_knobs.setdefault((k.spec.zero_stage, k.spec.recompute, k.spec.offload), set()).add(
+            c.plan.layout.micro_size
+        )
     assert max(len(sizes) for sizes in per_knobs.values()) > 1
     # The recommendation: the cheapest within NEAR_FASTEST of the fastest.
     win = ladder.winner
     near = [c for c in ladder.ranking if c.tokens_per_s >= (1 - NEAR_FASTEST) * speeds[0]]
     assert win in near and win.cheapness == min(c.cheapness for c in near)
     plan = win.plan
-    lazy = (plan.knobs.spec.zero_stage, plan.knobs.spec.recompute, plan.layout.micro_size, plan.layout.accum_steps)
+    lazy = (
+        plan.knobs.spec.zero_stage,
+        plan.knobs.spec.recompute,
+        plan.layout.micro_size,
+        plan.layout.accum_steps,
+    )
     if lazy == (ZeroStage.zero3, Recompute.none, 1, 16):  # the first that fits, as the walk chose
         assert win is ladder.ranking[0] or win.tokens_per_s >= (1 - NEAR_FASTEST) * speeds[0]
     text = format_ladder(ladder)

@@ -11,7 +11,7 @@ import re
 import subprocess
 from collections.abc import Callable, Sequence
 
-from launchers.slurm_resources import NodeGroup, Partition, SlurmRefused
+from launchers.slurm.resources import NodeGroup, Partition, SlurmRefused
 
 SINFO_FORMAT = "%P|%D|%c|%m|%G|%l"
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")

@@ -5,14 +5,14 @@ anything:
 
 1. compose each cell's config and run the runner's own checks (schema, batch contract);
 2. read the partition from ``sinfo`` and place each cell: nodes = ceil(gpus / per_node),
-   tasks per node = gpus / nodes (launchers/slurm_resources.py); refuse a cell that does
+   tasks per node = gpus / nodes (launchers/slurm/resources.py); refuse a cell that does
    not split evenly, or that no set of the partition's nodes can ever hold;
 3. refuse a value that could break out of its line in the batch script.
 
 Then it submits one job array per group of cells that need the same resources (one
 sbatch each; hydra-submitit-launcher would give every cell the first one's), waits,
 cancels a job that SLURM says can never start, and hands Hydra one JobReturn per cell.
-Each task of a job is one rank (launchers/slurm_task.py). A failed submission cancels
+Each task of a job is one rank (launchers/slurm/task.py). A failed submission cancels
 whatever the sweep had already queued.
 
 Preemption and time limits (runner/train/preemption.py): submitit has SLURM signal the job
@@ -42,8 +42,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from launchers.cell_config import task_config
 from launchers.compose import to_train_config
-from launchers.slurm_partition import read_partition
-from launchers.slurm_resources import (
+from launchers.slurm.partition import read_partition
+from launchers.slurm.resources import (
     Partition,
     Placement,
     SlurmRefused,
@@ -52,8 +52,8 @@ from launchers.slurm_resources import (
     place,
     ranks_per_node,
 )
-from launchers.slurm_submission import Cell, sbatch_parameters, unsafe_values
-from launchers.slurm_watch import cancel, collect, wait
+from launchers.slurm.submission import Cell, sbatch_parameters, unsafe_values
+from launchers.slurm.watch import cancel, collect, wait
 from runner.checkpoint.size import disk_need, disk_problem, sweep_disk_problem
 from runner.config import HostAllocator, Resume, TrainConfig
 from runner.errors import ConfigError

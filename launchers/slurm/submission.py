@@ -21,7 +21,7 @@ from typing import Any
 
 from hydra.core.utils import filter_overrides
 
-from launchers.slurm_resources import Placement
+from launchers.slurm.resources import Placement
 from runner.config import HostAllocator, TrainConfig
 from runner.hardware.host_allocator import INSTALL_HINT, JEMALLOC_CONF, JEMALLOC_SONAME, rank_allocator
 

@@ -9,7 +9,7 @@ and ``gpus`` must split evenly over those nodes (9 ranks on 8-GPU nodes would ne
 nodes of 4.5). ``per_node`` is the cluster group's ``gpus_per_node``; ``cluster=local``
 (None: detect) takes the partition's GPUs per node, or on a CPU-only partition its CPUs
 per node over ``cpus_per_task``, and then requests no GPUs. Everything here is pure
-arithmetic on a :class:`Partition` read by :mod:`launchers.slurm_partition`.
+arithmetic on a :class:`Partition` read by :mod:`launchers.slurm.partition`.
 """
 
 from __future__ import annotations

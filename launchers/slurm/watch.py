@@ -19,7 +19,7 @@ from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 
-from launchers.slurm_submission import Cell
+from launchers.slurm.submission import Cell
 from runner.rundir.outcome import record_failed_if_running
 from runner.rundir.summary import RunStatus, run_summary
 
