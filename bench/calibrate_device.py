@@ -1,5 +1,5 @@
 """What this device reaches on a training step's own work, written as a calibration record of the
-step-time model (runner/step_time/calibration.py ``Calibration.record()``'s format), with where and when.
+step-time model (runner/step_time/measured/figures.py ``Calibration.record()``'s format), with where and when.
 
 Every figure runner/step_time/calibrated_terms.py and micro_batch_compute.py ask for, measured with
 runner/hardware/calibrate.py's micro-benchmarks at the shapes the models' runs use:
@@ -12,13 +12,13 @@ runner/hardware/calibrate.py's micro-benchmarks at the shapes the models' runs u
 - ``copies``: a copy's bytes read plus written per second at powers of two (the step model asks
   for the power of two nearest each memory-bound kernel's bytes).
 - ``adamw``: fused AdamW bytes per second (28 B a parameter); the step model asks at the power of
-  two nearest the rank's parameters, at most 2^25 (runner/step_time/calibration.py ``adamw_rate``).
+  two nearest the rank's parameters, at most 2^25 (runner/step_time/measured/figures.py ``adamw_rate``).
 - ``op_s``: one eager op's dispatch, forward and backward.
 - ``fresh_bytes_per_s``: a CPU's page faults into fresh large tensors (None on CUDA).
 - ``allreduce``, ``allgather``: two processes' gloo all-reduce and all-gather on a CPU; None on
   one GPU (its links are the cluster's).
 - ``engine_param_s``: DeepSpeed's engine over a bare loop per parameter tensor and micro-batch,
-  by ZeRO stage, and stage 3 with every tensor persistent (runner/step_time/calibrate_zero3.py,
+  by ZeRO stage, and stage 3 with every tensor persistent (runner/step_time/measured/zero3_overhead.py,
   DeepSpeed in a child process), where that module exists.
 - ``zero3_hook_s``, ``zero3_gather_s`` (:func:`zero3_figures`): ZeRO-3's hooks per tensor visited
   (all-persistent stage 3 less stage 0) and a gather's own cost per gathered tensor (stage 3 less
@@ -58,8 +58,8 @@ sys.path.insert(0, str(ROOT))
 
 from runner.config import ModelConfig  # noqa: E402
 from runner.hardware import calibrate  # noqa: E402
-from runner.step_time.block_timing import cross_entropy_seconds, rest_seconds  # noqa: E402
-from runner.step_time.calibration import cluster_file, floor_shape, from_record  # noqa: E402
+from runner.step_time.measured.block_timing import cross_entropy_seconds, rest_seconds  # noqa: E402
+from runner.step_time.measured.figures import cluster_file, floor_shape, from_record  # noqa: E402
 
 
 def _model(name: str) -> ModelConfig:
@@ -92,28 +92,31 @@ def block_gemms(cfg: ModelConfig, tokens: int) -> dict[str, tuple[int, int, int]
 
 
 def _key(*numbers: int) -> str:
-    """A figure's key in the record (runner/step_time/calibration.py ``_key``): "m,k,n", "b,h,s,d",
+    """A figure's key in the record (runner/step_time/measured/figures.py ``_key``): "m,k,n", "b,h,s,d",
     "bytes"."""
     return ",".join(str(int(n)) for n in numbers)
 
 
 def _engine_param_seconds(device: torch.device) -> dict[str, float] | None:
-    """runner/step_time/calibrate_zero3.py's figures, None where that module is not (yet) in the tree."""
-    if importlib.util.find_spec("runner.step_time.calibrate_zero3") is None:
-        print("engine_param_s: runner/step_time/calibrate_zero3.py is not here; left None", flush=True)
+    """runner/step_time/measured/zero3_overhead.py's figures, None where that module is not (yet) in
+    the tree."""
+    if importlib.util.find_spec("runner.step_time.measured.zero3_overhead") is None:
+        print(
+            "engine_param_s: runner/step_time/measured/zero3_overhead.py is not here; left None", flush=True
+        )
         return None
-    from runner.step_time import calibrate_zero3
+    from runner.step_time.measured import zero3_overhead as calibrate_zero3
 
     threads = None if device.type == "cuda" else torch.get_num_threads()
     return calibrate_zero3.engine_param_seconds(device_type=device.type, threads=threads)
 
 
 def zero3_figures(engine: dict[str, float] | None) -> dict[str, float | None]:
-    """ZeRO-3's two per-tensor figures from runner/step_time/calibrate_zero3.py's micro-benchmark
+    """ZeRO-3's two per-tensor figures from runner/step_time/measured/zero3_overhead.py's micro-benchmark
     (DeepSpeed, one rank, this device): its hooks per tensor visited (stage 3 with every tensor
     persistent less stage 0) and a gather's own cost per gathered tensor (stage 3 less the
     all-persistent run); None where the child did not measure them."""
-    from runner.step_time import calibrate_zero3
+    from runner.step_time.measured import zero3_overhead as calibrate_zero3
 
     engine = engine or {}
     persistent = engine.get(calibrate_zero3.PERSISTENT_KEY)
@@ -126,14 +129,15 @@ def zero3_figures(engine: dict[str, float] | None) -> dict[str, float | None]:
 
 
 def figure_sources(figures: dict[str, Any]) -> dict[str, str]:
-    """The micro-benchmark that measured each figure of the record (runner/step_time/calibration.py
+    """The micro-benchmark that measured each figure of the record (runner/step_time/measured/figures.py
     ``Calibration.sources``), and why a figure left None is."""
     here = "bench/calibrate_device.py measure: runner/hardware/calibrate.py"
     rest = "one block's non-GEMM part forward and backward at each micro-batch and its trivial shape"
     zero3 = (
-        "bench/calibrate_device.py zero3_figures: runner/step_time/calibrate_zero3.py engine_param_seconds"
+        "bench/calibrate_device.py zero3_figures: "
+        "runner/step_time/measured/zero3_overhead.py engine_param_seconds"
     )
-    timing = "bench/calibrate_device.py _rest_figures: runner/step_time/block_timing.py"
+    timing = "bench/calibrate_device.py _rest_figures: runner/step_time/measured/block_timing.py"
     measured = {
         "gemms": f"{here} gemm_rates (forward, dX, dW) at each GEMM of a block and the head",
         "attention": f"{here} attention_seconds, causal SDPA forward and backward",
@@ -144,7 +148,7 @@ def figure_sources(figures: dict[str, Any]) -> dict[str, str]:
         "allreduce": f"{here} allreduce_costs, two gloo processes",
         "allgather": f"{here} allgather_costs, two gloo processes",
         "engine_param_s": (
-            "bench/calibrate_device.py: runner/step_time/calibrate_zero3.py engine_param_seconds, "
+            "bench/calibrate_device.py: runner/step_time/measured/zero3_overhead.py engine_param_seconds, "
             "each ZeRO stage's micro-step less a bare loop's per tensor (DeepSpeed, one rank)"
         ),
         "zero3_hook_s": f"{zero3}, stage 3 with every tensor persistent less stage 0, per tensor visited",
@@ -168,10 +172,11 @@ def _rest_figures(
     device: torch.device,
     timed: Callable[[str, Callable[[], Any]], Any],
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """One block's non-GEMM part (runner/step_time/block_timing.py ``rest_seconds``) at each micro-batch
-    and at its dispatch floor's trivial shape (runner/step_time/calibration.py ``floor_shape``), eager,
-    and compiled on CUDA at the floor and the largest micro-batch (torch.compile takes a minute a
-    shape on a CPU: its mode records eager only); the cross-entropy over (micro x seq, vocab)."""
+    """One block's non-GEMM part (runner/step_time/measured/block_timing.py ``rest_seconds``) at each
+    micro-batch and at its dispatch floor's trivial shape (runner/step_time/measured/figures.py
+    ``floor_shape``), eager, and compiled on CUDA at the floor and the largest micro-batch
+    (torch.compile takes a minute a shape on a CPU: its mode records eager only); the
+    cross-entropy over (micro x seq, vocab)."""
     import dataclasses
 
     from runner.model.shape import n_kv_head
@@ -329,7 +334,9 @@ def main() -> None:
     raw = {
         "device": name,
         "dtype": str(dtype).removeprefix("torch."),
-        "threads": 0 if cuda else torch.get_num_threads(),  # 0: not a CPU (runner/step_time/calibration.py)
+        "threads": 0
+        if cuda
+        else torch.get_num_threads(),  # 0: not a CPU (runner/step_time/measured/figures.py)
         "torch": torch.__version__,
         "measured": measured,
         "where": (

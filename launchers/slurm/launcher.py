@@ -63,7 +63,7 @@ from runner.preflight.validate import batch_contract_problems, validate
 from runner.preflight.wandb_credentials import credentials_problems
 
 log = logging.getLogger("ladder.slurm")
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _runner_problems(task_cfg: DictConfig) -> tuple[TrainConfig | None, list[str]]:

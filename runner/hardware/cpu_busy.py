@@ -66,7 +66,7 @@ class OthersUse:
 
 def _own_cpu_seconds() -> float:
     """CPU seconds of this process and of its children that ended and were waited for (a
-    measurement run in a child process, runner/step_time/calibrate_zero3.py, is not others' work)."""
+    measurement run in a child process, runner/step_time/measured/zero3_overhead.py, is not others' work)."""
     times = os.times()
     return time.process_time() + times.children_user + times.children_system
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 # A figure whose reference ran more than this many times the host's fastest reading is
-# provisional (runner/step_time/calibration.py): below a process stopped half the time (2), above one
+# provisional (runner/step_time/measured/figures.py): below a process stopped half the time (2), above one
 # thread's quiet readings (1.36 at most in 300, 1.25 at the 99th percentile, on a 2-core VM).
 SLOW_PACE = 1.5
 REFERENCE_SIZE = 256

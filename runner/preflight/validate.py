@@ -34,7 +34,7 @@ from runner.layout import LayoutError, parse_micro_size, resolve_layout
 from runner.preflight.schema_keys import SchemaKey, schema_keys, spell, value_at
 from runner.preflight.wandb_credentials import credentials_problems
 from runner.rules import config_layout_problems, head_problems, pipeline_engine_problems, tp_node_problems
-from runner.step_time.calibration import file_problem as calibration_file_problem
+from runner.step_time.measured.figures import file_problem as calibration_file_problem
 
 
 def host_ranks_available() -> tuple[int, str]:

@@ -2,7 +2,7 @@
 
 runner/step_time/estimate.py adds these up into the predicted step (and keeps the roofline beside
 it as the bound). Every rate is the device's own, at the shape the run will use
-(runner/step_time/calibration.py). Per optimizer step, on the fullest rank (the pipeline stage
+(runner/step_time/measured/figures.py). Per optimizer step, on the fullest rank (the pipeline stage
 with most layers, holding the output head), with ``accum`` micro-batches:
 
 - ``gemm``, ``attention``, ``elementwise``, ``dispatch``: one micro-batch's compute, ``accum``
@@ -19,7 +19,7 @@ with most layers, holding the output head), with ``accum`` micro-batches:
   allocated afresh every micro-batch (the logits, their gradients, the vocabulary matrices'); none
   where the rank runs on jemalloc (``train.host_allocator``), which keeps freed pages warm.
 - ``engine``: DeepSpeed's engine around each micro-batch, per parameter tensor, measured against
-  a bare loop (runner/step_time/calibrate_zero3.py ``engine_param_seconds``).
+  a bare loop (runner/step_time/measured/zero3_overhead.py ``engine_param_seconds``).
 - ``optimizer``: the fused AdamW step on the rank's parameters (1/dp of them under ZeRO),
   28 bytes a parameter over its measured bandwidth, plus the passes that feed it: the
   gradient norm, the gradients' fp32 copy, the weights copied back, DeepSpeed's clip where it
@@ -53,7 +53,7 @@ from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.rules import loss_tile_count
-from runner.step_time.calibration import Calibration
+from runner.step_time.measured.figures import Calibration
 from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, gemm_caveats, micro_compute
 from runner.step_time.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.step_time.workload import Knobs, Workload
@@ -123,7 +123,8 @@ def _figure_words(calibration: Calibration, figure: str) -> tuple[str, tuple[str
 def _zero3_terms(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> list[Term]:
-    """ZeRO-3's own work per micro-batch, as DeepSpeed 0.19.8 does it (runner/step_time/calibrate_zero3.py
+    """ZeRO-3's own work per micro-batch, as DeepSpeed 0.19.8 does it
+    (runner/step_time/measured/zero3_overhead.py
     names each function):
 
     - ``zero3 hooks``: every parameter tensor its hooks visit, persistent or not: the four module
@@ -263,7 +264,7 @@ def _copies_term(name: str, priced: list[tuple[StepCopy, float]], words: str) ->
 
 def _engine_term(knobs: Knobs, layout: Layout, calibration: Calibration, tensors: int) -> Term | None:
     """DeepSpeed's engine around each micro-batch on the host, per parameter tensor (measured with
-    DeepSpeed against a bare loop, runner/step_time/calibrate_zero3.py ``engine_param_seconds``):
+    DeepSpeed against a bare loop, runner/step_time/measured/zero3_overhead.py ``engine_param_seconds``):
     its forward and backward wrappers, and ZeRO-1 and 2's gradient hooks. ZeRO-3's own hooks
     beyond stage 0's are the ``zero3 hooks`` term."""
     figures = calibration.engine_param_seconds()

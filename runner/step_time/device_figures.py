@@ -40,23 +40,24 @@ from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.cuda_devices import cuda_available
 from runner.hardware.host_pace import reference_seconds
 from runner.hardware.host_ranks import host_ranks
-from runner.step_time import calibration as calibrations
+from runner.step_time.measured import figures as calibrations
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
 # A calibration figure measured while other processes kept more than this many of the rank's
 # cores busy reads low: it is cached marked provisional, and measured again by a later plan that
-# finds the host quiet (runner/step_time/calibration.py).
+# finds the host quiet (runner/step_time/measured/figures.py).
 BUSY_CORES = 0.25
 BUSY_WINDOW_S = 0.2  # the shortest measurement whose busy cores are read
 QUIET_SAMPLE_S = 0.25  # how long a plan watches the host before measuring a provisional figure again
 PROGRESS_AFTER_S = 2.0  # a measurement still running after this long says on stderr what it measures
-# A CPU times a block whole (runner/step_time/block_timing.py) only up to this many parameters: llama_1b's
+# A CPU times a block whole (runner/step_time/measured/block_timing.py) only up to this many
+# parameters: llama_1b's
 # block (about 6e7) is timed; llama_7b's (2e8) and llama_70b's (8.6e8: 3.4 GB in fp32, twice over
 # with the neighbour rank's copy) are not, and their parts go unscaled (the gemm term says so).
 BLOCK_CAP_PARAMS = 1e8
 # A CPU measures a block's non-GEMM part and the loss with at most this many elements in the
 # largest tensor (64 MiB in fp32), halving micro then seq to fit; the part above the ops' dispatch
-# floor is scaled by the tokens (runner/step_time/calibration.py ``rest_seconds``), and the term says so.
+# floor is scaled by the tokens (runner/step_time/measured/figures.py ``rest_seconds``), and the term says so.
 REST_CAP_ELEMENTS = 2**24
 
 
@@ -83,7 +84,7 @@ class Device:
     inter_node_bytes_per_s: Figure
     inter_node_p2p_bytes_per_s: Figure = field(default_factory=lambda: Figure(None, "not resolved"))
     is_host: bool = False  # CPU ranks: offloaded ("host") bytes share the same memory
-    # The step-time model's figures (runner/step_time/calibration.py); None: the roofline only.
+    # The step-time model's figures (runner/step_time/measured/figures.py); None: the roofline only.
     calibration: calibrations.Calibration | None = field(default=None, compare=False)
 
     @property
@@ -256,8 +257,8 @@ def _measure_here(
     import torch  # deferred: only a plan that predicts time on this host's device measures it
 
     from runner.hardware import calibrate
-    from runner.step_time import calibrate_zero3
-    from runner.step_time.block_timing import block_seconds, cross_entropy_seconds, rest_seconds
+    from runner.step_time.measured import zero3_overhead as calibrate_zero3
+    from runner.step_time.measured.block_timing import block_seconds, cross_entropy_seconds, rest_seconds
 
     device = torch.device("cuda" if cuda else "cpu")
     dtype = precision.torch_dtype

@@ -5,7 +5,7 @@ Where a device's calibration has no timing of the block's non-GEMM part or of th
 device's copy bandwidth. Which bytes: eager PyTorch runs every op as a kernel of its own, each
 reading its inputs and writing its output in full, fp32 casts and autograd's saved tensors and
 gradient sums included, where a fused kernel (``torch.compile``) keeps such intermediates in
-registers. This counts eager's: runner/step_time/block_timing.py's non-GEMM part of the block and
+registers. This counts eager's: runner/step_time/measured/block_timing.py's non-GEMM part of the block and
 runner/model/transformer.py ``lm_loss`` run forward and backward on the ``meta`` device (shapes
 and dtypes, no data, no time) under a ``TorchDispatchMode`` that sees every aten op autograd
 dispatches, and adds each op's input and output bytes. Views and allocations move no bytes and
@@ -98,7 +98,7 @@ def block_rest_traffic(
     ``head_dim`` wide."""
     import torch  # deferred: only a plan without the device's own timings counts
 
-    from runner.step_time.block_timing import non_gemm_step
+    from runner.step_time.measured.block_timing import non_gemm_step
 
     dtype, meta = getattr(torch, dtype_name), torch.device("meta")
     step = non_gemm_step(cfg, micro, seq, dtype=dtype, device=meta, head_dim=head_dim)()

@@ -30,7 +30,7 @@ behind compute up to the compute time; tensor- and pipeline-parallel traffic is 
 critical path.
 
 That roofline is kept as the *bound*. The *prediction* is runner/step_time/calibrated_terms.py's named
-terms on the device's calibration (runner/step_time/calibration.py): what each GEMM, kernel, copy,
+terms on the device's calibration (runner/step_time/measured/figures.py): what each GEMM, kernel, copy,
 optimizer step and collective takes on that device, at the run's shapes. Without a
 calibration (none measured, none recorded for the cluster) the prediction is the bound.
 """

@@ -2,7 +2,7 @@
 
 runner/step_time/calibrated_terms.py turns these seconds into the step's ``gemm``, ``attention``,
 ``elementwise``, ``dispatch`` and ``recompute`` terms. Every rate is the device's own, at the
-shape the run will use (runner/step_time/calibration.py). On the fullest rank (the pipeline stage
+shape the run will use (runner/step_time/measured/figures.py). On the fullest rank (the pipeline stage
 with most layers, holding the output head), with ``T = micro x seq`` tokens per micro-batch:
 
 - GEMMs: every linear layer's three GEMMs (forward X W, backward dY W^T and X^T dY; Narayanan
@@ -14,7 +14,7 @@ with most layers, holding the output head), with ``T = micro x seq`` tokens per 
   calls) forward and backward at (micro, heads / tp, seq, head_dim), measured.
 - elementwise: the memory-bound kernels around them (RMSNorm, RoPE, SwiGLU's gate, the
   residual adds, the cross-entropy over the vocabulary). Measured where the calibration has it
-  (runner/step_time/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
+  (runner/step_time/measured/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
   with ``train.compile``, under torch.compile, less its dispatch floor; the loss at (tokens,
   vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes:
   eager, every kernel's bytes as autograd runs them (runner/step_time/eager_traffic.py counts them on
@@ -35,8 +35,8 @@ from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.op_recompute import RECOMPUTED_MATMULS
 from runner.model.shape import n_kv_head
-from runner.step_time.calibration import Calibration
 from runner.step_time.eager_traffic import block_rest_traffic, loss_traffic
+from runner.step_time.measured.figures import Calibration
 from runner.step_time.workload import Workload
 
 # Elements each token reads plus writes in one block's memory-bound forward kernels
@@ -134,7 +134,7 @@ def _gemm_seconds(
 
 
 def _in_place(workload: Workload, layout: Layout, calibration: Calibration, parts: float) -> float:
-    """One block timed whole (runner/step_time/block_timing.py) over the sum of its parts ``parts``:
+    """One block timed whole (runner/step_time/measured/block_timing.py) over the sum of its parts ``parts``:
     what the parts take together, in place; 1 where no block was timed (a file's device, tp > 1)."""
     model = workload.model
     if layout.tp > 1 or parts <= 0:
@@ -238,7 +238,7 @@ def _rest(
     """One block's non-GEMM part forward + backward, its dispatch floor (both seconds), the
     cross-entropy's forward share, and in words where each came from (None: a figure is missing).
 
-    Measured (runner/step_time/block_timing.py): the block's own non-GEMM code at the run's shape,
+    Measured (runner/step_time/measured/block_timing.py): the block's own non-GEMM code at the run's shape,
     eager or compiled as the run asks, its floor the same ops at a trivial shape; the loss at
     (tokens, vocab / tp). Not measured on the device (a calibration file without them): their
     bytes over the copy bandwidth, eager's as its kernels move them (counted on meta tensors,

@@ -1,12 +1,12 @@
 """DeepSpeed's per-parameter-tensor overhead measured with DeepSpeed itself: one rank, an engine at
-every ZeRO stage, in a child process (runner/step_time/calibrate_zero3.py ``engine_param_seconds``).
+every ZeRO stage, in a child process (runner/step_time/measured/zero3_overhead.py ``engine_param_seconds``).
 What the planner does with the figures is tests/unit/runner/plan/test_calibrate_zero3.py's."""
 
 from __future__ import annotations
 
 import pytest
 
-from runner.step_time import calibrate_zero3
+from runner.step_time.measured import zero3_overhead as calibrate_zero3
 
 pytestmark = pytest.mark.multirank
 
@@ -20,7 +20,7 @@ def test_the_engine_overhead_is_measured_with_deepspeed() -> None:
     of timings closer than that (stage 3 against all-persistent stage 3, the per-byte figure)
     can turn on a busy host."""
     seconds = calibrate_zero3.engine_param_seconds(device_type="cpu", threads=1)
-    assert seconds is not None, "the child failed: run python -m runner.step_time.calibrate_zero3"
+    assert seconds is not None, "the child failed: run python -m runner.step_time.measured.zero3_overhead"
     per_byte = seconds.pop(calibrate_zero3.BYTE_KEY)
     assert set(seconds) == {"0", "1", "2", "3", calibrate_zero3.PERSISTENT_KEY}
     assert all(0 <= value < 0.05 for value in seconds.values())

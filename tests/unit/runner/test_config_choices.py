@@ -10,7 +10,7 @@ import torch
 
 from runner.config import Precision, ZeroStage
 from runner.hardware.peak_flops import torch_dtype
-from runner.step_time.calibration import precision_of
+from runner.step_time.measured.figures import precision_of
 
 pytestmark = pytest.mark.unit
 

@@ -16,8 +16,8 @@ from runner.errors import ConfigError
 from runner.hardware import host_pace
 from runner.plan.planner import plan_config
 from runner.preflight.validate import validate
-from runner.step_time import calibration as calibrations
 from runner.step_time import device_figures
+from runner.step_time.measured import figures as calibrations
 
 pytestmark = pytest.mark.unit
 

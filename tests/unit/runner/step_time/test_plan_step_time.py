@@ -13,7 +13,7 @@ from launchers.run_record import step_time_plan_record
 from runner.config import OffloadPlacement, Precision, ZeroStage
 from runner.plan.planner import Plan, plan_config
 from runner.report.plan_table import format_plan
-from runner.step_time import calibration as calibrations
+from runner.step_time.measured import figures as calibrations
 from runner.step_time.step_copies import step_copies
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]

@@ -51,7 +51,7 @@ Python per tensor (on a 2-core CPU, a few microseconds at stage 0, tens at stage
 rounds after warm-up counts, as in runner/hardware/calibrate.py: other work on the host only
 ever slows a round down.
 
-``python -m runner.step_time.calibrate_zero3 --device-type cpu`` runs the child's side and
+``python -m runner.step_time.measured.zero3_overhead --device-type cpu`` runs the child's side and
 prints ``{"zero3_param_s": ...}`` as its last line of stdout.
 """
 
@@ -72,7 +72,7 @@ from typing import Any
 from runner.exit_codes import ExitCode
 from runner.hardware.host_allocator import default_cpu_rank_env
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT_S = 120.0  # the child takes about 10 s on a quiet 2-core CPU, 20-40 s on a busy one
 # The stack: BLOCKS of the runner's own TransformerBlock (9 parameter tensors in 12 modules, with
 # the norms, RoPE and SwiGLU between its GEMMs), so that each hook's module, its tensors and the
@@ -128,7 +128,7 @@ def _child_result(device_type: str, threads: int | None) -> dict[str, Any] | Non
         # the malloc a CPU rank gets by default (train.host_allocator=auto): ZeRO-3's gathers
         # allocate their buffers each micro-batch, warm or faulting as the rank's allocator makes them
         env.update(default_cpu_rank_env(env))
-    command = [sys.executable, "-m", "runner.step_time.calibrate_zero3", "--device-type", device_type]
+    command = [sys.executable, "-m", "runner.step_time.measured.zero3_overhead", "--device-type", device_type]
     if threads:
         command += ["--threads", str(threads)]
     try:
@@ -169,7 +169,7 @@ def engine_param_seconds(*, device_type: str, threads: int | None = None) -> dic
     return kept or None
 
 
-# ---- the child's side: runs under `python -m runner.step_time.calibrate_zero3` -------------------
+# ---- the child's side: runs under `python -m runner.step_time.measured.zero3_overhead` -------------------
 
 
 def _quiet_deepspeed() -> None:

@@ -46,9 +46,9 @@ from typing import Any
 
 from runner.config import Precision
 from runner.hardware import host_pace
-from runner.step_time import calibrate_zero3
+from runner.step_time.measured import zero3_overhead as calibrate_zero3
 
-CALIBRATION_GROUP = Path(__file__).resolve().parents[2] / "conf" / "cluster" / "calibration"
+CALIBRATION_GROUP = Path(__file__).resolve().parents[3] / "conf" / "cluster" / "calibration"
 CACHE_ENV = "LADDER_CACHE_DIR"
 # The micro-benchmarks' method, in the cache file's name: raised whenever a measurement changes
 # what it measures (3: ZeRO's engine figures with denormals flushed, ranks on jemalloc with any
@@ -120,7 +120,7 @@ class Calibration:
     op_s: float | None = None  # one eager op, forward and backward
     blocks: dict[str, float] = field(default_factory=dict)  # "micro,seq,d,heads,kv heads,ffn": fwd+bwd s
     adamw: dict[str, float] = field(default_factory=dict)  # "numel": fused AdamW bytes/s (28 B a param)
-    # one block's non-GEMM part, fwd+bwd s, eager and compiled (runner/step_time/block_timing.py
+    # one block's non-GEMM part, fwd+bwd s, eager and compiled (runner/step_time/measured/block_timing.py
     # ``rest_seconds``): "micro,seq,d,heads,kv heads,ffn"
     rest: dict[str, float] = field(default_factory=dict)
     rest_compiled: dict[str, float] = field(default_factory=dict)
@@ -128,7 +128,7 @@ class Calibration:
     fresh_bytes_per_s: float | None = None  # zeroing fresh large CPU allocations (page faults); GPU: None
     allreduce: list[float] | None = None  # [latency s, bytes/s], two ranks
     allgather: list[float] | None = None  # [latency s, bytes/s received], two ranks
-    # ZeRO-3 per micro-batch, one rank (runner/step_time/calibrate_zero3.py): its module hooks' cost
+    # ZeRO-3 per micro-batch, one rank (runner/step_time/measured/zero3_overhead.py): its module hooks' cost
     # per parameter tensor visited, persistent or not, and a gather's own cost per gathered tensor
     zero3_hook_s: float | None = None
     zero3_gather_s: float | None = None
@@ -256,7 +256,8 @@ class Calibration:
     def block_seconds(
         self, micro: int, seq: int, d_model: int, heads: int, kv_heads: int, ffn: int
     ) -> float | None:
-        """One transformer block's forward and backward, timed whole (runner/step_time/block_timing.py);
+        """One transformer block's forward and backward, timed whole
+        (runner/step_time/measured/block_timing.py);
         only at this exact shape (None: a file that did not time it)."""
         shape = (micro, seq, d_model, heads, kv_heads, ffn)
         if _key(*shape) not in self.blocks and (self.measure is None or self.block_too_large(shape)):
@@ -277,7 +278,7 @@ class Calibration:
     def rest_seconds(
         self, micro: int, seq: int, d_model: int, heads: int, kv_heads: int, ffn: int, *, compiled: bool
     ) -> tuple[float, float, str] | None:
-        """One block's non-GEMM part, forward and backward (runner/step_time/block_timing.py
+        """One block's non-GEMM part, forward and backward (runner/step_time/measured/block_timing.py
         ``rest_seconds``): (seconds at this shape, seconds at a trivial shape of the same ops: their
         dispatch floor, how it was had). A CPU measures at most ``rest_cap_elements`` a tensor
         (compiled: at micro 1) and scales the part above the floor by the tokens; a file takes its
@@ -307,7 +308,8 @@ class Calibration:
         return floor + (float(found) - floor) * scale, floor, words
 
     def cross_entropy_s(self, tokens: int, vocab: int) -> tuple[float, str] | None:
-        """The loss's forward and backward over (tokens, vocab) logits (runner/step_time/block_timing.py
+        """The loss's forward and backward over (tokens, vocab) logits
+        (runner/step_time/measured/block_timing.py
         ``cross_entropy_seconds``), scaled by the elements from a capped or nearest shape; None: none."""
         if self.measure is None and not self.cross_entropy:
             return None
@@ -385,7 +387,7 @@ class Calibration:
 
     def zero3_hook_seconds(self) -> float | None:
         """Seconds of ZeRO-3's module hooks per parameter tensor visited per micro-batch, forward and
-        backward, persistent tensors included (runner/step_time/calibrate_zero3.py): a file's figure,
+        backward, persistent tensors included (runner/step_time/measured/zero3_overhead.py): a file's figure,
         else the engine's all-persistent stage-3 figure less stage 0's; None where neither is."""
         if self.zero3_hook_s is not None:
             return self.zero3_hook_s
@@ -415,13 +417,13 @@ class Calibration:
 
     def zero3_byte_seconds(self) -> float | None:
         """Seconds ZeRO-3 adds per byte of a gathered tensor per micro-batch, beyond its per-tensor
-        figure (runner/step_time/calibrate_zero3.py ``BYTE_KEY``); None where it was not measured."""
+        figure (runner/step_time/measured/zero3_overhead.py ``BYTE_KEY``); None where it was not measured."""
         return (self.engine_param_seconds() or {}).get(calibrate_zero3.BYTE_KEY)
 
     def engine_param_seconds(self) -> dict[str, float] | None:
         """Seconds DeepSpeed's engine adds to a bare forward and backward per parameter tensor per
         micro-batch, by ZeRO stage ("0" to "3", and stage 3 all-persistent;
-        runner/step_time/calibrate_zero3.py). A cache from before the all-persistent run is measured
+        runner/step_time/measured/zero3_overhead.py). A cache from before the all-persistent run is measured
         again, once."""
         stale = (
             isinstance(self.engine_param_s, dict)
