@@ -11,7 +11,7 @@ from train_helpers import compose_config
 from runner.config import Precision
 from runner.plan.planner import Plan, plan_config
 from runner.report.plan_table import format_plan
-from runner.step_time.measured import device_figures
+from runner.step_time import device_figures
 from runner.step_time.measured import figures as calibrations
 from runner.step_time.measured import zero3_overhead as calibrate_zero3
 
