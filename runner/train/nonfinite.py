@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from runner.config import OnNonFinite
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 
 # Tests make a rank's loss NaN at given steps: LADDER_INJECT_NAN=<rank>:<step>[,<step>...].
 INJECT_ENV = "LADDER_INJECT_NAN"
@@ -80,7 +81,7 @@ def _no_step(*args: Any, **kwargs: Any) -> None:
 
 
 @contextmanager
-def skipping(engine: Any) -> Iterator[None]:
+def skipping(engine: DeepSpeedEngine) -> Iterator[None]:
     """Run ``engine.step()`` at a boundary with no update; gradients are cleared as after a step.
 
     Why through ``engine.step()`` and not around it: the engine's step counts the
@@ -93,7 +94,8 @@ def skipping(engine: Any) -> Iterator[None]:
     16-bit ones, which leaves them as they were.
     """
     basic = engine.basic_optimizer
-    basic.step = _no_step  # an instance attribute shadows the class's step for this call only
+    # An instance attribute shadows the class's step for this call only.
+    basic.step = _no_step  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
@@ -105,7 +107,7 @@ def skipping(engine: Any) -> Iterator[None]:
         engine.lr_scheduler.step()
 
 
-def engine_step(engine: Any, *, skip: bool) -> None:
+def engine_step(engine: DeepSpeedEngine, *, skip: bool) -> None:
     """``engine.step()``; with ``skip`` (at an accumulation boundary) it applies no update."""
     if not skip:
         engine.step()

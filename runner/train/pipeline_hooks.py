@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from runner.config import Precision
+from runner.engine.deepspeed_engine import PipelineEngine, pipeline_stages
 from runner.layout import Layout
 from runner.metrics.ledger import Ledger, fullest_device, measure_model_states, saved_activations
 from runner.metrics.phase_clock import PhaseClock
@@ -49,7 +50,7 @@ class PipelineHooks:
 
     def __init__(
         self,
-        engine: Any,
+        engine: PipelineEngine,
         *,
         layout: Layout,
         precision: Precision,
@@ -58,6 +59,7 @@ class PipelineHooks:
         probes: StepProbes,
         nan_steps: frozenset[int],
     ) -> None:
+        self.engine = engine
         self.layout = layout
         self.precision = precision
         self.nonfinite = nonfinite
@@ -72,21 +74,19 @@ class PipelineHooks:
         self._time_phases(engine, clock)
         self._after_each_backward(engine, lambda: probes.micro_batch_done(engine))
 
-    def step_started(
-        self, engine: Any, step: int, *, measure_states: bool, measure_activations: bool
-    ) -> None:
+    def step_started(self, step: int, *, measure_states: bool, measure_activations: bool) -> None:
         """Before ``train_batch``: which step runs, and what it measures."""
         self.step = step
         self.skipped = False
         self._measure_states = measure_states
         if measure_activations:
-            self._measure_first_micro_batch(engine)
+            self._measure_first_micro_batch(self.engine)
 
     def step_done(self) -> None:
         """After ``train_batch``, however it ended: the next step measures only if asked."""
         self._measure_states = False
 
-    def _check_before_update(self, engine: Any) -> None:
+    def _check_before_update(self, engine: PipelineEngine) -> None:
         """The optimizer step runs inside train_batch: wrap it so that the model states are
         measured and the loss checked just before it, at the accumulation boundary, as the
         trainer does without a pipeline."""
@@ -105,7 +105,7 @@ class PipelineHooks:
 
         engine._take_model_step = at_boundary
 
-    def _mean_loss(self, engine: Any) -> float:
+    def _mean_loss(self, engine: PipelineEngine) -> float:
         """The step's loss, averaged over its micro-batches and the pipelines, on every rank.
 
         Only a last stage has it (DeepSpeed's ``total_loss``, summed over the micro-batches)
@@ -114,15 +114,17 @@ class PipelineHooks:
         """
         local = torch.zeros(2, dtype=torch.float64, device=engine.device)
         if engine.is_last_stage():
+            assert engine.total_loss is not None  # a last stage has summed its micro-batches' losses
             local[0] = engine.total_loss.detach().double() / self.layout.accum_steps
             local[1] = 1.0
         torch.distributed.all_reduce(local)
         return float(local[0] / local[1])
 
-    def _inject_nan(self, engine: Any, steps: frozenset[int]) -> None:
+    def _inject_nan(self, engine: PipelineEngine, steps: frozenset[int]) -> None:
         """LADDER_INJECT_NAN on a last stage: its loss is NaN at ``steps`` (tests of train.on_nonfinite)."""
-        module = engine.module
+        module = pipeline_stages(engine)
         loss_fn = module.loss_fn
+        assert loss_fn is not None  # runner/parallel/pipeline.py gives the pipeline its loss
 
         def loss_at_step(*args: Any) -> Any:
             loss = loss_fn(*args)
@@ -131,7 +133,7 @@ class PipelineHooks:
         module.loss_fn = loss_at_step
 
     @staticmethod
-    def _time_phases(engine: Any, clock: PhaseClock) -> None:
+    def _time_phases(engine: PipelineEngine, clock: PhaseClock) -> None:
         """Mark ``clock`` around each instruction the engine runs, under the instruction's phase.
 
         ``PipelineEngine._exec_schedule`` looks every instruction up in ``self._INSTRUCTION_MAP``
@@ -139,7 +141,7 @@ class PipelineHooks:
         """
 
         def timed(run: Callable[..., Any], phase: str) -> Callable[..., Any]:
-            def run_timed(engine: Any, **kwargs: Any) -> Any:
+            def run_timed(engine: PipelineEngine, **kwargs: Any) -> Any:
                 clock.mark("other")  # the engine's own work since the last instruction
                 result = run(engine, **kwargs)
                 clock.mark(phase)
@@ -153,13 +155,15 @@ class PipelineHooks:
         }
 
     @staticmethod
-    def _after_each_backward(engine: Any, callback: Callable[[], None]) -> None:
+    def _after_each_backward(engine: PipelineEngine, callback: Callable[[], None]) -> None:
         """Call ``callback`` once each micro-batch's backward pass has run on this stage."""
         instructions = dict(getattr(engine, "_INSTRUCTION_MAP", type(engine)._INSTRUCTION_MAP))
         for kind, run in instructions.items():
             if kind.__name__ == "BackwardPass":
 
-                def backward_then(engine: Any, _run: Callable[..., Any] = run, **kwargs: Any) -> Any:
+                def backward_then(
+                    engine: PipelineEngine, _run: Callable[..., Any] = run, **kwargs: Any
+                ) -> Any:
                     result = _run(engine, **kwargs)
                     callback()
                     return result
@@ -167,10 +171,10 @@ class PipelineHooks:
                 instructions[kind] = backward_then
         engine._INSTRUCTION_MAP = instructions
 
-    def _measure_first_micro_batch(self, engine: Any) -> None:
+    def _measure_first_micro_batch(self, engine: PipelineEngine) -> None:
         """Count the tensors this stage saves for backward over its first forward (and loss)."""
-        module = engine.module
-        forward, loss_fn = module.forward, module.loss_fn
+        module, stages = engine.module, pipeline_stages(engine)
+        forward, loss_fn = module.forward, stages.loss_fn
 
         def measured(call: Callable[..., Any], restore: Callable[[], None]) -> Callable[..., Any]:
             def once(*args: Any) -> Any:
@@ -186,11 +190,11 @@ class PipelineHooks:
             module.forward = forward
 
         def restore_loss() -> None:
-            module.loss_fn = loss_fn
+            stages.loss_fn = loss_fn
 
         module.forward = measured(forward, restore_forward)
-        if module.loss_fn is not None and engine.is_last_stage():
-            module.loss_fn = measured(loss_fn, restore_loss)
+        if loss_fn is not None and engine.is_last_stage():
+            stages.loss_fn = measured(loss_fn, restore_loss)
 
     def ledger(self) -> Ledger | None:
         """The measured ledger, each term at its most over ranks (every rank must call this)."""
@@ -201,7 +205,7 @@ class PipelineHooks:
 
 
 def pipeline_summary(
-    engine: Any, layout: Layout, *, step_s: float | None, p2p_s: float | None
+    engine: PipelineEngine, layout: Layout, *, step_s: float | None, p2p_s: float | None
 ) -> dict[str, Any]:
     """What summary.json keeps about the pipeline: split, schedule, bubble predicted and measured.
 
@@ -213,7 +217,7 @@ def pipeline_summary(
     bubble = (layout.pp - 1) / layout.accum_steps
     timed = step_s is not None and math.isfinite(step_s) and step_s > 0
     p2p_share = p2p_s / step_s if timed and p2p_s is not None and step_s else None
-    bounds = engine.module.parts
+    bounds = pipeline_stages(engine).parts
     return {
         "stages": layout.pp,
         "layers_per_stage": [int(b - a) for a, b in itertools.pairwise(bounds)],

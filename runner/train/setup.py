@@ -21,6 +21,7 @@ from runner.config import ModelConfig, to_dict
 from runner.data.batches import BatchSource
 from runner.engine.build import build_measured
 from runner.engine.compile_blocks import compile_blocks
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
 from runner.engine.initialize import before_build, initialize_engine
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
@@ -117,7 +118,7 @@ def matmuls_for(ctx: RunContext) -> Iterator[None]:
         yield
 
 
-def build_engine(ctx: RunContext, wall: WallClock) -> tuple[Any, dict[str, Any], int]:
+def build_engine(ctx: RunContext, wall: WallClock) -> tuple[DeepSpeedEngine, dict[str, Any], int]:
     """The model built for the layout (compiled blocks with train.compile), then DeepSpeed's engine
     with its faults fixed; the build's record and the blocks compiled."""
     config = ctx.config
@@ -147,7 +148,7 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[Any, dict[str, Any],
     return engine, model_build, compiled
 
 
-def resume(ctx: RunContext, engine: Any) -> Resumed:
+def resume(ctx: RunContext, engine: DeepSpeedEngine) -> Resumed:
     """Load the run's latest checkpoint when the run resumes (train.resume=auto, a requeue)."""
     config = ctx.config
     record = checkpoint_record.latest(ctx.run_dir) if resumes(config.train) else None

@@ -36,6 +36,7 @@ from runner.checkpoint import save as checkpoint
 from runner.checkpoint.size import config_checkpoint_bytes
 from runner.config import Precision
 from runner.data.batches import BatchSource, rank_slice
+from runner.engine.deepspeed_engine import as_pipeline
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
 from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.hardware.host_allocator import running_allocator
@@ -213,9 +214,10 @@ class Trainer:
         # This rank's data-parallel rank: under a pipeline from DeepSpeed's topology (pipe-major rank order).
         self.dp_rank = ctx.dp_rank
         if layout.pp > 1:
-            self.dp_rank = int(engine.grid.get_data_parallel_id())
+            pipeline = as_pipeline(engine)
+            self.dp_rank = int(pipeline.grid.get_data_parallel_id())
             self.pipeline = PipelineHooks(
-                engine,
+                pipeline,
                 layout=layout,
                 precision=self.precision,
                 nonfinite=self.nonfinite,
@@ -367,11 +369,10 @@ class Trainer:
         """DeepSpeed's ``PipelineEngine.train_batch``: forward, backward and the optimizer step of
         every micro-batch, 1F1B (runner/parallel/pipeline.py). Its hooks (runner/train/pipeline_hooks.py)
         check the loss before the update, measure the model states at the boundary and time the phases."""
-        engine, hooks = self.engine, self.pipeline
+        hooks = self.pipeline
         assert hooks is not None  # pp > 1 (the step function is chosen in _timed_step)
-        hooks.step_started(
-            engine, step, measure_states=measure_states, measure_activations=measure_activations
-        )
+        engine = hooks.engine
+        hooks.step_started(step, measure_states=measure_states, measure_activations=measure_activations)
         try:
             loss = engine.train_batch(data_iter=self.micro_batches(self.batches, step))
         finally:
@@ -445,7 +446,7 @@ class Trainer:
             )
         total = 0.0
         for batch in range(batches):
-            total += float(self.engine.eval_batch(data_iter=self.micro_batches(held_out, batch)))
+            total += float(self.pipeline.engine.eval_batch(data_iter=self.micro_batches(held_out, batch)))
         return total / batches
 
     # After the step: the sinks, a stop, a checkpoint.
