@@ -22,29 +22,18 @@ stops with a clear error.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from runner.config import OnNonFinite
 from runner.engine.deepspeed_engine import DeepSpeedEngine
-
-# Tests make a rank's loss NaN at given steps: LADDER_INJECT_NAN=<rank>:<step>[,<step>...].
-INJECT_ENV = "LADDER_INJECT_NAN"
+from runner.train.step_hooks import StepHooks
 
 
-def injected_nan_steps(rank: int) -> frozenset[int]:
-    """The steps at which ``LADDER_INJECT_NAN=<rank>:<step>[,<step>...]`` makes this rank's loss NaN."""
-    spec = os.environ.get(INJECT_ENV, "")
-    if ":" not in spec:
-        return frozenset()
-    nan_rank, steps = spec.split(":", 1)
-    return frozenset(int(s) for s in steps.split(",")) if int(nan_rank) == rank else frozenset()
-
-
-class NonFiniteGuard:
-    """Decides, per step, whether a loss is fine, skipped or fatal; keeps the skipped steps."""
+class NonFiniteGuard(StepHooks):
+    """Decides, per step, whether a loss is fine, skipped or fatal; keeps the skipped steps. A step
+    hook (runner/train/step_hooks.py): both step functions ask it at the boundary."""
 
     def __init__(self, policy: OnNonFinite, *, max_skipped: int, skipped: list[int] | None = None) -> None:
         self.policy = policy
@@ -69,6 +58,10 @@ class NonFiniteGuard:
             )
         self.skipped.append(step)
         return True
+
+    def before_update(self, step: int, loss: float) -> bool:
+        """The step's hook at the boundary: :meth:`should_skip` on the step's loss."""
+        return self.should_skip(loss, step=step)
 
     def summary(self) -> dict[str, Any]:
         """What summary.json keeps: the policy, how many steps were skipped and which."""

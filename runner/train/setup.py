@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -75,15 +74,6 @@ def flops_budget(model: ModelConfig, *, seq_len: int) -> FlopsBudget:
             ffn_hidden=model.ffn_hidden,
         ),
     )
-
-
-def injected_fault(rank: int) -> int | None:
-    """The step at which ``LADDER_INJECT_FAULT=<rank>:<step>`` makes this rank raise (tests of failure)."""
-    spec = os.environ.get("LADDER_INJECT_FAULT", "")
-    if ":" not in spec:
-        return None
-    fault_rank, fault_step = spec.split(":", 1)
-    return int(fault_step) if int(fault_rank) == rank else None
 
 
 @contextlib.contextmanager
