@@ -1,4 +1,5 @@
-"""What one rank builds before its first step: model, engine, resume, sinks, the memory estimate.
+"""What one rank builds before its first step: model, engine, resume, sinks, the memory estimate,
+and the step hooks a run adds.
 
 Each part is built by its own small function below; the trainer (runner/train/trainer.py
 ``Trainer.__init__``) calls them in the order the rank needs them and holds what they return.
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+import runpy
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,8 +37,14 @@ from runner.model.transformer import num_params
 from runner.rundir import checkpoint_record
 from runner.train.context import RunContext
 from runner.train.preemption import resumes
+from runner.train.step_hooks import StepHooks
 
 log = logging.getLogger("ladder")
+
+# Step hooks a run adds to ladder's own (runner/train/step_hooks.py): ``<file.py>:<name>``, a
+# Python file and the callable in it that returns a rank's hooks. The tests inject faults so
+# (tests/step_faults.py); ladder itself sets it nowhere.
+STEP_HOOKS_ENV = "LADDER_STEP_HOOKS"
 
 
 @dataclass(frozen=True)
@@ -200,3 +209,23 @@ def held_out_batches(ctx: RunContext) -> BatchSource | None:
     return BatchSource(
         config.data, config.model.vocab_size, config.seed, ctx.layout.global_size, held_out=True
     )
+
+
+def extra_step_hooks(rank: int, environ: Mapping[str, str]) -> list[StepHooks]:
+    """The hooks ``LADDER_STEP_HOOKS=<file.py>:<name>`` adds to this rank's steps: what ``<name>(rank=rank)``
+    returns, from that file run once as a module; none where the variable is unset."""
+    spec = environ.get(STEP_HOOKS_ENV, "")
+    if not spec:
+        return []
+    path, _, name = spec.rpartition(":")
+    if not path or not name:
+        raise ValueError(
+            f"{STEP_HOOKS_ENV}={spec}: expected <file.py>:<name>, e.g. /repo/tests/step_faults.py:hooks"
+        )
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{STEP_HOOKS_ENV}={spec}: no file {path} (from {Path.cwd()})")
+    found = runpy.run_path(path)
+    if not callable(found.get(name)):
+        raise ValueError(f"{STEP_HOOKS_ENV}={spec}: {path} defines no callable {name}")
+    hooks: StepHooks = found[name](rank=rank)
+    return [hooks]

@@ -14,8 +14,8 @@ The path of one step, top to bottom in this file:
   call the step hooks.
 
 Both step functions call the same step hooks at the same seams (runner/train/step_hooks.py):
-the non-finite check before the update, the step's measurements, and a test's faults are each
-one hook, written once for both.
+the non-finite check before the update, the step's measurements, and the hooks a run adds (a
+test's faults) are each one hook, written once for both.
 
 What the trainer is built from comes from runner/train/setup.py, in the order the rank needs
 it; :class:`Progress` is what the loop has learnt so far, which runner/train/record.py writes
@@ -58,12 +58,12 @@ from runner.parallel.tensor import grad_norm as tp_grad_norm
 from runner.train import saving
 from runner.train.context import RunContext
 from runner.train.evaluation import held_out_loss
-from runner.train.injected_faults import InjectedFaults
 from runner.train.nonfinite import NonFiniteGuard, engine_step
 from runner.train.over_ranks import max_over_ranks, mean_over_ranks, peaks_over_ranks
 from runner.train.pipeline_hooks import PipelineHooks
 from runner.train.setup import (
     build_engine,
+    extra_step_hooks,
     flops_budget,
     held_out_batches,
     matmuls_for,
@@ -198,9 +198,10 @@ class Trainer:
         self.precision: Precision = config.precision.name
         self.measurements = StepMeasurements(engine, probes=self.probes, precision=self.precision)
         # What the step calls at its seams (runner/train/step_hooks.py), in this order: the
-        # non-finite check before the model states are measured at the boundary, then the faults
-        # a test injects.
-        self.hooks = StepHookChain([self.nonfinite, self.measurements, InjectedFaults(ctx.rank, os.environ)])
+        # non-finite check before the model states are measured at the boundary, then the hooks
+        # the run adds (LADDER_STEP_HOOKS: a test's faults).
+        extra = extra_step_hooks(ctx.rank, os.environ)
+        self.hooks = StepHookChain([self.nonfinite, self.measurements, *extra])
         # DeepSpeed reports no global grad norm where torch's optimizer steps unwrapped (stage 0
         # in fp32); there every rank holds the full all-reduced gradient at the boundary, so the
         # norm is computed from it directly.

@@ -1,6 +1,9 @@
 """Faults the tests inject into a run's steps, as one step hook (runner/train/step_hooks.py).
 
-Each is set by an environment variable the ranks inherit:
+Nothing in ladder injects a fault: a test installs this hook in a run's ranks through
+``LADDER_STEP_HOOKS=<this file>:hooks`` (runner/train/setup.py ``extra_step_hooks``), which
+:func:`train_helpers.injecting` sets beside the faults asked. Each fault is an environment
+variable the ranks inherit:
 
 - ``LADDER_INJECT_NAN=<rank>:<step>[,<step>...]``: that rank's loss is NaN at those steps (tests
   of train.on_nonfinite). Under a pipeline only a last stage forms the loss: the rank named is one.
@@ -12,6 +15,7 @@ Each is set by an environment variable the ranks inherit:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 
@@ -28,7 +32,7 @@ def rank_steps(spec: str, rank: int) -> frozenset[int]:
     return frozenset(int(s) for s in steps.split(",")) if int(named) == rank else frozenset()
 
 
-class InjectedFaults(StepHooks):
+class StepFaults(StepHooks):
     """The faults ``LADDER_INJECT_*`` asks of this rank's steps."""
 
     def __init__(self, rank: int, environ: Mapping[str, str]) -> None:
@@ -49,3 +53,9 @@ class InjectedFaults(StepHooks):
     def after_step(self, step: int) -> None:
         """LADDER_INJECT_STEP_S: sleep after the step."""
         time.sleep(self.sleep_s)
+
+
+def hooks(*, rank: int) -> StepFaults:
+    """What ``LADDER_STEP_HOOKS=<this file>:hooks`` installs in rank ``rank``: the faults its
+    environment asks."""
+    return StepFaults(rank, os.environ)
