@@ -162,6 +162,12 @@ def clean_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
 USERS_SAVE_FINAL: dict[str, str | None] = {"LADDER_SAVE_FINAL": None}
 
 
+def injecting(**faults: str) -> dict[str, str]:
+    """The environment that installs tests/step_faults.py's hook in a run's ranks, with the faults
+    it injects: ``injecting(LADDER_INJECT_NAN="1:2")``."""
+    return {"LADDER_STEP_HOOKS": f"{ROOT / 'tests' / 'step_faults.py'}:hooks", **faults}
+
+
 # A step past a rank's memory cap: tiny at micro 64 of 512 tokens plans 3.12 GB of activations.
 OUT_OF_MEMORY_RUN = [
     "batch.global_size=64",

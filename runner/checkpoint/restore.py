@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from runner.checkpoint import stage0_tp as checkpoint_stage0_tp
 from runner.config import ZeroStage
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.engine.fixes import bf16_stage0_optimizer_load, stage3_universal_groups
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
 from runner.rundir.run_files import CHECKPOINT_DIR
 
 
-def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
+def load(engine: DeepSpeedEngine, run_dir: Path, *, tag: str, rank: int) -> int:
     """Restore model, optimizer, LR schedule and this rank's RNG; returns the completed steps."""
     root = run_dir / CHECKPOINT_DIR
     # Every file DeepSpeed reads here is unpickled weights-only, so a doctored one cannot run
@@ -54,5 +54,6 @@ def load(engine: Any, run_dir: Path, *, tag: str, rank: int) -> int:
     if rng.exists():
         # weights_only: a checkpoint file can execute no code when it is loaded.
         torch.set_rng_state(torch.load(rng, weights_only=True)["torch"])
+    assert client_state is not None  # DeepSpeed returns the client state with the path it loaded
     completed: int = client_state["completed_steps"]
     return completed

@@ -30,6 +30,7 @@ from deepspeed.checkpoint import UNIVERSAL_CHECKPOINT_INFO
 
 from runner.checkpoint import tp_splits as checkpoint_splits
 from runner.config import Precision, ZeroStage
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.engine.distributed import barrier
 from runner.layout import Layout
 from runner.rundir import disk_room
@@ -60,7 +61,13 @@ class SaveRecord:
 
 
 def save(
-    engine: Any, run_dir: Path, record: SaveRecord, *, rank: int, keep: int, expected_bytes: int = 0
+    engine: DeepSpeedEngine,
+    run_dir: Path,
+    record: SaveRecord,
+    *,
+    rank: int,
+    keep: int,
+    expected_bytes: int = 0,
 ) -> None:
     """Write a checkpoint of every rank's state; collective: every rank calls it.
 
@@ -161,7 +168,7 @@ def _unwritten(root: Path, tag: str, error: Exception, *, expected_bytes: int) -
     )
 
 
-def _precision(engine: Any) -> str:
+def _precision(engine: DeepSpeedEngine) -> str:
     """The engine's training precision, as precision.name says it."""
     if engine.bfloat16_enabled():
         return Precision.bf16.value

@@ -17,7 +17,6 @@ import contextlib
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from deepspeed.checkpoint.constants import PARAM
@@ -26,6 +25,7 @@ from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 from deepspeed.utils import groups
 
 from runner.checkpoint.stage0 import ADAM_MOMENTS, saved_groups
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.engine.fixes import pickle_in_checkpoints as safe_load
 
 
@@ -49,7 +49,7 @@ def _shard(param: torch.nn.Parameter, path: Path, key: str, *, rank: int, tp: in
 
 
 @contextlib.contextmanager
-def engine_loading(engine: Any) -> Iterator[None]:
+def engine_loading(engine: DeepSpeedEngine) -> Iterator[None]:
     """While DeepSpeed's engine loads the universal checkpoint's model-states file.
 
     The engine ends a universal load with ``optimizer.update_lp_params()`` (engine.py
@@ -66,7 +66,7 @@ def engine_loading(engine: Any) -> Iterator[None]:
             del optimizer.update_lp_params
 
 
-def load(engine: Any, folder: Path, *, tp: int) -> None:
+def load(engine: DeepSpeedEngine, folder: Path, *, tp: int) -> None:
     """Load the universal checkpoint in ``folder`` into this rank's weights and Adam state."""
     optimizer = engine.optimizer
     if isinstance(optimizer, FP16_UnfusedOptimizer):  # bf16: fp32 masters beside the 16-bit weights

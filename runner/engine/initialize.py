@@ -15,6 +15,7 @@ import torch
 
 from runner.config import OptimizerConfig, Precision
 from runner.engine import zero_step_copies
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.engine.fixes import (
     fp16_stage0_loss_scale,
     pickle_in_checkpoints,
@@ -61,7 +62,7 @@ def before_build() -> None:
     import_muon_deferred()
 
 
-def apply_fixes(engine: Any, *, layout: Layout, precision: Precision, grad_clip: float) -> None:
+def apply_fixes(engine: DeepSpeedEngine, *, layout: Layout, precision: Precision, grad_clip: float) -> None:
     """DeepSpeed 0.19.8's faults, fixed on a new engine in this order (each a no-op where it does
     not apply); nothing else in ladder patches DeepSpeed's engine for a fault."""
     # 1. Stage 0 in 16 bits: undo the optimizer step the wrapper takes at construction.
@@ -86,7 +87,7 @@ def initialize_engine(
     total_steps: int,
     layout: Layout,
     precision: Precision,
-) -> Any:
+) -> DeepSpeedEngine:
     """``deepspeed.initialize`` with ladder's parameter groups and schedule, then :func:`apply_fixes`,
     then ZeRO's optimizer step without its two needless passes over the gradients
     (runner/engine/zero_step_copies.py)."""

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from runner.config import ZeroStage
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 
 ONE_CAST = "one cast"
 CLIP_IN_KERNEL = "clip in kernel"
@@ -52,7 +53,7 @@ NORM_IN_CHUNKS = "norm in chunks"
 NORM_CHUNK = 2**20
 
 
-def _zero_optimizer(engine: Any) -> tuple[Any, ZeroStage] | None:
+def _zero_optimizer(engine: DeepSpeedEngine) -> tuple[Any, ZeroStage] | None:
     """DeepSpeed's ZeRO 1-3 wrapper and its stage, when it steps torch's optimizer on the device."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
@@ -204,7 +205,7 @@ def _install_clip_in_kernel(wrapper: Any, stage: ZeroStage) -> bool:
     return True
 
 
-def install(engine: Any) -> list[str]:
+def install(engine: DeepSpeedEngine) -> list[str]:
     """Remove the copies from this engine's ZeRO step where they apply; which changes were made."""
     found = _zero_optimizer(engine)
     if found is None:

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from runner.config import Precision
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.memory_model.boundary import Estimate, RankBatch, boundary_estimate, deepspeed_estimate
 from runner.model.op_recompute import kept_outputs
 
@@ -139,7 +140,7 @@ def _tensors_in(obj: Any, depth: int = 0, visited: set[int] | None = None) -> It
             yield from _tensors_in(item, depth + 1, visited)
 
 
-def measure_model_states(engine: Any, *, precision: Precision) -> Ledger:
+def measure_model_states(engine: DeepSpeedEngine, *, precision: Precision) -> Ledger:
     """Params, grads, optimizer states and residuals held by this rank now.
 
     Each storage counts once, in the first place that claims it, in this order: the model's

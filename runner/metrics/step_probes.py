@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runner.engine.deepspeed_engine import DeepSpeedEngine, as_pipeline
 from runner.layout import Layout
 from runner.metrics.comm_timer import UNMEASURED_ON_CUDA, CollectiveTimer, deepspeed_backend
 from runner.metrics.grad_probe import REPLICATED, SHARDED, MicroGradSquares
@@ -28,7 +29,7 @@ from runner.metrics.noise_scale import NoiseScale, why_unmeasured
 from runner.parallel.tensor import is_sharded
 
 
-def loss_scale(engine: Any) -> float:
+def loss_scale(engine: DeepSpeedEngine) -> float:
     """The fp16 loss scale backward saw (1 in fp32 and bf16, which DeepSpeed does not scale)."""
     if not engine.fp16_enabled():
         return 1.0
@@ -55,7 +56,7 @@ def _whole_model_mean(squares: torch.Tensor, *, group: Any) -> float:
 
 
 def _model_parallel(
-    engine: Any, layout: Layout
+    engine: DeepSpeedEngine, layout: Layout
 ) -> tuple[Any, Callable[[torch.nn.Parameter], bool], Callable[[torch.nn.Parameter], bool]]:
     """The group over which a micro-batch's gradient is split, which parameters it splits,
     and which this rank counts.
@@ -67,11 +68,11 @@ def _model_parallel(
     counted on that stage's first tensor-parallel rank only.
     """
     if layout.pp > 1 and layout.tp > 1:
-        grid = engine.grid
+        grid = as_pipeline(engine).grid
         first_of_slice = grid.get_slice_parallel_rank() == 0
         return grid.get_model_parallel_group(), lambda _: True, lambda p: first_of_slice or is_sharded(p)
     if layout.pp > 1:
-        return engine.grid.get_pipe_parallel_group(), lambda _: True, lambda _: True
+        return as_pipeline(engine).grid.get_pipe_parallel_group(), lambda _: True, lambda _: True
     if layout.tp > 1:
         # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
         from deepspeed.utils import groups
@@ -84,7 +85,7 @@ class StepProbes:
     """The noise scale and exposed communication of each step, and their summary.json entries."""
 
     def __init__(
-        self, engine: Any, *, layout: Layout, device: torch.device, tied_embeddings: bool = False
+        self, engine: DeepSpeedEngine, *, layout: Layout, device: torch.device, tied_embeddings: bool = False
     ) -> None:
         self.layout = layout
         self.noise = NoiseScale(ema=0.95)
@@ -106,7 +107,7 @@ class StepProbes:
         if self._comm is not None:
             self._comm.take()
 
-    def micro_batch_done(self, engine: Any) -> None:
+    def micro_batch_done(self, engine: DeepSpeedEngine) -> None:
         """Close one micro-batch's gradient; DeepSpeed's backward took loss / accum_steps."""
         if self._grads is not None:
             self._grads.end_micro_batch(grad_scale=self.layout.accum_steps / loss_scale(engine))

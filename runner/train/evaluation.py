@@ -20,11 +20,12 @@ from runner.config import DataConfig, DataName, TrainLoopConfig
 from runner.data.batches import BatchSource, rank_slice
 from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import token_source_words
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.layout import Layout
 
 
 def held_out_loss(
-    engine: Any,
+    engine: DeepSpeedEngine,
     held_out: BatchSource,
     *,
     batches: int,

@@ -22,28 +22,18 @@ stops with a clear error.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from runner.config import OnNonFinite
-
-# Tests make a rank's loss NaN at given steps: LADDER_INJECT_NAN=<rank>:<step>[,<step>...].
-INJECT_ENV = "LADDER_INJECT_NAN"
-
-
-def injected_nan_steps(rank: int) -> frozenset[int]:
-    """The steps at which ``LADDER_INJECT_NAN=<rank>:<step>[,<step>...]`` makes this rank's loss NaN."""
-    spec = os.environ.get(INJECT_ENV, "")
-    if ":" not in spec:
-        return frozenset()
-    nan_rank, steps = spec.split(":", 1)
-    return frozenset(int(s) for s in steps.split(",")) if int(nan_rank) == rank else frozenset()
+from runner.engine.deepspeed_engine import DeepSpeedEngine
+from runner.train.step_hooks import StepHooks
 
 
-class NonFiniteGuard:
-    """Decides, per step, whether a loss is fine, skipped or fatal; keeps the skipped steps."""
+class NonFiniteGuard(StepHooks):
+    """Decides, per step, whether a loss is fine, skipped or fatal; keeps the skipped steps. A step
+    hook (runner/train/step_hooks.py): both step functions ask it at the boundary."""
 
     def __init__(self, policy: OnNonFinite, *, max_skipped: int, skipped: list[int] | None = None) -> None:
         self.policy = policy
@@ -69,6 +59,10 @@ class NonFiniteGuard:
         self.skipped.append(step)
         return True
 
+    def before_update(self, step: int, loss: float) -> bool:
+        """The step's hook at the boundary: :meth:`should_skip` on the step's loss."""
+        return self.should_skip(loss, step=step)
+
     def summary(self) -> dict[str, Any]:
         """What summary.json keeps: the policy, how many steps were skipped and which."""
         return {"policy": self.policy.value, "count": len(self.skipped), "steps": list(self.skipped)}
@@ -80,7 +74,7 @@ def _no_step(*args: Any, **kwargs: Any) -> None:
 
 
 @contextmanager
-def skipping(engine: Any) -> Iterator[None]:
+def skipping(engine: DeepSpeedEngine) -> Iterator[None]:
     """Run ``engine.step()`` at a boundary with no update; gradients are cleared as after a step.
 
     Why through ``engine.step()`` and not around it: the engine's step counts the
@@ -93,7 +87,8 @@ def skipping(engine: Any) -> Iterator[None]:
     16-bit ones, which leaves them as they were.
     """
     basic = engine.basic_optimizer
-    basic.step = _no_step  # an instance attribute shadows the class's step for this call only
+    # An instance attribute shadows the class's step for this call only.
+    basic.step = _no_step  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
@@ -105,7 +100,7 @@ def skipping(engine: Any) -> Iterator[None]:
         engine.lr_scheduler.step()
 
 
-def engine_step(engine: Any, *, skip: bool) -> None:
+def engine_step(engine: DeepSpeedEngine, *, skip: bool) -> None:
     """``engine.step()``; with ``skip`` (at an accumulation boundary) it applies no update."""
     if not skip:
         engine.step()

@@ -1,30 +1,36 @@
-"""Inside a pipeline's step: what DeepSpeed's PipelineEngine does out of the trainer's sight.
+"""Inside a pipeline's step: where DeepSpeed's PipelineEngine calls the step hooks.
 
 ``PipelineEngine.train_batch`` runs forward, backward and the optimizer step of all the batch
 contract's micro-batches, 1F1B (runner/parallel/pipeline.py has the schedule and its sources).
-What the trainer sees directly without a pipeline is reached through the engine's hooks here:
-the step's phases (its instruction map), each micro-batch's backward (for the noise scale),
-the loss before the update (for train.on_nonfinite) and the model states at the accumulation
-boundary. The trainer (runner/train/trainer.py ``Trainer.pipeline_step``) calls
-``train_batch`` itself; :class:`PipelineHooks` only watches.
+The step hooks (runner/train/step_hooks.py) that the trainer calls from its own loop without a
+pipeline are called here from inside the engine, at the same seams:
+
+- a micro-batch's forward: this stage module's ``forward``, and a last stage's ``loss_fn``,
+  which the engine calls apart from it (the hooks' ``forward`` around each, then their ``loss``);
+- a micro-batch's backward: the schedule's BackwardPass instruction;
+- the boundary: the engine's ``_take_model_step``, which the OptimizerStep instruction calls:
+  the hooks' ``before_update`` first sees the step's loss and may skip the update.
+
+Each instruction's time is marked in the step's phase clock too. The trainer
+(runner/train/trainer.py ``Trainer.pipeline_step``) runs ``train_batch`` through
+:meth:`PipelineHooks.train_batch`; outside it (``eval_batch``) no hook is called.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from runner.config import Precision
+from runner.engine.deepspeed_engine import PipelineEngine, pipeline_stages
 from runner.layout import Layout
-from runner.metrics.ledger import Ledger, fullest_device, measure_model_states, saved_activations
 from runner.metrics.phase_clock import PhaseClock
-from runner.metrics.step_probes import StepProbes
 from runner.parallel.pipeline_split import stage_blocks
-from runner.train.nonfinite import NonFiniteGuard, skipping
+from runner.train.nonfinite import skipping
+from runner.train.step_hooks import StepHooks
 
 # DeepSpeed's pipeline instructions (deepspeed/runtime/pipe/schedule.py) by the step phase
 # their time counts in (runner/metrics/phase_clock.py). The data-parallel and tied-weight gradient
@@ -44,60 +50,73 @@ _INSTRUCTION_PHASES = {
 
 
 class PipelineHooks:
-    """Hooks in a PipelineEngine: the step's phases, the loss checked before the update, the
-    model states at the boundary and the first micro-batch's activations."""
+    """A PipelineEngine made to call the step hooks from inside ``train_batch`` and to time its
+    instructions."""
 
     def __init__(
-        self,
-        engine: Any,
-        *,
-        layout: Layout,
-        precision: Precision,
-        nonfinite: NonFiniteGuard,
-        clock: PhaseClock,
-        probes: StepProbes,
-        nan_steps: frozenset[int],
+        self, engine: PipelineEngine, *, hooks: StepHooks, clock: PhaseClock, accum_steps: int
     ) -> None:
-        self.layout = layout
-        self.precision = precision
-        self.nonfinite = nonfinite
-        self.step = 0  # the step train_batch is running
+        self.engine = engine
+        self.hooks = hooks
+        self.accum_steps = accum_steps
+        self.step: int | None = None  # the step train_batch is running (None: none is)
         self.skipped = False  # this step's update was skipped (train.on_nonfinite=skip)
-        self._measure_states = False
-        self._states: Ledger | None = None
-        self._saved_bytes = 0
-        if nan_steps and engine.is_last_stage():
-            self._inject_nan(engine, nan_steps)
-        self._check_before_update(engine)
-        self._time_phases(engine, clock)
-        self._after_each_backward(engine, lambda: probes.micro_batch_done(engine))
+        # This step's micro-batches whose forward has started, and whose backward has run, on
+        # this stage: 1F1B runs each stage's forwards, and its backwards, in micro-batch order.
+        self._forwards = 0
+        self._backwards = 0
+        self._call_around_forward(engine)
+        self._call_before_update(engine)
+        self._run_instructions(engine, clock)
 
-    def step_started(
-        self, engine: Any, step: int, *, measure_states: bool, measure_activations: bool
-    ) -> None:
-        """Before ``train_batch``: which step runs, and what it measures."""
-        self.step = step
-        self.skipped = False
-        self._measure_states = measure_states
-        if measure_activations:
-            self._measure_first_micro_batch(engine)
+    def train_batch(self, step: int, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """DeepSpeed's ``train_batch`` over ``batches`` as step ``step``, the hooks called inside;
+        the step's loss (DeepSpeed averages the last stages' over the micro-batches and the
+        pipelines, and broadcasts it)."""
+        self.step, self.skipped = step, False
+        self._forwards = self._backwards = 0
+        try:
+            return float(self.engine.train_batch(data_iter=batches))
+        finally:
+            self.step = None
 
-    def step_done(self) -> None:
-        """After ``train_batch``, however it ended: the next step measures only if asked."""
-        self._measure_states = False
+    def _call_around_forward(self, engine: PipelineEngine) -> None:
+        """Enter the hooks' ``forward`` around this stage's forward of each micro-batch, and on a
+        last stage around its loss too, whose value then passes through the hooks' ``loss``."""
+        module, stages = engine.module, pipeline_stages(engine)
+        forward, loss_fn = module.forward, stages.loss_fn
 
-    def _check_before_update(self, engine: Any) -> None:
-        """The optimizer step runs inside train_batch: wrap it so that the model states are
-        measured and the loss checked just before it, at the accumulation boundary, as the
-        trainer does without a pipeline."""
+        def forward_in_hooks(*args: Any) -> Any:
+            if self.step is None:
+                return forward(*args)
+            micro = self._forwards
+            self._forwards += 1
+            with self.hooks.forward(self.step, micro):
+                return forward(*args)
+
+        module.forward = forward_in_hooks
+        if loss_fn is None or not engine.is_last_stage():
+            return
+
+        def loss_in_hooks(*args: Any) -> torch.Tensor:
+            if self.step is None:
+                return loss_fn(*args)
+            micro = self._forwards - 1  # the engine forms a micro-batch's loss after its forward
+            with self.hooks.forward(self.step, micro):
+                loss = loss_fn(*args)
+            return self.hooks.loss(self.step, micro, loss)
+
+        stages.loss_fn = loss_in_hooks
+
+    def _call_before_update(self, engine: PipelineEngine) -> None:
+        """The optimizer step runs inside train_batch: wrap it so that the hooks' ``before_update``
+        sees the step's loss just before it, at the accumulation boundary, as the trainer calls it
+        without a pipeline; a skipped update runs with no update (runner/train/nonfinite.py)."""
         take_model_step = engine._take_model_step
 
         def at_boundary(*args: Any, **kwargs: Any) -> Any:
-            if self._measure_states:
-                self._states = measure_model_states(engine, precision=self.precision)
-            # Decided before the update, the same on every rank (runner/train/nonfinite.py): a
-            # non-finite loss stops the run here or skips this step's update.
-            self.skipped = self.nonfinite.should_skip(self._mean_loss(engine), step=self.step)
+            assert self.step is not None  # only train_batch steps the optimizer
+            self.skipped = self.hooks.before_update(self.step, self._mean_loss(engine))
             if not self.skipped:
                 return take_model_step(*args, **kwargs)
             with skipping(engine):
@@ -105,7 +124,7 @@ class PipelineHooks:
 
         engine._take_model_step = at_boundary
 
-    def _mean_loss(self, engine: Any) -> float:
+    def _mean_loss(self, engine: PipelineEngine) -> float:
         """The step's loss, averaged over its micro-batches and the pipelines, on every rank.
 
         Only a last stage has it (DeepSpeed's ``total_loss``, summed over the micro-batches)
@@ -114,94 +133,42 @@ class PipelineHooks:
         """
         local = torch.zeros(2, dtype=torch.float64, device=engine.device)
         if engine.is_last_stage():
-            local[0] = engine.total_loss.detach().double() / self.layout.accum_steps
+            assert engine.total_loss is not None  # a last stage has summed its micro-batches' losses
+            local[0] = engine.total_loss.detach().double() / self.accum_steps
             local[1] = 1.0
         torch.distributed.all_reduce(local)
         return float(local[0] / local[1])
 
-    def _inject_nan(self, engine: Any, steps: frozenset[int]) -> None:
-        """LADDER_INJECT_NAN on a last stage: its loss is NaN at ``steps`` (tests of train.on_nonfinite)."""
-        module = engine.module
-        loss_fn = module.loss_fn
-
-        def loss_at_step(*args: Any) -> Any:
-            loss = loss_fn(*args)
-            return loss * float("nan") if self.step in steps else loss
-
-        module.loss_fn = loss_at_step
-
-    @staticmethod
-    def _time_phases(engine: Any, clock: PhaseClock) -> None:
-        """Mark ``clock`` around each instruction the engine runs, under the instruction's phase.
+    def _run_instructions(self, engine: PipelineEngine, clock: PhaseClock) -> None:
+        """Mark ``clock`` around each instruction the engine runs, under the instruction's phase,
+        and call the hooks' ``after_backward`` once each BackwardPass has run.
 
         ``PipelineEngine._exec_schedule`` looks every instruction up in ``self._INSTRUCTION_MAP``
         (DeepSpeed 0.19.8); an instance attribute of the same name takes the class's place.
         """
 
-        def timed(run: Callable[..., Any], phase: str) -> Callable[..., Any]:
-            def run_timed(engine: Any, **kwargs: Any) -> Any:
+        def timed(kind: type, run: Callable[..., Any]) -> Callable[..., Any]:
+            phase = _INSTRUCTION_PHASES.get(kind.__name__, "other")
+            backward = kind.__name__ == "BackwardPass"
+
+            def run_timed(engine: PipelineEngine, **kwargs: Any) -> Any:
                 clock.mark("other")  # the engine's own work since the last instruction
                 result = run(engine, **kwargs)
                 clock.mark(phase)
+                if backward and self.step is not None:
+                    self.hooks.after_backward(self.step, self._backwards)
+                    self._backwards += 1
                 return result
 
             return run_timed
 
         engine._INSTRUCTION_MAP = {
-            kind: timed(run, _INSTRUCTION_PHASES.get(kind.__name__, "other"))
-            for kind, run in type(engine)._INSTRUCTION_MAP.items()
+            kind: timed(kind, run) for kind, run in type(engine)._INSTRUCTION_MAP.items()
         }
-
-    @staticmethod
-    def _after_each_backward(engine: Any, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once each micro-batch's backward pass has run on this stage."""
-        instructions = dict(getattr(engine, "_INSTRUCTION_MAP", type(engine)._INSTRUCTION_MAP))
-        for kind, run in instructions.items():
-            if kind.__name__ == "BackwardPass":
-
-                def backward_then(engine: Any, _run: Callable[..., Any] = run, **kwargs: Any) -> Any:
-                    result = _run(engine, **kwargs)
-                    callback()
-                    return result
-
-                instructions[kind] = backward_then
-        engine._INSTRUCTION_MAP = instructions
-
-    def _measure_first_micro_batch(self, engine: Any) -> None:
-        """Count the tensors this stage saves for backward over its first forward (and loss)."""
-        module = engine.module
-        forward, loss_fn = module.forward, module.loss_fn
-
-        def measured(call: Callable[..., Any], restore: Callable[[], None]) -> Callable[..., Any]:
-            def once(*args: Any) -> Any:
-                restore()
-                with saved_activations(module) as saved:
-                    out = call(*args)
-                self._saved_bytes += saved["activations"]
-                return out
-
-            return once
-
-        def restore_forward() -> None:
-            module.forward = forward
-
-        def restore_loss() -> None:
-            module.loss_fn = loss_fn
-
-        module.forward = measured(forward, restore_forward)
-        if module.loss_fn is not None and engine.is_last_stage():
-            module.loss_fn = measured(loss_fn, restore_loss)
-
-    def ledger(self) -> Ledger | None:
-        """The measured ledger, each term at its most over ranks (every rank must call this)."""
-        if self._states is None:
-            return None
-        self._states.terms["activations"] = self._saved_bytes
-        return fullest_device(self._states)
 
 
 def pipeline_summary(
-    engine: Any, layout: Layout, *, step_s: float | None, p2p_s: float | None
+    engine: PipelineEngine, layout: Layout, *, step_s: float | None, p2p_s: float | None
 ) -> dict[str, Any]:
     """What summary.json keeps about the pipeline: split, schedule, bubble predicted and measured.
 
@@ -213,7 +180,7 @@ def pipeline_summary(
     bubble = (layout.pp - 1) / layout.accum_steps
     timed = step_s is not None and math.isfinite(step_s) and step_s > 0
     p2p_share = p2p_s / step_s if timed and p2p_s is not None and step_s else None
-    bounds = engine.module.parts
+    bounds = pipeline_stages(engine).parts
     return {
         "stages": layout.pp,
         "layers_per_stage": [int(b - a) for a, b in itertools.pairwise(bounds)],

@@ -147,7 +147,10 @@ def record_end(
             noise_scale=probes["noise_scale"],
             comm_exposed=_comm_exposed(probes["comm_exposed"], recorded),
             pipeline=pipeline_summary(
-                trainer.engine, ctx.layout, step_s=last.get("time/step_s"), p2p_s=last.get("time/p2p_s")
+                trainer.pipeline.engine,
+                ctx.layout,
+                step_s=last.get("time/step_s"),
+                p2p_s=last.get("time/p2p_s"),
             )
             if trainer.pipeline is not None
             else None,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
 
 from runner.checkpoint import save as checkpoint
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.metrics.wall_clock import WallClock
 from runner.rundir import checkpoint_record
 from runner.rundir.disk_room import folder_bytes
@@ -40,7 +40,12 @@ def slow_save_warning(save_s: float, *, source: str, warned: bool) -> None:
 
 
 def save(
-    ctx: RunContext, wall: WallClock, engine: Any, record: checkpoint.SaveRecord, *, expected_bytes: int
+    ctx: RunContext,
+    wall: WallClock,
+    engine: DeepSpeedEngine,
+    record: checkpoint.SaveRecord,
+    *,
+    expected_bytes: int,
 ) -> None:
     """Save the checkpoint ``record`` describes, timed into the run's wall clock; ``expected_bytes``:
     its planned size, to check what the save wrote."""

@@ -1,4 +1,5 @@
-"""What one rank builds before its first step: model, engine, resume, sinks, the memory estimate.
+"""What one rank builds before its first step: model, engine, resume, sinks, the memory estimate,
+and the step hooks a run adds.
 
 Each part is built by its own small function below; the trainer (runner/train/trainer.py
 ``Trainer.__init__``) calls them in the order the rank needs them and holds what they return.
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-from collections.abc import Iterator
+import runpy
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from runner.config import ModelConfig, to_dict
 from runner.data.batches import BatchSource
 from runner.engine.build import build_measured
 from runner.engine.compile_blocks import compile_blocks
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
 from runner.engine.initialize import before_build, initialize_engine
 from runner.flops import flops_per_token, non_embedding_params, recompute_flops_per_token
@@ -34,8 +37,14 @@ from runner.model.transformer import num_params
 from runner.rundir import checkpoint_record
 from runner.train.context import RunContext
 from runner.train.preemption import resumes
+from runner.train.step_hooks import StepHooks
 
 log = logging.getLogger("ladder")
+
+# Step hooks a run adds to ladder's own (runner/train/step_hooks.py): ``<file.py>:<name>``, a
+# Python file and the callable in it that returns a rank's hooks. The tests inject faults so
+# (tests/step_faults.py); ladder itself sets it nowhere.
+STEP_HOOKS_ENV = "LADDER_STEP_HOOKS"
 
 
 @dataclass(frozen=True)
@@ -76,15 +85,6 @@ def flops_budget(model: ModelConfig, *, seq_len: int) -> FlopsBudget:
     )
 
 
-def injected_fault(rank: int) -> int | None:
-    """The step at which ``LADDER_INJECT_FAULT=<rank>:<step>`` makes this rank raise (tests of failure)."""
-    spec = os.environ.get("LADDER_INJECT_FAULT", "")
-    if ":" not in spec:
-        return None
-    fault_rank, fault_step = spec.split(":", 1)
-    return int(fault_step) if int(fault_rank) == rank else None
-
-
 @contextlib.contextmanager
 def matmuls_for(ctx: RunContext) -> Iterator[None]:
     """16-bit matmuls in fp32 on a CPU whose torch has no 16-bit GEMM kernels for it
@@ -117,7 +117,7 @@ def matmuls_for(ctx: RunContext) -> Iterator[None]:
         yield
 
 
-def build_engine(ctx: RunContext, wall: WallClock) -> tuple[Any, dict[str, Any], int]:
+def build_engine(ctx: RunContext, wall: WallClock) -> tuple[DeepSpeedEngine, dict[str, Any], int]:
     """The model built for the layout (compiled blocks with train.compile), then DeepSpeed's engine
     with its faults fixed; the build's record and the blocks compiled."""
     config = ctx.config
@@ -147,7 +147,7 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[Any, dict[str, Any],
     return engine, model_build, compiled
 
 
-def resume(ctx: RunContext, engine: Any) -> Resumed:
+def resume(ctx: RunContext, engine: DeepSpeedEngine) -> Resumed:
     """Load the run's latest checkpoint when the run resumes (train.resume=auto, a requeue)."""
     config = ctx.config
     record = checkpoint_record.latest(ctx.run_dir) if resumes(config.train) else None
@@ -209,3 +209,23 @@ def held_out_batches(ctx: RunContext) -> BatchSource | None:
     return BatchSource(
         config.data, config.model.vocab_size, config.seed, ctx.layout.global_size, held_out=True
     )
+
+
+def extra_step_hooks(rank: int, environ: Mapping[str, str]) -> list[StepHooks]:
+    """The hooks ``LADDER_STEP_HOOKS=<file.py>:<name>`` adds to this rank's steps: what ``<name>(rank=rank)``
+    returns, from that file run once as a module; none where the variable is unset."""
+    spec = environ.get(STEP_HOOKS_ENV, "")
+    if not spec:
+        return []
+    path, _, name = spec.rpartition(":")
+    if not path or not name:
+        raise ValueError(
+            f"{STEP_HOOKS_ENV}={spec}: expected <file.py>:<name>, e.g. /repo/tests/step_faults.py:hooks"
+        )
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{STEP_HOOKS_ENV}={spec}: no file {path} (from {Path.cwd()})")
+    found = runpy.run_path(path)
+    if not callable(found.get(name)):
+        raise ValueError(f"{STEP_HOOKS_ENV}={spec}: {path} defines no callable {name}")
+    hooks: StepHooks = found[name](rank=rank)
+    return [hooks]

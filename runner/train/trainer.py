@@ -10,7 +10,12 @@ The path of one step, top to bottom in this file:
 - :meth:`Trainer.micro_batch_step` (pp = 1): :meth:`~Trainer.forward_backward_step` on each of
   this rank's micro-batches, then the optimizer step at the accumulation boundary;
 - :meth:`Trainer.pipeline_step` (pp > 1): DeepSpeed's PipelineEngine runs forward, backward and
-  the optimizer step of every micro-batch itself, 1F1B; runner/train/pipeline_hooks.py sees inside.
+  the optimizer step of every micro-batch itself, 1F1B; runner/train/pipeline_hooks.py has it
+  call the step hooks.
+
+Both step functions call the same step hooks at the same seams (runner/train/step_hooks.py):
+the non-finite check before the update, the step's measurements, and the hooks a run adds (a
+test's faults) are each one hook, written once for both.
 
 What the trainer is built from comes from runner/train/setup.py, in the order the rank needs
 it; :class:`Progress` is what the loop has learnt so far, which runner/train/record.py writes
@@ -36,20 +41,14 @@ from runner.checkpoint import save as checkpoint
 from runner.checkpoint.size import config_checkpoint_bytes
 from runner.config import Precision
 from runner.data.batches import BatchSource, rank_slice
+from runner.engine.deepspeed_engine import as_pipeline
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
 from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.hardware.host_allocator import running_allocator
 from runner.hardware.mfu_peak import resolve_peak
 from runner.hardware.peak_memory import PeakMemory, host_peak_bytes
 from runner.metrics import goodput
-from runner.metrics.ledger import (
-    TERMS,
-    Estimate,
-    Ledger,
-    fullest_device,
-    measure_model_states,
-    saved_activations,
-)
+from runner.metrics.ledger import TERMS, Estimate, Ledger
 from runner.metrics.phase_clock import PHASES, PIPELINE_PHASES, PhaseClock
 from runner.metrics.step_probes import StepProbes
 from runner.metrics.step_profiler import StepProfiler
@@ -59,19 +58,21 @@ from runner.parallel.tensor import grad_norm as tp_grad_norm
 from runner.train import saving
 from runner.train.context import RunContext
 from runner.train.evaluation import held_out_loss
-from runner.train.nonfinite import NonFiniteGuard, engine_step, injected_nan_steps
+from runner.train.nonfinite import NonFiniteGuard, engine_step
 from runner.train.over_ranks import max_over_ranks, mean_over_ranks, peaks_over_ranks
 from runner.train.pipeline_hooks import PipelineHooks
 from runner.train.setup import (
     build_engine,
+    extra_step_hooks,
     flops_budget,
     held_out_batches,
-    injected_fault,
     matmuls_for,
     memory_estimate,
     resume,
     sinks_for,
 )
+from runner.train.step_hooks import StepHookChain
+from runner.train.step_measurements import StepMeasurements
 
 log = logging.getLogger("ladder")
 
@@ -112,11 +113,6 @@ def memory_metrics(estimate: Estimate, measured: Ledger | None) -> dict[str, flo
         metrics.update({f"memory/measured/{term}_gb": measured.terms[term] / 1e9 for term in TERMS})
         metrics["memory/measured/residual_gb"] = sum(measured.residual.values()) / 1e9
     return metrics
-
-
-def injected_step_s() -> float:
-    """Seconds ``LADDER_INJECT_STEP_S`` adds after each step (tests: a time limit that lands mid-run)."""
-    return float(os.environ.get("LADDER_INJECT_STEP_S") or 0)
 
 
 def _local_grad_norm(model: torch.nn.Module) -> float:
@@ -180,11 +176,11 @@ class Trainer:
             else None
         )
         self.checkpoint_bytes = config_checkpoint_bytes(config)  # to check what a save wrote
-        self.fault_step = injected_fault(ctx.rank)  # LADDER_INJECT_FAULT (tests of failure)
         self.progress = Progress(step=self.resumed.start_step)
 
     def _build_step_instruments(self) -> None:
-        """The step's non-finite guard, probes and phase clock, and a pipeline's hooks."""
+        """The step's non-finite guard, probes, phase clock and measurements, the hooks the step
+        calls, and a pipeline's engine made to call them."""
         ctx, config, layout, engine = self.ctx, self.ctx.config, self.ctx.layout, self.engine
         self.nonfinite = NonFiniteGuard(  # train.on_nonfinite: stop, or skip the update
             config.train.on_nonfinite,
@@ -199,8 +195,13 @@ class Trainer:
             self.probes.noise.restore(self.resumed.saved("noise_scale"))
         # Where each step's time goes (runner/metrics/phase_clock.py); a pipeline marks its instructions.
         self.clock = PhaseClock(self.device, PHASES if layout.pp == 1 else PIPELINE_PHASES)
-        self.nan_steps = injected_nan_steps(ctx.rank)  # LADDER_INJECT_NAN (tests of train.on_nonfinite)
         self.precision: Precision = config.precision.name
+        self.measurements = StepMeasurements(engine, probes=self.probes, precision=self.precision)
+        # What the step calls at its seams (runner/train/step_hooks.py), in this order: the
+        # non-finite check before the model states are measured at the boundary, then the hooks
+        # the run adds (LADDER_STEP_HOOKS: a test's faults).
+        extra = extra_step_hooks(ctx.rank, os.environ)
+        self.hooks = StepHookChain([self.nonfinite, self.measurements, *extra])
         # DeepSpeed reports no global grad norm where torch's optimizer steps unwrapped (stage 0
         # in fp32); there every rank holds the full all-reduced gradient at the boundary, so the
         # norm is computed from it directly.
@@ -208,20 +209,14 @@ class Trainer:
             precision=self.precision, zero_stage=config.parallel.zero_stage, pp=layout.pp
         )
         self.own_grad_norm = layout.pp == 1 and wrapper is OptimizerWrapper.none
-        self.saved_bytes = 0  # what the first micro-batch of the attempt saved for backward
         self.pipeline: PipelineHooks | None = None
         # This rank's data-parallel rank: under a pipeline from DeepSpeed's topology (pipe-major rank order).
         self.dp_rank = ctx.dp_rank
         if layout.pp > 1:
-            self.dp_rank = int(engine.grid.get_data_parallel_id())
+            pipeline = as_pipeline(engine)
+            self.dp_rank = int(pipeline.grid.get_data_parallel_id())
             self.pipeline = PipelineHooks(
-                engine,
-                layout=layout,
-                precision=self.precision,
-                nonfinite=self.nonfinite,
-                clock=self.clock,
-                probes=self.probes,
-                nan_steps=self.nan_steps,
+                pipeline, hooks=self.hooks, clock=self.clock, accum_steps=layout.accum_steps
             )
 
     # The loop.
@@ -231,12 +226,11 @@ class Trainer:
         ctx, wall, progress = self.ctx, self.wall, self.progress
         every, last = ctx.config.train.checkpoint_every, ctx.config.train.steps
         final = ctx.config.train.save_final
-        slow_s = injected_step_s()
         for step in range(self.resumed.start_step, ctx.config.train.steps):
             progress.step = step
             metrics = self.train_step()
             logged = self._log(step, metrics)
-            time.sleep(slow_s)
+            self.hooks.after_step(step)
             asked = self._asked_to_stop(step)
             saving_now = bool((every and (step + 1) % every == 0) or asked or (final and step + 1 == last))
             if saving_now:
@@ -269,24 +263,21 @@ class Trainer:
     def _timed_step(self) -> StepOutcome:
         """Run one step through the layout's step function; its outcome, timed."""
         step, steps, progress = self.progress.step, self.ctx.config.train.steps, self.progress
-        if step == self.fault_step:
-            raise RuntimeError(
-                f"fault injected by LADDER_INJECT_FAULT on rank {self.ctx.rank} at step {step}"
-            )
+        self.hooks.before_step(step)
         self.probes.step_started()
         self.profiler.step_started(step)
         started = time.perf_counter()
         self.clock.start()
         if progress.ledger_step is None and (progress.updated or step == steps - 1):
             progress.ledger_step = step
+        self.measurements.expect(
+            states=step == progress.ledger_step, activations=step == self.resumed.start_step
+        )
         # DeepSpeed's PipelineEngine schedules a pipeline's micro-batches itself; without one,
         # the rank runs them.
         run_step = self.pipeline_step if self.pipeline is not None else self.micro_batch_step
-        outcome = run_step(
-            step,
-            measure_states=step == progress.ledger_step,
-            measure_activations=step == self.resumed.start_step,
-        )
+        outcome = run_step(step)
+        ledger = self.measurements.ledger()  # on every rank: the most over ranks is a collective
         self.clock.mark("other")
         if self.device.type == "cuda":
             # The optimizer's kernels are still queued (bf16 ZeRO syncs nowhere in its step):
@@ -295,55 +286,45 @@ class Trainer:
         step_s = time.perf_counter() - started
         self.wall.step(step_s)
         self.profiler.step_done(step)
-        return dataclasses.replace(outcome, step_s=step_s)
+        return dataclasses.replace(outcome, ledger=ledger, step_s=step_s)
 
     # The step without a pipeline (pp = 1).
 
-    def micro_batch_step(self, step: int, *, measure_states: bool, measure_activations: bool) -> StepOutcome:
+    def micro_batch_step(self, step: int) -> StepOutcome:
         """Forward and backward over each of this rank's micro-batches, then the optimizer step.
 
         DeepSpeed reduces the gradients and steps the optimizer at the accumulation boundary
-        only (``engine.step`` is a no-op before it). ``measure_states``: measure the model states
-        at the boundary; ``measure_activations``: count what the first micro-batch saves for backward.
+        only (``engine.step`` is a no-op before it).
         """
-        engine, clock, accum_steps = self.engine, self.clock, self.ctx.layout.accum_steps
+        engine, clock, hooks, accum_steps = self.engine, self.clock, self.hooks, self.ctx.layout.accum_steps
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
-        loss_value, skip, grad_norm, ledger = float("nan"), False, None, None
+        loss_value, skip, grad_norm = float("nan"), False, None
         for micro, (inputs, targets) in enumerate(self.micro_batches(self.batches, step)):
             clock.mark("data")
-            loss = self.forward_backward_step(
-                inputs, targets, step=step, measure=measure_activations and micro == 0
-            )
+            loss = self.forward_backward_step(inputs, targets, step=step, micro=micro)
             loss_sum += loss.detach().float()
-            self.probes.micro_batch_done(engine)
+            hooks.after_backward(step, micro)
             clock.mark("other")
             if micro == accum_steps - 1:
-                # Checked before the optimizer step: a non-finite loss never reaches the
+                # Decided before the optimizer step: a non-finite loss never reaches the
                 # weights; it stops the run or skips the update, the same on every rank.
                 loss_value = mean_over_ranks(loss_sum / accum_steps)
-                skip = self.nonfinite.should_skip(loss_value, step=step)
+                skip = hooks.before_update(step, loss_value)
                 grad_norm = self._grad_norm() if self.own_grad_norm else None
-                ledger = self._measured_ledger() if measure_states else None
             engine_step(engine, skip=skip)  # DeepSpeed steps at the accumulation boundary only
             clock.mark("optimizer")
         if not self.own_grad_norm:
             grad_norm = engine.get_global_grad_norm()
-        return StepOutcome(loss=loss_value, skipped=skip, grad_norm=grad_norm, ledger=ledger)
+        return StepOutcome(loss=loss_value, skipped=skip, grad_norm=grad_norm)
 
     def forward_backward_step(
-        self, inputs: torch.Tensor, targets: torch.Tensor, *, step: int, measure: bool
+        self, inputs: torch.Tensor, targets: torch.Tensor, *, step: int, micro: int
     ) -> torch.Tensor:
-        """One micro-batch's forward and backward; its loss. ``measure``: count the bytes its
-        forward saves for backward."""
-        engine = self.engine
-        if measure:
-            with saved_activations(engine.module) as saved:
-                loss = engine(inputs, targets)
-            self.saved_bytes = saved["activations"]
-        else:
+        """Micro-batch ``micro``'s forward and backward, the step's hooks called between; its loss."""
+        engine, hooks = self.engine, self.hooks
+        with hooks.forward(step, micro):
             loss = engine(inputs, targets)  # the model's forward forms the loss (Transformer.forward)
-        if step in self.nan_steps:
-            loss = loss * float("nan")  # LADDER_INJECT_NAN (tests of train.on_nonfinite)
+        loss = hooks.loss(step, micro, loss)
         self.clock.mark("forward")
         engine.backward(loss)
         self.clock.mark("backward")
@@ -354,34 +335,17 @@ class Trainer:
         module, tp = self.engine.module, self.ctx.layout.tp
         return _local_grad_norm(module) if tp == 1 else tp_grad_norm(module, tp=tp)
 
-    def _measured_ledger(self) -> Ledger:
-        """The model states at the boundary and the first micro-batch's activations, at their most
-        over ranks (every rank must call this)."""
-        ledger = measure_model_states(self.engine, precision=self.precision)
-        ledger.terms["activations"] = self.saved_bytes
-        return fullest_device(ledger)
-
     # The step through a pipeline (pp > 1).
 
-    def pipeline_step(self, step: int, *, measure_states: bool, measure_activations: bool) -> StepOutcome:
+    def pipeline_step(self, step: int) -> StepOutcome:
         """DeepSpeed's ``PipelineEngine.train_batch``: forward, backward and the optimizer step of
-        every micro-batch, 1F1B (runner/parallel/pipeline.py). Its hooks (runner/train/pipeline_hooks.py)
-        check the loss before the update, measure the model states at the boundary and time the phases."""
-        engine, hooks = self.engine, self.pipeline
-        assert hooks is not None  # pp > 1 (the step function is chosen in _timed_step)
-        hooks.step_started(
-            engine, step, measure_states=measure_states, measure_activations=measure_activations
-        )
-        try:
-            loss = engine.train_batch(data_iter=self.micro_batches(self.batches, step))
-        finally:
-            hooks.step_done()
-        # DeepSpeed averages the last stage's micro-batch losses over dp and broadcasts them.
+        every micro-batch, 1F1B (runner/parallel/pipeline.py). The engine calls the step's hooks
+        from inside (runner/train/pipeline_hooks.py) and times each instruction's phase."""
+        pipeline = self.pipeline
+        assert pipeline is not None  # pp > 1 (the step function is chosen in _timed_step)
+        loss = pipeline.train_batch(step, self.micro_batches(self.batches, step))
         return StepOutcome(
-            loss=float(loss),
-            skipped=hooks.skipped,
-            grad_norm=engine.get_global_grad_norm(),
-            ledger=hooks.ledger() if measure_states else None,
+            loss=loss, skipped=pipeline.skipped, grad_norm=pipeline.engine.get_global_grad_norm()
         )
 
     # What both step functions share.
@@ -445,7 +409,7 @@ class Trainer:
             )
         total = 0.0
         for batch in range(batches):
-            total += float(self.engine.eval_batch(data_iter=self.micro_batches(held_out, batch)))
+            total += float(self.pipeline.engine.eval_batch(data_iter=self.micro_batches(held_out, batch)))
         return total / batches
 
     # After the step: the sinks, a stop, a checkpoint.

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from train_helpers import ROOT, clean_env
+from train_helpers import ROOT, clean_env, injecting
 
 pytestmark = pytest.mark.e2e
 
@@ -49,7 +49,7 @@ def test_a_failed_cell_is_named_and_the_cells_after_it_still_run(tmp_path):
     sweep_dir = tmp_path / "sweep"
     began = time.time()
     proc = _sweep(
-        sweep_dir, "gpus=2,1", "train.steps=2", "data.seq_len=32", env={"LADDER_INJECT_FAULT": "1:1"}
+        sweep_dir, "gpus=2,1", "train.steps=2", "data.seq_len=32", env=injecting(LADDER_INJECT_FAULT="1:1")
     )
     elapsed = time.time() - began
     assert proc.returncode == 1, proc.stderr[-3000:]

@@ -2,19 +2,20 @@
 
 slurmctld checks time limits every 30 s (PERIODIC_TIMEOUT), and sends ``--signal=USR2@5`` at
 the first check less than 5 + 30 s before the limit: 25 to 55 s after the job starts. The
-job's steps are slowed (LADDER_INJECT_STEP_S: 3 s after each, a minute of steps) so that the
-limit falls mid-run on any machine, and a later run may be warned again before it finishes:
-each warning must save, requeue and resume.
+job's steps are slowed (LADDER_INJECT_STEP_S, tests/step_faults.py: 3 s after each, a minute
+of steps) so that the limit falls mid-run on any machine, and a later run may be warned again
+before it finishes: each warning must save, requeue and resume.
 """
 
 from __future__ import annotations
 
 import pytest
 from multinode_runs import STEPS, STOPPED, job_id, losses, max_difference, summary
+from train_helpers import injecting
 
 pytestmark = pytest.mark.multinode
 
-SLOW = {"LADDER_INJECT_STEP_S": "3"}
+SLOW = injecting(LADDER_INJECT_STEP_S="3")
 LIMIT = [
     "hydra.launcher.timeout_min=1",
     "hydra.launcher.signal_delay_s=5",

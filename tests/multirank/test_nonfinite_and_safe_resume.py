@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoint_states import checkpoint_tensors, max_abs_diff
-from train_helpers import run_train
+from train_helpers import injecting, run_train
 
 pytestmark = pytest.mark.multirank
 
@@ -24,7 +24,7 @@ def test_zero3_skips_a_nan_step_and_a_resume_keeps_the_count(tmp_path):
         "train.checkpoint_every=1",
         "train.keep_checkpoints=3",
         run_dir=run_dir,
-        env={"LADDER_INJECT_NAN": "0:1"},
+        env=injecting(LADDER_INJECT_NAN="0:1"),
     )
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.summary["skipped_steps"]["steps"] == [1]
@@ -42,7 +42,7 @@ def test_zero3_skips_a_nan_step_and_a_resume_keeps_the_count(tmp_path):
 def test_a_pipeline_checks_the_loss_before_its_optimizer_step(tmp_path):
     """pp 2: the last stage's NaN loss is voted on inside DeepSpeed's schedule, before the update."""
     args = ["gpus=2", "parallel=pp2", "batch.micro_size=4", "train.checkpoint_every=1", *COMMON]
-    nan_at_step_1 = {"LADDER_INJECT_NAN": "1:1"}  # rank 1: the last stage, which forms the loss
+    nan_at_step_1 = injecting(LADDER_INJECT_NAN="1:1")  # rank 1: the last stage, which forms the loss
     skip_dir = tmp_path / "skip"
     skipped = run_train(
         *args,

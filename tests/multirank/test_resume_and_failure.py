@@ -21,6 +21,7 @@ from train_helpers import (
     clean_env,
     file_digests,
     free_port,
+    injecting,
     rank_pids,
     run_torchrun,
     run_train,
@@ -354,7 +355,7 @@ def test_a_rank_that_raises_brings_the_job_down(tmp_path):
         "batch.micro_size=4",
         *COMMON,
         run_dir=tmp_path / "run",
-        env={"LADDER_INJECT_FAULT": "1:2"},
+        env=injecting(LADDER_INJECT_FAULT="1:2"),
         timeout=300,
     )
     elapsed = time.monotonic() - started
@@ -440,7 +441,7 @@ def test_a_skipped_nonfinite_step_leaves_weights_and_optimizer_unchanged(tmp_pat
         "train.on_nonfinite=skip",
         *COMMON,
         run_dir=run_dir,
-        env={"LADDER_INJECT_NAN": "1:2"},
+        env=injecting(LADDER_INJECT_NAN="1:2"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = result.summary

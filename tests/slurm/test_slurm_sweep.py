@@ -18,6 +18,7 @@ from train_helpers import (
     clean_env,
     earlier_sweep,
     file_digests,
+    injecting,
 )
 
 from runner.hardware.host_allocator import jemalloc_installed
@@ -153,7 +154,7 @@ def test_request_slurm_rejects_fails_fast_and_leaves_nothing_queued(sweep, slurm
 
 def test_a_cell_that_fails_on_its_ranks_fails_the_sweep_with_its_reason(sweep, tmp_path):
     # Rank 1 raises at step 1 (the environment reaches the job: sbatch exports it by default).
-    result = sweep("gpus=2", "train.steps=3", "logger=none", extra_env={"LADDER_INJECT_FAULT": "1:1"})
+    result = sweep("gpus=2", "train.steps=3", "logger=none", extra_env=injecting(LADDER_INJECT_FAULT="1:1"))
     assert result.returncode == 1, result.stderr[-4000:]
     summary = json.loads((result.sweep_dir / "0" / "summary.json").read_text())
     assert summary["status"] == "failed"

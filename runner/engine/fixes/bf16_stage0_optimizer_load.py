@@ -19,12 +19,12 @@ weights (the engine loads no module from a universal checkpoint).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from runner.config import ZeroStage
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 
 
-def is_bf16_stage0(engine: Any) -> bool:
+def is_bf16_stage0(engine: DeepSpeedEngine) -> bool:
     """Whether the engine's optimizer is BF16_Optimizer at ZeRO stage 0 (bf16 under a pipeline)."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
@@ -33,7 +33,7 @@ def is_bf16_stage0(engine: Any) -> bool:
     return stage is ZeroStage.ddp and isinstance(engine.optimizer, BF16_Optimizer)
 
 
-def load_optimizer(engine: Any, root: Path, tag: str) -> None:
+def load_optimizer(engine: DeepSpeedEngine, root: Path, tag: str) -> None:
     """Load BF16_Optimizer's state of checkpoint ``tag`` under ``root``, from its own files or the
     universal folder, after the engine loaded the rest."""
     if engine.load_universal_checkpoint():

@@ -28,11 +28,13 @@ import functools
 import math
 from typing import Any
 
+from runner.engine.deepspeed_engine import DeepSpeedEngine
 
-def install(engine: Any) -> bool:
+
+def install(engine: DeepSpeedEngine) -> bool:
     """Scale the loss of this fp16 stage-0 engine before its backward; whether it needed it."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
-    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime import engine as deepspeed_engine
     from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
@@ -40,7 +42,7 @@ def install(engine: Any) -> bool:
         return False
     if not isinstance(engine.optimizer, FP16_UnfusedOptimizer | FP16_Optimizer):
         return False
-    unscaled_backward = DeepSpeedEngine.backward
+    unscaled_backward = deepspeed_engine.DeepSpeedEngine.backward
 
     @functools.wraps(unscaled_backward)
     def backward(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
@@ -51,7 +53,7 @@ def install(engine: Any) -> bool:
         return unscaled_backward(self, loss, *args, **kwargs)
 
     # Patched on the class: a pipeline's last stage calls it through super(). One engine per rank.
-    DeepSpeedEngine.backward = backward  # type: ignore[method-assign]
+    deepspeed_engine.DeepSpeedEngine.backward = backward
     _report_unscaled_norm(engine.optimizer)
     return True
 
@@ -75,7 +77,7 @@ def _report_unscaled_norm(optimizer: Any) -> None:
     optimizer.step = step
 
 
-def grow_after_step(engine: Any) -> bool:
+def grow_after_step(engine: DeepSpeedEngine) -> bool:
     """Let the dynamic loss scale grow only after the step that earned it; whether it can grow.
 
     DeepSpeed 0.19.8 updates the scale before it unscales the step's gradients: stage 0's
@@ -125,7 +127,7 @@ def grow_after_step(engine: Any) -> bool:
 SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter")
 
 
-def _scaler(engine: Any) -> Any:
+def _scaler(engine: DeepSpeedEngine) -> Any:
     """The object that holds this fp16 engine's dynamic loss scale (None: not fp16 or static)."""
     if not engine.fp16_enabled():
         return None
@@ -138,7 +140,7 @@ def _scaler(engine: Any) -> Any:
     return scaler
 
 
-def scaler_state(engine: Any) -> dict[str, float] | None:
+def scaler_state(engine: DeepSpeedEngine) -> dict[str, float] | None:
     """The dynamic loss scale's state for a checkpoint's record (None outside fp16).
 
     DeepSpeed keeps it in the optimizer's own checkpoint files, which a resume on another
@@ -151,7 +153,7 @@ def scaler_state(engine: Any) -> dict[str, float] | None:
     return {field: float(getattr(scaler, field)) for field in SCALER_FIELDS}
 
 
-def restore_scaler(engine: Any, state: dict[str, float] | None, *, window: int) -> bool:
+def restore_scaler(engine: DeepSpeedEngine, state: dict[str, float] | None, *, window: int) -> bool:
     """Take up the loss scale ``state`` recorded; whether there was one to take up.
 
     The scale grows every ``window`` steps (this run's precision.loss_scale_window): a
@@ -178,7 +180,7 @@ class OverflowLog:
     state and in summary.json as ``fp16_loss_scale``.
     """
 
-    def __init__(self, engine: Any, record: dict[str, Any] | None) -> None:
+    def __init__(self, engine: DeepSpeedEngine, record: dict[str, Any] | None) -> None:
         self._engine = engine
         self.steps: list[int] = list((record or {}).get("overflow_steps", []))
 
@@ -199,7 +201,7 @@ class OverflowLog:
         return None if scale is None else {"final_scale": scale, "overflow_steps": list(self.steps)}
 
 
-def current_scale(engine: Any) -> float | None:
+def current_scale(engine: DeepSpeedEngine) -> float | None:
     """The loss scale the next backward uses (None outside fp16), for the per-step metrics."""
     scaler = _scaler(engine)
     return None if scaler is None else float(scaler.cur_scale)

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
+from runner.engine.deepspeed_engine import DeepSpeedEngine
+
 _torch_load = torch.load  # the real one, also while weights_only_loads() holds torch.load
 
 
@@ -78,7 +80,7 @@ class SafeCheckpointEngine(TorchCheckpointEngine):  # type: ignore[misc]
         return load(path, map_location=map_location)
 
 
-def install(engine: Any) -> None:
+def install(engine: DeepSpeedEngine) -> None:
     """Give ``engine`` the weights-only checkpoint engine, keeping its serialization setting."""
     if type(engine.checkpoint_engine) is TorchCheckpointEngine:
         safe = SafeCheckpointEngine()

@@ -10,26 +10,26 @@ pipeline group, after the data-parallel all-reduce, as the plain layout sees it
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from runner.config import Precision
+from runner.engine.deepspeed_engine import DeepSpeedEngine, as_pipeline
 from runner.parallel.tensor import grid_grad_norm
 
 
-def install(engine: Any, *, pp: int, precision: Precision, grad_clip: float) -> bool:
+def install(engine: DeepSpeedEngine, *, pp: int, precision: Precision, grad_clip: float) -> bool:
     """Give a pipeline engine's fp32 stage-0 clipping the whole model's norm; whether it applied."""
     if pp == 1 or engine.zero_optimization() or precision != Precision.fp32 or grad_clip <= 0:
         return False
+    pipeline = as_pipeline(engine)
 
     def clip() -> None:
-        params = [p for p in engine.module.parameters() if p.grad is not None]
-        norm = grid_grad_norm(params, engine.grid)
+        grads = {p: p.grad for p in pipeline.module.parameters() if p.grad is not None}
+        norm = grid_grad_norm(list(grads), pipeline.grid)
         coef = torch.clamp(grad_clip / (norm + 1e-6), max=1.0)  # as clip_grad_norm_ does
-        for param in params:
-            param.grad.mul_(coef)
-        engine._global_grad_norm = float(norm)
+        for grad in grads.values():
+            grad.mul_(coef)
+        pipeline._global_grad_norm = float(norm)
 
-    engine.clip_fp32_gradients = clip
+    pipeline.clip_fp32_gradients = clip
     return True

@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
+from runner.engine.deepspeed_engine import DeepSpeedEngine, as_pipeline
 from runner.parallel.tensor import grid_grad_norm, params_grad_norm
 
 
-def install(engine: Any, *, tp: int, pp: int) -> bool:
+def install(engine: DeepSpeedEngine, *, tp: int, pp: int) -> bool:
     """Give this engine's FP16_UnfusedOptimizer the whole model's norm; whether it had one to mend."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.fp16 import unfused_optimizer
@@ -44,7 +45,7 @@ def install(engine: Any, *, tp: int, pp: int) -> bool:
         held = {id(grad) for grad in grads}
         params = [p for p in module.parameters() if p.grad is not None and id(p.grad) in held]
         if pp > 1:
-            return float(grid_grad_norm(params, engine.grid))
+            return float(grid_grad_norm(params, as_pipeline(engine).grid))
         return params_grad_norm(params, tp=tp)
 
     # One engine per rank process: the step looks the function up in its module each call.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runner.config import OnNonFinite
-from runner.train.nonfinite import NonFiniteGuard, injected_nan_steps
+from runner.train.nonfinite import NonFiniteGuard
 
 pytestmark = pytest.mark.unit
 
@@ -24,11 +24,3 @@ def test_skip_counts_until_the_cap_then_stops():
     with pytest.raises(FloatingPointError, match=r"after 2 skipped steps \[1, 4\].*max_skipped_steps=2"):
         guard.should_skip(float("nan"), step=6)
     assert guard.summary() == {"policy": "skip", "count": 2, "steps": [1, 4]}
-
-
-def test_injection_names_a_rank_and_its_steps(monkeypatch):
-    monkeypatch.setenv("LADDER_INJECT_NAN", "1:2,5")
-    assert injected_nan_steps(1) == {2, 5}
-    assert injected_nan_steps(0) == set()
-    monkeypatch.delenv("LADDER_INJECT_NAN")
-    assert injected_nan_steps(1) == set()
