@@ -19,7 +19,7 @@
 # conf/cluster/calibration/h200.json too), recommend (plan=true planner.recommend=true for
 # llama_7b on one device, then the recommended layout for 5 steps as run_recommended: about
 # 2 minutes on an H200), zero3_micro1 (llama_7b under ZeRO-3 at micro 1) and copies
-# (bench/zero_step_copies.py: llama_1b's ZeRO-1 and ZeRO-3 optimizer step as DeepSpeed runs it
+# (bench/lean_zero_step_speed.py: llama_1b's ZeRO-1 and ZeRO-3 optimizer step as DeepSpeed runs it
 # beside ladder's, which skips three copies of the gradients), and timemodel: every GPU figure the
 # step-time model needs in one call (GPU_CHECK_PARTS=timemodel GPU_CHECK_BUDGET_S=420: about 5
 # minutes on one H200, under 7 with the install): bench/calibrate_device.py's micro-benchmarks
@@ -230,7 +230,7 @@ fi
 if wanted copies; then
   copies_args=(--model llama_1b --stages 1,3 --micro 4 --seq 2048 --rounds 2 --steps 3)
   [ "$mode" = full ] || copies_args=(--model tiny --stages 1,3 --micro 2 --seq 64 --rounds 2 --steps 2)
-  timed copies "$run_limit" env PYTHONPATH=. "$python" bench/zero_step_copies.py "${copies_args[@]}" \
+  timed copies "$run_limit" env PYTHONPATH=. "$python" bench/lean_zero_step_speed.py "${copies_args[@]}" \
     > "$out/copies.log" 2>&1 || echo "copies bench failed: see $out/copies.log"
 fi
 # ...and every figure the step-time model needs from this device: its calibration (ZeRO-3's hook

@@ -37,7 +37,7 @@ def _row(out: Path, name: str) -> dict[str, Any]:
     if name == "recommended":  # planned as the winner of planner.recommend's ranking
         planned = (_read(out / RECOMMEND_PLAN / "plan.json").get("recommendation") or {}).get("winner") or {}
     # The calibrated step-time model's prediction beside the run's median step after warm-up
-    # (runner/train/record.py measured_step_time; error = (predicted - measured) / measured).
+    # (runner/train/attempt_end.py measured_step_time; error = (predicted - measured) / measured).
     step_time = summary.get("step_time") or {}
     return {
         "layout": name,
@@ -155,7 +155,7 @@ BENCH_LINES = (("peer", "peer.log", "ratio="), ("copies", "copies.log", "opt_rat
 
 
 def _bench_lines(out: Path) -> dict[str, list[str]]:
-    """Each speed bench's verdict lines (bench/peer_gpu.py's ratios, bench/zero_step_copies.py's
+    """Each speed bench's verdict lines (bench/peer_gpu.py's ratios, bench/lean_zero_step_speed.py's
     opt_ratio), for the parts that ran."""
     found: dict[str, list[str]] = {}
     for part, name, prefix in BENCH_LINES:

@@ -41,7 +41,7 @@ from runner.config import (
     PrecisionConfig,
     ZeroStage,
 )
-from runner.engine import zero_step_copies
+from runner.engine import lean_zero_step
 from runner.engine.deepspeed_config import build_deepspeed_config
 from runner.engine.distributed import skip_inference_shm_op
 from runner.layout import resolve_layout
@@ -99,7 +99,7 @@ def measured_peak(model: ModelConfig, config: dict, shape: Shape, dtype: torch.d
         torch.manual_seed(0)
         net = build_pipeline(model, pp=pp, seed=0, dtype=dtype) if pp > 1 else build_model(model, dtype=dtype)
         engine, *_ = deepspeed.initialize(model=net, model_parameters=list(net.parameters()), config=config)
-        zero_step_copies.install(engine)  # ladder's ZeRO step, as runner/engine/initialize.py builds it
+        lean_zero_step.install(engine)  # ladder's ZeRO step, as runner/engine/initialize.py builds it
         _steps(engine, model, shape, pipeline=pp > 1)
         del engine, net
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]

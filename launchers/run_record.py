@@ -112,7 +112,7 @@ def device_plan_record(plan: Plan) -> dict[str, Any]:
 
 def step_time_plan_record(plan: Plan) -> dict[str, Any]:
     """The plan's predicted step, for summary.json's ``step_time``: the run's end adds the measured
-    step beside it (runner/train/record.py ``measured_step_time``), so every run checks the model."""
+    step beside it (runner/train/attempt_end.py ``measured_step_time``), so every run checks the model."""
     time = plan.time
     return {
         "predicted_s": time.step_s,

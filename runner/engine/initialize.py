@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from runner.config import OptimizerConfig, Precision
-from runner.engine import zero_step_copies
+from runner.engine import lean_zero_step
 from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.engine.fixes import (
     fp16_stage0_loss_scale,
@@ -90,7 +90,7 @@ def initialize_engine(
 ) -> DeepSpeedEngine:
     """``deepspeed.initialize`` with ladder's parameter groups and schedule, then :func:`apply_fixes`,
     then ZeRO's optimizer step without its two needless passes over the gradients
-    (runner/engine/zero_step_copies.py)."""
+    (runner/engine/lean_zero_step.py)."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
 
@@ -110,5 +110,5 @@ def initialize_engine(
         lr_scheduler=lambda torch_optimizer: torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lr_lambda),
     )
     apply_fixes(engine, layout=layout, precision=precision, grad_clip=optimizer.grad_clip)
-    zero_step_copies.install(engine)
+    lean_zero_step.install(engine)
     return engine

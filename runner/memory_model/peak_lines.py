@@ -213,7 +213,7 @@ def optimizer_step_bytes(
     - ZeRO 1-2 (stage_1_and_2.py ``step``): each group's gradient partition written into
       one new fp32 tensor, 4 B per element of the partition. In 16-bit DeepSpeed flattens it
       in its own dtype first and casts that (g + 4 B live at the cast); ladder writes the
-      fp32 tensor in one pass (runner/engine/zero_step_copies.py).
+      fp32 tensor in one pass (runner/engine/lean_zero_step.py).
     - ZeRO-3 (stage3.py ``_prepare_fp32_grad_for_sub_group``): the same, one sub-group at a
       time, at most ``sub_group_size`` (1e9) elements.
     - ZeRO-0 in 16-bit (FP16_UnfusedOptimizer ``step``, bf16 and fp16): an fp32 copy of every

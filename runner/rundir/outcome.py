@@ -23,7 +23,7 @@ from runner.rundir.summary import Outcome, RunStatus, run_summary, write_outcome
 
 
 def attempt_status(status: RunStatus, error: str | None = None) -> Outcome:
-    """An attempt's end as runner/train/record.py writes it: the status and its words."""
+    """An attempt's end as runner/train/attempt_end.py writes it: the status and its words."""
     return Outcome(status=status, error=error)
 
 

@@ -105,7 +105,7 @@ class PlannedTime:
     mfu: float | None
     tokens_per_s: float | None
     terms_s: dict[str, float]
-    # the step's passes over gradients and weights (runner/step_time/step_copies.py), by term
+    # the step's passes over gradients and weights (runner/step_time/optimizer_step_passes.py), by term
     term_parts_s: dict[str, dict[str, float]]
     # calibration figures fitted to measured steps, not micro-benchmarked, by term
     terms_fitted: dict[str, list[str]]

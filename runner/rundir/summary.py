@@ -11,7 +11,7 @@ upgraded. This module is the file's one writer, one function per phase, each tak
 phase's typed record:
 
     write_prelaunch    launchers/run_record.py: status running, identity, layout, plan
-    write_attempt_end  runner/train/record.py: rank 0's end of an attempt, what it measured
+    write_attempt_end  runner/train/attempt_end.py: rank 0's end of an attempt, what it measured
     write_lost_node    runner/diagnose/peer_loss.py: the node a collective lost
     write_outcome      runner/rundir/outcome.py: the status, whoever decides it
 """
@@ -100,7 +100,7 @@ class RunSummary:
     device_memory_plan: Record | None = None
     step_time: Record | None = None  # predicted at launch, measured at the attempt's end
     checkpoint_disk: Record | None = None  # runner/checkpoint/size.py DiskNeed.record
-    # The attempt's end (runner/train/record.py): what rank 0 measured.
+    # The attempt's end (runner/train/attempt_end.py): what rank 0 measured.
     interruptions: list[Record] | None = None  # each stop at a signal (runner/train/preemption.py)
     final: Record | None = None  # the last logged step's metrics
     step_time_spread: Record | None = None  # runner/metrics/step_spread.py
@@ -109,7 +109,7 @@ class RunSummary:
     peak_flops_calibration: Record | None = None  # runner/hardware/mfu_peak.py
     peak_memory_measure: str | None = None  # runner/hardware/peak_memory.py's label
     cuda_allocator: Record | None = None
-    memory: Record | None = None  # runner/train/record.py memory_summary (GB = 1e9 bytes)
+    memory: Record | None = None  # runner/train/attempt_end.py memory_summary (GB = 1e9 bytes)
     accelerator: str | None = None
     model_build: Record | None = None  # runner/engine/build.py
     compile: Record | None = None  # runner/engine/compile_blocks.py
@@ -303,7 +303,7 @@ class Prelaunch:
 
 @dataclass(frozen=True)
 class AttemptEnd:
-    """What rank 0 records at its attempt's end, however it ended (runner/train/record.py)."""
+    """What rank 0 records at its attempt's end, however it ended (runner/train/attempt_end.py)."""
 
     outcome: Outcome | None  # None: another rank failed first and recorded why
     interruptions: list[Record] | None  # absent unless this attempt stopped at a signal

@@ -23,7 +23,7 @@ with most layers, holding the output head), with ``accum`` micro-batches:
 - ``optimizer``: the fused AdamW step on the rank's parameters (1/dp of them under ZeRO),
   28 bytes a parameter over its measured bandwidth, plus the passes that feed it: the
   gradient norm, the gradients' fp32 copy, the weights copied back, DeepSpeed's clip where it
-  is a pass of its own (runner/step_time/step_copies.py, one line each under the term).
+  is a pass of its own (runner/step_time/optimizer_step_passes.py, one line each under the term).
 - ``dp comm``, ``tp comm``, ``pp comm``: runner/step_time/estimate.py's bytes per group over the
   link, plus each collective's latency (:func:`comm_seconds`): DDP and ZeRO-1/2 reduce in
   buckets; ZeRO-3 gathers each parameter tensor in forward and backward and reduce-scatters its
@@ -31,7 +31,7 @@ with most layers, holding the output head), with ``accum`` micro-batches:
   ``parallel.overlap_comm`` up to its length.
 - ``grad flatten``: DDP's (stage 0's) flattening of the gradients for their all-reduce and the
   copy back, at the boundary; ``zero grads``: ZeRO-1/2's copies of the gradients into the
-  reduce bucket and its flattening, at each reduce (runner/step_time/step_copies.py).
+  reduce bucket and its flattening, at each reduce (runner/step_time/optimizer_step_passes.py).
 - ``zero3 hooks``: ZeRO-3's module hooks and their fetch and release bookkeeping (DeepSpeed's
   ``parameter_offload`` and ``partitioned_param_coordinator``), forward and backward, paid by
   every parameter tensor they visit, persistent or not; ``zero3 fetches``: a gather's own launch,
@@ -55,7 +55,7 @@ from runner.parallel.pipeline_split import rank_param_numels
 from runner.rules import loss_tile_count
 from runner.step_time.measured.figures import Calibration
 from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, gemm_caveats, micro_compute
-from runner.step_time.step_copies import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
+from runner.step_time.optimizer_step_passes import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.step_time.workload import Knobs, Workload
 from runner.step_time.zero3_reuse import layout_regathered
 
@@ -212,9 +212,9 @@ def _zero3_terms(
 
 
 def _copy_seconds(copy: StepCopy, calibration: Calibration, fresh_rate: float | None) -> float | None:
-    """One pass of runner/step_time/step_copies.py: its bytes read and written at the copy bandwidth of a
-    tensor its size; a fresh tensor above glibc's mmap threshold written at the page-fault rate on
-    a CPU instead."""
+    """One pass of runner/step_time/optimizer_step_passes.py: its bytes read and written at the copy
+    bandwidth of a tensor its size; a fresh tensor above glibc's mmap threshold written at the
+    page-fault rate on a CPU instead."""
     size = max(copy.read, copy.written) / copy.times
     rate = calibration.copy_rate(size)
     if rate is None:
@@ -228,8 +228,8 @@ def _copy_seconds(copy: StepCopy, calibration: Calibration, fresh_rate: float | 
 def _priced_copies(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> list[tuple[StepCopy, float]] | None:
-    """Each pass the step makes over gradients and parameters (runner/step_time/step_copies.py) with its
-    seconds (None: a figure is missing)."""
+    """Each pass the step makes over gradients and parameters (runner/step_time/optimizer_step_passes.py)
+    with its seconds (None: a figure is missing)."""
     copies = step_copies(
         zero_stage=knobs.spec.zero_stage,
         precision=workload.precision,
@@ -296,7 +296,8 @@ def _optimizer_term(
     priced: list[tuple[StepCopy, float]],
 ) -> Term | None:
     """The fused optimizer's own pass over the stepped parameters, at its measured bandwidth, and
-    the step's passes that prepare its gradients and return its weights (runner/step_time/step_copies.py)."""
+    the step's passes that prepare its gradients and return its weights
+    (runner/step_time/optimizer_step_passes.py)."""
     stepped = local // layout.dp if knobs.spec.zero_stage.shards_optimizer_states else local
     rate = calibration.adamw_rate(stepped)
     if rate is None:
@@ -309,7 +310,7 @@ def _optimizer_term(
         f"{stepped * per_param / 1e9:.3g} GB: {stepped:,.0f} params x {per_param} B at {rate / 1e9:.3g} GB/s",
     )
     lines = (own, *_copy_lines(priced, OPTIMIZER))
-    # runner/engine/zero_step_copies.py: under ZeRO on the device, the clip is no pass of its own
+    # runner/engine/lean_zero_step.py: under ZeRO on the device, the clip is no pass of its own
     folded = knobs.spec.zero_stage.shards_optimizer_states and knobs.spec.offload == OffloadPlacement.none
     return Term(
         "optimizer",

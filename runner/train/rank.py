@@ -6,7 +6,7 @@ parts, in the order they run:
 
 - runner/train/trainer.py  the trainer: built from runner/train/setup.py's parts (model, engine
   with DeepSpeed's faults fixed, resume, sinks), then the steps;
-- runner/train/record.py   summary.json, however the attempt ended.
+- runner/train/attempt_end.py   summary.json, however the attempt ended.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from runner.rundir.disk_room import no_room_words, out_of_room
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import attempt_status, failure_recorded
 from runner.rundir.summary import Outcome, RunStatus, run_summary
+from runner.train.attempt_end import record_end, recorded_unless_out_of_room
 from runner.train.context import RankJob, RunContext
 from runner.train.preemption import Preempted, StopSignals
-from runner.train.record import record_end, recorded_unless_out_of_room
 from runner.train.trainer import Trainer
 
 log = logging.getLogger("ladder")

@@ -18,7 +18,7 @@ the non-finite check before the update, the step's measurements, and the hooks a
 test's faults) are each one hook, written once for both.
 
 What the trainer is built from comes from runner/train/setup.py, in the order the rank needs
-it; :class:`Progress` is what the loop has learnt so far, which runner/train/record.py writes
+it; :class:`Progress` is what the loop has learnt so far, which runner/train/attempt_end.py writes
 to summary.json when the attempt ends, however it ends.
 """
 

@@ -1,6 +1,6 @@
 """ZeRO's lean step takes each gradient's norm in fp64 without a whole fp64 copy of it
-(runner/engine/zero_step_copies.py ``norm_in_fp64``); the step itself is compared with DeepSpeed's
-in tests/multirank/test_zero_step_copies.py."""
+(runner/engine/lean_zero_step.py ``norm_in_fp64``); the step itself is compared with DeepSpeed's
+in tests/multirank/test_lean_zero_step.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def test_a_gradients_norm_in_chunks_is_deepspeeds_fp64_norm():
     bf16 gradient of several chunks, and one smaller than a chunk."""
     import torch
 
-    from runner.engine.zero_step_copies import NORM_CHUNK, norm_in_fp64
+    from runner.engine.lean_zero_step import NORM_CHUNK, norm_in_fp64
 
     torch.manual_seed(0)
     for numel in (3 * NORM_CHUNK + 12345, 1000):

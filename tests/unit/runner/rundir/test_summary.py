@@ -72,7 +72,7 @@ def _prelaunch(**changed: Any) -> Prelaunch:
 
 
 def _attempt_end(**changed: Any) -> AttemptEnd:
-    """What runner/train/record.py records at the end of a completed 8-step attempt."""
+    """What runner/train/attempt_end.py records at the end of a completed 8-step attempt."""
     record = AttemptEnd(
         outcome=attempt_status(RunStatus.completed),
         interruptions=None,

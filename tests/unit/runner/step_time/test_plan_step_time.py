@@ -14,7 +14,7 @@ from runner.config import OffloadPlacement, Precision, ZeroStage
 from runner.plan.planner import Plan, plan_config
 from runner.report.plan_table import format_plan
 from runner.step_time.measured import figures as calibrations
-from runner.step_time.step_copies import step_copies
+from runner.step_time.optimizer_step_passes import step_copies
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
@@ -102,8 +102,8 @@ def _parts(plan: Plan, term: str) -> dict[str, float]:
 
 
 def test_the_plan_lists_each_pass_over_the_gradients_under_the_term_it_costs(fixed_calibration):
-    """runner/step_time/step_copies.py: a reader sees which copies the step makes and what each costs;
-    under ZeRO ladder's step has no clip pass of its own (runner/engine/zero_step_copies.py), the
+    """runner/step_time/optimizer_step_passes.py: a reader sees which copies the step makes and what
+    each costs; under ZeRO ladder's step has no clip pass of its own (runner/engine/lean_zero_step.py), the
     plain all-reduce keeps DeepSpeed's."""
     zero1 = plan_config(compose_config("parallel=zero1", "gpus=2"))
     ddp = plan_config(compose_config("parallel=ddp", "gpus=2"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.train.record import measured_step_time
+from runner.train.attempt_end import measured_step_time
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ prints the median milliseconds, the loss each way, and the last line
 ``ratio=<bf16 with fp32 matmuls / bf16 on torch's kernels>`` (below 1: faster). Where the CPU
 has the kernels, a run leaves torch's alone, and so does this (the two columns are the same).
 
-    python bench/cpu_half_matmul.py [--rounds 5] [--d-model 256]
+    python bench/half_matmul_step_speed.py [--rounds 5] [--d-model 256]
 """
 
 from __future__ import annotations

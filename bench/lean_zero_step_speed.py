@@ -1,12 +1,12 @@
 """ZeRO's optimizer step as DeepSpeed runs it beside ladder's, which skips three gradient copies.
 
-runner/engine/zero_step_copies.py takes the clip's fp64 norm in chunks, writes the fp32
+runner/engine/lean_zero_step.py takes the clip's fp64 norm in chunks, writes the fp32
 gradient partition in one pass and hands the clip factor to torch's fused AdamW. This times
 both steps on the same model, one rank (the CUDA device where there is one, else the CPU),
 alternating rounds in one process per ZeRO stage (the two engines start from the same
 weights and see the same batches):
 
-    PYTHONPATH=. python bench/zero_step_copies.py [--model gpt2_124m] [--stages 1,2,3]
+    PYTHONPATH=. python bench/lean_zero_step_speed.py [--model gpt2_124m] [--stages 1,2,3]
         [--precision bf16] [--micro 1] [--seq 128] [--rounds 4] [--steps 3] [--device cpu]
 
 Each round runs ``--steps`` steps of each engine, the two taking turns step by step (who goes
@@ -37,7 +37,7 @@ def _engine(model: Any, stage: int, precision: str, micro: int, *, lean: bool) -
     import deepspeed
 
     from runner.config import OptimizerConfig, ParallelConfig, Precision, PrecisionConfig
-    from runner.engine import zero_step_copies
+    from runner.engine import lean_zero_step
     from runner.engine.deepspeed_config import build_deepspeed_config
     from runner.layout import resolve_layout
     from runner.model.transformer import build_model
@@ -55,7 +55,7 @@ def _engine(model: Any, stage: int, precision: str, micro: int, *, lean: bool) -
     net = build_model(model, dtype=dtype)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=list(net.parameters()), config=config)
     if lean:
-        zero_step_copies.install(engine)
+        lean_zero_step.install(engine)
     return engine
 
 

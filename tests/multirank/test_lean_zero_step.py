@@ -1,4 +1,4 @@
-"""ZeRO's step without its needless passes (runner/engine/zero_step_copies.py) moves the
+"""ZeRO's step without its needless passes (runner/engine/lean_zero_step.py) moves the
 weights as DeepSpeed's does.
 
 One DeepSpeed rank on the CPU, in a child process (it starts torch.distributed), builds the
@@ -31,7 +31,7 @@ def _child() -> None:
     import deepspeed
     import torch
 
-    from runner.engine import zero_step_copies
+    from runner.engine import lean_zero_step
 
     deepspeed.init_distributed(dist_backend="gloo")
     found = {}
@@ -52,7 +52,7 @@ def _child() -> None:
             }
             engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
             if lean:
-                removed = zero_step_copies.install(engine)
+                removed = lean_zero_step.install(engine)
             torch.manual_seed(1)
             for _ in range(STEPS):
                 x = torch.randn(4, 64, dtype=torch.bfloat16)

@@ -31,7 +31,7 @@ and 4, doing the same arithmetic:
 
 None applies under ZeRO-Offload (DeepSpeedCPUAdam steps on the host), to Muon, or with
 torch's autocast GradScaler; ZeRO-0 steps through other wrappers and is left as it is.
-The plan lists what remains, copy by copy (runner/step_time/step_copies.py).
+The plan lists what remains, copy by copy (runner/step_time/optimizer_step_passes.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every pass one optimizer step makes over the gradients and parameters outside the model's own
 kernels, line by line: what the engine copies, casts, scales or reduces through, as DeepSpeed
-0.19.8 runs it under ladder (runner/engine/zero_step_copies.py removes three of its copies).
+0.19.8 runs it under ladder (runner/engine/lean_zero_step.py removes three of its copies).
 
 Each line is the bytes one rank reads and writes per optimizer step, with the DeepSpeed code
 that makes it. ``fresh``: written into a tensor allocated for it, which on a CPU above glibc's
@@ -96,7 +96,7 @@ def step_copies(
     stepped = -(-local // max(1, dp))
     norm = "the clip's norm over the partition"
     if offload == OffloadPlacement.none:
-        norm += ", fp64 in chunks: runner/engine/zero_step_copies.py"
+        norm += ", fp64 in chunks: runner/engine/lean_zero_step.py"
     copies = [StepCopy("gradient norm", stepped * g, 0, False, norm)]
     if zero_stage in (ZeroStage.zero1, ZeroStage.zero2):
         reduces = accum_steps if zero_stage.shards_gradients else 1
@@ -125,7 +125,7 @@ def step_copies(
     else:
         where = "stage3.py _prepare_fp32_grad_for_sub_group"
     if precision != Precision.fp32:
-        where += "; one pass: runner/engine/zero_step_copies.py"
+        where += "; one pass: runner/engine/lean_zero_step.py"
     copies += [
         StepCopy("partition written as fp32 gradients", stepped * g, stepped * 4, True, where),
         StepCopy("fp32 partition back into the model's", stepped * 4, stepped * g, False, "the step's copy_"),
