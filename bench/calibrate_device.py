@@ -1,5 +1,6 @@
 """What this device reaches on a training step's own work, written as a calibration record of the
-step-time model (runner/step_time/measured/figures.py ``Calibration.record()``'s format), with where and when.
+step-time model (runner/step_time/measured/figures.py ``Calibration.to_json()``'s format), with where
+and when.
 
 Every figure runner/step_time/calibrated_terms.py and micro_batch_compute.py ask for, measured with
 runner/hardware/calibrate.py's micro-benchmarks at the shapes the models' runs use:
@@ -345,10 +346,10 @@ def main() -> None:
         ),
         **figures,
     }
-    # The loader's own round trip, so the file holds exactly what Calibration.record() writes
+    # The loader's own round trip, so the file holds exactly what Calibration.to_json() writes
     # (and what load_cluster reads back); a field an older calibration.py lacks is kept as measured.
     raw["sources"] = figure_sources(raw)
-    record = {**raw, **from_record(raw, source="").record()}
+    record = {**raw, **from_record(raw, source="").to_json()}
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"
     paths = [Path(args.out or "calibration.json")] if args.out or not args.cluster else []
     if args.cluster:

@@ -96,7 +96,7 @@ def plan_job(
     record = plan.record()
     text = format_plan(plan)
     disk, seen = _plan_disk(config, run_dir, resume)
-    checkpoint_disk = disk.record()
+    checkpoint_disk = disk.to_json()
     if resume is not None:
         speed = plan.workload.storage_bytes_per_s
         record = replace(record, resume=resume.record_json(speed))

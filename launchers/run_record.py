@@ -72,7 +72,7 @@ def start_summary(
             zero_stage=config.parallel.zero_stage,
             precision=config.precision.name.value,
             launcher=launcher,
-            layout=layout.record(),
+            layout=layout.to_json(),
             num_params=num_params(config.model),
             lr=scaled_lr(config.optimizer, global_size=layout.global_size),
             slurm=slurm_job_record(os.environ),  # job id, nodes, tasks; None outside SLURM
@@ -85,7 +85,7 @@ def start_summary(
             host_memory=host_plan_record(plan),
             device_memory_plan=device_plan_record(plan),
             step_time=step_time_plan_record(plan),
-            checkpoint_disk=planned.disk.record(),
+            checkpoint_disk=planned.disk.to_json(),
         ),
     )
 

@@ -32,7 +32,7 @@ class Layout:
     accum_steps: int
     global_size: int
 
-    def record(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int]:
         """The layout record other parts read (summary.json, reports)."""
         return asdict(self)
 

@@ -114,7 +114,7 @@ def save(
             {
                 "tag": tag,
                 "completed_steps": completed_steps,
-                "layout": layout.record(),
+                "layout": layout.to_json(),
                 "zero_stage": zero_stage,
                 "precision": _precision(engine),
                 "skipped_steps": list(record.skipped_steps),

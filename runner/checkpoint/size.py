@@ -246,7 +246,7 @@ class DiskNeed:
             f"which needs no copy"
         )
 
-    def record(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, object]:
         """The JSON-ready figures: plan.json's ``checkpoint_disk``."""
         return {
             "checkpoint_bytes": self.each,

@@ -222,7 +222,7 @@ class HostMemory:
             f"{_gb(self.peak_per_node)} > {_gb(self.usable_bytes)} usable host RAM per node"
         )
 
-    def record(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """JSON-ready (bytes) for plan.json."""
         return {
             "ranks_per_node": self.ranks_per_node,

@@ -120,7 +120,7 @@ class Plan:
         """The record written to plan.json (bytes, seconds, FLOP/s)."""
         w, k, m = self.workload, self.knobs, self.memory
         return PlanRecord(
-            layout=self.layout.record(),
+            layout=self.layout.to_json(),
             batch_contract_error=self.contract_error,
             requested_global_size=w.global_size,
             plan_only=list(self.plan_only),
@@ -152,7 +152,7 @@ class Plan:
             host_memory_bytes_per_rank=dict(m.host),
             fits=self.fits,
             margin_bytes=w.usable_bytes - m.peak,
-            host_memory=self.host.record(),
+            host_memory=self.host.to_json(),
             micro_size_choice=self.micro_choice,
             comm_bytes_per_step={
                 t.group: PlannedTraffic(bytes=t.bytes, link=t.link, seconds=t.seconds, detail=t.detail)

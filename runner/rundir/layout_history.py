@@ -31,7 +31,7 @@ def segment(
         "parallel": parallel,
         "zero_stage": zero_stage,
         "precision": precision,
-        **layout.record(),
+        **layout.to_json(),
         **({"conversion": conversion} if conversion is not None else {}),
     }
 

@@ -122,7 +122,7 @@ class PlannedTime:
 class PlanRecord:
     """plan.json, typed: every key it holds, in the order the file holds them."""
 
-    layout: dict[str, int]  # runner/layout.py Layout.record
+    layout: dict[str, int]  # runner/layout.py Layout.to_json
     batch_contract_error: str | None
     requested_global_size: int
     plan_only: list[str]  # why the layout can be planned but not launched here
@@ -136,7 +136,7 @@ class PlanRecord:
     host_memory_bytes_per_rank: dict[str, float]
     fits: bool  # the device; the host's verdict is host_memory's ``fits``
     margin_bytes: float
-    host_memory: Record  # runner/plan/host.py HostPlan.record
+    host_memory: Record  # runner/plan/host.py HostMemory.to_json
     micro_size_choice: str | None
     comm_bytes_per_step: dict[str, PlannedTraffic]  # by parallel group: dp, tp, pp
     time: PlannedTime
@@ -144,7 +144,7 @@ class PlanRecord:
     checkpoint_s: float | None
     checkpoint_share: float | None
     # What plan=true adds (launchers/plan_job.py); None: not planned.
-    checkpoint_disk: Record | None = None  # runner/checkpoint/size.py DiskNeed.record
+    checkpoint_disk: Record | None = None  # runner/checkpoint/size.py DiskNeed.to_json
     resume: Record | None = None  # runner/plan/planner.py ResumePlan.record_json
     max_seq: dict[str, int | None] | None = None  # planner.max_seq: the longest sequence by recompute mode
     recommendation: Record | None = None  # runner/plan/ladder.py recommendation_record

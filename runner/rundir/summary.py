@@ -88,7 +88,7 @@ class RunSummary:
     zero_stage: int | None = None
     precision: str | None = None
     launcher: str | None = None  # local, torchrun, deepspeed, slurm
-    layout: Record | None = None  # runner/layout.py Layout.record
+    layout: Record | None = None  # runner/layout.py Layout.to_json
     num_params: int | None = None
     lr: float | None = None  # the learning rate scaled to the global batch
     slurm: Record | None = None  # launchers/slurm/job.py; None outside SLURM
@@ -99,7 +99,7 @@ class RunSummary:
     host_memory: Record | None = None  # planned at launch, measured at the attempt's end
     device_memory_plan: Record | None = None
     step_time: Record | None = None  # predicted at launch, measured at the attempt's end
-    checkpoint_disk: Record | None = None  # runner/checkpoint/size.py DiskNeed.record
+    checkpoint_disk: Record | None = None  # runner/checkpoint/size.py DiskNeed.to_json
     # The attempt's end (runner/train/attempt_end.py): what rank 0 measured.
     interruptions: list[Record] | None = None  # each stop at a signal (runner/train/preemption.py)
     final: Record | None = None  # the last logged step's metrics

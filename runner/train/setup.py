@@ -177,7 +177,7 @@ def sinks_for(ctx: RunContext) -> list[MetricSink]:
         total_steps=config.train.steps,
         name=identity.name,
         group=identity.group,
-        config={**to_dict(config), "layout": ctx.layout.record(), "num_params": num_params(config.model)},
+        config={**to_dict(config), "layout": ctx.layout.to_json(), "num_params": num_params(config.model)},
         run_id=identity.run_id,
     )
 

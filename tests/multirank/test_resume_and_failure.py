@@ -333,7 +333,7 @@ def test_a_ddp_checkpoint_resumes_as_ddp_at_any_gpus(tmp_path, one_rank_referenc
     """Stage 0 saves the whole model and optimizer state once: DeepSpeed loads it at any dp."""
     two = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=4)
     one = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
-    record = {"tag": "step_00000004", "layout": two.record(), "zero_stage": 0}
+    record = {"tag": "step_00000004", "layout": two.to_json(), "zero_stage": 0}
     assert not checkpoint.needs_universal(record, layout=one, zero_stage=0)
     experiment = ["parallel=ddp", *SMALL_EXPERIMENT]
     run_dir = tmp_path / "run"

@@ -434,7 +434,7 @@ class Calibration:
         figures = self._once("engine_param_s")
         return None if figures is None else {str(k): float(v) for k, v in figures.items()}
 
-    def record(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The calibration as its JSON file keeps it."""
         keep = (
             "device",
@@ -478,7 +478,7 @@ class Calibration:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             temporary = self.path.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps(self.record(), indent=1, sort_keys=True))
+            temporary.write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
             temporary.replace(self.path)
         except OSError:
             pass  # a read-only home: the figures stay in this process

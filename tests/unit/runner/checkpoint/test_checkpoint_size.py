@@ -142,11 +142,11 @@ def test_a_run_that_saves_less_often_than_it_keeps_needs_only_its_saves(monkeypa
 def test_the_record_says_what_its_saves_count_and_none_reads_as_checkpoints_written(monkeypatch, tmp_path):
     """``saves: 1`` beside ``checkpoints: 0`` read as a contradiction: the record names both counts."""
     monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, 10**12))
-    never = checkpoint_size.disk_need(compose_config("train.checkpoint_every=0"), tmp_path).record()
+    never = checkpoint_size.disk_need(compose_config("train.checkpoint_every=0"), tmp_path).to_json()
     assert (never["saves"], never["saves_weighed"], never["periodic_saves"]) == (1, 1, 0)
     assert never["stop_save_weighed"] is True
     config = compose_config("train.checkpoint_every=10", "train.steps=100")
-    every = checkpoint_size.disk_need(config, tmp_path).record()
+    every = checkpoint_size.disk_need(config, tmp_path).to_json()
     assert (every["saves_weighed"], every["periodic_saves"], every["stop_save_weighed"]) == (10, 10, False)
 
 
@@ -156,7 +156,7 @@ def test_the_checkpoint_after_the_last_step_is_weighed_and_a_run_it_cannot_fit_i
     """train.save_final (the default; the suite sets it off): one more save where no periodic one
     falls on the last step, weighed as the periodic ones are and refused alike when it cannot fit."""
     monkeypatch.setattr(shutil, "disk_usage", lambda _: Usage(0, 0, 10**12))
-    final = checkpoint_size.disk_need(compose_config("train.save_final=true"), tmp_path).record()
+    final = checkpoint_size.disk_need(compose_config("train.save_final=true"), tmp_path).to_json()
     assert (final["saves_weighed"], final["final_save"], final["stop_save_weighed"]) == (1, True, False)
     ten = compose_config("train.save_final=true", "train.checkpoint_every=4", "train.steps=10")
     assert (
@@ -223,7 +223,7 @@ def test_a_move_needs_its_conversion_beside_the_checkpoints_it_will_write(tmp_pa
     need = _need(kept=1, saves=5, conversion=conversion)
     assert need.needed == max(40, 25 + 2 * 10)  # the copies stay until their checkpoint is pruned
     assert "+ 0.000 GB of step_00000004 converted for this layout" in need.arithmetic()
-    assert need.record()["conversion"] == {"tag": "step_00000004", "bytes": 25, "peak_bytes": 40}
+    assert need.to_json()["conversion"] == {"tag": "step_00000004", "bytes": 25, "peak_bytes": 40}
     assert need.conversion_problem() is None
     config = compose_config("train.checkpoint_every=0")
     cramped = _need(free=39, conversion=conversion)

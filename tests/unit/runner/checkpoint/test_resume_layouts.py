@@ -21,7 +21,7 @@ def _layout(gpus: int, tp: int = 1, pp: int = 1):
 
 
 def _record(zero_stage: int, gpus: int, tp: int = 1, pp: int = 1) -> dict:
-    return {"tag": "step_00000004", "layout": _layout(gpus, tp, pp).record(), "zero_stage": zero_stage}
+    return {"tag": "step_00000004", "layout": _layout(gpus, tp, pp).to_json(), "zero_stage": zero_stage}
 
 
 def test_stage0_at_tp1_pp1_moves_to_and_from_every_zero_stage_and_split():

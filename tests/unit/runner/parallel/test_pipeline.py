@@ -97,7 +97,7 @@ def test_a_pipeline_checkpoint_moves_to_any_layout():
     pipelined = resolve_layout(gpus=2, tp=1, pp=2, global_size=16, micro_size=4)
     plain = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
     wider = resolve_layout(gpus=4, tp=1, pp=2, global_size=16, micro_size=4)
-    record = {"tag": "step_00000002", "layout": pipelined.record(), "zero_stage": 0}
+    record = {"tag": "step_00000002", "layout": pipelined.to_json(), "zero_stage": 0}
     for layout in (pipelined, wider, plain):  # stage 0: its own files at any dp, converted onto pp 1
         checkpoint.check_resumable(record, layout=layout, zero_stage=0)
     assert not checkpoint.needs_universal(record, layout=wider, zero_stage=0)
@@ -121,7 +121,7 @@ def test_a_tp_x_pp_checkpoint_moves_to_any_layout_once_it_records_every_stages_s
     plain = resolve_layout(gpus=1, tp=1, pp=1, global_size=16, micro_size=4)
     record = {
         "tag": "step_00000004",
-        "layout": three_d.record(),
+        "layout": three_d.to_json(),
         "zero_stage": 1,
         checkpoint_record.STAGE_SPLITS: True,
     }

@@ -179,7 +179,7 @@ def test_a_zero_tensor_parallel_checkpoint_moves_to_any_layout_through_the_unive
     from runner.checkpoint.resume_rules import check_resumable, needs_universal
 
     saved = resolve_layout(gpus=2, tp=2, pp=1, global_size=16, micro_size=4)
-    record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 1}
+    record = {"tag": "step_00000004", "layout": saved.to_json(), "zero_stage": 1}
     check_resumable(record, layout=saved, zero_stage=1)  # same layout: DeepSpeed's own files
     assert not needs_universal(record, layout=saved, zero_stage=1)
     for gpus, tp, stage in ((1, 1, 1), (4, 2, 2), (2, 1, 3), (4, 4, 1)):
@@ -204,7 +204,7 @@ def test_a_failed_conversion_is_refused_with_deepspeeds_word_and_the_checkpoints
     from runner.checkpoint.universal_conversion import _unconverted
 
     saved = resolve_layout(gpus=4, tp=2, pp=1, global_size=16, micro_size=4)
-    record = {"tag": "step_00000004", "layout": saved.record(), "zero_stage": 3}
+    record = {"tag": "step_00000004", "layout": saved.to_json(), "zero_stage": 3}
     (tmp_path / "mp_rank_00_model_states.pt").write_bytes(b"x" * 2_000_000)
     stderr = "Traceback ...\nValueError: Rank 0 supplied a shard of 256 elements\n"
     message = _unconverted(record, stderr, tmp_path)

@@ -33,7 +33,7 @@ def test_a_resume_keeps_the_segments_before_its_checkpoint_and_adds_its_own():
 
 def test_a_run_from_before_the_history_gets_its_first_segment_from_the_checkpoint():
     saved = resolve_layout(gpus=2, tp=1, pp=1, global_size=16, micro_size=4)
-    record = {"completed_steps": 6, "zero_stage": 2, "layout": saved.record()}
+    record = {"completed_steps": 6, "zero_stage": 2, "layout": saved.to_json()}
     history = extended(None, record, _segment(6, "ddp", 1))
     assert [seg["from_step"] for seg in history] == [0, 6]
     assert describe(history).startswith("layouts: zero_stage 2 on 2 (dp 2) from step 0 -> ddp on 1")

@@ -50,10 +50,10 @@ def test_a_record_keeps_the_figures() -> None:
         "sources": {"copies": "runner/hardware/calibrate.py copy_rate"},
         "fitted": {"zero3_hook_s": {"summary": "least squares over 2 steps", "data": ["a", "b"]}},
     }
-    back = calibrations.from_record(calibrations.from_record(record, source="test").record(), source="test")
+    back = calibrations.from_record(calibrations.from_record(record, source="test").to_json(), source="test")
     assert back.zero3_hook_seconds() == 1e-3 and back.zero3_gather_seconds() == 0.25e-3
     assert back.engine_param_seconds() == {"0": 1e-4}
-    assert back.record()["sources"] == record["sources"] and back.record()["fitted"] == record["fitted"]
+    assert back.to_json()["sources"] == record["sources"] and back.to_json()["fitted"] == record["fitted"]
     assert back.fitted_words("zero3_hook_s") == "least squares over 2 steps"
     assert back.fitted_words("zero3_gather_s") is None
     older = calibrations.from_record({"zero3_param_s": 1.2e-3}, source="an older file")

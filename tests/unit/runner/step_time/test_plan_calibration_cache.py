@@ -155,7 +155,7 @@ def test_a_capped_non_gemm_part_is_measured_small_cached_and_scaled_to_the_runs_
     again.rest_cap_elements = 2**20
     assert again.rest_seconds(8, 2048, 2048, 16, 8, 8192, compiled=False) == (seconds, floor, words)
     assert len(asked) == 2
-    assert calibrations.from_record(again.record(), source="").rest == again.rest
+    assert calibrations.from_record(again.to_json(), source="").rest == again.rest
     assert "non-GEMM part (micro, seq, d_model, heads, kv heads, ffn) 1x128x2048x16x8x8192" in (
         device_figures._WHAT["rest"].format(shape="1x128x2048x16x8x8192", dtype="float32")
     )
