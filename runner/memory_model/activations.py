@@ -348,6 +348,25 @@ def activation_items_per_layer(
     Tensor parallel: as Korthikanti eq. 2, norm inputs/outputs and the inputs of the
     column-parallel linears stay replicated; the per-head and f-wide tensors split by t.
 
+    ``attn_out_aliased`` and ``graph``: :func:`_saved_by_each_op`.
+
+    Not counted: parameters and buffers (model states) and tensors freed inside forward.
+    """
+    mode = _check_recompute(recompute)
+    x, p = block, block.bytes_per_elem
+    if mode == Recompute.full:
+        # torch.utils.checkpoint keeps the block's input (and the cos/sin buffer views).
+        return {"block.input": p * x.sb * x.d_model}
+    if mode == Recompute.selective:
+        return _op_level_items(x)
+
+    return _saved_by_each_op(x, mode)
+
+
+def _saved_by_each_op(x: BlockShape, mode: Recompute) -> dict[str, int]:
+    """Every tensor a block's ops save, the attention core's too (``mode`` none) or its inputs
+    alone (``mode`` attention): :func:`activation_items_per_layer`'s table.
+
     ``attn_out_aliased``: on CPU the SDPA output is laid out (B, nh, T, hs), so the reshape
     feeding wo copies it (measured: two tensors). Kernels that return a (B, T, nh, hs)
     layout, as CUDA flash attention is understood to, make that reshape a view: set True to
@@ -363,17 +382,8 @@ def activation_items_per_layer(
     collectives ("split": ZeRO-3's gathers, tensor parallel's all-reduces), silu and the
     product land in different graphs, so silu's output is kept; the norms still save less.
     Measured on 2 ranks, fp32, to the byte: ZeRO-3 and tp 2.
-
-    Not counted: parameters and buffers (model states) and tensors freed inside forward.
     """
-    mode = _check_recompute(recompute)
-    x, p = block, block.bytes_per_elem
-    if mode == Recompute.full:
-        # torch.utils.checkpoint keeps the block's input (and the cos/sin buffer views).
-        return {"block.input": p * x.sb * x.d_model}
-    if mode == Recompute.selective:
-        return _op_level_items(x)
-
+    p = x.bytes_per_elem
     items = _rmsnorm_items("attention_norm", x)
     items["attention.input"] = p * x.sb * x.d_model
     if mode == Recompute.none:
@@ -497,24 +507,8 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
 
     These stay eager under ``train.compile`` (only the blocks are compiled).
 
-    In pieces (``block.loss_tiles`` = n > 1, runner/model/transformer.py ``tiled_lm_loss``):
-    each piece of c = b x ceil(s / n) tokens runs under a checkpoint, which keeps its inputs, the
-    head's input (``output.input``) and the targets (``loss.targets``), and nothing V-wide. A
-    piece's logits (p cV), fp32 copy (4 cV) and log-probabilities (4 cV,
-    ``transient.piece_log_probs_fp32``) are live while it is formed, in forward and again in
-    backward, beside its two fp32 gradients (8 cV); in backward the pieces' gradients of the
-    head's input are gathered before they are joined (p sbh, ``transient.piece_hidden_grads``).
-
-    Under tensor parallelism (``block.tp`` = t > 1) the output head is split by vocabulary
-    (runner/parallel/tensor.py): the fullest rank holds v = ceil(V / t) columns of the
-    logits, and DeepSpeed's vocabulary-parallel cross-entropy (deepspeed/sequence/
-    cross_entropy.py ``_VocabParallelCrossEntropy``) saves its fp32 exponentials (4 sbv),
-    each token's sum of them (4 sb), the local targets (8 sb) and two boolean masks (2 sb).
-    While it forms them the logits (p sbv), their fp32 copy in 16-bit (4 sbv) and the
-    max-shifted logits (4 sbv) are live. Its backward makes the gradient from the saved
-    exponentials (4 sbv) and, in 16-bit, casts it to the logits' dtype (p sbv). The
-    embedding, split by vocabulary too, saves the mask of the tokens outside its slice
-    (1 sb) beside their indices.
+    In pieces (``block.loss_tiles`` > 1): :func:`_loss_items_in_pieces`; under tensor parallelism
+    (``block.tp`` > 1): :func:`_vocab_parallel_loss_items`.
     """
     if vocab_size < 1:
         raise ValueError(f"vocab_size={vocab_size} must be >= 1")
@@ -527,33 +521,64 @@ def activation_items_outside_blocks(block: BlockShape, *, vocab_size: int) -> di
         "output.input": p * sb * h,
         "transient.final_norm_backward": 5 * FP32_BYTES * sb * h,
     }
-    if block.tp == 1 and block.loss_tiles > 1:
-        # One piece's tokens: runner/model/transformer.py tiled_lm_loss splits the sequence in
-        # pieces of ceil(s / tiles) tokens; the first is the longest.
-        piece = block.micro_size * -(-block.seq_len // block.loss_tiles)
-        return {
-            **items,
-            "loss.targets": INT64_BYTES * sb,
-            "transient.logits": p * piece * vocab_size,
-            "transient.logits_fp32": FP32_BYTES * piece * vocab_size if p < FP32_BYTES else 0,
-            "transient.loss_grads_fp32": 2 * FP32_BYTES * piece * vocab_size,
-            "transient.piece_log_probs_fp32": FP32_BYTES * piece * vocab_size,
-            "transient.piece_hidden_grads": p * sb * h,
-        }
-    if block.tp == 1:
-        return {
-            **items,
-            "loss.log_probs_fp32": FP32_BYTES * sb * vocab_size,
-            "loss.targets": INT64_BYTES * sb,
-            "transient.logits": p * sb * vocab_size,
-            # .float() of fp32 logits returns the same tensor: no copy.
-            "transient.logits_fp32": FP32_BYTES * sb * vocab_size if p < FP32_BYTES else 0,
-            "transient.loss_grads_fp32": 2 * FP32_BYTES * sb * vocab_size,
-        }
+    if block.tp > 1:
+        return {**items, **_vocab_parallel_loss_items(block, vocab_size)}
+    if block.loss_tiles > 1:
+        return {**items, **_loss_items_in_pieces(block, vocab_size)}
+    return {
+        **items,
+        "loss.log_probs_fp32": FP32_BYTES * sb * vocab_size,
+        "loss.targets": INT64_BYTES * sb,
+        "transient.logits": p * sb * vocab_size,
+        # .float() of fp32 logits returns the same tensor: no copy.
+        "transient.logits_fp32": FP32_BYTES * sb * vocab_size if p < FP32_BYTES else 0,
+        "transient.loss_grads_fp32": 2 * FP32_BYTES * sb * vocab_size,
+    }
+
+
+def _loss_items_in_pieces(block: BlockShape, vocab_size: int) -> dict[str, int]:
+    """The loss's bytes when it runs in pieces of the sequence, on one tensor-parallel rank.
+
+    In pieces (``block.loss_tiles`` = n > 1, runner/model/transformer.py ``tiled_lm_loss``):
+    each piece of c = b x ceil(s / n) tokens runs under a checkpoint, which keeps its inputs, the
+    head's input (``output.input``) and the targets (``loss.targets``), and nothing V-wide. A
+    piece's logits (p cV), fp32 copy (4 cV) and log-probabilities (4 cV,
+    ``transient.piece_log_probs_fp32``) are live while it is formed, in forward and again in
+    backward, beside its two fp32 gradients (8 cV); in backward the pieces' gradients of the
+    head's input are gathered before they are joined (p sbh, ``transient.piece_hidden_grads``).
+    """
+    p, sb, h = block.bytes_per_elem, block.sb, block.d_model
+    # One piece's tokens: runner/model/transformer.py tiled_lm_loss splits the sequence in
+    # pieces of ceil(s / tiles) tokens; the first is the longest.
+    piece = block.micro_size * -(-block.seq_len // block.loss_tiles)
+    return {
+        "loss.targets": INT64_BYTES * sb,
+        "transient.logits": p * piece * vocab_size,
+        "transient.logits_fp32": FP32_BYTES * piece * vocab_size if p < FP32_BYTES else 0,
+        "transient.loss_grads_fp32": 2 * FP32_BYTES * piece * vocab_size,
+        "transient.piece_log_probs_fp32": FP32_BYTES * piece * vocab_size,
+        "transient.piece_hidden_grads": p * sb * h,
+    }
+
+
+def _vocab_parallel_loss_items(block: BlockShape, vocab_size: int) -> dict[str, int]:
+    """The loss's and the split embedding's bytes under tensor parallelism.
+
+    Under tensor parallelism (``block.tp`` = t > 1) the output head is split by vocabulary
+    (runner/parallel/tensor.py): the fullest rank holds v = ceil(V / t) columns of the
+    logits, and DeepSpeed's vocabulary-parallel cross-entropy (deepspeed/sequence/
+    cross_entropy.py ``_VocabParallelCrossEntropy``) saves its fp32 exponentials (4 sbv),
+    each token's sum of them (4 sb), the local targets (8 sb) and two boolean masks (2 sb).
+    While it forms them the logits (p sbv), their fp32 copy in 16-bit (4 sbv) and the
+    max-shifted logits (4 sbv) are live. Its backward makes the gradient from the saved
+    exponentials (4 sbv) and, in 16-bit, casts it to the logits' dtype (p sbv). The
+    embedding, split by vocabulary too, saves the mask of the tokens outside its slice
+    (1 sb) beside their indices.
+    """
+    p, sb = block.bytes_per_elem, block.sb
     local = -(-vocab_size // block.tp)  # runner.model.shape.vocab_rows
     copies = 2 if p < FP32_BYTES else 1  # the fp32 copy (16-bit only) and the shifted logits
     return {
-        **items,
         "embedding.vocab_mask": BOOL_BYTES * sb,
         "loss.exp_logits_fp32": FP32_BYTES * sb * local,
         "loss.sum_exp_fp32": FP32_BYTES * sb,
