@@ -124,8 +124,7 @@ def _zero3_terms(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> list[Term]:
     """ZeRO-3's own work per micro-batch, as DeepSpeed 0.19.8 does it
-    (runner/step_time/measured/zero3_overhead.py
-    names each function):
+    (runner/step_time/measured/zero3_overhead.py names each function):
 
     - ``zero3 hooks``: every parameter tensor its hooks visit, persistent or not: the four module
       hooks (runtime/zero/parameter_offload.py ``_register_deepspeed_module``) call the

@@ -51,9 +51,9 @@ BUSY_WINDOW_S = 0.2  # the shortest measurement whose busy cores are read
 QUIET_SAMPLE_S = 0.25  # how long a plan watches the host before measuring a provisional figure again
 PROGRESS_AFTER_S = 2.0  # a measurement still running after this long says on stderr what it measures
 # A CPU times a block whole (runner/step_time/measured/block_timing.py) only up to this many
-# parameters: llama_1b's
-# block (about 6e7) is timed; llama_7b's (2e8) and llama_70b's (8.6e8: 3.4 GB in fp32, twice over
-# with the neighbour rank's copy) are not, and their parts go unscaled (the gemm term says so).
+# parameters: llama_1b's block (about 6e7) is timed; llama_7b's (2e8) and llama_70b's (8.6e8:
+# 3.4 GB in fp32, twice over with the neighbour rank's copy) are not, and their parts go unscaled
+# (the gemm term says so).
 BLOCK_CAP_PARAMS = 1e8
 # A CPU measures a block's non-GEMM part and the loss with at most this many elements in the
 # largest tensor (64 MiB in fp32), halving micro then seq to fit; the part above the ops' dispatch

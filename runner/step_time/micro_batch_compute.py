@@ -14,9 +14,9 @@ with most layers, holding the output head), with ``T = micro x seq`` tokens per 
   calls) forward and backward at (micro, heads / tp, seq, head_dim), measured.
 - elementwise: the memory-bound kernels around them (RMSNorm, RoPE, SwiGLU's gate, the
   residual adds, the cross-entropy over the vocabulary). Measured where the calibration has it
-  (runner/step_time/measured/block_timing.py): the block's own non-GEMM code at the run's shape, eager or,
-  with ``train.compile``, under torch.compile, less its dispatch floor; the loss at (tokens,
-  vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes:
+  (runner/step_time/measured/block_timing.py): the block's own non-GEMM code at the run's
+  shape, eager or, with ``train.compile``, under torch.compile, less its dispatch floor; the
+  loss at (tokens, vocab / tp). Else bytes read and written over the copy bandwidth of the whole pass's bytes:
   eager, every kernel's bytes as autograd runs them (runner/step_time/eager_traffic.py counts them on
   meta tensors, fp32 casts and autograd's sums included); compiled, each op's tensors read and
   written once in the compute dtype (:data:`NORM_AND_RESIDUAL` ...), backward twice the forward;

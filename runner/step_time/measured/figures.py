@@ -257,8 +257,8 @@ class Calibration:
         self, micro: int, seq: int, d_model: int, heads: int, kv_heads: int, ffn: int
     ) -> float | None:
         """One transformer block's forward and backward, timed whole
-        (runner/step_time/measured/block_timing.py);
-        only at this exact shape (None: a file that did not time it)."""
+        (runner/step_time/measured/block_timing.py); only at this exact shape (None: a file that
+        did not time it)."""
         shape = (micro, seq, d_model, heads, kv_heads, ffn)
         if _key(*shape) not in self.blocks and (self.measure is None or self.block_too_large(shape)):
             return None
@@ -309,8 +309,8 @@ class Calibration:
 
     def cross_entropy_s(self, tokens: int, vocab: int) -> tuple[float, str] | None:
         """The loss's forward and backward over (tokens, vocab) logits
-        (runner/step_time/measured/block_timing.py
-        ``cross_entropy_seconds``), scaled by the elements from a capped or nearest shape; None: none."""
+        (runner/step_time/measured/block_timing.py ``cross_entropy_seconds``), scaled by the
+        elements from a capped or nearest shape; None: none."""
         if self.measure is None and not self.cross_entropy:
             return None
         at_tokens, _ = self._capped_tokens(tokens, 1, vocab) if self.rest_cap_elements else (tokens, 1)
