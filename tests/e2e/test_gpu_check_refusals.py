@@ -101,7 +101,7 @@ def test_the_timemodel_part_records_the_figures_and_steps_the_time_model_needs(t
     calibration = json.loads((out / "calibration.json").read_text())
     # measured figures: their size is the host's (a busy one may read a difference as 0), not their presence
     assert calibration["zero3_hook_s"] >= 0 and calibration["zero3_gather_s"] is not None
-    assert "calibrate_zero3.py" in calibration["sources"]["zero3_hook_s"]
+    assert "zero3_overhead.py" in calibration["sources"]["zero3_hook_s"]
     rows = {row["label"]: row for row in json.loads((out / "time_model.json").read_text())}
     assert set(rows) == {"eager", "zero3", "zero3_persistent"}
     assert all(row["measured_s"] > 0 and row["predicted_s"] > 0 for row in rows.values())
