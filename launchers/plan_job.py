@@ -123,7 +123,6 @@ def plan_job(
     refused = seen and disk_problem(disk, config) is not None
     record = replace(record, exit_code=plan_exit_code(plan, refused, ladder))
     print(text, flush=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = write_plan(run_dir, record)
     log.info("plan written to %s (nothing launched)", path)
     return record

@@ -1,4 +1,4 @@
-"""Whether a JSON value has a Python type, and the type in a reader's words: the checks that
+"""A JSON file read, whether a JSON value has a Python type, and the type in a reader's words: what
 summary.json's and plan.json's schemas (runner/rundir/summary.py, runner/rundir/plan_record.py)
 read their files through.
 
@@ -8,8 +8,10 @@ enum (a JSON value of its values), ``X | None``, ``list[X]``, ``dict[str, X]`` o
 
 from __future__ import annotations
 
+import json
 import types
 from enum import Enum
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 
@@ -52,4 +54,14 @@ def type_words(hint: Any) -> str:
     return names.get(hint, str(hint))
 
 
-__all__ = ["holds", "type_words"]
+def read_json(path: Path, error: type[ValueError], fix: str) -> Any:
+    """``path``'s JSON; FileNotFoundError where there is no file, ``error`` naming the file and
+    ``fix`` where it holds no JSON."""
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except ValueError as cause:
+        raise error(f"{path}: not JSON ({cause}); {fix}") from cause
+
+
+__all__ = ["holds", "read_json", "type_words"]

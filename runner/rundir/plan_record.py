@@ -14,13 +14,12 @@ is read as version 1.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from runner.rundir.atomic_json import write_json_atomic
-from runner.rundir.json_types import holds, type_words
+from runner.rundir.json_types import holds, read_json, type_words
 from runner.rundir.run_files import PLAN_FILE
 
 PLAN_SCHEMA_VERSION = 1
@@ -157,21 +156,10 @@ class PlanRecord:
         """The JSON object: ``schema``, then the recorded keys in field order, a key plan=true did
         not add absent."""
         added = {f.name for f in fields(self) if f.default is None}
-        known = {
-            f.name: _json(getattr(self, f.name))
-            for f in fields(self)
-            if f.name != "unknown" and not (f.name in added and getattr(self, f.name) is None)
-        }
-        return {"schema": known.pop("schema"), **known, **self.unknown}
-
-
-def _json(value: Any) -> Any:
-    """A field's value as JSON: records as objects, the rest as it is."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _json(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, dict):
-        return {key: _json(item) for key, item in value.items()}
-    return value
+        values = dataclasses.asdict(self)
+        unknown = values.pop("unknown")
+        known = {name: value for name, value in values.items() if not (name in added and value is None)}
+        return {"schema": known.pop("schema"), **known, **unknown}
 
 
 class PlanFileError(ValueError):
@@ -233,18 +221,15 @@ def load_plan(run_dir: Path) -> PlanRecord | None:
     it is not JSON or holds a wrongly typed key."""
     path = run_dir / PLAN_FILE
     try:
-        text = path.read_text()
+        data = read_json(path, PlanFileError, _fix(path))
     except FileNotFoundError:
         return None
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        raise PlanFileError(f"{path}: not JSON ({error}); {_fix(path)}") from error
     return parse_plan(data, path)
 
 
 def write_plan(run_dir: Path, record: PlanRecord) -> Path:
     """Write plan.json into the run directory (atomically) and return its path."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / PLAN_FILE
     write_json_atomic(path, record.to_dict())
     return path

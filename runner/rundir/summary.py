@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from runner.rundir.atomic_json import strict_json, write_json_atomic
-from runner.rundir.json_types import holds, type_words
+from runner.rundir.json_types import holds, read_json, type_words
 from runner.rundir.run_files import SUMMARY_FILE
 
 SCHEMA_VERSION = 1
@@ -190,13 +190,9 @@ def load_summary(run_dir: Path) -> RunSummary | None:
     summary.json is not JSON or holds a wrongly typed key."""
     path = run_dir / SUMMARY_FILE
     try:
-        text = path.read_text()
+        data = read_json(path, SummaryError, _fix(path))
     except FileNotFoundError:
         return None
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        raise SummaryError(f"{path}: not JSON ({error}); {_fix(path)}") from error
     return parse_summary(data, path)
 
 
