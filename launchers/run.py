@@ -155,17 +155,7 @@ def _say_before_ranks(config: TrainConfig, layout: Layout) -> None:
         log.warning("%s", line)
     if config.data.path is not None and config.data.name == DataName.text:
         log.info("data.path: %s", token_source_words(config.data.path, config.data.dtype))
-    log.info(
-        "layout: gpus %d = dp %d x tp %d x pp %d; global %d = micro %d x accum %d x dp %d",
-        layout.gpus,
-        layout.dp,
-        layout.tp,
-        layout.pp,
-        layout.global_size,
-        layout.micro_size,
-        layout.accum_steps,
-        layout.dp,
-    )
+    log.info("layout: %s", layout.split_words())
 
 
 def _check_world_size(config: TrainConfig, env: DistributedEnv | None) -> None:

@@ -40,6 +40,16 @@ def reduce_scatter_bytes(size_bytes: float, n: int) -> float:
     return (n - 1) / n * size_bytes
 
 
+def alltoall_bytes(size_bytes: float, n: int) -> float:
+    """Bytes one rank sends (and receives) in an all-to-all of its `size_bytes` buffer: (n-1)/n * size.
+
+    Each rank keeps 1/n of its buffer and sends one n-th to each of the n - 1 others (nccl-tests
+    ``doc/PERFORMANCE.md``, alltoall: bus bandwidth = algorithm bandwidth x (n-1)/n).
+    """
+    _check(size_bytes, n)
+    return (n - 1) / n * size_bytes
+
+
 def zero_step_bytes(
     num_params: int,
     *,
@@ -85,4 +95,4 @@ def zero_step_bytes(
     return reduce_scatter_bytes(grads, dp) + 2 * allgather_bytes(params, dp)
 
 
-__all__ = ["allgather_bytes", "allreduce_bytes", "reduce_scatter_bytes", "zero_step_bytes"]
+__all__ = ["allgather_bytes", "allreduce_bytes", "alltoall_bytes", "reduce_scatter_bytes", "zero_step_bytes"]

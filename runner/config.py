@@ -229,6 +229,14 @@ class ParallelConfig:
     pp: int = field(
         default=1, metadata=about("pipeline-parallel degree: stages the blocks are cut into", at_least=1)
     )
+    sp: int = field(
+        default=1,
+        metadata=about(
+            "sequence-parallel degree (DeepSpeed-Ulysses): ranks that split each sample's sequence, "
+            "trading it for the heads around attention",
+            at_least=1,
+        ),
+    )
     overlap_comm: bool | None = field(
         default=None,
         metadata=about(
@@ -292,6 +300,7 @@ class ParallelSpec:
     zero_stage: ZeroStage
     tp: int = 1
     pp: int = 1
+    sp: int = 1  # sequence-parallel ranks per sample (DeepSpeed-Ulysses)
     recompute: Recompute = Recompute.none
     offload: OffloadPlacement = OffloadPlacement.none
     overlap_comm: bool = False  # parallel.overlap_comm, null resolved to the stage's DeepSpeed default
@@ -588,7 +597,7 @@ class TrainConfig:
         default_factory=TrainLoopConfig, metadata=about("length, checkpoints, resume, evaluation")
     )
     planner: PlannerConfig = field(default_factory=PlannerConfig, metadata=about("what plan=true considers"))
-    gpus: int = field(default=1, metadata=about("ranks; dp = gpus / (tp x pp)", at_least=1))
+    gpus: int = field(default=1, metadata=about("ranks; dp = gpus / (tp x pp x sp)", at_least=1))
     seed: int = field(
         default=0,
         metadata=about("seeds the weights and the batches, a function of seed and step alone", at_least=0),

@@ -1,6 +1,6 @@
 """The batch contract: the global batch is the experiment, the layout only splits it.
 
-    global_size = micro_size * accum_steps * dp,    dp = gpus / (tp * pp)
+    global_size = micro_size * accum_steps * dp,    dp = gpus / (tp * pp * sp)
 
 ``global_size`` (sequences per optimizer step) is held fixed whatever the layout;
 ``accum_steps`` is always derived; ``micro_size`` is given or chosen (``auto``: the
@@ -31,6 +31,27 @@ class Layout:
     micro_size: int
     accum_steps: int
     global_size: int
+    sp: int = 1  # ranks that split each sample's sequence (parallel.sp)
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that share each sample: tp x pp x sp (gpus / dp)."""
+        return self.tp * self.pp * self.sp
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks that reduce gradients together and that ZeRO partitions over: dp x sp (DeepSpeed's
+        sequence-data group; dp where sp is 1)."""
+        return self.dp * self.sp
+
+    def split_words(self) -> str:
+        """The contract in numbers: ``gpus 8 = dp 2 x tp 2 x pp 2; global 64 = micro 4 x accum 8 x dp 2``
+        (`` x sp N`` after pp where sequence parallelism splits each sample)."""
+        shared = f"tp {self.tp} x pp {self.pp}" + (f" x sp {self.sp}" if self.sp != 1 else "")
+        return (
+            f"gpus {self.gpus} = dp {self.dp} x {shared}; global {self.global_size} = "
+            f"micro {self.micro_size} x accum {self.accum_steps} x dp {self.dp}"
+        )
 
     def to_json(self) -> dict[str, int]:
         """The layout record other parts read (summary.json, reports)."""
@@ -47,28 +68,32 @@ def _fmt(values: list[int]) -> str:
     return "{" + ", ".join(str(v) for v in values) + "}"
 
 
-def workable_gpus(*, global_size: int, tp: int, pp: int, near: int, count: int = 6) -> list[int]:
+def workable_gpus(*, global_size: int, tp: int, pp: int, near: int, count: int = 6, sp: int = 1) -> list[int]:
     """The ``count`` gpu counts nearest ``near`` whose dp divides ``global_size``."""
-    model_parallel = tp * pp
+    model_parallel = tp * pp * sp
     candidates = [model_parallel * dp for dp in divisors(global_size)]
     return sorted(sorted(candidates, key=lambda g: (abs(g - near), g))[:count])
 
 
-def data_parallel_size(*, gpus: int, tp: int, pp: int) -> int:
-    """dp = gpus / (tp * pp); refuses gpus that the model-parallel degrees do not divide."""
+def data_parallel_size(*, gpus: int, tp: int, pp: int, sp: int = 1) -> int:
+    """dp = gpus / (tp * pp * sp); refuses gpus that the model-parallel degrees do not divide."""
     if gpus < 1:
         raise LayoutError(f"gpus={gpus}: the number of ranks must be at least 1; set gpus=1 or more")
-    if tp < 1 or pp < 1:
+    if tp < 1 or pp < 1 or sp < 1:
+        named = f"parallel.tp={tp}, parallel.pp={pp}" + (f", parallel.sp={sp}" if sp != 1 else "")
+        raise LayoutError(f"{named}: degrees must be at least 1; use 1 to switch one off")
+    shared = tp * pp * sp
+    if gpus % shared != 0:
+        multiples = [shared * k for k in range(1, 5)]
+        if sp == 1:
+            product, formula = f"tp x pp = {tp} x {pp} = {shared}", "gpus / (tp x pp)"
+        else:
+            product, formula = f"tp x pp x sp = {tp} x {pp} x {sp} = {shared}", "gpus / (tp x pp x sp)"
         raise LayoutError(
-            f"parallel.tp={tp}, parallel.pp={pp}: degrees must be at least 1; use 1 to switch one off"
+            f"gpus={gpus} is not a multiple of {product}: dp = {formula} must be whole; "
+            f"try gpus in {_fmt(multiples)}"
         )
-    if gpus % (tp * pp) != 0:
-        multiples = [tp * pp * k for k in range(1, 5)]
-        raise LayoutError(
-            f"gpus={gpus} is not a multiple of tp x pp = {tp} x {pp} = {tp * pp}: "
-            f"dp = gpus / (tp x pp) must be whole; try gpus in {_fmt(multiples)}"
-        )
-    return gpus // (tp * pp)
+    return gpus // shared
 
 
 # 1F1B idles (pp - 1) / m of the ideal step for m micro-batches (Narayanan et al. 2021,
@@ -91,6 +116,7 @@ def resolve_layout(
     global_size: int,
     micro_size: int | None,
     fits: Callable[[int], bool] | None = None,
+    sp: int = 1,
 ) -> Layout:
     """Derive dp and accum_steps from the contract; ``micro_size=None`` chooses it.
 
@@ -101,12 +127,13 @@ def resolve_layout(
     """
     if global_size < 1:
         raise LayoutError(f"batch.global_size={global_size}: sequences per optimizer step must be at least 1")
-    dp = data_parallel_size(gpus=gpus, tp=tp, pp=pp)
+    dp = data_parallel_size(gpus=gpus, tp=tp, pp=pp, sp=sp)
     if global_size % dp != 0:
+        split = f"gpus {gpus} / (tp {tp} x pp {pp}" + (f" x sp {sp})" if sp != 1 else ")")
+        workable = workable_gpus(global_size=global_size, tp=tp, pp=pp, near=gpus, sp=sp)
         raise LayoutError(
             f"batch.global_size={global_size} cannot be split over dp={dp} ranks "
-            f"(gpus {gpus} / (tp {tp} x pp {pp})): {global_size} / {dp} is not whole; "
-            f"try gpus in {_fmt(workable_gpus(global_size=global_size, tp=tp, pp=pp, near=gpus))}"
+            f"({split}): {global_size} / {dp} is not whole; try gpus in {_fmt(workable)}"
         )
     per_rank = global_size // dp
     if micro_size is None:
@@ -131,7 +158,7 @@ def resolve_layout(
         raise LayoutError(f"batch.micro_size={micro_size}: must be at least 1, or auto")
     if per_rank % micro_size != 0:
         if global_size % micro_size == 0:
-            other_gpus = workable_gpus(global_size=global_size // micro_size, tp=tp, pp=pp, near=gpus)
+            other_gpus = workable_gpus(global_size=global_size // micro_size, tp=tp, pp=pp, near=gpus, sp=sp)
             gpus_hint = f", or gpus in {_fmt(other_gpus)}"
         else:
             gpus_hint = f" (micro {micro_size} does not divide global {global_size} at any gpus)"
@@ -149,6 +176,7 @@ def resolve_layout(
         micro_size=micro_size,
         accum_steps=per_rank // micro_size,
         global_size=global_size,
+        sp=sp,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -87,10 +88,12 @@ def initialize_engine(
     total_steps: int,
     layout: Layout,
     precision: Precision,
+    mpu: ModuleType | None = None,
 ) -> DeepSpeedEngine:
     """``deepspeed.initialize`` with ladder's parameter groups and schedule, then :func:`apply_fixes`,
     then ZeRO's optimizer step without its two needless passes over the gradients
-    (runner/engine/lean_zero_step.py)."""
+    (runner/engine/lean_zero_step.py). ``mpu``: the sequence-parallel groups
+    (runner/parallel/sequence.py), over which DeepSpeed then reduces the gradients."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
 
@@ -107,6 +110,7 @@ def initialize_engine(
         model=model,
         model_parameters=param_groups(model, optimizer.weight_decay),
         config=ds_config,
+        mpu=mpu,
         lr_scheduler=lambda torch_optimizer: torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lr_lambda),
     )
     apply_fixes(engine, layout=layout, precision=precision, grad_clip=optimizer.grad_clip)

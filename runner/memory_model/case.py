@@ -82,6 +82,17 @@ class MemoryCase:
             object.__setattr__(self, name, kind(getattr(self, name)))
 
     @property
+    def zero_ranks(self) -> int:
+        """The ranks ZeRO partitions over: the data-parallel ranks, times the sequence-parallel
+        ones, over which DeepSpeed reduces too (its sequence-data group, runner/parallel/sequence.py)."""
+        return self.dp * self.spec.sp
+
+    @property
+    def rank_seq_len(self) -> int:
+        """Tokens of each sample this rank runs: seq_len / sp (runner/parallel/sequence.py)."""
+        return self.seq_len // self.spec.sp
+
+    @property
     def bytes_per_elem(self) -> int:
         """Bytes of one element of the model dtype: the weights, gradients and activations."""
         return self.precision.bytes
@@ -96,6 +107,7 @@ def spec_of(parallel: ParallelConfig, recompute: Recompute) -> ParallelSpec:
         zero_stage=stage,
         tp=parallel.tp,
         pp=parallel.pp,
+        sp=parallel.sp,
         recompute=recompute,
         offload=offload_placement(parallel.offload_optimizer, parallel.offload_param),
         overlap_comm=stage.overlaps_comm(parallel.overlap_comm),
@@ -190,7 +202,7 @@ def held_states(case: MemoryCase) -> HeldStates:
     states = model_states(
         local,
         zero_stage=stage,
-        dp=case.dp,
+        dp=case.zero_ranks,
         precision=case.precision,
         optimizer=case.optimizer,
         offload=case.spec.offload,
@@ -199,7 +211,7 @@ def held_states(case: MemoryCase) -> HeldStates:
     if stage in (ZeroStage.zero1, ZeroStage.zero2):
         # ZeRO-1/2 keep whole the gradient of every tensor a rank's partition touches: the
         # fullest rank holds up to two straddling tensors beyond P/dp (exact, tensor by tensor).
-        held = zero12_held_elements(numels, case.dp)
+        held = zero12_held_elements(numels, case.zero_ranks)
         if case.spec.offload == OffloadPlacement.none:
             grads = case.bytes_per_elem * held
     # DeepSpeed keeps a tensor whole when ``ds_numel <= threshold`` (0.19.8 parameter_offload.py
@@ -219,7 +231,7 @@ def held_states(case: MemoryCase) -> HeldStates:
         residuals=deepspeed_residuals(
             local,
             zero_stage=stage,
-            dp=case.dp,
+            dp=case.zero_ranks,
             precision=case.precision,
             optimizer=case.optimizer,
             offload=case.spec.offload,
@@ -231,7 +243,7 @@ def held_states(case: MemoryCase) -> HeldStates:
         host_buffers=offload_host_buffers(
             local,
             zero_stage=stage,
-            dp=case.dp,
+            dp=case.zero_ranks,
             precision=case.precision,
             optimizer=case.optimizer,
             offload=case.spec.offload,
@@ -241,7 +253,7 @@ def held_states(case: MemoryCase) -> HeldStates:
         ),
         block=model_block_shape(
             case.model,
-            seq_len=case.seq_len,
+            seq_len=case.rank_seq_len,
             micro_size=case.micro_size,
             tp=case.spec.tp,
             bytes_per_elem=case.bytes_per_elem,

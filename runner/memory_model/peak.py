@@ -274,7 +274,7 @@ def _step_bytes(case: MemoryCase, held: HeldStates, residuals: dict[str, int]) -
     copies = optimizer_step_bytes(
         held.local,
         zero_stage=case.spec.zero_stage,
-        dp=case.dp,
+        dp=case.zero_ranks,
         precision=case.precision,
         offload=case.spec.offload,
         pp=case.spec.pp,
@@ -294,7 +294,7 @@ def _build_bytes(case: MemoryCase) -> int:
     tp_zero3 = case.spec.zero_stage.shards_parameters and case.spec.tp > 1 and case.spec.pp == 1
     if not tp_zero3 or case.host_is_device or case.spec.offload == OffloadPlacement.optimizer_and_params:
         return 0
-    return zero3_tp_build_bytes(case.model, precision=case.precision, dp=case.dp)
+    return zero3_tp_build_bytes(case.model, precision=case.precision, dp=case.zero_ranks)
 
 
 def memory_terms(case: MemoryCase) -> MemoryTerms:

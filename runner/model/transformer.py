@@ -36,6 +36,7 @@ from runner.config import ModelConfig, Recompute, RopeScaling
 from runner.model.build_method import DRAW_BLOCK
 from runner.model.meta import materialize
 from runner.model.op_recompute import op_level_contexts
+from runner.model.sequence_shard import SequenceShard
 from runner.model.shape import check_shape, n_kv_head
 from runner.model.shape import num_params as num_params  # re-exported: the count sits beside the model
 from runner.rules import loss_tile_count
@@ -229,9 +230,14 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, n_kv * self.head_dim, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_head * self.head_dim, cfg.d_model, bias=False)
         self.core_recompute = cfg.activation_checkpointing == Recompute.attention
+        # Under sequence parallelism, DeepSpeed's DistributedAttention around local_attention
+        # (runner/parallel/sequence.py); None: this rank holds whole sequences.
+        self.sequence_attention: nn.Module | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C); cos/sin are the RoPE tables cut to T."""
+        """x (B, T, C) -> (B, T, C); cos/sin are the RoPE tables of x's positions."""
+        if self.sequence_attention is not None:
+            return self._forward_sequence_piece(x, cos, sin)
         B, T, _ = x.shape
         q, k, v = self.wq(x), self.wk(x), self.wv(x)
         # Head counts come from the projection widths, not the config: under
@@ -253,6 +259,42 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, nh * self.head_dim)  # (B, T, nh*hs)
         return self.wo(y)
 
+    def _forward_sequence_piece(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (B, T/sp, C), this rank's piece of each sample -> (B, T/sp, C): RoPE rotates the
+        piece's queries and keys at their positions, then DistributedAttention exchanges heads for
+        sequence, attends (``local_attention``) and exchanges back (runner/parallel/sequence.py)."""
+        assert self.sequence_attention is not None
+        B, T, _ = x.shape
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q = q.view(B, T, -1, self.head_dim)  # (B, T/sp, nh, hs)
+        k = k.view(B, T, -1, self.head_dim)  # (B, T/sp, nkv, hs)
+        v = v.view(B, T, -1, self.head_dim)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over the heads, now dim 2
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = self.sequence_attention(q, k, v, batch_dim_idx=0)  # (B, T/sp, nh, hs)
+        return self.wo(y.reshape(B, T, -1))
+
+    def local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of whole sequences of some heads, each (B, T, heads, hs), RoPE applied:
+        (B, T, nh', hs); under ``attention`` recompute its insides are run again in backward."""
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
+        if self.core_recompute and self.training:
+            y = checkpoint(self._grouped_attention, q, k, v, use_reentrant=False)
+        else:
+            y = self._grouped_attention(q, k, v)
+        return y.transpose(1, 2)
+
+    @staticmethod
+    def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Key/value head repeat and causal attention of (B, heads, T, hs) tensors."""
+        # GQA (Ainslie et al. 2023, arXiv 2305.13245): each key/value head is
+        # shared by nh/nkv consecutive query heads.
+        n_rep = q.shape[1] // k.shape[1]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=1)  # (B, nh, T, hs)
+            v = v.repeat_interleave(n_rep, dim=1)  # (B, nh, T, hs)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     @staticmethod
     def _core(
         q: torch.Tensor,
@@ -263,13 +305,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """RoPE, key/value head repeat and causal attention: (B, nh, T, hs)."""
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # GQA (Ainslie et al. 2023, arXiv 2305.13245): each key/value head is
-        # shared by nh/nkv consecutive query heads.
-        n_rep = q.shape[1] // k.shape[1]
-        if n_rep > 1:
-            k = k.repeat_interleave(n_rep, dim=1)  # (B, nh, T, hs)
-            v = v.repeat_interleave(n_rep, dim=1)  # (B, nh, T, hs)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return Attention._grouped_attention(q, k, v)
 
 
 class FeedForward(nn.Module):
@@ -345,6 +381,8 @@ class Transformer(nn.Module):
         # .bfloat16() cast of the model casts them too; apply_rope still does
         # the rotation itself in fp32.
         self.loss_function = CausalLMLoss()
+        # Under sequence parallelism, this rank's piece of each sample (runner/parallel/sequence.py).
+        self.sequence_shard: SequenceShard | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         # On the meta device (build_model) or partitioned by a zero.Init context
@@ -378,9 +416,18 @@ class Transformer(nn.Module):
 
         With targets the head and loss run in ``loss_tile_count`` pieces of the sequence
         (``tiled_lm_loss``), so the whole logits are never held, unless tensor parallelism
-        has installed DeepSpeed's vocabulary-parallel loss (runner/parallel/tensor.py).
+        has installed DeepSpeed's vocabulary-parallel loss (runner/parallel/tensor.py). Under
+        sequence parallelism the model runs its rank's piece of each sample and returns the
+        logits or the mean loss of that piece.
         """
-        hidden = self.final_hidden(tokens)
+        if self.sequence_shard is not None:
+            first = self.sequence_shard.first_position(tokens.shape[1])
+            self._check_length(tokens.shape[1])
+            tokens = self.sequence_shard.piece(tokens)
+            targets = None if targets is None else self.sequence_shard.piece(targets)
+        else:
+            first = 0
+        hidden = self.final_hidden(tokens, first_position=first)
         if targets is None:
             return self.output(hidden)
         B, T = tokens.shape
@@ -390,15 +437,21 @@ class Transformer(nn.Module):
                 return tiled_lm_loss(self.output, hidden, targets, tiles=tiles)
         return self.loss_function(self.output(hidden), shift_labels=targets)
 
-    def final_hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) int64 -> the final norm's output (B, T, C), the output head's input."""
-        _, T = tokens.shape
-        if tokens.shape[1] > self.rope_cos.shape[0]:
+    def _check_length(self, length: int) -> None:
+        """Refuse a sample longer than the RoPE tables, in the key's words."""
+        if length > self.rope_cos.shape[0]:
             raise ValueError(
-                f"sequence length {T} > model.max_seq_len={self.cfg.max_seq_len}; "
+                f"sequence length {length} > model.max_seq_len={self.cfg.max_seq_len}; "
                 "raise model.max_seq_len or lower data.seq_len"
             )
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, hs/2)
+
+    def final_hidden(self, tokens: torch.Tensor, *, first_position: int = 0) -> torch.Tensor:
+        """tokens (B, T) int64 at positions ``first_position`` on -> the final norm's output (B, T, C),
+        the output head's input."""
+        _, T = tokens.shape
+        self._check_length(first_position + T)
+        positions = slice(first_position, first_position + T)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, hs/2)
         x = self.tok_embeddings(tokens)  # (B, T, C)
         for layer in self.layers:
             x = checkpointed_block(

@@ -292,7 +292,7 @@ def _steady_bytes(workload: Workload, knobs: Knobs, layout: Layout, memory: Memo
         ):
             model, tp = workload.model, layout.tp
             rank_params = workload.num_params if tp == 1 else sum(rank_param_numels(model, tp=tp))
-            steady[ZERO3_DEFRAGMENT] = workload.precision.bytes * -(-rank_params // layout.dp)
+            steady[ZERO3_DEFRAGMENT] = workload.precision.bytes * -(-rank_params // layout.zero_ranks)
     steady["torch runtime"] = TRAINING_RUNTIME_BYTES
     if workload.compiled:
         steady[INDUCTOR_IMPORT] = INDUCTOR_IMPORT_BYTES
@@ -313,7 +313,7 @@ def host_memory(workload: Workload, knobs: Knobs, layout: Layout, memory: Memory
         RankBuild(
             method=method,
             precision=workload.precision,
-            dp=layout.dp,
+            dp=layout.zero_ranks,
             tp=layout.tp,
             pp=layout.pp,
             host_is_device=memory.host_counts_on_device,

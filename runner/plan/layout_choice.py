@@ -39,6 +39,7 @@ def _global_to_split(workload: Workload, knobs: Knobs, dp: int, *, refuse: bool)
             pp=knobs.spec.pp,
             global_size=workload.global_size,
             micro_size=1,
+            sp=knobs.spec.sp,
         )
     except LayoutError as error:
         if refuse:
@@ -60,7 +61,7 @@ def choose_layout(
     place of a micro-batch that does not divide global/dp (``contract_error``), micro 1 when
     none fits (``reason``).
     """
-    dp = data_parallel_size(gpus=workload.gpus, tp=knobs.spec.tp, pp=knobs.spec.pp)
+    dp = data_parallel_size(gpus=workload.gpus, tp=knobs.spec.tp, pp=knobs.spec.pp, sp=knobs.spec.sp)
     global_size, contract_error = _global_to_split(workload, knobs, dp, refuse=refuse)
     per_rank = global_size // dp
     fit = MicroFit(workload, knobs, dp=dp, per_rank=per_rank, objective=objective)
@@ -78,6 +79,7 @@ def choose_layout(
             global_size=global_size,
             micro_size=None,
             fits=fit,
+            sp=knobs.spec.sp,
         )
     except LayoutError as error:
         if not fit.none_fit:

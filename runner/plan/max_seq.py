@@ -33,20 +33,27 @@ def _fits(workload: Workload, knobs: Knobs, layout: Layout, seq_len: int) -> boo
 
 
 def longest_sequence(workload: Workload, knobs: Knobs, layout: Layout) -> int | None:
-    """The largest sequence length (at most :data:`LIMIT`) this layout fits; None: not even 2 tokens."""
-    low = 2
-    if not _fits(workload, knobs, layout, low):
+    """The largest sequence length (at most :data:`LIMIT`) this layout fits; None: not even 2 tokens.
+    Under sequence parallelism the lengths tried are multiples of sp, which must divide them."""
+    unit = knobs.spec.sp
+
+    def fits(pieces: int) -> bool:
+        return _fits(workload, knobs, layout, pieces * unit)
+
+    most = LIMIT // unit
+    low = 2 if unit == 1 else 1
+    if not fits(low):
         return None
     high = low
-    while high < LIMIT and _fits(workload, knobs, layout, min(2 * high, LIMIT)):
-        high = min(2 * high, LIMIT)
-    if high == LIMIT:
-        return LIMIT
-    low, high = high, min(2 * high, LIMIT)  # fits at low, not at high
+    while high < most and fits(min(2 * high, most)):
+        high = min(2 * high, most)
+    if high == most:
+        return most * unit
+    low, high = high, min(2 * high, most)  # fits at low, not at high
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if _fits(workload, knobs, layout, middle) else (low, middle)
-    return low
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low * unit
 
 
 def recompute_modes(workload: Workload) -> tuple[Recompute, ...]:
@@ -71,7 +78,10 @@ def max_seq_lines(
     workload: Workload, knobs: Knobs, layout: Layout, longest: dict[str, int | None]
 ) -> list[str]:
     """plan=true's lines: the layout, then each mode's longest sequence."""
-    where = f"{knobs.parallel}, tp {layout.tp}, pp {layout.pp}, micro {layout.micro_size}, {layout.gpus} gpus"
+    sp = f", sp {layout.sp}" if layout.sp != 1 else ""
+    where = (
+        f"{knobs.parallel}, tp {layout.tp}, pp {layout.pp}{sp}, micro {layout.micro_size}, {layout.gpus} gpus"
+    )
     lines = [f"longest sequence that fits ({where}; planner.max_seq=true):"]
     for mode, tokens in longest.items():
         words = "not even 2 tokens" if tokens is None else f"{tokens:,} tokens"

@@ -65,7 +65,12 @@ class MicroFit:
         """The batch contract's layout at this micro-batch size (global = per_rank x dp)."""
         w, k = self.workload, self.knobs
         return resolve_layout(
-            gpus=w.gpus, tp=k.spec.tp, pp=k.spec.pp, global_size=self.per_rank * self.dp, micro_size=micro
+            gpus=w.gpus,
+            tp=k.spec.tp,
+            pp=k.spec.pp,
+            sp=k.spec.sp,
+            global_size=self.per_rank * self.dp,
+            micro_size=micro,
         )
 
     def memory(self, micro: int) -> MemoryTerms:

@@ -282,17 +282,7 @@ def _refuse(problems: list[str]) -> None:
 
 def check_knobs(workload: Workload, knobs: Knobs) -> None:
     """Refuse knobs no plan can size, in the words a run is refused with (runner.rules.layout_problems)."""
-    offload_optimizer, offload_param = offload_switches(knobs.spec.offload)
-    _refuse(
-        layout_problems(
-            workload.model,
-            zero_stage=knobs.spec.zero_stage,
-            tp=knobs.spec.tp,
-            pp=knobs.spec.pp,
-            offload_optimizer=offload_optimizer,
-            offload_param=offload_param,
-        )
-    )
+    _refuse(layout_problems(workload.model, knobs.spec, seq_len=workload.seq_len))
 
 
 # --------------------------------------------------------------------------------------
@@ -379,6 +369,7 @@ def layout_for_config(config: TrainConfig) -> LayoutChoice:
             gpus=config.gpus,
             tp=par.tp,
             pp=par.pp,
+            sp=par.sp,
             global_size=config.batch.global_size,
             micro_size=micro_size,
         )

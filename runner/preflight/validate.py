@@ -232,6 +232,7 @@ def batch_contract_problems(config: TrainConfig) -> list[str]:
             gpus=config.gpus,
             tp=config.parallel.tp,
             pp=config.parallel.pp,
+            sp=config.parallel.sp,
             global_size=config.batch.global_size,
             micro_size=parse_micro_size(config.batch.micro_size),
         )

@@ -164,8 +164,7 @@ def _layout_lines(plan: Plan) -> list[str]:
         + ("  [PLAN ONLY]" if plan.plan_only else ""),
         "  nothing launched, nothing allocated",
         *_unusual_lines(plan),
-        f"layout     gpus {lay.gpus} = dp {lay.dp} x tp {lay.tp} x pp {lay.pp};  global {lay.global_size} = "
-        f"micro {lay.micro_size} x accum {lay.accum_steps} x dp {lay.dp}",
+        f"layout     {lay.split_words().replace('; ', ';  ')}",
     ]
     if plan.contract_error is not None:
         lines.append(f"  ! batch contract NOT met for the configured global {w.global_size}:")

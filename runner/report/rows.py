@@ -233,10 +233,12 @@ def _layout(cell: Cell) -> _Layout:
     gpus = _integer(cell.config_value("gpus"))
     tp = _integer(cell.config_value("parallel.tp"))
     pp = _integer(cell.config_value("parallel.pp"))
+    sp = _integer(cell.config_value("parallel.sp")) or 1  # a run from before sp: 1
     global_size = _integer(cell.config_value("batch.global_size"))
     micro = _integer(cell.config_value("batch.micro_size"))  # None when "auto"
-    # dp = gpus / (tp * pp); global = micro * accum * dp
-    dp = gpus // (tp * pp) if gpus and tp and pp and gpus % (tp * pp) == 0 else None
+    # dp = gpus / (tp * pp * sp); global = micro * accum * dp
+    shared = tp * pp * sp if tp and pp else None
+    dp = gpus // shared if gpus and shared and gpus % shared == 0 else None
     whole = global_size and micro and dp and global_size % (micro * dp) == 0
     accum = global_size // (micro * dp) if whole and global_size and micro and dp else None
     return _Layout(gpus, dp, tp, pp, micro, accum, global_size)

@@ -13,54 +13,62 @@ Every place that needs a rule asks its function here:
   runner/parallel/pipeline_split.py), which raise ValueError in the same words.
 
 Modules: head_layout.py (heads and head size), loss_tiles.py (the pieces the loss runs in),
-recompute.py (the modes a compiled block takes), tensor_split.py (what tp splits, a group inside
-a node), offload_stages.py (the ZeRO stages ZeRO-Offload takes), pipeline_stages.py (a block per
-stage; what DeepSpeed's pipeline engine runs).
+recompute.py (the modes a compiled block takes), tensor_split.py (what tp splits, a group inside a
+node), sequence_split.py (what sp splits, and what it runs beside), offload_stages.py (the ZeRO
+stages ZeRO-Offload takes), pipeline_stages.py (a block per stage; what DeepSpeed's pipeline engine
+runs).
 """
 
 from __future__ import annotations
 
-from runner.config import ModelConfig, Offload, TrainConfig
+from runner.config import ModelConfig, Offload, ParallelSpec, Recompute, TrainConfig, ZeroStage
 from runner.rules.head_layout import head_problems
 from runner.rules.loss_tiles import loss_tile_count, loss_tile_length_problems, loss_tile_problems
 from runner.rules.offload_stages import offload_pair_problems, offload_problems, offload_switches
 from runner.rules.pipeline_stages import pipeline_depth_problems, pipeline_engine_problems
 from runner.rules.recompute import recompute_problems, selective_compile_problem
+from runner.rules.sequence_split import sp_compose_problems, sp_problems, sp_split_problems
 from runner.rules.tensor_split import tp_cluster_problems, tp_node_problems, tp_problems, tp_split_problems
 
 
-def layout_problems(
+def _problems(
     model: ModelConfig,
+    spec: ParallelSpec,
     *,
-    zero_stage: int,
-    tp: int,
-    pp: int,
-    offload_optimizer: Offload,
-    offload_param: Offload,
+    offload_pair: tuple[Offload, Offload],
+    seq_len: int | None,
 ) -> list[str]:
-    """What neither a plan nor a run can take, in one order: ZeRO-Offload's stage, tp's split of
-    the model, a block on every pipeline stage, the loss's pieces."""
+    """The rules of :func:`layout_problems`, ZeRO-Offload's asked of the configured pair."""
     return [
-        *offload_problems(zero_stage, offload_optimizer, offload_param),
-        *tp_problems(model, tp=tp),
-        *pipeline_depth_problems(n_layer=model.n_layer, pp=pp),
-        *loss_tile_problems(model, tp=tp, pp=pp),
+        *offload_problems(spec.zero_stage, *offload_pair),
+        *tp_problems(model, tp=spec.tp),
+        *sp_problems(model, sp=spec.sp, tp=spec.tp, pp=spec.pp, seq_len=seq_len),
+        *pipeline_depth_problems(n_layer=model.n_layer, pp=spec.pp),
+        *loss_tile_problems(model, tp=spec.tp, pp=spec.pp),
     ]
 
 
+def layout_problems(model: ModelConfig, spec: ParallelSpec, *, seq_len: int | None = None) -> list[str]:
+    """What neither a plan nor a run can take, in one order: ZeRO-Offload's stage, tp's split of
+    the model, sp's split of the heads and the sequence (``seq_len``, where known) and what it runs
+    beside, a block on every pipeline stage, the loss's pieces."""
+    return _problems(model, spec, offload_pair=offload_switches(spec.offload), seq_len=seq_len)
+
+
 def config_layout_problems(config: TrainConfig) -> list[str]:
-    """:func:`layout_problems` of a run's config, then its tensor-parallel group against the
-    cluster's node (where the cluster gives its gpus per node), then the loss's pieces against
-    the sequence."""
+    """:func:`layout_problems` of a run's config (ZeRO-Offload's rule asked of the configured pair,
+    which may offload the parameters alone), then its tensor-parallel group against the cluster's
+    node (where the cluster gives its gpus per node), then the loss's pieces against the sequence."""
     par = config.parallel
+    spec = ParallelSpec(
+        zero_stage=ZeroStage(par.zero_stage), tp=par.tp, pp=par.pp, sp=par.sp, recompute=Recompute.none
+    )
     return [
-        *layout_problems(
+        *_problems(
             config.model,
-            zero_stage=par.zero_stage,
-            tp=par.tp,
-            pp=par.pp,
-            offload_optimizer=par.offload_optimizer,
-            offload_param=par.offload_param,
+            spec,
+            offload_pair=(par.offload_optimizer, par.offload_param),
+            seq_len=config.data.seq_len,
         ),
         *tp_cluster_problems(par.tp, config.cluster),
         *loss_tile_length_problems(config.model, seq_len=config.data.seq_len),
@@ -82,6 +90,9 @@ __all__ = [
     "pipeline_engine_problems",
     "recompute_problems",
     "selective_compile_problem",
+    "sp_compose_problems",
+    "sp_problems",
+    "sp_split_problems",
     "tp_cluster_problems",
     "tp_node_problems",
     "tp_problems",

@@ -54,7 +54,7 @@ from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.rules import loss_tile_count
 from runner.step_time.measured.figures import Calibration
-from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, gemm_caveats, micro_compute
+from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, gemm_caveats, micro_compute, rank_seq_len
 from runner.step_time.optimizer_step_passes import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.step_time.workload import Knobs, Workload
 from runner.step_time.zero3_reuse import layout_regathered
@@ -97,7 +97,7 @@ def _fresh_term(workload: Workload, layout: Layout, calibration: Calibration) ->
         return None
     model, tp = workload.model, layout.tp
     elem = workload.precision.bytes
-    tokens = layout.micro_size * workload.seq_len
+    tokens = layout.micro_size * rank_seq_len(workload, layout)
     sizes = [tokens * model.vocab_size // tp * elem] * 4 + [model.vocab_size // tp * model.d_model * elem] * 2
     if workload.precision != Precision.fp32:
         sizes += [tokens * model.vocab_size // tp * 4] * 2  # the loss's fp32 logits and their gradient
@@ -233,7 +233,7 @@ def _priced_copies(
         zero_stage=knobs.spec.zero_stage,
         precision=workload.precision,
         offload=knobs.spec.offload,
-        dp=layout.dp,
+        dp=layout.zero_ranks,
         accum_steps=layout.accum_steps,
         local=local,
     )
@@ -297,7 +297,7 @@ def _optimizer_term(
     """The fused optimizer's own pass over the stepped parameters, at its measured bandwidth, and
     the step's passes that prepare its gradients and return its weights
     (runner/step_time/optimizer_step_passes.py)."""
-    stepped = local // layout.dp if knobs.spec.zero_stage.shards_optimizer_states else local
+    stepped = local // layout.zero_ranks if knobs.spec.zero_stage.shards_optimizer_states else local
     rate = calibration.adamw_rate(stepped)
     if rate is None:
         return None
@@ -399,7 +399,11 @@ def compute_terms(
             Term("recompute", accum * micro.attention_forward, "attention: the attention core again")
         )
     tiles = loss_tile_count(
-        workload.model, micro_size=layout.micro_size, seq_len=workload.seq_len, tp=layout.tp, pp=layout.pp
+        workload.model,
+        micro_size=layout.micro_size,
+        seq_len=rank_seq_len(workload, layout),
+        tp=layout.tp,
+        pp=layout.pp,
     )
     if tiles > 1:
         terms.append(

@@ -18,6 +18,11 @@ Bytes (what one device sends, equally what it receives; runner.comm's ring figur
   vocabulary-split embedding its lookup.
 - pipeline parallel (Narayanan et al. 2021, arXiv 2104.04473, Sec. 2.2): per micro-batch a
   stage sends its (s, b, h) output forward and the gradient of its input backward.
+- sequence parallel (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv 2309.14509, Sec. 3.1;
+  runner/parallel/sequence.py): per layer and micro-batch four all-to-alls forward (the
+  query, key and value pieces, then the attention's output) and their four transposes in
+  backward; full recompute reruns the forward's four. Each moves (sp - 1)/sp of the rank's
+  (s/sp, b, heads x head size) piece, the key's and value's at the key/value heads' width.
 
 Time: compute = tokens x (model + recomputed FLOPs per token) / (gpus x peak); the 1F1B
 pipeline bubble adds (pp - 1) / accum of it (Narayanan et al. 2021, Sec. 2.2.1); each
@@ -39,7 +44,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.comm import allgather_bytes, allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
+from runner.comm import (
+    allgather_bytes,
+    allreduce_bytes,
+    alltoall_bytes,
+    reduce_scatter_bytes,
+    zero_step_bytes,
+)
 from runner.config import ModelConfig, Recompute, ZeroStage
 from runner.flops import flops_per_token, mfu, non_embedding_params, recompute_flops_per_token
 from runner.layout import Layout
@@ -62,7 +73,7 @@ from runner.step_time.zero3_reuse import layout_regathered
 class Traffic:
     """Bytes one device moves per optimizer step in one parallel group, and over which link."""
 
-    group: str  # "dp", "tp" or "pp"
+    group: str  # "dp", "tp", "pp" or "sp"
     bytes: float
     link: str  # "intra-node" or "inter-node"
     bandwidth: float | None  # bytes/s one direction; None: unknown
@@ -153,12 +164,39 @@ def traffic(workload: Workload, knobs: Knobs, layout: Layout) -> list[Traffic]:
                 "activation out + gradient back per micro-batch",
             )
         )
+    if layout.sp > 1:
+        groups.append(_sp_traffic(workload, knobs, layout, elem=elem))
     return groups
+
+
+def sp_alltoalls_per_layer(recompute: Recompute) -> int:
+    """All-to-alls per layer and micro-batch under sequence parallelism: q, k, v and the output in
+    forward, their transposes in backward, the forward's again under full recompute."""
+    return 12 if recompute == Recompute.full else 8
+
+
+def _sp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) -> Traffic:
+    """The sequence-parallel group's bytes per step: Ulysses' all-to-alls (module docstring)."""
+    model, sp = workload.model, layout.sp
+    piece = layout.micro_size * workload.seq_len // sp * elem  # bytes per feature of one rank's piece
+    head_dim = model.d_model // model.n_head
+    kv_width = n_kv_head(model) * head_dim
+    forward = alltoall_bytes(piece * (2 * model.d_model + 2 * kv_width), sp)  # q and out, k and v
+    per_layer = sp_alltoalls_per_layer(knobs.spec.recompute)
+    passes = per_layer / 4  # each pass moves the four pieces once
+    layers = layers_per_stage(model.n_layer, layout.pp)
+    inside = sp <= workload.device.per_node
+    return Traffic(
+        "sp",
+        layout.accum_steps * layers * passes * forward,
+        *_link(workload.device, inside_node=inside),
+        f"{per_layer} all-to-alls of the (s/sp, b, heads) pieces per layer and micro-batch",
+    )
 
 
 def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) -> Traffic:
     """The data-parallel group's bytes per step: ZeRO's collectives over the fullest rank's parameters."""
-    stage, dp, accum_steps = knobs.spec.zero_stage, layout.dp, layout.accum_steps
+    stage, dp, accum_steps = knobs.spec.zero_stage, layout.zero_ranks, layout.accum_steps
     local = sum(
         rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
     )  # the fullest rank's, before ZeRO
@@ -307,7 +345,7 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *,
     """
     accum = layout.accum_steps
     if group == "dp":
-        if layout.dp == 1:
+        if layout.zero_ranks == 1:
             return 0
         if knobs.spec.zero_stage.shards_parameters:
             return (2 * param_tensors + regathered) * accum
@@ -318,6 +356,9 @@ def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *,
         per_layer = 6 if knobs.spec.recompute == Recompute.full else 4
         layers = (param_tensors - 3) // 9  # runner/step_time/calibrated_terms.py param_tensors: 9 per block
         return accum * (layers * per_layer + 2)
+    if group == "sp":
+        layers = (param_tensors - 3) // 9
+        return accum * layers * sp_alltoalls_per_layer(knobs.spec.recompute)
     return 2 * accum
 
 

@@ -93,6 +93,11 @@ class MicroCompute:
     dispatch_words: str = ""
 
 
+def rank_seq_len(workload: Workload, layout: Layout) -> int:
+    """Tokens of each sample a rank runs outside attention: seq / sp (runner/parallel/sequence.py)."""
+    return workload.seq_len // layout.sp
+
+
 def _attention_from_gemms(
     calibration: Calibration, batch_heads: int, seq: int, head_dim: int
 ) -> tuple[float, float] | None:
@@ -139,8 +144,9 @@ def _in_place(workload: Workload, layout: Layout, calibration: Calibration, part
     model = workload.model
     if layout.tp > 1 or parts <= 0:
         return 1.0
+    seq = rank_seq_len(workload, layout)
     timed = calibration.block_seconds(
-        layout.micro_size, workload.seq_len, model.d_model, model.n_head, n_kv_head(model), model.ffn_hidden
+        layout.micro_size, seq, model.d_model, model.n_head, n_kv_head(model), model.ffn_hidden
     )
     return 1.0 if timed is None else timed / parts
 
@@ -150,7 +156,7 @@ def gemm_caveats(workload: Workload, layout: Layout, calibration: Calibration, m
     (runner/hardware/calibrate.py ``gemm_rates``), and the blocks' in-place scale or its absence."""
     words = ""
     cap = calibration.gemm_cap_flops
-    tokens = layout.micro_size * workload.seq_len
+    tokens = layout.micro_size * rank_seq_len(workload, layout)
     if cap is not None:
         over = [name for name, _, m, k, n in _gemm_shapes(workload, layout, tokens) if 2.0 * m * k * n > cap]
         if over:
@@ -161,7 +167,7 @@ def gemm_caveats(workload: Workload, layout: Layout, calibration: Calibration, m
     model = workload.model
     shape = (
         layout.micro_size,
-        workload.seq_len,
+        rank_seq_len(workload, layout),
         model.d_model,
         model.n_head,
         n_kv_head(model),
@@ -181,15 +187,16 @@ def micro_compute(workload: Workload, layout: Layout, calibration: Calibration) 
     """One micro-batch's GEMMs, attention, memory-bound kernels and dispatch on the fullest rank,
     the blocks' parts scaled to a block timed whole (None: a figure is missing)."""
     model, tp = workload.model, layout.tp
-    tokens = layout.micro_size * workload.seq_len
+    tokens = layout.micro_size * rank_seq_len(workload, layout)
     gemms = _gemm_seconds(workload, layout, calibration, tokens)
     layers = layers_per_stage(model.n_layer, layout.pp)
     head_dim = model.d_model // model.n_head
-    attention = calibration.attention_s(layout.micro_size, model.n_head // tp, workload.seq_len, head_dim)
+    # Under sequence parallelism each rank attends over the whole sequence with heads / sp
+    # (runner/parallel/sequence.py); its other work runs on seq / sp tokens.
+    heads = model.n_head // (tp * layout.sp)
+    attention = calibration.attention_s(layout.micro_size, heads, workload.seq_len, head_dim)
     if attention is None:
-        attention = _attention_from_gemms(
-            calibration, layout.micro_size * model.n_head // tp, workload.seq_len, head_dim
-        )
+        attention = _attention_from_gemms(calibration, layout.micro_size * heads, workload.seq_len, head_dim)
     if gemms is None or attention is None:
         return None
     rest = _rest(workload, layout, calibration, layers)
@@ -246,12 +253,12 @@ def _rest(
     (:data:`NORM_AND_RESIDUAL` ...), :data:`OPS_PER_LAYER` eager ops at one op's measured dispatch
     (a CPU's; a GPU's queue hides it), and the term says so."""
     model, tp = workload.model, layout.tp
-    tokens = layout.micro_size * workload.seq_len
+    tokens = layout.micro_size * rank_seq_len(workload, layout)
     elem = workload.precision.bytes
     h, f = model.d_model, model.ffn_hidden
     kv = h * n_kv_head(model) // model.n_head
     heads, kv_heads = model.n_head // tp, max(1, n_kv_head(model) // tp)
-    shape = (layout.micro_size, workload.seq_len, h, heads, kv_heads, f // tp)
+    shape = (layout.micro_size, rank_seq_len(workload, layout), h, heads, kv_heads, f // tp)
     mode = "compiled" if workload.compiled else "eager"
     measured = calibration.rest_seconds(*shape, compiled=workload.compiled)
     loss = calibration.cross_entropy_s(tokens, model.vocab_size // tp)
@@ -273,7 +280,7 @@ def _rest(
             counted, kernels = block_rest_traffic(
                 _rank_block(workload, layout),
                 layout.micro_size,
-                workload.seq_len,
+                rank_seq_len(workload, layout),
                 workload.precision.torch_dtype_name,
                 h // model.n_head,
             )
@@ -316,4 +323,4 @@ def _rest(
     return block_rest, floor, head, words, dispatch_words
 
 
-__all__ = ["BACKWARD_ELEMENTS", "MicroCompute", "gemm_caveats", "micro_compute"]
+__all__ = ["BACKWARD_ELEMENTS", "MicroCompute", "gemm_caveats", "micro_compute", "rank_seq_len"]

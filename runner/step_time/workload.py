@@ -62,6 +62,8 @@ class Knobs:
             text += f", tp {spec.tp}"
         if spec.pp > 1:
             text += f", pp {spec.pp}"
+        if spec.sp > 1:
+            text += f", sp {spec.sp}"
         return text
 
 

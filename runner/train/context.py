@@ -70,5 +70,5 @@ class RunContext:
 
     @property
     def dp_rank(self) -> int:
-        """This rank's data-parallel rank (rank order: tp innermost, then pp, then dp)."""
-        return self.env.rank // (self.layout.tp * self.layout.pp)
+        """This rank's data-parallel rank (rank order: tp or sp innermost, then pp, then dp)."""
+        return self.env.rank // self.layout.model_parallel

@@ -34,6 +34,7 @@ from runner.metrics.throughput import FlopsBudget
 from runner.metrics.wall_clock import WallClock
 from runner.model.shape import n_kv_head
 from runner.model.transformer import num_params
+from runner.parallel.sequence import sequence_groups, split_sequence
 from runner.rundir import checkpoint_record
 from runner.train.context import RunContext
 from runner.train.preemption import resumes
@@ -134,6 +135,10 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[DeepSpeedEngine, dic
             read["path"],
         )
     compiled = compile_blocks(model) if config.train.compile else 0
+    groups = None
+    if ctx.layout.sp > 1:  # DeepSpeed-Ulysses: this rank's piece of each sample
+        groups = sequence_groups(ctx.layout.sp)
+        split_sequence(model, groups)
     wall.mark("build")
     engine = initialize_engine(
         model,
@@ -142,6 +147,7 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[DeepSpeedEngine, dic
         total_steps=config.train.steps,
         layout=ctx.layout,
         precision=config.precision.name,
+        mpu=groups,
     )
     wall.mark("engine")
     return engine, model_build, compiled

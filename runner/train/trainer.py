@@ -54,6 +54,7 @@ from runner.metrics.step_probes import StepProbes
 from runner.metrics.step_profiler import StepProfiler
 from runner.metrics.throughput import throughput_metrics
 from runner.metrics.wall_clock import WallClock, wall_parts
+from runner.parallel.sequence import backward_loss
 from runner.parallel.tensor import grad_norm as tp_grad_norm
 from runner.train import saving
 from runner.train.context import RunContext
@@ -326,7 +327,7 @@ class Trainer:
             loss = engine(inputs, targets)  # the model's forward forms the loss (Transformer.forward)
         loss = hooks.loss(step, micro, loss)
         self.clock.mark("forward")
-        engine.backward(loss)
+        engine.backward(backward_loss(loss, self.ctx.layout.sp))
         self.clock.mark("backward")
         return loss
 

@@ -14,7 +14,7 @@ from train_helpers import clean_env
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYOUT_KEYS = {"gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size"}
+LAYOUT_KEYS = {"gpus", "dp", "tp", "pp", "sp", "micro_size", "accum_steps", "global_size"}
 
 
 def test_the_seed_example_plans_without_launching(train):

@@ -35,7 +35,7 @@ from runner.step_time.zero3_reuse import regathered
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_cpu_calibration")]
 
 LLAMA_70B_PARAMS = 68_976_648_192  # config.json of meta-llama/Llama-2-70b-hf
-LAYOUT_KEYS = {"gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size"}
+LAYOUT_KEYS = {"gpus", "dp", "tp", "pp", "sp", "micro_size", "accum_steps", "global_size"}
 
 
 def _config(*overrides: str) -> TrainConfig:
