@@ -8,7 +8,6 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from launchers.resume import ResumeSource
 from launchers.slurm.job import slurm_job_record
@@ -22,6 +21,7 @@ from runner.rundir import layout_history
 from runner.rundir.identity import RunIdentity
 from runner.rundir.outcome import prelaunch_status
 from runner.rundir.summary import Prelaunch, run_summary, write_prelaunch
+from runner.rundir.summary_records import DeviceMemoryPlan, HostMemoryRecord, StepTimeRecord
 from runner.train.context import RankJob
 
 log = logging.getLogger("ladder")
@@ -90,7 +90,7 @@ def start_summary(
     )
 
 
-def host_plan_record(plan: Plan) -> dict[str, Any]:
+def host_plan_record(plan: Plan) -> HostMemoryRecord:
     """What the plan puts in one rank's host memory, for summary.json beside the run's measurement."""
     host = plan.host
     return {
@@ -100,7 +100,7 @@ def host_plan_record(plan: Plan) -> dict[str, Any]:
     }
 
 
-def device_plan_record(plan: Plan) -> dict[str, Any]:
+def device_plan_record(plan: Plan) -> DeviceMemoryPlan:
     """The peak the plan puts on each device (plan=true's total), for summary.json beside the measured,
     and the pieces the head and loss run in, which its activations rest on."""
     lay, workload = plan.layout, plan.workload
@@ -110,7 +110,7 @@ def device_plan_record(plan: Plan) -> dict[str, Any]:
     return {"planned_peak_gb": plan.memory.peak / 1e9, "fits": plan.fits, "loss_tiles": tiles}
 
 
-def step_time_plan_record(plan: Plan) -> dict[str, Any]:
+def step_time_plan_record(plan: Plan) -> StepTimeRecord:
     """The plan's predicted step, for summary.json's ``step_time``: the run's end adds the measured
     step beside it (runner/train/attempt_end.py ``measured_step_time``), so every run checks the model."""
     time = plan.time

@@ -7,7 +7,8 @@ Read from the variables SLURM exports to every task (sbatch(1) and srun(1),
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+
+from runner.rundir.summary_records import SlurmRecord
 
 
 def _int(value: str | None) -> int | None:
@@ -17,7 +18,7 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def slurm_job_record(environ: Mapping[str, str]) -> dict[str, Any] | None:
+def slurm_job_record(environ: Mapping[str, str]) -> SlurmRecord | None:
     """Job id, array ids, partition, nodes and tasks of the enclosing SLURM job; None outside one."""
     if "SLURM_JOB_ID" not in environ:
         return None

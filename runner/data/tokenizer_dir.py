@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.data.token_file import llmc_eos_id, token_files
+from runner.rundir.summary_records import TokenizerRecord
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -78,7 +79,7 @@ def tokenizer_sha256(directory: str | Path) -> str:
     return digest.hexdigest()
 
 
-def tokenizer_identity(directory: str | Path) -> dict[str, Any]:
+def tokenizer_identity(directory: str | Path) -> TokenizerRecord:
     """Which tokenizer this is, for summary.json: its directory, sha256 and file names."""
     return {
         "path": str(Path(directory).expanduser().resolve()),
@@ -111,7 +112,7 @@ def tokenizer_shas(directory: str | Path) -> set[str]:
     return {own}
 
 
-def run_tokenizer_record(tokenizer_dir: str, data_path: str | None) -> dict[str, Any]:
+def run_tokenizer_record(tokenizer_dir: str, data_path: str | None) -> TokenizerRecord:
     """summary.json's ``tokenizer``: :func:`tokenizer_identity`, and ``eos_token``, the token that
     ends each document of ``data_path`` where ``ladder tokenize`` wrote it in the shard's header
     (its ``--eos``, which the tokenizer's own files may not name)."""

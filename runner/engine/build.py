@@ -23,6 +23,7 @@ from runner.model.transformer import build_model, num_params
 from runner.parallel.pipeline import build_pipeline
 from runner.parallel.shard_build import build_cut_model, write_initial_weights
 from runner.parallel.tensor import split_token_embedding
+from runner.rundir.summary_records import ModelBuild
 
 
 def build_method(config: TrainConfig, layout: Layout) -> str:
@@ -83,7 +84,7 @@ def _import_build_code(layout: Layout) -> None:
 
 def build_measured(
     config: TrainConfig, *, layout: Layout, ds_config: dict[str, Any], device: torch.device
-) -> tuple[nn.Module, dict[str, Any]]:
+) -> tuple[nn.Module, ModelBuild]:
     """``build_for_layout``, and what the build cost this rank (summary.json's ``model_build``).
 
     ``host_peak_gb`` is the rise of the process's high-water RSS over the build (a whole
@@ -97,7 +98,7 @@ def build_measured(
     on_device.reset()
     host_before, device_before = host_rss_bytes(), on_device.current()
     model = build_for_layout(config, layout=layout, ds_config=ds_config, device=device)
-    record = {
+    record: ModelBuild = {
         "method": build_method(config, layout),
         "params": held_numel(model),
         "num_params": num_params(config.model),

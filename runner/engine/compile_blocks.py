@@ -17,11 +17,11 @@ parameter gather before every linear layer, the collectives of tensor-parallel l
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import torch
 
 from runner.model.transformer import TransformerBlock
+from runner.rundir.summary_records import CompileRecord
 
 _REASONS_KEPT = 3
 
@@ -34,7 +34,7 @@ def compile_blocks(model: torch.nn.Module) -> int:
     return len(blocks)
 
 
-def compile_summary(blocks: int) -> dict[str, Any]:
+def compile_summary(blocks: int) -> CompileRecord:
     """``summary.json``'s ``compile``: the blocks compiled and the graph breaks torch took."""
     # Deferred: torch._dynamo loads only in a compiled run (1.6 s of start-up otherwise).
     from torch._dynamo.utils import counters

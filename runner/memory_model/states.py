@@ -232,9 +232,52 @@ def offload_host_buffers(  # noqa: PLR0913 - public estimator API: keyword argum
     ``single_partition_of_fp32_groups[i].grad``; stage3.py ``initialize_optimizer_states``:
     ``fp32_partitioned_groups_flat[i].grad``). DeepSpeed allocates these besides, with P =
     `num_params` (this rank's, before ZeRO), N_d = `dp`, p = 2 (bf16/fp16) or 4 (fp32) bytes
-    of the model dtype, all on the offload device (``self.device = 'cpu'``):
+    of the model dtype, all on the offload device (``self.device = 'cpu'``): stages 1-2 in
+    :func:`_zero12_offload_buffers`, stage 3 in :func:`_zero3_offload_buffers`.
 
-    Stages 1-2 (stage_1_and_2.py, ``DeepSpeedZeroOptimizer``):
+    Bucket sizes do not enter: with ``device: cpu`` every one of these is sized by the
+    parameters (``reduce_bucket_size`` sizes device buffers: :func:`deepspeed_residuals`).
+    ``pin_memory`` changes where they live (page-locked), not their size; NVMe offload's
+    swap buffers (``buffer_count`` x ``buffer_size``) are not modelled. Scalars (per-tensor
+    gradient norms, 8 bytes each) are left out.
+    """
+    model_states(
+        num_params, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
+    )
+    if _choice(offload, OffloadPlacement, "offload") == OffloadPlacement.none:
+        return {}
+    if largest_param < 0 or (accum_steps is not None and accum_steps < 1):
+        raise ValueError(f"largest_param={largest_param} must be >= 0 and accum_steps={accum_steps} >= 1")
+    zero_stage = ZeroStage(zero_stage)  # model_states checked it
+    prec = _choice(precision, Precision, "precision")
+    partition = _shard(num_params, 1, dp)  # elements
+    if zero_stage is ZeroStage.zero3:
+        return _zero3_offload_buffers(prec, partition)
+    return _zero12_offload_buffers(
+        prec,
+        partition,
+        zero_stage=zero_stage,
+        num_params=num_params,
+        dp=dp,
+        largest_param=largest_param,
+        held_params=held_params,
+        accum_steps=accum_steps,
+    )
+
+
+def _zero12_offload_buffers(  # noqa: PLR0913 - offload_host_buffers' own arguments, handed on
+    prec: Precision,
+    partition: int,
+    *,
+    zero_stage: ZeroStage,
+    num_params: int,
+    dp: int,
+    largest_param: int,
+    held_params: int | None,
+    accum_steps: int | None,
+) -> dict[str, int]:
+    """The host buffers ZeRO-Offload adds at stages 1-2 (stage_1_and_2.py,
+    ``DeepSpeedZeroOptimizer``), `partition` = ceil(P / N_d) elements:
 
     - ``fp32_master_copy`` (fp32 training only; in 16-bit it is the master weight the
       optimizer term counts): ``__init__``'s ``weights_partition = ...detach().clone()``,
@@ -254,8 +297,24 @@ def offload_host_buffers(  # noqa: PLR0913 - public estimator API: keyword argum
       ``zero12_held_elements`` counts it exactly from the tensor sizes).
       ``accum_steps=None`` (not known) counts it. Stage 1 reduces only at the boundary
       (engine.py ``allreduce_gradients``), so it never accumulates there (measured: absent).
+    """
+    p = prec.bytes
+    buffers: dict[str, int] = {}
+    if prec is Precision.fp32:
+        buffers["fp32_master_copy"] = FP32_BYTES * partition
+    buffers["param_buffer_of_bit16_for_cpu_offload_groups"] = p * partition
+    buffers["temp_grad_buffer_for_cpu_offload"] = p * largest_param
+    if zero_stage is ZeroStage.zero2 and (accum_steps is None or accum_steps > 1):
+        if held_params is None:
+            straddlers = 1 if dp == 2 else 2
+            held_params = num_params if dp == 1 else min(num_params, partition + straddlers * largest_param)
+        buffers["accumulated_grads_in_cpu"] = p * held_params
+    return buffers
 
-    Stage 3 (stage3.py, ``DeepSpeedZeroOptimizer_Stage3``):
+
+def _zero3_offload_buffers(prec: Precision, partition: int) -> dict[str, int]:
+    """The host buffers ZeRO-Offload adds at stage 3 (stage3.py,
+    ``DeepSpeedZeroOptimizer_Stage3``), `partition` = ceil(P / N_d) elements:
 
     - ``fp32_master_copy`` (fp32 training only): ``_create_fp32_partitions``'s
       ``converted.clone().detach()``, 4 ceil(P / N_d).
@@ -263,37 +322,11 @@ def offload_host_buffers(  # noqa: PLR0913 - public estimator API: keyword argum
       partitions in ``gradient_accumulation_dtype`` (the model dtype unless
       ``data_types.grad_accum_dtype`` says otherwise) on ``self.device``, which offload
       makes the host: p ceil(P / N_d). Without offload it is the device's ``grads`` term.
-
-    Bucket sizes do not enter: with ``device: cpu`` every one of these is sized by the
-    parameters (``reduce_bucket_size`` sizes device buffers: :func:`deepspeed_residuals`).
-    ``pin_memory`` changes where they live (page-locked), not their size; NVMe offload's
-    swap buffers (``buffer_count`` x ``buffer_size``) are not modelled. Scalars (per-tensor
-    gradient norms, 8 bytes each) are left out.
     """
-    model_states(
-        num_params, zero_stage=zero_stage, dp=dp, precision=precision, optimizer=optimizer, offload=offload
-    )
-    if _choice(offload, OffloadPlacement, "offload") == OffloadPlacement.none:
-        return {}
-    if largest_param < 0 or (accum_steps is not None and accum_steps < 1):
-        raise ValueError(f"largest_param={largest_param} must be >= 0 and accum_steps={accum_steps} >= 1")
-    stage = ZeroStage(zero_stage)  # model_states checked it
-    prec = _choice(precision, Precision, "precision")
-    p = prec.bytes
-    partition = _shard(num_params, 1, dp)  # elements
     buffers: dict[str, int] = {}
     if prec is Precision.fp32:
         buffers["fp32_master_copy"] = FP32_BYTES * partition
-    if stage is ZeroStage.zero3:
-        buffers["grad_partitions_flat_buffer"] = p * partition
-        return buffers
-    buffers["param_buffer_of_bit16_for_cpu_offload_groups"] = p * partition
-    buffers["temp_grad_buffer_for_cpu_offload"] = p * largest_param
-    if stage is ZeroStage.zero2 and (accum_steps is None or accum_steps > 1):
-        if held_params is None:
-            straddlers = 1 if dp == 2 else 2
-            held_params = num_params if dp == 1 else min(num_params, partition + straddlers * largest_param)
-        buffers["accumulated_grads_in_cpu"] = p * held_params
+    buffers["grad_partitions_flat_buffer"] = prec.bytes * partition
     return buffers
 
 

@@ -31,13 +31,14 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from runner.metrics.wall_clock import SETUP_PHASES
 from runner.rundir.run_files import ATTEMPTS_FILE
 from runner.rundir.summary import RunStatus
+from runner.rundir.summary_records import GoodputAttempt, GoodputRecord
 
 NO_END = "no end recorded (killed outright)"
 PROGRESS_EVERY_S = 1.0  # at most one progress line a second: a killed attempt is known to within it
@@ -107,7 +108,7 @@ class AttemptLog:
         self._write("end", status=status, step=steps_completed, steps_s=steps_s, parts=parts)
 
 
-def _attempt(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _attempt(events: list[dict[str, Any]]) -> GoodputAttempt | None:
     """One attempt's times and steps from its lines; a killed one's from its last progress."""
     start = next((e for e in events if e["event"] == "start"), None)
     if start is None:
@@ -134,7 +135,7 @@ def _attempt(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def account(run_dir: Path) -> dict[str, Any] | None:
+def account(run_dir: Path) -> GoodputRecord | None:
     """summary.json's ``goodput``: each attempt, the steps and time kept and lost, and the ratios."""
     by_attempt: dict[int, list[dict[str, Any]]] = {}
     conversions = []
@@ -154,7 +155,8 @@ def account(run_dir: Path) -> dict[str, Any] | None:
         done = attempt["to_step"] - attempt["from_step"]
         kept = max(0, min(attempt["to_step"], frontier) - attempt["from_step"])
         per_step = attempt["steps_s"] / done if done > 0 else 0.0
-        attempt |= {"steps_kept": kept, "steps_lost": max(0, done - kept)}
+        # ints: the frontier starts at inf, and min() keeps the int it picks
+        attempt |= {"steps_kept": int(kept), "steps_lost": int(max(0, done - kept))}
         attempt |= {"kept_s": per_step * kept, "lost_s": per_step * max(0, done - kept)}
         frontier = min(frontier, attempt["from_step"])
     wall = sum(a["wall_s"] for a in attempts)
@@ -168,6 +170,7 @@ def account(run_dir: Path) -> dict[str, Any] | None:
             parts[part] = parts.get(part, 0.0) + float(seconds or 0.0)
     startup = sum(parts.get(f"{phase}_s", 0.0) for phase in SETUP_PHASES)
     unrecorded = sum(a["unrecorded_s"] for a in attempts)
+    converted = _conversions(conversions, attempts)
     return {
         "attempts": attempts,
         "wall_s": wall,
@@ -175,7 +178,8 @@ def account(run_dir: Path) -> dict[str, Any] | None:
         "startup_s": startup,
         "unrecorded_s": max(0.0, unrecorded),
         "between_attempts_s": max(0.0, elapsed - wall),
-        **_conversions(conversions, attempts),
+        "conversion_s": converted["conversion_s"],
+        "conversion_between_attempts_s": converted["conversion_between_attempts_s"],
         "kept_s": kept_s,
         "lost_s": sum(a["lost_s"] for a in attempts),
         "steps_lost": sum(a["steps_lost"] for a in attempts),
@@ -185,7 +189,7 @@ def account(run_dir: Path) -> dict[str, Any] | None:
     }
 
 
-def _conversions(lines: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> dict[str, float]:
+def _conversions(lines: list[dict[str, Any]], attempts: list[GoodputAttempt]) -> dict[str, float]:
     """The seconds spent converting checkpoints for a new layout, all told, and those between
     attempts: a conversion that ended while no attempt's process was running (torchrun's rank 0
     converts in its own start-up, so within its attempt's span)."""
@@ -199,7 +203,7 @@ def _conversions(lines: list[dict[str, Any]], attempts: list[dict[str, Any]]) ->
     }
 
 
-def describe(goodput: dict[str, Any] | None) -> str | None:
+def describe(goodput: Mapping[str, Any] | None) -> str | None:
     """One line for the run's end, where it took more than one attempt."""
     if not goodput or len(goodput.get("attempts") or []) < 2:
         return None

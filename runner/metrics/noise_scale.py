@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from runner.rundir.summary_records import NoiseScaleRecord
+
 
 def squared_l2_norm(grads: Iterable[torch.Tensor]) -> float:
     """Sum of squared entries over all tensors, accumulated in fp32 whatever their dtype."""
@@ -138,7 +140,7 @@ class NoiseScale:
             return None
         return self._trace_sigma / self._grad_sq
 
-    def summary(self, *, seq_len: int, unmeasured: str | None = None) -> dict[str, Any]:
+    def summary(self, *, seq_len: int, unmeasured: str | None = None) -> NoiseScaleRecord:
         """What summary.json keeps: the latest B_simple in sequences and tokens, and how it was measured."""
         value = self.value
         return {

@@ -27,6 +27,7 @@ from runner.metrics.comm_timer import UNMEASURED_ON_CUDA, CollectiveTimer, deeps
 from runner.metrics.grad_probe import REPLICATED, SHARDED, MicroGradSquares
 from runner.metrics.noise_scale import NoiseScale, why_unmeasured
 from runner.parallel.tensor import is_sharded
+from runner.rundir.summary_records import StepProbesRecord
 
 
 def loss_scale(engine: DeepSpeedEngine) -> float:
@@ -133,7 +134,7 @@ class StepProbes:
             "time/comm_exposed_s": self.comm_exposed_s,
         }
 
-    def summary(self, *, seq_len: int) -> dict[str, Any]:
+    def summary(self, *, seq_len: int) -> StepProbesRecord:
         """summary.json's ``noise_scale`` and ``comm_exposed`` entries."""
         return {
             "noise_scale": self.noise.summary(seq_len=seq_len, unmeasured=self.noise_unmeasured),

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
+
+from runner.rundir.summary_records import StepTimeSpread
 
 # IQR / median above which a cell's speed is called noisy: a quarter of the median. On a quiet
 # 2-core host the tiny model's 60 steps spread 10%; beside other training on the same cores,
@@ -29,7 +30,7 @@ def iqr_over_median(seconds: Sequence[float]) -> float | None:
     return (q3 - q1) / median if median > 0 else None
 
 
-def step_time_spread(step_s: Sequence[float], *, warmup: int = WARMUP_STEPS) -> dict[str, Any] | None:
+def step_time_spread(step_s: Sequence[float], *, warmup: int = WARMUP_STEPS) -> StepTimeSpread | None:
     """summary.json's ``step_time_spread`` of an attempt's step times in order (None: too few steps)."""
     kept = list(step_s[warmup:])
     spread = iqr_over_median(kept)
@@ -44,7 +45,7 @@ def step_time_spread(step_s: Sequence[float], *, warmup: int = WARMUP_STEPS) -> 
     }
 
 
-def describe(spread: dict[str, Any] | None) -> str | None:
+def describe(spread: StepTimeSpread | None) -> str | None:
     """One line for a noisy run's end, or None where the steps were steady (or too few)."""
     if not spread or not spread.get("noisy"):
         return None

@@ -28,6 +28,7 @@ from runner.config import ModelConfig
 from runner.model.build_method import DRAW_BLOCK
 from runner.model.hf_names import hf_name, hf_shapes
 from runner.model.transformer import write_initial_shard, write_initial_values
+from runner.rundir.summary_records import InitFromRecord
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -64,7 +65,7 @@ SAFETENSORS_DTYPE_BYTES = {
 }  # fmt: skip
 
 
-def init_from_record(cfg: ModelConfig) -> dict[str, Any] | None:
+def init_from_record(cfg: ModelConfig) -> InitFromRecord | None:
     """summary.json's ``model_build.init_from``: the directory the weights were read from, the
     tensors the model took from it and their bytes in its files (from the headers); None without
     ``model.init_from``."""

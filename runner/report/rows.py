@@ -14,7 +14,7 @@ Cells keep their order: a sweep's by job number (0, 1, ..., 10), as its director
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from runner.metrics.step_spread import NOISY_ABOVE, step_time_spread
 from runner.report.collect import Cell, distinguishing_overrides, natural_key
 from runner.rundir.layout_history import describe
 from runner.rundir.summary import RunStatus
+from runner.rundir.summary_records import StepTimeSpread
 
 # The four memory terms of a training step (DESIGN.md: parameters, gradients, optimizer states,
 # activations), in the order the memory chart stacks them.
@@ -89,7 +90,7 @@ class Row:
     wall: dict[str, Any] = field(
         default_factory=dict
     )  # summary.json's wall_time (runner/metrics/wall_clock.py)
-    goodput: dict[str, Any] = field(
+    goodput: Mapping[str, Any] = field(
         default_factory=dict
     )  # summary.json's goodput (runner/metrics/goodput.py)
 
@@ -200,7 +201,7 @@ def _predicted_step(cell: Cell) -> float | None:
     return _first(recorded, cell.plan.time.step_s if cell.plan is not None else None)
 
 
-def _spread(cell: Cell) -> dict[str, Any] | None:
+def _spread(cell: Cell) -> StepTimeSpread | None:
     """summary.json's step_time_spread, else the spread of the logged steps' times (an older run, or
     one that wrote no summary)."""
     recorded = cell.summary.step_time_spread

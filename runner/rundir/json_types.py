@@ -3,7 +3,8 @@ summary.json's and plan.json's schemas (runner/rundir/summary.py, runner/rundir/
 read their files through.
 
 A hint is what a dataclass field is annotated with: ``int``, ``float``, ``str``, ``bool``, an
-enum (a JSON value of its values), ``X | None``, ``list[X]``, ``dict[str, X]`` or ``Any``.
+enum (a JSON value of its values), ``X | None``, ``list[X]``, ``dict[str, X]``, a TypedDict (a JSON
+object, its keys unchecked) or ``Any``.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import json
 import types
 from enum import Enum
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Union, get_args, get_origin, is_typeddict
 
 
 def holds(value: Any, hint: Any) -> bool:
     """Whether a JSON value has the type ``hint``."""
     if hint is Any:
         return True
+    if is_typeddict(hint):  # a record whose keys its writer names: a JSON object
+        return isinstance(value, dict)
     if isinstance(hint, type) and issubclass(hint, Enum):  # a value of the enum's, as JSON holds it
         return not isinstance(value, bool) and value in {member.value for member in hint}
     if get_origin(hint) in (Union, types.UnionType):
@@ -49,7 +52,7 @@ def type_words(hint: Any) -> str:
     if get_origin(hint) is list:
         (item,) = get_args(hint)
         return f"a list of {type_words(item).split(' ', 1)[-1]}s"
-    if get_origin(hint) is dict:
+    if get_origin(hint) is dict or is_typeddict(hint):
         return "a JSON object"
     return names.get(hint, str(hint))
 

@@ -4,8 +4,9 @@ A run whose filesystem is full cannot write a new file beside summary.json, so i
 ``running``: then the end is written over the old file's own bytes instead, compact, the whole
 summary when it fits and the status and error alone when it does not.
 
-Its schema is ``RunSummary``: every key the file holds, typed (a measured record such as
-``memory`` or ``wall_time`` is a JSON object shaped by the module named at its field). ``schema``
+Its schema is ``RunSummary``: every key the file holds, typed (a nested record such as
+``memory`` is a JSON object whose keys runner/rundir/summary_records.py types, as the module named
+at its field writes them). ``schema``
 names the version; a summary written before it had one (version 0: the same keys) is read and
 upgraded. This module is the file's one writer, one function per phase, each taking that
 phase's typed record:
@@ -29,6 +30,24 @@ from typing import Any, get_type_hints
 from runner.rundir.atomic_json import strict_json, write_json_atomic
 from runner.rundir.json_types import holds, read_json, type_words
 from runner.rundir.run_files import SUMMARY_FILE
+from runner.rundir.summary_records import (
+    CommExposedRecord,
+    CompileRecord,
+    DeviceMemoryPlan,
+    EvalRecord,
+    GoodputRecord,
+    HostMemoryRecord,
+    LossScaleRecord,
+    MemoryRecord,
+    ModelBuildRecord,
+    NoiseScaleRecord,
+    PipelineRecord,
+    SkippedStepsRecord,
+    SlurmRecord,
+    StepTimeRecord,
+    StepTimeSpread,
+    TokenizerRecord,
+)
 
 SCHEMA_VERSION = 1
 # What a run's end records when the full summary cannot be written for want of room.
@@ -88,41 +107,41 @@ class RunSummary:
     zero_stage: int | None = None
     precision: str | None = None
     launcher: str | None = None  # local, torchrun, deepspeed, slurm
-    layout: Record | None = None  # runner/layout.py Layout.to_json
+    layout: dict[str, int] | None = None  # runner/layout.py Layout.to_json
     num_params: int | None = None
     lr: float | None = None  # the learning rate scaled to the global batch
-    slurm: Record | None = None  # launchers/slurm/job.py; None outside SLURM
+    slurm: SlurmRecord | None = None  # launchers/slurm/job.py; None outside SLURM
     layout_history: list[Record] | None = None  # runner/rundir/layout_history.py
-    tokenizer: Record | None = None  # runner/data/tokenizer_dir.py tokenizer_identity
+    tokenizer: TokenizerRecord | None = None  # runner/data/tokenizer_dir.py tokenizer_identity
     micro_size_choice: str | None = None  # batch.micro_size=auto: why this micro batch
     plan_warnings: list[str] | None = None
-    host_memory: Record | None = None  # planned at launch, measured at the attempt's end
-    device_memory_plan: Record | None = None
-    step_time: Record | None = None  # predicted at launch, measured at the attempt's end
+    host_memory: HostMemoryRecord | None = None  # planned at launch, measured at the attempt's end
+    device_memory_plan: DeviceMemoryPlan | None = None
+    step_time: StepTimeRecord | None = None  # predicted at launch, measured at the attempt's end
     checkpoint_disk: Record | None = None  # runner/checkpoint/size.py DiskNeed.to_json
     # The attempt's end (runner/train/attempt_end.py): what rank 0 measured.
     interruptions: list[Record] | None = None  # each stop at a signal (runner/train/preemption.py)
-    final: Record | None = None  # the last logged step's metrics
-    step_time_spread: Record | None = None  # runner/metrics/step_spread.py
+    final: dict[str, float | None] | None = None  # the last logged step's metrics
+    step_time_spread: StepTimeSpread | None = None  # runner/metrics/step_spread.py
     peak_flops_per_device: float | None = None
     peak_flops_source: str | None = None
     peak_flops_calibration: Record | None = None  # runner/hardware/mfu_peak.py
     peak_memory_measure: str | None = None  # runner/hardware/peak_memory.py's label
-    cuda_allocator: Record | None = None
-    memory: Record | None = None  # runner/train/attempt_end.py memory_summary (GB = 1e9 bytes)
+    cuda_allocator: dict[str, float] | None = None
+    memory: MemoryRecord | None = None  # runner/train/attempt_end.py memory_summary (GB = 1e9 bytes)
     accelerator: str | None = None
-    model_build: Record | None = None  # runner/engine/build.py
-    compile: Record | None = None  # runner/engine/compile_blocks.py
-    noise_scale: Record | None = None  # runner/metrics/noise_scale.py
-    comm_exposed: Record | None = None  # runner/metrics/step_probes.py
-    pipeline: Record | None = None  # runner/train/pipeline_hooks.py
-    skipped_steps: Record | None = None  # runner/train/nonfinite.py
-    fp16_loss_scale: Record | None = None  # runner/engine/fixes/fp16_stage0_loss_scale.py
+    model_build: ModelBuildRecord | None = None  # runner/engine/build.py
+    compile: CompileRecord | None = None  # runner/engine/compile_blocks.py
+    noise_scale: NoiseScaleRecord | None = None  # runner/metrics/noise_scale.py
+    comm_exposed: CommExposedRecord | None = None  # runner/metrics/step_probes.py
+    pipeline: PipelineRecord | None = None  # runner/train/pipeline_hooks.py
+    skipped_steps: SkippedStepsRecord | None = None  # runner/train/nonfinite.py
+    fp16_loss_scale: LossScaleRecord | None = None  # runner/engine/fixes/fp16_stage0_loss_scale.py
     resumed_from_step: int | None = None
     profile: Record | None = None  # runner/metrics/step_profiler.py
     wall_time: Record | None = None  # runner/metrics/wall_clock.py
-    eval: Record | None = None  # runner/train/evaluation.py
-    goodput: Record | None = None  # runner/metrics/goodput.py
+    eval: EvalRecord | None = None  # runner/train/evaluation.py
+    goodput: GoodputRecord | None = None  # runner/metrics/goodput.py
     # A diagnosis (runner/diagnose/peer_loss.py): the node a collective lost, and its ranks.
     lost_node: str | None = None
     lost_ranks: list[int] | None = None
@@ -283,17 +302,17 @@ class Prelaunch:
     zero_stage: int
     precision: str
     launcher: str
-    layout: Record
+    layout: dict[str, int]
     num_params: int
     lr: float
-    slurm: Record | None
+    slurm: SlurmRecord | None
     layout_history: list[Record]
-    tokenizer: Record | None  # absent without data.tokenizer
+    tokenizer: TokenizerRecord | None  # absent without data.tokenizer
     micro_size_choice: str | None  # absent unless batch.micro_size=auto
     plan_warnings: list[str]
-    host_memory: Record
-    device_memory_plan: Record
-    step_time: Record
+    host_memory: HostMemoryRecord
+    device_memory_plan: DeviceMemoryPlan
+    step_time: StepTimeRecord
     checkpoint_disk: Record
 
 
@@ -304,29 +323,29 @@ class AttemptEnd:
     outcome: Outcome | None  # None: another rank failed first and recorded why
     interruptions: list[Record] | None  # absent unless this attempt stopped at a signal
     steps_completed: int
-    final: Record
-    step_time_spread: Record | None
-    step_time: Record | None
+    final: dict[str, float | None]
+    step_time_spread: StepTimeSpread | None
+    step_time: StepTimeRecord | None
     peak_flops_per_device: float
     peak_flops_source: str
     peak_flops_calibration: Record | None
     peak_memory_measure: str
-    cuda_allocator: Record | None
-    host_memory: Record
-    memory: Record
+    cuda_allocator: dict[str, float] | None
+    host_memory: HostMemoryRecord
+    memory: MemoryRecord
     accelerator: str
-    model_build: Record
-    compile: Record | None
-    noise_scale: Record
-    comm_exposed: Record
-    pipeline: Record | None
-    skipped_steps: Record
-    fp16_loss_scale: Record | None
+    model_build: ModelBuildRecord
+    compile: CompileRecord | None
+    noise_scale: NoiseScaleRecord
+    comm_exposed: CommExposedRecord
+    pipeline: PipelineRecord | None
+    skipped_steps: SkippedStepsRecord
+    fp16_loss_scale: LossScaleRecord | None
     resumed_from_step: int | None
     profile: Record | None
     wall_time: Record
-    eval: Record | None
-    goodput: Record | None
+    eval: EvalRecord | None
+    goodput: GoodputRecord | None
 
 
 def write_prelaunch(run_dir: Path, record: Prelaunch) -> None:

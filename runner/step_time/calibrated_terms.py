@@ -124,7 +124,32 @@ def _zero3_terms(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration, local: int
 ) -> list[Term]:
     """ZeRO-3's own work per micro-batch, as DeepSpeed 0.19.8 does it
-    (runner/step_time/measured/zero3_overhead.py names each function):
+    (runner/step_time/measured/zero3_overhead.py names each function): each tensor's hooks and
+    fetches (:func:`_zero3_tensor_terms`) and the passes over the gathered parameters' bytes
+    (:func:`_zero3_byte_terms`)."""
+    threshold = persistence_threshold_elements(knobs.spec.param_persistence_threshold, workload.model)
+    numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
+    tensors = sum(1 for n in numels if n > threshold)  # gathered
+    again, again_tensors = layout_regathered(workload, knobs, layout)  # gathered again in backward
+    terms = _zero3_tensor_terms(
+        calibration,
+        accum=layout.accum_steps,
+        visited=len(numels),
+        tensors=tensors,
+        again_tensors=again_tensors,
+    )
+    if not tensors:
+        return terms
+    gathered = sum(n for n in numels if n > threshold)
+    return terms + _zero3_byte_terms(
+        workload, layout, calibration, local, gathered=gathered, tensors=tensors, again=again
+    )
+
+
+def _zero3_tensor_terms(
+    calibration: Calibration, *, accum: int, visited: int, tensors: int, again_tensors: int
+) -> list[Term]:
+    """ZeRO-3's work per parameter tensor, ``visited`` of them on this rank, ``tensors`` gathered:
 
     - ``zero3 hooks``: every parameter tensor its hooks visit, persistent or not: the four module
       hooks (runtime/zero/parameter_offload.py ``_register_deepspeed_module``) call the
@@ -136,21 +161,8 @@ def _zero3_terms(
     - ``zero3 fetches``: a gathered tensor's own launch, wait and free (``__all_gather_params_``,
       its handle's ``wait``, ``__release_param``), which a tensor at or under the persistence
       threshold (``stage3_param_persistence_threshold``) never pays: it stays whole on every rank.
-    - its passes over the gathered parameters' bytes: each tensor gathered into a whole buffer in
-      forward and, where DeepSpeed released it (runner/step_time/zero3_reuse.py), again in backward,
-      its gradient reduce-scattered out of one
-      (:data:`ZERO3_PASSES`, each read and written), at the copy bandwidth; a tensor above glibc's
-      mmap threshold is a fresh allocation each time, at the page-fault rate on a CPU. Where the
-      device's calibration measured ZeRO-3's cost per byte (DeepSpeed at two tensor sizes), that
-      figure prices the gathered bytes instead (``zero3 copies``): it holds every copy DeepSpeed
-      makes of a tensor and its gradient on that device, whatever their number.
     """
     terms: list[Term] = []
-    threshold = persistence_threshold_elements(knobs.spec.param_persistence_threshold, workload.model)
-    numels = rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
-    visited, accum = len(numels), layout.accum_steps
-    tensors = sum(1 for n in numels if n > threshold)  # gathered
-    again, again_tensors = layout_regathered(workload, knobs, layout)  # gathered again in backward
     hooks = calibration.zero3_hook_seconds()
     if hooks is not None:
         how, fitted = _figure_words(calibration, "zero3_hook_s")
@@ -176,38 +188,57 @@ def _zero3_terms(
                 fitted=fitted,
             )
         )
-    if not tensors:
-        return terms
-    elem = workload.precision.bytes
+    return terms
+
+
+def _zero3_byte_terms(
+    workload: Workload,
+    layout: Layout,
+    calibration: Calibration,
+    local: int,
+    *,
+    gathered: int,
+    tensors: int,
+    again: int,
+) -> list[Term]:
+    """ZeRO-3's passes over the gathered parameters' bytes (``gathered`` elements of the rank's
+    ``local`` in ``tensors`` tensors, ``again`` elements gathered again in backward): each tensor
+    gathered into a whole buffer in forward and, where DeepSpeed released it
+    (runner/step_time/zero3_reuse.py), again in backward, its gradient reduce-scattered out of one
+    (:data:`ZERO3_PASSES`, each read and written), at the copy bandwidth; a tensor above glibc's
+    mmap threshold is a fresh allocation each time, at the page-fault rate on a CPU. Where the
+    device's calibration measured ZeRO-3's cost per byte (DeepSpeed at two tensor sizes), that
+    figure prices the gathered bytes instead (``zero3 copies``): it holds every copy DeepSpeed
+    makes of a tensor and its gradient on that device, whatever their number.
+    """
+    accum, elem = layout.accum_steps, workload.precision.bytes
     per_byte = calibration.zero3_byte_seconds()
     if per_byte is not None:
-        gathered = elem * sum(n for n in numels if n > threshold)
-        terms.append(
+        gathered_bytes = elem * gathered
+        return [
             Term(
                 "zero3 copies",
-                accum * (gathered + elem * again) * per_byte,
-                f"{gathered / 1e9:.3g} GB of partitioned parameters per micro-batch "
+                accum * (gathered_bytes + elem * again) * per_byte,
+                f"{gathered_bytes / 1e9:.3g} GB of partitioned parameters per micro-batch "
                 f"({elem * again / 1e9:.3g} GB gathered again in backward) x "
                 f"{per_byte * 1e9:.3g} s/GB (measured with DeepSpeed)",
             )
-        )
-        return terms
+        ]
     vocab = workload.model.vocab_size // layout.tp * workload.model.d_model * elem
     large = vocab * (1 if workload.model.tie_embeddings else 2) if vocab >= MMAP_THRESHOLD_MAX else 0
     copy, fresh = calibration.copy_rate(local * elem / tensors), _fresh_rate(workload, calibration)
     if copy is None:
-        return terms
+        return []
     passes = ZERO3_PASSES - 1 + again / local  # backward gathers only what forward released
     seconds = passes * 2 * (local * elem - large) / copy
     seconds += passes * large / (fresh or copy)
-    terms.append(
+    return [
         Term(
             "zero3 gathers",
             accum * seconds,
             f"{passes:.3g} passes over {local * elem / 1e9:.3g} GB of parameters per micro-batch",
         )
-    )
-    return terms
+    ]
 
 
 def _copy_seconds(copy: StepCopy, calibration: Calibration, fresh_rate: float | None) -> float | None:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.config import ClusterConfig, ModelConfig, Precision
 from runner.hardware import calibration_seconds
@@ -41,6 +41,9 @@ from runner.hardware.cuda_devices import cuda_available
 from runner.hardware.host_pace import reference_seconds
 from runner.hardware.host_ranks import host_ranks
 from runner.step_time.measured import figures as calibrations
+
+if TYPE_CHECKING:
+    import torch
 
 GB = 1e9  # decimal gigabyte: the unit of cluster.device_memory_gb and *_gbps
 # A calibration figure measured while other processes kept more than this many of the rank's
@@ -257,8 +260,6 @@ def _measure_here(
     import torch  # deferred: only a plan that predicts time on this host's device measures it
 
     from runner.hardware import calibrate
-    from runner.step_time.measured import zero3_overhead as calibrate_zero3
-    from runner.step_time.measured.block_timing import block_seconds, cross_entropy_seconds, rest_seconds
 
     device = torch.device("cuda" if cuda else "cpu")
     dtype = precision.torch_dtype
@@ -266,56 +267,12 @@ def _measure_here(
     name = torch.cuda.get_device_name(0) if cuda else cores
     count = 0 if cuda else threads
 
+    figure = functools.partial(_figure, device=device, dtype=dtype, threads=count, ranks_here=ranks_here)
+
     def measure(kind: str, shape: tuple[int, ...]) -> tuple[Any, bool]:
         """The figure, and whether the host was quiet while it was measured."""
         with _progress(kind, shape, str(dtype).removeprefix("torch.")):
             return _quietest(functools.partial(figure, kind, shape), timed_busy=not cuda)
-
-    def figure(kind: str, shape: tuple[int, ...]) -> Any:
-        with calibrate.threads(count or None, neighbours=0 if cuda else ranks_here - 1):
-            if kind == "gemm":
-                m, k, n = shape
-                limit = float("inf") if cuda else calibrate.MAX_GEMM_FLOPS  # a GPU times the real shape
-                return list(calibrate.gemm_rates(m, k, n, dtype=dtype, device=device, max_flops=limit))
-            if kind == "attention":
-                b, h, s, d = shape
-                return list(calibrate.attention_seconds(b, h, s, d, dtype=dtype, device=device))
-            if kind == "copy":
-                return calibrate.copy_rate(shape[0], device=device)
-            if kind == "block":
-                micro, seq, d, heads, kv, ffn = shape
-                cfg = ModelConfig(
-                    name="block", n_layer=1, n_head=heads, n_kv_head=kv, d_model=d, ffn_hidden=ffn
-                )
-                cfg = dataclasses.replace(cfg, max_seq_len=seq)
-                return block_seconds(cfg, micro, seq, dtype=dtype, device=device)
-            if kind in ("rest", "rest_compiled"):
-                micro, seq, d, heads, kv, ffn = shape
-                cfg = ModelConfig(
-                    name="block", n_layer=1, n_head=heads, n_kv_head=kv, d_model=d, ffn_hidden=ffn
-                )
-                cfg = dataclasses.replace(cfg, max_seq_len=seq)
-                compiled = kind == "rest_compiled"
-                return rest_seconds(cfg, micro, seq, dtype=dtype, device=device, compiled=compiled)
-            if kind == "cross_entropy":
-                return cross_entropy_seconds(shape[0], shape[1], dtype=dtype, device=device)
-            if kind == "adamw":
-                return calibrate.adamw_rate(shape[0], device=device)
-            single = {
-                "op_s": lambda: calibrate.op_seconds(device=device),
-                "fresh_bytes_per_s": lambda: calibrate.fresh_rate(device=device),
-                # two ranks of this host over gloo; a GPU's links are the cluster's
-                "allreduce": lambda: None if cuda else list(calibrate.allreduce_costs()),
-                # past the caches, as a ZeRO-1/2 parameter bucket is (gloo gathers slower there)
-                "allgather": lambda: None if cuda else list(calibrate.allgather_costs()),
-                # DeepSpeed itself, in a child process of one rank with this rank's threads
-                "engine_param_s": lambda: calibrate_zero3.engine_param_seconds(
-                    device_type=device.type, threads=count or None
-                ),
-            }
-            if kind in single:
-                return single[kind]()
-        raise ValueError(f"no calibration of {kind}")
 
     here = calibrations.local(
         name,
@@ -331,6 +288,65 @@ def _measure_here(
         here.gemm_cap_flops, here.block_cap_params = calibrate.MAX_GEMM_FLOPS, BLOCK_CAP_PARAMS
         here.rest_cap_elements = REST_CAP_ELEMENTS
     return here
+
+
+def _figure(
+    kind: str,
+    shape: tuple[int, ...],
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    threads: int,
+    ranks_here: int,
+) -> Any:
+    """One calibration figure of ``kind`` at ``shape`` on ``device`` in ``dtype``, measured on a
+    rank's ``threads`` (0: a GPU's, which do not share the host's cores) beside ``ranks_here`` - 1
+    neighbours."""
+    from runner.hardware import calibrate
+    from runner.step_time.measured import zero3_overhead as calibrate_zero3
+    from runner.step_time.measured.block_timing import block_seconds, cross_entropy_seconds, rest_seconds
+
+    cuda = device.type == "cuda"
+    with calibrate.threads(threads or None, neighbours=0 if cuda else ranks_here - 1):
+        if kind == "gemm":
+            m, k, n = shape
+            limit = float("inf") if cuda else calibrate.MAX_GEMM_FLOPS  # a GPU times the real shape
+            return list(calibrate.gemm_rates(m, k, n, dtype=dtype, device=device, max_flops=limit))
+        if kind == "attention":
+            b, h, s, d = shape
+            return list(calibrate.attention_seconds(b, h, s, d, dtype=dtype, device=device))
+        if kind == "copy":
+            return calibrate.copy_rate(shape[0], device=device)
+        if kind == "block":
+            micro, seq, d, heads, kv, ffn = shape
+            cfg = ModelConfig(name="block", n_layer=1, n_head=heads, n_kv_head=kv, d_model=d, ffn_hidden=ffn)
+            cfg = dataclasses.replace(cfg, max_seq_len=seq)
+            return block_seconds(cfg, micro, seq, dtype=dtype, device=device)
+        if kind in ("rest", "rest_compiled"):
+            micro, seq, d, heads, kv, ffn = shape
+            cfg = ModelConfig(name="block", n_layer=1, n_head=heads, n_kv_head=kv, d_model=d, ffn_hidden=ffn)
+            cfg = dataclasses.replace(cfg, max_seq_len=seq)
+            compiled = kind == "rest_compiled"
+            return rest_seconds(cfg, micro, seq, dtype=dtype, device=device, compiled=compiled)
+        if kind == "cross_entropy":
+            return cross_entropy_seconds(shape[0], shape[1], dtype=dtype, device=device)
+        if kind == "adamw":
+            return calibrate.adamw_rate(shape[0], device=device)
+        single = {
+            "op_s": lambda: calibrate.op_seconds(device=device),
+            "fresh_bytes_per_s": lambda: calibrate.fresh_rate(device=device),
+            # two ranks of this host over gloo; a GPU's links are the cluster's
+            "allreduce": lambda: None if cuda else list(calibrate.allreduce_costs()),
+            # past the caches, as a ZeRO-1/2 parameter bucket is (gloo gathers slower there)
+            "allgather": lambda: None if cuda else list(calibrate.allgather_costs()),
+            # DeepSpeed itself, in a child process of one rank with this rank's threads
+            "engine_param_s": lambda: calibrate_zero3.engine_param_seconds(
+                device_type=device.type, threads=threads or None
+            ),
+        }
+        if kind in single:
+            return single[kind]()
+    raise ValueError(f"no calibration of {kind}")
 
 
 def _reference_on(threads: int) -> float:

@@ -247,80 +247,106 @@ def _rest(
 
     Measured (runner/step_time/measured/block_timing.py): the block's own non-GEMM code at the run's shape,
     eager or compiled as the run asks, its floor the same ops at a trivial shape; the loss at
-    (tokens, vocab / tp). Not measured on the device (a calibration file without them): their
-    bytes over the copy bandwidth, eager's as its kernels move them (counted on meta tensors,
-    runner/step_time/eager_traffic.py), a compiled block's each op's tensors once in the compute dtype
-    (:data:`NORM_AND_RESIDUAL` ...), :data:`OPS_PER_LAYER` eager ops at one op's measured dispatch
-    (a CPU's; a GPU's queue hides it), and the term says so."""
+    (tokens, vocab / tp). Not measured on the device (a calibration file without them): priced
+    by :func:`_block_rest_over_bandwidth` and :func:`_loss_forward`, and the term says so."""
     model, tp = workload.model, layout.tp
-    tokens = layout.micro_size * rank_seq_len(workload, layout)
-    elem = workload.precision.bytes
     h, f = model.d_model, model.ffn_hidden
-    kv = h * n_kv_head(model) // model.n_head
     heads, kv_heads = model.n_head // tp, max(1, n_kv_head(model) // tp)
     shape = (layout.micro_size, rank_seq_len(workload, layout), h, heads, kv_heads, f // tp)
     mode = "compiled" if workload.compiled else "eager"
     measured = calibration.rest_seconds(*shape, compiled=workload.compiled)
-    loss = calibration.cross_entropy_s(tokens, model.vocab_size // tp)
     missing = []
     if measured is not None:
         block_rest, floor, how = measured
         block_words = f"the block's non-GEMM part {mode}, {how}"
         dispatch_words = f"its ops at a trivial shape ({how.split(' at ')[0]}): the floor their dispatch sets"
     else:
-        # A CPU runs each op as it is dispatched; a GPU queues kernels while the host dispatches
-        # the next, so the host's dispatch time hides behind them (a GPU's calibration has threads 0).
-        op_s = (calibration.op_seconds() or 0.0) if calibration.threads else 0.0
-        per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
-        fused_forward = tokens * per_token * elem
-        if workload.compiled:
-            block_bytes = fused_forward * (1 + BACKWARD_ELEMENTS)
-            traffic = "compiled: each op's tensors read and written once in the compute dtype"
-        else:
-            counted, kernels = block_rest_traffic(
-                _rank_block(workload, layout),
-                layout.micro_size,
-                rank_seq_len(workload, layout),
-                workload.precision.torch_dtype_name,
-                h // model.n_head,
-            )
-            block_bytes = float(counted)
-            traffic = f"eager: {kernels} kernels' bytes, counted (runner/step_time/eager_traffic.py)"
-        # The rate of a copy as large as the whole forward's tensors: they stream through the caches
-        # once, each written by one kernel and read by the next after others ran between (eager's
-        # further passes over them go at the same rate).
-        block_rate = calibration.copy_rate(layers * fused_forward)
-        if block_rate is None:
+        priced = _block_rest_over_bandwidth(workload, layout, calibration, layers)
+        if priced is None:
             return None
-        floor = OPS_PER_LAYER * op_s
-        block_rest = block_bytes / block_rate + floor
-        block_words = (
-            f"norms, RoPE, SwiGLU, residuals {traffic}, over copy bandwidth, not timed at this shape"
-        )
-        dispatch_words = (
-            f"{OPS_PER_LAYER} eager ops per block at one op's dispatch, not measured at this shape"
-        )
+        block_rest, floor, block_words, dispatch_words = priced
         missing.append(f"the block's non-GEMM part ({mode})")
-    if loss is not None:
-        head, loss_words = loss[0] / (1 + BACKWARD_ELEMENTS), f"cross-entropy {loss[1]}"
-    else:
-        # The loss runs eagerly in a compiled run too (runner/engine/compile_blocks.py compiles blocks).
-        loss_bytes, loss_kernels = loss_traffic(
-            tokens, model.vocab_size // tp, workload.precision.torch_dtype_name
-        )
-        head_rate = calibration.copy_rate(loss_bytes)
-        if head_rate is None:
-            return None
-        head = loss_bytes / head_rate / (1 + BACKWARD_ELEMENTS)
-        loss_words = (
-            f"cross-entropy: eager, {loss_kernels} kernels' bytes, counted, over copy bandwidth, "
-            "not timed at this shape"
-        )
+    loss = _loss_forward(workload, layout, calibration)
+    if loss is None:
+        return None
+    head, loss_words, loss_measured = loss
+    if not loss_measured:
         missing.append("the cross-entropy")
     words = f"{block_words}; {loss_words}"
     if missing and calibration.measure is None:
         words += f"; {' and '.join(missing)} not measured on this device ({calibration.device})"
     return block_rest, floor, head, words, dispatch_words
+
+
+def _block_rest_over_bandwidth(
+    workload: Workload, layout: Layout, calibration: Calibration, layers: int
+) -> tuple[float, float, str, str] | None:
+    """One block's non-GEMM part forward + backward and its dispatch floor (seconds), and the
+    words for each, where the calibration did not time them (None: no copy bandwidth).
+
+    Their bytes over the copy bandwidth, eager's as its kernels move them (counted on meta tensors,
+    runner/step_time/eager_traffic.py), a compiled block's each op's tensors once in the compute dtype
+    (:data:`NORM_AND_RESIDUAL` ...), :data:`OPS_PER_LAYER` eager ops at one op's measured dispatch
+    (a CPU's; a GPU's queue hides it)."""
+    model, tp = workload.model, layout.tp
+    tokens = layout.micro_size * rank_seq_len(workload, layout)
+    elem = workload.precision.bytes
+    h, f = model.d_model, model.ffn_hidden
+    kv = h * n_kv_head(model) // model.n_head
+    # A CPU runs each op as it is dispatched; a GPU queues kernels while the host dispatches
+    # the next, so the host's dispatch time hides behind them (a GPU's calibration has threads 0).
+    op_s = (calibration.op_seconds() or 0.0) if calibration.threads else 0.0
+    per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
+    fused_forward = tokens * per_token * elem
+    if workload.compiled:
+        block_bytes = fused_forward * (1 + BACKWARD_ELEMENTS)
+        traffic = "compiled: each op's tensors read and written once in the compute dtype"
+    else:
+        counted, kernels = block_rest_traffic(
+            _rank_block(workload, layout),
+            layout.micro_size,
+            rank_seq_len(workload, layout),
+            workload.precision.torch_dtype_name,
+            h // model.n_head,
+        )
+        block_bytes = float(counted)
+        traffic = f"eager: {kernels} kernels' bytes, counted (runner/step_time/eager_traffic.py)"
+    # The rate of a copy as large as the whole forward's tensors: they stream through the caches
+    # once, each written by one kernel and read by the next after others ran between (eager's
+    # further passes over them go at the same rate).
+    block_rate = calibration.copy_rate(layers * fused_forward)
+    if block_rate is None:
+        return None
+    floor = OPS_PER_LAYER * op_s
+    block_rest = block_bytes / block_rate + floor
+    block_words = f"norms, RoPE, SwiGLU, residuals {traffic}, over copy bandwidth, not timed at this shape"
+    dispatch_words = f"{OPS_PER_LAYER} eager ops per block at one op's dispatch, not measured at this shape"
+    return block_rest, floor, block_words, dispatch_words
+
+
+def _loss_forward(
+    workload: Workload, layout: Layout, calibration: Calibration
+) -> tuple[float, str, bool] | None:
+    """The cross-entropy's forward share (seconds), in words, and whether the calibration timed it
+    at (tokens, vocab / tp); else its eager kernels' bytes over the copy bandwidth (None: no copy
+    bandwidth)."""
+    tp = layout.tp
+    tokens = layout.micro_size * rank_seq_len(workload, layout)
+    loss = calibration.cross_entropy_s(tokens, workload.model.vocab_size // tp)
+    if loss is not None:
+        return loss[0] / (1 + BACKWARD_ELEMENTS), f"cross-entropy {loss[1]}", True
+    # The loss runs eagerly in a compiled run too (runner/engine/compile_blocks.py compiles blocks).
+    loss_bytes, loss_kernels = loss_traffic(
+        tokens, workload.model.vocab_size // tp, workload.precision.torch_dtype_name
+    )
+    head_rate = calibration.copy_rate(loss_bytes)
+    if head_rate is None:
+        return None
+    loss_words = (
+        f"cross-entropy: eager, {loss_kernels} kernels' bytes, counted, over copy bandwidth, "
+        "not timed at this shape"
+    )
+    return loss_bytes / head_rate / (1 + BACKWARD_ELEMENTS), loss_words, False
 
 
 __all__ = ["BACKWARD_ELEMENTS", "MicroCompute", "gemm_caveats", "micro_compute", "rank_seq_len"]

@@ -58,41 +58,69 @@ def step_copies(
     local: int,
 ) -> list[StepCopy]:
     """The passes of one optimizer step on a rank holding ``local`` parameters (module docstring)."""
+    if zero_stage is ZeroStage.ddp:
+        return _ddp_step_copies(precision=precision, local=local)
+    return _zero_step_copies(
+        zero_stage=zero_stage,
+        precision=precision,
+        offload=offload,
+        dp=dp,
+        accum_steps=accum_steps,
+        local=local,
+    )
+
+
+def _ddp_step_copies(*, precision: Precision, local: int) -> list[StepCopy]:
+    """The passes of a DDP step: the norm, the all-reduce's flatten and copy back, in 16-bit the
+    unfused optimizer's casts, and the clip over fp32 gradients."""
+    grads = local * Precision(precision).bytes
+    copies = [
+        StepCopy("gradient norm", grads, 0, False, "the clip's norm over every gradient"),
+        StepCopy(
+            "gradients flattened for the all-reduce",
+            grads,
+            grads,
+            True,
+            "engine.py allreduce_bucket",
+            FLATTEN,
+        ),
+        StepCopy(
+            "all-reduced gradients copied back",
+            grads,
+            grads,
+            False,
+            "engine.py allreduce_and_copy",
+            FLATTEN,
+        ),
+    ]
+    clipper = "engine.py clip_fp32_gradients"
+    if precision != Precision.fp32:
+        clipper = "unfused_optimizer.py unscale_and_clip_grads"
+        copies += [
+            StepCopy("gradients cast to fp32", grads, 4 * local, False, "unfused_optimizer.py step"),
+            StepCopy(
+                "fp32 weights back into the model's", 4 * local, grads, False, "unfused_optimizer.py step"
+            ),
+        ]
+    return [
+        *copies,
+        StepCopy("clip: fp32 gradients scaled", 4 * local, 4 * local, False, clipper),
+    ]
+
+
+def _zero_step_copies(
+    *,
+    zero_stage: ZeroStage,
+    precision: Precision,
+    offload: OffloadPlacement,
+    dp: int,
+    accum_steps: int,
+    local: int,
+) -> list[StepCopy]:
+    """The passes of a ZeRO step over this rank's partition: the norm, at stages 1-2 the reduce
+    bucket's copies, the fp32 gradients and weights, and under offload the clip."""
     g = Precision(precision).bytes
     grads = local * g
-    if zero_stage is ZeroStage.ddp:
-        copies = [
-            StepCopy("gradient norm", grads, 0, False, "the clip's norm over every gradient"),
-            StepCopy(
-                "gradients flattened for the all-reduce",
-                grads,
-                grads,
-                True,
-                "engine.py allreduce_bucket",
-                FLATTEN,
-            ),
-            StepCopy(
-                "all-reduced gradients copied back",
-                grads,
-                grads,
-                False,
-                "engine.py allreduce_and_copy",
-                FLATTEN,
-            ),
-        ]
-        clipper = "engine.py clip_fp32_gradients"
-        if precision != Precision.fp32:
-            clipper = "unfused_optimizer.py unscale_and_clip_grads"
-            copies += [
-                StepCopy("gradients cast to fp32", grads, 4 * local, False, "unfused_optimizer.py step"),
-                StepCopy(
-                    "fp32 weights back into the model's", 4 * local, grads, False, "unfused_optimizer.py step"
-                ),
-            ]
-        return [
-            *copies,
-            StepCopy("clip: fp32 gradients scaled", 4 * local, 4 * local, False, clipper),
-        ]
     stepped = -(-local // max(1, dp))
     norm = "the clip's norm over the partition"
     if offload == OffloadPlacement.none:

@@ -21,6 +21,7 @@ from runner.metrics.step_spread import WARMUP_STEPS, step_time_spread
 from runner.metrics.wall_clock import wall_parts
 from runner.rundir.disk_room import no_room_words, out_of_room
 from runner.rundir.summary import AttemptEnd, Outcome, RunStatus, RunSummary, run_summary, write_attempt_end
+from runner.rundir.summary_records import CommExposedRecord, HostMemoryRecord, MemoryRecord, StepTimeRecord
 from runner.train.evaluation import evaluation_summary
 from runner.train.pipeline_hooks import pipeline_summary
 from runner.train.trainer import Trainer
@@ -30,13 +31,13 @@ log = logging.getLogger("ladder")
 
 def memory_summary(
     estimate: Estimate, measured: Ledger | None, *, peak_bytes: float, measured_at: str
-) -> dict[str, Any]:
+) -> MemoryRecord:
     """The ledger as summary.json keeps it (GB = 1e9 bytes)."""
 
     def gb(values: dict[str, int]) -> dict[str, float]:
         return {f"{name}_gb": value / 1e9 for name, value in values.items()}
 
-    summary: dict[str, Any] = {
+    summary: MemoryRecord = {
         "unit": "GB (1e9 bytes)",
         "estimated": {
             **gb(estimate.terms),
@@ -72,13 +73,13 @@ def recorded_unless_out_of_room(status: Outcome | None, run_dir: Path) -> Iterat
 
 
 def measured_step_time(
-    recorded: Any, step_s: Sequence[float], *, warmup: int = WARMUP_STEPS
-) -> dict[str, Any] | None:
+    recorded: StepTimeRecord | None, step_s: Sequence[float], *, warmup: int = WARMUP_STEPS
+) -> StepTimeRecord | None:
     """summary.json's ``step_time``: the plan's prediction, recorded at launch
     (launchers/run_record.py ``step_time_plan_record``), with the attempt's measured step beside it:
     the median of its step times after the first ``warmup`` (as the report's medians leave them
     out) and the model's relative error, (predicted - measured) / measured. None: nothing to record."""
-    record = dict(recorded) if isinstance(recorded, dict) else {}
+    record = recorded.copy() if isinstance(recorded, dict) else StepTimeRecord()
     kept = list(step_s[warmup:])
     if not kept:
         return record or None
@@ -87,7 +88,7 @@ def measured_step_time(
     error = None
     if isinstance(predicted, int | float) and not isinstance(predicted, bool) and measured > 0:
         error = (predicted - measured) / measured
-    record.update(measured_s=measured, measured_steps=len(kept), error=error)
+    record["measured_s"], record["measured_steps"], record["error"] = measured, len(kept), error
     return record
 
 
@@ -125,7 +126,7 @@ def record_end(
             outcome=status,
             interruptions=interruptions,
             steps_completed=completed,
-            final=last,
+            final={**last},  # a copy typed as the schema holds it (NaN: null)
             step_time_spread=step_time_spread(list(wall.step_times)),
             step_time=measured_step_time(recorded.step_time, list(wall.step_times)),
             peak_flops_per_device=trainer.peak_flops,
@@ -165,17 +166,17 @@ def record_end(
     )
 
 
-def _comm_exposed(measured: dict[str, Any], recorded: RunSummary) -> dict[str, Any]:
+def _comm_exposed(measured: CommExposedRecord, recorded: RunSummary) -> CommExposedRecord:
     """summary.json's ``comm_exposed``: the seconds a step measured blocked in collectives, with the
     plan's exposed communication per step beside them (recorded at launch)."""
     planned = (recorded.step_time or {}).get("comm_exposed_s")
     return {**measured, "planned_seconds_per_step": planned}
 
 
-def _host_memory(recorded: RunSummary, last: dict[str, Any]) -> dict[str, Any]:
+def _host_memory(recorded: RunSummary, last: dict[str, float]) -> HostMemoryRecord:
     """summary.json's ``host_memory``: the plan's (recorded at launch) with the measured peak beside it."""
     return {
-        **(recorded.host_memory or {}),
+        **(recorded.host_memory or HostMemoryRecord()),
         "measured_per_rank_gb": last.get("memory/host_peak_gb"),
         "measured": "the process's high-water RSS since it started, the most over ranks",
     }

@@ -11,8 +11,6 @@ schedule and averages over micro-batches and pipelines (runner/train/trainer.py 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
@@ -22,6 +20,7 @@ from runner.data.text_corpus import builtin_held_out_text
 from runner.data.token_file import token_source_words
 from runner.engine.deepspeed_engine import DeepSpeedEngine
 from runner.layout import Layout
+from runner.rundir.summary_records import EvalRecord, Evaluated
 
 
 def held_out_loss(
@@ -64,11 +63,11 @@ def held_out_words(data: DataConfig) -> str:
 
 
 def evaluation_summary(
-    train: TrainLoopConfig, data: DataConfig, evaluated: dict[str, Any] | None, *, global_size: int
-) -> dict[str, Any]:
+    train: TrainLoopConfig, data: DataConfig, evaluated: Evaluated | None, *, global_size: int
+) -> EvalRecord:
     """summary.json's ``eval``: the latest held-out loss, its step, and what it was measured on."""
     return {
-        **(evaluated or {"loss": None, "step": None}),
+        **(evaluated or Evaluated(loss=None, step=None)),
         "every": train.eval_every,
         "sequences": train.eval_batches * global_size,
         "tokens": train.eval_batches * global_size * data.seq_len,

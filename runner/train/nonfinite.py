@@ -28,6 +28,7 @@ from typing import Any
 
 from runner.config import OnNonFinite
 from runner.engine.deepspeed_engine import DeepSpeedEngine
+from runner.rundir.summary_records import SkippedStepsRecord
 from runner.train.step_hooks import StepHooks
 
 
@@ -63,7 +64,7 @@ class NonFiniteGuard(StepHooks):
         """The step's hook at the boundary: :meth:`should_skip` on the step's loss."""
         return self.should_skip(loss, step=step)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SkippedStepsRecord:
         """What summary.json keeps: the policy, how many steps were skipped and which."""
         return {"policy": self.policy.value, "count": len(self.skipped), "steps": list(self.skipped)}
 

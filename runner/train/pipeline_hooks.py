@@ -29,6 +29,7 @@ from runner.engine.deepspeed_engine import PipelineEngine, pipeline_stages
 from runner.layout import Layout
 from runner.metrics.phase_clock import PhaseClock
 from runner.parallel.pipeline_split import stage_blocks
+from runner.rundir.summary_records import PipelineRecord
 from runner.train.nonfinite import skipping
 from runner.train.step_hooks import StepHooks
 
@@ -169,7 +170,7 @@ class PipelineHooks:
 
 def pipeline_summary(
     engine: PipelineEngine, layout: Layout, *, step_s: float | None, p2p_s: float | None
-) -> dict[str, Any]:
+) -> PipelineRecord:
     """What summary.json keeps about the pipeline: split, schedule, bubble predicted and measured.
 
     The bubble is (pp - 1) / accum of the ideal step (Narayanan et al. 2021, Sec. 2.2.1),

@@ -36,6 +36,7 @@ from runner.model.shape import n_kv_head
 from runner.model.transformer import num_params
 from runner.parallel.sequence import sequence_groups, split_sequence
 from runner.rundir import checkpoint_record
+from runner.rundir.summary_records import ModelBuild
 from runner.train.context import RunContext
 from runner.train.preemption import resumes
 from runner.train.step_hooks import StepHooks
@@ -118,7 +119,7 @@ def matmuls_for(ctx: RunContext) -> Iterator[None]:
         yield
 
 
-def build_engine(ctx: RunContext, wall: WallClock) -> tuple[DeepSpeedEngine, dict[str, Any], int]:
+def build_engine(ctx: RunContext, wall: WallClock) -> tuple[DeepSpeedEngine, ModelBuild, int]:
     """The model built for the layout (compiled blocks with train.compile), then DeepSpeed's engine
     with its faults fixed; the build's record and the blocks compiled."""
     config = ctx.config

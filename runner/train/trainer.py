@@ -56,6 +56,7 @@ from runner.metrics.throughput import throughput_metrics
 from runner.metrics.wall_clock import WallClock, wall_parts
 from runner.parallel.sequence import backward_loss
 from runner.parallel.tensor import grad_norm as tp_grad_norm
+from runner.rundir.summary_records import Evaluated
 from runner.train import saving
 from runner.train.context import RunContext
 from runner.train.evaluation import held_out_loss
@@ -104,7 +105,7 @@ class Progress:
     # activations over the first micro-batch of the first step.
     ledger_step: int | None = None
     updated: bool = False  # some step of this attempt applied its update
-    evaluated: dict[str, Any] | None = None  # the latest held-out evaluation of this attempt
+    evaluated: Evaluated | None = None  # the latest held-out evaluation of this attempt
 
 
 def memory_metrics(estimate: Estimate, measured: Ledger | None) -> dict[str, float]:

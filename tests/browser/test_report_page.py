@@ -53,8 +53,20 @@ def write_cell(
     run_dir: Path, *, parallel: str, gpus: int, mfu: float, status: str = "completed", **extra: Any
 ) -> None:
     """A run directory as train.py leaves it, with memory terms estimated and measured."""
-    (run_dir / ".hydra").mkdir(parents=True)
     zero = int(parallel[-1]) if parallel[-1].isdigit() else 0
+    write_hydra_config(run_dir, parallel=parallel, gpus=gpus, zero=zero)
+    steps = extra.pop("steps", 12)
+    losses = write_metrics(run_dir, gpus=gpus, zero=zero, mfu=mfu, steps=steps)
+    error = extra.pop("error", None)
+    summary = cell_summary(
+        parallel=parallel, gpus=gpus, zero=zero, mfu=mfu, status=status, error=error, losses=losses
+    )
+    (run_dir / "summary.json").write_text(json.dumps({**summary, **extra}))
+
+
+def write_hydra_config(run_dir: Path, *, parallel: str, gpus: int, zero: int) -> None:
+    """The cell's .hydra/config.yaml and overrides.yaml."""
+    (run_dir / ".hydra").mkdir(parents=True)
     config = {
         "model": {"name": "llama_1b"},
         "precision": {"name": "bf16"},
@@ -67,7 +79,10 @@ def write_cell(
     (run_dir / ".hydra" / "overrides.yaml").write_text(
         yaml.safe_dump([f"parallel={parallel}", f"gpus={gpus}"])
     )
-    steps = extra.pop("steps", 12)
+
+
+def write_metrics(run_dir: Path, *, gpus: int, zero: int, mfu: float, steps: int) -> list[float]:
+    """The cell's metrics.jsonl, one record a step with its loss, MFU and phase times; returns the losses."""
     losses = [3.0 + 2.5 * 0.8**s + 1e-6 * gpus for s in range(steps)]
     # Where the step's time goes: the same work spread over more ranks, backward holding ZeRO's reductions.
     phases = {
@@ -90,6 +105,11 @@ def write_cell(
         for s, loss in enumerate(losses)
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return losses
+
+
+def estimated_terms(*, parallel: str, gpus: int, zero: int) -> dict[str, float]:
+    """The cell's estimated memory terms (GB): what each ZeRO stage shards over ``gpus``."""
     shard = {"ddp": 1, "zero1": 1, "zero2": gpus, "zero3": gpus}[parallel]
     est = {
         "params": 2.0 / (gpus if zero == 3 else 1),
@@ -99,10 +119,18 @@ def write_cell(
     }
     if zero == 0:
         est["optimizer"] = 12.0
+    return est
+
+
+def cell_summary(
+    *, parallel: str, gpus: int, zero: int, mfu: float, status: str, error: str | None, losses: list[float]
+) -> dict[str, Any]:
+    """The cell's summary.json: status, layout, final metrics, memory and wall time."""
+    est = estimated_terms(parallel=parallel, gpus=gpus, zero=zero)
     peak = sum(est.values()) * 1.15 + 1.0
-    summary = {
+    return {
         "status": status,
-        "error": extra.pop("error", None),
+        "error": error,
         "model": "llama_1b",
         "parallel": parallel,
         "zero_stage": zero,
@@ -116,7 +144,7 @@ def write_cell(
             "accum_steps": 1,
             "global_size": 16,
         },
-        "steps_completed": steps,
+        "steps_completed": len(losses),
         "final": {"loss": losses[-1], "throughput/mfu": mfu, "memory/peak_gb": peak},
         "memory": {
             "unit": "GB (1e9 bytes)",
@@ -140,9 +168,7 @@ def write_cell(
             "other_s": 2.0,
             "steps_share": 36.0 / (60.0 + 4.0 * zero),
         },
-        **extra,
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
 def write_sweep(root: Path) -> Path:
@@ -440,6 +466,34 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
     artifacts.mkdir(parents=True, exist_ok=True)
     screenshot = artifacts / "report_page.png"
 
+    url = page_path.as_uri()
+    page, events = read_page_in_chromium(chromium, tmp_path, url)
+    screenshot.write_bytes(page["png"])
+    record_property("screenshot", str(screenshot))
+    print(f"screenshot: {screenshot}")
+
+    errors, requests = console_errors_and_requests(events)
+    assert errors == [], f"console errors: {errors}"
+    assert requests == [url], f"the page fetched more than itself: {requests}"
+
+    status, charts, text, table_fit = page["status"], page["charts"], page["text"], page["table_fit"]
+    assert page["title"] == "ladder report: 9 cells"
+    assert status["charts"] == str(len(CHARTS)) and status["rendered"] == str(len(CHARTS)), status
+    assert status["errors"] == "0" and status["empty"] == ""
+    assert [c["key"] for c in charts] == list(CHARTS)
+    assert "the loss curves of 8 cells coincide" in text
+    assert "CUDA out of memory" in text and "missing" in text and "unfinished" in text
+    assert table_fit[0] <= table_fit[1], f"the cells' table is {table_fit[0]} px wide in {table_fit[1]} px"
+
+    assert_charts_on_screen(page["png"], charts)
+    assert screenshot.stat().st_size > 50_000
+
+
+def read_page_in_chromium(
+    chromium: str, tmp_path: Path, url: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The page at ``url`` as headless Chromium shows it (:func:`read_page`), and every DevTools
+    event received on the way; the browser is stopped and its scratch folder removed."""
     # A short folder of its own: the socket's path must fit a socket address (108 bytes).
     scratch = Path(tempfile.mkdtemp(prefix="chromium-"))
     try:
@@ -449,48 +503,7 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
         raise
     devtools = DevTools(ws_url)
     try:
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            devtools.call(f"{domain}.enable")
-        devtools.call(
-            "Emulation.setDeviceMetricsOverride",
-            width=WINDOW[0],
-            height=WINDOW[1],
-            deviceScaleFactor=1,
-            mobile=False,
-        )
-        url = page_path.as_uri()
-        devtools.call("Page.navigate", url=url)
-        devtools.wait_for("document.readyState === 'complete'")
-        status = devtools.wait_for(
-            "document.getElementById('report-status').dataset.state === 'done' && "
-            "Object.assign({}, document.getElementById('report-status').dataset)"
-        )
-        charts = devtools.evaluate(CHART_FACTS)
-        metrics = devtools.call("Page.getLayoutMetrics")["cssContentSize"]
-        shot = devtools.call(
-            "Page.captureScreenshot",
-            format="png",
-            captureBeyondViewport=True,
-            clip={"x": 0, "y": 0, "width": metrics["width"], "height": metrics["height"], "scale": 1},
-        )
-        png = base64.b64decode(shot["data"])
-        screenshot.write_bytes(png)
-        title = devtools.evaluate("document.title")
-        # the page's own text, as a reader sees it
-        text = devtools.evaluate("document.body.innerText")
-        # In a window 1280 px wide (a laptop's) the cells' table wraps to fit: no column is left
-        # past the edge.
-        devtools.call(
-            "Emulation.setDeviceMetricsOverride",
-            width=1280,
-            height=WINDOW[1],
-            deviceScaleFactor=1,
-            mobile=False,
-        )
-        table_fit = devtools.evaluate(
-            "(function () { var box = document.getElementById('cells').parentElement;"
-            " return [box.scrollWidth, box.clientWidth]; })()"
-        )
+        page = read_page(devtools, url)
     finally:
         devtools.close()
         proc.terminate()
@@ -500,12 +513,67 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
             proc.kill()
             proc.wait()
         shutil.rmtree(scratch, ignore_errors=True)
-    record_property("screenshot", str(screenshot))
-    print(f"screenshot: {screenshot}")
+    return page, devtools.events
 
+
+def read_page(devtools: DevTools, url: str) -> dict[str, Any]:
+    """Load ``url`` and read what a reader would see: its status, charts, full-page screenshot
+    (``png``), title and text, and the cells' table's width in a window 1280 px wide."""
+    for domain in ("Page", "Runtime", "Log", "Network"):
+        devtools.call(f"{domain}.enable")
+    devtools.call(
+        "Emulation.setDeviceMetricsOverride",
+        width=WINDOW[0],
+        height=WINDOW[1],
+        deviceScaleFactor=1,
+        mobile=False,
+    )
+    devtools.call("Page.navigate", url=url)
+    devtools.wait_for("document.readyState === 'complete'")
+    status = devtools.wait_for(
+        "document.getElementById('report-status').dataset.state === 'done' && "
+        "Object.assign({}, document.getElementById('report-status').dataset)"
+    )
+    charts = devtools.evaluate(CHART_FACTS)
+    metrics = devtools.call("Page.getLayoutMetrics")["cssContentSize"]
+    shot = devtools.call(
+        "Page.captureScreenshot",
+        format="png",
+        captureBeyondViewport=True,
+        clip={"x": 0, "y": 0, "width": metrics["width"], "height": metrics["height"], "scale": 1},
+    )
+    png = base64.b64decode(shot["data"])
+    title = devtools.evaluate("document.title")
+    # the page's own text, as a reader sees it
+    text = devtools.evaluate("document.body.innerText")
+    # In a window 1280 px wide (a laptop's) the cells' table wraps to fit: no column is left
+    # past the edge.
+    devtools.call(
+        "Emulation.setDeviceMetricsOverride",
+        width=1280,
+        height=WINDOW[1],
+        deviceScaleFactor=1,
+        mobile=False,
+    )
+    table_fit = devtools.evaluate(
+        "(function () { var box = document.getElementById('cells').parentElement;"
+        " return [box.scrollWidth, box.clientWidth]; })()"
+    )
+    return {
+        "status": status,
+        "charts": charts,
+        "png": png,
+        "title": title,
+        "text": text,
+        "table_fit": table_fit,
+    }
+
+
+def console_errors_and_requests(events: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """The errors and warnings the page raised or logged, and every URL it requested."""
     errors = []
     requests = []
-    for event in devtools.events:
+    for event in events:
         method, params = event.get("method"), event.get("params", {})
         if method == "Runtime.exceptionThrown":
             details = params["exceptionDetails"]
@@ -516,18 +584,11 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
             errors.append(f"{params['entry'].get('source')}: {params['entry']['text']}")
         elif method == "Network.requestWillBeSent":
             requests.append(params["request"]["url"])
-    assert errors == [], f"console errors: {errors}"
-    assert requests == [url], f"the page fetched more than itself: {requests}"
+    return errors, requests
 
-    assert title == "ladder report: 9 cells"
-    assert status["charts"] == str(len(CHARTS)) and status["rendered"] == str(len(CHARTS)), status
-    assert status["errors"] == "0" and status["empty"] == ""
-    assert [c["key"] for c in charts] == list(CHARTS)
-    assert "the loss curves of 8 cells coincide" in text
-    assert "CUDA out of memory" in text and "missing" in text and "unfinished" in text
-    assert table_fit[0] <= table_fit[1], f"the cells' table is {table_fit[0]} px wide in {table_fit[1]} px"
 
-    # every chart is on screen at a readable size, and its marks' colours are in the screenshot
+def assert_charts_on_screen(png: bytes, charts: list[dict[str, Any]]) -> None:
+    """Every chart is on screen at a readable size, and its marks' colours are in the screenshot."""
     width, height, rows = png_pixels(png)
     assert width >= WINDOW[0] - 20 and height > 1500, (width, height)
     for chart in charts:
@@ -542,4 +603,3 @@ def test_the_report_page_renders_in_chromium(tmp_path, record_property, capsys):
             assert drawn, f"loss: no curve on screen {counts}"
         else:
             assert drawn == colors, f"{chart['key']}: colours on screen {counts}"
-    assert screenshot.stat().st_size > 50_000

@@ -7,9 +7,11 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
-from train_helpers import ROOT, assert_mfu_within_the_calibrated_peak, clean_env, run_torchrun
+from train_helpers import ROOT, TrainResult, assert_mfu_within_the_calibrated_peak, clean_env, run_torchrun
 
 from launchers.local import free_port
 from runner.metrics.phase_clock import PHASES
@@ -53,7 +55,17 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
     # (runner/engine/distributed.py): a first run on a fresh machine starts in seconds, not 45 s.
     assert not (extensions.exists() and any(extensions.rglob("*.so"))), list(extensions.rglob("*"))
     run_dir = result.run_dir
-    # No secret from the environment lands in any file of the run; nothing is world-writable.
+    assert_run_files(run_dir, parallel)
+    assert_summary_and_metrics(result)
+    if logger == "wandb":
+        assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run missing"
+    assert_console_tables(result.stdout, result.summary, run_dir)
+    assert_step_profile(result.summary, run_dir)
+
+
+def assert_run_files(run_dir: Path, parallel: str) -> None:
+    """The run's files: no secret from the environment lands in any, none is world-writable; ZeRO-3's
+    buckets from the model's width."""
     for path in [run_dir, *run_dir.rglob("*")]:
         assert not path.stat().st_mode & 0o002, path
         if path.is_file():
@@ -68,6 +80,10 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
             2_560,
         )
         assert zero["stage3_max_live_parameters"] == 1_000_000_000
+
+
+def assert_summary_and_metrics(result: TrainResult) -> None:
+    """summary.json's layout, size and measurements, and metrics.jsonl's steps, against each other."""
     summary = result.summary
     assert summary["status"] == "completed"
     assert summary["layout"] == {
@@ -102,10 +118,11 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
         phases = {phase: m[f"time/{phase}_s"] for phase in (*PHASES, "other")}
         assert sum(phases.values()) == pytest.approx(m["time/step_s"], rel=0.02), phases
         assert phases["forward"] > 0 and phases["backward"] > phases["data"], phases
-    if logger == "wandb":
-        assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run missing"
-    # The console ends with the run's speed and its ledger, measured beside estimated.
-    tables = result.stdout[result.stdout.index("speed, medians over the steps after the first") :]
+
+
+def assert_console_tables(stdout: str, summary: dict[str, Any], run_dir: Path) -> None:
+    """The console ends with the run's speed and its ledger, measured beside estimated."""
+    tables = stdout[stdout.index("speed, medians over the steps after the first") :]
     assert "completed" in tables and "memory per device" in tables
     assert f"{summary['memory']['measured']['params_gb']:.3f}" in tables
     # ... and the peak its plan put on each device at launch, the plan=true total of its layout.
@@ -117,7 +134,10 @@ def test_two_ranks_train_and_leave_their_files(train, tmp_path, parallel, logger
     host_plan = summary["host_memory"]["planned_per_rank_gb"]
     assert "on a CPU the measured total is the process's high-water RSS" in tables
     assert f"plan=true's host memory for a rank: {fmt_gb(host_plan)} GB" in tables
-    # train.profile_step: each rank's trace of step 3 and its operator table.
+
+
+def assert_step_profile(summary: dict[str, Any], run_dir: Path) -> None:
+    """train.profile_step: each rank's trace of step 3 and its operator table."""
     assert summary["profile"]["files"] == ["profile/rank0_step3.json", "profile/rank0_step3_ops.txt"]
     for rank in (0, 1):
         events = json.loads((run_dir / "profile" / f"rank{rank}_step3.json").read_text())["traceEvents"]

@@ -29,6 +29,7 @@ import math
 from typing import Any
 
 from runner.engine.deepspeed_engine import DeepSpeedEngine
+from runner.rundir.summary_records import LossScaleRecord
 
 
 def install(engine: DeepSpeedEngine) -> bool:
@@ -195,7 +196,7 @@ class OverflowLog:
         state = scaler_state(self._engine)
         return None if state is None else {**state, "overflow_steps": list(self.steps)}
 
-    def summary(self) -> dict[str, Any] | None:
+    def summary(self) -> LossScaleRecord | None:
         """For summary.json (None outside fp16)."""
         scale = current_scale(self._engine)
         return None if scale is None else {"final_scale": scale, "overflow_steps": list(self.steps)}
