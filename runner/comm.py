@@ -7,9 +7,19 @@ all-gather or a reduce-scatter moves (n - 1)/n of the full buffer through every 
 all-reduce (a reduce-scatter then an all-gather) 2(n - 1)/n. Each figure is what one rank
 sends, and equally what it receives. Sizes are in bytes; divide by a link's bytes/s (one
 direction) for a lower bound on the time.
+
+Priced (alpha-beta, :func:`priced_steps`): NCCL's tuning model (``src/graph/tuning.cc``
+``ncclTopoTuneModel``) charges a collective a base latency, then a per-step latency for each
+of its ring's steps (an NVLink hop inside a node, a network hop between nodes), and the bytes
+above over the bus bandwidth, which nccl-tests defines so that these bytes over it are the
+time (``doc/PERFORMANCE.md``: busbw = algbw x 2(n-1)/n for an all-reduce, x (n-1)/n for an
+all-gather or a reduce-scatter).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
 
 from runner.config_choices import ZeroStage
 
@@ -40,6 +50,50 @@ def reduce_scatter_bytes(size_bytes: float, n: int) -> float:
     return (n - 1) / n * size_bytes
 
 
+class Collective(str, Enum):
+    """The collectives ladder prices; each has its own ring steps (:func:`ring_steps`)."""
+
+    all_reduce = "all-reduce"
+    all_gather = "all-gather"
+    reduce_scatter = "reduce-scatter"
+    send_recv = "send/recv"  # a pipeline stage's point-to-point send (and its peer's receive)
+    all_to_all = "all-to-all"  # sequence parallelism's exchange of heads for sequence
+
+
+@dataclass(frozen=True)
+class StepLatency:
+    """NCCL's latencies of one collective, seconds: once per collective, and per ring step by link."""
+
+    base_s: float
+    intra_node_s: float  # one step over NVLink (or PCIe) inside a node
+    inter_node_s: float  # one step over the network between nodes
+
+
+def ring_steps(kind: Collective, n: int, nodes: int = 1) -> tuple[int, int]:
+    """(steps, of which between nodes) of NCCL's ring ``kind`` over ``n`` ranks on ``nodes`` nodes.
+
+    NCCL's tuning.cc (``ncclTopoTuneModel``, NVIDIA/nccl v2.30.7-1): an all-reduce takes
+    2(n - 1) steps, an all-gather or a reduce-scatter n - 1; of them 2(nodes - 1), resp.
+    nodes - 1, cross the network. A send is one step, over the network when it leaves its node.
+    One rank takes no step.
+    """
+    _check(0.0, n)
+    if nodes < 1 or nodes > n:
+        raise ValueError(f"nodes={nodes} must be in 1..n={n}")
+    if n == 1:
+        return 0, 0
+    if kind is Collective.send_recv:
+        return 1, int(nodes > 1)
+    if kind is Collective.all_to_all:
+        # NCCL runs an all-to-all as a send and a receive to each peer (nccl-tests alltoall.cu,
+        # ncclSend/ncclRecv per rank): n - 1 steps, to the n - n/nodes peers on other nodes
+        # over the network.
+        return n - 1, n - n // nodes
+    if kind is Collective.all_reduce:
+        return 2 * (n - 1), 2 * (nodes - 1)
+    return n - 1, nodes - 1
+
+
 def alltoall_bytes(size_bytes: float, n: int) -> float:
     """Bytes one rank sends (and receives) in an all-to-all of its `size_bytes` buffer: (n-1)/n * size.
 
@@ -48,6 +102,59 @@ def alltoall_bytes(size_bytes: float, n: int) -> float:
     """
     _check(size_bytes, n)
     return (n - 1) / n * size_bytes
+
+
+def priced_steps(
+    *, steps: int, inter_steps: int, latency: StepLatency, bytes_: float = 0.0, bus_bytes_per_s: float
+) -> float:
+    """Seconds of one collective of ``steps`` ring steps (``inter_steps`` between nodes) moving
+    ``bytes_`` per rank: base + intra x alpha_intra + inter x alpha_inter + bytes / busbw.
+
+    NCCL's tuning.cc latency for a ring (``baseLat + (nsteps - nInterSteps) x intraLat +
+    nInterSteps x interLat``) plus the bandwidth term. ``bytes_`` is what one rank sends
+    (:func:`allreduce_bytes` and its kin), so over the bus bandwidth it is the time. No step
+    (one rank): no time. Any collective whose steps are counted (an all-to-all too) is priced here.
+    """
+    if not 0 <= inter_steps <= steps:
+        raise ValueError(f"inter_steps={inter_steps} must be in 0..steps={steps}")
+    if bus_bytes_per_s <= 0:
+        raise ValueError(f"bus_bytes_per_s={bus_bytes_per_s} must be > 0")
+    if steps == 0:
+        return 0.0
+    alpha = latency.base_s + (steps - inter_steps) * latency.intra_node_s + inter_steps * latency.inter_node_s
+    return alpha + bytes_ / bus_bytes_per_s
+
+
+_BYTES = {
+    Collective.all_reduce: lambda size, n: allreduce_bytes(size, n),
+    Collective.all_gather: lambda size, n: allgather_bytes(size, n),
+    Collective.reduce_scatter: lambda size, n: reduce_scatter_bytes(size, n),
+    Collective.send_recv: lambda size, n: size if n > 1 else 0.0,
+    Collective.all_to_all: lambda size, n: alltoall_bytes(size, n),
+}
+
+
+def collective_seconds(
+    kind: Collective,
+    size_bytes: float,
+    n: int,
+    *,
+    nodes: int = 1,
+    latency: StepLatency,
+    bus_bytes_per_s: float,
+) -> float:
+    """Seconds of one ring ``kind`` of a ``size_bytes`` buffer over ``n`` ranks on ``nodes`` nodes.
+
+    :func:`ring_steps`' steps and the bytes one rank sends, priced by :func:`priced_steps`.
+    """
+    steps, inter = ring_steps(kind, n, nodes)
+    return priced_steps(
+        steps=steps,
+        inter_steps=inter,
+        latency=latency,
+        bytes_=_BYTES[kind](size_bytes, n),
+        bus_bytes_per_s=bus_bytes_per_s,
+    )
 
 
 def zero_step_bytes(
@@ -95,4 +202,15 @@ def zero_step_bytes(
     return reduce_scatter_bytes(grads, dp) + 2 * allgather_bytes(params, dp)
 
 
-__all__ = ["allgather_bytes", "allreduce_bytes", "alltoall_bytes", "reduce_scatter_bytes", "zero_step_bytes"]
+__all__ = [
+    "Collective",
+    "StepLatency",
+    "allgather_bytes",
+    "allreduce_bytes",
+    "alltoall_bytes",
+    "collective_seconds",
+    "priced_steps",
+    "reduce_scatter_bytes",
+    "ring_steps",
+    "zero_step_bytes",
+]

@@ -407,6 +407,21 @@ class ClusterConfig:
             at_least=1,
         ),
     )
+    collective_base_us: float | None = field(
+        default=None,
+        metadata=about(
+            "NCCL's latency once per collective, microseconds; null: collectives priced by bandwidth alone",
+            at_least=0,
+        ),
+    )
+    intra_node_step_us: float | None = field(
+        default=None,
+        metadata=about("NCCL's latency of one ring step inside a node, microseconds", at_least=0),
+    )
+    inter_node_step_us: float | None = field(
+        default=None,
+        metadata=about("NCCL's latency of one ring step between nodes, microseconds", at_least=0),
+    )
     storage_gb_per_s: float | None = field(
         default=None,
         metadata=about(

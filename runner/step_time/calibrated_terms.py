@@ -359,13 +359,15 @@ def comm_seconds(
     calibration: Calibration | None,
     local: bool,
     gathered: float = 0.0,
+    latency_s: float = 0.0,
 ) -> tuple[float | None, str]:
     """Seconds of ``collectives`` collectives moving ``bytes_`` per rank, and where the figures came from.
 
     A link of this host (ranks as processes here) takes the measured two-rank all-reduce's
     latency and bandwidth, and the measured all-gather's bandwidth for the ``gathered`` part of
     ``bytes_`` (gloo gathers slower than it reduces); any other the cluster's link bandwidth
-    and no latency.
+    and ``latency_s``, NCCL's latencies of those collectives' ring steps
+    (runner/step_time/estimate.py ``latency_seconds``; 0 where the cluster names none).
     """
     measured = calibration.allreduce_costs() if (calibration is not None and local) else None
     if measured is not None:
@@ -377,6 +379,9 @@ def comm_seconds(
         return seconds, "measured all-reduce and all-gather on this host"
     if bandwidth is None:
         return (0.0, "nothing to move") if bytes_ == 0 else (None, "link bandwidth unknown")
+    if latency_s:
+        words = f"the cluster's link bandwidth + NCCL's ring latencies {latency_s:.3g} s"
+        return latency_s + bytes_ / bandwidth, words
     return bytes_ / bandwidth, "the cluster's link bandwidth"
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.comm import StepLatency
 from runner.config import ClusterConfig, ModelConfig, Precision
 from runner.hardware import calibration_seconds
 from runner.hardware.cgroup_memory import cgroup_memory_limit
@@ -86,6 +87,9 @@ class Device:
     # share of its node's ports for the pipeline's point-to-point sends.
     inter_node_bytes_per_s: Figure
     inter_node_p2p_bytes_per_s: Figure = field(default_factory=lambda: Figure(None, "not resolved"))
+    # NCCL's per-collective and per-step latencies (runner.comm.StepLatency); None: unknown, and
+    # collectives on the cluster's links are priced by bandwidth alone.
+    step_latency: StepLatency | None = None
     is_host: bool = False  # CPU ranks: offloaded ("host") bytes share the same memory
     # The step-time model's figures (runner/step_time/measured/figures.py); None: the roofline only.
     calibration: calibrations.Calibration | None = field(default=None, compare=False)
@@ -207,6 +211,15 @@ def _link(cluster: ClusterConfig, key: str) -> Figure:
     return Figure(gbps * GB, _cluster_source(cluster, key))
 
 
+def step_latency(cluster: ClusterConfig) -> StepLatency | None:
+    """The cluster's NCCL latencies (conf/cluster: collective_base_us, intra/inter_node_step_us), or None."""
+    figures = (cluster.collective_base_us, cluster.intra_node_step_us, cluster.inter_node_step_us)
+    if any(f is None for f in figures):
+        return None
+    base, intra, inter = (float(f) * 1e-6 for f in figures if f is not None)
+    return StepLatency(base_s=base, intra_node_s=intra, inter_node_s=inter)
+
+
 def rails_bandwidth(cluster: ClusterConfig) -> tuple[Figure, Figure]:
     """(ring collectives' bus bandwidth across nodes, one device's point-to-point bandwidth across nodes).
 
@@ -302,6 +315,7 @@ def _figure(
     """One calibration figure of ``kind`` at ``shape`` on ``device`` in ``dtype``, measured on a
     rank's ``threads`` (0: a GPU's, which do not share the host's cores) beside ``ranks_here`` - 1
     neighbours."""
+    # Deferred, as torch is: only a plan that predicts time on this host's device measures it.
     from runner.hardware import calibrate
     from runner.step_time.measured import zero3_overhead as calibrate_zero3
     from runner.step_time.measured.block_timing import block_seconds, cross_entropy_seconds, rest_seconds
@@ -517,6 +531,7 @@ def resolve_device(
         intra_node_bytes_per_s=_link(cluster, "intra_node_gbps"),
         inter_node_bytes_per_s=ring,
         inter_node_p2p_bytes_per_s=p2p,
+        step_latency=step_latency(cluster),
         is_host=cluster.device_memory_gb is None and not cuda,
         calibration=_calibration(
             cluster, precision, cuda=cuda, ranks_here=ranks_here, peak=peak, measure=measure_gpu or not cuda
@@ -526,4 +541,4 @@ def resolve_device(
     )
 
 
-__all__ = ["Device", "Figure", "host_ram_bytes", "measured_cpu_peak", "resolve_device"]
+__all__ = ["Device", "Figure", "host_ram_bytes", "measured_cpu_peak", "resolve_device", "step_latency"]

@@ -42,13 +42,18 @@ calibration (none measured, none recorded for the cluster) the prediction is the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from runner.comm import (
+    Collective,
+    StepLatency,
     allgather_bytes,
     allreduce_bytes,
     alltoall_bytes,
+    priced_steps,
     reduce_scatter_bytes,
+    ring_steps,
     zero_step_bytes,
 )
 from runner.config import ModelConfig, Recompute, ZeroStage
@@ -79,6 +84,8 @@ class Traffic:
     bandwidth: float | None  # bytes/s one direction; None: unknown
     detail: str
     gathered: float = 0.0  # of ``bytes``, those all-gathered (the rest all-reduced or reduce-scattered)
+    ranks: int = 1  # ranks in one of the group's collectives
+    nodes: int = 1  # nodes those ranks span: the ring's steps between nodes (runner.comm.ring_steps)
 
     @property
     def seconds(self) -> float | None:
@@ -153,6 +160,8 @@ def traffic(workload: Workload, knobs: Knobs, layout: Layout) -> list[Traffic]:
                 *_link(device, inside_node=layout.tp <= device.per_node),
                 f"{per_layer} all-reduces of (s, b, h) per layer and micro-batch, {outside} for the "
                 "vocabulary-split head and embedding",
+                ranks=layout.tp,
+                nodes=math.ceil(layout.tp / device.per_node),
             )
         )
     if layout.pp > 1:
@@ -162,6 +171,8 @@ def traffic(workload: Workload, knobs: Knobs, layout: Layout) -> list[Traffic]:
                 accum_steps * 2.0 * activation,
                 *_link(device, inside_node=within, p2p=True),
                 "activation out + gradient back per micro-batch",
+                ranks=2,
+                nodes=1 if within else 2,
             )
         )
     if layout.sp > 1:
@@ -191,15 +202,15 @@ def _sp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
         layout.accum_steps * layers * passes * forward,
         *_link(workload.device, inside_node=inside),
         f"{per_layer} all-to-alls of the (s/sp, b, heads) pieces per layer and micro-batch",
+        ranks=sp,
+        nodes=math.ceil(sp / workload.device.per_node),
     )
 
 
 def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) -> Traffic:
     """The data-parallel group's bytes per step: ZeRO's collectives over the fullest rank's parameters."""
     stage, dp, accum_steps = knobs.spec.zero_stage, layout.zero_ranks, layout.accum_steps
-    local = sum(
-        rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp)
-    )  # the fullest rank's, before ZeRO
+    local = fullest_rank_params(workload, layout)
     once = zero_step_bytes(local, zero_stage=stage, dp=dp, grad_bytes_per_elem=elem)
     again, _ = layout_regathered(workload, knobs, layout)  # gathered again in backward
     if stage.shards_parameters:
@@ -233,7 +244,17 @@ def _dp_traffic(workload: Workload, knobs: Knobs, layout: Layout, *, elem: int) 
     within = layout.gpus <= per_node
     where = f"{layout.gpus} gpus {'<=' if within else '>'} {per_node} per node"
     link = _link(workload.device, inside_node=within)
-    return Traffic("dp", dp_bytes, *link, f"ZeRO-{int(stage)}: {how}; {where}", gathered=gathered)
+    # DeepSpeed's topology puts tp fastest, then dp (PipeModelDataParallelTopology's axes pipe,
+    # data, model): a node holds per_node // tp ranks of one data-parallel group.
+    nodes = 1 if within else min(dp, math.ceil(dp / max(1, per_node // layout.tp)))
+    return Traffic(
+        "dp", dp_bytes, *link, f"ZeRO-{int(stage)}: {how}; {where}", gathered=gathered, ranks=dp, nodes=nodes
+    )
+
+
+def fullest_rank_params(workload: Workload, layout: Layout) -> int:
+    """Parameters of the fullest rank's tensor and pipeline part, before ZeRO shards them."""
+    return sum(rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp))
 
 
 def model_flops_per_token(model: ModelConfig, *, num_params: int, seq_len: int) -> float:
@@ -276,12 +297,15 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
     compute = sum(t.seconds for t in terms)
     tensors = param_tensors(workload, layout)
     _, again = layout_regathered(workload, knobs, layout)
+    local = fullest_rank_params(workload, layout)
     exposed: float | None = 0.0
     for group in groups:
-        count = collectives(group.group, knobs, layout, tensors, regathered=again)
+        counts = collectives(group.group, knobs, layout, tensors, regathered=again, local_params=local)
+        count = sum(counts.values())
         seconds, how = comm_seconds(
             group.bytes,
             count,
+            latency_s=latency_seconds(counts, group, workload.device.step_latency),
             bandwidth=group.bandwidth,
             calibration=calibration,
             local=calibration.measure is not None and group.link == "intra-node",
@@ -333,33 +357,72 @@ def step_time(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Tra
     )
 
 
-def collectives(group: str, knobs: Knobs, layout: Layout, param_tensors: int, *, regathered: int = 0) -> int:
-    """Collectives one rank takes part in per step, in ``group``: each pays the link's latency.
+# DeepSpeed 0.19.8 runtime/engine.py: without ZeRO, ``allreduce_gradients`` all-reduces in
+# buffers of MEMORY_OPT_ALLREDUCE_SIZE elements, whatever reduce_bucket_size says.
+DDP_BUCKET_ELEMENTS = 500_000_000
 
-    DDP and ZeRO-1/2 reduce gradients in buckets (one per step; ZeRO-2 one per micro-batch)
-    and ZeRO-1/2 gather the updated parameters once; ZeRO-3 gathers each parameter tensor in
-    forward, the ``regathered`` ones again in backward (runner/step_time/zero3_reuse.py), and
-    reduce-scatters its gradient, every micro-batch. Tensor
-    parallel: runner/step_time/estimate.py ``traffic``'s all-reduces; pipeline: a send and a
-    receive per micro-batch.
+
+def collectives(
+    group: str,
+    knobs: Knobs,
+    layout: Layout,
+    param_tensors: int,
+    *,
+    regathered: int = 0,
+    local_params: int = 0,
+) -> dict[Collective, int]:
+    """Collectives of each kind one rank takes part in per step, in ``group``: each pays NCCL's latency.
+
+    Gradients are reduced in buckets of ``local_params`` gradients: DDP (DeepSpeed's stage 0)
+    all-reduces them in buffers of :data:`DDP_BUCKET_ELEMENTS`, ZeRO reduce-scatters them in
+    buckets of ``parallel.reduce_bucket_size`` elements (stage_1_and_2.py and stage3.py fill
+    their bucket and reduce it when the next gradient would overflow it), once a step at
+    ZeRO-1 and every micro-batch at ZeRO-2 and 3. ZeRO-1/2 gather the updated parameters
+    once a step; ZeRO-3 gathers each parameter tensor in forward and the ``regathered`` ones
+    again in backward (runner/step_time/zero3_reuse.py), every micro-batch. Tensor parallel:
+    ``traffic``'s all-reduces; pipeline: a send and a receive per micro-batch.
     """
     accum = layout.accum_steps
+    stage = knobs.spec.zero_stage
     if group == "dp":
         if layout.zero_ranks == 1:
-            return 0
-        if knobs.spec.zero_stage.shards_parameters:
-            return (2 * param_tensors + regathered) * accum
-        if knobs.spec.zero_stage.shards_gradients:
-            return accum + 1
-        return 1 + (1 if knobs.spec.zero_stage.shards_optimizer_states else 0)
+            return {}
+        if not stage.shards_optimizer_states:
+            return {Collective.all_reduce: max(1, math.ceil(local_params / DDP_BUCKET_ELEMENTS))}
+        buckets = max(1, math.ceil(local_params / knobs.spec.reduce_bucket_size))
+        if stage.shards_parameters:
+            return {
+                Collective.all_gather: (param_tensors + regathered) * accum,
+                Collective.reduce_scatter: buckets * accum,
+            }
+        reduces = accum if stage.shards_gradients else 1
+        return {Collective.reduce_scatter: buckets * reduces, Collective.all_gather: 1}
     if group == "tp":
         per_layer = 6 if knobs.spec.recompute == Recompute.full else 4
         layers = (param_tensors - 3) // 9  # runner/step_time/calibrated_terms.py param_tensors: 9 per block
-        return accum * (layers * per_layer + 2)
+        return {Collective.all_reduce: accum * (layers * per_layer + 2)}
     if group == "sp":
         layers = (param_tensors - 3) // 9
-        return accum * layers * sp_alltoalls_per_layer(knobs.spec.recompute)
-    return 2 * accum
+        return {Collective.all_to_all: accum * layers * sp_alltoalls_per_layer(knobs.spec.recompute)}
+    return {Collective.send_recv: 2 * accum}
+
+
+def latency_seconds(counts: dict[Collective, int], group: Traffic, latency: StepLatency | None) -> float:
+    """NCCL's latency of ``counts`` collectives over ``group``'s ranks and nodes (0: latency unknown).
+
+    Each collective's ring steps priced by runner.comm.priced_steps with no bytes: the bytes of
+    all of them go over the link once, in runner/step_time/calibrated_terms.py ``comm_seconds``,
+    which is the same sum as pricing each with its own bytes.
+    """
+    if latency is None or group.bandwidth is None:
+        return 0.0
+    total = 0.0
+    for kind, count in counts.items():
+        steps, inter = ring_steps(kind, group.ranks, group.nodes)
+        total += count * priced_steps(
+            steps=steps, inter_steps=inter, latency=latency, bus_bytes_per_s=group.bandwidth
+        )
+    return total
 
 
 def roofline(workload: Workload, knobs: Knobs, layout: Layout, groups: list[Traffic]) -> StepTime:
@@ -426,6 +489,8 @@ __all__ = [
     "Traffic",
     "collectives",
     "eval_time",
+    "fullest_rank_params",
+    "latency_seconds",
     "model_flops_per_token",
     "roofline",
     "step_time",

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from runner.comm import allgather_bytes, allreduce_bytes, reduce_scatter_bytes, zero_step_bytes
+from runner.comm import (
+    Collective,
+    StepLatency,
+    allgather_bytes,
+    allreduce_bytes,
+    collective_seconds,
+    priced_steps,
+    reduce_scatter_bytes,
+    ring_steps,
+    zero_step_bytes,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +58,42 @@ def test_bad_inputs_are_rejected() -> None:
         zero_step_bytes(10, zero_stage=1, dp=0)
     with pytest.raises(ValueError, match="ranks"):
         allreduce_bytes(10, 0)
+
+
+# NCCL tuning.cc's Ring/Simple figures (conf/cluster/*.yaml), in seconds.
+NCCL = StepLatency(base_s=8.4e-6, intra_node_s=3.4e-6, inter_node_s=14e-6)
+
+
+@pytest.mark.parametrize(
+    ("kind", "n", "nodes", "steps"),
+    [
+        (Collective.all_reduce, 16, 2, (30, 2)),  # 2(n-1) steps, 2(nodes-1) between nodes
+        (Collective.all_gather, 16, 2, (15, 1)),  # n-1, nodes-1
+        (Collective.reduce_scatter, 8, 1, (7, 0)),
+        (Collective.send_recv, 2, 2, (1, 1)),
+        (Collective.all_reduce, 1, 1, (0, 0)),
+    ],
+)
+def test_ring_steps_are_nccl_tuning_models(
+    kind: Collective, n: int, nodes: int, steps: tuple[int, int]
+) -> None:
+    """NCCL's tuning.cc: nsteps and nInterSteps of a ring."""
+    assert ring_steps(kind, n, nodes) == steps
+
+
+def test_an_all_reduce_across_two_nodes_is_priced_by_hand() -> None:
+    """1 GB over 16 ranks on 2 nodes at 400 GB/s bus bandwidth: 8.4 + 28 x 3.4 + 2 x 14 = 131.6 us
+    of latency, and 2 x 15/16 x 1 GB / 400 GB/s = 4.6875 ms of bytes."""
+    seconds = collective_seconds(Collective.all_reduce, 1e9, 16, nodes=2, latency=NCCL, bus_bytes_per_s=400e9)
+    assert seconds == pytest.approx(131.6e-6 + 4.6875e-3)
+    gather = collective_seconds(Collective.all_gather, 8e6, 8, latency=NCCL, bus_bytes_per_s=450e9)
+    assert gather == pytest.approx(8.4e-6 + 7 * 3.4e-6 + 7e6 / 450e9)  # n-1 NVLink steps, 7/8 of the bytes
+
+
+def test_one_rank_takes_no_time_and_an_empty_collective_its_latency_alone() -> None:
+    """A collective over one rank is no collective; one with no bytes still pays its steps."""
+    assert collective_seconds(Collective.all_reduce, 1e9, 1, latency=NCCL, bus_bytes_per_s=1e9) == 0.0
+    empty = priced_steps(steps=14, inter_steps=0, latency=NCCL, bus_bytes_per_s=1e9)
+    assert empty == pytest.approx(8.4e-6 + 14 * 3.4e-6)
+    with pytest.raises(ValueError, match=r"inter_steps=3 must be in 0\.\.steps=2"):
+        priced_steps(steps=2, inter_steps=3, latency=NCCL, bus_bytes_per_s=1e9)
