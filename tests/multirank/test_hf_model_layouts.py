@@ -2,7 +2,8 @@
 
 fp32 on CPU, a tiny model from a Qwen2 config.json, 4 steps of global batch 16: one plain rank
 against tensor parallel (AutoTP cuts each column-parallel bias along its rows, as its weight),
-a pipeline, and ZeRO-3 (the biases partitioned or kept whole by the persistence threshold).
+a pipeline, ZeRO-3 (the biases partitioned or kept whole by the persistence threshold), and
+sequence parallelism under ZeRO-1 (2 query heads and 1 key/value head on each rank around attention).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ LAYOUTS = {
     "tp2": ("parallel=tp2", "gpus=2"),
     "pp2": ("parallel=pp2", "gpus=2"),
     "zero3": ("parallel=zero3", "gpus=2"),
+    "sp2": ("parallel=zero1", "parallel.sp=2", "gpus=2"),
 }
 
 
@@ -62,16 +64,18 @@ def runs(tmp_path_factory) -> dict[str, TrainResult]:
     return results
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "zero3"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "zero3", "sp2"])
 def test_losses_match_one_plain_rank(runs, layout):
     plain, other = runs["plain"].metrics, runs[layout].metrics
     assert len(plain) == len(other) == STEPS
     worst = max(abs(a["loss"] - b["loss"]) for a, b in zip(plain, other, strict=True))
     print(f"{layout} vs 1 rank: max |dloss| over {STEPS} steps = {worst:.2e}")
     assert worst <= FP32_TOLERANCE
+    norms = max(abs(a["grad_norm"] / b["grad_norm"] - 1) for a, b in zip(plain, other, strict=True))
+    assert norms <= FP32_TOLERANCE, f"{layout}: gradient norm {norms:.2e} from one rank's"
 
 
-@pytest.mark.parametrize("layout", ["plain", "tp2", "pp2", "zero3"])
+@pytest.mark.parametrize("layout", ["plain", "tp2", "pp2", "zero3", "sp2"])
 def test_the_ledger_estimates_the_parameters_each_rank_holds(runs, layout):
     memory = runs[layout].summary["memory"]
     assert memory["rel_error"]["params"] < 1e-6, memory

@@ -3,7 +3,10 @@
 fp32 on CPU, 10 steps of the layout tests' experiment (tests/train_helpers.py
 SMALL_EXPERIMENT: global batch 16, lr 1e-3): ZeRO stages 0-3 on 2 ranks (ZeRO-2 with
 overlapped reduction in small buckets, and ZeRO-3 with every block compiled), and the same
-batch as (1 rank, accum 4), (2 ranks, accum 2) and (2 ranks, micro doubled, accum 1).
+batch as (1 rank, accum 4), (2 ranks, accum 2) and (2 ranks, micro doubled, accum 1); and
+sequence parallelism on 2 ranks (each holds half of every sample) under ZeRO-1 and ZeRO-3,
+whose gradient norms equal one rank's too (AdamW and the clip would hide a gradient twice
+too large from the losses).
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ LAYOUTS = {
     ],
     # torch.compile'd blocks under ZeRO-3's gather/release hooks (measured: 2.4e-7 from eager).
     "zero3-compiled/2x4": ["parallel=zero3", "gpus=2", "batch.micro_size=4", "train.compile=true"],
+    # DeepSpeed-Ulysses: dp 1, each rank half of every sample, attention's heads exchanged.
+    "zero1-sp2/2x4": ["parallel=zero1", "parallel.sp=2", "gpus=2", "batch.micro_size=4"],
+    "zero3-sp2/2x4": ["parallel=zero3", "parallel.sp=2", "gpus=2", "batch.micro_size=4"],
     "ddp/1x4": ["parallel=ddp", "gpus=1", "batch.micro_size=4"],
     "ddp/2x8": ["parallel=ddp", "gpus=2", "batch.micro_size=8"],
 }
@@ -89,6 +95,8 @@ def test_accumulation_follows_the_layout(runs):
         "zero3/2x4": 2,
         "zero2-overlap/2x4": 2,
         "zero3-compiled/2x4": 2,
+        "zero1-sp2/2x4": 4,
+        "zero3-sp2/2x4": 4,
         "ddp/1x4": 4,
         "ddp/2x8": 1,
     }
@@ -101,6 +109,17 @@ def test_losses_agree_across_layouts(runs, a, b):
     assert len(losses_a) == len(losses_b) == STEPS
     worst = max(abs(x - y) for x, y in zip(losses_a, losses_b, strict=True))
     assert worst <= FP32_TOLERANCE, f"{a} vs {b}: max |dloss| {worst:.2e}"
+
+
+@pytest.mark.parametrize("layout", ["zero1-sp2/2x4", "zero3-sp2/2x4"])
+def test_sequence_parallel_gradients_are_one_ranks(runs, layout):
+    """The loss each rank backpropagates is its half's mean over sp, as DeepSpeed sums over the
+    sequence group (runner/parallel/sequence.py): the gradient norm of every step is one rank's."""
+    reference, split = runs["ddp/1x4"].metrics, runs[layout].metrics
+    assert runs[layout].summary["layout"]["sp"] == 2 and runs[layout].summary["layout"]["dp"] == 1
+    worst = max(abs(a["grad_norm"] / b["grad_norm"] - 1) for a, b in zip(reference, split, strict=True))
+    print(f"{layout} vs 1 rank: max relative |d grad_norm| over {STEPS} steps = {worst:.2e}")
+    assert worst <= FP32_TOLERANCE
 
 
 def test_exposed_communication_is_measured_on_every_layout_of_two_ranks(runs):
