@@ -141,6 +141,14 @@ class ModelConfig:
             at_least=1,
         ),
     )
+    mlp_tiles: int = field(
+        default=1,
+        metadata=about(
+            "pieces along the sequence in which each block's MLP runs (DeepSpeed's TiledMLP), so its "
+            "(micro, seq, ffn_hidden) tensors exist for one piece at a time; 1: whole",
+            at_least=1,
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ Every place that needs a rule asks its function here:
   runner/parallel/pipeline_split.py), which raise ValueError in the same words.
 
 Modules: head_layout.py (heads and head size), loss_tiles.py (the pieces the loss runs in),
-recompute.py (the modes a compiled block takes), tensor_split.py (what tp splits, a group inside
-a node), offload_stages.py (the ZeRO stages ZeRO-Offload takes), pipeline_stages.py (a block per
-stage; what DeepSpeed's pipeline engine runs).
+mlp_tiles.py (the pieces each block's MLP runs in), recompute.py (the modes a compiled block
+takes), tensor_split.py (what tp splits, a group inside a node), offload_stages.py (the ZeRO
+stages ZeRO-Offload takes), pipeline_stages.py (a block per stage; what DeepSpeed's pipeline
+engine runs).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from runner.config import ModelConfig, Offload, TrainConfig
 from runner.rules.head_layout import head_problems
 from runner.rules.loss_tiles import loss_tile_count, loss_tile_length_problems, loss_tile_problems
+from runner.rules.mlp_tiles import mlp_tile_compile_problem, mlp_tile_count, mlp_tile_problems
 from runner.rules.offload_stages import offload_pair_problems, offload_problems, offload_switches
 from runner.rules.pipeline_stages import pipeline_depth_problems, pipeline_engine_problems
 from runner.rules.recompute import recompute_problems, selective_compile_problem
@@ -50,8 +52,8 @@ def layout_problems(
 
 def config_layout_problems(config: TrainConfig) -> list[str]:
     """:func:`layout_problems` of a run's config, then its tensor-parallel group against the
-    cluster's node (where the cluster gives its gpus per node), then the loss's pieces against
-    the sequence."""
+    cluster's node (where the cluster gives its gpus per node), then the loss's and the MLP's
+    pieces against the sequence."""
     par = config.parallel
     return [
         *layout_problems(
@@ -64,6 +66,7 @@ def config_layout_problems(config: TrainConfig) -> list[str]:
         ),
         *tp_cluster_problems(par.tp, config.cluster),
         *loss_tile_length_problems(config.model, seq_len=config.data.seq_len),
+        *mlp_tile_problems(config.model, seq_len=config.data.seq_len, compiled=config.train.compile),
         *recompute_problems(config.model.activation_checkpointing, compiled=config.train.compile),
     ]
 
@@ -75,6 +78,9 @@ __all__ = [
     "loss_tile_count",
     "loss_tile_length_problems",
     "loss_tile_problems",
+    "mlp_tile_compile_problem",
+    "mlp_tile_count",
+    "mlp_tile_problems",
     "offload_pair_problems",
     "offload_problems",
     "offload_switches",
