@@ -149,6 +149,13 @@ class ModelConfig:
             at_least=1,
         ),
     )
+    offload_activations: bool = field(
+        default=False,
+        metadata=about(
+            "keep each checkpointed block's input in host memory between forward and backward "
+            "(DeepSpeed's CheckpointHiddenStatesOffload, as ALST); activation_checkpointing=full only"
+        ),
+    )
 
 
 @dataclass(frozen=True)

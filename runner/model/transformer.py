@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from runner.config import ModelConfig, Recompute, RopeScaling
+from runner.model.activation_offload import mark_block_input
 from runner.model.build_method import DRAW_BLOCK
 from runner.model.meta import materialize
 from runner.model.op_recompute import op_level_contexts
@@ -335,8 +336,11 @@ def checkpointed_block(
 ) -> torch.Tensor:
     """One block's forward as ``mode`` keeps it for backward: full recompute keeps only the block's
     input and reruns the block; selective keeps the matmuls' and attention's outputs too and reruns
-    the rest (runner/model/op_recompute.py); none and attention run it as it is."""
+    the rest (runner/model/op_recompute.py); none and attention run it as it is. Under full
+    recompute the input is marked for the activation offload, where one is open
+    (runner/model/activation_offload.py, ``model.offload_activations``)."""
     if training and mode == Recompute.full:
+        mark_block_input(x)
         return checkpoint(block, x, cos, sin, use_reentrant=False)
     if training and mode == Recompute.selective:
         return checkpoint(block, x, cos, sin, use_reentrant=False, context_fn=op_level_contexts)

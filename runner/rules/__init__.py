@@ -16,12 +16,13 @@ Modules: head_layout.py (heads and head size), loss_tiles.py (the pieces the los
 mlp_tiles.py (the pieces each block's MLP runs in), recompute.py (the modes a compiled block
 takes), tensor_split.py (what tp splits, a group inside a node), offload_stages.py (the ZeRO
 stages ZeRO-Offload takes), pipeline_stages.py (a block per stage; what DeepSpeed's pipeline
-engine runs).
+engine runs), activation_offload.py (the runs whose checkpointed inputs go to the host).
 """
 
 from __future__ import annotations
 
 from runner.config import ModelConfig, Offload, TrainConfig
+from runner.rules.activation_offload import activation_offload_problems
 from runner.rules.head_layout import head_problems
 from runner.rules.loss_tiles import loss_tile_count, loss_tile_length_problems, loss_tile_problems
 from runner.rules.mlp_tiles import mlp_tile_compile_problem, mlp_tile_count, mlp_tile_problems
@@ -41,12 +42,13 @@ def layout_problems(
     offload_param: Offload,
 ) -> list[str]:
     """What neither a plan nor a run can take, in one order: ZeRO-Offload's stage, tp's split of
-    the model, a block on every pipeline stage, the loss's pieces."""
+    the model, a block on every pipeline stage, the loss's pieces, the activations' offload."""
     return [
         *offload_problems(zero_stage, offload_optimizer, offload_param),
         *tp_problems(model, tp=tp),
         *pipeline_depth_problems(n_layer=model.n_layer, pp=pp),
         *loss_tile_problems(model, tp=tp, pp=pp),
+        *activation_offload_problems(model, pp=pp),
     ]
 
 
@@ -72,6 +74,7 @@ def config_layout_problems(config: TrainConfig) -> list[str]:
 
 
 __all__ = [
+    "activation_offload_problems",
     "config_layout_problems",
     "head_problems",
     "layout_problems",
