@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from runner.config import ModelConfig, Recompute, ZeroStage
 from runner.memory_model.units import BOOL_BYTES, FP32_BYTES, HALF_BYTES, INT64_BYTES, _choice
+from runner.model.activation_offload import KEEP_LAST, MIN_OFFLOAD_BYTES
 from runner.rules import (
     head_problems,
     loss_tile_count,
@@ -627,12 +628,31 @@ def _vocab_parallel_loss_items(block: BlockShape, vocab_size: int) -> dict[str, 
     }
 
 
+def offloads_block_inputs(model: ModelConfig, *, recompute: Recompute, host_is_device: bool) -> bool:
+    """Whether ``model.offload_activations`` moves the checkpointed blocks' inputs off the device:
+    under full recompute, on a GPU (DeepSpeed's offload skips a synchronized device's tensors,
+    runner/model/activation_offload.py: on CPU ranks the host is the device and nothing moves)."""
+    return model.offload_activations and recompute == Recompute.full and not host_is_device
+
+
+def offloaded_block_inputs(block: BlockShape, *, n_layers: int) -> int:
+    """Bytes of block inputs ``model.offload_activations`` keeps in host memory, per micro-batch.
+
+    DeepSpeed 0.19.8's CheckpointHiddenStatesOffload (runner/model/activation_offload.py) moves
+    every marked input but the newest ``KEEP_LAST`` (1) and any under ``MIN_OFFLOAD_BYTES``
+    (1 KiB): (n_layers - 1) x p sbh, each block's checkpointed input (the ``block.input`` item).
+    """
+    one = block.bytes_per_elem * block.sb * block.d_model
+    return 0 if one < MIN_OFFLOAD_BYTES else max(n_layers - KEEP_LAST, 0) * one
+
+
 def activation_items_total(
     block: BlockShape,
     *,
     n_layers: int,
     vocab_size: int,
     recompute: Recompute | str = Recompute.none,
+    offloaded: bool = False,
 ) -> dict[str, int]:
     """Activation bytes of the whole model per device, itemised: blocks, outside items, transients.
 
@@ -641,18 +661,25 @@ def activation_items_total(
     backward rebuilds one block's (or one attention core's) saved tensors at a time, live
     next to everything still kept; with the MLP in pieces, one piece's (:func:`mlp_piece_bytes`),
     inside the rebuilt block under full recompute, at another moment than the attention core's.
+
+    ``offloaded`` (:func:`offloads_block_inputs`, full recompute only): the inputs
+    :func:`offloaded_block_inputs` counts leave ``blocks`` for the host, and the one block rebuilt
+    in backward has its input copied back beside its rebuilt tensors (p sbh more).
     """
     mode = _check_recompute(recompute)
     if n_layers < 1:
         raise ValueError(f"n_layers={n_layers} must be >= 1")
     items = {"blocks": n_layers * activations_per_layer(block, mode)}
     items.update(activation_items_outside_blocks(block, vocab_size=vocab_size))
+    moved = offloaded_block_inputs(block, n_layers=n_layers) if offloaded and mode == Recompute.full else 0
+    items["blocks"] -= moved
     piece = mlp_piece_bytes(block)
     if mode == Recompute.none:
         items["transient.recompute_layer"] = piece
     elif mode == Recompute.full:
         # One block is re-run whole, and its MLP's pieces rebuilt inside it in turn.
-        items["transient.recompute_layer"] = activations_per_layer(block, Recompute.none) + piece
+        restored = block.bytes_per_elem * block.sb * block.d_model if moved else 0
+        items["transient.recompute_layer"] = activations_per_layer(block, Recompute.none) + piece + restored
     else:
         # Selective and attention: what a block keeps less than without recompute (the rerun
         # ops' outputs; attention: one attention core), or one MLP piece, whichever is larger.
@@ -693,5 +720,7 @@ __all__ = [
     "korthikanti_activations_per_layer",
     "mlp_piece_bytes",
     "model_block_shape",
+    "offloaded_block_inputs",
+    "offloads_block_inputs",
     "transient_peak",
 ]
