@@ -141,6 +141,21 @@ class ModelConfig:
             at_least=1,
         ),
     )
+    mlp_tiles: int = field(
+        default=1,
+        metadata=about(
+            "pieces along the sequence in which each block's MLP runs (DeepSpeed's TiledMLP), so its "
+            "(micro, seq, ffn_hidden) tensors exist for one piece at a time; 1: whole",
+            at_least=1,
+        ),
+    )
+    offload_activations: bool = field(
+        default=False,
+        metadata=about(
+            "keep each checkpointed block's input in host memory between forward and backward "
+            "(DeepSpeed's CheckpointHiddenStatesOffload, as ALST); activation_checkpointing=full only"
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,15 @@ from typing import Any, Literal
 
 from runner.config import ModelConfig, Recompute, ZeroStage
 from runner.memory_model.units import BOOL_BYTES, FP32_BYTES, HALF_BYTES, INT64_BYTES, _choice
-from runner.rules import head_problems, loss_tile_count, selective_compile_problem, tp_split_problems
+from runner.model.activation_offload import KEEP_LAST, MIN_OFFLOAD_BYTES
+from runner.rules import (
+    head_problems,
+    loss_tile_count,
+    mlp_tile_compile_problem,
+    mlp_tile_count,
+    selective_compile_problem,
+    tp_split_problems,
+)
 
 # Precision, optimizer, offload placement, recompute mode and ZeRO stage are runner.config's
 # enums; every function here takes the member or its plain value ("bf16", 3), as notebooks pass.
@@ -138,18 +146,15 @@ class BlockShape:
     attn_out_aliased: bool = False
     graph: BlockGraph = "eager"
     loss_tiles: int = 1  # the pieces the head and loss run in (runner.rules.loss_tile_count)
+    mlp_tiles: int = 1  # the pieces each block's MLP runs in (runner.rules.mlp_tile_count)
 
     def __post_init__(self) -> None:
         n_kv, ffn = self.kv_heads, self.ffn
-        if (
-            min(
-                self.seq_len, self.micro_size, self.d_model, self.n_heads, n_kv, ffn, self.tp, self.loss_tiles
-            )
-            < 1
-        ):
+        sizes = (self.seq_len, self.micro_size, self.d_model, self.n_heads, n_kv, ffn, self.tp)
+        if min(*sizes, self.loss_tiles, self.mlp_tiles) < 1:
             raise ValueError(
-                "seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden, tp and loss_tiles "
-                "must be >= 1"
+                "seq_len, micro_size, d_model, n_heads, n_kv_heads, ffn_hidden, tp, loss_tiles and "
+                "mlp_tiles must be >= 1"
             )
         if self.graph not in _GRAPHS:
             raise ValueError(f"graph={self.graph!r} is not one of {', '.join(_GRAPHS)}")
@@ -159,6 +164,8 @@ class BlockShape:
         # Megatron-style tensor parallelism whole heads and MLP features on every rank.
         problems = head_problems(d_model=self.d_model, n_head=self.n_heads, n_kv_head=self.n_kv_heads)
         problems += tp_split_problems(self.tp, n_head=self.n_heads, n_kv_head=self.n_kv_heads, ffn_hidden=ffn)
+        if self.mlp_tiles > 1 and self.graph != "eager":
+            problems.append(mlp_tile_compile_problem(self.mlp_tiles))
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -199,6 +206,13 @@ class BlockShape:
         """MLP hidden width on one rank: f' = f/t."""
         return self.ffn // self.tp
 
+    @property
+    def mlp_piece(self) -> int:
+        """Tokens in the MLP's largest piece: c = ceil(s b / n), n = ``mlp_tiles``. DeepSpeed's
+        TiledMLP cuts the flattened tokens so in backward, where a piece's tensors are made
+        (deepspeed/runtime/sequence_parallel/ulysses_sp.py ``TiledMLP.backward``)."""
+        return -(-self.sb // self.mlp_tiles)
+
 
 def model_block_shape(
     model: ModelConfig,
@@ -211,7 +225,8 @@ def model_block_shape(
     pp: int = 1,
 ) -> BlockShape:
     """The BlockShape of a ``ModelConfig`` (runner/config.py) at this micro-batch, tp and pp
-    (the pieces the loss runs in depend on them: runner.rules.loss_tile_count).
+    (the pieces the loss runs in depend on them: runner.rules.loss_tile_count; the MLP's on the
+    micro-batch's tokens: runner.rules.mlp_tile_count).
 
     flash=True: runner/model/transformer.py calls scaled_dot_product_attention(is_causal=True), which
     takes a fused kernel on CUDA and on CPU (tests/unit/runner/memory_model/test_memory.py checks the
@@ -229,6 +244,7 @@ def model_block_shape(
         bytes_per_elem=bytes_per_elem,
         graph=graph,
         loss_tiles=loss_tile_count(model, micro_size=micro_size, seq_len=seq_len, tp=tp, pp=pp),
+        mlp_tiles=mlp_tile_count(model, tokens=micro_size * seq_len),
     )
 
 
@@ -345,6 +361,14 @@ def activation_items_per_layer(
     (p sbf') and w2's (p sbh); nothing else. In bf16 with flash: sbh(8 + 2f/h) + 2 sb kv' + 4 a'sb,
     against 26 sbh + 8 sbf without recompute.
 
+    The MLP in pieces (``mlp_tiles`` > 1, DeepSpeed's TiledMLP, runner/model/transformer.py
+    ``FeedForward``): TiledMLP saves its input alone (``ctx.save_for_backward(x)``, the
+    ``feed_forward.input`` above) and runs its pieces without grad, so w1.output, silu.output,
+    w3.output and w2.input go (4 p sbf' less); under selective recompute w1's and w2's outputs go
+    (the policy keeps nothing run without grad, runner/model/op_recompute.py), and the block's
+    recompute rebuilds TiledMLP's input. Full recompute keeps the block input either way. Its
+    backward rebuilds one piece's four tensors at a time: :func:`mlp_piece_bytes`.
+
     Tensor parallel: as Korthikanti eq. 2, norm inputs/outputs and the inputs of the
     column-parallel linears stay replicated; the per-head and f-wide tensors split by t.
 
@@ -397,7 +421,7 @@ def _saved_by_each_op(x: BlockShape, mode: Recompute) -> dict[str, int]:
     items.update(_rmsnorm_items("ffn_norm", x))
     items["feed_forward.input"] = p * x.sb * x.d_model
     swiglu = ("w1.output", "silu.output", "w3.output", "w2.input")
-    for name in swiglu:
+    for name in swiglu if x.mlp_tiles == 1 else ():  # TiledMLP keeps its input alone
         if name == "silu.output" and x.graph == "whole":
             continue  # recomputed from w1.output in backward
         items[name] = p * x.sb * x.local_ffn
@@ -414,13 +438,27 @@ def _op_level_items(x: BlockShape) -> dict[str, int]:
         "block.input": p * x.sb * x.d_model,
         "wq.output": p * x.sb * x.q_width,
         "wv.output": p * x.sb * x.kv_width,
-        "w1.output": p * x.sb * x.local_ffn,
-        "w2.output": p * x.sb * x.d_model,  # row-parallel under tp: whole h, summed in place
     }
+    if x.mlp_tiles == 1:  # TiledMLP's pieces run without grad: the policy keeps none of them
+        items["w1.output"] = p * x.sb * x.local_ffn
+        items["w2.output"] = p * x.sb * x.d_model  # row-parallel under tp: whole h, summed in place
     if x.flash:  # the kernel's outputs: its result and an fp32 logsumexp (b, a', s)
         items["sdpa.out"] = p * x.sb * x.q_width
         items["sdpa.logsumexp_fp32"] = FP32_BYTES * x.local_heads * x.sb
     return items
+
+
+def mlp_piece_bytes(block: BlockShape) -> int:
+    """What the MLP in pieces rebuilds in backward, one piece at a time: 0 when it runs whole.
+
+    TiledMLP's backward runs each piece's forward again with grad (deepspeed/runtime/
+    sequence_parallel/ulysses_sp.py ``TiledMLP.backward``), which saves that piece's w1 output,
+    silu output, w3 output and product (4 p c f', c = ``BlockShape.mlp_piece`` tokens), freed once
+    the piece's backward has run.
+    """
+    if block.mlp_tiles == 1:
+        return 0
+    return 4 * block.bytes_per_elem * block.mlp_piece * block.local_ffn
 
 
 def activations_per_layer(block: BlockShape, recompute: Recompute | str = Recompute.none) -> int:
@@ -590,34 +628,63 @@ def _vocab_parallel_loss_items(block: BlockShape, vocab_size: int) -> dict[str, 
     }
 
 
+def offloads_block_inputs(model: ModelConfig, *, recompute: Recompute, host_is_device: bool) -> bool:
+    """Whether ``model.offload_activations`` moves the checkpointed blocks' inputs off the device:
+    under full recompute, on a GPU (DeepSpeed's offload skips a synchronized device's tensors,
+    runner/model/activation_offload.py: on CPU ranks the host is the device and nothing moves)."""
+    return model.offload_activations and recompute == Recompute.full and not host_is_device
+
+
+def offloaded_block_inputs(block: BlockShape, *, n_layers: int) -> int:
+    """Bytes of block inputs ``model.offload_activations`` keeps in host memory, per micro-batch.
+
+    DeepSpeed 0.19.8's CheckpointHiddenStatesOffload (runner/model/activation_offload.py) moves
+    every marked input but the newest ``KEEP_LAST`` (1) and any under ``MIN_OFFLOAD_BYTES``
+    (1 KiB): (n_layers - 1) x p sbh, each block's checkpointed input (the ``block.input`` item).
+    """
+    one = block.bytes_per_elem * block.sb * block.d_model
+    return 0 if one < MIN_OFFLOAD_BYTES else max(n_layers - KEEP_LAST, 0) * one
+
+
 def activation_items_total(
     block: BlockShape,
     *,
     n_layers: int,
     vocab_size: int,
     recompute: Recompute | str = Recompute.none,
+    offloaded: bool = False,
 ) -> dict[str, int]:
     """Activation bytes of the whole model per device, itemised: blocks, outside items, transients.
 
     ``blocks`` is n_layers x :func:`activations_per_layer`. Outside items as in
     :func:`activation_items_outside_blocks`. ``transient.recompute_layer``: with recompute,
     backward rebuilds one block's (or one attention core's) saved tensors at a time, live
-    next to everything still kept.
+    next to everything still kept; with the MLP in pieces, one piece's (:func:`mlp_piece_bytes`),
+    inside the rebuilt block under full recompute, at another moment than the attention core's.
+
+    ``offloaded`` (:func:`offloads_block_inputs`, full recompute only): the inputs
+    :func:`offloaded_block_inputs` counts leave ``blocks`` for the host, and the one block rebuilt
+    in backward has its input copied back beside its rebuilt tensors (p sbh more).
     """
     mode = _check_recompute(recompute)
     if n_layers < 1:
         raise ValueError(f"n_layers={n_layers} must be >= 1")
     items = {"blocks": n_layers * activations_per_layer(block, mode)}
     items.update(activation_items_outside_blocks(block, vocab_size=vocab_size))
+    moved = offloaded_block_inputs(block, n_layers=n_layers) if offloaded and mode == Recompute.full else 0
+    items["blocks"] -= moved
+    piece = mlp_piece_bytes(block)
     if mode == Recompute.none:
-        items["transient.recompute_layer"] = 0
+        items["transient.recompute_layer"] = piece
+    elif mode == Recompute.full:
+        # One block is re-run whole, and its MLP's pieces rebuilt inside it in turn.
+        restored = block.bytes_per_elem * block.sb * block.d_model if moved else 0
+        items["transient.recompute_layer"] = activations_per_layer(block, Recompute.none) + piece + restored
     else:
-        # Full: one block is re-run whole; selective and attention: what it keeps less than
-        # without recompute (the rerun ops' outputs; attention: one attention core).
-        rebuilt = activations_per_layer(block, Recompute.none)
-        if mode != Recompute.full:
-            rebuilt = max(rebuilt - activations_per_layer(block, mode), 0)
-        items["transient.recompute_layer"] = rebuilt
+        # Selective and attention: what a block keeps less than without recompute (the rerun
+        # ops' outputs; attention: one attention core), or one MLP piece, whichever is larger.
+        rebuilt = activations_per_layer(block, Recompute.none) - activations_per_layer(block, mode)
+        items["transient.recompute_layer"] = max(rebuilt, piece, 0)
     return items
 
 
@@ -651,6 +718,9 @@ __all__ = [
     "block_graph",
     "korthikanti_activation_items",
     "korthikanti_activations_per_layer",
+    "mlp_piece_bytes",
     "model_block_shape",
+    "offloaded_block_inputs",
+    "offloads_block_inputs",
     "transient_peak",
 ]

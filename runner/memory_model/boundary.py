@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from runner.config import ModelConfig, OptimizerName, ParallelConfig, Precision
 from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
-from runner.memory_model.activations import TRANSIENT_ITEMS, activation_items_total
+from runner.memory_model.activations import TRANSIENT_ITEMS, activation_items_total, offloads_block_inputs
 from runner.memory_model.case import HeldStates, MemoryCase, RankBatch, case_from_config, held_states, spec_of
 from runner.parallel.pipeline_split import stage_blocks
 
@@ -118,8 +118,15 @@ def _saved_activations(case: MemoryCase, held: HeldStates) -> int:
     """Bytes autograd saves over one micro-batch on the fullest stage (no transients: what
     :func:`saved_activations` measures)."""
     model = case.model
+    offloaded = offloads_block_inputs(
+        model, recompute=case.spec.recompute, host_is_device=case.host_is_device
+    )
     items = activation_items_total(
-        held.block, n_layers=model.n_layer, vocab_size=model.vocab_size, recompute=case.spec.recompute
+        held.block,
+        n_layers=model.n_layer,
+        vocab_size=model.vocab_size,
+        recompute=case.spec.recompute,
+        offloaded=offloaded,
     )
     if case.spec.pp > 1:
         return max(stage_activations(items, n_layer=model.n_layer, pp=case.spec.pp))

@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 
 from runner.config import OffloadPlacement, ZeroStage
 from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
-from runner.memory_model.activations import BlockShape, activation_items_total
+from runner.memory_model.activations import (
+    BlockShape,
+    activation_items_total,
+    offloaded_block_inputs,
+    offloads_block_inputs,
+)
 from runner.memory_model.case import HeldStates, MemoryCase, held_states
 from runner.memory_model.peak_lines import (
     ALLREDUCE_FLAT,
@@ -50,6 +55,8 @@ from runner.memory_model.peak_lines import (
     zero3_tp_build_bytes,
 )
 from runner.memory_model.states import zero12_backward_buckets
+
+OFFLOADED_ACTIVATIONS = "activations"  # MemoryTerms.host's line of model.offload_activations
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,7 @@ def _activations(case: MemoryCase, block: BlockShape, accum_steps: int) -> _Acti
         n_layers=layers_per_stage(case.model.n_layer, case.spec.pp),
         vocab_size=case.model.vocab_size,
         recompute=case.spec.recompute,
+        offloaded=_offloads_activations(case),
     )
     stage_input = block.bytes_per_elem * case.micro_size * case.seq_len * case.model.d_model
     block_backward = mlp_backward_bytes(block)
@@ -134,6 +142,25 @@ def _activations(case: MemoryCase, block: BlockShape, accum_steps: int) -> _Acti
         how = "compiled blocks" if block.graph == "whole" else "compiled blocks, split at collectives"
         note = f"{how}; {note}" if note else how
     return _Activations(items, peak, note, stage_input, block_backward)
+
+
+def _offloads_activations(case: MemoryCase) -> bool:
+    """``model.offload_activations`` moves this layout's block inputs to the host (offloads_block_inputs)."""
+    return offloads_block_inputs(
+        case.model, recompute=case.spec.recompute, host_is_device=case.host_is_device
+    )
+
+
+def _offloaded_activations(case: MemoryCase, block: BlockShape) -> dict[str, int]:
+    """The host line of the offloaded block inputs, per rank (offloaded_block_inputs); empty: none.
+
+    One micro-batch's: the offload's context spans one forward and its backward
+    (runner/train/trainer.py), and its host buffers are reused by the next micro-batch.
+    """
+    if not _offloads_activations(case):
+        return {}
+    moved = offloaded_block_inputs(block, n_layers=layers_per_stage(case.model.n_layer, case.spec.pp))
+    return {OFFLOADED_ACTIVATIONS: moved} if moved else {}
 
 
 def _in_backward_lines(
@@ -315,7 +342,7 @@ def memory_terms(case: MemoryCase) -> MemoryTerms:
         optimizer=held.textbook.optimizer,
         activations=act.peak,
         residuals=residuals,
-        host=held.host,
+        host={**held.host, **_offloaded_activations(case, held.block)},
         host_counts_on_device=case.host_is_device,
         activation_note=act.note,
         build=_build_bytes(case),
@@ -324,4 +351,4 @@ def memory_terms(case: MemoryCase) -> MemoryTerms:
     )
 
 
-__all__ = ["MemoryTerms", "memory_terms"]
+__all__ = ["OFFLOADED_ACTIVATIONS", "MemoryTerms", "memory_terms"]

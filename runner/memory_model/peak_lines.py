@@ -117,10 +117,10 @@ def mlp_backward_bytes(block: BlockShape) -> int:
     """Bytes a SwiGLU MLP's backward holds at once: three b x s x f/t tensors in the compute dtype.
 
     runner/model/transformer.py FeedForward, w2(silu(w1 x) * w3 x): the gradient of w2's input, then the
-    product's two input gradients (one per factor) made from it, before any is freed.
+    product's two input gradients (one per factor) made from it, before any is freed. With the MLP
+    in pieces (``block.mlp_tiles``) these are one piece's: b x s becomes ``block.mlp_piece`` tokens.
     """
-    ffn = block.ffn_hidden or 4 * block.d_model
-    return 3 * block.bytes_per_elem * block.micro_size * block.seq_len * ffn // block.tp
+    return 3 * block.bytes_per_elem * block.mlp_piece * block.local_ffn
 
 
 def beyond_activations_after_head(items: dict[str, int], *, allocated: int) -> int:

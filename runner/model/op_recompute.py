@@ -62,9 +62,17 @@ def kept_outputs() -> Iterator[list[Any]]:
 
 
 def _policy(counts: dict[str, int], ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-    """Save the attention's outputs and every odd matmul's (counted apart in forward and recompute)."""
-    from torch.utils.checkpoint import CheckpointPolicy  # deferred: as _saved_ops
+    """Save the attention's outputs and every odd matmul's (counted apart in forward and recompute).
 
+    An op run without grad is neither kept nor counted: DeepSpeed's TiledMLP (``model.mlp_tiles``)
+    runs the MLP's pieces under no_grad in forward and in the recompute, and again with grad in its
+    own backward, so what the policy would keep of them is never read.
+    """
+    import torch  # deferred: as _saved_ops
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if not torch.is_grad_enabled():
+        return CheckpointPolicy.PREFER_RECOMPUTE
     matmuls, attention = _saved_ops()
     save = func in attention
     if func in matmuls:

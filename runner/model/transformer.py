@@ -33,13 +33,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from runner.config import ModelConfig, Recompute, RopeScaling
+from runner.model.activation_offload import mark_block_input
 from runner.model.build_method import DRAW_BLOCK
 from runner.model.meta import materialize
 from runner.model.op_recompute import op_level_contexts
 from runner.model.sequence_shard import SequenceShard
 from runner.model.shape import check_shape, n_kv_head
 from runner.model.shape import num_params as num_params  # re-exported: the count sits beside the model
-from runner.rules import loss_tile_count
+from runner.rules import loss_tile_count, mlp_tile_count
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -309,16 +310,38 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU MLP (Shazeer 2020, arXiv 2002.05202): w2(silu(w1 x) * w3 x)."""
+    """SwiGLU MLP (Shazeer 2020, arXiv 2002.05202): w2(silu(w1 x) * w3 x).
+
+    With ``model.mlp_tiles`` above 1 it runs through DeepSpeed's ``TiledMLP`` (ALST, arXiv
+    2506.13996): forward over pieces of the tokens keeping only its input, and in backward
+    each piece's forward again, then its backward, so the (B, T, ffn_hidden) tensors exist for
+    one piece at a time. The extra forward is priced by the plan (runner/step_time/
+    calibrated_terms.py, "mlp pieces"). TiledMLP holds each weight's gradient back from ZeRO's
+    reduction until the last piece (``ds_grad_is_ready``), so ZeRO sees one gradient per backward.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)  # gate
         self.w2 = nn.Linear(cfg.ffn_hidden, cfg.d_model, bias=False)  # down
         self.w3 = nn.Linear(cfg.d_model, cfg.ffn_hidden, bias=False)  # up
+        self.cfg = cfg
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C)."""
+        B, T, _ = x.shape
+        tiles = mlp_tile_count(self.cfg, tokens=B * T)
+        if tiles == 1:
+            return self._swiglu(x)
+        # Imported here: DeepSpeed's import is seconds, and the model is built where no rank runs
+        # (plan=true, the tests).
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+
+        weights = [self.w1.weight, self.w2.weight, self.w3.weight]
+        return TiledMLP.apply(FeedForward._swiglu, self, x, tiles, weights)
+
+    def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP over x (..., T, C) -> (..., T, C), whole or one piece."""
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -349,8 +372,11 @@ def checkpointed_block(
 ) -> torch.Tensor:
     """One block's forward as ``mode`` keeps it for backward: full recompute keeps only the block's
     input and reruns the block; selective keeps the matmuls' and attention's outputs too and reruns
-    the rest (runner/model/op_recompute.py); none and attention run it as it is."""
+    the rest (runner/model/op_recompute.py); none and attention run it as it is. Under full
+    recompute the input is marked for the activation offload, where one is open
+    (runner/model/activation_offload.py, ``model.offload_activations``)."""
     if training and mode == Recompute.full:
+        mark_block_input(x)
         return checkpoint(block, x, cos, sin, use_reentrant=False)
     if training and mode == Recompute.selective:
         return checkpoint(block, x, cos, sin, use_reentrant=False, context_fn=op_level_contexts)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runner.checkpoint.size import DiskNeed, saved_bytes_per_param
 from runner.config import OffloadPlacement, Precision, TrainConfig
-from runner.memory_model.peak import MemoryTerms
+from runner.memory_model.peak import OFFLOADED_ACTIVATIONS, MemoryTerms
 from runner.memory_model.peak_lines import ALLREDUCE_FLAT, TIED_HEAD_GRADIENT
 from runner.memory_model.states import bytes_per_param
 from runner.memory_model.units import GB, GiB, gb
@@ -23,7 +23,8 @@ from runner.rundir.checkpoint_record import own_layout
 from runner.rundir.run_files import CHECKPOINT_DIR
 from runner.step_time.device_figures import Figure
 
-_OFFLOADED_TERMS = ("params", "grads", "optimizer")  # MemoryTerms.host's terms; other keys are buffers
+# MemoryTerms.host's offloaded terms (model.offload_activations' too); other keys are buffers
+_OFFLOADED_TERMS = ("params", "grads", "optimizer", OFFLOADED_ACTIVATIONS)
 
 _W = 38  # width of the label column
 
@@ -327,6 +328,12 @@ def _time_lines(plan: Plan) -> list[str]:
     if k.spec.offload != OffloadPlacement.none:
         lines.append(
             "  not in this time: offload's host<->device copies and the CPU optimizer step "
+            "(no PCIe or host figures in the cluster config)"
+        )
+    if moved := plan.memory.host.get(OFFLOADED_ACTIVATIONS):
+        lines.append(
+            f"  not in this time: model.offload_activations' copies, {moved / GB:.3g} GB to the host in "
+            "forward and back in backward per micro-batch on DeepSpeed's side stream "
             "(no PCIe or host figures in the cluster config)"
         )
     lines += [f"  plan only: {reason}" for reason in plan.plan_only]

@@ -13,6 +13,9 @@ with most layers, holding the output head), with ``accum`` micro-batches:
   attention, the attention core's (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 5).
 - ``loss pieces``: a loss in pieces (``model.loss_tiles``, runner.rules.loss_tile_count) runs
   the output head's GEMM and the cross-entropy forward again in backward, a piece at a time.
+- ``mlp pieces``: the MLP in pieces (``model.mlp_tiles``, runner.rules.mlp_tile_count) runs every
+  block's w1, w3 and w2 forward (at a piece's shape) and SwiGLU again in backward (DeepSpeed's
+  TiledMLP), beside full recompute's own rerun of the block.
 - ``grad accumulation``: micro-batches 2..accum add their gradients into the rank's gradient
   buffer (read two, write one per parameter).
 - ``fresh memory``: a CPU's page faults on the step's tensors above glibc's mmap threshold, each
@@ -52,7 +55,7 @@ from runner.engine.deepspeed_config import persistence_threshold_elements
 from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
-from runner.rules import loss_tile_count
+from runner.rules import loss_tile_count, mlp_tile_count
 from runner.step_time.measured.figures import Calibration
 from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, gemm_caveats, micro_compute, rank_seq_len
 from runner.step_time.optimizer_step_passes import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
@@ -447,6 +450,15 @@ def compute_terms(
                 "loss pieces",
                 accum * micro.loss_forward,
                 f"the head and loss forward again, in {tiles} pieces",
+            )
+        )
+    mlp_tiles = mlp_tile_count(workload.model, tokens=layout.micro_size * workload.seq_len)
+    if mlp_tiles > 1:
+        terms.append(
+            Term(
+                "mlp pieces",
+                accum * micro.mlp_forward_in_pieces,
+                f"every block's MLP forward again, in {mlp_tiles} pieces (TiledMLP)",
             )
         )
     fresh = _fresh_term(workload, layout, calibration)

@@ -35,6 +35,7 @@ from runner.layout import Layout
 from runner.memory_model.peak_lines import layers_per_stage
 from runner.model.op_recompute import RECOMPUTED_MATMULS
 from runner.model.shape import n_kv_head
+from runner.rules import mlp_tile_count
 from runner.step_time.eager_traffic import block_rest_traffic, loss_traffic
 from runner.step_time.measured.figures import Calibration
 from runner.step_time.workload import Workload
@@ -88,6 +89,8 @@ class MicroCompute:
     # and the blocks' memory-bound kernels, forward only
     reran_gemm_forward: float = 0.0
     block_elementwise_forward: float = 0.0
+    # the MLP in pieces (model.mlp_tiles): its GEMMs at a piece's shape and SwiGLU, forward only
+    mlp_forward_in_pieces: float = 0.0
     in_place: float = 1.0  # the blocks' parts scaled by a block timed whole (``_in_place``)
     elementwise_words: str = ""  # where the elementwise and dispatch figures came from
     dispatch_words: str = ""
@@ -121,6 +124,38 @@ def _reran_gemm_forward(workload: Workload, layout: Layout, calibration: Calibra
         if rates is not None:
             seconds += count * 2.0 * m * k * n / rates[0]
     return seconds
+
+
+def _mlp_forward_in_pieces(
+    workload: Workload, layout: Layout, calibration: Calibration, tokens: int, elementwise: float
+) -> float | None:
+    """Forward seconds of one micro-batch's MLPs run in ``model.mlp_tiles`` pieces (0: whole).
+
+    DeepSpeed's TiledMLP runs each piece's forward again in backward
+    (deepspeed/runtime/sequence_parallel/ulysses_sp.py ``TiledMLP.backward``): w1, w3 and w2 at
+    (piece, in, out), at the rate measured at that shape, times the pieces; and SwiGLU's silu and
+    product, their share of the block's memory-bound forward (``elementwise``: one block's) by the
+    bytes each kernel moves (:data:`SWIGLU` of the per-token elements). None: a figure is missing.
+    """
+    model, tp = workload.model, layout.tp
+    tiles = mlp_tile_count(model, tokens=tokens)
+    if tiles == 1:
+        return 0.0
+    piece = -(-tokens // tiles)  # the pieces are this long but the last (runner.rules.mlp_tiles)
+    seconds = 0.0
+    for name, count, _, k, n in _gemm_shapes(workload, layout, piece):
+        if name not in ("w1", "w3", "w2"):
+            continue
+        rates = calibration.gemm(piece, k, n)
+        if rates is None:
+            return None
+        seconds += count * 2.0 * tokens * k * n / rates[0]  # every token once, at a piece's rate
+    h, f = model.d_model, model.ffn_hidden
+    kv = h * n_kv_head(model) // model.n_head
+    per_token = NORM_AND_RESIDUAL * h + (ROPE * (h + kv) + TRANSPOSE * h + SWIGLU * f) / tp
+    swiglu_share = SWIGLU * f / tp / per_token
+    layers = layers_per_stage(model.n_layer, layout.pp)
+    return seconds + layers * elementwise * swiglu_share
 
 
 def _gemm_seconds(
@@ -207,6 +242,9 @@ def micro_compute(workload: Workload, layout: Layout, calibration: Calibration) 
     one_block = (block_f + block_b) / layers + sum(attention) + block_rest
     scale = _in_place(workload, layout, calibration, one_block)
     elementwise = (block_rest - floor) / (1 + BACKWARD_ELEMENTS)  # one block's forward share
+    mlp_pieces = _mlp_forward_in_pieces(workload, layout, calibration, tokens, elementwise)
+    if mlp_pieces is None:
+        return None
     return MicroCompute(
         gemm_forward=head_f + scale * block_f,
         gemm_backward=head_b + scale * block_b,
@@ -217,6 +255,7 @@ def micro_compute(workload: Workload, layout: Layout, calibration: Calibration) 
         loss_forward=head_f + head_elementwise,
         reran_gemm_forward=scale * _reran_gemm_forward(workload, layout, calibration, tokens),
         block_elementwise_forward=scale * layers * elementwise,
+        mlp_forward_in_pieces=scale * mlp_pieces,
         in_place=scale,
         elementwise_words=elementwise_words,
         dispatch_words=dispatch_words,

@@ -54,6 +54,7 @@ from runner.metrics.step_probes import StepProbes
 from runner.metrics.step_profiler import StepProfiler
 from runner.metrics.throughput import throughput_metrics
 from runner.metrics.wall_clock import WallClock, wall_parts
+from runner.model.activation_offload import checkpoint_offload, offloading
 from runner.parallel.sequence import backward_loss
 from runner.parallel.tensor import grad_norm as tp_grad_norm
 from runner.rundir.summary_records import Evaluated
@@ -136,6 +137,7 @@ class Trainer:
 
         # The model and DeepSpeed's engine (a PipelineEngine when pp > 1), then the checkpoint.
         self.engine, self.model_build, self.compiled_blocks = build_engine(ctx, wall)
+        self.activation_offload = checkpoint_offload() if config.model.offload_activations else None
         # From here on, not in the build: its ops need none of it (runner/hardware/cpu_half_matmul.py).
         until_return.enter_context(matmuls_for(ctx))
         self.resumed = resume(ctx, self.engine)
@@ -324,11 +326,15 @@ class Trainer:
     ) -> torch.Tensor:
         """Micro-batch ``micro``'s forward and backward, the step's hooks called between; its loss."""
         engine, hooks = self.engine, self.hooks
-        with hooks.forward(step, micro):
-            loss = engine(inputs, targets)  # the model's forward forms the loss (Transformer.forward)
-        loss = hooks.loss(step, micro, loss)
-        self.clock.mark("forward")
-        engine.backward(backward_loss(loss, self.ctx.layout.sp))
+        # model.offload_activations: the checkpointed blocks' inputs wait on the host from this
+        # forward to its backward (runner/model/activation_offload.py).
+        offload = self.activation_offload
+        with offloading(offload) if offload is not None else contextlib.nullcontext():
+            with hooks.forward(step, micro):
+                loss = engine(inputs, targets)  # the model's forward forms the loss (Transformer.forward)
+            loss = hooks.loss(step, micro, loss)
+            self.clock.mark("forward")
+            engine.backward(backward_loss(loss, self.ctx.layout.sp))
         self.clock.mark("backward")
         return loss
 

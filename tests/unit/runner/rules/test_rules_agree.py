@@ -95,6 +95,33 @@ CASES = [
         REFUSED,
         ["model.loss_tiles=200 > data.seq_len=128", "at most 128"],
     ),
+    # the MLP in pieces (DeepSpeed's TiledMLP): a piece needs a token, and the blocks run eagerly
+    (["model.mlp_tiles=4", "parallel=zero3", "gpus=2", "model.activation_checkpointing=full"], RUNS, []),
+    (
+        ["model.mlp_tiles=200", "data.seq_len=128"],
+        REFUSED,
+        ["model.mlp_tiles=200 > data.seq_len=128", "at most 128"],
+    ),
+    (
+        ["model.mlp_tiles=4", "train.compile=true"],
+        REFUSED,
+        ["model.mlp_tiles=4 with train.compile=true", "model.mlp_tiles=1 or train.compile=false"],
+    ),
+    # the checkpointed blocks' inputs on the host: full recompute's one tensor, outside a pipeline
+    (["model.offload_activations=true", "model.activation_checkpointing=full"], RUNS, []),
+    (
+        ["model.offload_activations=true"],
+        REFUSED,
+        [
+            "model.offload_activations=true with model.activation_checkpointing=none",
+            "set model.activation_checkpointing=full or model.offload_activations=false",
+        ],
+    ),
+    (
+        ["model.offload_activations=true", "model.activation_checkpointing=full", "parallel=pp2", "gpus=2"],
+        REFUSED,
+        ["model.offload_activations=true with parallel.pp=2", "parallel.pp=1"],
+    ),
 ]
 
 

@@ -212,3 +212,20 @@ def test_a_rank_on_jemalloc_pays_no_page_faults_for_its_large_tensors(monkeypatc
     assert "fresh memory" in [t.name for t in system.time.terms]
     assert "fresh memory" not in [t.name for t in jemalloc.time.terms]
     assert jemalloc.time.step_s < system.time.step_s
+
+
+def test_the_mlp_in_pieces_is_priced_as_its_forward_once_more(fixed_calibration):
+    """model.mlp_tiles=4: TiledMLP runs every block's w1, w3, w2 and SwiGLU forward again in backward;
+    the step grows by exactly the ``mlp pieces`` term, at least the three GEMMs' forward FLOPs at the
+    calibration's one rate (5e10 FLOP/s) and at most that and the blocks' whole memory-bound forward."""
+    whole = plan_config(compose_config())
+    tiled = plan_config(compose_config("model.mlp_tiles=4"))
+    term = _term(tiled, "mlp pieces")
+    assert "in 4 pieces (TiledMLP)" in term.words
+    assert not any(t.name == "mlp pieces" for t in whole.time.terms)
+    assert tiled.time.step_s - whole.time.step_s == pytest.approx(term.seconds, rel=1e-9)
+    model, layout = tiled.workload.model, tiled.layout
+    tokens = layout.micro_size * tiled.workload.seq_len
+    gemms = model.n_layer * 3 * 2.0 * tokens * model.d_model * model.ffn_hidden / 5e10
+    elementwise = _term(whole, "elementwise").seconds / 3  # forward's share: backward twice the bytes
+    assert gemms * layout.accum_steps < term.seconds < (gemms + elementwise) * layout.accum_steps
