@@ -101,7 +101,16 @@ def assert_mfu_within_the_calibrated_peak(result: TrainResult) -> None:
 
 # MemoryCase's fields that its ParallelSpec holds (runner.config.ParallelSpec); its gradient
 # bucket and persistence threshold are its own, resolved as DeepSpeed is given them.
-CASE_SPEC_FIELDS = ("zero_stage", "tp", "pp", "recompute", "offload", "overlap_comm", "contiguous_gradients")
+CASE_SPEC_FIELDS = (
+    "zero_stage",
+    "tp",
+    "pp",
+    "sp",
+    "recompute",
+    "offload",
+    "overlap_comm",
+    "contiguous_gradients",
+)
 
 
 def memory_case(**fields: Any) -> Any:

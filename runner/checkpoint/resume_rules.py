@@ -26,6 +26,9 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroS
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
     saved_split = (saved.get("tp", 1), saved.get("pp", 1))
+    # ZeRO cuts over the data- and sequence-parallel ranks together (runner/layout.py zero_ranks);
+    # a record from before sequence parallelism has no sp: 1.
+    saved_ranks = saved["dp"] * saved.get("sp", 1)
     saved_stage0 = ZeroStage(record["zero_stage"]) is ZeroStage.ddp
     if saved_stage0 and ZeroStage(zero_stage) is ZeroStage.ddp and saved_split == (layout.tp, layout.pp):
         # Stage 0 saves the whole model and optimizer state once per model-parallel rank
@@ -39,8 +42,9 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroS
             and optimizer_wrapper(precision=saved_precision, zero_stage=ZeroStage.ddp, pp=layout.pp)
             is OptimizerWrapper.bf16_optimizer
         )
-        return cut_over_dp and saved["dp"] != layout.dp
-    return (saved["dp"], *saved_split, record["zero_stage"]) != (layout.dp, layout.tp, layout.pp, zero_stage)
+        return cut_over_dp and saved_ranks != layout.zero_ranks
+    now = (layout.zero_ranks, layout.tp, layout.pp, zero_stage)
+    return (saved_ranks, *saved_split, record["zero_stage"]) != now
 
 
 def check_resumable(

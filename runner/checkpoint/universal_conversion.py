@@ -66,7 +66,7 @@ def conversion(
             precision=record.get("precision", Precision.fp32.value),
             tp=saved.get("tp", 1),
             pp=saved.get("pp", 1),
-            dp=saved.get("dp", 1),
+            dp=saved.get("dp", 1) * saved.get("sp", 1),  # the ranks ZeRO cut it over
         )
     view = resume_tag(record, layout=layout, zero_stage=zero_stage, precision=precision)
     if not universal_engine(layout, zero_stage, precision) and not (root / view).is_dir():

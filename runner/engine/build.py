@@ -7,6 +7,7 @@ only what it keeps: its pipeline stage (runner/parallel/pipeline.py), its ZeRO-3
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -32,10 +33,15 @@ def build_method(config: TrainConfig, layout: Layout) -> str:
 
 
 def build_for_layout(
-    config: TrainConfig, *, layout: Layout, ds_config: dict[str, Any], device: torch.device
+    config: TrainConfig,
+    *,
+    layout: Layout,
+    ds_config: dict[str, Any],
+    device: torch.device,
+    mpu: ModuleType | None = None,
 ) -> nn.Module:
     """This rank's model: its pipeline stage, its ZeRO-3 partitions, its tensor-parallel shard,
-    or the whole model."""
+    or the whole model. ``mpu``: the sequence-parallel groups, where sp > 1."""
     method = build_method(config, layout)
     dtype = config.precision.name.torch_dtype
     if method == BY_STAGE:
@@ -57,7 +63,7 @@ def build_for_layout(
         )
     if method == PARTITIONED:
         model = build_partitioned(
-            config.model, seed=config.seed, ds_config=ds_config, device=device, tp=layout.tp
+            config.model, seed=config.seed, ds_config=ds_config, device=device, tp=layout.tp, mpu=mpu
         )
         split_token_embedding(model, tp=layout.tp)
         return model
@@ -83,7 +89,12 @@ def _import_build_code(layout: Layout) -> None:
 
 
 def build_measured(
-    config: TrainConfig, *, layout: Layout, ds_config: dict[str, Any], device: torch.device
+    config: TrainConfig,
+    *,
+    layout: Layout,
+    ds_config: dict[str, Any],
+    device: torch.device,
+    mpu: ModuleType | None = None,
 ) -> tuple[nn.Module, ModelBuild]:
     """``build_for_layout``, and what the build cost this rank (summary.json's ``model_build``).
 
@@ -97,7 +108,7 @@ def build_measured(
     host.reset()
     on_device.reset()
     host_before, device_before = host_rss_bytes(), on_device.current()
-    model = build_for_layout(config, layout=layout, ds_config=ds_config, device=device)
+    model = build_for_layout(config, layout=layout, ds_config=ds_config, device=device, mpu=mpu)
     record: ModelBuild = {
         "method": build_method(config, layout),
         "params": held_numel(model),

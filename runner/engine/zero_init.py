@@ -26,6 +26,7 @@ each from its own generator), with no communication, so the ranks share the draw
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -37,9 +38,17 @@ from runner.model.transformer import Transformer
 
 
 def build_partitioned(
-    cfg: ModelConfig, *, seed: int, ds_config: dict[str, Any], device: torch.device, tp: int = 1
+    cfg: ModelConfig,
+    *,
+    seed: int,
+    ds_config: dict[str, Any],
+    device: torch.device,
+    tp: int = 1,
+    mpu: ModuleType | None = None,
 ) -> Transformer:
-    """``cfg``'s model for ``seed``, its parameters partitioned as ``ds_config``'s ZeRO-3 says."""
+    """``cfg``'s model for ``seed``, its parameters partitioned as ``ds_config``'s ZeRO-3 says.
+    ``mpu``: the sequence-parallel groups (runner/parallel/sequence.py), by which DeepSpeed counts
+    the data-parallel ranks ``ds_config``'s batch is split over; the partitions span every rank."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     import deepspeed
 
@@ -50,7 +59,7 @@ def build_partitioned(
 
         groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
         group = groups.get_data_parallel_group()
-    with deepspeed.zero.Init(config_dict_or_path=ds_config, data_parallel_group=group):
+    with deepspeed.zero.Init(config_dict_or_path=ds_config, data_parallel_group=group, mpu=mpu):
         model = Transformer(cfg, seed=seed)  # arrives partitioned and uninitialised
     with torch.no_grad():
         for name, param in model.named_parameters():  # a tied weight once, by its first name

@@ -15,11 +15,14 @@ Training runs it with ZeRO (ALST, arXiv 2506.13996; deepspeed/runtime/sequence_p
   all-to-alls' transposes. RoPE rotates each piece by its tokens' positions in the sample before
   the exchange;
 - DeepSpeed, given this ``mpu``, reduces the gradients over the group's ranks and the
-  data-parallel ranks together: it sums over the sequence ranks and averages over the
-  data-parallel ones (runtime/zero/stage_1_and_2.py and stage3.py divide by
-  ``world / sequence_parallel_size``; engine.py ``_reduce_non_expert_gradients`` at stage 0). Each
-  rank's loss is the mean over its own tokens, so the loss a rank backpropagates is that mean over
-  ``sp`` (:func:`backward_loss`): the sum over the group is then the sample's mean, as without sp.
+  data-parallel ranks together, and scales them two ways. ZeRO 0-2 sum over the sequence ranks
+  and average over the data-parallel ones (runtime/zero/stage_1_and_2.py divides by
+  ``world / sequence_parallel_size``; engine.py ``_reduce_non_expert_gradients`` at stage 0).
+  ZeRO-3 averages over all of them: its reduce-scatter (runtime/comm/coalesced_collectives.py
+  ``reduce_scatter_coalesced``, the path ``reduce_scatter: true`` takes) divides by the whole
+  group. Each rank's loss is the mean over its own tokens, so at ZeRO 0-2 a rank backpropagates
+  that mean over ``sp`` (:func:`backward_loss`): either way the gradient is the samples' mean's,
+  as without sp (tests/multirank/test_layout_invariance.py compares the gradient norms).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from runner.config import ZeroStage
 from runner.model.sequence_shard import SequenceShard
 
 
@@ -64,10 +68,10 @@ def split_sequence(model: nn.Module, groups: ModuleType) -> SequenceShard:
     return shard
 
 
-def backward_loss(loss: torch.Tensor, sp: int) -> torch.Tensor:
-    """The loss a rank backpropagates: its tokens' mean over ``sp``, since DeepSpeed sums the
-    gradients over the sequence group (the module's docstring); the loss itself at sp 1."""
-    return loss if sp == 1 else loss / sp
+def backward_loss(loss: torch.Tensor, *, sp: int, zero_stage: ZeroStage) -> torch.Tensor:
+    """The loss a rank backpropagates: its tokens' mean over ``sp`` where DeepSpeed sums the
+    gradients over the sequence group (ZeRO 0-2; the module's docstring), else the mean itself."""
+    return loss if sp == 1 or zero_stage is ZeroStage.zero3 else loss / sp
 
 
 __all__ = ["SequenceShard", "backward_loss", "sequence_groups", "split_sequence"]

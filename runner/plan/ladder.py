@@ -10,13 +10,16 @@ and device, the rungs in order (DESIGN.md, "the cheap-to-costly order"):
 4. ZeRO stages 1, 2, 3 (Rajbhandari et al. 2019, arXiv 1910.02054);
 5. ZeRO-3 with the optimizer, then also the parameters, offloaded to the CPU (ZeRO-Offload,
    Ren et al. 2021, arXiv 2101.06840);
-6. tensor parallel inside a node: tp = 2, 4, ... up to gpus_per_node, powers of 2 dividing
+6. sequence parallel inside a node: sp = 2, 4, ... up to gpus_per_node, powers of 2 dividing
+   the head counts and the sequence, beside every ZeRO stage (DeepSpeed-Ulysses, Jacobs et al.
+   2023, arXiv 2309.14509): each rank holds seq/sp of every sample's activations;
+7. tensor parallel inside a node: tp = 2, 4, ... up to gpus_per_node, powers of 2 dividing
    the head counts and the MLP width (Shoeybi et al. 2019, arXiv 1909.08053);
-7. pipeline parallel across nodes, with tp at its largest: pp = 2, 4, ... (Narayanan et
+8. pipeline parallel across nodes, with tp at its largest: pp = 2, 4, ... (Narayanan et
    al. 2021, arXiv 2104.04473, Sec. 3.3: tensor parallel up to the node size, pipeline
    beyond it), with ZeRO 0 or 1 only (DeepSpeed's pipeline engine refuses ZeRO-2/3).
 
-Within rungs 4-7 the cheaper knobs come first in the same order (no recompute, then
+Within rungs 4-8 the cheaper knobs come first in the same order (no recompute, then
 selective, then full; then a higher ZeRO stage; then offload). Every candidate of every rung
 is planned, at the largest micro-batch that fits and at each smaller divisor of global/dp
 (its accumulation grows). A candidate fits when its bytes fit the device, its node's host
@@ -50,7 +53,7 @@ from runner.layout import divisors
 from runner.memory_model.units import gb
 from runner.plan.command import model_overrides, workload_overrides
 from runner.plan.planner import Knobs, Plan, Workload, plan_layout
-from runner.rules import pipeline_depth_problems, tp_problems
+from runner.rules import pipeline_depth_problems, sp_problems, tp_problems
 
 # Each stage is tried as the conf/parallel option of its name (ddp, zero1, zero2, zero3).
 _STAGES = tuple(ZeroStage)
@@ -123,6 +126,19 @@ def tp_degrees(workload: Workload) -> list[int]:
     return degrees
 
 
+def sp_degrees(workload: Workload) -> list[int]:
+    """Sequence-parallel degrees to try: powers of 2 up to gpus_per_node dividing gpus, that split
+    the heads, kv heads and the sequence (runner.rules.sp_problems)."""
+    degrees, s = [], 2
+    while s <= min(workload.device.per_node, workload.gpus):
+        if workload.gpus % s == 0 and not sp_problems(
+            workload.model, sp=s, tp=1, pp=1, seq_len=workload.seq_len
+        ):
+            degrees.append(s)
+        s *= 2
+    return degrees
+
+
 def pp_degrees(workload: Workload, tp: int) -> list[int]:
     """Pipeline degrees across nodes: powers of 2 with tp x pp dividing gpus and a block on every stage
     (runner.rules.pipeline_depth_problems)."""
@@ -146,7 +162,7 @@ def rungs(workload: Workload, *, overlap_comm: bool | None = None) -> list[tuple
 
     ddp, zero1, zero3 = ZeroStage.ddp, ZeroStage.zero1, ZeroStage.zero3
     whole = workload.global_size // workload.gpus
-    recomputes = _COMPILED_RECOMPUTES if workload.compiled else _RECOMPUTES
+    recomputes: tuple[Recompute, ...] = _COMPILED_RECOMPUTES if workload.compiled else _RECOMPUTES
     partial = recomputes[1]
     ladder: list[tuple[str, list[Knobs]]] = [
         (f"ddp, micro {whole or 'global/dp'} (accum 1)", [k(ddp, micro_size=whole or None)]),
@@ -154,6 +170,10 @@ def rungs(workload: Workload, *, overlap_comm: bool | None = None) -> list[tuple
         (f"ddp + {partial.value} recompute", [k(ddp, recompute=partial)]),
         ("ddp + full recompute", [k(ddp, recompute=Recompute.full)]),
     ]
+    if workload.model.offload_activations:
+        # The offload moves full recompute's block inputs only (runner/rules/activation_offload.py).
+        recomputes = (Recompute.full,)
+        ladder = ladder[-1:]
     for stage in _STAGES[1:]:
         ladder.append((stage.name, [k(stage, recompute=r) for r in recomputes]))
     for offload in _OFFLOADS:
@@ -163,6 +183,9 @@ def rungs(workload: Workload, *, overlap_comm: bool | None = None) -> list[tuple
                 [k(zero3, recompute=r, offload=offload) for r in recomputes],
             )
         )
+    for degree in sp_degrees(workload):
+        candidates = [k(s, sp=degree, recompute=r) for s in _STAGES for r in recomputes]
+        ladder.append((f"sp {degree} inside a node", candidates))
     tps = tp_degrees(workload)
     for t in tps:
         candidates = [k(s, tp=t, recompute=r) for s in _STAGES for r in recomputes]
@@ -293,6 +316,8 @@ def overrides_for(plan: Plan) -> list[str]:
         out.append(f"parallel.tp={k.spec.tp}")
     if k.spec.pp > 1:
         out.append(f"parallel.pp={k.spec.pp}")
+    if k.spec.sp > 1:
+        out.append(f"parallel.sp={k.spec.sp}")
     if k.spec.offload != OffloadPlacement.none:
         out.append("parallel.offload_optimizer=cpu")
     if k.spec.offload == OffloadPlacement.optimizer_and_params:
@@ -314,6 +339,7 @@ _DECIDED = frozenset(
         "parallel.zero_stage",
         "parallel.tp",
         "parallel.pp",
+        "parallel.sp",
         "parallel.offload_optimizer",
         "parallel.offload_param",
         "model.activation_checkpointing",

@@ -22,7 +22,7 @@ activation_offload.py (the runs whose checkpointed inputs go to the host).
 
 from __future__ import annotations
 
-from runner.config import ModelConfig, Offload, ParallelSpec, Recompute, TrainConfig, ZeroStage
+from runner.config import ModelConfig, Offload, ParallelSpec, TrainConfig, ZeroStage
 from runner.rules.activation_offload import activation_offload_problems
 from runner.rules.head_layout import head_problems
 from runner.rules.loss_tiles import loss_tile_count, loss_tile_length_problems, loss_tile_problems
@@ -48,7 +48,7 @@ def _problems(
         *sp_problems(model, sp=spec.sp, tp=spec.tp, pp=spec.pp, seq_len=seq_len),
         *pipeline_depth_problems(n_layer=model.n_layer, pp=spec.pp),
         *loss_tile_problems(model, tp=spec.tp, pp=spec.pp),
-        *activation_offload_problems(model, pp=spec.pp),
+        *activation_offload_problems(model, recompute=spec.recompute, pp=spec.pp),
     ]
 
 
@@ -66,7 +66,11 @@ def config_layout_problems(config: TrainConfig) -> list[str]:
     the sequence."""
     par = config.parallel
     spec = ParallelSpec(
-        zero_stage=ZeroStage(par.zero_stage), tp=par.tp, pp=par.pp, sp=par.sp, recompute=Recompute.none
+        zero_stage=ZeroStage(par.zero_stage),
+        tp=par.tp,
+        pp=par.pp,
+        sp=par.sp,
+        recompute=config.model.activation_checkpointing,
     )
     return [
         *_problems(

@@ -12,12 +12,13 @@ from __future__ import annotations
 from runner.config import ModelConfig, Recompute
 
 
-def activation_offload_problems(model: ModelConfig, *, pp: int) -> list[str]:
-    """Why ``model.offload_activations=true`` cannot be taken by this run (empty when it can)."""
+def activation_offload_problems(model: ModelConfig, *, recompute: Recompute, pp: int) -> list[str]:
+    """Why ``model.offload_activations=true`` cannot be taken by a layout of this recompute mode
+    and pipeline degree (empty when it can)."""
     if not model.offload_activations:
         return []
     problems = []
-    mode = model.activation_checkpointing
+    mode = recompute
     if mode != Recompute.full:
         problems.append(
             f"model.offload_activations=true with model.activation_checkpointing={mode.value}: only "

@@ -125,8 +125,10 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[DeepSpeedEngine, Mod
     config = ctx.config
     before_build()
     torch.manual_seed(config.seed)
+    # DeepSpeed-Ulysses' groups (a collective on every rank), before a ZeRO-3 build counts by them.
+    groups = sequence_groups(ctx.layout.sp) if ctx.layout.sp > 1 else None
     model, model_build = build_measured(
-        config, layout=ctx.layout, ds_config=ctx.job.ds_config, device=ctx.device
+        config, layout=ctx.layout, ds_config=ctx.job.ds_config, device=ctx.device, mpu=groups
     )
     if (read := model_build["init_from"]) is not None and ctx.lead:
         log.info(
@@ -136,9 +138,7 @@ def build_engine(ctx: RunContext, wall: WallClock) -> tuple[DeepSpeedEngine, Mod
             read["path"],
         )
     compiled = compile_blocks(model) if config.train.compile else 0
-    groups = None
-    if ctx.layout.sp > 1:  # DeepSpeed-Ulysses: this rank's piece of each sample
-        groups = sequence_groups(ctx.layout.sp)
+    if groups is not None:  # DeepSpeed-Ulysses: this rank's piece of each sample
         split_sequence(model, groups)
     wall.mark("build")
     engine = initialize_engine(

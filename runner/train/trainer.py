@@ -39,7 +39,7 @@ import torch
 
 from runner.checkpoint import save as checkpoint
 from runner.checkpoint.size import config_checkpoint_bytes
-from runner.config import Precision
+from runner.config import Precision, ZeroStage
 from runner.data.batches import BatchSource, rank_slice
 from runner.engine.deepspeed_engine import as_pipeline
 from runner.engine.fixes import fp16_stage0_loss_scale as fp16_loss_scale
@@ -334,7 +334,8 @@ class Trainer:
                 loss = engine(inputs, targets)  # the model's forward forms the loss (Transformer.forward)
             loss = hooks.loss(step, micro, loss)
             self.clock.mark("forward")
-            engine.backward(backward_loss(loss, self.ctx.layout.sp))
+            stage = ZeroStage(self.ctx.config.parallel.zero_stage)
+            engine.backward(backward_loss(loss, sp=self.ctx.layout.sp, zero_stage=stage))
         self.clock.mark("backward")
         return loss
 

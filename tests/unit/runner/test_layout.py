@@ -93,3 +93,17 @@ def test_parse_micro_size():
 def test_workable_gpus_are_near_the_request():
     values = workable_gpus(global_size=256, tp=1, pp=1, near=48)
     assert 32 in values and 64 in values and all(256 % g == 0 for g in values)
+
+
+def test_sequence_parallel_ranks_share_each_sample_and_leave_dp_the_rest():
+    layout = resolve_layout(gpus=8, tp=1, pp=1, sp=4, global_size=16, micro_size=2)
+    assert (layout.dp, layout.accum_steps, layout.zero_ranks, layout.model_parallel) == (2, 4, 8, 4)
+    assert layout.split_words() == "gpus 8 = dp 2 x tp 1 x pp 1 x sp 4; global 16 = micro 2 x accum 4 x dp 2"
+    assert layout.to_json()["sp"] == 4
+
+
+def test_gpus_that_sequence_parallelism_does_not_divide_are_refused_with_workable_counts():
+    with pytest.raises(LayoutError, match=r"tp x pp x sp = 1 x 1 x 4 = 4.*try gpus in \{4, 8, 12, 16\}"):
+        resolve_layout(gpus=6, tp=1, pp=1, sp=4, global_size=16, micro_size=1)
+    with pytest.raises(LayoutError, match=r"\(gpus 8 / \(tp 1 x pp 1 x sp 2\)\): 6 / 4 is not whole"):
+        resolve_layout(gpus=8, tp=1, pp=1, sp=2, global_size=6, micro_size=1)

@@ -900,3 +900,36 @@ def test_smaller_gradient_buckets_pay_more_collective_latency():
     assert small - big == pytest.approx((135 - 14) * per_reduce_scatter)
     unpriced, words = dp_comm("cluster.inter_node_step_us=null")
     assert unpriced < big and "NCCL" not in words
+
+
+def test_a_sequence_too_long_for_a_rank_is_recommended_sequence_parallelism():
+    """Llama-3.1-8B on one 8 x H100 node at 131,072 tokens: no layout that keeps whole sequences on
+    a rank fits without offload (ZeRO-3 with full recompute plans its activations above the device),
+    the ladder's sequence-parallel rungs do, and the fastest of them is recommended: the command
+    carries parallel.sp."""
+    config = _config(
+        "model=llama3_1_8b",
+        "cluster=h100_sxm",
+        "gpus=8",
+        "precision=bf16",
+        "batch.global_size=8",
+        "data.seq_len=131072",
+        "model.max_seq_len=131072",
+    )
+    ladder = recommend(workload_from_config(config))
+    whole_sequences = [rung for rung in ladder.rungs if not rung.name.startswith(("sp ", "tp "))]
+    assert not any(r.fits for r in whole_sequences if "offload" not in r.name)
+    assert all(r.fits for r in ladder.rungs if r.name.startswith("sp "))
+    assert ladder.winner is not None and ladder.winner.plan.knobs.spec.sp > 1
+    assert f"parallel.sp={ladder.winner.plan.knobs.spec.sp}" in ladder.command
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_a_sequence_parallel_rank_holds_the_activations_of_its_share_and_zero_spans_dp_x_sp(recompute):
+    """Under sp each rank runs seq/sp tokens of every sample (attention over the whole sequence at
+    heads/sp holds as many elements), and ZeRO partitions over the data- and sequence-parallel ranks
+    together: sp 4 at seq 512 on 4 ranks plans seq 128's activations and ZeRO-3 over 4."""
+    split = _terms(zero_stage=3, recompute=recompute, seq_len=512, sp=4, dp=1)
+    share = _terms(zero_stage=3, recompute=recompute, seq_len=128, sp=1, dp=4)
+    assert split.activations == share.activations
+    assert (split.params, split.grads, split.optimizer) == (share.params, share.grads, share.optimizer)

@@ -107,6 +107,29 @@ CASES = [
         REFUSED,
         ["model.mlp_tiles=4 with train.compile=true", "model.mlp_tiles=1 or train.compile=false"],
     ),
+    # sequence parallelism: it splits the sequence and both head counts, beside ZeRO only
+    (["parallel=zero1", "parallel.sp=2", "gpus=2"], RUNS, []),
+    (["parallel=zero3_offload", "parallel.sp=2", "gpus=2"], RUNS, []),
+    (
+        ["parallel.sp=3", "gpus=3"],
+        REFUSED,
+        ["parallel.sp=3 does not divide model.n_head=4", "data.seq_len=128", "use parallel.sp in {1, 2, 4}"],
+    ),
+    (
+        ["parallel.sp=2", "model.n_head=8", "model.n_kv_head=1", "gpus=2"],
+        REFUSED,
+        ["parallel.sp=2 does not divide model.n_kv_head=1", "key/value heads", "{1}"],
+    ),
+    (
+        ["parallel=tp2", "parallel.sp=2", "gpus=4"],
+        REFUSED,
+        ["parallel.sp=2 with parallel.tp=2 and parallel.pp=1", "set parallel.tp=1 parallel.pp=1"],
+    ),
+    (
+        ["parallel=pp2", "parallel.sp=2", "gpus=4"],
+        REFUSED,
+        ["parallel.sp=2 with parallel.tp=1 and parallel.pp=2", "or set parallel.sp=1"],
+    ),
     # the checkpointed blocks' inputs on the host: full recompute's one tensor, outside a pipeline
     (["model.offload_activations=true", "model.activation_checkpointing=full"], RUNS, []),
     (
