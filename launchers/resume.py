@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from launchers.hydra_files import keep_earlier_attempt, made_by_this_run
 from runner.checkpoint import size as checkpoint_size
@@ -124,7 +123,7 @@ class ResumeSource:
     loads it in the universal format (ZeRO 1-3; a stage-0 run loads a stage-0 file written from
     it), and, where this attempt converted it for its layout, the conversion's seconds and bytes."""
 
-    record: dict[str, Any] | None = None
+    record: checkpoint_record.CheckpointRecord | None = None
     universal: bool = False
     conversion: dict[str, float] | None = None
 
@@ -196,7 +195,7 @@ def _measured(root: Path, convert: Callable[[], object]) -> dict[str, float] | N
 
 def _disk_need(
     config: TrainConfig, run_dir: Path, layout: Layout | None
-) -> tuple[checkpoint_size.DiskNeed, dict[str, Any] | None]:
+) -> tuple[checkpoint_size.DiskNeed, checkpoint_record.CheckpointRecord | None]:
     """The run's checkpoints against its directory's filesystem, with what a resume finds there:
     the checkpoints it holds, the steps done and, onto another ``layout``, the converted copy
     (runner/checkpoint/size.py); and the record of the checkpoint it continues (None: none)."""

@@ -35,6 +35,7 @@ class TokenizerRecord(TypedDict, total=False):
     sha256: str
     files: list[str]
     eos_token: str
+    eos_named_sha256: str  # ladder export's copy in which it named eos_token (runner/data/tokenizer_dir.py)
 
 
 class HostMemoryRecord(TypedDict, total=False):

@@ -54,7 +54,7 @@ class Resumed:
     """Where this attempt starts: the completed steps, and the checkpoint's record (None: from scratch)."""
 
     start_step: int = 0
-    record: dict[str, Any] | None = None
+    record: checkpoint_record.CheckpointRecord | None = None
 
     def saved(self, key: str) -> Any:
         """A field the checkpoint's record keeps (None from scratch or where it has none)."""
