@@ -7,8 +7,6 @@ only what it keeps: its pipeline stage (runner/parallel/pipeline.py), its ZeRO-3
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -23,6 +21,7 @@ from runner.model.transformer import build_model, num_params
 from runner.parallel.pipeline import build_pipeline
 from runner.parallel.shard_build import build_cut_model, write_initial_weights
 from runner.parallel.tensor import split_token_embedding
+from runner.rundir.json_types import JsonObject
 from runner.rundir.summary_records import ModelBuild
 
 
@@ -32,7 +31,7 @@ def build_method(config: TrainConfig, layout: Layout) -> str:
 
 
 def build_for_layout(
-    config: TrainConfig, *, layout: Layout, ds_config: dict[str, Any], device: torch.device
+    config: TrainConfig, *, layout: Layout, ds_config: JsonObject, device: torch.device
 ) -> nn.Module:
     """This rank's model: its pipeline stage, its ZeRO-3 partitions, its tensor-parallel shard,
     or the whole model."""
@@ -83,7 +82,7 @@ def _import_build_code(layout: Layout) -> None:
 
 
 def build_measured(
-    config: TrainConfig, *, layout: Layout, ds_config: dict[str, Any], device: torch.device
+    config: TrainConfig, *, layout: Layout, ds_config: JsonObject, device: torch.device
 ) -> tuple[nn.Module, ModelBuild]:
     """``build_for_layout``, and what the build cost this rank (summary.json's ``model_build``).
 

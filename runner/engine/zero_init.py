@@ -34,10 +34,11 @@ from torch import nn
 from runner.config import ModelConfig
 from runner.model.hf_weights import write_values
 from runner.model.transformer import Transformer
+from runner.rundir.json_types import JsonObject
 
 
 def build_partitioned(
-    cfg: ModelConfig, *, seed: int, ds_config: dict[str, Any], device: torch.device, tp: int = 1
+    cfg: ModelConfig, *, seed: int, ds_config: JsonObject, device: torch.device, tp: int = 1
 ) -> Transformer:
     """``cfg``'s model for ``seed``, its parameters partitioned as ``ds_config``'s ZeRO-3 says."""
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
