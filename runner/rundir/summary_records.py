@@ -49,6 +49,35 @@ class HostMemoryRecord(TypedDict, total=False):
     measured: str
 
 
+class CpuCalibration(TypedDict, total=False):
+    """One CPU's matmul calibration, as runner/hardware/mfu_peak.py keeps it in its cache (an entry
+    an earlier ladder kept may lack the later keys, ``fp32_matmul`` among them)."""
+
+    flops: float  # the peak taken: the statistic's FLOP/s
+    statistic: str
+    rounds: list[float]
+    spread: float
+    others_cores: float | None  # CPUs other processes kept busy meanwhile (None: unknown)
+    busy: bool
+    settled: bool
+    tries: int  # quiet calibrations so far
+    threads: int
+    precision: str
+    fp32_matmul: bool
+    cpu: str
+    torch: str
+    calibrated_at: str
+
+
+class PeakCalibrationRecord(CpuCalibration, total=False):
+    """``peak_flops_calibration``: the calibration a CPU run's MFU divides by, and the run's ranks x
+    threads (runner/hardware/mfu_peak.py ``Peak.calibration_record``)."""
+
+    ranks: int
+    threads_per_rank: int
+    threads_in_all: int
+
+
 class DeviceMemoryPlan(TypedDict):
     """``device_memory_plan``: the peak the plan puts on each device (launchers/run_record.py)."""
 
