@@ -140,14 +140,14 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
         if lead and (kept := keep_earlier_attempt(run_dir)) is not None:
             log.info("the earlier attempt's files are in %s", kept)
         return ResumeSource()
-    stage, precision = config.parallel.zero_stage, config.precision.name
+    zero_stage, precision = config.parallel.zero_stage, config.precision.name
     try:
         resume_rules.check_resumable(
-            record, layout=layout, zero_stage=stage, optimizer=config.optimizer.name.value
+            record, layout=layout, zero_stage=zero_stage, optimizer=config.optimizer.name.value
         )
     except ValueError as error:
         raise ConfigError(f"  - {error}") from None
-    converts = resume_rules.needs_universal(record, layout=layout, zero_stage=stage)
+    converts = resume_rules.needs_universal(record, layout=layout, zero_stage=zero_stage)
     conversion = None
     if lead:
         if converts:
@@ -160,7 +160,7 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
                         run_dir,
                         record,
                         layout=layout,
-                        zero_stage=stage,
+                        zero_stage=zero_stage,
                         model=config.model,
                         precision=precision,
                     ),
@@ -174,9 +174,12 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
         truncate_metrics(metrics_path(run_dir), completed_steps=record["completed_steps"])
     elif converts:
         universal_conversion.wait_for(
-            run_dir, resume_rules.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
+            run_dir,
+            resume_rules.resume_tag(record, layout=layout, zero_stage=zero_stage, precision=precision),
         )
-    universal = resume_rules.loads_universal(record, layout=layout, zero_stage=stage, precision=precision)
+    universal = resume_rules.loads_universal(
+        record, layout=layout, zero_stage=zero_stage, precision=precision
+    )
     return ResumeSource(record, universal, conversion)
 
 

@@ -161,8 +161,8 @@ def resume(ctx: RunContext, engine: DeepSpeedEngine) -> Resumed:
     if record is None:
         return Resumed()
     # Onto another layout: converted by the launching process (launchers/run.py).
-    stage, precision = config.parallel.zero_stage, config.precision.name
-    tag = resume_tag(record, layout=ctx.layout, zero_stage=stage, precision=precision)
+    zero_stage, precision = config.parallel.zero_stage, config.precision.name
+    tag = resume_tag(record, layout=ctx.layout, zero_stage=zero_stage, precision=precision)
     start_step = restore.load(engine, ctx.run_dir, tag=tag, rank=ctx.rank)
     # fp16: the loss scale goes on where it was, on any layout (DeepSpeed's is in files only
     # the same layout reads).
