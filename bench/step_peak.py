@@ -42,7 +42,7 @@ from runner.config import (
     ZeroStage,
 )
 from runner.engine import lean_zero_step
-from runner.engine.deepspeed_config import build_deepspeed_config
+from runner.engine.deepspeed_config import build_deepspeed_config, reduce_bucket_elements
 from runner.engine.distributed import skip_inference_shm_op
 from runner.layout import resolve_layout
 from runner.memory_model.case import MemoryCase
@@ -144,19 +144,20 @@ def one_case(
     skip_inference_shm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     model = model_config(name, overrides)
+    parallel = ParallelConfig(name=f"zero{stage}", zero_stage=stage, pp=pp)
     config = build_deepspeed_config(
         layout=resolve_layout(
             gpus=pp, tp=1, pp=pp, global_size=shape.micro * shape.accum, micro_size=shape.micro
         ),
         model=model,
-        parallel=ParallelConfig(name=f"zero{stage}", zero_stage=stage, pp=pp),
+        parallel=parallel,
         precision=PrecisionConfig(name=Precision(precision)),
         optimizer=OptimizerConfig(),
         lr=1e-3,
     )
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     measured = measured_peak(model, config, shape, dtype, pp=pp)
-    bucket = config["zero_optimization"]["reduce_bucket_size"]
+    bucket = reduce_bucket_elements(parallel.reduce_bucket_size, model)  # the config's reduce bucket
     plan, lines = planned(model, precision=precision, stage=stage, shape=shape, pp=pp, bucket=bucket)
     return {"measured": measured, "planned": plan, "lines": lines}
 

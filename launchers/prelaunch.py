@@ -6,7 +6,6 @@ runner/plan/planner.py ``layout_for_config``'s, as a plan of the same config sho
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from runner.config import TrainConfig
 from runner.engine.deepspeed_config import build_deepspeed_config
@@ -16,13 +15,12 @@ from runner.layout import Layout, LayoutError
 from runner.memory_model.units import gb
 from runner.plan.planner import Plan, layout_for_config, plan_chosen
 from runner.preflight.validate import validate
+from runner.rundir.json_types import JsonObject
 
 log = logging.getLogger("ladder")
 
 
-def deepspeed_config_for(
-    config: TrainConfig, layout: Layout, *, load_universal: bool = False
-) -> dict[str, Any]:
+def deepspeed_config_for(config: TrainConfig, layout: Layout, *, load_universal: bool = False) -> JsonObject:
     """DeepSpeed's config for this run, with the learning rate scaled to its global batch."""
     return build_deepspeed_config(
         layout=layout,

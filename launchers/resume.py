@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from launchers.hydra_files import keep_earlier_attempt, made_by_this_run
 from runner.checkpoint import size as checkpoint_size
@@ -124,7 +123,7 @@ class ResumeSource:
     loads it in the universal format (ZeRO 1-3; a stage-0 run loads a stage-0 file written from
     it), and, where this attempt converted it for its layout, the conversion's seconds and bytes."""
 
-    record: dict[str, Any] | None = None
+    record: checkpoint_record.CheckpointRecord | None = None
     universal: bool = False
     conversion: dict[str, float] | None = None
 
@@ -141,14 +140,14 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
         if lead and (kept := keep_earlier_attempt(run_dir)) is not None:
             log.info("the earlier attempt's files are in %s", kept)
         return ResumeSource()
-    stage, precision = config.parallel.zero_stage, config.precision.name
+    zero_stage, precision = config.parallel.zero_stage, config.precision.name
     try:
         resume_rules.check_resumable(
-            record, layout=layout, zero_stage=stage, optimizer=config.optimizer.name.value
+            record, layout=layout, zero_stage=zero_stage, optimizer=config.optimizer.name.value
         )
     except ValueError as error:
         raise ConfigError(f"  - {error}") from None
-    converts = resume_rules.needs_universal(record, layout=layout, zero_stage=stage)
+    converts = resume_rules.needs_universal(record, layout=layout, zero_stage=zero_stage)
     conversion = None
     if lead:
         if converts:
@@ -161,7 +160,7 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
                         run_dir,
                         record,
                         layout=layout,
-                        zero_stage=stage,
+                        zero_stage=zero_stage,
                         model=config.model,
                         precision=precision,
                     ),
@@ -175,9 +174,12 @@ def prepare_resume(config: TrainConfig, layout: Layout, run_dir: Path, *, lead: 
         truncate_metrics(metrics_path(run_dir), completed_steps=record["completed_steps"])
     elif converts:
         universal_conversion.wait_for(
-            run_dir, resume_rules.resume_tag(record, layout=layout, zero_stage=stage, precision=precision)
+            run_dir,
+            resume_rules.resume_tag(record, layout=layout, zero_stage=zero_stage, precision=precision),
         )
-    universal = resume_rules.loads_universal(record, layout=layout, zero_stage=stage, precision=precision)
+    universal = resume_rules.loads_universal(
+        record, layout=layout, zero_stage=zero_stage, precision=precision
+    )
     return ResumeSource(record, universal, conversion)
 
 
@@ -196,7 +198,7 @@ def _measured(root: Path, convert: Callable[[], object]) -> dict[str, float] | N
 
 def _disk_need(
     config: TrainConfig, run_dir: Path, layout: Layout | None
-) -> tuple[checkpoint_size.DiskNeed, dict[str, Any] | None]:
+) -> tuple[checkpoint_size.DiskNeed, checkpoint_record.CheckpointRecord | None]:
     """The run's checkpoints against its directory's filesystem, with what a resume finds there:
     the checkpoints it holds, the steps done and, onto another ``layout``, the converted copy
     (runner/checkpoint/size.py); and the record of the checkpoint it continues (None: none)."""

@@ -191,13 +191,13 @@ def zero_step_bytes(
         raise ValueError(f"dp={dp} must be >= 1")
     if num_params < 0:
         raise ValueError(f"num_params={num_params} must be >= 0")
-    stage = ZeroStage(zero_stage)
+    zero_stage = ZeroStage(zero_stage)
     p_bytes = grad_bytes_per_elem if param_bytes_per_elem is None else param_bytes_per_elem
     grads = num_params * grad_bytes_per_elem
     params = num_params * p_bytes
-    if not stage.shards_optimizer_states:
+    if not zero_stage.shards_optimizer_states:
         return allreduce_bytes(grads, dp)
-    if not stage.shards_parameters:
+    if not zero_stage.shards_parameters:
         return reduce_scatter_bytes(grads, dp) + allgather_bytes(params, dp)
     return reduce_scatter_bytes(grads, dp) + 2 * allgather_bytes(params, dp)
 

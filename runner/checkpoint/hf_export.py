@@ -57,9 +57,10 @@ from runner.errors import ConfigError
 from runner.exit_codes import ExitCode
 from runner.model.hf_config import hf_config_from_model, resolve_hf_model
 from runner.model.hf_names import hf_shapes
-from runner.rundir.checkpoint_record import UNIVERSAL_SUFFIX, latest, tag_for
+from runner.rundir.checkpoint_record import UNIVERSAL_SUFFIX, CheckpointRecord, latest, tag_for
 from runner.rundir.run_files import CHECKPOINT_DIR, HYDRA_CONFIG_FILE, HYDRA_DIR
 from runner.rundir.summary import run_summary
+from runner.rundir.summary_records import TokenizerRecord
 
 CONFIG_FILE = "config.json"
 SINGLE_SHARD = "model.safetensors"
@@ -107,7 +108,7 @@ def model_config(run_dir: Path) -> ModelConfig:
         ) from None
 
 
-def checkpoint_record(run_dir: Path, step: int | None) -> dict[str, Any]:
+def checkpoint_record(run_dir: Path, step: int | None) -> CheckpointRecord:
     """The checkpoint to export: the newest complete one, or the one after ``step`` steps, with
     the layout and ZeRO stage that wrote it."""
     newest = latest(run_dir)
@@ -179,7 +180,7 @@ def _read_tensor(zero: Path, name: str, shape: tuple[int, ...]) -> torch.Tensor:
     return tensor.reshape(shape).float().contiguous().clone()
 
 
-def _convert_in_child(run_dir: Path, record: dict[str, Any]) -> tuple[str, int]:
+def _convert_in_child(run_dir: Path, record: CheckpointRecord) -> tuple[str, int]:
     """The universal copy's tag, converting it in a child process if needed; the child's peak RSS."""
     tag = record["tag"] + UNIVERSAL_SUFFIX
     if (run_dir / CHECKPOINT_DIR / tag).is_dir():
@@ -197,7 +198,7 @@ def _convert_in_child(run_dir: Path, record: dict[str, Any]) -> tuple[str, int]:
     return tag, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
-def run_tokenizer(run_dir: Path, override: Path | None) -> dict[str, Any] | None:
+def run_tokenizer(run_dir: Path, override: Path | None) -> TokenizerRecord | None:
     """The identity of the tokenizer to copy: the one summary.json records (at its path, or at
     ``override``), checked against its recorded sha256; None when the run recorded none."""
     recorded = run_summary(run_dir).tokenizer
@@ -224,8 +225,10 @@ def run_tokenizer(run_dir: Path, override: Path | None) -> dict[str, Any] | None
             f"the tokenizer in {directory} changed since the run recorded it: its files hash to sha256 "
             f"{found}, the run's tokenizer to {recorded['sha256']} (summary.json); {fixes}"
         )
-    ended_by = {"eos_token": recorded["eos_token"]} if recorded.get("eos_token") else {}
-    return {**tokenizer_identity(directory), **ended_by}
+    identity = tokenizer_identity(directory)
+    if recorded.get("eos_token"):
+        identity["eos_token"] = recorded["eos_token"]
+    return identity
 
 
 def name_eos_token(folder: Path, token: str) -> bool:
@@ -336,10 +339,10 @@ def _write_config(
     cfg: ModelConfig,
     *,
     run_dir: Path,
-    record: dict[str, Any],
+    record: CheckpointRecord,
     weight_map: dict[str, str],
     sizes: list[tuple[str, int]],
-    tokenizer: dict[str, Any] | None,
+    tokenizer: TokenizerRecord | None,
 ) -> None:
     """config.json, ladder_export.json (the run, step and tokenizer the files came from; config.json stays
     transformers' own, which model.hf_config reads back), and the index past one shard."""

@@ -11,18 +11,16 @@ tp x pp ZeRO checkpoint without every stage's splits.
 
 from __future__ import annotations
 
-from typing import Any
-
 from runner.config import OptimizerName, Precision, ZeroStage
 from runner.engine.optimizer_wrapper import OptimizerWrapper, optimizer_wrapper
 from runner.layout import Layout
-from runner.rundir.checkpoint_record import STAGE_SPLITS, UNIVERSAL_SUFFIX, own_layout
+from runner.rundir.checkpoint_record import STAGE_SPLITS, UNIVERSAL_SUFFIX, CheckpointRecord, own_layout
 
 PIPELINE_VIEW_SUFFIX = "_pipeline"  # the universal checkpoint under a pipeline's parameter names
 STAGE0_SUFFIX = "_ddp"  # the universal checkpoint as a stage-0 engine's own file
 
 
-def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroStage | int) -> bool:
+def needs_universal(record: CheckpointRecord, *, layout: Layout, zero_stage: ZeroStage | int) -> bool:
     """Whether resuming ``record`` on this layout needs DeepSpeed's universal checkpoint."""
     saved = record["layout"]
     saved_split = (saved.get("tp", 1), saved.get("pp", 1))
@@ -48,7 +46,7 @@ def needs_universal(record: dict[str, Any], *, layout: Layout, zero_stage: ZeroS
 
 
 def check_resumable(
-    record: dict[str, Any],
+    record: CheckpointRecord,
     *,
     layout: Layout,
     zero_stage: ZeroStage | int,
@@ -89,7 +87,7 @@ def check_resumable(
         )
 
 
-def universal_tag_for(record: dict[str, Any], layout: Layout) -> str:
+def universal_tag_for(record: CheckpointRecord, layout: Layout) -> str:
     """The tag a ZeRO rank of ``layout`` loads ``record`` from when it resumes through the universal one."""
     tag = record["tag"] + UNIVERSAL_SUFFIX
     return tag + PIPELINE_VIEW_SUFFIX if layout.pp > 1 else tag
@@ -110,7 +108,7 @@ def universal_engine(layout: Layout, zero_stage: ZeroStage | int, precision: Pre
 
 
 def resume_tag(
-    record: dict[str, Any],
+    record: CheckpointRecord,
     *,
     layout: Layout,
     zero_stage: ZeroStage | int,
@@ -125,7 +123,7 @@ def resume_tag(
 
 
 def loads_universal(
-    record: dict[str, Any],
+    record: CheckpointRecord,
     *,
     layout: Layout,
     zero_stage: ZeroStage | int,

@@ -39,6 +39,8 @@ from runner.rundir.checkpoint_record import (
     PARTIAL_PREFIX,
     STAGE_SPLITS,
     UNIVERSAL_SUFFIX,
+    LossScaleState,
+    NoiseScaleState,
     complete_checkpoints,
     tag_for,
 )
@@ -56,8 +58,8 @@ class SaveRecord:
     layout: Layout
     zero_stage: ZeroStage | int
     skipped_steps: tuple[int, ...] = ()  # train.on_nonfinite=skip's skipped steps so far
-    noise_scale: dict[str, Any] | None = None  # runner/metrics/noise_scale.py's EMAs
-    loss_scale: dict[str, Any] | None = None  # fp16's dynamic loss scale
+    noise_scale: NoiseScaleState | None = None  # runner/metrics/noise_scale.py's EMAs
+    loss_scale: LossScaleState | None = None  # fp16's dynamic loss scale
 
 
 def save(

@@ -26,7 +26,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from runner.checkpoint import size as checkpoint_size
 from runner.checkpoint import stage0 as checkpoint_stage0
@@ -36,14 +35,14 @@ from runner.checkpoint.universal_every_stage import loadable_at_every_stage
 from runner.config import ModelConfig, OptimizerName, Precision, ZeroStage
 from runner.layout import Layout
 from runner.parallel import pipeline_names
-from runner.rundir.checkpoint_record import PARTIAL_PREFIX, UNIVERSAL_SUFFIX, own_layout
+from runner.rundir.checkpoint_record import PARTIAL_PREFIX, UNIVERSAL_SUFFIX, CheckpointRecord, own_layout
 from runner.rundir.disk_room import folder_bytes
 from runner.rundir.run_files import CHECKPOINT_DIR
 
 
 def conversion(
     run_dir: Path,
-    record: dict[str, Any],
+    record: CheckpointRecord,
     *,
     layout: Layout,
     zero_stage: ZeroStage | int,
@@ -83,7 +82,7 @@ def conversion(
 
 def convert_for(
     run_dir: Path,
-    record: dict[str, Any],
+    record: CheckpointRecord,
     *,
     layout: Layout,
     zero_stage: ZeroStage | int,
@@ -115,7 +114,7 @@ def convert_for(
     return view
 
 
-def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, model: ModelConfig) -> str:
+def universal_tag(run_dir: Path, record: CheckpointRecord, *, layout: Layout, model: ModelConfig) -> str:
     """Convert the checkpoint to DeepSpeed's universal format (once) for ``layout``; returns its tag.
 
     The universal checkpoint names each parameter as runner/model/transformer.py's Transformer does: a
@@ -135,7 +134,7 @@ def universal_tag(run_dir: Path, record: dict[str, Any], *, layout: Layout, mode
     return view
 
 
-def universal_copy(run_dir: Path, record: dict[str, Any], model: ModelConfig) -> str:
+def universal_copy(run_dir: Path, record: CheckpointRecord, model: ModelConfig) -> str:
     """The checkpoint in the universal format under the model's names, converted once; returns its
     tag (``ladder export`` reads each parameter's ``zero/<name>/fp32.pt`` from it)."""
     return _converted(run_dir, record, model, caller=EXPORT)
@@ -145,7 +144,7 @@ RESUME = "train.resume=auto"
 EXPORT = "ladder export"
 
 
-def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig, *, caller: str = RESUME) -> str:
+def _converted(run_dir: Path, record: CheckpointRecord, model: ModelConfig, *, caller: str = RESUME) -> str:
     """Convert the checkpoint to the universal format under the model's names (once); returns its tag."""
     root = run_dir / CHECKPOINT_DIR
     tag = record["tag"] + UNIVERSAL_SUFFIX
@@ -164,7 +163,7 @@ def _converted(run_dir: Path, record: dict[str, Any], model: ModelConfig, *, cal
     return tag
 
 
-def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any], caller: str = RESUME) -> None:
+def _ds_to_universal(source: Path, partial: Path, record: CheckpointRecord, caller: str = RESUME) -> None:
     """DeepSpeed's conversion of a ZeRO 1-3 checkpoint, in a subprocess; refused with its last word."""
     converted = subprocess.run(
         [
@@ -195,7 +194,7 @@ def _ds_to_universal(source: Path, partial: Path, record: dict[str, Any], caller
 
 
 def _stage0_to_universal(
-    source: Path, partial: Path, record: dict[str, Any], model: ModelConfig, caller: str
+    source: Path, partial: Path, record: CheckpointRecord, model: ModelConfig, caller: str
 ) -> None:
     """ladder's conversion of a stage-0 checkpoint (runner/checkpoint/stage0.py); refused with its reason."""
     partial.mkdir(parents=True)
@@ -210,7 +209,7 @@ def _stage0_to_universal(
         raise ValueError(f"{caller}: {record['tag']} cannot move to another layout: {error}") from None
 
 
-def _unconverted(record: dict[str, Any], stderr: str, source: Path, caller: str = RESUME) -> str:
+def _unconverted(record: CheckpointRecord, stderr: str, source: Path, caller: str = RESUME) -> str:
     """The refusal when ds_to_universal fails: its last word, the room it had, and what to do
     instead (``caller``: the command that needed the conversion)."""
     keep = own_layout(record)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from runner.data.token_file import llmc_eos_id, token_files
 from runner.rundir.summary_records import TokenizerRecord
@@ -91,7 +91,7 @@ def tokenizer_identity(directory: str | Path) -> TokenizerRecord:
 # ladder export's record beside the files it wrote (runner/checkpoint/hf_export.py PROVENANCE_FILE),
 # and its key for the sha256 of a tokenizer copy in which it named the end-of-text token.
 EXPORT_RECORD = "ladder_export.json"
-EOS_NAMED_KEY = "eos_named_sha256"
+EOS_NAMED_KEY: Final = "eos_named_sha256"
 
 
 def tokenizer_shas(directory: str | Path) -> set[str]:

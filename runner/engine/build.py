@@ -8,7 +8,6 @@ only what it keeps: its pipeline stage (runner/parallel/pipeline.py), its ZeRO-3
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +23,7 @@ from runner.model.transformer import build_model, num_params
 from runner.parallel.pipeline import build_pipeline
 from runner.parallel.shard_build import build_cut_model, write_initial_weights
 from runner.parallel.tensor import split_token_embedding
+from runner.rundir.json_types import JsonObject
 from runner.rundir.summary_records import ModelBuild
 
 
@@ -36,7 +36,7 @@ def build_for_layout(
     config: TrainConfig,
     *,
     layout: Layout,
-    ds_config: dict[str, Any],
+    ds_config: JsonObject,
     device: torch.device,
     mpu: ModuleType | None = None,
 ) -> nn.Module:
@@ -92,7 +92,7 @@ def build_measured(
     config: TrainConfig,
     *,
     layout: Layout,
-    ds_config: dict[str, Any],
+    ds_config: JsonObject,
     device: torch.device,
     mpu: ModuleType | None = None,
 ) -> tuple[nn.Module, ModelBuild]:

@@ -9,7 +9,6 @@ resolved :class:`~runner.layout.Layout`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from runner.config import (
     ModelConfig,
@@ -24,14 +23,16 @@ from runner.config import (
 from runner.layout import Layout
 from runner.model.shape import num_params
 from runner.parallel.tensor import deepspeed_train_batch_size, tensor_parallel_section
+from runner.rundir.json_types import JsonObject
 
 # DeepSpeed prints its own per-step lines every `steps_per_print` steps; the runner logs
 # its metrics itself, so DeepSpeed's are pushed out of the way.
 _QUIET_STEPS = 1_000_000_000
 
 
-def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str, Any]:
-    """DeepSpeed's ``optimizer`` section: AdamW (torch's, or DeepSpeedCPUAdam when offloaded) or SGD.
+def _optimizer_section(optimizer: OptimizerConfig, *, lr: float, offload: bool) -> JsonObject:
+    """DeepSpeed's ``optimizer`` section at learning rate ``lr``: AdamW (torch's, or DeepSpeedCPUAdam
+    when offloaded) or SGD.
 
     torch's optimizers are asked for their fused kernel, which updates the states in place.
     Their defaults allocate during the step, where the memory plan does not look: the
@@ -40,8 +41,8 @@ def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str
     per-tensor loop (CPU) up to two of the largest tensor (tests/unit/runner/engine/test_optimizer_step.py).
     """
     if optimizer.name == OptimizerName.adamw:
-        params: dict[str, Any] = {
-            "lr": optimizer.lr,
+        params: JsonObject = {
+            "lr": lr,
             "betas": [optimizer.beta1, optimizer.beta2],
             "eps": optimizer.eps,
             "weight_decay": optimizer.weight_decay,
@@ -56,7 +57,7 @@ def _optimizer_section(optimizer: OptimizerConfig, *, offload: bool) -> dict[str
     return {
         "type": "SGD",
         "params": {
-            "lr": optimizer.lr,
+            "lr": lr,
             "momentum": optimizer.momentum,
             "weight_decay": optimizer.weight_decay,
             "fused": True,
@@ -134,9 +135,9 @@ def zero3_fetch(parallel: ParallelConfig, model: ModelConfig) -> Zero3Fetch:
     )
 
 
-def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> dict[str, Any]:
+def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> JsonObject:
     """DeepSpeed's ``zero_optimization`` section."""
-    zero: dict[str, Any] = {
+    zero: JsonObject = {
         "stage": parallel.zero_stage,
         "overlap_comm": ZeroStage(parallel.zero_stage).overlaps_comm(parallel.overlap_comm),
         "contiguous_gradients": parallel.contiguous_gradients,
@@ -155,7 +156,7 @@ def _zero_section(parallel: ParallelConfig, model: ModelConfig) -> dict[str, Any
     return zero
 
 
-def _precision_section(precision: PrecisionConfig) -> dict[str, Any]:
+def _precision_section(precision: PrecisionConfig) -> JsonObject:
     """The ``bf16`` / ``fp16`` flags; fp32 sets neither."""
     if precision.name == Precision.bf16:
         return {"bf16": {"enabled": True}}
@@ -185,43 +186,41 @@ def build_deepspeed_config(
     optimizer: OptimizerConfig,
     lr: float,
     load_universal: bool = False,
-) -> dict[str, Any]:
+) -> JsonObject:
     """DeepSpeed's config dict for one layout; ``lr`` is the effective (scaled) learning rate."""
     offloaded = parallel.offload_optimizer != Offload.none
     # Under a pipeline, tp is the pipeline grid's model axis, split by ladder itself
     # (runner/parallel/pipeline_tensor.py); only without one is it DeepSpeed's AutoTP.
     autotp = layout.tp if layout.pp == 1 else 1
-    config: dict[str, Any] = {
-        # global = micro x accum x dp: DeepSpeed checks the same identity at initialize
-        # (with tensor parallelism, in its own count: runner/parallel/tensor.py).
-        "train_batch_size": deepspeed_train_batch_size(
-            global_size=layout.global_size, tp=autotp, zero_stage=parallel.zero_stage
-        ),
+    # global = micro x accum x dp: DeepSpeed checks the same identity at initialize
+    # (with tensor parallelism, in its own count: runner/parallel/tensor.py; None: unset).
+    train_batch_size = deepspeed_train_batch_size(
+        global_size=layout.global_size, tp=autotp, zero_stage=parallel.zero_stage
+    )
+    config: JsonObject = {
+        **({"train_batch_size": train_batch_size} if train_batch_size is not None else {}),
         "train_micro_batch_size_per_gpu": layout.micro_size,
         "gradient_accumulation_steps": layout.accum_steps,
         "gradient_clipping": optimizer.grad_clip,
-        "optimizer": _optimizer_section(optimizer, offload=offloaded),
+        "optimizer": _optimizer_section(optimizer, lr=lr, offload=offloaded),
         "zero_optimization": _zero_section(parallel, model),
         "steps_per_print": _QUIET_STEPS,
         "wall_clock_breakdown": False,
         **_precision_section(precision),
         **tensor_parallel_section(autotp),
     }
-    if config["train_batch_size"] is None:
-        del config["train_batch_size"]
-    config["optimizer"]["params"]["lr"] = lr
     if load_universal:
         # Resuming onto another layout: DeepSpeed reads the universal checkpoint format.
         config["checkpoint"] = {"load_universal": True}
     if offloaded:
         # ZeRO-Offload steps the optimizer on the host with DeepSpeedCPUAdam.
         config["zero_force_ds_cpu_optimizer"] = True
-    stage = ZeroStage(parallel.zero_stage)
-    if optimizer.name != OptimizerName.adamw and stage.shards_optimizer_states:
+    zero_stage = ZeroStage(parallel.zero_stage)
+    if optimizer.name != OptimizerName.adamw and zero_stage.shards_optimizer_states:
         # DeepSpeed's ZeRO asserts on any optimizer outside its Adam list unless told; SGD is
         # elementwise, so stepping it on a partition is stepping it on the whole.
         config["zero_allow_untested_optimizer"] = True
-    if precision.name == Precision.fp16 and stage is ZeroStage.ddp:
+    if precision.name == Precision.fp16 and zero_stage is ZeroStage.ddp:
         # Stage 0 all-reduces fp16 gradients summed, then divides by dp (engine.py
         # ``allreduce_bucket``): a sum of dp loss-scaled gradients overflows where their mean
         # does not, and the step is skipped where one rank's run takes it (tiny, dp 2: an

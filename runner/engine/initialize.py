@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import warnings
 from types import ModuleType
-from typing import Any
 
 import torch
 
@@ -28,6 +27,7 @@ from runner.engine.fixes.muon_compiles_at_import import import_muon_deferred
 from runner.engine.param_groups import param_groups
 from runner.engine.schedule import lr_multiplier
 from runner.layout import Layout
+from runner.rundir.json_types import JsonObject
 
 
 class _UntestedOptimizerWarning(logging.Filter):
@@ -83,7 +83,7 @@ def apply_fixes(engine: DeepSpeedEngine, *, layout: Layout, precision: Precision
 def initialize_engine(
     model: torch.nn.Module,
     *,
-    ds_config: dict[str, Any],
+    ds_config: JsonObject,
     optimizer: OptimizerConfig,
     total_steps: int,
     layout: Layout,

@@ -61,19 +61,19 @@ def _zero_optimizer(engine: DeepSpeedEngine) -> tuple[Any, ZeroStage] | None:
 
     wrapper = engine.optimizer
     if isinstance(wrapper, DeepSpeedZeroOptimizer_Stage3):
-        stage, offloaded = ZeroStage.zero3, bool(wrapper.offload_optimizer)
+        zero_stage, offloaded = ZeroStage.zero3, bool(wrapper.offload_optimizer)
     elif isinstance(wrapper, DeepSpeedZeroOptimizer):
-        stage = ZeroStage.zero2 if wrapper.partition_gradients else ZeroStage.zero1
+        zero_stage = ZeroStage.zero2 if wrapper.partition_gradients else ZeroStage.zero1
         offloaded = bool(wrapper.cpu_offload)
     else:
         return None
     plain = not (offloaded or getattr(wrapper, "use_muon", False) or wrapper.torch_autocast_gradscaler)
-    return (wrapper, stage) if plain else None
+    return (wrapper, zero_stage) if plain else None
 
 
-def _fp32_partitions(wrapper: Any, stage: ZeroStage) -> list[torch.Tensor]:
+def _fp32_partitions(wrapper: Any, zero_stage: ZeroStage) -> list[torch.Tensor]:
     """The fp32 partitions the inner optimizer steps (its master weights), one per group."""
-    stage3 = stage is ZeroStage.zero3
+    stage3 = zero_stage is ZeroStage.zero3
     return wrapper.fp32_partitioned_groups_flat if stage3 else wrapper.single_partition_of_fp32_groups
 
 
@@ -94,13 +94,13 @@ def cast_in_one_pass(tensors: Sequence[torch.Tensor], numel: int, dtype: torch.d
     return flat
 
 
-def _install_one_cast(wrapper: Any, stage: ZeroStage) -> bool:
+def _install_one_cast(wrapper: Any, zero_stage: ZeroStage) -> bool:
     """Stage 1-2: DeepSpeed's pre-flattened-partition hook returns the fp32 partition; stage 3:
     ``_prepare_fp32_grad_for_sub_group`` writes it in one pass."""
-    masters = _fp32_partitions(wrapper, stage)
+    masters = _fp32_partitions(wrapper, zero_stage)
     if wrapper.dtype == masters[0].dtype:  # the model's parameters' dtype, the gradients' too
         return False  # fp32 training: DeepSpeed's ``.to`` is already no copy
-    if stage is ZeroStage.zero3:
+    if zero_stage is ZeroStage.zero3:
 
         def prepare_fp32_grad(sub_group_id: int) -> None:
             master = masters[sub_group_id]
@@ -179,15 +179,15 @@ def _combined_scale(wrapper: Any, total_norm: Any) -> Any:
     return combined
 
 
-def _install_clip_in_kernel(wrapper: Any, stage: ZeroStage) -> bool:
+def _install_clip_in_kernel(wrapper: Any, zero_stage: ZeroStage) -> bool:
     """Hand DeepSpeed's clip factor to the fused kernel as ``grad_scale`` for the one step it runs."""
     inner = wrapper.optimizer
     if not getattr(inner, "_step_supports_amp_scaling", False):
         return False  # not a fused torch optimizer: DeepSpeed's own pass stays
-    device = _fp32_partitions(wrapper, stage)[0].device
+    device = _fp32_partitions(wrapper, zero_stage)[0].device
 
     def unscale_and_clip(grads_or_group: Any, total_norm: Any) -> None:
-        if stage is not ZeroStage.zero3 and wrapper.clip_grad == 0.0 and wrapper.loss_scale == 1.0:
+        if zero_stage is not ZeroStage.zero3 and wrapper.clip_grad == 0.0 and wrapper.loss_scale == 1.0:
             return  # DeepSpeed's stage 1-2 skip the pass here too
         combined = _combined_scale(wrapper, total_norm)
         inner.grad_scale = torch.as_tensor(combined, dtype=torch.float32, device=device)
@@ -210,11 +210,11 @@ def install(engine: DeepSpeedEngine) -> list[str]:
     found = _zero_optimizer(engine)
     if found is None:
         return []
-    wrapper, stage = found
+    wrapper, zero_stage = found
     removed = []
-    if _install_one_cast(wrapper, stage):
+    if _install_one_cast(wrapper, zero_stage):
         removed.append(ONE_CAST)
-    if _install_clip_in_kernel(wrapper, stage):
+    if _install_clip_in_kernel(wrapper, zero_stage):
         removed.append(CLIP_IN_KERNEL)
     if _install_norm_in_chunks(wrapper):
         removed.append(NORM_IN_CHUNKS)

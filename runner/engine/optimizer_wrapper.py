@@ -52,10 +52,10 @@ def optimizer_wrapper(
 ) -> OptimizerWrapper:
     """The wrapper DeepSpeed puts around the optimizer of a layout in ``precision`` at ZeRO
     ``zero_stage`` over ``pp`` pipeline stages (engine.py ``_configure_optimizer``; the table above)."""
-    stage = ZeroStage(zero_stage)
-    if stage.shards_parameters:
+    zero_stage = ZeroStage(zero_stage)
+    if zero_stage.shards_parameters:
         return OptimizerWrapper.zero3_optimizer
-    if stage.shards_optimizer_states:
+    if zero_stage.shards_optimizer_states:
         return OptimizerWrapper.zero_optimizer
     match Precision(precision):
         case Precision.fp32:

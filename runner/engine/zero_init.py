@@ -35,13 +35,14 @@ from torch import nn
 from runner.config import ModelConfig
 from runner.model.hf_weights import write_values
 from runner.model.transformer import Transformer
+from runner.rundir.json_types import JsonObject
 
 
 def build_partitioned(
     cfg: ModelConfig,
     *,
     seed: int,
-    ds_config: dict[str, Any],
+    ds_config: JsonObject,
     device: torch.device,
     tp: int = 1,
     mpu: ModuleType | None = None,

@@ -27,6 +27,7 @@ from runner.config import ClusterConfig, Precision
 from runner.hardware.cpu_busy import OthersUse
 from runner.hardware.peak_flops import calibrate_cpu_rounds, peak_flops_for_cuda_device, torch_dtype
 from runner.rundir.atomic_json import write_json_atomic
+from runner.rundir.summary_records import CpuCalibration, PeakCalibrationRecord
 
 # Where a peak came from: cluster.peak_tflops, the cluster group's figure for the precision, the
 # CUDA device's datasheet figure, or this CPU's matmul calibration.
@@ -40,10 +41,10 @@ class Peak:
     flops: float
     source: str
     calibrated: bool = False  # this CPU's matmul calibration (best_cpu_peak), not a figure given
-    detail: dict[str, Any] | None = None  # a calibration's record: its rounds, threads, torch, date
+    detail: CpuCalibration | None = None  # a calibration's record: its rounds, threads, torch, date
     origin: PeakOrigin = "config"
 
-    def calibration_record(self, *, ranks: int) -> dict[str, Any] | None:
+    def calibration_record(self, *, ranks: int) -> PeakCalibrationRecord | None:
         """summary.json's ``peak_flops_calibration``: the calibration and the run's ranks x threads."""
         if self.detail is None:
             return None
@@ -139,7 +140,7 @@ def _read_file(path: Path) -> dict[str, Any]:
     return raw if isinstance(raw, dict) and raw.get("version") == CACHE_VERSION else {}
 
 
-def _peaks_of(kept: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _peaks_of(kept: dict[str, Any]) -> dict[str, CpuCalibration]:
     """The calibrations in the cache file's content ``kept``, by key."""
     peaks = kept.get("peaks")
     if not isinstance(peaks, dict):
@@ -154,7 +155,7 @@ def _keys_of(kept: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in keys.items() if isinstance(v, str)} if isinstance(keys, dict) else {}
 
 
-def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
+def _read_cache(path: Path) -> dict[str, CpuCalibration]:
     """The calibrations kept, by key."""
     return _peaks_of(_read_file(path))
 
@@ -172,7 +173,7 @@ def _usable(entry: object) -> bool:
     return isinstance(flops, int | float) and flops > 0
 
 
-def _write_cache(path: Path, peaks: dict[str, dict[str, Any]], keys: dict[str, str] | None = None) -> None:
+def _write_cache(path: Path, peaks: dict[str, CpuCalibration], keys: dict[str, str] | None = None) -> None:
     """Write the calibrations, and the keys worked out (those already kept where ``keys`` is None)."""
     keys = _read_keys(path) if keys is None else keys
     with contextlib.suppress(OSError):
@@ -220,7 +221,7 @@ def _conditions(precision: Precision) -> str:
     return f"{_cpu_name()}|cores={cores}|{variables}|torch={installed}|{precision.value}"
 
 
-def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[str, Any]:
+def _calibration(precision: Precision, earlier: CpuCalibration | None) -> CpuCalibration:
     """Measure this CPU's rounds now; the entry kept for them, given the one an earlier run kept."""
     import torch  # deferred: see _conditions
 
@@ -234,7 +235,7 @@ def _calibration(precision: Precision, earlier: dict[str, Any] | None) -> dict[s
     # gives each rank its share): only others beyond them slowed the rounds.
     busy = others_cores is not None and others_cores > max(0, len(others.cpus) - threads) + BUSY_CORES
     spread = _spread(rounds)
-    measured = {
+    measured: CpuCalibration = {
         "flops": _percentile(rounds, PERCENTILE),
         "statistic": f"{PERCENTILE}th percentile of {len(rounds)} matmul rounds",
         "rounds": rounds,
@@ -267,7 +268,7 @@ def _quiet_now(threads: int) -> bool:
     return cores is not None and cores <= max(0, len(others.cpus) - threads) + BUSY_CORES
 
 
-def _final(entry: dict[str, Any] | None) -> bool:
+def _final(entry: CpuCalibration | None) -> bool:
     """Whether a kept calibration is reused unmeasured: settled, or spread on quiet cores TRIES times;
     a provisional one (measured on busy cores) while the cores are still busy."""
     if entry is None:
@@ -314,7 +315,7 @@ def best_cpu_peak(precision: Precision, *, ranks: int = 1) -> Peak:
     return Peak(entry["flops"], source, calibrated=True, detail=entry, origin="measured")
 
 
-def _source(entry: dict[str, Any], *, ranks: int, path: Path) -> str:
+def _source(entry: CpuCalibration, *, ranks: int, path: Path) -> str:
     """summary.json's peak_flops_source for a calibrated CPU peak."""
     threads = int(entry["threads"])
     per_rank, run = _count(threads, "thread"), _count(ranks, "rank")
@@ -337,7 +338,7 @@ def _source(entry: dict[str, Any], *, ranks: int, path: Path) -> str:
     )
 
 
-def _widened_before(entry: dict[str, Any]) -> bool:
+def _widened_before(entry: CpuCalibration) -> bool:
     """For a calibration kept before entries said it: whether its 16-bit matmuls ran in fp32."""
     if "fp32_matmul" in entry or not entry.get("precision"):
         return False

@@ -29,10 +29,10 @@ rank: both gradients are the same batch); ``batch.micro_size=auto`` avoids that.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
+from runner.rundir.checkpoint_record import NoiseScaleState
 from runner.rundir.summary_records import NoiseScaleRecord
 
 
@@ -113,7 +113,7 @@ class NoiseScale:
         self.small_batch, self.big_batch = small_batch, big_batch
         return self.value
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> NoiseScaleState:
         """The EMAs and their count, for a checkpoint: a resumed run goes on smoothing where it stopped.
 
         Both estimates are unbiased whatever the batch sizes (eq. A.2), so they carry over
@@ -121,17 +121,18 @@ class NoiseScale:
         """
         return {"updates": self.updates, "grad_sq": self._grad_sq, "trace_sigma": self._trace_sigma}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: NoiseScaleState) -> None:
         """Take up the EMAs ``state`` recorded (same ``ema``).
 
         An EMA saved as null was not finite (an fp16 overflow's infinite norm folded in, before
         runner/metrics/step_probes.py left such steps out): the EMAs start afresh instead.
         """
-        if state.get("grad_sq") is None or state.get("trace_sigma") is None:
+        grad_sq, trace_sigma = state.get("grad_sq"), state.get("trace_sigma")
+        if grad_sq is None or trace_sigma is None:
             return
         self.updates = int(state["updates"])
-        self._grad_sq = float(state["grad_sq"])
-        self._trace_sigma = float(state["trace_sigma"])
+        self._grad_sq = float(grad_sq)
+        self._trace_sigma = float(trace_sigma)
 
     @property
     def value(self) -> float | None:

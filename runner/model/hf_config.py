@@ -25,6 +25,7 @@ from typing import Any
 from runner.config import ModelConfig, RopeScaling
 from runner.errors import ConfigError
 from runner.model.shape import n_kv_head
+from runner.rundir.json_types import JsonObject
 
 LLAMA, MISTRAL, QWEN2 = "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
 MODEL_TYPES = {LLAMA: "llama", MISTRAL: "mistral", QWEN2: "qwen2"}
@@ -36,12 +37,12 @@ REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attent
 
 # Defaults of the optional keys that change the shape, per architecture (transformers 5's
 # configuration_<type>.py class attributes; num_key_value_heads None: as many as query heads).
-DEFAULTS: dict[str, dict[str, Any]] = {
+DEFAULTS: dict[str, dict[str, int | None]] = {
     LLAMA: {"num_key_value_heads": None, "max_position_embeddings": 2048},
     MISTRAL: {"num_key_value_heads": 8, "max_position_embeddings": 131072},
     QWEN2: {"num_key_value_heads": 32, "max_position_embeddings": 32768},
 }
-COMMON_DEFAULTS: dict[str, Any] = {
+COMMON_DEFAULTS: dict[str, float | bool] = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": False,
     "initializer_range": 0.02,
@@ -313,12 +314,12 @@ def model_config_from_hf(
     )
 
 
-def hf_config_from_model(cfg: ModelConfig, *, dtype: str = "float32") -> dict[str, Any]:
+def hf_config_from_model(cfg: ModelConfig, *, dtype: str = "float32") -> JsonObject:
     """The ``config.json`` transformers loads as this model: Qwen2ForCausalLM with ``qkv_bias``,
     LlamaForCausalLM otherwise; ``dtype`` the weights' (torch_dtype). Legacy RoPE keys
     (``rope_theta``, ``rope_scaling``), which transformers 4 and 5 both read."""
     arch = QWEN2 if cfg.qkv_bias else LLAMA
-    out: dict[str, Any] = {
+    out: JsonObject = {
         "architectures": [arch],
         "model_type": MODEL_TYPES[arch],
         "hidden_size": cfg.d_model,
@@ -373,9 +374,9 @@ def resolve_hf_model(model: ModelConfig) -> ModelConfig:
         for key in SETS
         if getattr(model, key) != getattr(schema, key) and getattr(model, key) != getattr(resolved, key)
     ]
-    kept: dict[str, Any] = {}
-    if model.init_std != schema.init_std:
-        kept["init_std"] = model.init_std
+    # Set by hand, these two stay; unset, the file's.
+    init_std = model.init_std if model.init_std != schema.init_std else resolved.init_std
+    max_seq_len = resolved.max_seq_len
     if model.max_seq_len != schema.max_seq_len:
         if model.max_seq_len > resolved.max_seq_len:
             problems.append(
@@ -383,10 +384,10 @@ def resolve_hf_model(model: ModelConfig) -> ModelConfig:
                 f"{source} (max_position_embeddings, or the sliding window past which attention would "
                 f"differ); use model.max_seq_len <= {resolved.max_seq_len}"
             )
-        kept["max_seq_len"] = model.max_seq_len
+        max_seq_len = model.max_seq_len
     if problems:
         raise ConfigError("\n".join(f"  - {p}" for p in problems))
-    return dataclasses.replace(resolved, **kept)
+    return dataclasses.replace(resolved, init_std=init_std, max_seq_len=max_seq_len)
 
 
 __all__ = [

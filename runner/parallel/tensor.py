@@ -36,6 +36,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from runner.config import ZeroStage
+from runner.rundir.json_types import JsonObject
 
 if TYPE_CHECKING:  # the launching process builds DeepSpeed's config from here without torch
     import torch
@@ -48,7 +49,7 @@ COLUMN_PARALLEL = (r".*\.attention\.w[qkv]\.weight$", r".*\.feed_forward\.w[13]\
 ROW_PARALLEL = (r".*\.attention\.wo\.weight$", r".*\.feed_forward\.w2\.weight$")
 
 
-def partition_config() -> dict[str, Any]:
+def partition_config() -> JsonObject:
     """AutoTP's ``partition_config`` for runner/model/transformer.py's Transformer (column/row by name)."""
     return {
         # Only these specs: AutoTP's built-in ones target HuggingFace names, and any
@@ -63,7 +64,7 @@ def partition_config() -> dict[str, Any]:
     }
 
 
-def tensor_parallel_section(tp: int) -> dict[str, Any]:
+def tensor_parallel_section(tp: int) -> JsonObject:
     """DeepSpeed's ``tensor_parallel`` section; empty at tp 1 (AutoTP off)."""
     if tp == 1:
         return {}

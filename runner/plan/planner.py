@@ -44,6 +44,7 @@ from runner.rules import (
     offload_switches,
     pipeline_engine_problems,
 )
+from runner.rundir.checkpoint_record import CheckpointRecord
 from runner.rundir.plan_record import (
     PlannedDevice,
     PlannedKnobs,
@@ -387,7 +388,7 @@ class ResumePlan:
     its ranks start (launchers/run.py ``resume_plan``)."""
 
     disk: DiskNeed  # the run's checkpoints, beside those there and a move's converted copy
-    record: dict[str, Any] | None = None  # the checkpoint it continues; None: it starts at step 0
+    record: CheckpointRecord | None = None  # the checkpoint it continues; None: it starts at step 0
     saved_bytes: int = 0  # that checkpoint's files, which a conversion reads
     refusal: str | None = None  # why the run would not continue it on this layout
 

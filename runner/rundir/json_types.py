@@ -13,7 +13,12 @@ import json
 import types
 from enum import Enum
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, is_typeddict
+from typing import Any, TypeAlias, Union, get_args, get_origin, is_typeddict
+
+# Any JSON value, and a JSON object: for a dict whose keys are another program's (DeepSpeed's
+# config, a Hugging Face config.json), written or passed on whole rather than read key by key.
+Json: TypeAlias = bool | int | float | str | list["Json"] | dict[str, "Json"] | None
+JsonObject: TypeAlias = dict[str, Json]
 
 
 def holds(value: Any, hint: Any) -> bool:
@@ -67,4 +72,4 @@ def read_json(path: Path, error: type[ValueError], fix: str) -> Any:
         raise error(f"{path}: not JSON ({cause}); {fix}") from cause
 
 
-__all__ = ["holds", "read_json", "type_words"]
+__all__ = ["Json", "JsonObject", "holds", "read_json", "type_words"]

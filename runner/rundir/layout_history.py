@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from runner.layout import Layout
+from runner.rundir.checkpoint_record import CheckpointRecord
 
 
 def segment(
@@ -37,7 +38,7 @@ def segment(
 
 
 def extended(
-    earlier: list[dict[str, Any]] | None, record: dict[str, Any] | None, new: dict[str, Any]
+    earlier: list[dict[str, Any]] | None, record: CheckpointRecord | None, new: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The history after starting ``new``: from scratch (``record`` None) or from a checkpoint."""
     if record is None:

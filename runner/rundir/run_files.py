@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.rundir.atomic_json import write_json_atomic
+from runner.rundir.json_types import JsonObject
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
@@ -55,7 +56,7 @@ def failure_file(rank: int) -> str:
     return f"failure_rank{rank}.json"
 
 
-def write_deepspeed_config(run_dir: Path, ds_config: dict[str, Any]) -> None:
+def write_deepspeed_config(run_dir: Path, ds_config: JsonObject) -> None:
     """Keep the exact DeepSpeed config of the run beside its results."""
     write_json_atomic(run_dir / DEEPSPEED_CONFIG_FILE, ds_config)
 

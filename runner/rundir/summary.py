@@ -41,6 +41,7 @@ from runner.rundir.summary_records import (
     MemoryRecord,
     ModelBuildRecord,
     NoiseScaleRecord,
+    PeakCalibrationRecord,
     PipelineRecord,
     SkippedStepsRecord,
     SlurmRecord,
@@ -125,7 +126,7 @@ class RunSummary:
     step_time_spread: StepTimeSpread | None = None  # runner/metrics/step_spread.py
     peak_flops_per_device: float | None = None
     peak_flops_source: str | None = None
-    peak_flops_calibration: Record | None = None  # runner/hardware/mfu_peak.py
+    peak_flops_calibration: PeakCalibrationRecord | None = None  # runner/hardware/mfu_peak.py
     peak_memory_measure: str | None = None  # runner/hardware/peak_memory.py's label
     cuda_allocator: dict[str, float] | None = None
     memory: MemoryRecord | None = None  # runner/train/attempt_end.py memory_summary (GB = 1e9 bytes)
@@ -328,7 +329,7 @@ class AttemptEnd:
     step_time: StepTimeRecord | None
     peak_flops_per_device: float
     peak_flops_source: str
-    peak_flops_calibration: Record | None
+    peak_flops_calibration: PeakCalibrationRecord | None
     peak_memory_measure: str
     cuda_allocator: dict[str, float] | None
     host_memory: HostMemoryRecord

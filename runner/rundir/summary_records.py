@@ -35,6 +35,7 @@ class TokenizerRecord(TypedDict, total=False):
     sha256: str
     files: list[str]
     eos_token: str
+    eos_named_sha256: str  # ladder export's copy in which it named eos_token (runner/data/tokenizer_dir.py)
 
 
 class HostMemoryRecord(TypedDict, total=False):
@@ -46,6 +47,35 @@ class HostMemoryRecord(TypedDict, total=False):
     ranks_per_node: int
     measured_per_rank_gb: float | None
     measured: str
+
+
+class CpuCalibration(TypedDict, total=False):
+    """One CPU's matmul calibration, as runner/hardware/mfu_peak.py keeps it in its cache (an entry
+    an earlier ladder kept may lack the later keys, ``fp32_matmul`` among them)."""
+
+    flops: float  # the peak taken: the statistic's FLOP/s
+    statistic: str
+    rounds: list[float]
+    spread: float
+    others_cores: float | None  # CPUs other processes kept busy meanwhile (None: unknown)
+    busy: bool
+    settled: bool
+    tries: int  # quiet calibrations so far
+    threads: int
+    precision: str
+    fp32_matmul: bool
+    cpu: str
+    torch: str
+    calibrated_at: str
+
+
+class PeakCalibrationRecord(CpuCalibration, total=False):
+    """``peak_flops_calibration``: the calibration a CPU run's MFU divides by, and the run's ranks x
+    threads (runner/hardware/mfu_peak.py ``Peak.calibration_record``)."""
+
+    ranks: int
+    threads_per_rank: int
+    threads_in_all: int
 
 
 class DeviceMemoryPlan(TypedDict):

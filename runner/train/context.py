@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.config import TrainConfig
 from runner.environment import DistributedEnv
 from runner.layout import Layout
 from runner.metrics.wall_clock import BeforeRanks
 from runner.rundir.identity import RunIdentity
+from runner.rundir.json_types import JsonObject
 
 if TYPE_CHECKING:  # torch only for the annotation: the launching process never imports it
     import torch
@@ -31,7 +32,7 @@ class RankJob:
 
     config: TrainConfig
     layout: Layout
-    ds_config: dict[str, Any]
+    ds_config: JsonObject
     before: BeforeRanks | None = None  # the launching process's wait, counted in the wall time
 
 

@@ -54,7 +54,7 @@ class Resumed:
     """Where this attempt starts: the completed steps, and the checkpoint's record (None: from scratch)."""
 
     start_step: int = 0
-    record: dict[str, Any] | None = None
+    record: checkpoint_record.CheckpointRecord | None = None
 
     def saved(self, key: str) -> Any:
         """A field the checkpoint's record keeps (None from scratch or where it has none)."""
@@ -161,8 +161,8 @@ def resume(ctx: RunContext, engine: DeepSpeedEngine) -> Resumed:
     if record is None:
         return Resumed()
     # Onto another layout: converted by the launching process (launchers/run.py).
-    stage, precision = config.parallel.zero_stage, config.precision.name
-    tag = resume_tag(record, layout=ctx.layout, zero_stage=stage, precision=precision)
+    zero_stage, precision = config.parallel.zero_stage, config.precision.name
+    tag = resume_tag(record, layout=ctx.layout, zero_stage=zero_stage, precision=precision)
     start_step = restore.load(engine, ctx.run_dir, tag=tag, rank=ctx.rank)
     # fp16: the loss scale goes on where it was, on any layout (DeepSpeed's is in files only
     # the same layout reads).

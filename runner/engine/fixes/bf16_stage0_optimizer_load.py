@@ -29,8 +29,8 @@ def is_bf16_stage0(engine: DeepSpeedEngine) -> bool:
     # Deferred: DeepSpeed loads in a rank only, once its accelerator is chosen (it picks one at import).
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 
-    stage = ZeroStage(engine.zero_optimization_stage())
-    return stage is ZeroStage.ddp and isinstance(engine.optimizer, BF16_Optimizer)
+    zero_stage = ZeroStage(engine.zero_optimization_stage())
+    return zero_stage is ZeroStage.ddp and isinstance(engine.optimizer, BF16_Optimizer)
 
 
 def load_optimizer(engine: DeepSpeedEngine, root: Path, tag: str) -> None:

@@ -29,6 +29,7 @@ import math
 from typing import Any
 
 from runner.engine.deepspeed_engine import DeepSpeedEngine
+from runner.rundir.checkpoint_record import LossScaleState
 from runner.rundir.summary_records import LossScaleRecord
 
 
@@ -154,7 +155,7 @@ def scaler_state(engine: DeepSpeedEngine) -> dict[str, float] | None:
     return {field: float(getattr(scaler, field)) for field in SCALER_FIELDS}
 
 
-def restore_scaler(engine: DeepSpeedEngine, state: dict[str, float] | None, *, window: int) -> bool:
+def restore_scaler(engine: DeepSpeedEngine, state: LossScaleState | None, *, window: int) -> bool:
     """Take up the loss scale ``state`` recorded; whether there was one to take up.
 
     The scale grows every ``window`` steps (this run's precision.loss_scale_window): a
@@ -181,9 +182,9 @@ class OverflowLog:
     state and in summary.json as ``fp16_loss_scale``.
     """
 
-    def __init__(self, engine: DeepSpeedEngine, record: dict[str, Any] | None) -> None:
+    def __init__(self, engine: DeepSpeedEngine, record: LossScaleState | None) -> None:
         self._engine = engine
-        self.steps: list[int] = list((record or {}).get("overflow_steps", []))
+        self.steps: list[int] = list(record.get("overflow_steps", [])) if record else []
 
     def step_done(self, step: int, *, grad_norm: float | None, skipped: bool) -> None:
         """Note ``step`` if the loss scaler skipped it."""
@@ -191,10 +192,17 @@ class OverflowLog:
         if overflowed and not skipped and _scaler(self._engine) is not None:
             self.steps.append(step)
 
-    def state(self) -> dict[str, Any] | None:
+    def state(self) -> LossScaleState | None:
         """For latest.json: the scale's state (:func:`restore_scaler`) and the steps so far."""
         state = scaler_state(self._engine)
-        return None if state is None else {**state, "overflow_steps": list(self.steps)}
+        if state is None:
+            return None
+        return {
+            "cur_scale": state["cur_scale"],
+            "cur_iter": state["cur_iter"],
+            "last_overflow_iter": state["last_overflow_iter"],
+            "overflow_steps": list(self.steps),
+        }
 
     def summary(self) -> LossScaleRecord | None:
         """For summary.json (None outside fp16)."""

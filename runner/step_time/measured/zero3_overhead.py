@@ -71,6 +71,7 @@ from typing import Any
 
 from runner.exit_codes import ExitCode
 from runner.hardware.host_allocator import default_cpu_rank_env
+from runner.rundir.json_types import JsonObject
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT_S = 120.0  # the child takes about 10 s on a quiet 2-core CPU, 20-40 s on a busy one
@@ -162,8 +163,8 @@ def engine_param_seconds(*, device_type: str, threads: int | None = None) -> dic
     if not isinstance(figures, dict):
         return None
     kept = {
-        str(stage): max(0.0, float(value))
-        for stage, value in figures.items()
+        str(zero_stage): max(0.0, float(value))
+        for zero_stage, value in figures.items()
         if isinstance(value, (int, float)) and math.isfinite(value)
     }
     return kept or None
@@ -285,7 +286,7 @@ STAGES = (0, 1, 2, 3)
 ZERO3 = 3
 
 
-def _ds_config(stage: int, params: int, width: int, *, persistent: bool = False) -> dict[str, Any]:
+def _ds_config(zero_stage: int, params: int, width: int, *, persistent: bool = False) -> JsonObject:
     """fp32, torch's AdamW, and the ZeRO keys runner/engine/deepspeed_config.py sets.
 
     ``stage3_param_persistence_threshold`` 0 partitions every tensor, as a real model's large
@@ -295,14 +296,14 @@ def _ds_config(stage: int, params: int, width: int, *, persistent: bool = False)
     default, as the runner leaves it. The reduce bucket is capped at the model's size as
     ``reduce_bucket_elements`` caps it.
     """
-    zero: dict[str, Any] = {
-        "stage": stage,
+    zero: JsonObject = {
+        "stage": zero_stage,
         "overlap_comm": False,
         "contiguous_gradients": True,
         "reduce_bucket_size": params,
         "allgather_bucket_size": 500_000_000,
     }
-    if stage == ZERO3:
+    if zero_stage == ZERO3:
         zero["stage3_param_persistence_threshold"] = ALL_PERSISTENT if persistent else 0
         # about one matrix ahead, as the runner's derived 0.9 h^2 (runner/engine/deepspeed_config.py
         # ``zero3_fetch``) prefetches a model of width h
@@ -376,10 +377,10 @@ def _engines(rounds: _Rounds, stacks: list[tuple[str, int, int]]) -> list[str]:
     """A DeepSpeed engine for each (name, ZeRO stage, width) of ``stacks``, in ``rounds``."""
     import deepspeed  # deferred: only the child process imports DeepSpeed
 
-    for name, stage, width in stacks:
+    for name, zero_stage, width in stacks:
         model = _model(width)
         params = sum(p.numel() for p in model.parameters())
-        config = _ds_config(stage, params, width, persistent=name == PERSISTENT_KEY)
+        config = _ds_config(zero_stage, params, width, persistent=name == PERSISTENT_KEY)
         rounds.engines[name], *_ = deepspeed.initialize(model=model, config=config)
     return [name for name, _, _ in stacks]
 
