@@ -20,6 +20,7 @@ from runner.engine.fixes import (
     fp16_stage0_loss_scale,
     pickle_in_checkpoints,
     pipeline_fp32_clip,
+    sequence_parallel_checkpoint_dims,
     stage0_step_at_construction,
     unfused_clip_norm,
 )
@@ -78,6 +79,9 @@ def apply_fixes(engine: DeepSpeedEngine, *, layout: Layout, precision: Precision
     pipeline_fp32_clip.install(engine, pp=layout.pp, precision=precision, grad_clip=grad_clip)
     # 6. Every checkpoint file DeepSpeed loads is unpickled weights-only.
     pickle_in_checkpoints.install(engine)
+    # 7. A sequence-parallel checkpoint says tp 1, so that its universal conversion reads it.
+    if layout.sp > 1:
+        sequence_parallel_checkpoint_dims.install()
 
 
 def initialize_engine(
