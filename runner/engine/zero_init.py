@@ -50,7 +50,12 @@ def build_partitioned(
 
         groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
         group = groups.get_data_parallel_group()
-    with deepspeed.zero.Init(config_dict_or_path=ds_config, data_parallel_group=group):
+    # zero.Init parses the config without the engine's mpu, so it counts every rank as a
+    # data-parallel one: under sequence parallelism (dp = gpus / sp) its check
+    # train_batch = micro x accum x world fails ("1 != 1 * 1 * 2" at sp 2, global 1). Left out,
+    # DeepSpeed derives it from micro x accum here; the engine checks the real batch at initialize.
+    partition_config = {key: value for key, value in ds_config.items() if key != "train_batch_size"}
+    with deepspeed.zero.Init(config_dict_or_path=partition_config, data_parallel_group=group):
         model = Transformer(cfg, seed=seed)  # arrives partitioned and uninitialised
     with torch.no_grad():
         for name, param in model.named_parameters():  # a tied weight once, by its first name
