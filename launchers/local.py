@@ -17,6 +17,7 @@ alone.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -35,8 +36,11 @@ from runner.environment import DistributedEnv
 from runner.exit_codes import ExitCode
 from runner.hardware.cuda_devices import cuda_available
 from runner.hardware.host_allocator import rank_allocator
+from runner.hardware.thread_wait import WAIT_POLICY, others_cores_now, wait_policy
 from runner.rundir.identity import RunIdentity
 from runner.train.context import RankJob
+
+log = logging.getLogger("ladder")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 5.0  # after one rank fails, how long the others get to fail or finish on their own
@@ -129,9 +133,16 @@ def launch_local(*, job: RankJob, run_dir: Path, identity: RunIdentity) -> Launc
     port = free_port()
     pythonpath = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)
     # A CPU rank's malloc (train.host_allocator): jemalloc keeps the pages a step frees.
-    allocator = rank_allocator(
-        job.config.train.host_allocator, cpu_rank=not cuda_available(), environ=os.environ
+    cpu_rank = not cuda_available()
+    allocator = rank_allocator(job.config.train.host_allocator, cpu_rank=cpu_rank, environ=os.environ)
+    # On cores other processes hold, a CPU rank's threads sleep while they wait for each other.
+    waiting = wait_policy(
+        cpu_rank=cpu_rank,
+        environ=os.environ,
+        others_cores=others_cores_now() if cpu_rank and WAIT_POLICY not in os.environ else None,
     )
+    if waiting.words:
+        log.info("%s", waiting.words)
     procs: list[subprocess.Popen[bytes]] = []
     stops = StopRequests()
     stops.install()  # before the first rank starts: a signal from here on is passed on to each
@@ -149,6 +160,7 @@ def launch_local(*, job: RankJob, run_dir: Path, identity: RunIdentity) -> Launc
             env = {
                 **os.environ,
                 **allocator.env,
+                **waiting.env,
                 **place.exports(),
                 **identity.exports(),
                 "PYTHONPATH": pythonpath,
