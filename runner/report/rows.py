@@ -65,6 +65,7 @@ class Row:
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
+    sp: int | None = None
     micro_size: int | None = None
     accum_steps: int | None = None
     global_size: int | None = None
@@ -121,6 +122,7 @@ class Row:
             "dp": self.dp,
             "tp": self.tp,
             "pp": self.pp,
+            "sp": self.sp,
             "micro_size": self.micro_size,
             "accum_steps": self.accum_steps,
             "global_size": self.global_size,
@@ -223,6 +225,7 @@ class _Layout:
     micro_size: int | None
     accum_steps: int | None
     global_size: int | None
+    sp: int | None = 1  # a run from before sequence parallelism: 1
 
 
 def _layout(cell: Cell) -> _Layout:
@@ -230,7 +233,7 @@ def _layout(cell: Cell) -> _Layout:
     recorded = cell.summary.layout
     if recorded is not None:
         keys = ("gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size")
-        return _Layout(*(_integer(recorded.get(k)) for k in keys))
+        return _Layout(*(_integer(recorded.get(k)) for k in keys), sp=_integer(recorded.get("sp", 1)))
     gpus = _integer(cell.config_value("gpus"))
     tp = _integer(cell.config_value("parallel.tp"))
     pp = _integer(cell.config_value("parallel.pp"))
@@ -242,7 +245,7 @@ def _layout(cell: Cell) -> _Layout:
     dp = gpus // shared if gpus and shared and gpus % shared == 0 else None
     whole = global_size and micro and dp and global_size % (micro * dp) == 0
     accum = global_size // (micro * dp) if whole and global_size and micro and dp else None
-    return _Layout(gpus, dp, tp, pp, micro, accum, global_size)
+    return _Layout(gpus, dp, tp, pp, micro, accum, global_size, sp=sp)
 
 
 def _memory(cell: Cell, row: Row) -> None:
@@ -388,7 +391,7 @@ def _fmt(value: float | int | None, spec: str) -> str:
 
 
 def _dims(row: Row) -> str:
-    return "·".join(_fmt(v, "d") for v in (row.dp, row.tp, row.pp))
+    return "·".join(_fmt(v, "d") for v in (row.dp, row.tp, row.pp, row.sp))
 
 
 def _time_shares(row: Row) -> str:
@@ -461,7 +464,7 @@ DISPLAY_COLUMNS: tuple[Column, ...] = (
     Column("overrides", lambda r: r.label, numeric=False),
     Column("parallel", lambda r: r.parallel or "–", numeric=False),
     Column("gpus", lambda r: _fmt(r.gpus, "d")),
-    Column("dp·tp·pp", _dims),
+    Column("dp·tp·pp·sp", _dims),
     Column("micro", lambda r: _fmt(r.micro_size, "d")),
     Column("accum", lambda r: _fmt(r.accum_steps, "d")),
     Column("global", lambda r: _fmt(r.global_size, "d")),

@@ -53,7 +53,7 @@ TELLING_COLUMNS = (
     "status",
     "best",
 )
-LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp", "micro", "accum", "global")
+LAYOUT_COLUMNS = ("cell", "overrides", "parallel", "gpus", "dp·tp·pp·sp", "micro", "accum", "global")
 SPEED_COLUMNS = (
     "tokens/s/device",
     "MFU %",
