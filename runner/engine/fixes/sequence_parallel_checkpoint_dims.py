@@ -28,8 +28,8 @@ def install() -> None:
     if getattr(original, "ladder_sequence_parallel", False):
         return
 
-    def metadata(mpu: Any) -> dict[str, Any]:
-        dims: dict[str, Any] = original(mpu)
+    def metadata(mpu: Any) -> dict[str, dict[str, int]]:
+        dims: dict[str, dict[str, int]] = original(mpu)
         if mpu is not None and hasattr(mpu, "initialize_sequence_parallel"):
             dims[CHECKPOINT_PARALLEL_DIMS][CHECKPOINT_TP_DEGREE] = 1
         return dims
