@@ -232,8 +232,8 @@ def _layout(cell: Cell) -> _Layout:
     """summary.json's layout record, or what the composed config says of it (DESIGN.md batch contract)."""
     recorded = cell.summary.layout
     if recorded is not None:
-        keys = ("gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size")
-        return _Layout(*(_integer(recorded.get(k)) for k in keys), sp=_integer(recorded.get("sp", 1)))
+        keys = ("gpus", "dp", "tp", "pp", "micro_size", "accum_steps", "global_size", "sp")
+        return _Layout(**{k: _integer(recorded.get(k, 1 if k == "sp" else None)) for k in keys})
     gpus = _integer(cell.config_value("gpus"))
     tp = _integer(cell.config_value("parallel.tp"))
     pp = _integer(cell.config_value("parallel.pp"))
