@@ -48,6 +48,11 @@ SOURCES = {
         "mosaicml/llm-foundry scripts/train/benchmarking/README.md @ 061f2c7ce64e: "
         "'A100 80GB with 1600 Gbps node-node interconnect (RoCE)' table (MPT, FSDP FULL_SHARD)"
     ),
+    "maxtext-h100": (
+        "NVIDIA/dgxc-benchmarking maxtext/README_70b.md @ 85380ffe02ea (v25.04.01): 'Maxtext Llama3 70b "
+        "BF16' table (JAX MaxText 25.01 on DGX H100 80GB, FSDP over every GPU up to 256 and over 128 "
+        "from 512), its layouts in the file's first table and maxtext/configure.sh (remat save_qkv_proj)"
+    ),
 }
 
 # ZeRO-3 is FSDP's FULL_SHARD; every run below is bf16 and plans its loss whole.
@@ -57,6 +62,11 @@ LLAMA3_70B = ["model=llama_70b", "model.vocab_size=128256", "model.rope_theta=50
 # torchtitan's Grand Teton H100s: 96 GB of HBM2e at 2.4 TB/s (its benchmark's "Hardware").
 GRAND_TETON = ["cluster=h100_sxm", "cluster.device_memory_gb=103.08", "cluster.hbm_gbps=2400", *COMMON]
 FSDP2 = "FSDP2 (ZeRO-3's sharding) where ladder plans DeepSpeed's ZeRO-3"
+MAXTEXT_DIFFERS = (
+    "JAX/XLA MaxText (cuDNN attention, XLA-fused collectives) where ladder plans PyTorch and "
+    "DeepSpeed's ZeRO-3; remat policy save_qkv_proj (recomputes all but the q/k/v projections) "
+    "planned as full recompute; synthetic data"
+)
 MPT_DIFFERS = (
     "MPT (ALiBi, GELU MLP of 4h planned as SwiGLU of 8h/3: same parameters and FLOPs; heads at "
     "head dim 128); Composer's FSDP with fp32 sharded parameters where ladder plans DeepSpeed's "
@@ -232,6 +242,31 @@ RUNS = [
             ("30b", 7168, 48, 8, 3, 21, "full", 916),
             ("70b", 8192, 80, 64, 8, 4, "full", 410),
         ]
+    ),
+    # Tokens/s per GPU = seq 8192 x per-device batch 2 / the table's step time (its GBS is gpus x 2).
+    # From 512 GPUs, configure.sh shards over 16 nodes (dcn_FSDP=16) and replicates across the rest.
+    *(
+        Published(
+            f"MaxText Llama 3 70B, H100 x{gpus}, micro 2, seq 8192, save_qkv_proj as full",
+            [
+                "cluster=h100_sxm",
+                *COMMON,
+                *LLAMA3_70B,
+                *batch(gpus, 2, 1),
+                "data.seq_len=8192",
+                "model.max_seq_len=8192",
+                "model.activation_checkpointing=full",
+            ],
+            round(8192 * 2 / step_s),
+            "maxtext-h100",
+            "held-out",
+            differs=[
+                MAXTEXT_DIFFERS,
+                "Llama 3 70B as Llama 2 70B's shape with Llama 3's vocabulary",
+                *([f"hybrid sharding: ZeRO-3 within 128 GPUs, {gpus // 128} replicas"] if gpus > 256 else []),
+            ],
+        )
+        for gpus, step_s in [(128, 15.563), (256, 15.444), (512, 15.519), (1024, 15.603), (2048, 15.898)]
     ),
 ]
 

@@ -34,6 +34,14 @@ def test_the_table_has_both_halves_and_at_least_15_cases() -> None:
     assert len({run.label for run in published.RUNS}) == len(published.RUNS)
 
 
+def test_the_cases_come_from_at_least_four_pages() -> None:
+    """The cases read at least four published pages (repository and path), every source has a case."""
+    used = {run.source for run in published.RUNS}
+    assert used == set(published.SOURCES)
+    pages = {tuple(published.SOURCES[key].split()[:2]) for key in used}
+    assert len(pages) >= 4, pages
+
+
 def test_mpt_keys_keep_its_parameter_count() -> None:
     """MPT-7B's shape as ladder's keys: SwiGLU of 8h/3 holds the 12 h^2 a block of GELU 4h holds."""
     keys = dict(o.split("=", 1) for o in published.mpt(4096, 32, 2048))
