@@ -57,7 +57,13 @@ from runner.memory_model.peak_lines import layers_per_stage
 from runner.parallel.pipeline_split import rank_param_numels
 from runner.rules import loss_tile_count, mlp_tile_count
 from runner.step_time.measured.figures import Calibration
-from runner.step_time.micro_batch_compute import BACKWARD_ELEMENTS, gemm_caveats, micro_compute, rank_seq_len
+from runner.step_time.micro_batch_compute import (
+    BACKWARD_ELEMENTS,
+    MicroCompute,
+    gemm_caveats,
+    micro_compute,
+    rank_seq_len,
+)
 from runner.step_time.optimizer_step_passes import FLATTEN, OPTIMIZER, ZERO_GRADS, StepCopy, step_copies
 from runner.step_time.workload import Knobs, Workload
 from runner.step_time.zero3_reuse import layout_regathered
@@ -398,6 +404,50 @@ def forward_seconds(workload: Workload, layout: Layout, calibration: Calibration
     return layout.accum_steps * once
 
 
+def _forward_again_terms(workload: Workload, knobs: Knobs, layout: Layout, micro: MicroCompute) -> list[Term]:
+    """What a step runs forward again: the recompute mode's rerun, the loss's and the MLP's pieces
+    (each piece's forward once more in backward), per micro-batch x accum."""
+    accum, again = layout.accum_steps, []
+    if knobs.spec.recompute == Recompute.full:
+        redo = micro.gemm_forward + micro.attention_forward + micro.elementwise_forward + micro.dispatch / 3
+        again.append(Term("recompute", accum * redo, "full: every block's forward again"))
+    elif knobs.spec.recompute == Recompute.selective:
+        redo = micro.reran_gemm_forward + micro.block_elementwise_forward + micro.dispatch / 3
+        words = (
+            "selective: wk, wo, w3 and the memory-bound kernels again (matmuls' and attention's outputs kept)"
+        )
+        again.append(Term("recompute", accum * redo, words))
+    elif knobs.spec.recompute == Recompute.attention:
+        again.append(
+            Term("recompute", accum * micro.attention_forward, "attention: the attention core again")
+        )
+    tiles = loss_tile_count(
+        workload.model,
+        micro_size=layout.micro_size,
+        seq_len=rank_seq_len(workload, layout),
+        tp=layout.tp,
+        pp=layout.pp,
+    )
+    if tiles > 1:
+        again.append(
+            Term(
+                "loss pieces",
+                accum * micro.loss_forward,
+                f"the head and loss forward again, in {tiles} pieces",
+            )
+        )
+    mlp_tiles = mlp_tile_count(workload.model, tokens=layout.micro_size * rank_seq_len(workload, layout))
+    if mlp_tiles > 1:
+        again.append(
+            Term(
+                "mlp pieces",
+                accum * micro.mlp_forward_in_pieces,
+                f"every block's MLP forward again, in {mlp_tiles} pieces (TiledMLP)",
+            )
+        )
+    return again
+
+
 def compute_terms(
     workload: Workload, knobs: Knobs, layout: Layout, calibration: Calibration
 ) -> list[Term] | None:
@@ -424,43 +474,7 @@ def compute_terms(
         ),
         Term("dispatch", accum * micro.dispatch, micro.dispatch_words),
     ]
-    if knobs.spec.recompute == Recompute.full:
-        redo = micro.gemm_forward + micro.attention_forward + micro.elementwise_forward + micro.dispatch / 3
-        terms.append(Term("recompute", accum * redo, "full: every block's forward again"))
-    elif knobs.spec.recompute == Recompute.selective:
-        redo = micro.reran_gemm_forward + micro.block_elementwise_forward + micro.dispatch / 3
-        words = (
-            "selective: wk, wo, w3 and the memory-bound kernels again (matmuls' and attention's outputs kept)"
-        )
-        terms.append(Term("recompute", accum * redo, words))
-    elif knobs.spec.recompute == Recompute.attention:
-        terms.append(
-            Term("recompute", accum * micro.attention_forward, "attention: the attention core again")
-        )
-    tiles = loss_tile_count(
-        workload.model,
-        micro_size=layout.micro_size,
-        seq_len=rank_seq_len(workload, layout),
-        tp=layout.tp,
-        pp=layout.pp,
-    )
-    if tiles > 1:
-        terms.append(
-            Term(
-                "loss pieces",
-                accum * micro.loss_forward,
-                f"the head and loss forward again, in {tiles} pieces",
-            )
-        )
-    mlp_tiles = mlp_tile_count(workload.model, tokens=layout.micro_size * workload.seq_len)
-    if mlp_tiles > 1:
-        terms.append(
-            Term(
-                "mlp pieces",
-                accum * micro.mlp_forward_in_pieces,
-                f"every block's MLP forward again, in {mlp_tiles} pieces (TiledMLP)",
-            )
-        )
+    terms += _forward_again_terms(workload, knobs, layout, micro)
     fresh = _fresh_term(workload, layout, calibration)
     if fresh is not None:
         terms.append(fresh)
