@@ -162,6 +162,33 @@ def test_an_experiment_plans_on_a_cluster_with_its_own_batch(train):
     assert "global 480 = micro 15 x accum 1 x dp 32" in result.stdout
 
 
+def _advertised_plans() -> list[tuple[str, list[str]]]:
+    """Each experiment's ``python train.py ... plan=true`` command from its comments, as arguments."""
+    commands = []
+    for path in sorted((ROOT / "conf" / "experiment").glob("*.yaml")):
+        text = re.sub(r"\\\n#\s*", " ", path.read_text())  # join the comment's continued lines
+        for line in text.splitlines():
+            words = line.lstrip("# ").split()
+            if words[:2] == ["python", "train.py"] and "plan=true" in words:
+                commands.append((path.stem, words[2:]))
+    return commands
+
+
+ADVERTISED = _advertised_plans()
+
+
+@pytest.mark.parametrize(("experiment", "overrides"), ADVERTISED, ids=[name for name, _ in ADVERTISED])
+def test_an_experiments_advertised_plan_fits_in_its_published_precision(train, experiment, overrides):
+    """The command an experiment's comment offers plans (exit 0: it fits, the batch contract held),
+    in 16-bit at its own sequence length, without the note a published model at train.py's
+    tiny defaults gets."""
+    assert f"experiment={experiment}" in overrides
+    result = train(*overrides, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "=> FITS" in result.stdout and "bf16 adamw" in result.stdout
+    assert "is unusual" not in result.stdout
+
+
 def test_a_run_records_the_experiment_it_was_composed_with(train):
     """summary.json names the experiment (the composed config holds only its values); a run
     without one records null. The experiment made small here: one step of tiny in fp32."""
