@@ -53,7 +53,8 @@ def extended(
 
 def _same_layout(earlier: dict[str, Any], new: dict[str, Any]) -> bool:
     def where(seg: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in seg.items() if k not in ("from_step", "conversion")}
+        # A segment from before sequence parallelism has no sp: it trained at sp 1.
+        return {"sp": 1, **{k: v for k, v in seg.items() if k not in ("from_step", "conversion")}}
 
     return where(earlier) == where(new)
 
@@ -61,7 +62,7 @@ def _same_layout(earlier: dict[str, Any], new: dict[str, Any]) -> bool:
 def _label(seg: dict[str, Any]) -> str:
     name = seg.get("parallel") or f"zero_stage {seg['zero_stage']}"
     split = " x ".join(
-        f"{key} {seg[key]}" for key in ("dp", "tp", "pp") if key == "dp" or seg.get(key, 1) > 1
+        f"{key} {seg[key]}" for key in ("dp", "tp", "pp", "sp") if key == "dp" or seg.get(key, 1) > 1
     )
     return f"{name} on {seg['gpus']} ({split})"
 

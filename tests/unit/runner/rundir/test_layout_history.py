@@ -66,3 +66,18 @@ def test_a_segment_reached_by_a_conversion_says_how_long_it_took_and_what_it_wro
     # Stopped, then resumed on the layout it had moved to: the same segment, its conversion kept.
     again = segment(from_step=6, parallel="zero2", zero_stage=2, precision="fp32", layout=layout)
     assert extended(history, {"completed_steps": 6, "zero_stage": 2, "layout": {}}, again) == history
+
+
+def test_a_sequence_parallel_segment_says_so_and_an_earlier_segment_without_sp_is_sp_1():
+    from runner.layout import Layout
+    from runner.rundir.layout_history import describe, extended, segment
+
+    split = Layout(gpus=2, dp=1, tp=1, pp=1, micro_size=4, accum_steps=4, global_size=16, sp=2)
+    first = segment(from_step=0, parallel="zero1", zero_stage=1, precision="fp32", layout=split)
+    whole = Layout(gpus=1, dp=1, tp=1, pp=1, micro_size=4, accum_steps=4, global_size=16)
+    second = segment(from_step=3, parallel="ddp", zero_stage=0, precision="fp32", layout=whole)
+    assert describe([first, second]) == "layouts: zero1 on 2 (dp 1 x sp 2) from step 0 -> ddp on 1 (dp 1) from step 3"
+    # summary.json from before sequence parallelism: the same layout resumed adds no segment
+    earlier = {key: value for key, value in second.items() if key != "sp"}
+    record = {"zero_stage": 0, "layout": whole.to_json()}
+    assert extended([earlier], record, {**second, "from_step": 5}) == [earlier]  # type: ignore[arg-type]
