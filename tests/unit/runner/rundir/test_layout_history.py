@@ -76,7 +76,8 @@ def test_a_sequence_parallel_segment_says_so_and_an_earlier_segment_without_sp_i
     first = segment(from_step=0, parallel="zero1", zero_stage=1, precision="fp32", layout=split)
     whole = Layout(gpus=1, dp=1, tp=1, pp=1, micro_size=4, accum_steps=4, global_size=16)
     second = segment(from_step=3, parallel="ddp", zero_stage=0, precision="fp32", layout=whole)
-    assert describe([first, second]) == "layouts: zero1 on 2 (dp 1 x sp 2) from step 0 -> ddp on 1 (dp 1) from step 3"
+    said = "layouts: zero1 on 2 (dp 1 x sp 2) from step 0 -> ddp on 1 (dp 1) from step 3"
+    assert describe([first, second]) == said
     # summary.json from before sequence parallelism: the same layout resumed adds no segment
     earlier = {key: value for key, value in second.items() if key != "sp"}
     record = {"zero_stage": 0, "layout": whole.to_json()}
