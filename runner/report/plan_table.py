@@ -22,6 +22,7 @@ from runner.plan.planner import Plan, ResumePlan
 from runner.rundir.checkpoint_record import own_layout
 from runner.rundir.run_files import CHECKPOINT_DIR
 from runner.step_time.device_figures import Figure
+from runner.step_time.estimate import causal_share
 
 # MemoryTerms.host's offloaded terms (model.offload_activations' too); other keys are buffers
 _OFFLOADED_TERMS = ("params", "grads", "optimizer", OFFLOADED_ACTIVATIONS)
@@ -308,6 +309,9 @@ def _traffic_lines(plan: Plan) -> list[str]:
 
 # How the plan names the roofline wherever it shows it (runner/step_time/estimate.py roofline).
 BOUND_WORDS = "bound (roofline: compute at peak, links at full bandwidth)"
+# Where attention is more than a fifth of a token's FLOPs (its causal half then moves MFU by a tenth
+# and more), the plan prints MFU with the causal count beside PaLM's.
+CAUSAL_SHOWN_BELOW = 0.9
 
 
 def _time_lines(plan: Plan) -> list[str]:
@@ -398,6 +402,13 @@ def _predicted_lines(plan: Plan) -> list[str]:
         lines.append(
             f"  => predicted step >= {t.step_s:.3g} s, MFU <= {100 * t.mfu:.1f}%, "
             f"{t.tokens_per_s:,.0f} tokens/s at most (communication time unknown)"
+        )
+    w = plan.workload
+    share = causal_share(w.model, num_params=w.num_params, seq_len=w.seq_len)
+    if share < CAUSAL_SHOWN_BELOW:
+        lines.append(
+            f"  MFU counts attention whole (PaLM's count, as published MFUs do); the causal mask computes "
+            f"half of it: {100 * t.mfu * share:.1f}% with that half (the run's throughput/mfu_causal)"
         )
     if t.bound_step_s is not None and t.bound_mfu is not None:
         lines.append(f"  {BOUND_WORDS}: step {t.bound_step_s:.3g} s, MFU {100 * t.bound_mfu:.1f}%")

@@ -257,12 +257,24 @@ def fullest_rank_params(workload: Workload, layout: Layout) -> int:
     return sum(rank_param_numels(workload.model, tp=layout.tp, pp=layout.pp))
 
 
-def model_flops_per_token(model: ModelConfig, *, num_params: int, seq_len: int) -> float:
-    """Model FLOPs per token, 6N + 12*L*h*s (PaLM appendix B; N without an untied input embedding)."""
+def model_flops_per_token(
+    model: ModelConfig, *, num_params: int, seq_len: int, causal: bool = False
+) -> float:
+    """Model FLOPs per token, 6N + 12*L*h*s (PaLM appendix B; N without an untied input embedding);
+    ``causal``: the attention term halved, as a causal mask computes it (runner.flops.flops_per_token)."""
     n = non_embedding_params(
         num_params, vocab_size=model.vocab_size, d_model=model.d_model, tie_embeddings=model.tie_embeddings
     )
-    return flops_per_token(num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len)
+    return flops_per_token(
+        num_params=n, n_layers=model.n_layer, d_model=model.d_model, seq_len=seq_len, causal=causal
+    )
+
+
+def causal_share(model: ModelConfig, *, num_params: int, seq_len: int) -> float:
+    """The causal count of a token's FLOPs over PaLM's full one: MFU x this is the MFU a run logs as
+    ``throughput/mfu_causal`` (runner/metrics/throughput.py)."""
+    full = model_flops_per_token(model, num_params=num_params, seq_len=seq_len)
+    return model_flops_per_token(model, num_params=num_params, seq_len=seq_len, causal=True) / full
 
 
 def _recomputed_flops_per_token(workload: Workload, recompute: Recompute) -> float:
