@@ -11,7 +11,7 @@ timestamps and the sweep's folder its name, which differ run to run and say noth
 The CPU's peak (which a ``cluster=local`` plan divides by) is measured once into a cache of the
 dumps' own and then kept, and the disk's free space is masked. The sweeps cover every parallel
 option, recompute mode and offload at 8 and 64 GPUs on three published models and three GPU
-clusters, tensor and pipeline cuts, the ladder (``planner.recommend``), ``planner.max_seq`` and
+clusters, tensor and pipeline cuts, sequence parallelism at 131K tokens, the ladder (``planner.recommend``), ``planner.max_seq`` and
 plans that do not fit or miss the contract.
 """
 
@@ -74,6 +74,19 @@ SWEEPS: dict[str, list[str]] = {
         "batch.micro_size=1",
         "batch.global_size=8",
         "planner.max_seq=true",
+    ],
+    "long_context": [
+        "model=llama3_1_8b",
+        "cluster=h100_sxm",
+        "precision=bf16",
+        "parallel=zero1,zero3",
+        "parallel.sp=2,8",
+        "gpus=8",
+        "model.activation_checkpointing=selective,full",
+        "model.max_seq_len=1048576",
+        "data.seq_len=131072",
+        "batch.global_size=8",
+        "batch.micro_size=1",
     ],
     "local": [
         "parallel=ddp,zero1,zero2,zero3,zero2_offload,tp2,pp2",
