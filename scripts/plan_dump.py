@@ -11,8 +11,8 @@ timestamps and the sweep's folder its name, which differ run to run and say noth
 The CPU's peak (which a ``cluster=local`` plan divides by) is measured once into a cache of the
 dumps' own and then kept, and the disk's free space is masked. The sweeps cover every parallel
 option, recompute mode and offload at 8 and 64 GPUs on three published models and three GPU
-clusters, tensor and pipeline cuts, sequence parallelism at 131K tokens, the ladder (``planner.recommend``), ``planner.max_seq`` and
-plans that do not fit or miss the contract.
+clusters, tensor and pipeline cuts, sequence parallelism at 131K tokens, the ladder
+(``planner.recommend``), ``planner.max_seq`` and plans that do not fit or miss the contract.
 """
 
 from __future__ import annotations
