@@ -15,6 +15,7 @@ and w3 run again (:data:`RECOMPUTED_MATMULS`). The memory model counts what this
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +45,21 @@ def _saved_ops() -> tuple[frozenset[Any], frozenset[Any]]:
     return matmuls, attention
 
 
+# Set while ops run whose outputs the policy must not keep (:func:`outputs_not_kept`).
+_not_kept: contextvars.ContextVar[bool] = contextvars.ContextVar("ladder_outputs_not_kept", default=False)
+
+
+@contextlib.contextmanager
+def outputs_not_kept() -> Iterator[None]:
+    """Ops run inside are neither kept nor counted by op-level recompute's policy (the MLP's pieces,
+    which DeepSpeed's TiledMLP runs without grad and again in its own backward)."""
+    token = _not_kept.set(True)
+    try:
+        yield
+    finally:
+        _not_kept.reset(token)
+
+
 # Lists collecting the outputs the policy keeps, while :func:`kept_outputs` is open.
 _recorders: list[list[Any]] = []
 
@@ -64,14 +80,15 @@ def kept_outputs() -> Iterator[list[Any]]:
 def _policy(counts: dict[str, int], ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
     """Save the attention's outputs and every odd matmul's (counted apart in forward and recompute).
 
-    An op run without grad is neither kept nor counted: DeepSpeed's TiledMLP (``model.mlp_tiles``)
-    runs the MLP's pieces under no_grad in forward and in the recompute, and again with grad in its
-    own backward, so what the policy would keep of them is never read.
+    An op inside :func:`outputs_not_kept` is neither kept nor counted: DeepSpeed's TiledMLP
+    (``model.mlp_tiles``) runs the MLP's pieces without grad in forward and in the recompute, and
+    again with grad in its own backward, so what the policy would keep of them is never read.
+    (Grad mode itself does not tell them apart: ZeRO-3's linear runs its matmul inside an
+    autograd.Function's forward, without grad too, and that output is read.)
     """
-    import torch  # deferred: as _saved_ops
-    from torch.utils.checkpoint import CheckpointPolicy
+    from torch.utils.checkpoint import CheckpointPolicy  # deferred: as _saved_ops
 
-    if not torch.is_grad_enabled():
+    if _not_kept.get():
         return CheckpointPolicy.PREFER_RECOMPUTE
     matmuls, attention = _saved_ops()
     save = func in attention

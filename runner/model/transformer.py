@@ -36,7 +36,7 @@ from runner.config import ModelConfig, Recompute, RopeScaling
 from runner.model.activation_offload import mark_block_input
 from runner.model.build_method import DRAW_BLOCK
 from runner.model.meta import materialize
-from runner.model.op_recompute import op_level_contexts
+from runner.model.op_recompute import op_level_contexts, outputs_not_kept
 from runner.model.sequence_shard import SequenceShard
 from runner.model.shape import check_shape, n_kv_head
 from runner.model.shape import num_params as num_params  # re-exported: the count sits beside the model
@@ -338,7 +338,8 @@ class FeedForward(nn.Module):
         from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
 
         weights = [self.w1.weight, self.w2.weight, self.w3.weight]
-        return TiledMLP.apply(FeedForward._swiglu, self, x, tiles, weights)
+        with outputs_not_kept():  # the pieces run again in TiledMLP's backward: keep none of them
+            return TiledMLP.apply(FeedForward._swiglu, self, x, tiles, weights)
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP over x (..., T, C) -> (..., T, C), whole or one piece."""

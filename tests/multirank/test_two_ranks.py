@@ -94,6 +94,7 @@ def assert_summary_and_metrics(result: TrainResult) -> None:
         "micro_size": 4,
         "accum_steps": 2,
         "global_size": 16,
+        "sp": 1,
     }
     assert summary["num_params"] == 3_229_952
     metrics = result.metrics
